@@ -1,0 +1,112 @@
+//! Named counters of the dataplane: one per-CPU array indexed by these, summed by the
+//! control plane. Every packet the switch program sees bumps exactly one of the ingress
+//! counters, and every broadcast copy one of the egress counters.
+
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Counter {
+    /// Not a collective packet: passed to the kernel untouched.
+    Pass = 0,
+    /// A contribution was added to its slot.
+    Contribution,
+    /// A contribution completed its slot; the result was broadcast.
+    Complete,
+    /// A member re-sent a contribution to a finished slot version: the stored result went
+    /// back to that member only.
+    ResultReplay,
+    /// A contribution from a member whose contribution this round already holds.
+    DropDuplicate,
+    /// A contribution for an older round than the one its slot version holds.
+    DropStale,
+    /// A contribution for a new round while the slot version is still filling.
+    DropSlotBusy,
+    DropUnknownJob,
+    /// Sender is not a member of the job, or not at the port and addresses registered.
+    DropNotMember,
+    DropBadVersion,
+    /// A packet kind the switch does not take (e.g. a result sent to the switch).
+    DropBadKind,
+    /// Op or data type differs from the job's.
+    DropBadOp,
+    /// Element count of zero or above the job's segment length.
+    DropBadCount,
+    /// Payload length does not match the element count.
+    DropBadLength,
+    /// `seg` outside the job's slot range.
+    DropSlotRange,
+    /// Frame ends inside a header.
+    DropTruncated,
+    /// IPv4 with options or fragmented, addressed to the collective port.
+    DropBadIp,
+    /// A broadcast copy sent out of a port, rewritten for its member.
+    ResultCopy,
+    /// A broadcast copy reached a port with no member of the job: dropped.
+    EgressNoMember,
+    /// `bpf_redirect_map` failed.
+    RedirectError,
+}
+
+impl Counter {
+    pub const COUNT: usize = 20;
+
+    pub const ALL: [Counter; Self::COUNT] = [
+        Counter::Pass,
+        Counter::Contribution,
+        Counter::Complete,
+        Counter::ResultReplay,
+        Counter::DropDuplicate,
+        Counter::DropStale,
+        Counter::DropSlotBusy,
+        Counter::DropUnknownJob,
+        Counter::DropNotMember,
+        Counter::DropBadVersion,
+        Counter::DropBadKind,
+        Counter::DropBadOp,
+        Counter::DropBadCount,
+        Counter::DropBadLength,
+        Counter::DropSlotRange,
+        Counter::DropTruncated,
+        Counter::DropBadIp,
+        Counter::ResultCopy,
+        Counter::EgressNoMember,
+        Counter::RedirectError,
+    ];
+
+    /// The counter's name in the CLI, the API and the docs.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Pass => "pass",
+            Self::Contribution => "contribution",
+            Self::Complete => "complete",
+            Self::ResultReplay => "result_replay",
+            Self::DropDuplicate => "drop_duplicate",
+            Self::DropStale => "drop_stale",
+            Self::DropSlotBusy => "drop_slot_busy",
+            Self::DropUnknownJob => "drop_unknown_job",
+            Self::DropNotMember => "drop_not_member",
+            Self::DropBadVersion => "drop_bad_version",
+            Self::DropBadKind => "drop_bad_kind",
+            Self::DropBadOp => "drop_bad_op",
+            Self::DropBadCount => "drop_bad_count",
+            Self::DropBadLength => "drop_bad_length",
+            Self::DropSlotRange => "drop_slot_range",
+            Self::DropTruncated => "drop_truncated",
+            Self::DropBadIp => "drop_bad_ip",
+            Self::ResultCopy => "result_copy",
+            Self::EgressNoMember => "egress_no_member",
+            Self::RedirectError => "redirect_error",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn all_is_indexed_in_order() {
+        for (i, c) in Counter::ALL.iter().enumerate() {
+            assert_eq!(*c as usize, i, "{}", c.name());
+        }
+    }
+}

@@ -1,0 +1,221 @@
+//! The XDP programs of the aggregation switch.
+//!
+//! - `xagg_switch`, on every switch port: takes contributions addressed to the switch,
+//!   aggregates them in slots, broadcasts each finished result to the job's members.
+//!   Everything else passes to the kernel (the bridge) untouched.
+//! - `xagg_result`, the devmap egress program: addresses each broadcast copy to the
+//!   member behind the port it leaves through.
+//! - `xagg_host`, on a worker's interface: lets results in (a frame redirected into a veth
+//!   is dropped unless the peer end runs an XDP program).
+#![no_std]
+#![no_main]
+#![feature(core_intrinsics)]
+#![expect(internal_features, reason = "atomics on bpfel need core::intrinsics")]
+
+mod packet;
+mod reduce;
+mod slot;
+
+use aya_ebpf::{
+    bindings::{xdp_action, BPF_F_BROADCAST},
+    btf_maps::{Array, DevMap, HashMap, PerCpuArray},
+    macros::{btf_map, xdp},
+    programs::XdpContext,
+};
+use xagg_common::{
+    job::{EgressKey, SwitchConfig},
+    slot::MAX_SLOTS,
+    wire::{self, Header, Kind, HEADER_LEN, PAYLOAD_OFFSET},
+    Counter, Job,
+};
+
+use crate::packet::Frame;
+
+/// Ports a switch can have: entries of the broadcast devmap.
+const MAX_PORTS: usize = 64;
+const MAX_JOBS: usize = 256;
+
+/// Jobs by job id, written by the control plane.
+#[btf_map]
+static JOBS: HashMap<u32, Job, MAX_JOBS> = HashMap::new();
+
+/// Which member of a job is reached through a port, for the egress program.
+#[btf_map]
+static EGRESS: HashMap<EgressKey, u32, { MAX_JOBS * 8 }> = HashMap::new();
+
+/// The aggregation slots of all jobs; each job owns a contiguous range.
+#[btf_map]
+static SLOTS: Array<slot::Slot, { MAX_SLOTS as usize }> = Array::new();
+
+/// Switch-wide settings (one entry).
+#[btf_map]
+static SWITCH: Array<SwitchConfig, 1> = Array::new();
+
+/// Every switch port, each with `xagg_result` as its egress program: results are
+/// broadcast to all of them, and the egress program drops copies on ports without a
+/// member of the job.
+#[btf_map]
+static PORTS: DevMap<MAX_PORTS> = DevMap::new();
+
+#[btf_map]
+static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
+
+#[inline(always)]
+fn count(c: Counter) {
+    if let Some(p) = COUNTERS.get_ptr_mut(c as u32) {
+        // Per-CPU entry: no other CPU writes it.
+        unsafe { *p += 1 };
+    }
+}
+
+#[xdp]
+pub fn xagg_switch(ctx: XdpContext) -> u32 {
+    match try_switch(&ctx) {
+        Ok((action, c)) => {
+            count(c);
+            action
+        }
+        Err(c) => {
+            count(c);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+#[inline(always)]
+fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
+    let Some(cfg) = SWITCH.get(0) else {
+        return Ok((xdp_action::XDP_PASS, Counter::Pass));
+    };
+    let Some(frame) = Frame::collective(ctx, cfg)? else {
+        return Ok((xdp_action::XDP_PASS, Counter::Pass));
+    };
+    let hdr = frame.header();
+    if hdr.version != wire::VERSION {
+        return Err(Counter::DropBadVersion);
+    }
+    if hdr.kind != Kind::Contribution as u8 {
+        return Err(Counter::DropBadKind);
+    }
+    let jid = hdr.jid();
+    let job = unsafe { JOBS.get(jid) }.ok_or(Counter::DropUnknownJob)?;
+    let member = hdr.member as usize;
+    if member >= wire::MAX_MEMBERS || job.members & (1u64 << member) == 0 {
+        return Err(Counter::DropNotMember);
+    }
+    // The header only claims who sent it: the port it came in on and its source
+    // addresses must be the member's.
+    let addr = &job.member[member];
+    if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
+        return Err(Counter::DropNotMember);
+    }
+    if hdr.op != job.op || hdr.dtype != job.dtype {
+        return Err(Counter::DropBadOp);
+    }
+    let elems = hdr.count() as usize;
+    if elems == 0 || elems > job.seg_elems as usize {
+        return Err(Counter::DropBadCount);
+    }
+    let size = match wire::DType::from_u8(job.dtype) {
+        Some(t) => t.size(),
+        None => return Err(Counter::DropBadOp),
+    };
+    let words = wire::payload_len(elems, size) / 8;
+    if frame.payload_len() != words * 8 {
+        return Err(Counter::DropBadLength);
+    }
+    let seg = hdr.seg() as u32;
+    if seg >= job.slot_count {
+        return Err(Counter::DropSlotRange);
+    }
+    let slot = SLOTS
+        .get_ptr_mut(job.slot_base + seg)
+        .ok_or(Counter::DropSlotRange)?;
+    let round = slot::Round {
+        mid: hdr.mid(),
+        sid: hdr.sid(),
+        bit: 1u64 << member,
+        members: job.members,
+        elems: elems as u32,
+        words,
+        op: job.op,
+        dtype: job.dtype,
+    };
+    match unsafe { slot::accept(slot, hdr.epoch(), &round, ctx) } {
+        slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
+        slot::Outcome::Complete => {
+            frame.into_result(cfg);
+            match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
+                Ok(action) => Ok((action, Counter::Complete)),
+                Err(_) => Err(Counter::RedirectError),
+            }
+        }
+        slot::Outcome::Replay => {
+            frame.into_reply(cfg);
+            Ok((xdp_action::XDP_TX, Counter::ResultReplay))
+        }
+        slot::Outcome::Duplicate => Err(Counter::DropDuplicate),
+        slot::Outcome::Stale => Err(Counter::DropStale),
+        slot::Outcome::Mismatch => Err(Counter::DropBadCount),
+        slot::Outcome::Busy => Err(Counter::DropSlotBusy),
+    }
+}
+
+/// Devmap egress program: one run per broadcast copy, after it has been cloned for its
+/// port. Addresses the copy to the job's member behind that port.
+#[xdp(map = "devmap")]
+pub fn xagg_result(ctx: XdpContext) -> u32 {
+    match try_result(&ctx) {
+        Ok(action) => action,
+        Err(c) => {
+            count(c);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+#[inline(always)]
+fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
+    let Some(cfg) = SWITCH.get(0) else {
+        return Ok(xdp_action::XDP_PASS);
+    };
+    let data = ctx.data();
+    if data + PAYLOAD_OFFSET > ctx.data_end() {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let hdr = unsafe { &*((data + PAYLOAD_OFFSET - HEADER_LEN) as *const Header) };
+    if hdr.kind != Kind::Result as u8 {
+        return Ok(xdp_action::XDP_PASS);
+    }
+    let jid = hdr.jid();
+    let egress = unsafe { (*ctx.ctx).egress_ifindex };
+    let key = EgressKey {
+        jid,
+        ifindex: egress,
+    };
+    let member = *unsafe { EGRESS.get(&key) }.ok_or(Counter::EgressNoMember)?;
+    let job = unsafe { JOBS.get(jid) }.ok_or(Counter::EgressNoMember)?;
+    let addr = job
+        .member
+        .get(member as usize)
+        .ok_or(Counter::EgressNoMember)?;
+    packet::address_to(data, addr, cfg);
+    count(Counter::ResultCopy);
+    Ok(xdp_action::XDP_PASS)
+}
+
+/// On a worker's interface: everything passes to the kernel.
+#[xdp]
+pub fn xagg_host(_ctx: XdpContext) -> u32 {
+    xdp_action::XDP_PASS
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -1,0 +1,125 @@
+//! The slot state machine. A slot is a spin lock and two versions (shadow copies); a
+//! packet's epoch bit picks the version. Each version holds one round — the segment
+//! (`mid`, `sid`) it is aggregating — and moves Empty -> Filling -> Done:
+//!
+//! | version holds                 | contribution from member m             | outcome   |
+//! |-------------------------------|----------------------------------------|-----------|
+//! | same round, m already in      | Done: send the stored result to m only | Replay    |
+//! |                               | Filling: never add twice               | Duplicate |
+//! | same round, m not in          | add; the last member completes it      | Added / Complete |
+//! | same round, other count       | refuse                                 | Mismatch  |
+//! | a newer round than m's        | a late packet from the past            | Stale     |
+//! | Filling an older round        | refuse: members out of step            | Busy      |
+//! | Done with an older round      | everyone has moved on: start m's round | Added / Complete |
+//! | Empty                         | start m's round                        | Added / Complete |
+//!
+//! A member sends round k+2 of a slot (same version as round k) only after it has the
+//! result of round k+1, which exists only once every member has the result of round k:
+//! so when a version's next round starts, nobody can still need its stored result.
+//!
+//! Everything between lock and unlock is inlined: the verifier allows no calls there.
+
+use aya_ebpf::{bindings::bpf_spin_lock, helpers, programs::XdpContext};
+use xagg_common::{slot::VersionState, wire::PAYLOAD_OFFSET, SlotVersion};
+
+use crate::reduce;
+
+/// A `SLOTS` entry. The layout matches `xagg_common::slot::SlotImage`.
+#[repr(C)]
+pub struct Slot {
+    pub lock: bpf_spin_lock,
+    pub _pad: u32,
+    pub ver: [SlotVersion; 2],
+}
+
+/// A contribution, as the slot needs it.
+pub struct Round {
+    pub mid: u32,
+    pub sid: u32,
+    /// The sender's member bit.
+    pub bit: u64,
+    /// All members' bits.
+    pub members: u64,
+    pub elems: u32,
+    /// 64-bit words of payload.
+    pub words: usize,
+    pub op: u8,
+    pub dtype: u8,
+}
+
+pub enum Outcome {
+    /// Added; the slot waits for more members.
+    Added,
+    /// Added and complete: the frame's payload is the result.
+    Complete,
+    /// Retransmission to a finished version: the frame's payload is the stored result.
+    Replay,
+    Duplicate,
+    Stale,
+    Busy,
+    Mismatch,
+}
+
+/// Whether round `(mid, sid)` comes before the one `v` holds (serial-number arithmetic,
+/// so the ids may wrap).
+#[inline(always)]
+fn older(mid: u32, sid: u32, v: &SlotVersion) -> bool {
+    let dm = mid.wrapping_sub(v.mid) as i32;
+    dm < 0 || (dm == 0 && (sid.wrapping_sub(v.sid) as i32) < 0)
+}
+
+/// Applies one contribution to version `epoch` of `slot`.
+///
+/// # Safety
+/// `slot` must point into the `SLOTS` map, and the caller must have checked that the
+/// frame holds `r.words` words of payload.
+#[inline(always)]
+pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext) -> Outcome {
+    // Packet pointers are derived again here so the verifier sees each payload access
+    // checked against data_end inside the loops.
+    let payload = ctx.data() + PAYLOAD_OFFSET;
+    let end = ctx.data_end();
+    unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
+    let v = unsafe { &mut (*slot).ver[epoch & 1] };
+    let state = v.state;
+    let outcome = if state != VersionState::Empty as u32 && v.mid == r.mid && v.sid == r.sid {
+        if v.count != r.elems {
+            Outcome::Mismatch
+        } else if v.seen & r.bit != 0 {
+            if state == VersionState::Done as u32 {
+                reduce::copy_out(v, payload, end, r.words);
+                Outcome::Replay
+            } else {
+                Outcome::Duplicate
+            }
+        } else if v.seen | r.bit == r.members {
+            reduce::fold(v, payload, end, r, true);
+            v.seen |= r.bit;
+            v.state = VersionState::Done as u32;
+            Outcome::Complete
+        } else {
+            reduce::fold(v, payload, end, r, false);
+            v.seen |= r.bit;
+            Outcome::Added
+        }
+    } else if state != VersionState::Empty as u32 && older(r.mid, r.sid, v) {
+        Outcome::Stale
+    } else if state == VersionState::Filling as u32 {
+        Outcome::Busy
+    } else {
+        reduce::copy_in(v, payload, end, r.words);
+        v.mid = r.mid;
+        v.sid = r.sid;
+        v.count = r.elems;
+        v.seen = r.bit;
+        if r.bit == r.members {
+            v.state = VersionState::Done as u32;
+            Outcome::Complete
+        } else {
+            v.state = VersionState::Filling as u32;
+            Outcome::Added
+        }
+    };
+    unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
+    outcome
+}
