@@ -1,0 +1,57 @@
+//! The daemon's local API: one JSON request per line on a Unix socket, one JSON response
+//! per line back. The CLI is a client of it; anything else can be too (`docs/daemon.md`).
+
+use std::{
+    collections::BTreeMap,
+    io::{BufRead, BufReader, Write},
+    os::unix::net::UnixStream,
+    path::Path,
+};
+
+use anyhow::{bail, Context};
+use serde::{Deserialize, Serialize};
+
+use crate::job::JobSpec;
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "cmd", rename_all = "snake_case")]
+pub enum Request {
+    AddJob { job: JobSpec },
+    RemoveJob { id: u32 },
+    ListJobs,
+    Counters,
+    Status,
+    /// Detach the dataplane, remove its pins, and stop the daemon.
+    Detach,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Ok,
+    Job { job: JobSpec },
+    Jobs { jobs: Vec<JobSpec> },
+    Counters { counters: BTreeMap<String, u64> },
+    Status { ports: Vec<String>, pinned: bool, adopted: bool, jobs: usize, slots_total: u32, slots_used: u32 },
+    Error { message: String },
+}
+
+/// Sends one request to the daemon at `socket` and waits for its response.
+pub fn call(socket: &Path, req: &Request) -> anyhow::Result<Response> {
+    let mut s = UnixStream::connect(socket).with_context(|| {
+        format!(
+            "cannot reach the daemon at {}: is xaggd running? (start it with `xaggd --config FILE`, or pass --socket)",
+            socket.display()
+        )
+    })?;
+    let mut line = serde_json::to_string(req)?;
+    line.push('\n');
+    s.write_all(line.as_bytes())?;
+    let mut r = BufReader::new(s);
+    let mut resp = String::new();
+    r.read_line(&mut resp)?;
+    if resp.is_empty() {
+        bail!("the daemon closed the connection without answering");
+    }
+    Ok(serde_json::from_str(&resp).context("malformed response from the daemon")?)
+}

@@ -1,0 +1,380 @@
+//! xagg — the aggregation switch's command line: jobs, counters, detaching, and running an
+//! allreduce as a worker.
+
+use std::{
+    net::SocketAddrV4,
+    path::PathBuf,
+    time::{Duration, SystemTime, UNIX_EPOCH},
+};
+
+use anyhow::{bail, Context, Result};
+use clap::{Parser, Subcommand};
+use serde::Deserialize;
+use xagg::{
+    api::{call, Request, Response},
+    config::{DEFAULT_PIN_PATH, DEFAULT_SOCKET},
+    job::{parse_dtype, parse_op, JobSpec, MemberSpec},
+    worker::{Worker, WorkerParams},
+};
+use xagg_common::wire::{DType, DEFAULT_PORT};
+
+/// Control the in-network aggregation switch, and run allreduces through it.
+#[derive(Parser)]
+#[command(version)]
+struct Cli {
+    /// The daemon's API socket.
+    #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
+    socket: PathBuf,
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Add, remove and list jobs.
+    #[command(subcommand)]
+    Job(JobCmd),
+    /// The dataplane's counters, summed over CPUs.
+    Counters {
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Ports, pinning, jobs and slots in use.
+    Status,
+    /// Detach the dataplane and remove its pins; stops the daemon if it runs.
+    Detach {
+        /// Pin directory, used when no daemon answers.
+        #[arg(long, default_value = DEFAULT_PIN_PATH)]
+        pin_path: PathBuf,
+    },
+    /// Allreduce a buffer through the switch, as one member of a job.
+    Allreduce(AllreduceArgs),
+}
+
+#[derive(Subcommand)]
+enum JobCmd {
+    /// Add a job, from flags or from a TOML file (the fields of a [[job]] table).
+    Add(JobAddArgs),
+    /// Remove a job; its slots are cleared and freed.
+    Remove { id: u32 },
+    /// List the jobs on the switch.
+    List {
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct JobAddArgs {
+    /// Job file (TOML); flags given as well override its fields.
+    #[arg(long)]
+    file: Option<PathBuf>,
+    #[arg(long)]
+    id: Option<u32>,
+    /// sum | min | max | avg | prod | and | or | xor
+    #[arg(long)]
+    op: Option<String>,
+    /// i32 | u32 | i64 | f32 | f16 | bf16
+    #[arg(long)]
+    dtype: Option<String>,
+    /// Elements per segment.
+    #[arg(long)]
+    segment: Option<u16>,
+    /// Slots (segments in flight per member).
+    #[arg(long)]
+    slots: Option<u32>,
+    /// A member, in member-index order: PORT,MAC,IP:UDPPORT (repeat the flag).
+    #[arg(long = "member", value_name = "PORT,MAC,IP:UDPPORT")]
+    members: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct AllreduceArgs {
+    /// Worker parameters file (TOML with the flags' names); flags override it.
+    #[arg(long)]
+    params: Option<PathBuf>,
+    /// The switch: IP[:PORT].
+    #[arg(long)]
+    switch: Option<String>,
+    /// This member's own IP:PORT, as registered in the job.
+    #[arg(long)]
+    bind: Option<SocketAddrV4>,
+    #[arg(long)]
+    job: Option<u32>,
+    #[arg(long)]
+    member: Option<u8>,
+    /// The job's op (default sum).
+    #[arg(long)]
+    op: Option<String>,
+    /// The job's data type (default i32).
+    #[arg(long)]
+    dtype: Option<String>,
+    /// The job's segment length in elements.
+    #[arg(long)]
+    segment: Option<usize>,
+    /// The job's slot count.
+    #[arg(long)]
+    slots: Option<usize>,
+    /// Bytes to allreduce (suffixes: KiB, MiB, GiB, KB, MB, GB).
+    #[arg(long, default_value = "1MiB", value_parser = xagg::parse_size)]
+    size: usize,
+    /// Seed of the generated test data (member m contributes element i = f(seed, m, i)).
+    #[arg(long, default_value_t = 1)]
+    seed: u64,
+    /// Members of the job: with --verify, the result is checked against their sum.
+    #[arg(long)]
+    members: Option<u32>,
+    /// Check the result bit-exactly against the locally computed wrapping sum.
+    #[arg(long)]
+    verify: bool,
+    /// Start at this wall-clock time (ns since the Unix epoch): a common start for all
+    /// workers of a measurement.
+    #[arg(long)]
+    start_at: Option<u64>,
+    /// Message id of the first allreduce (must grow from one run on a job to the next).
+    #[arg(long, default_value_t = 0)]
+    mid: u32,
+    /// Allreduces to run.
+    #[arg(long, default_value_t = 1)]
+    repeat: u32,
+    /// Give up after this many milliseconds without a result.
+    #[arg(long, default_value_t = 10_000)]
+    give_up_ms: u64,
+    /// Print the report as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct ParamsFile {
+    switch: Option<String>,
+    bind: Option<SocketAddrV4>,
+    job: Option<u32>,
+    member: Option<u8>,
+    op: Option<String>,
+    dtype: Option<String>,
+    segment: Option<usize>,
+    slots: Option<usize>,
+}
+
+fn main() {
+    let cli = Cli::parse();
+    if let Err(e) = run(cli) {
+        eprintln!("xagg: {e:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> Result<()> {
+    match cli.cmd {
+        Cmd::Job(JobCmd::Add(a)) => {
+            let spec = job_spec(a)?;
+            match call(&cli.socket, &Request::AddJob { job: spec })? {
+                Response::Job { job } => {
+                    let base = job.slot_base.unwrap_or(0);
+                    println!("job {} added: {} members, {} {}, {} elements per segment, slots {}..{}", job.id, job.members.len(), job.op, job.dtype, job.segment, base, base + job.slots);
+                    Ok(())
+                }
+                r => answer(r),
+            }
+        }
+        Cmd::Job(JobCmd::Remove { id }) => answer(call(&cli.socket, &Request::RemoveJob { id })?),
+        Cmd::Job(JobCmd::List { json }) => match call(&cli.socket, &Request::ListJobs)? {
+            Response::Jobs { jobs } if json => {
+                println!("{}", serde_json::to_string_pretty(&jobs)?);
+                Ok(())
+            }
+            Response::Jobs { jobs } => {
+                println!("{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}", "job", "op", "dtype", "segment", "slots", "members");
+                for j in jobs {
+                    let base = j.slot_base.unwrap_or(0);
+                    println!("{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}", j.id, j.op, j.dtype, j.segment, format!("{}..{}", base, base + j.slots), j.members.len());
+                }
+                Ok(())
+            }
+            r => answer(r),
+        },
+        Cmd::Counters { json } => match call(&cli.socket, &Request::Counters)? {
+            Response::Counters { counters } if json => {
+                println!("{}", serde_json::to_string_pretty(&counters)?);
+                Ok(())
+            }
+            Response::Counters { counters } => {
+                for (k, v) in counters {
+                    println!("{k:>18} {v}");
+                }
+                Ok(())
+            }
+            r => answer(r),
+        },
+        Cmd::Status => match call(&cli.socket, &Request::Status)? {
+            Response::Status { ports, pinned, adopted, jobs, slots_total, slots_used } => {
+                println!("ports: {}", ports.join(", "));
+                println!("dataplane: {}{}", if pinned { "pinned (outlives the daemon)" } else { "detached when the daemon exits" }, if adopted { ", adopted from an earlier daemon" } else { "" });
+                println!("jobs: {jobs}, slots used: {slots_used} of {slots_total}");
+                Ok(())
+            }
+            r => answer(r),
+        },
+        Cmd::Detach { pin_path } => match call(&cli.socket, &Request::Detach) {
+            Ok(r) => answer(r),
+            Err(_) => {
+                if xagg::dataplane::unpin(&pin_path)? {
+                    println!("no daemon answered; removed the pinned dataplane at {}", pin_path.display());
+                } else {
+                    println!("nothing to detach: no daemon answered and {} does not exist", pin_path.display());
+                }
+                Ok(())
+            }
+        },
+        Cmd::Allreduce(a) => allreduce(a),
+    }
+}
+
+fn answer(r: Response) -> Result<()> {
+    match r {
+        Response::Ok => Ok(()),
+        Response::Error { message } => bail!("{message}"),
+        other => bail!("unexpected answer from the daemon: {other:?}"),
+    }
+}
+
+fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
+    let mut spec: JobSpec = match &a.file {
+        Some(p) => {
+            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            toml::from_str(&text).with_context(|| format!("job file {}", p.display()))?
+        }
+        None => JobSpec {
+            id: a.id.context("--id is required (or --file)")?,
+            op: "sum".into(),
+            dtype: "i32".into(),
+            segment: a.segment.context("--segment is required (or --file)")?,
+            slots: a.slots.context("--slots is required (or --file)")?,
+            members: Vec::new(),
+            slot_base: None,
+        },
+    };
+    if let Some(v) = a.id { spec.id = v; }
+    if let Some(v) = a.op { spec.op = v; }
+    if let Some(v) = a.dtype { spec.dtype = v; }
+    if let Some(v) = a.segment { spec.segment = v; }
+    if let Some(v) = a.slots { spec.slots = v; }
+    if !a.members.is_empty() {
+        spec.members = a.members.iter().enumerate().map(|(i, m)| parse_member(m).with_context(|| format!("--member #{i}"))).collect::<Result<_>>()?;
+    }
+    Ok(spec)
+}
+
+fn parse_member(s: &str) -> Result<MemberSpec> {
+    let parts: Vec<&str> = s.split(',').collect();
+    if parts.len() != 3 {
+        bail!("`{s}`: write PORT,MAC,IP:UDPPORT, e.g. swp0,02:00:00:00:00:01,10.0.0.11:47801");
+    }
+    let addr = parts[2].parse().map_err(|_| anyhow::anyhow!("`{}` is not IP:UDPPORT", parts[2]))?;
+    Ok(MemberSpec { interface: parts[0].into(), mac: parts[1].into(), addr })
+}
+
+fn parse_switch(s: &str) -> Result<SocketAddrV4> {
+    if let Ok(a) = s.parse() {
+        return Ok(a);
+    }
+    let ip = s.parse().map_err(|_| anyhow::anyhow!("--switch `{s}`: write IP or IP:PORT"))?;
+    Ok(SocketAddrV4::new(ip, DEFAULT_PORT))
+}
+
+fn allreduce(a: AllreduceArgs) -> Result<()> {
+    let f: ParamsFile = match &a.params {
+        Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+            .with_context(|| format!("params file {}", p.display()))?,
+        None => ParamsFile::default(),
+    };
+    let switch = parse_switch(&a.switch.or(f.switch).context("--switch is required (the switch's IP[:PORT])")?)?;
+    let bind = a.bind.or(f.bind).context("--bind is required (this member's IP:PORT as registered in the job)")?;
+    let job = a.job.or(f.job).context("--job is required")?;
+    let member = a.member.or(f.member).context("--member is required (this worker's member index)")?;
+    let mut p = WorkerParams::new(switch, bind, job, member);
+    if let Some(op) = a.op.or(f.op) {
+        p.op = parse_op(&op).map_err(anyhow::Error::msg)?;
+    }
+    if let Some(t) = a.dtype.or(f.dtype) {
+        p.dtype = parse_dtype(&t).map_err(anyhow::Error::msg)?;
+    }
+    p.segment = a.segment.or(f.segment).context("--segment is required (the job's segment length)")?;
+    p.slots = a.slots.or(f.slots).context("--slots is required (the job's slot count)")?;
+    p.first_mid = a.mid;
+    p.give_up = Duration::from_millis(a.give_up_ms);
+    if p.dtype != DType::I32 {
+        bail!("this worker allreduces i32 buffers; --dtype {} is not available here yet", p.dtype.name());
+    }
+    if a.size % 4 != 0 {
+        bail!("--size {} is not a whole number of i32 elements (a multiple of 4 bytes)", a.size);
+    }
+    let mut w = Worker::new(p)?;
+    let n = a.size / 4;
+    let mut buf = vec![0i32; n];
+    let expected = match (a.verify, a.members) {
+        (true, Some(m)) => Some(xagg::data::expected_sum(a.seed, m, n)),
+        (true, None) => bail!("--verify needs --members (how many members contribute)"),
+        _ => None,
+    };
+    let mut reports = Vec::new();
+    let mut verified = true;
+    for r in 0..a.repeat {
+        xagg::data::fill(a.seed.wrapping_add(r as u64), member as u32, &mut buf);
+        let started = match (a.start_at, r) {
+            (Some(t), 0) => wait_until(t),
+            _ => std::time::Instant::now(),
+        };
+        let mut rep = w.allreduce_i32(&mut buf)?;
+        // Wall time from the common start, so the slowest worker defines the run.
+        rep.seconds = started.elapsed().as_secs_f64();
+        rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
+        if let Some(exp) = &expected {
+            let exp = if r == 0 { exp.clone() } else { xagg::data::expected_sum(a.seed.wrapping_add(r as u64), a.members.unwrap_or(0), n) };
+            if buf != exp {
+                let first = buf.iter().zip(&exp).position(|(x, y)| x != y).unwrap_or(0);
+                eprintln!("member {member}: result differs from the expected sum, first at element {first} ({} != {})", buf[first], exp[first]);
+                verified = false;
+            }
+        }
+        reports.push(rep);
+    }
+    let secs: f64 = reports.iter().map(|r| r.seconds).sum();
+    let retx: u64 = reports.iter().map(|r| r.retransmissions).sum();
+    let last = reports.last().cloned().unwrap_or_default();
+    if a.json {
+        let out = serde_json::json!({
+            "member": member,
+            "bytes": a.size,
+            "repeat": a.repeat,
+            "seconds": last.seconds,
+            "seconds_all": reports.iter().map(|r| r.seconds).collect::<Vec<_>>(),
+            "goodput_gbps": last.goodput_gbps,
+            "retransmissions": retx,
+            "verified": a.verify && verified,
+        });
+        println!("{out}");
+    } else {
+        println!(
+            "member {member}: {} x {} bytes in {:.3} s, last {:.3} s = {:.2} Gbit/s, {retx} retransmissions{}",
+            a.repeat, a.size, secs, last.seconds, last.goodput_gbps,
+            if a.verify { if verified { ", result verified" } else { ", RESULT WRONG" } } else { "" }
+        );
+    }
+    if a.verify && !verified {
+        std::process::exit(2);
+    }
+    Ok(())
+}
+
+/// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.
+fn wait_until(ns: u64) -> std::time::Instant {
+    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    if ns > now {
+        std::thread::sleep(Duration::from_nanos(ns - now));
+    }
+    std::time::Instant::now()
+}

@@ -1,0 +1,188 @@
+//! xaggd — the aggregation switch daemon: loads and attaches the XDP dataplane on the
+//! configured ports, and serves the local API the `xagg` CLI uses.
+
+use std::{
+    path::{Path, PathBuf},
+    sync::{Arc, Mutex},
+};
+
+use anyhow::{Context, Result};
+use clap::Parser;
+use log::{error, info, warn};
+use tokio::{
+    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
+    net::{UnixListener, UnixStream},
+    signal::unix::{signal, SignalKind},
+    sync::watch,
+};
+use xagg::{
+    api::{Request, Response},
+    config::Config,
+    dataplane::{self, Dataplane},
+};
+use xagg_common::slot::MAX_SLOTS;
+
+/// The in-network aggregation switch daemon.
+///
+/// Attaches the XDP switch program to the ports named in the configuration, and serves
+/// the local API (a Unix socket) through which `xagg` adds, removes and lists jobs and
+/// reads counters. By default the dataplane is pinned in a bpffs and keeps aggregating
+/// after the daemon stops; a restarted daemon adopts it. SIGINT and SIGTERM stop the
+/// daemon cleanly.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Configuration file (TOML; see docs/daemon.md).
+    #[arg(short, long)]
+    config: PathBuf,
+    /// Replace a pinned dataplane instead of adopting it (running jobs are dropped).
+    #[arg(long)]
+    reload: bool,
+}
+
+struct State {
+    dp: Dataplane,
+    cfg: Config,
+}
+
+fn main() -> Result<()> {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    let args = Args::parse();
+    let cfg = Config::load(&args.config)?;
+    // Only this thread's network namespace changes, before the runtime starts its threads
+    // (they inherit it). The mount namespace stays the host's, so pins outlive us.
+    if let Some(ns) = &cfg.switch.netns {
+        xagg::iface::enter_netns(ns)?;
+        info!("entered network namespace {ns}");
+    }
+    let pinned = !cfg.daemon.detach_on_exit;
+    if pinned {
+        ensure_bpffs(&cfg.daemon.pin_path)?;
+    }
+    if args.reload && dataplane::unpin(&cfg.daemon.pin_path)? {
+        info!("removed the pinned dataplane at {}", cfg.daemon.pin_path.display());
+    }
+    let mut dp = Dataplane::start(&cfg, pinned)?;
+    let existing: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
+    for job in &cfg.jobs {
+        if existing.contains(&job.id) {
+            continue;
+        }
+        let added = dp.add_job(job).with_context(|| format!("[[job]] id {} in the configuration", job.id))?;
+        info!("job {} added from the configuration (slots {}..{})", added.id, added.slot_base.unwrap_or(0), added.slot_base.unwrap_or(0) + added.slots);
+    }
+    let state = Arc::new(Mutex::new(State { dp, cfg: cfg.clone() }));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let detach = rt.block_on(serve(state.clone(), cfg.daemon.socket.clone()))?;
+    let _ = std::fs::remove_file(&cfg.daemon.socket);
+    let state = Arc::try_unwrap(state).ok().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
+    drop(state);
+    if detach {
+        dataplane::unpin(&cfg.daemon.pin_path)?;
+        info!("dataplane detached and unpinned");
+    } else if pinned {
+        info!("dataplane left running, pinned at {}", cfg.daemon.pin_path.display());
+    } else {
+        info!("dataplane detached (detach_on_exit)");
+    }
+    Ok(())
+}
+
+/// Mounts a bpffs at /sys/fs/bpf if the pin path is under it and none is mounted.
+fn ensure_bpffs(pin: &Path) -> Result<()> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let bpf_mounted = |p: &str| mounts.lines().any(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        f.len() > 2 && f[1] == p && f[2] == "bpf"
+    });
+    if pin.starts_with("/sys/fs/bpf") && !bpf_mounted("/sys/fs/bpf") {
+        nix::mount::mount(Some("bpf"), "/sys/fs/bpf", Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
+            .context("mounting a bpffs at /sys/fs/bpf (needed to pin the dataplane; or set daemon.detach_on_exit = true)")?;
+        info!("mounted a bpffs at /sys/fs/bpf");
+    }
+    Ok(())
+}
+
+/// Serves the API until a signal or a detach request; returns whether to detach.
+async fn serve(state: Arc<Mutex<State>>, socket: PathBuf) -> Result<bool> {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).with_context(|| format!("binding the API socket {}", socket.display()))?;
+    info!("API on {}", socket.display());
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let (detach_tx, mut detach_rx) = watch::channel(false);
+    loop {
+        tokio::select! {
+            _ = sigint.recv() => { info!("SIGINT: stopping"); return Ok(false) }
+            _ = sigterm.recv() => { info!("SIGTERM: stopping"); return Ok(false) }
+            _ = detach_rx.changed() => return Ok(true),
+            conn = listener.accept() => match conn {
+                Ok((stream, _)) => {
+                    let state = state.clone();
+                    let tx = detach_tx.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = client(stream, state, tx).await {
+                            warn!("API client: {e:#}");
+                        }
+                    });
+                }
+                Err(e) => error!("accepting an API connection: {e}"),
+            }
+        }
+    }
+}
+
+async fn client(stream: UnixStream, state: Arc<Mutex<State>>, detach: watch::Sender<bool>) -> Result<()> {
+    let (r, mut w) = stream.into_split();
+    let mut lines = BufReader::new(r).lines();
+    while let Some(line) = lines.next_line().await? {
+        let resp = match serde_json::from_str::<Request>(&line) {
+            Ok(Request::Detach) => {
+                let _ = detach.send(true);
+                Response::Ok
+            }
+            Ok(req) => {
+                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+                handle(&mut st, req)
+            }
+            Err(e) => Response::Error { message: format!("malformed request: {e}") },
+        };
+        let mut out = serde_json::to_string(&resp)?;
+        out.push('\n');
+        w.write_all(out.as_bytes()).await?;
+    }
+    Ok(())
+}
+
+fn handle(st: &mut State, req: Request) -> Response {
+    let r = match req {
+        Request::AddJob { job } => st.dp.add_job(&job).map(|job| {
+            info!("job {} added: {} members, slots {}..{}", job.id, job.members.len(), job.slot_base.unwrap_or(0), job.slot_base.unwrap_or(0) + job.slots);
+            Response::Job { job }
+        }),
+        Request::RemoveJob { id } => st.dp.remove_job(id).map(|()| {
+            info!("job {id} removed");
+            Response::Ok
+        }),
+        Request::ListJobs => st.dp.jobs().map(|jobs| Response::Jobs {
+            jobs: jobs.iter().map(|(id, j)| xagg::job::JobSpec::from_job(*id, j)).collect(),
+        }),
+        Request::Counters => st.dp.counters().map(|counters| Response::Counters { counters }),
+        Request::Status => st.dp.jobs().map(|jobs| Response::Status {
+            ports: st.cfg.switch.ports.clone(),
+            pinned: st.dp.pinned(),
+            adopted: st.dp.adopted,
+            jobs: jobs.len(),
+            slots_total: MAX_SLOTS,
+            slots_used: jobs.iter().map(|(_, j)| j.slot_count).sum(),
+        }),
+        Request::Detach => Ok(Response::Ok),
+    };
+    r.unwrap_or_else(|e| Response::Error { message: e.to_string() })
+}

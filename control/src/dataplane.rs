@@ -1,0 +1,398 @@
+//! Loading, attaching, pinning and adopting the XDP dataplane, and the map operations the
+//! daemon performs on it. The dataplane's maps are the single source of truth: a restarted
+//! daemon adopts the pinned maps and knows every job from them.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray},
+    programs::{links::FdLink, Xdp, XdpMode},
+    Ebpf,
+};
+use log::{info, warn};
+use xagg_common::{
+    job::{EgressKey, SwitchConfig},
+    slot::{SlotImage, MAX_SLOTS},
+    Counter, Job,
+};
+
+use crate::{
+    config::{Config, XdpMode as Mode},
+    iface,
+    job::{allocate_slots, JobError, JobSpec},
+};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("the XDP object was not built into this binary: run `cargo xtask build` (or `cargo xtask demo`) and rebuild")]
+    NoObject,
+    #[error("loading the XDP object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error("attaching to {port}: {source} (try xdp_mode = \"generic\" if the driver lacks native XDP)")]
+    Attach {
+        port: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error("pinning under {path}: {source} (is a bpffs mounted there? `mount -t bpf bpf /sys/fs/bpf`)")]
+    Pin {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{0}")]
+    Job(#[from] JobError),
+    #[error("job {0} already exists: remove it first (`xagg job remove {0}`)")]
+    JobExists(u32),
+    #[error("no job {0}")]
+    NoJob(u32),
+    #[error("job {id} needs {want} slots but the largest free range is smaller ({free} of {total} slots free in all): ask for fewer slots or remove a job")]
+    NoSlots {
+        id: u32,
+        want: u32,
+        free: u32,
+        total: u32,
+    },
+    #[error("the pinned dataplane at {pin} was started with ports {pinned:?}, the configuration names {configured:?}: run `xagg detach` to replace it (running jobs are dropped), or restore the configuration")]
+    PortsChanged {
+        pin: PathBuf,
+        pinned: Vec<String>,
+        configured: Vec<String>,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+
+const MAP_NAMES: [&str; 6] = ["JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS"];
+
+pub struct Dataplane {
+    jobs: HashMap<MapData, u32, Job>,
+    egress: HashMap<MapData, EgressKey, u32>,
+    slots: Array<MapData, SlotImage>,
+    switch: Array<MapData, SwitchConfig>,
+    counters: PerCpuArray<MapData, u64>,
+    /// The pin directory, when the dataplane outlives the daemon.
+    pin: Option<PathBuf>,
+    /// Links of an unpinned dataplane: dropping them detaches the programs.
+    _links: Vec<aya::programs::xdp::XdpLink>,
+    _ebpf: Option<Ebpf>,
+    /// Whether the maps came from an earlier daemon's pins.
+    pub adopted: bool,
+}
+
+fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError {
+    move |source| DataplaneError::Map { name, source }
+}
+
+fn pin_err(path: &Path) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> DataplaneError + '_ {
+    move |source| DataplaneError::Pin {
+        path: path.to_owned(),
+        source,
+    }
+}
+
+impl Dataplane {
+    /// Adopts the pinned dataplane if there is one (and `pin` is set), else loads and
+    /// attaches a fresh one. Must run in the ports' network namespace.
+    pub fn start(cfg: &Config, pinned: bool) -> Result<Self> {
+        let pin = pinned.then(|| cfg.daemon.pin_path.clone());
+        if let Some(dir) = &pin {
+            if dir.join("maps/JOBS").exists() {
+                let mut dp = Self::adopt(dir)?;
+                let pinned_ports = read_ports(dir);
+                if pinned_ports != cfg.switch.ports {
+                    return Err(DataplaneError::PortsChanged {
+                        pin: dir.clone(),
+                        pinned: pinned_ports,
+                        configured: cfg.switch.ports.clone(),
+                    });
+                }
+                info!("adopted the pinned dataplane at {}", dir.display());
+                dp.configure_switch(cfg)?;
+                return Ok(dp);
+            }
+        }
+        Self::load(cfg, pin)
+    }
+
+    fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
+        if crate::EBPF_OBJECT.is_empty() {
+            return Err(DataplaneError::NoObject);
+        }
+        let mut ebpf = Ebpf::load(crate::EBPF_OBJECT)?;
+        let mode = cfg.mode().map_err(DataplaneError::Other)?;
+
+        let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
+        result.load().map_err(|source| DataplaneError::Program {
+            name: "xagg_result",
+            source,
+        })?;
+        let result_fd = result
+            .fd()
+            .map_err(|source| DataplaneError::Program {
+                name: "xagg_result",
+                source,
+            })?
+            .try_clone()
+            .map_err(|e| DataplaneError::Other(format!("duplicating a program fd: {e}")))?;
+
+        if let Some(dir) = &pin {
+            for sub in ["maps", "links"] {
+                fs::create_dir_all(dir.join(sub)).map_err(|e| pin_err(dir)(Box::new(e)))?;
+            }
+        }
+        let mut maps = BTreeMap::new();
+        for name in MAP_NAMES {
+            let map = ebpf
+                .take_map(name)
+                .ok_or_else(|| DataplaneError::Other(format!("object lacks map {name}")))?;
+            if let Some(dir) = &pin {
+                let path = dir.join("maps").join(name);
+                map.pin(&path).map_err(|e| pin_err(&path)(Box::new(e)))?;
+            }
+            maps.insert(name, map);
+        }
+        let mut take = |name: &'static str| maps.remove(name).expect("taken above");
+
+        let mut ports: DevMap<MapData> = DevMap::try_from(take("PORTS")).map_err(map_err("PORTS"))?;
+        for (i, port) in cfg.switch.ports.iter().enumerate() {
+            let ifindex = iface::ifindex(port)
+                .map_err(|e| DataplaneError::Other(format!("switch.ports[{i}]: {e:#}")))?;
+            ports
+                .set(i as u32, ifindex, Some(&result_fd), 0)
+                .map_err(|e| DataplaneError::Other(format!("PORTS[{i}] = {port}: {e}")))?;
+        }
+
+        let switch: &mut Xdp = prog(&mut ebpf, "xagg_switch")?;
+        switch.load().map_err(|source| DataplaneError::Program {
+            name: "xagg_switch",
+            source,
+        })?;
+        let mut links = Vec::new();
+        let mut link_pins = Vec::new();
+        for port in &cfg.switch.ports {
+            let id = attach(switch, port, mode)?;
+            let link = switch.take_link(id).map_err(|source| DataplaneError::Program {
+                name: "xagg_switch",
+                source,
+            })?;
+            if pin.is_some() {
+                let fd: FdLink = link.try_into().map_err(|e| {
+                    DataplaneError::Other(format!("link on {port} is not a bpf_link, cannot pin it: {e}"))
+                })?;
+                link_pins.push((port.clone(), fd));
+            } else {
+                links.push(link);
+            }
+        }
+
+        if let Some(dir) = &pin {
+            for (port, fd) in link_pins {
+                let path = dir.join("links").join(&port);
+                fd.pin(&path).map_err(|e| pin_err(&path)(Box::new(e)))?;
+            }
+            fs::write(dir.join("ports"), cfg.switch.ports.join("\n"))
+                .map_err(|e| pin_err(dir)(Box::new(e)))?;
+        }
+
+        drop(ports);
+        let mut dp = Self {
+            jobs: HashMap::try_from(take("JOBS")).map_err(map_err("JOBS"))?,
+            egress: HashMap::try_from(take("EGRESS")).map_err(map_err("EGRESS"))?,
+            slots: Array::try_from(take("SLOTS")).map_err(map_err("SLOTS"))?,
+            switch: Array::try_from(take("SWITCH")).map_err(map_err("SWITCH"))?,
+            counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
+            pin,
+            _links: links,
+            _ebpf: Some(ebpf),
+            adopted: false,
+        };
+        dp.configure_switch(cfg)?;
+        info!(
+            "dataplane attached to {} ({})",
+            cfg.switch.ports.join(", "),
+            if dp.pin.is_some() { "pinned" } else { "detached on exit" }
+        );
+        Ok(dp)
+    }
+
+    fn adopt(dir: &Path) -> Result<Self> {
+        let open = |name: &'static str| -> Result<Map> {
+            let md = MapData::from_pin(dir.join("maps").join(name)).map_err(map_err(name))?;
+            Map::from_map_data(md).map_err(map_err(name))
+        };
+        Ok(Self {
+            jobs: HashMap::try_from(open("JOBS")?).map_err(map_err("JOBS"))?,
+            egress: HashMap::try_from(open("EGRESS")?).map_err(map_err("EGRESS"))?,
+            slots: Array::try_from(open("SLOTS")?).map_err(map_err("SLOTS"))?,
+            switch: Array::try_from(open("SWITCH")?).map_err(map_err("SWITCH"))?,
+            counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
+            pin: Some(dir.to_owned()),
+            _links: Vec::new(),
+            _ebpf: None,
+            adopted: true,
+        })
+    }
+
+    /// Writes the switch's address, port and MAC into the `SWITCH` map.
+    fn configure_switch(&mut self, cfg: &Config) -> Result<()> {
+        let mac = match &cfg.switch.mac {
+            Some(m) => iface::parse_mac(m).map_err(DataplaneError::Other)?,
+            None => {
+                let holder = iface::holding(cfg.switch.address)
+                    .map_err(|e| DataplaneError::Other(format!("{e:#}")))?
+                    .ok_or_else(|| {
+                        DataplaneError::Other(format!(
+                            "switch.address {} is on no interface here: assign it to one (e.g. the bridge of the ports) or set switch.mac",
+                            cfg.switch.address
+                        ))
+                    })?;
+                iface::mac(&holder).map_err(|e| DataplaneError::Other(format!("{e:#}")))?
+            }
+        };
+        let value = SwitchConfig {
+            ip: cfg.switch.address.octets(),
+            port: cfg.switch.udp_port.to_be_bytes(),
+            mac,
+        };
+        self.switch.set(0, value, 0).map_err(map_err("SWITCH"))
+    }
+
+    pub fn jobs(&self) -> Result<Vec<(u32, Job)>> {
+        let mut v = Vec::new();
+        for item in self.jobs.iter() {
+            v.push(item.map_err(map_err("JOBS"))?);
+        }
+        v.sort_by_key(|(id, _)| *id);
+        Ok(v)
+    }
+
+    pub fn add_job(&mut self, spec: &JobSpec) -> Result<JobSpec> {
+        if self.jobs.get(&spec.id, 0).is_ok() {
+            return Err(DataplaneError::JobExists(spec.id));
+        }
+        // Validate before allocating so a bad spec reports its real problem.
+        spec.to_job(0)?;
+        let jobs = self.jobs()?;
+        let used: Vec<(u32, u32)> = jobs.iter().map(|(_, j)| (j.slot_base, j.slot_count)).collect();
+        let base = allocate_slots(&used, spec.slots, MAX_SLOTS).ok_or_else(|| {
+            let busy: u32 = used.iter().map(|(_, c)| c).sum();
+            DataplaneError::NoSlots {
+                id: spec.id,
+                want: spec.slots,
+                free: MAX_SLOTS - busy,
+                total: MAX_SLOTS,
+            }
+        })?;
+        let job = spec.to_job(base)?;
+        self.reset_slots(base, spec.slots)?;
+        let n = spec.members.len();
+        for m in &job.member[..n] {
+            let key = EgressKey {
+                jid: spec.id,
+                ifindex: m.ifindex,
+            };
+            let idx = job.member[..n].iter().position(|x| x.ifindex == m.ifindex).unwrap_or(0) as u32;
+            self.egress.insert(key, idx, 0).map_err(map_err("EGRESS"))?;
+        }
+        self.jobs.insert(spec.id, job, 0).map_err(map_err("JOBS"))?;
+        Ok(JobSpec::from_job(spec.id, &job))
+    }
+
+    pub fn remove_job(&mut self, id: u32) -> Result<()> {
+        let job = self.jobs.get(&id, 0).map_err(|_| DataplaneError::NoJob(id))?;
+        // The job goes first, so no packet can reach its slots while they are cleared.
+        self.jobs.remove(&id).map_err(map_err("JOBS"))?;
+        let n = job.members.count_ones() as usize;
+        for m in &job.member[..n] {
+            let _ = self.egress.remove(&EgressKey {
+                jid: id,
+                ifindex: m.ifindex,
+            });
+        }
+        self.reset_slots(job.slot_base, job.slot_count)
+    }
+
+    fn reset_slots(&mut self, base: u32, count: u32) -> Result<()> {
+        let empty: SlotImage = unsafe { std::mem::zeroed() };
+        for i in base..base + count {
+            self.slots.set(i, empty, 0).map_err(map_err("SLOTS"))?;
+        }
+        Ok(())
+    }
+
+    /// One slot's state, for diagnostics.
+    pub fn slot(&self, index: u32) -> Result<SlotImage> {
+        self.slots.get(&index, 0).map_err(map_err("SLOTS"))
+    }
+
+    /// Counters summed over CPUs, by name.
+    pub fn counters(&self) -> Result<BTreeMap<String, u64>> {
+        let mut out = BTreeMap::new();
+        for c in Counter::ALL {
+            let v = self.counters.get(&(c as u32), 0).map_err(map_err("COUNTERS"))?;
+            out.insert(c.name().to_string(), v.iter().sum());
+        }
+        Ok(out)
+    }
+
+    pub fn pinned(&self) -> bool {
+        self.pin.is_some()
+    }
+}
+
+/// Removes a pinned dataplane: its links (so the programs detach) and maps.
+pub fn unpin(dir: &Path) -> std::io::Result<bool> {
+    if !dir.exists() {
+        return Ok(false);
+    }
+    fs::remove_dir_all(dir)?;
+    Ok(true)
+}
+
+fn read_ports(dir: &Path) -> Vec<String> {
+    fs::read_to_string(dir.join("ports"))
+        .unwrap_or_default()
+        .lines()
+        .map(str::to_owned)
+        .collect()
+}
+
+fn prog<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| DataplaneError::Other(format!("object lacks program {name}")))?
+        .try_into()
+        .map_err(|source| DataplaneError::Program { name, source })
+}
+
+fn attach(prog: &mut Xdp, port: &str, mode: Mode) -> Result<aya::programs::xdp::XdpLinkId> {
+    let err = |source| DataplaneError::Attach {
+        port: port.to_owned(),
+        source,
+    };
+    match mode {
+        Mode::Native => prog.attach(port, XdpMode::Driver).map_err(err),
+        Mode::Generic => prog.attach(port, XdpMode::Skb).map_err(err),
+        Mode::Auto => match prog.attach(port, XdpMode::Driver) {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                warn!("native XDP on {port} failed ({e}); falling back to generic mode, which is slower");
+                prog.attach(port, XdpMode::Skb).map_err(err)
+            }
+        },
+    }
+}

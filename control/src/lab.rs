@@ -1,0 +1,159 @@
+//! A veth/netns lab: one switch namespace whose ports are members of a Linux bridge, and
+//! N worker namespaces, each linked to one switch port.
+//!
+//! ```text
+//!   {p}-w0: eth0 10.77.0.11 ──veth── swp0 ┐
+//!   {p}-w1: eth0 10.77.0.12 ──veth── swp1 ├─ br0 10.77.0.1   ({p}-sw, xagg_switch on swp*)
+//!   ...                                    ┘
+//! ```
+//! Worker ends carry `xagg_host` (a frame redirected into a veth is dropped unless the
+//! peer end runs an XDP program). Everything is removed on drop.
+
+use std::{net::Ipv4Addr, process::Command};
+
+use anyhow::{bail, Context, Result};
+use aya::{programs::Xdp, Ebpf};
+
+/// MTU of every lab link: the largest a non-frags XDP program allows on a veth peer, and
+/// what a full 3448-byte segment needs.
+pub const MTU: usize = 3506;
+pub const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
+pub const WORKER_PORT: u16 = 47801;
+
+pub fn worker_ip(i: usize) -> Ipv4Addr {
+    Ipv4Addr::new(10, 77, 0, 11 + i as u8)
+}
+
+pub struct Lab {
+    pub prefix: String,
+    pub workers: usize,
+    /// Host-side programs; dropping them detaches.
+    hosts: Vec<Ebpf>,
+}
+
+/// Runs `ip` with `args`, failing with its stderr.
+pub fn ip(args: &[&str]) -> Result<String> {
+    let out = Command::new("ip").args(args).output().context("running `ip` (iproute2)")?;
+    if !out.status.success() {
+        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
+/// Runs `f` on a thread inside network namespace `ns` (only that thread moves).
+pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            crate::iface::enter_netns(ns)?;
+            f()
+        })
+        .join()
+        .unwrap_or_else(|_| bail!("thread in {ns} panicked"))
+    })
+}
+
+impl Lab {
+    pub fn switch_ns(&self) -> String {
+        format!("{}-sw", self.prefix)
+    }
+    pub fn worker_ns(&self, i: usize) -> String {
+        format!("{}-w{i}", self.prefix)
+    }
+    pub fn port(i: usize) -> String {
+        format!("swp{i}")
+    }
+
+    /// Builds the lab (after removing any leftover of an earlier one with this prefix).
+    pub fn create(prefix: &str, workers: usize) -> Result<Self> {
+        if workers == 0 || workers > 64 {
+            bail!("a lab has 1..=64 workers, not {workers}");
+        }
+        destroy(prefix);
+        let lab = Lab {
+            prefix: prefix.into(),
+            workers,
+            hosts: Vec::new(),
+        };
+        let sw = lab.switch_ns();
+        ip(&["netns", "add", &sw])?;
+        let mtu = MTU.to_string();
+        ip(&["-n", &sw, "link", "add", "br0", "mtu", &mtu, "type", "bridge"])?;
+        ip(&["-n", &sw, "addr", "add", &format!("{SWITCH_IP}/24"), "dev", "br0"])?;
+        ip(&["-n", &sw, "link", "set", "lo", "up"])?;
+        for i in 0..workers {
+            let w = lab.worker_ns(i);
+            let port = Self::port(i);
+            ip(&["netns", "add", &w])?;
+            ip(&["link", "add", &port, "netns", &sw, "mtu", &mtu, "type", "veth", "peer", "name", "eth0", "netns", &w, "mtu", &mtu])?;
+            ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
+            ip(&["-n", &w, "addr", "add", &format!("{}/24", worker_ip(i)), "dev", "eth0"])?;
+            ip(&["-n", &w, "link", "set", "eth0", "up"])?;
+            ip(&["-n", &w, "link", "set", "lo", "up"])?;
+        }
+        ip(&["-n", &sw, "link", "set", "br0", "up"])?;
+        Ok(lab)
+    }
+
+    /// Attaches `xagg_host` to every worker's interface (native mode).
+    pub fn attach_hosts(&mut self) -> Result<()> {
+        if crate::EBPF_OBJECT.is_empty() {
+            bail!("the XDP object was not built into this binary: run `cargo xtask build`");
+        }
+        for i in 0..self.workers {
+            let ebpf = in_netns(&self.worker_ns(i), || {
+                let mut ebpf = Ebpf::load(crate::EBPF_OBJECT)?;
+                let p: &mut Xdp = ebpf.program_mut("xagg_host").context("no xagg_host")?.try_into()?;
+                p.load()?;
+                p.attach("eth0", aya::programs::XdpMode::Driver)
+                    .context("attaching xagg_host to a worker's eth0")?;
+                Ok(ebpf)
+            })?;
+            self.hosts.push(ebpf);
+        }
+        Ok(())
+    }
+
+    /// Detaches the worker-side programs (for baselines over a plain bridge).
+    pub fn detach_hosts(&mut self) {
+        self.hosts.clear();
+    }
+
+    pub fn worker_mac(&self, i: usize) -> Result<[u8; 6]> {
+        in_netns(&self.worker_ns(i), || crate::iface::mac("eth0"))
+    }
+
+    /// `--member` values of a job over all workers, in member order.
+    pub fn members(&self) -> Result<Vec<crate::job::MemberSpec>> {
+        (0..self.workers)
+            .map(|i| {
+                Ok(crate::job::MemberSpec {
+                    interface: Self::port(i),
+                    mac: crate::iface::fmt_mac(&self.worker_mac(i)?),
+                    addr: std::net::SocketAddrV4::new(worker_ip(i), WORKER_PORT),
+                })
+            })
+            .collect()
+    }
+}
+
+impl Drop for Lab {
+    fn drop(&mut self) {
+        self.hosts.clear();
+        destroy(&self.prefix);
+    }
+}
+
+/// Removes the namespaces of the lab `prefix` (their veths go with them). Idempotent.
+pub fn destroy(prefix: &str) {
+    let Ok(list) = ip(&["netns", "list"]) else { return };
+    for line in list.lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let ours = name == format!("{prefix}-sw")
+            || name
+                .strip_prefix(&format!("{prefix}-w"))
+                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        if ours {
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
+}

@@ -1,0 +1,349 @@
+//! The worker library: allreduce of a buffer through an aggregation switch.
+//!
+//! The buffer is cut into segments of the job's length; segment `k` of a message goes to
+//! slot `k % slots`, and at most `slots` segments are in flight: a slot is reused only
+//! after its result came back. Each use of a slot flips its epoch (the slot version), so
+//! the switch keeps the previous result while a slower member may still ask for it.
+//! A contribution whose result does not come back in time is sent again; the switch
+//! never adds it twice and answers it with the stored result if the slot already finished.
+
+use std::{
+    io,
+    net::{SocketAddrV4, UdpSocket},
+    time::{Duration, Instant},
+};
+
+use xagg_common::wire::{self, DType, Header, Kind, Op, FLAG_EPOCH, FLAG_LAST, HEADER_LEN};
+
+#[derive(Clone, Debug)]
+pub struct WorkerParams {
+    /// The switch's address and collective UDP port.
+    pub switch: SocketAddrV4,
+    /// This member's own address and UDP port, as registered in the job.
+    pub bind: SocketAddrV4,
+    pub job: u32,
+    pub member: u8,
+    pub op: Op,
+    pub dtype: DType,
+    /// Elements per segment (the job's segment length).
+    pub segment: usize,
+    /// The job's slots: segments in flight.
+    pub slots: usize,
+    /// First retransmission timeout; adapted to the measured round trip.
+    pub timeout: Duration,
+    /// Upper bound of the retransmission timeout.
+    pub max_timeout: Duration,
+    /// Fail when no result arrived for this long.
+    pub give_up: Duration,
+    /// Message id of the first allreduce; later ones count up. Every member of a job must
+    /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
+    pub first_mid: u32,
+}
+
+impl WorkerParams {
+    pub fn new(switch: SocketAddrV4, bind: SocketAddrV4, job: u32, member: u8) -> Self {
+        Self {
+            switch,
+            bind,
+            job,
+            member,
+            op: Op::Sum,
+            dtype: DType::I32,
+            segment: DType::I32.max_elements(),
+            slots: 64,
+            timeout: Duration::from_millis(20),
+            max_timeout: Duration::from_millis(500),
+            give_up: Duration::from_secs(10),
+            first_mid: 0,
+        }
+    }
+}
+
+/// What one allreduce did.
+#[derive(Clone, Debug, Default, serde::Serialize)]
+pub struct Report {
+    pub bytes: usize,
+    pub seconds: f64,
+    pub goodput_gbps: f64,
+    pub segments: usize,
+    pub retransmissions: u64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum AllreduceError {
+    #[error("allreduce of job {job} message {mid} failed: no result for {waited:?}; {} segments missing (slot/sid: {})", missing.len(), fmt_missing(missing))]
+    Timeout {
+        job: u32,
+        mid: u32,
+        waited: Duration,
+        /// (slot, sid) of the segments whose result never came.
+        missing: Vec<(usize, u32)>,
+    },
+    #[error("socket: {0}")]
+    Io(#[from] io::Error),
+    #[error("{0}")]
+    Invalid(String),
+}
+
+fn fmt_missing(m: &[(usize, u32)]) -> String {
+    let mut s: Vec<String> = m.iter().take(8).map(|(slot, sid)| format!("{slot}/{sid}")).collect();
+    if m.len() > 8 {
+        s.push("...".into());
+    }
+    s.join(", ")
+}
+
+struct InFlight {
+    seg: usize,
+    epoch: u8,
+    sent: Instant,
+    rto: Duration,
+    retransmitted: bool,
+}
+
+pub struct Worker {
+    sock: UdpSocket,
+    p: WorkerParams,
+    next_mid: u32,
+    /// Uses of each slot so far: its next epoch.
+    uses: Vec<u32>,
+    srtt: Option<Duration>,
+    pkt: Vec<u8>,
+}
+
+impl Worker {
+    pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
+        if p.segment == 0 || p.segment > p.dtype.max_elements() {
+            return Err(AllreduceError::Invalid(format!(
+                "segment of {} elements: choose 1..={} for {}",
+                p.segment,
+                p.dtype.max_elements(),
+                p.dtype.name()
+            )));
+        }
+        if p.slots == 0 {
+            return Err(AllreduceError::Invalid("slots must be at least 1".into()));
+        }
+        let sock = UdpSocket::bind(p.bind)?;
+        // Room for every slot's result at once, so a burst is never dropped at the socket.
+        let want = (p.slots * (wire::MAX_IP_PACKET + 512) * 2).max(4 << 20);
+        let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBufForce, &want)
+            .or_else(|_| nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &want));
+        let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::SndBufForce, &want);
+        Ok(Self {
+            sock,
+            next_mid: p.first_mid,
+            uses: vec![0; p.slots],
+            srtt: None,
+            pkt: Vec::with_capacity(HEADER_LEN + wire::MAX_PAYLOAD),
+            p,
+        })
+    }
+
+    pub fn params(&self) -> &WorkerParams {
+        &self.p
+    }
+
+    /// Allreduce of `buf` in place.
+    pub fn allreduce_i32(&mut self, buf: &mut [i32]) -> Result<Report, AllreduceError> {
+        if self.p.dtype.size() != 4 {
+            return Err(AllreduceError::Invalid(format!(
+                "an i32 buffer for a job of {}",
+                self.p.dtype.name()
+            )));
+        }
+        // Little-endian host: the buffer's bytes are already the wire's element encoding.
+        const _: () = assert!(cfg!(target_endian = "little"));
+        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 4) };
+        self.allreduce_bytes(bytes)
+    }
+
+    /// Allreduce of a buffer of little-endian elements of the job's data type.
+    pub fn allreduce_bytes(&mut self, buf: &mut [u8]) -> Result<Report, AllreduceError> {
+        let size = self.p.dtype.size();
+        if buf.len() % size != 0 {
+            return Err(AllreduceError::Invalid(format!(
+                "buffer of {} bytes is not a whole number of {} elements",
+                buf.len(),
+                self.p.dtype.name()
+            )));
+        }
+        let start = Instant::now();
+        let elems = buf.len() / size;
+        let seg_bytes = self.p.segment * size;
+        let nseg = elems.div_ceil(self.p.segment);
+        let mid = self.next_mid;
+        self.next_mid = self.next_mid.wrapping_add(1);
+        let mut report = Report {
+            bytes: buf.len(),
+            segments: nseg,
+            ..Report::default()
+        };
+        if nseg == 0 {
+            return Ok(report);
+        }
+        let window = self.p.slots.min(nseg);
+        let mut flight: Vec<Option<InFlight>> = (0..window).map(|_| None).collect();
+        for slot in 0..window {
+            flight[slot] = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
+        }
+        let mut done = 0;
+        let mut rx = vec![0u8; 65536];
+        let mut last_progress = Instant::now();
+        let mut next_check = Instant::now() + self.rto();
+        self.sock.set_read_timeout(Some(self.rto() / 4 + Duration::from_micros(100)))?;
+        while done < nseg {
+            match self.sock.recv(&mut rx) {
+                Ok(n) => {
+                    let Some(slot) = self.accept(&rx[..n], mid, &flight, buf, seg_bytes) else {
+                        continue;
+                    };
+                    let f = flight[slot].take().expect("accepted only for a slot in flight");
+                    if !f.retransmitted {
+                        self.sample_rtt(f.sent.elapsed());
+                    }
+                    done += 1;
+                    last_progress = Instant::now();
+                    let next = f.seg + window;
+                    if next < nseg {
+                        flight[slot] = Some(self.send(buf, mid, slot, next, nseg, seg_bytes, false)?);
+                    }
+                }
+                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(e) => return Err(e.into()),
+            }
+            let now = Instant::now();
+            if now < next_check {
+                continue;
+            }
+            next_check = now + self.rto() / 4;
+            if now.duration_since(last_progress) > self.p.give_up {
+                let missing = flight
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(slot, f)| f.as_ref().map(|f| (slot, f.seg as u32)))
+                    .collect();
+                return Err(AllreduceError::Timeout {
+                    job: self.p.job,
+                    mid,
+                    waited: now.duration_since(last_progress),
+                    missing,
+                });
+            }
+            for slot in 0..window {
+                let due = matches!(&flight[slot], Some(f) if now.duration_since(f.sent) >= f.rto);
+                if due {
+                    let f = flight[slot].take().unwrap();
+                    let mut again = self.send_epoch(buf, mid, slot, f.seg, nseg, seg_bytes, f.epoch)?;
+                    again.rto = (f.rto * 2).min(self.p.max_timeout);
+                    again.retransmitted = true;
+                    flight[slot] = Some(again);
+                    report.retransmissions += 1;
+                }
+            }
+        }
+        report.seconds = start.elapsed().as_secs_f64();
+        report.goodput_gbps = buf.len() as f64 * 8.0 / report.seconds / 1e9;
+        Ok(report)
+    }
+
+    fn rto(&self) -> Duration {
+        match self.srtt {
+            None => self.p.timeout,
+            Some(s) => (s * 4).clamp(Duration::from_millis(2), self.p.max_timeout),
+        }
+    }
+
+    fn sample_rtt(&mut self, rtt: Duration) {
+        self.srtt = Some(match self.srtt {
+            None => rtt,
+            Some(s) => (s * 7 + rtt) / 8,
+        });
+    }
+
+    /// Sends segment `seg` on `slot` with the slot's next epoch.
+    #[expect(clippy::too_many_arguments, reason = "the segment's coordinates")]
+    fn send(
+        &mut self,
+        buf: &[u8],
+        mid: u32,
+        slot: usize,
+        seg: usize,
+        nseg: usize,
+        seg_bytes: usize,
+        retransmitted: bool,
+    ) -> Result<InFlight, AllreduceError> {
+        let epoch = (self.uses[slot] & 1) as u8;
+        self.uses[slot] = self.uses[slot].wrapping_add(1);
+        let mut f = self.send_epoch(buf, mid, slot, seg, nseg, seg_bytes, epoch)?;
+        f.retransmitted = retransmitted;
+        Ok(f)
+    }
+
+    #[expect(clippy::too_many_arguments, reason = "the segment's coordinates")]
+    fn send_epoch(
+        &mut self,
+        buf: &[u8],
+        mid: u32,
+        slot: usize,
+        seg: usize,
+        nseg: usize,
+        seg_bytes: usize,
+        epoch: u8,
+    ) -> Result<InFlight, AllreduceError> {
+        let size = self.p.dtype.size();
+        let lo = seg * seg_bytes;
+        let hi = (lo + seg_bytes).min(buf.len());
+        let count = (hi - lo) / size;
+        let mut flags = if epoch == 1 { FLAG_EPOCH } else { 0 };
+        if seg + 1 == nseg {
+            flags |= FLAG_LAST;
+        }
+        let h = Header::new(
+            Kind::Contribution,
+            self.p.op,
+            self.p.dtype,
+            self.p.job,
+            mid,
+            seg as u32,
+            slot as u16,
+            self.p.member,
+            flags,
+            count as u16,
+        );
+        self.pkt.clear();
+        self.pkt.extend_from_slice(&h.to_bytes());
+        self.pkt.extend_from_slice(&buf[lo..hi]);
+        self.pkt.resize(HEADER_LEN + wire::payload_len(count, size), 0);
+        self.sock.send_to(&self.pkt, self.p.switch)?;
+        Ok(InFlight {
+            seg,
+            epoch,
+            sent: Instant::now(),
+            rto: self.rto(),
+            retransmitted: false,
+        })
+    }
+
+    /// Checks a received datagram against the segments in flight and writes its result
+    /// into `buf`; returns the slot it completed.
+    fn accept(&self, d: &[u8], mid: u32, flight: &[Option<InFlight>], buf: &mut [u8], seg_bytes: usize) -> Option<usize> {
+        let h = Header::from_bytes(d)?;
+        if h.version != wire::VERSION || h.kind != Kind::Result as u8 || h.jid() != self.p.job || h.mid() != mid {
+            return None;
+        }
+        let slot = h.seg() as usize;
+        let f = flight.get(slot)?.as_ref()?;
+        if f.seg as u32 != h.sid() || h.epoch() as u8 != f.epoch {
+            return None;
+        }
+        let size = self.p.dtype.size();
+        let lo = f.seg * seg_bytes;
+        let hi = (lo + seg_bytes).min(buf.len());
+        if h.count() as usize * size != hi - lo || d.len() < HEADER_LEN + (hi - lo) {
+            return None;
+        }
+        buf[lo..hi].copy_from_slice(&d[HEADER_LEN..HEADER_LEN + (hi - lo)]);
+        Some(slot)
+    }
+}
