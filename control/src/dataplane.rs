@@ -113,7 +113,7 @@ impl Dataplane {
         if let Some(dir) = &pin {
             if dir.join("maps/JOBS").exists() {
                 let mut dp = Self::adopt(dir)?;
-                let pinned_ports = read_ports(dir);
+                let pinned_ports = read_ports(dir)?;
                 if pinned_ports != cfg.switch.ports {
                     return Err(DataplaneError::PortsChanged {
                         pin: dir.clone(),
@@ -205,8 +205,6 @@ impl Dataplane {
                 let path = dir.join("links").join(&port);
                 fd.pin(&path).map_err(|e| pin_err(&path)(Box::new(e)))?;
             }
-            fs::write(dir.join("ports"), cfg.switch.ports.join("\n"))
-                .map_err(|e| pin_err(dir)(Box::new(e)))?;
         }
 
         drop(ports);
@@ -364,12 +362,24 @@ pub fn unpin(dir: &Path) -> std::io::Result<bool> {
     Ok(true)
 }
 
-fn read_ports(dir: &Path) -> Vec<String> {
-    fs::read_to_string(dir.join("ports"))
-        .unwrap_or_default()
-        .lines()
-        .map(str::to_owned)
-        .collect()
+/// The ports of a pinned dataplane, from its broadcast devmap (bpffs holds no plain
+/// files, and the devmap is what the dataplane really uses).
+fn read_ports(dir: &Path) -> Result<Vec<String>> {
+    let md = MapData::from_pin(dir.join("maps/PORTS")).map_err(map_err("PORTS"))?;
+    let ports: DevMap<MapData> =
+        DevMap::try_from(Map::from_map_data(md).map_err(map_err("PORTS"))?).map_err(map_err("PORTS"))?;
+    let mut names = Vec::new();
+    for i in 0..ports.len() {
+        match ports.get(i, 0) {
+            Ok(v) if v.if_index != 0 => names.push(
+                nix::net::if_::if_indextoname(v.if_index)
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| format!("ifindex {}", v.if_index)),
+            ),
+            _ => break,
+        }
+    }
+    Ok(names)
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {

@@ -94,14 +94,15 @@ impl Lab {
         Ok(lab)
     }
 
-    /// Attaches `xagg_host` to every worker's interface (native mode).
-    pub fn attach_hosts(&mut self) -> Result<()> {
-        if crate::EBPF_OBJECT.is_empty() {
-            bail!("the XDP object was not built into this binary: run `cargo xtask build`");
+    /// Attaches `xagg_host` from the XDP object `object` to every worker's interface
+    /// (native mode).
+    pub fn attach_hosts(&mut self, object: &[u8]) -> Result<()> {
+        if object.is_empty() {
+            bail!("the XDP object is empty: run `cargo xtask build`");
         }
         for i in 0..self.workers {
             let ebpf = in_netns(&self.worker_ns(i), || {
-                let mut ebpf = Ebpf::load(crate::EBPF_OBJECT)?;
+                let mut ebpf = Ebpf::load(object)?;
                 let p: &mut Xdp = ebpf.program_mut("xagg_host").context("no xagg_host")?.try_into()?;
                 p.load()?;
                 p.attach("eth0", aya::programs::XdpMode::Driver)

@@ -1,0 +1,107 @@
+//! Tool installation and builds.
+
+use std::{
+    path::{Path, PathBuf},
+    process::Command,
+};
+
+use anyhow::{bail, Context, Result};
+
+pub fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
+
+/// The XDP object `cargo xtask build` produces.
+pub fn ebpf_object() -> PathBuf {
+    target_dir().join("bpfel-unknown-none/release/xagg")
+}
+
+pub fn release_bin(name: &str) -> PathBuf {
+    target_dir().join("release").join(name)
+}
+
+fn cargo() -> Command {
+    let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    c.current_dir(root());
+    c
+}
+
+pub fn run(cmd: &mut Command) -> Result<()> {
+    let status = cmd.status().with_context(|| format!("running {cmd:?}"))?;
+    if !status.success() {
+        bail!("{cmd:?} failed: {status}");
+    }
+    Ok(())
+}
+
+fn succeeds(cmd: &mut Command) -> bool {
+    cmd.output().map(|o| o.status.success()).unwrap_or(false)
+}
+
+/// Installs what the eBPF build needs and is missing: LLVM 22 (Debian), the rust-src
+/// component, bpf-linker 0.13 built against LLVM 22. Each step is skipped when its result
+/// is already there.
+pub fn setup() -> Result<()> {
+    if !succeeds(Command::new("ip").arg("-V")) {
+        apt(&["iproute2"])?;
+    }
+    let have_src = Command::new("rustup")
+        .args(["component", "list", "--installed"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).contains("rust-src"))
+        .unwrap_or(false);
+    if !have_src {
+        eprintln!("setup: adding the rust-src component (for -Z build-std)");
+        run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
+    }
+    if !succeeds(Command::new("bpf-linker").arg("--version")) {
+        if !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists() {
+            apt(&["llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"])?;
+        }
+        eprintln!("setup: building bpf-linker 0.13.0 against LLVM 22 (about a minute)");
+        let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
+        run(Command::new("cargo")
+            .env("PATH", path)
+            .args(["install", "bpf-linker", "--version", "0.13.0", "--locked", "--no-default-features", "--features", "llvm-22"]))?;
+    }
+    Ok(())
+}
+
+fn apt(pkgs: &[&str]) -> Result<()> {
+    eprintln!("setup: installing {} (apt)", pkgs.join(" "));
+    run(Command::new("apt-get").arg("update").arg("-qq"))?;
+    run(Command::new("apt-get")
+        .args(["install", "-y", "-qq"])
+        .args(pkgs)
+        .env("DEBIAN_FRONTEND", "noninteractive"))
+}
+
+/// Builds the XDP object, then the release binaries that embed it.
+pub fn build_all() -> Result<()> {
+    // Stable rustc with RUSTC_BOOTSTRAP builds core for the BPF target; --btf is needed for
+    // the BTF maps (the slot spin lock lives in one).
+    run(cargo()
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
+        .args(["build", "--quiet", "-p", "xagg-ebpf", "--target", "bpfel-unknown-none", "-Z", "build-std=core", "--release"]))?;
+    run(cargo().args(["build", "--quiet", "--release", "-p", "xagg", "--bins"]))?;
+    Ok(())
+}
+
+/// The whole suite: every crate's unit tests, the BPF_PROG_RUN tables and the netns
+/// tests (which need root; under CI=true they never skip).
+pub fn test(extra: &[String]) -> Result<()> {
+    let bins = target_dir().join("release");
+    run(cargo()
+        .env("XAGG_BIN_DIR", &bins)
+        .args(["test", "--release", "--workspace", "--exclude", "xagg-ebpf", "--"])
+        .args(["--test-threads", "1"])
+        .args(extra))
+}
