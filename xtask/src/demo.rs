@@ -220,6 +220,10 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         write_json(p, &report)?;
         println!("figures written to {}", p.display());
     }
+    if std::env::var_os("XAGG_DEMO_PAUSE").is_some() {
+        eprintln!("paused (XAGG_DEMO_PAUSE): press Enter to clean up");
+        let _ = std::io::stdin().read_line(&mut String::new());
+    }
     if !verified {
         bail!("the result was wrong on at least one worker");
     }
