@@ -51,6 +51,10 @@ pub fn setup() -> Result<()> {
     if !succeeds(Command::new("ip").arg("-V")) {
         apt(&["iproute2"])?;
     }
+    // The tests check that ordinary traffic (ping, TCP) still crosses the switch.
+    if !succeeds(Command::new("ping").arg("-V")) {
+        apt(&["iputils-ping"])?;
+    }
     let have_src = Command::new("rustup")
         .args(["component", "list", "--installed"])
         .output()
