@@ -135,7 +135,7 @@ impl Worker {
             next_mid: p.first_mid,
             uses: vec![0; p.slots],
             srtt: None,
-            pkt: Vec::with_capacity(HEADER_LEN + wire::MAX_PAYLOAD),
+            pkt: vec![0; HEADER_LEN + wire::MAX_PAYLOAD],
             p,
         })
     }
@@ -311,11 +311,8 @@ impl Worker {
             flags,
             count as u16,
         );
-        self.pkt.clear();
-        self.pkt.extend_from_slice(&h.to_bytes());
-        self.pkt.extend_from_slice(&buf[lo..hi]);
-        self.pkt.resize(HEADER_LEN + wire::payload_len(count, size), 0);
-        self.sock.send_to(&self.pkt, self.p.switch)?;
+        let len = wire::encode(&h, &buf[lo..hi], &mut self.pkt).expect("packet buffer holds a full segment");
+        self.sock.send_to(&self.pkt[..len], self.p.switch)?;
         Ok(InFlight {
             seg,
             epoch,

@@ -100,11 +100,10 @@ pub fn ipv4_checksum(h: &[u8]) -> u16 {
 
 /// Header and payload of a contribution: `values` as little-endian i32, padded to 8 bytes.
 pub fn contribution(h: Header, values: &[i32]) -> Vec<u8> {
-    let mut p = h.to_bytes().to_vec();
-    for v in values {
-        p.extend_from_slice(&v.to_le_bytes());
-    }
-    p.resize(wire::HEADER_LEN + wire::payload_len(values.len(), 4), 0);
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut p = vec![0u8; wire::HEADER_LEN + bytes.len() + 8];
+    let n = wire::encode(&h, &bytes, &mut p).unwrap();
+    p.truncate(n);
     p
 }
 

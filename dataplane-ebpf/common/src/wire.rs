@@ -174,6 +174,20 @@ pub const fn payload_len(count: usize, size: usize) -> usize {
     (count * size + 7) & !7
 }
 
+/// Writes a collective packet (the UDP payload) into `out`: the header, the payload bytes
+/// (`count` little-endian elements) and zero padding to a multiple of 8. Returns its
+/// length, or `None` if `out` is too small.
+pub fn encode(h: &Header, payload: &[u8], out: &mut [u8]) -> Option<usize> {
+    let len = HEADER_LEN + ((payload.len() + 7) & !7);
+    if out.len() < len {
+        return None;
+    }
+    out[..HEADER_LEN].copy_from_slice(&h.to_bytes());
+    out[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
+    out[HEADER_LEN + payload.len()..len].fill(0);
+    Some(len)
+}
+
 /// Execution status carried in results (seed 000's "execution status").
 pub mod status {
     pub const OK: u8 = 0;
