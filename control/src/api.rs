@@ -16,8 +16,12 @@ use crate::job::JobSpec;
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
 pub enum Request {
-    AddJob { job: JobSpec },
-    RemoveJob { id: u32 },
+    AddJob {
+        job: JobSpec,
+    },
+    RemoveJob {
+        id: u32,
+    },
     ListJobs,
     Counters,
     Status,
@@ -29,11 +33,26 @@ pub enum Request {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum Response {
     Ok,
-    Job { job: JobSpec },
-    Jobs { jobs: Vec<JobSpec> },
-    Counters { counters: BTreeMap<String, u64> },
-    Status { ports: Vec<String>, pinned: bool, adopted: bool, jobs: usize, slots_total: u32, slots_used: u32 },
-    Error { message: String },
+    Job {
+        job: JobSpec,
+    },
+    Jobs {
+        jobs: Vec<JobSpec>,
+    },
+    Counters {
+        counters: BTreeMap<String, u64>,
+    },
+    Status {
+        ports: Vec<String>,
+        pinned: bool,
+        adopted: bool,
+        jobs: usize,
+        slots_total: u32,
+        slots_used: u32,
+    },
+    Error {
+        message: String,
+    },
 }
 
 /// Sends one request to the daemon at `socket` and waits for its response.
@@ -53,5 +72,5 @@ pub fn call(socket: &Path, req: &Request) -> anyhow::Result<Response> {
     if resp.is_empty() {
         bail!("the daemon closed the connection without answering");
     }
-    Ok(serde_json::from_str(&resp).context("malformed response from the daemon")?)
+    serde_json::from_str(&resp).context("malformed response from the daemon")
 }

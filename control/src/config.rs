@@ -112,7 +112,10 @@ impl Config {
             return Err("switch.address is 0.0.0.0: give the switch's own IPv4 address, the one workers send to".into());
         }
         if s.udp_port == 0 {
-            return Err(format!("switch.udp_port is 0: use a free UDP port (default {})", default_port()));
+            return Err(format!(
+                "switch.udp_port is 0: use a free UDP port (default {})",
+                default_port()
+            ));
         }
         if let Some(m) = &s.mac {
             crate::iface::parse_mac(m).map_err(|e| format!("switch.mac: {e}"))?;
@@ -126,7 +129,9 @@ impl Config {
             "native" => Ok(XdpMode::Native),
             "generic" => Ok(XdpMode::Generic),
             "auto" => Ok(XdpMode::Auto),
-            m => Err(format!("switch.xdp_mode = \"{m}\": use \"native\", \"generic\" or \"auto\"")),
+            m => Err(format!(
+                "switch.xdp_mode = \"{m}\": use \"native\", \"generic\" or \"auto\""
+            )),
         }
     }
 }
@@ -147,8 +152,10 @@ mod tests {
     fn errors_name_the_key() {
         let e = Config::parse("[switch]\nports = []\naddress = \"10.0.0.1\"\n").unwrap_err();
         assert!(e.contains("switch.ports"), "{e}");
-        let e = Config::parse("[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\nxdp_mode = \"fast\"\n")
-            .unwrap_err();
+        let e = Config::parse(
+            "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\nxdp_mode = \"fast\"\n",
+        )
+        .unwrap_err();
         assert!(e.contains("switch.xdp_mode"), "{e}");
         let e = Config::parse("[switch]\nports = [\"a\"]\naddress = \"10.0.0.300\"\n").unwrap_err();
         assert!(e.contains("address"), "{e}");

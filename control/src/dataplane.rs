@@ -37,7 +37,9 @@ pub enum DataplaneError {
         name: &'static str,
         source: aya::programs::ProgramError,
     },
-    #[error("attaching to {port}: {source} (try xdp_mode = \"generic\" if the driver lacks native XDP)")]
+    #[error(
+        "attaching to {port}: {source} (try xdp_mode = \"generic\" if the driver lacks native XDP)"
+    )]
     Attach {
         port: String,
         source: aya::programs::ProgramError,
@@ -47,7 +49,9 @@ pub enum DataplaneError {
         name: &'static str,
         source: aya::maps::MapError,
     },
-    #[error("pinning under {path}: {source} (is a bpffs mounted there? `mount -t bpf bpf /sys/fs/bpf`)")]
+    #[error(
+        "pinning under {path}: {source} (is a bpffs mounted there? `mount -t bpf bpf /sys/fs/bpf`)"
+    )]
     Pin {
         path: PathBuf,
         source: Box<dyn std::error::Error + Send + Sync>,
@@ -98,7 +102,9 @@ fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError
     move |source| DataplaneError::Map { name, source }
 }
 
-fn pin_err(path: &Path) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> DataplaneError + '_ {
+fn pin_err(
+    path: &Path,
+) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> DataplaneError + '_ {
     move |source| DataplaneError::Pin {
         path: path.to_owned(),
         source,
@@ -168,7 +174,8 @@ impl Dataplane {
         }
         let mut take = |name: &'static str| maps.remove(name).expect("taken above");
 
-        let mut ports: DevMap<MapData> = DevMap::try_from(take("PORTS")).map_err(map_err("PORTS"))?;
+        let mut ports: DevMap<MapData> =
+            DevMap::try_from(take("PORTS")).map_err(map_err("PORTS"))?;
         for (i, port) in cfg.switch.ports.iter().enumerate() {
             let ifindex = iface::ifindex(port)
                 .map_err(|e| DataplaneError::Other(format!("switch.ports[{i}]: {e:#}")))?;
@@ -186,13 +193,17 @@ impl Dataplane {
         let mut link_pins = Vec::new();
         for port in &cfg.switch.ports {
             let id = attach(switch, port, mode)?;
-            let link = switch.take_link(id).map_err(|source| DataplaneError::Program {
-                name: "xagg_switch",
-                source,
-            })?;
+            let link = switch
+                .take_link(id)
+                .map_err(|source| DataplaneError::Program {
+                    name: "xagg_switch",
+                    source,
+                })?;
             if pin.is_some() {
                 let fd: FdLink = link.try_into().map_err(|e| {
-                    DataplaneError::Other(format!("link on {port} is not a bpf_link, cannot pin it: {e}"))
+                    DataplaneError::Other(format!(
+                        "link on {port} is not a bpf_link, cannot pin it: {e}"
+                    ))
                 })?;
                 link_pins.push((port.clone(), fd));
             } else {
@@ -223,7 +234,11 @@ impl Dataplane {
         info!(
             "dataplane attached to {} ({})",
             cfg.switch.ports.join(", "),
-            if dp.pin.is_some() { "pinned" } else { "detached on exit" }
+            if dp.pin.is_some() {
+                "pinned"
+            } else {
+                "detached on exit"
+            }
         );
         Ok(dp)
     }
@@ -286,7 +301,10 @@ impl Dataplane {
         // Validate before allocating so a bad spec reports its real problem.
         spec.to_job(0)?;
         let jobs = self.jobs()?;
-        let used: Vec<(u32, u32)> = jobs.iter().map(|(_, j)| (j.slot_base, j.slot_count)).collect();
+        let used: Vec<(u32, u32)> = jobs
+            .iter()
+            .map(|(_, j)| (j.slot_base, j.slot_count))
+            .collect();
         let base = allocate_slots(&used, spec.slots, MAX_SLOTS).ok_or_else(|| {
             let busy: u32 = used.iter().map(|(_, c)| c).sum();
             DataplaneError::NoSlots {
@@ -304,7 +322,10 @@ impl Dataplane {
                 jid: spec.id,
                 ifindex: m.ifindex,
             };
-            let idx = job.member[..n].iter().position(|x| x.ifindex == m.ifindex).unwrap_or(0) as u32;
+            let idx = job.member[..n]
+                .iter()
+                .position(|x| x.ifindex == m.ifindex)
+                .unwrap_or(0) as u32;
             self.egress.insert(key, idx, 0).map_err(map_err("EGRESS"))?;
         }
         self.jobs.insert(spec.id, job, 0).map_err(map_err("JOBS"))?;
@@ -312,7 +333,10 @@ impl Dataplane {
     }
 
     pub fn remove_job(&mut self, id: u32) -> Result<()> {
-        let job = self.jobs.get(&id, 0).map_err(|_| DataplaneError::NoJob(id))?;
+        let job = self
+            .jobs
+            .get(&id, 0)
+            .map_err(|_| DataplaneError::NoJob(id))?;
         // The job goes first, so no packet can reach its slots while they are cleared.
         self.jobs.remove(&id).map_err(map_err("JOBS"))?;
         let n = job.members.count_ones() as usize;
@@ -342,7 +366,10 @@ impl Dataplane {
     pub fn counters(&self) -> Result<BTreeMap<String, u64>> {
         let mut out = BTreeMap::new();
         for c in Counter::ALL {
-            let v = self.counters.get(&(c as u32), 0).map_err(map_err("COUNTERS"))?;
+            let v = self
+                .counters
+                .get(&(c as u32), 0)
+                .map_err(map_err("COUNTERS"))?;
             out.insert(c.name().to_string(), v.iter().sum());
         }
         Ok(out)
@@ -367,7 +394,8 @@ pub fn unpin(dir: &Path) -> std::io::Result<bool> {
 fn read_ports(dir: &Path) -> Result<Vec<String>> {
     let md = MapData::from_pin(dir.join("maps/PORTS")).map_err(map_err("PORTS"))?;
     let ports: DevMap<MapData> =
-        DevMap::try_from(Map::from_map_data(md).map_err(map_err("PORTS"))?).map_err(map_err("PORTS"))?;
+        DevMap::try_from(Map::from_map_data(md).map_err(map_err("PORTS"))?)
+            .map_err(map_err("PORTS"))?;
     let mut names = Vec::new();
     for i in 0..ports.len() {
         match ports.get(i, 0) {

@@ -50,7 +50,10 @@ pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
 }
 
 pub fn fmt_mac(m: &[u8; 6]) -> String {
-    m.iter().map(|b| format!("{b:02x}")).collect::<Vec<_>>().join(":")
+    m.iter()
+        .map(|b| format!("{b:02x}"))
+        .collect::<Vec<_>>()
+        .join(":")
 }
 
 /// Moves the calling thread into the network namespace `name` (as made by `ip netns add`).

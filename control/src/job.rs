@@ -68,10 +68,9 @@ fn bad(field: impl Into<String>, problem: impl Into<String>) -> JobError {
 }
 
 pub fn parse_op(s: &str) -> Result<Op, String> {
-    Op::ALL
-        .into_iter()
-        .find(|o| o.name() == s)
-        .ok_or_else(|| format!("unknown op `{s}`: use one of sum, min, max, avg, prod, and, or, xor"))
+    Op::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
+        format!("unknown op `{s}`: use one of sum, min, max, avg, prod, and, or, xor")
+    })
 }
 
 pub fn parse_dtype(s: &str) -> Result<DType, String> {
@@ -121,7 +120,10 @@ impl JobSpec {
         if self.members.is_empty() || self.members.len() > MAX_MEMBERS {
             return Err(bad(
                 "members",
-                format!("{} members: a job has 1..={MAX_MEMBERS}", self.members.len()),
+                format!(
+                    "{} members: a job has 1..={MAX_MEMBERS}",
+                    self.members.len()
+                ),
             ));
         }
         let mut job = Job {
@@ -149,11 +151,17 @@ impl JobSpec {
             if m.addr.ip().is_unspecified() || m.addr.port() == 0 {
                 return Err(bad(
                     format!("{field}.addr"),
-                    format!("`{}`: give the member's own IPv4 address and UDP port", m.addr),
+                    format!(
+                        "`{}`: give the member's own IPv4 address and UDP port",
+                        m.addr
+                    ),
                 ));
             }
             // Results are addressed per port: two members behind one port would get one copy.
-            if let Some(j) = self.members[..i].iter().position(|o| o.interface == m.interface) {
+            if let Some(j) = self.members[..i]
+                .iter()
+                .position(|o| o.interface == m.interface)
+            {
                 return Err(bad(
                     format!("{field}.interface"),
                     format!(

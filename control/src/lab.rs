@@ -33,9 +33,16 @@ pub struct Lab {
 
 /// Runs `ip` with `args`, failing with its stderr.
 pub fn ip(args: &[&str]) -> Result<String> {
-    let out = Command::new("ip").args(args).output().context("running `ip` (iproute2)")?;
+    let out = Command::new("ip")
+        .args(args)
+        .output()
+        .context("running `ip` (iproute2)")?;
     if !out.status.success() {
-        bail!("ip {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "ip {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -77,16 +84,37 @@ impl Lab {
         let sw = lab.switch_ns();
         ip(&["netns", "add", &sw])?;
         let mtu = MTU.to_string();
-        ip(&["-n", &sw, "link", "add", "br0", "mtu", &mtu, "type", "bridge"])?;
-        ip(&["-n", &sw, "addr", "add", &format!("{SWITCH_IP}/24"), "dev", "br0"])?;
+        ip(&[
+            "-n", &sw, "link", "add", "br0", "mtu", &mtu, "type", "bridge",
+        ])?;
+        ip(&[
+            "-n",
+            &sw,
+            "addr",
+            "add",
+            &format!("{SWITCH_IP}/24"),
+            "dev",
+            "br0",
+        ])?;
         ip(&["-n", &sw, "link", "set", "lo", "up"])?;
         for i in 0..workers {
             let w = lab.worker_ns(i);
             let port = Self::port(i);
             ip(&["netns", "add", &w])?;
-            ip(&["link", "add", &port, "netns", &sw, "mtu", &mtu, "type", "veth", "peer", "name", "eth0", "netns", &w, "mtu", &mtu])?;
+            ip(&[
+                "link", "add", &port, "netns", &sw, "mtu", &mtu, "type", "veth", "peer", "name",
+                "eth0", "netns", &w, "mtu", &mtu,
+            ])?;
             ip(&["-n", &sw, "link", "set", &port, "master", "br0", "up"])?;
-            ip(&["-n", &w, "addr", "add", &format!("{}/24", worker_ip(i)), "dev", "eth0"])?;
+            ip(&[
+                "-n",
+                &w,
+                "addr",
+                "add",
+                &format!("{}/24", worker_ip(i)),
+                "dev",
+                "eth0",
+            ])?;
             ip(&["-n", &w, "link", "set", "eth0", "up"])?;
             ip(&["-n", &w, "link", "set", "lo", "up"])?;
         }
@@ -103,7 +131,10 @@ impl Lab {
         for i in 0..self.workers {
             let ebpf = in_netns(&self.worker_ns(i), || {
                 let mut ebpf = Ebpf::load(object)?;
-                let p: &mut Xdp = ebpf.program_mut("xagg_host").context("no xagg_host")?.try_into()?;
+                let p: &mut Xdp = ebpf
+                    .program_mut("xagg_host")
+                    .context("no xagg_host")?
+                    .try_into()?;
                 p.load()?;
                 p.attach("eth0", aya::programs::XdpMode::Driver)
                     .context("attaching xagg_host to a worker's eth0")?;
@@ -146,7 +177,9 @@ impl Drop for Lab {
 
 /// Removes the namespaces of the lab `prefix` (their veths go with them). Idempotent.
 pub fn destroy(prefix: &str) {
-    let Ok(list) = ip(&["netns", "list"]) else { return };
+    let Ok(list) = ip(&["netns", "list"]) else {
+        return;
+    };
     for line in list.lines() {
         let name = line.split_whitespace().next().unwrap_or("");
         let ours = name == format!("{prefix}-sw")

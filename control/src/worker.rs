@@ -86,7 +86,11 @@ pub enum AllreduceError {
 }
 
 fn fmt_missing(m: &[(usize, u32)]) -> String {
-    let mut s: Vec<String> = m.iter().take(8).map(|(slot, sid)| format!("{slot}/{sid}")).collect();
+    let mut s: Vec<String> = m
+        .iter()
+        .take(8)
+        .map(|(slot, sid)| format!("{slot}/{sid}"))
+        .collect();
     if m.len() > 8 {
         s.push("...".into());
     }
@@ -128,7 +132,9 @@ impl Worker {
         // Room for every slot's result at once, so a burst is never dropped at the socket.
         let want = (p.slots * (wire::MAX_IP_PACKET + 512) * 2).max(4 << 20);
         let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBufForce, &want)
-            .or_else(|_| nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &want));
+            .or_else(|_| {
+                nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &want)
+            });
         let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::SndBufForce, &want);
         Ok(Self {
             sock,
@@ -154,14 +160,15 @@ impl Worker {
         }
         // Little-endian host: the buffer's bytes are already the wire's element encoding.
         const _: () = assert!(cfg!(target_endian = "little"));
-        let bytes = unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 4) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts_mut(buf.as_mut_ptr().cast::<u8>(), buf.len() * 4) };
         self.allreduce_bytes(bytes)
     }
 
     /// Allreduce of a buffer of little-endian elements of the job's data type.
     pub fn allreduce_bytes(&mut self, buf: &mut [u8]) -> Result<Report, AllreduceError> {
         let size = self.p.dtype.size();
-        if buf.len() % size != 0 {
+        if !buf.len().is_multiple_of(size) {
             return Err(AllreduceError::Invalid(format!(
                 "buffer of {} bytes is not a whole number of {} elements",
                 buf.len(),
@@ -184,21 +191,24 @@ impl Worker {
         }
         let window = self.p.slots.min(nseg);
         let mut flight: Vec<Option<InFlight>> = (0..window).map(|_| None).collect();
-        for slot in 0..window {
-            flight[slot] = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
+        for (slot, entry) in flight.iter_mut().enumerate() {
+            *entry = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
         }
         let mut done = 0;
         let mut rx = vec![0u8; 65536];
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
-        self.sock.set_read_timeout(Some(self.rto() / 4 + Duration::from_micros(100)))?;
+        self.sock
+            .set_read_timeout(Some(self.rto() / 4 + Duration::from_micros(100)))?;
         while done < nseg {
             match self.sock.recv(&mut rx) {
                 Ok(n) => {
                     let Some(slot) = self.accept(&rx[..n], mid, &flight, buf, seg_bytes) else {
                         continue;
                     };
-                    let f = flight[slot].take().expect("accepted only for a slot in flight");
+                    let f = flight[slot]
+                        .take()
+                        .expect("accepted only for a slot in flight");
                     if !f.retransmitted {
                         self.sample_rtt(f.sent.elapsed());
                     }
@@ -206,10 +216,15 @@ impl Worker {
                     last_progress = Instant::now();
                     let next = f.seg + window;
                     if next < nseg {
-                        flight[slot] = Some(self.send(buf, mid, slot, next, nseg, seg_bytes, false)?);
+                        flight[slot] =
+                            Some(self.send(buf, mid, slot, next, nseg, seg_bytes, false)?);
                     }
                 }
-                Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
                 Err(e) => return Err(e.into()),
             }
             let now = Instant::now();
@@ -230,14 +245,15 @@ impl Worker {
                     missing,
                 });
             }
-            for slot in 0..window {
-                let due = matches!(&flight[slot], Some(f) if now.duration_since(f.sent) >= f.rto);
+            for (slot, entry) in flight.iter_mut().enumerate() {
+                let due = matches!(entry, Some(f) if now.duration_since(f.sent) >= f.rto);
                 if due {
-                    let f = flight[slot].take().unwrap();
-                    let mut again = self.send_epoch(buf, mid, slot, f.seg, nseg, seg_bytes, f.epoch)?;
+                    let f = entry.take().unwrap();
+                    let mut again =
+                        self.send_epoch(buf, mid, slot, f.seg, nseg, seg_bytes, f.epoch)?;
                     again.rto = (f.rto * 2).min(self.p.max_timeout);
                     again.retransmitted = true;
-                    flight[slot] = Some(again);
+                    *entry = Some(again);
                     report.retransmissions += 1;
                 }
             }
@@ -250,7 +266,8 @@ impl Worker {
     fn rto(&self) -> Duration {
         match self.srtt {
             None => self.p.timeout,
-            Some(s) => (s * 4).clamp(Duration::from_millis(2), self.p.max_timeout),
+            // The floor absorbs scheduling delays when workers outnumber cores.
+            Some(s) => (s * 4).clamp(Duration::from_millis(10), self.p.max_timeout),
         }
     }
 
@@ -311,7 +328,8 @@ impl Worker {
             flags,
             count as u16,
         );
-        let len = wire::encode(&h, &buf[lo..hi], &mut self.pkt).expect("packet buffer holds a full segment");
+        let len = wire::encode(&h, &buf[lo..hi], &mut self.pkt)
+            .expect("packet buffer holds a full segment");
         self.sock.send_to(&self.pkt[..len], self.p.switch)?;
         Ok(InFlight {
             seg,
@@ -324,9 +342,20 @@ impl Worker {
 
     /// Checks a received datagram against the segments in flight and writes its result
     /// into `buf`; returns the slot it completed.
-    fn accept(&self, d: &[u8], mid: u32, flight: &[Option<InFlight>], buf: &mut [u8], seg_bytes: usize) -> Option<usize> {
+    fn accept(
+        &self,
+        d: &[u8],
+        mid: u32,
+        flight: &[Option<InFlight>],
+        buf: &mut [u8],
+        seg_bytes: usize,
+    ) -> Option<usize> {
         let h = Header::from_bytes(d)?;
-        if h.version != wire::VERSION || h.kind != Kind::Result as u8 || h.jid() != self.p.job || h.mid() != mid {
+        if h.version != wire::VERSION
+            || h.kind != Kind::Result as u8
+            || h.jid() != self.p.job
+            || h.mid() != mid
+        {
             return None;
         }
         let slot = h.seg() as usize;

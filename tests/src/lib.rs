@@ -91,7 +91,10 @@ pub fn frame(src: &MemberAddr, dst_port: u16, udp_payload: &[u8]) -> Vec<u8> {
 }
 
 pub fn ipv4_checksum(h: &[u8]) -> u16 {
-    let mut sum: u32 = h.chunks(2).map(|c| u16::from_be_bytes([c[0], c[1]]) as u32).sum();
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]) as u32)
+        .sum();
     while sum > 0xffff {
         sum = (sum & 0xffff) + (sum >> 16);
     }
@@ -162,7 +165,12 @@ impl Switch {
     }
 
     pub fn run_repeat(&mut self, frame: &[u8], repeat: u32) -> Run {
-        let p: &mut Xdp = self.ebpf.program_mut("xagg_switch").unwrap().try_into().unwrap();
+        let p: &mut Xdp = self
+            .ebpf
+            .program_mut("xagg_switch")
+            .unwrap()
+            .try_into()
+            .unwrap();
         let mut out = vec![0u8; frame.len() + 256];
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
@@ -203,9 +211,15 @@ pub struct LabSwitch {
 pub fn bin(name: &str) -> std::path::PathBuf {
     let dir = std::env::var_os("XAGG_BIN_DIR")
         .map(std::path::PathBuf::from)
-        .unwrap_or_else(|| std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release"));
+        .unwrap_or_else(|| {
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../target/release")
+        });
     let p = dir.join(name);
-    assert!(p.exists(), "{} not built: run the tests with `cargo xtask test`", p.display());
+    assert!(
+        p.exists(),
+        "{} not built: run the tests with `cargo xtask test`",
+        p.display()
+    );
     p
 }
 
@@ -215,7 +229,8 @@ impl LabSwitch {
     /// `[daemon]` section.
     pub fn start(prefix: &str, workers: usize, extra: &str) -> Self {
         let mut lab = xagg::lab::Lab::create(prefix, workers).expect("creating the lab");
-        lab.attach_hosts(xagg::EBPF_OBJECT).expect("attaching host programs");
+        lab.attach_hosts(xagg::EBPF_OBJECT)
+            .expect("attaching host programs");
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}"));
         std::fs::create_dir_all(&dir).unwrap();
         let socket = dir.join("xaggd.sock");
@@ -235,13 +250,24 @@ impl LabSwitch {
             ),
         )
         .unwrap();
-        let mut s = Self { lab, socket, pin, config, log: dir.join("xaggd.log"), daemon: None };
+        let mut s = Self {
+            lab,
+            socket,
+            pin,
+            config,
+            log: dir.join("xaggd.log"),
+            daemon: None,
+        };
         s.start_daemon();
         s
     }
 
     pub fn start_daemon(&mut self) {
-        let log = std::fs::OpenOptions::new().create(true).append(true).open(&self.log).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
         let child = std::process::Command::new(bin("xaggd"))
             .arg("--config")
             .arg(&self.config)
@@ -257,13 +283,20 @@ impl LabSwitch {
             }
             std::thread::sleep(std::time::Duration::from_millis(50));
         }
-        panic!("xaggd did not come up: {}", std::fs::read_to_string(&self.log).unwrap_or_default());
+        panic!(
+            "xaggd did not come up: {}",
+            std::fs::read_to_string(&self.log).unwrap_or_default()
+        );
     }
 
     /// Stops the daemon with `signal` ("TERM", "INT", "KILL") and waits for it.
     pub fn stop_daemon(&mut self, signal: &str) -> std::process::ExitStatus {
         let mut c = self.daemon.take().expect("daemon running");
-        std::process::Command::new("kill").arg(format!("-{signal}")).arg(c.id().to_string()).status().unwrap();
+        std::process::Command::new("kill")
+            .arg(format!("-{signal}"))
+            .arg(c.id().to_string())
+            .status()
+            .unwrap();
         c.wait().unwrap()
     }
 
@@ -272,11 +305,25 @@ impl LabSwitch {
     }
 
     /// A sum/i32 job over the given workers (member i = worker `workers[i]`).
-    pub fn add_job(&self, id: u32, segment: u16, slots: u32, workers: &[usize]) -> xagg::api::Response {
+    pub fn add_job(
+        &self,
+        id: u32,
+        segment: u16,
+        slots: u32,
+        workers: &[usize],
+    ) -> xagg::api::Response {
         let all = self.lab.members().unwrap();
         let members = workers.iter().map(|&w| all[w].clone()).collect();
         self.api(xagg::api::Request::AddJob {
-            job: xagg::job::JobSpec { id, op: "sum".into(), dtype: "i32".into(), segment, slots, members, slot_base: None },
+            job: xagg::job::JobSpec {
+                id,
+                op: "sum".into(),
+                dtype: "i32".into(),
+                segment,
+                slots,
+                members,
+                slot_base: None,
+            },
         })
     }
 
@@ -291,7 +338,17 @@ impl LabSwitch {
     /// (member i is worker `workers[i]`, bound to `port`), and checks each result against
     /// the wrapping sum.
     #[allow(clippy::too_many_arguments)]
-    pub fn allreduce(&self, job: u32, mid: u32, segment: usize, slots: usize, workers: &[usize], port: u16, elems: usize, seed: u64) -> Vec<xagg::worker::Report> {
+    pub fn allreduce(
+        &self,
+        job: u32,
+        mid: u32,
+        segment: usize,
+        slots: usize,
+        workers: &[usize],
+        port: u16,
+        elems: usize,
+        seed: u64,
+    ) -> Vec<xagg::worker::Report> {
         let n = workers.len();
         let expected = xagg::data::expected_sum(seed, n as u32, elems);
         std::thread::scope(|s| {
@@ -304,7 +361,8 @@ impl LabSwitch {
                     s.spawn(move || {
                         xagg::iface::enter_netns(&ns).unwrap();
                         let bind = std::net::SocketAddrV4::new(xagg::lab::worker_ip(w), port);
-                        let sw = std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, wire::DEFAULT_PORT);
+                        let sw =
+                            std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, wire::DEFAULT_PORT);
                         let mut p = xagg::worker::WorkerParams::new(sw, bind, job, m as u8);
                         p.segment = segment;
                         p.slots = slots;
@@ -312,17 +370,23 @@ impl LabSwitch {
                         let mut wk = xagg::worker::Worker::new(p).expect("worker socket");
                         let mut buf = vec![0i32; elems];
                         xagg::data::fill(seed, m as u32, &mut buf);
-                        let rep = wk
-                            .allreduce_i32(&mut buf)
-                            .unwrap_or_else(|e| panic!("member {m}: {e}; switch counters {:?}", self.counters()));
+                        let rep = wk.allreduce_i32(&mut buf).unwrap_or_else(|e| {
+                            panic!("member {m}: {e}; switch counters {:?}", self.counters())
+                        });
                         if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
-                            panic!("member {m}: element {i} is {} but the sum is {}", buf[i], expected[i]);
+                            panic!(
+                                "member {m}: element {i} is {} but the sum is {}",
+                                buf[i], expected[i]
+                            );
                         }
                         rep
                     })
                 })
                 .collect();
-            handles.into_iter().map(|h| h.join().expect("worker thread")).collect()
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("worker thread"))
+                .collect()
         })
     }
 }

@@ -15,22 +15,47 @@ const ROUNDS: u32 = 3000;
 const ELEMS: usize = 862;
 
 fn values(m: u32, k: u32) -> Vec<i32> {
-    (0..ELEMS).map(|i| xagg::data::element(k as u64, m, i)).collect()
+    (0..ELEMS)
+        .map(|i| xagg::data::element(k as u64, m, i))
+        .collect()
 }
 
 #[test]
+#[expect(
+    clippy::needless_range_loop,
+    reason = "round k indexes both threads' results"
+)]
 fn two_cpus_one_slot() {
     if !require_root("two_cpus_one_slot") {
         return;
     }
-    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    let cpus = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1);
     let mut sw = Switch::load();
-    sw.jobs.insert(5, job(2, Op::Sum as u8, DType::I32 as u8, ELEMS as u16, 0, 4), 0).unwrap();
+    sw.jobs
+        .insert(
+            5,
+            job(2, Op::Sum as u8, DType::I32 as u8, ELEMS as u16, 0, 4),
+            0,
+        )
+        .unwrap();
     let frames: Vec<[Vec<u8>; 2]> = (0..ROUNDS)
         .map(|k| {
             [0u8, 1].map(|m| {
                 let flags = if (k / 4) % 2 == 1 { FLAG_EPOCH } else { 0 };
-                let h = Header::new(Kind::Contribution, Op::Sum, DType::I32, 5, 0, k, (k % 4) as u16, m, flags, ELEMS as u16);
+                let h = Header::new(
+                    Kind::Contribution,
+                    Op::Sum,
+                    DType::I32,
+                    5,
+                    0,
+                    k,
+                    (k % 4) as u16,
+                    m,
+                    flags,
+                    ELEMS as u16,
+                );
                 frame(&member(m), PORT, &contribution(h, &values(m as u32, k)))
             })
         })
@@ -66,15 +91,29 @@ fn two_cpus_one_slot() {
     for k in 0..ROUNDS as usize {
         let acts = [results[0][k].1, results[1][k].1];
         let done: Vec<usize> = (0..2).filter(|&m| acts[m] == XDP_REDIRECT).collect();
-        assert_eq!(done.len(), 1, "round {k}: actions {acts:?}: exactly one contribution completes");
+        assert_eq!(
+            done.len(),
+            1,
+            "round {k}: actions {acts:?}: exactly one contribution completes"
+        );
         assert!(acts.contains(&XDP_DROP), "round {k}: {acts:?}");
         let out = &results[done[0]][k].2;
-        let want: Vec<i32> = values(0, k as u32).iter().zip(values(1, k as u32)).map(|(a, b)| a.wrapping_add(b)).collect();
-        let got: Vec<i32> = out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4 * ELEMS].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+        let want: Vec<i32> = values(0, k as u32)
+            .iter()
+            .zip(values(1, k as u32))
+            .map(|(a, b)| a.wrapping_add(b))
+            .collect();
+        let got: Vec<i32> = out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4 * ELEMS]
+            .chunks(4)
+            .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+            .collect();
         assert_eq!(got, want, "round {k}: wrong sum");
         completions += 1;
     }
     assert_eq!(completions, ROUNDS);
     assert_eq!(sw.counter(Counter::Complete), ROUNDS as u64);
-    assert_eq!(sw.counter(Counter::DropDuplicate) + sw.counter(Counter::DropSlotBusy), 0);
+    assert_eq!(
+        sw.counter(Counter::DropDuplicate) + sw.counter(Counter::DropSlotBusy),
+        0
+    );
 }

@@ -16,7 +16,10 @@ fn restart_adopts_the_pinned_dataplane() {
         return;
     }
     let mut sw = LabSwitch::start("xtr", 2, "");
-    assert!(matches!(sw.add_job(4, 512, 8, &[0, 1]), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job(4, 512, 8, &[0, 1]),
+        Response::Job { .. }
+    ));
     sw.allreduce(4, 0, 512, 8, &[0, 1], 47801, 10_000, 1);
     let before = sw.counters();
     assert!(sw.stop_daemon("TERM").success());
@@ -29,19 +32,35 @@ fn restart_adopts_the_pinned_dataplane() {
     sw.allreduce(4, 2, 512, 8, &[0, 1], 47801, 10_000, 3);
     sw.start_daemon();
     match sw.api(Request::Status) {
-        Response::Status { adopted, pinned, jobs, .. } => assert!(adopted && pinned && jobs == 1),
+        Response::Status {
+            adopted,
+            pinned,
+            jobs,
+            ..
+        } => assert!(adopted && pinned && jobs == 1),
         r => panic!("{r:?}"),
     }
     match sw.api(Request::ListJobs) {
         Response::Jobs { jobs } => {
             assert_eq!(jobs.len(), 1);
-            assert_eq!((jobs[0].id, jobs[0].segment, jobs[0].slots, jobs[0].members.len()), (4, 512, 8, 2));
+            assert_eq!(
+                (
+                    jobs[0].id,
+                    jobs[0].segment,
+                    jobs[0].slots,
+                    jobs[0].members.len()
+                ),
+                (4, 512, 8, 2)
+            );
             assert_eq!(jobs[0].members[1].interface, "swp1");
         }
         r => panic!("{r:?}"),
     }
     let after = sw.counters();
-    assert!(after["complete"] > before["complete"], "counters continue: {before:?} -> {after:?}");
+    assert!(
+        after["complete"] > before["complete"],
+        "counters continue: {before:?} -> {after:?}"
+    );
 }
 
 #[test]
@@ -53,14 +72,32 @@ fn detach_on_exit_and_detach_command() {
     assert!(has_xdp(&sw, "swp0"));
     assert!(!sw.pin.exists(), "detach_on_exit pins nothing");
     assert!(sw.stop_daemon("INT").success());
-    assert!(!has_xdp(&sw, "swp0") && !has_xdp(&sw, "swp1"), "programs detached on exit");
+    assert!(
+        !has_xdp(&sw, "swp0") && !has_xdp(&sw, "swp1"),
+        "programs detached on exit"
+    );
 
     // Pinned (default), then `xagg detach`: the daemon stops, the programs and pins go.
-    std::fs::write(&sw.config, std::fs::read_to_string(&sw.config).unwrap().replace("detach_on_exit = true", "")).unwrap();
+    std::fs::write(
+        &sw.config,
+        std::fs::read_to_string(&sw.config)
+            .unwrap()
+            .replace("detach_on_exit = true", ""),
+    )
+    .unwrap();
     sw.start_daemon();
     assert!(has_xdp(&sw, "swp0") && sw.pin.exists());
-    let out = Command::new(bin("xagg")).arg("--socket").arg(&sw.socket).arg("detach").output().unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(&sw.socket)
+        .arg("detach")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let status = sw.daemon.take().unwrap().wait().unwrap();
     assert!(status.success());
     assert!(!sw.pin.exists(), "pins removed");
@@ -77,32 +114,66 @@ fn clear_errors() {
         Response::Error { message } => message,
         r => panic!("expected an error, got {r:?}"),
     };
-    assert!(matches!(sw.add_job(1, 256, 2000, &[0, 1]), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job(1, 256, 2000, &[0, 1]),
+        Response::Job { .. }
+    ));
     // Slot exhaustion: refused, never shared.
     let m = err(sw.add_job(2, 256, 100, &[0, 1]));
-    assert!(m.contains("needs 100 slots") && m.contains("remove a job"), "{m}");
+    assert!(
+        m.contains("needs 100 slots") && m.contains("remove a job"),
+        "{m}"
+    );
     let m = err(sw.add_job(1, 256, 8, &[0, 1]));
     assert!(m.contains("already exists"), "{m}");
     let m = err(sw.add_job(3, 4000, 8, &[0, 1]));
     assert!(m.contains("segment") && m.contains("1..=862"), "{m}");
     let m = err(sw.add_job(3, 256, 8, &[0, 0]));
-    assert!(m.contains("members[1].interface") && m.contains("own switch port"), "{m}");
+    assert!(
+        m.contains("members[1].interface") && m.contains("own switch port"),
+        "{m}"
+    );
     let mut bad = sw.lab.members().unwrap();
     bad[0].interface = "nope0".into();
     let m = err(sw.api(Request::AddJob {
-        job: xagg::job::JobSpec { id: 3, op: "sum".into(), dtype: "i32".into(), segment: 256, slots: 8, members: bad, slot_base: None },
+        job: xagg::job::JobSpec {
+            id: 3,
+            op: "sum".into(),
+            dtype: "i32".into(),
+            segment: 256,
+            slots: 8,
+            members: bad,
+            slot_base: None,
+        },
     }));
-    assert!(m.contains("members[0].interface") && m.contains("nope0"), "{m}");
+    assert!(
+        m.contains("members[0].interface") && m.contains("nope0"),
+        "{m}"
+    );
     let m = err(sw.api(Request::RemoveJob { id: 77 }));
     assert!(m.contains("no job 77"), "{m}");
     // Removing the big job frees its slots.
     assert!(matches!(sw.api(Request::RemoveJob { id: 1 }), Response::Ok));
-    assert!(matches!(sw.add_job(2, 256, 100, &[0, 1]), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job(2, 256, 100, &[0, 1]),
+        Response::Job { .. }
+    ));
 
     // A bad configuration file names the key and the fix.
     let cfg = std::env::temp_dir().join("xagg-bad.toml");
-    std::fs::write(&cfg, "[switch]\nports = [\"swp0\"]\naddress = \"10.77.0.1\"\nxdp_mode = \"turbo\"\n").unwrap();
-    let out = Command::new(bin("xaggd")).arg("--config").arg(&cfg).output().unwrap();
+    std::fs::write(
+        &cfg,
+        "[switch]\nports = [\"swp0\"]\naddress = \"10.77.0.1\"\nxdp_mode = \"turbo\"\n",
+    )
+    .unwrap();
+    let out = Command::new(bin("xaggd"))
+        .arg("--config")
+        .arg(&cfg)
+        .output()
+        .unwrap();
     let e = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && e.contains("switch.xdp_mode") && e.contains("\"native\""), "{e}");
+    assert!(
+        !out.status.success() && e.contains("switch.xdp_mode") && e.contains("\"native\""),
+        "{e}"
+    );
 }

@@ -16,14 +16,23 @@ fn two_workers_uneven_sizes() {
         return;
     }
     let sw = LabSwitch::start("xt2", 2, "");
-    assert!(matches!(sw.add_job(1, 256, 16, &[0, 1]), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job(1, 256, 16, &[0, 1]),
+        Response::Job { .. }
+    ));
     // Not a multiple of the segment (256): short last segments, odd element counts.
-    for (k, elems) in [1usize, 3, 255, 257, 256 * 16 + 1, 100_003].into_iter().enumerate() {
+    for (k, elems) in [1usize, 3, 255, 257, 256 * 16 + 1, 100_003]
+        .into_iter()
+        .enumerate()
+    {
         let reps = sw.allreduce(1, k as u32, 256, 16, &[0, 1], 47801, elems, 100 + k as u64);
         assert_eq!(reps.len(), 2);
     }
     let c = sw.counters();
-    assert!(c["complete"] > 0 && c["result_copy"] == 2 * c["complete"], "{c:?}");
+    assert!(
+        c["complete"] > 0 && c["result_copy"] == 2 * c["complete"],
+        "{c:?}"
+    );
 }
 
 #[test]
@@ -32,7 +41,10 @@ fn four_workers_large_buffer() {
         return;
     }
     let sw = LabSwitch::start("xt4", 4, "");
-    assert!(matches!(sw.add_job(9, 862, 64, &[0, 1, 2, 3]), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job(9, 862, 64, &[0, 1, 2, 3]),
+        Response::Job { .. }
+    ));
     let elems = (16 << 20) / 4 + 5; // 16 MiB and a short last segment
     let reps = sw.allreduce(9, 0, 862, 64, &[0, 1, 2, 3], 47801, elems, 42);
     let slowest = reps.iter().map(|r| r.seconds).fold(0.0, f64::max);
@@ -41,7 +53,14 @@ fn four_workers_large_buffer() {
     let segs = elems.div_ceil(862) as u64;
     assert_eq!(c["complete"], segs, "{c:?}");
     assert_eq!(c["result_copy"], 4 * segs, "{c:?}");
-    for bad in ["drop_not_member", "drop_unknown_job", "drop_slot_range", "drop_bad_length", "redirect_error", "egress_no_member"] {
+    for bad in [
+        "drop_not_member",
+        "drop_unknown_job",
+        "drop_slot_range",
+        "drop_bad_length",
+        "redirect_error",
+        "egress_no_member",
+    ] {
         assert_eq!(c[bad], 0, "{bad}: {c:?}");
     }
 }
@@ -55,14 +74,38 @@ fn ordinary_traffic_passes() {
     let sw = LabSwitch::start("xto", 2, "");
     let before = sw.counters()["pass"];
     let out = Command::new("ip")
-        .args(["netns", "exec", &sw.lab.worker_ns(0), "ping", "-c", "3", "-i", "0.2", "-W", "2"])
+        .args([
+            "netns",
+            "exec",
+            &sw.lab.worker_ns(0),
+            "ping",
+            "-c",
+            "3",
+            "-i",
+            "0.2",
+            "-W",
+            "2",
+        ])
         .arg(lab::worker_ip(1).to_string())
         .output()
         .expect("ping");
-    assert!(out.status.success(), "ping across the switch failed: {}", String::from_utf8_lossy(&out.stdout));
+    assert!(
+        out.status.success(),
+        "ping across the switch failed: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     // The switch itself answers too (its address is on the bridge).
     let out = Command::new("ip")
-        .args(["netns", "exec", &sw.lab.worker_ns(1), "ping", "-c", "1", "-W", "2"])
+        .args([
+            "netns",
+            "exec",
+            &sw.lab.worker_ns(1),
+            "ping",
+            "-c",
+            "1",
+            "-W",
+            "2",
+        ])
         .arg(lab::SWITCH_IP.to_string())
         .output()
         .unwrap();
@@ -94,5 +137,8 @@ fn ordinary_traffic_passes() {
         server.join().unwrap()
     });
     assert_eq!(got, payload, "TCP across the switch corrupted or lost data");
-    assert!(sw.counters()["pass"] > before, "the switch program saw the ordinary traffic and passed it");
+    assert!(
+        sw.counters()["pass"] > before,
+        "the switch program saw the ordinary traffic and passed it"
+    );
 }

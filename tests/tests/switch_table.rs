@@ -13,11 +13,24 @@ const JID: u32 = 7;
 const SEG: u16 = 256;
 
 fn hdr(member: u8, seg: u16, sid: u32, count: u16) -> Header {
-    Header::new(Kind::Contribution, Op::Sum, DType::I32, JID, 1, sid, seg, member, 0, count)
+    Header::new(
+        Kind::Contribution,
+        Op::Sum,
+        DType::I32,
+        JID,
+        1,
+        sid,
+        seg,
+        member,
+        0,
+        count,
+    )
 }
 
 fn values(member: u8, n: usize) -> Vec<i32> {
-    (0..n).map(|i| (i as i32 + 1) * 1000 * (member as i32 + 1) - 7 + i32::MAX / 2).collect()
+    (0..n)
+        .map(|i| (i as i32 + 1) * 1000 * (member as i32 + 1) - 7 + i32::MAX / 2)
+        .collect()
 }
 
 fn sum(members: u8, n: usize) -> Vec<i32> {
@@ -51,7 +64,13 @@ fn check(sw: &mut Switch, c: &Case) -> Run {
     let after = sw.counters();
     for (i, k) in Counter::ALL.iter().enumerate() {
         let want = if *k == c.counter { 1 } else { 0 };
-        assert_eq!(after[i] - before[i], want, "{}: counter {}", c.what, k.name());
+        assert_eq!(
+            after[i] - before[i],
+            want,
+            "{}: counter {}",
+            c.what,
+            k.name()
+        );
     }
     r
 }
@@ -64,86 +83,255 @@ fn switch_program_table() {
     let mut sw = Switch::load();
     let n = SEG as usize;
     // Job 7: three members, slots 10..14 of the switch.
-    sw.jobs.insert(JID, job(3, Op::Sum as u8, DType::I32 as u8, SEG, 10, 4), 0).unwrap();
+    sw.jobs
+        .insert(JID, job(3, Op::Sum as u8, DType::I32 as u8, SEG, 10, 4), 0)
+        .unwrap();
     let contrib = |m: u8, seg: u16, sid: u32, vals: &[i32]| {
-        frame(&member(m), PORT, &contribution(hdr(m, seg, sid, vals.len() as u16), vals))
+        frame(
+            &member(m),
+            PORT,
+            &contribution(hdr(m, seg, sid, vals.len() as u16), vals),
+        )
     };
 
     // First contribution: copied into slot 10+2, version 0.
-    check(&mut sw, &Case { what: "first contribution", frame: contrib(0, 2, 0, &values(0, n)), action: XDP_DROP, counter: Counter::Contribution });
+    check(
+        &mut sw,
+        &Case {
+            what: "first contribution",
+            frame: contrib(0, 2, 0, &values(0, n)),
+            action: XDP_DROP,
+            counter: Counter::Contribution,
+        },
+    );
     let s = sw.slot(12);
     assert_eq!(s.ver[0].state, VersionState::Filling as u32);
     assert_eq!(s.ver[0].seen, 0b001);
     assert_eq!(s.ver[0].count, n as u32);
-    assert_eq!(sw.slot(13).ver[0].state, VersionState::Empty as u32, "neighbour slot untouched");
+    assert_eq!(
+        sw.slot(13).ver[0].state,
+        VersionState::Empty as u32,
+        "neighbour slot untouched"
+    );
 
     // Middle contribution: added.
-    check(&mut sw, &Case { what: "middle contribution", frame: contrib(1, 2, 0, &values(1, n)), action: XDP_DROP, counter: Counter::Contribution });
+    check(
+        &mut sw,
+        &Case {
+            what: "middle contribution",
+            frame: contrib(1, 2, 0, &values(1, n)),
+            action: XDP_DROP,
+            counter: Counter::Contribution,
+        },
+    );
     assert_eq!(sw.slot(12).ver[0].seen, 0b011);
 
     // Duplicate from member 1: never added twice.
     let data_before = sw.slot(12).ver[0].data;
-    check(&mut sw, &Case { what: "duplicate", frame: contrib(1, 2, 0, &values(1, n)), action: XDP_DROP, counter: Counter::DropDuplicate });
-    assert_eq!(sw.slot(12).ver[0].data, data_before, "duplicate changed the slot");
+    check(
+        &mut sw,
+        &Case {
+            what: "duplicate",
+            frame: contrib(1, 2, 0, &values(1, n)),
+            action: XDP_DROP,
+            counter: Counter::DropDuplicate,
+        },
+    );
+    assert_eq!(
+        sw.slot(12).ver[0].data,
+        data_before,
+        "duplicate changed the slot"
+    );
 
     // Non-member: member index 5 of a 3-member job.
-    check(&mut sw, &Case { what: "non-member index", frame: contrib(5, 2, 0, &values(2, n)), action: XDP_DROP, counter: Counter::DropNotMember });
+    check(
+        &mut sw,
+        &Case {
+            what: "non-member index",
+            frame: contrib(5, 2, 0, &values(2, n)),
+            action: XDP_DROP,
+            counter: Counter::DropNotMember,
+        },
+    );
     // Spoofed: claims member 2 but comes from member 0's addresses.
-    let spoof = frame(&member(0), PORT, &contribution(hdr(2, 2, 0, SEG), &values(2, n)));
-    check(&mut sw, &Case { what: "spoofed member", frame: spoof, action: XDP_DROP, counter: Counter::DropNotMember });
+    let spoof = frame(
+        &member(0),
+        PORT,
+        &contribution(hdr(2, 2, 0, SEG), &values(2, n)),
+    );
+    check(
+        &mut sw,
+        &Case {
+            what: "spoofed member",
+            frame: spoof,
+            action: XDP_DROP,
+            counter: Counter::DropNotMember,
+        },
+    );
     // Unknown job.
     let mut h = hdr(2, 2, 0, SEG);
     h.jid = 99u32.to_be_bytes();
-    check(&mut sw, &Case { what: "unknown job", frame: frame(&member(2), PORT, &contribution(h, &values(2, n))), action: XDP_DROP, counter: Counter::DropUnknownJob });
+    check(
+        &mut sw,
+        &Case {
+            what: "unknown job",
+            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
+            action: XDP_DROP,
+            counter: Counter::DropUnknownJob,
+        },
+    );
     // Slot outside the job's range (4 slots: seg 4 would be slot 14, another job's).
-    check(&mut sw, &Case { what: "slot out of range", frame: contrib(2, 4, 0, &values(2, n)), action: XDP_DROP, counter: Counter::DropSlotRange });
+    check(
+        &mut sw,
+        &Case {
+            what: "slot out of range",
+            frame: contrib(2, 4, 0, &values(2, n)),
+            action: XDP_DROP,
+            counter: Counter::DropSlotRange,
+        },
+    );
     // Truncated inside the collective header.
     let mut t = contrib(2, 2, 0, &values(2, n));
     t.truncate(PAYLOAD_OFFSET - 5);
-    check(&mut sw, &Case { what: "truncated", frame: t, action: XDP_DROP, counter: Counter::DropTruncated });
+    check(
+        &mut sw,
+        &Case {
+            what: "truncated",
+            frame: t,
+            action: XDP_DROP,
+            counter: Counter::DropTruncated,
+        },
+    );
     // Wrong version, wrong op, bad count, bad length.
     let mut h = hdr(2, 2, 0, SEG);
     h.version = 9;
-    check(&mut sw, &Case { what: "bad version", frame: frame(&member(2), PORT, &contribution(h, &values(2, n))), action: XDP_DROP, counter: Counter::DropBadVersion });
+    check(
+        &mut sw,
+        &Case {
+            what: "bad version",
+            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
+            action: XDP_DROP,
+            counter: Counter::DropBadVersion,
+        },
+    );
     let mut h = hdr(2, 2, 0, SEG);
     h.op = Op::Xor as u8;
-    check(&mut sw, &Case { what: "op mismatch", frame: frame(&member(2), PORT, &contribution(h, &values(2, n))), action: XDP_DROP, counter: Counter::DropBadOp });
-    check(&mut sw, &Case { what: "count above segment", frame: contrib(2, 2, 0, &values(2, n + 2)), action: XDP_DROP, counter: Counter::DropBadCount });
+    check(
+        &mut sw,
+        &Case {
+            what: "op mismatch",
+            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
+            action: XDP_DROP,
+            counter: Counter::DropBadOp,
+        },
+    );
+    check(
+        &mut sw,
+        &Case {
+            what: "count above segment",
+            frame: contrib(2, 2, 0, &values(2, n + 2)),
+            action: XDP_DROP,
+            counter: Counter::DropBadCount,
+        },
+    );
     let mut short = contrib(2, 2, 0, &values(2, n));
     let l = short.len();
     short.truncate(l - 8);
-    check(&mut sw, &Case { what: "payload shorter than count", frame: short, action: XDP_DROP, counter: Counter::DropTruncated });
+    check(
+        &mut sw,
+        &Case {
+            what: "payload shorter than count",
+            frame: short,
+            action: XDP_DROP,
+            counter: Counter::DropTruncated,
+        },
+    );
     let mut h = hdr(2, 2, 0, 10);
     h.count = 10u16.to_be_bytes();
-    check(&mut sw, &Case { what: "payload longer than count", frame: frame(&member(2), PORT, &contribution(h, &values(2, n))), action: XDP_DROP, counter: Counter::DropBadLength });
-    assert_eq!(sw.slot(12).ver[0].data, data_before, "a dropped packet changed the slot");
+    check(
+        &mut sw,
+        &Case {
+            what: "payload longer than count",
+            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
+            action: XDP_DROP,
+            counter: Counter::DropBadLength,
+        },
+    );
+    assert_eq!(
+        sw.slot(12).ver[0].data,
+        data_before,
+        "a dropped packet changed the slot"
+    );
     assert_eq!(sw.slot(12).ver[0].seen, 0b011);
 
     // Non-collective traffic passes untouched: another UDP port, and ARP.
     let other = frame(&member(2), 53, &[1, 2, 3, 4]);
-    let r = check(&mut sw, &Case { what: "other UDP port", frame: other.clone(), action: XDP_PASS, counter: Counter::Pass });
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "other UDP port",
+            frame: other.clone(),
+            action: XDP_PASS,
+            counter: Counter::Pass,
+        },
+    );
     assert_eq!(r.out, other);
     let mut arp = vec![0xff; 6];
     arp.extend_from_slice(&member(1).mac);
     arp.extend_from_slice(&[0x08, 0x06]);
     arp.extend_from_slice(&[0u8; 28]);
-    let r = check(&mut sw, &Case { what: "ARP", frame: arp.clone(), action: XDP_PASS, counter: Counter::Pass });
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "ARP",
+            frame: arp.clone(),
+            action: XDP_PASS,
+            counter: Counter::Pass,
+        },
+    );
     assert_eq!(r.out, arp);
 
     // The completing contribution: broadcast; the frame is the result, from the switch.
-    let r = check(&mut sw, &Case { what: "completing contribution", frame: contrib(2, 2, 0, &values(2, n)), action: XDP_REDIRECT, counter: Counter::Complete });
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "completing contribution",
+            frame: contrib(2, 2, 0, &values(2, n)),
+            action: XDP_REDIRECT,
+            counter: Counter::Complete,
+        },
+    );
     assert_eq!(payload_i32(&r.out, n), sum(3, n), "result payload");
     let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - 30..]).unwrap();
     assert_eq!(h.kind, Kind::Result as u8);
-    assert_eq!((h.jid(), h.mid(), h.sid(), h.seg(), h.count()), (JID, 1, 0, 2, SEG));
-    assert_eq!(&r.out[26..30], &SWITCH_IP.octets(), "result comes from the switch");
-    assert_eq!(&r.out[34..36], &PORT.to_be_bytes(), "from the collective port");
+    assert_eq!(
+        (h.jid(), h.mid(), h.sid(), h.seg(), h.count()),
+        (JID, 1, 0, 2, SEG)
+    );
+    assert_eq!(
+        &r.out[26..30],
+        &SWITCH_IP.octets(),
+        "result comes from the switch"
+    );
+    assert_eq!(
+        &r.out[34..36],
+        &PORT.to_be_bytes(),
+        "from the collective port"
+    );
     let s = sw.slot(12);
     assert_eq!(s.ver[0].state, VersionState::Done as u32);
     assert_eq!(s.ver[0].seen, 0b111);
 
     // A retransmission to the finished version: the stored result, to that member only.
-    let r = check(&mut sw, &Case { what: "retransmission after completion", frame: contrib(0, 2, 0, &values(0, n)), action: XDP_TX, counter: Counter::ResultReplay });
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "retransmission after completion",
+            frame: contrib(0, 2, 0, &values(0, n)),
+            action: XDP_TX,
+            counter: Counter::ResultReplay,
+        },
+    );
     assert_eq!(payload_i32(&r.out, n), sum(3, n));
     assert_eq!(&r.out[0..6], &member(0).mac, "to member 0's MAC");
     assert_eq!(&r.out[6..12], &SWITCH_MAC);
@@ -154,14 +342,33 @@ fn switch_program_table() {
     // The next use of slot 12 flips the epoch; version 0 keeps its result meanwhile.
     let mut h = hdr(0, 2, 4, 3);
     h.flags = FLAG_EPOCH;
-    check(&mut sw, &Case { what: "next round, other version, short segment", frame: frame(&member(0), PORT, &contribution(h, &[1, 2, 3])), action: XDP_DROP, counter: Counter::Contribution });
+    check(
+        &mut sw,
+        &Case {
+            what: "next round, other version, short segment",
+            frame: frame(&member(0), PORT, &contribution(h, &[1, 2, 3])),
+            action: XDP_DROP,
+            counter: Counter::Contribution,
+        },
+    );
     let s = sw.slot(12);
-    assert_eq!((s.ver[1].state, s.ver[1].count, s.ver[1].sid), (VersionState::Filling as u32, 3, 4));
+    assert_eq!(
+        (s.ver[1].state, s.ver[1].count, s.ver[1].sid),
+        (VersionState::Filling as u32, 3, 4)
+    );
     assert_eq!(s.ver[0].state, VersionState::Done as u32);
     // A late packet from an older round is stale, not a new round.
     let mut h = hdr(1, 2, 0, 3);
     h.flags = FLAG_EPOCH;
-    check(&mut sw, &Case { what: "stale round", frame: frame(&member(1), PORT, &contribution(h, &[1, 2, 3])), action: XDP_DROP, counter: Counter::DropStale });
+    check(
+        &mut sw,
+        &Case {
+            what: "stale round",
+            frame: frame(&member(1), PORT, &contribution(h, &[1, 2, 3])),
+            action: XDP_DROP,
+            counter: Counter::DropStale,
+        },
+    );
 }
 
 /// A one-member job completes on its first contribution; a one-element buffer works.
@@ -171,7 +378,9 @@ fn single_member_single_element() {
         return;
     }
     let mut sw = Switch::load();
-    sw.jobs.insert(3, job(1, Op::Sum as u8, DType::I32 as u8, 64, 0, 1), 0).unwrap();
+    sw.jobs
+        .insert(3, job(1, Op::Sum as u8, DType::I32 as u8, 64, 0, 1), 0)
+        .unwrap();
     let h = Header::new(Kind::Contribution, Op::Sum, DType::I32, 3, 0, 0, 0, 0, 0, 1);
     let r = sw.run(&frame(&member(0), PORT, &contribution(h, &[-5])));
     assert_eq!(r.action, XDP_REDIRECT);

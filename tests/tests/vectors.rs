@@ -10,10 +10,16 @@ use xagg_tests::*;
 
 /// The hex block following `<!-- vector: NAME -->` in docs/protocol.md.
 fn vector(name: &str) -> Vec<u8> {
-    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md")).unwrap();
+    let doc = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/protocol.md"))
+        .unwrap();
     let marker = format!("<!-- vector: {name} -->");
-    let at = doc.find(&marker).unwrap_or_else(|| panic!("vector {name} missing from protocol.md"));
-    let block = doc[at..].split("```").nth(1).expect("code block after the marker");
+    let at = doc
+        .find(&marker)
+        .unwrap_or_else(|| panic!("vector {name} missing from protocol.md"));
+    let block = doc[at..]
+        .split("```")
+        .nth(1)
+        .expect("code block after the marker");
     block
         .lines()
         .skip(1)
@@ -23,15 +29,35 @@ fn vector(name: &str) -> Vec<u8> {
 }
 
 fn vector1_header(kind: Kind) -> Header {
-    Header::new(kind, Op::Sum, DType::I32, 7, 1, 2, 3, 1, FLAG_EPOCH | FLAG_LAST, 3)
+    Header::new(
+        kind,
+        Op::Sum,
+        DType::I32,
+        7,
+        1,
+        2,
+        3,
+        1,
+        FLAG_EPOCH | FLAG_LAST,
+        3,
+    )
 }
 
 #[test]
 fn encoder_matches_vectors() {
     let values = [1i32, -2, 0x0102_0304];
-    assert_eq!(contribution(vector1_header(Kind::Contribution), &values), vector("contribution"));
-    assert_eq!(contribution(vector1_header(Kind::Result), &values), vector("result"));
-    assert_eq!(frame(&member(1), PORT, &vector("contribution")), vector("frame"));
+    assert_eq!(
+        contribution(vector1_header(Kind::Contribution), &values),
+        vector("contribution")
+    );
+    assert_eq!(
+        contribution(vector1_header(Kind::Result), &values),
+        vector("result")
+    );
+    assert_eq!(
+        frame(&member(1), PORT, &vector("contribution")),
+        vector("frame")
+    );
 }
 
 #[test]
@@ -39,10 +65,27 @@ fn decoder_matches_vectors() {
     let v = vector("contribution");
     let h = Header::from_bytes(&v).unwrap();
     assert_eq!(h, vector1_header(Kind::Contribution));
-    assert_eq!((h.jid(), h.mid(), h.sid(), h.seg(), h.member, h.count(), h.epoch()), (7, 1, 2, 3, 1, 3, 1));
-    let vals: Vec<i32> = v[HEADER_LEN..HEADER_LEN + 12].chunks(4).map(|c| i32::from_le_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(
+        (
+            h.jid(),
+            h.mid(),
+            h.sid(),
+            h.seg(),
+            h.member,
+            h.count(),
+            h.epoch()
+        ),
+        (7, 1, 2, 3, 1, 3, 1)
+    );
+    let vals: Vec<i32> = v[HEADER_LEN..HEADER_LEN + 12]
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect();
     assert_eq!(vals, [1, -2, 0x0102_0304]);
-    assert_eq!(Header::from_bytes(&vector("result")).unwrap().kind, Kind::Result as u8);
+    assert_eq!(
+        Header::from_bytes(&vector("result")).unwrap().kind,
+        Kind::Result as u8
+    );
 }
 
 #[test]
@@ -51,14 +94,22 @@ fn xdp_parser_matches_vectors() {
         return;
     }
     let mut sw = Switch::load();
-    sw.jobs.insert(7, job(2, Op::Sum as u8, DType::I32 as u8, 8, 100, 4), 0).unwrap();
+    sw.jobs
+        .insert(7, job(2, Op::Sum as u8, DType::I32 as u8, 8, 100, 4), 0)
+        .unwrap();
     let r = sw.run(&vector("frame"));
     assert_eq!(r.action, XDP_DROP);
     assert_eq!(sw.counter(Counter::Contribution), 1);
     let s = sw.slot(103);
     let v = &s.ver[1];
-    assert_eq!((v.state, v.mid, v.sid, v.count, v.seen), (VersionState::Filling as u32, 1, 2, 3, 0b10));
-    assert_eq!(v.data[0], u64::from_le_bytes(vector("contribution")[30..38].try_into().unwrap()));
+    assert_eq!(
+        (v.state, v.mid, v.sid, v.count, v.seen),
+        (VersionState::Filling as u32, 1, 2, 3, 0b10)
+    );
+    assert_eq!(
+        v.data[0],
+        u64::from_le_bytes(vector("contribution")[30..38].try_into().unwrap())
+    );
     // Member 0 completes it: the result frame carries vector 2's header and the sum.
     let mut h = vector1_header(Kind::Contribution);
     h.member = 0;
@@ -66,6 +117,7 @@ fn xdp_parser_matches_vectors() {
     assert_eq!(r.action, XDP_REDIRECT);
     let mut want = vector("result");
     want[18] = 0;
-    want[HEADER_LEN..HEADER_LEN + 12].copy_from_slice(&[11i32, 18, 0x0102_0304 + 30].map(i32::to_le_bytes).concat());
+    want[HEADER_LEN..HEADER_LEN + 12]
+        .copy_from_slice(&[11i32, 18, 0x0102_0304 + 30].map(i32::to_le_bytes).concat());
     assert_eq!(&r.out[PAYLOAD_OFFSET - HEADER_LEN..], &want[..]);
 }

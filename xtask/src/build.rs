@@ -8,7 +8,10 @@ use std::{
 use anyhow::{bail, Context, Result};
 
 pub fn root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .unwrap()
+        .to_path_buf()
 }
 
 pub fn target_dir() -> PathBuf {
@@ -66,13 +69,28 @@ pub fn setup() -> Result<()> {
     }
     if !succeeds(Command::new("bpf-linker").arg("--version")) {
         if !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists() {
-            apt(&["llvm-22-dev", "libpolly-22-dev", "zlib1g-dev", "libzstd-dev"])?;
+            apt(&[
+                "llvm-22-dev",
+                "libpolly-22-dev",
+                "zlib1g-dev",
+                "libzstd-dev",
+            ])?;
         }
         eprintln!("setup: building bpf-linker 0.13.0 against LLVM 22 (about a minute)");
-        let path = format!("/usr/lib/llvm-22/bin:{}", std::env::var("PATH").unwrap_or_default());
-        run(Command::new("cargo")
-            .env("PATH", path)
-            .args(["install", "bpf-linker", "--version", "0.13.0", "--locked", "--no-default-features", "--features", "llvm-22"]))?;
+        let path = format!(
+            "/usr/lib/llvm-22/bin:{}",
+            std::env::var("PATH").unwrap_or_default()
+        );
+        run(Command::new("cargo").env("PATH", path).args([
+            "install",
+            "bpf-linker",
+            "--version",
+            "0.13.0",
+            "--locked",
+            "--no-default-features",
+            "--features",
+            "llvm-22",
+        ]))?;
     }
     Ok(())
 }
@@ -94,7 +112,17 @@ pub fn build_all() -> Result<()> {
         .env("RUSTC_BOOTSTRAP", "1")
         .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
         .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
-        .args(["build", "--quiet", "-p", "xagg-ebpf", "--target", "bpfel-unknown-none", "-Z", "build-std=core", "--release"]))?;
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "xagg-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+        ]))?;
     run(cargo().args(["build", "--quiet", "--release", "-p", "xagg", "--bins"]))?;
     Ok(())
 }
@@ -105,7 +133,14 @@ pub fn test(extra: &[String]) -> Result<()> {
     let bins = target_dir().join("release");
     run(cargo()
         .env("XAGG_BIN_DIR", &bins)
-        .args(["test", "--release", "--workspace", "--exclude", "xagg-ebpf", "--"])
+        .args([
+            "test",
+            "--release",
+            "--workspace",
+            "--exclude",
+            "xagg-ebpf",
+            "--",
+        ])
         .args(["--test-threads", "1"])
         .args(extra))
 }

@@ -68,8 +68,11 @@ impl Drop for Daemon {
 }
 
 pub fn run(a: DemoArgs) -> Result<()> {
-    if a.size % 4 != 0 {
-        bail!("--size {} is not a whole number of i32 elements (a multiple of 4 bytes)", a.size);
+    if !a.size.is_multiple_of(4) {
+        bail!(
+            "--size {} is not a whole number of i32 elements (a multiple of 4 bytes)",
+            a.size
+        );
     }
     ctrlc::set_handler(|| {
         eprintln!("\ninterrupted: removing the lab");
@@ -88,7 +91,11 @@ fn xagg(args: &[&str]) -> Result<String> {
         .args(args)
         .output()?;
     if !out.status.success() {
-        bail!("xagg {}: {}", args.join(" "), String::from_utf8_lossy(&out.stderr).trim());
+        bail!(
+            "xagg {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
     }
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
@@ -127,9 +134,18 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     wait_for_daemon()?;
 
     let mut add = vec![
-        "job".to_string(), "add".into(), "--id".into(), JOB_ID.to_string(),
-        "--op".into(), "sum".into(), "--dtype".into(), "i32".into(),
-        "--segment".into(), a.segment.to_string(), "--slots".into(), a.slots.to_string(),
+        "job".to_string(),
+        "add".into(),
+        "--id".into(),
+        JOB_ID.to_string(),
+        "--op".into(),
+        "sum".into(),
+        "--dtype".into(),
+        "i32".into(),
+        "--segment".into(),
+        a.segment.to_string(),
+        "--slots".into(),
+        a.slots.to_string(),
     ];
     for m in lab.members()? {
         add.push("--member".into());
@@ -142,7 +158,10 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let start_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64
         + 1_000_000_000
         + a.size as u64 / 50;
-    println!("{n} workers allreduce {} of i32 each (sum) through the XDP switch ...", human(a.size));
+    println!(
+        "{n} workers allreduce {} of i32 each (sum) through the XDP switch ...",
+        human(a.size)
+    );
     let workers: Vec<Child> = (0..n)
         .map(|i| {
             Command::new("ip")
@@ -151,8 +170,21 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
                 .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
                 .args(["--bind", &format!("{}:{WORKER_PORT}", lab::worker_ip(i))])
                 .args(["--job", &JOB_ID.to_string(), "--member", &i.to_string()])
-                .args(["--segment", &a.segment.to_string(), "--slots", &a.slots.to_string()])
-                .args(["--size", &a.size.to_string(), "--seed", "7", "--members", &n.to_string(), "--verify"])
+                .args([
+                    "--segment",
+                    &a.segment.to_string(),
+                    "--slots",
+                    &a.slots.to_string(),
+                ])
+                .args([
+                    "--size",
+                    &a.size.to_string(),
+                    "--seed",
+                    "7",
+                    "--members",
+                    &n.to_string(),
+                    "--verify",
+                ])
                 .args(["--start-at", &start_ns.to_string(), "--json"])
                 .stdout(Stdio::piped())
                 .spawn()
@@ -170,21 +202,39 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         }
     }
     if !failed.is_empty() {
-        bail!("{} failed; daemon log in {}", failed.join(", "), target_dir().join("lab/xaggd.log").display());
+        bail!(
+            "{} failed; daemon log in {}",
+            failed.join(", "),
+            target_dir().join("lab/xaggd.log").display()
+        );
     }
-    let seconds = per_worker.iter().filter_map(|w| w["seconds"].as_f64()).fold(0.0, f64::max);
-    let verified = per_worker.iter().all(|w| w["verified"].as_bool() == Some(true));
-    let retransmissions: u64 = per_worker.iter().filter_map(|w| w["retransmissions"].as_u64()).sum();
+    let seconds = per_worker
+        .iter()
+        .filter_map(|w| w["seconds"].as_f64())
+        .fold(0.0, f64::max);
+    let verified = per_worker
+        .iter()
+        .all(|w| w["verified"].as_bool() == Some(true));
+    let retransmissions: u64 = per_worker
+        .iter()
+        .filter_map(|w| w["retransmissions"].as_u64())
+        .sum();
     let goodput = a.size as f64 * 8.0 / seconds / 1e9;
     let counters: Value = serde_json::from_str(&xagg(&["counters", "--json"])?)?;
 
     println!();
-    println!("{:>6} {:>9} {:>14} {:>9} {:>8}", "member", "seconds", "goodput Gbit/s", "verified", "retrans");
+    println!(
+        "{:>6} {:>9} {:>14} {:>9} {:>8}",
+        "member", "seconds", "goodput Gbit/s", "verified", "retrans"
+    );
     for w in &per_worker {
         println!(
             "{:>6} {:>9.3} {:>14.2} {:>9} {:>8}",
-            w["member"], w["seconds"].as_f64().unwrap_or(0.0), w["goodput_gbps"].as_f64().unwrap_or(0.0),
-            w["verified"], w["retransmissions"]
+            w["member"],
+            w["seconds"].as_f64().unwrap_or(0.0),
+            w["goodput_gbps"].as_f64().unwrap_or(0.0),
+            w["verified"],
+            w["retransmissions"]
         );
     }
     println!();
@@ -246,7 +296,10 @@ fn wait_for_daemon() -> Result<()> {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
-    bail!("xaggd did not come up; its log is in {}", target_dir().join("lab/xaggd.log").display())
+    bail!(
+        "xaggd did not come up; its log is in {}",
+        target_dir().join("lab/xaggd.log").display()
+    )
 }
 
 pub fn human(b: usize) -> String {

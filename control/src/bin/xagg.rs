@@ -174,7 +174,16 @@ fn run(cli: Cli) -> Result<()> {
             match call(&cli.socket, &Request::AddJob { job: spec })? {
                 Response::Job { job } => {
                     let base = job.slot_base.unwrap_or(0);
-                    println!("job {} added: {} members, {} {}, {} elements per segment, slots {}..{}", job.id, job.members.len(), job.op, job.dtype, job.segment, base, base + job.slots);
+                    println!(
+                        "job {} added: {} members, {} {}, {} elements per segment, slots {}..{}",
+                        job.id,
+                        job.members.len(),
+                        job.op,
+                        job.dtype,
+                        job.segment,
+                        base,
+                        base + job.slots
+                    );
                     Ok(())
                 }
                 r => answer(r),
@@ -187,10 +196,21 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
             Response::Jobs { jobs } => {
-                println!("{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}", "job", "op", "dtype", "segment", "slots", "members");
+                println!(
+                    "{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}",
+                    "job", "op", "dtype", "segment", "slots", "members"
+                );
                 for j in jobs {
                     let base = j.slot_base.unwrap_or(0);
-                    println!("{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}", j.id, j.op, j.dtype, j.segment, format!("{}..{}", base, base + j.slots), j.members.len());
+                    println!(
+                        "{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}",
+                        j.id,
+                        j.op,
+                        j.dtype,
+                        j.segment,
+                        format!("{}..{}", base, base + j.slots),
+                        j.members.len()
+                    );
                 }
                 Ok(())
             }
@@ -210,9 +230,28 @@ fn run(cli: Cli) -> Result<()> {
             r => answer(r),
         },
         Cmd::Status => match call(&cli.socket, &Request::Status)? {
-            Response::Status { ports, pinned, adopted, jobs, slots_total, slots_used } => {
+            Response::Status {
+                ports,
+                pinned,
+                adopted,
+                jobs,
+                slots_total,
+                slots_used,
+            } => {
                 println!("ports: {}", ports.join(", "));
-                println!("dataplane: {}{}", if pinned { "pinned (outlives the daemon)" } else { "detached when the daemon exits" }, if adopted { ", adopted from an earlier daemon" } else { "" });
+                println!(
+                    "dataplane: {}{}",
+                    if pinned {
+                        "pinned (outlives the daemon)"
+                    } else {
+                        "detached when the daemon exits"
+                    },
+                    if adopted {
+                        ", adopted from an earlier daemon"
+                    } else {
+                        ""
+                    }
+                );
                 println!("jobs: {jobs}, slots used: {slots_used} of {slots_total}");
                 Ok(())
             }
@@ -222,9 +261,15 @@ fn run(cli: Cli) -> Result<()> {
             Ok(r) => answer(r),
             Err(_) => {
                 if xagg::dataplane::unpin(&pin_path)? {
-                    println!("no daemon answered; removed the pinned dataplane at {}", pin_path.display());
+                    println!(
+                        "no daemon answered; removed the pinned dataplane at {}",
+                        pin_path.display()
+                    );
                 } else {
-                    println!("nothing to detach: no daemon answered and {} does not exist", pin_path.display());
+                    println!(
+                        "nothing to detach: no daemon answered and {} does not exist",
+                        pin_path.display()
+                    );
                 }
                 Ok(())
             }
@@ -244,7 +289,8 @@ fn answer(r: Response) -> Result<()> {
 fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
     let mut spec: JobSpec = match &a.file {
         Some(p) => {
-            let text = std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("job file {}", p.display()))?
         }
         None => JobSpec {
@@ -257,13 +303,28 @@ fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
             slot_base: None,
         },
     };
-    if let Some(v) = a.id { spec.id = v; }
-    if let Some(v) = a.op { spec.op = v; }
-    if let Some(v) = a.dtype { spec.dtype = v; }
-    if let Some(v) = a.segment { spec.segment = v; }
-    if let Some(v) = a.slots { spec.slots = v; }
+    if let Some(v) = a.id {
+        spec.id = v;
+    }
+    if let Some(v) = a.op {
+        spec.op = v;
+    }
+    if let Some(v) = a.dtype {
+        spec.dtype = v;
+    }
+    if let Some(v) = a.segment {
+        spec.segment = v;
+    }
+    if let Some(v) = a.slots {
+        spec.slots = v;
+    }
     if !a.members.is_empty() {
-        spec.members = a.members.iter().enumerate().map(|(i, m)| parse_member(m).with_context(|| format!("--member #{i}"))).collect::<Result<_>>()?;
+        spec.members = a
+            .members
+            .iter()
+            .enumerate()
+            .map(|(i, m)| parse_member(m).with_context(|| format!("--member #{i}")))
+            .collect::<Result<_>>()?;
     }
     Ok(spec)
 }
@@ -273,28 +334,48 @@ fn parse_member(s: &str) -> Result<MemberSpec> {
     if parts.len() != 3 {
         bail!("`{s}`: write PORT,MAC,IP:UDPPORT, e.g. swp0,02:00:00:00:00:01,10.0.0.11:47801");
     }
-    let addr = parts[2].parse().map_err(|_| anyhow::anyhow!("`{}` is not IP:UDPPORT", parts[2]))?;
-    Ok(MemberSpec { interface: parts[0].into(), mac: parts[1].into(), addr })
+    let addr = parts[2]
+        .parse()
+        .map_err(|_| anyhow::anyhow!("`{}` is not IP:UDPPORT", parts[2]))?;
+    Ok(MemberSpec {
+        interface: parts[0].into(),
+        mac: parts[1].into(),
+        addr,
+    })
 }
 
 fn parse_switch(s: &str) -> Result<SocketAddrV4> {
     if let Ok(a) = s.parse() {
         return Ok(a);
     }
-    let ip = s.parse().map_err(|_| anyhow::anyhow!("--switch `{s}`: write IP or IP:PORT"))?;
+    let ip = s
+        .parse()
+        .map_err(|_| anyhow::anyhow!("--switch `{s}`: write IP or IP:PORT"))?;
     Ok(SocketAddrV4::new(ip, DEFAULT_PORT))
 }
 
 fn allreduce(a: AllreduceArgs) -> Result<()> {
     let f: ParamsFile = match &a.params {
-        Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
-            .with_context(|| format!("params file {}", p.display()))?,
+        Some(p) => toml::from_str(
+            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+        )
+        .with_context(|| format!("params file {}", p.display()))?,
         None => ParamsFile::default(),
     };
-    let switch = parse_switch(&a.switch.or(f.switch).context("--switch is required (the switch's IP[:PORT])")?)?;
-    let bind = a.bind.or(f.bind).context("--bind is required (this member's IP:PORT as registered in the job)")?;
+    let switch = parse_switch(
+        &a.switch
+            .or(f.switch)
+            .context("--switch is required (the switch's IP[:PORT])")?,
+    )?;
+    let bind = a
+        .bind
+        .or(f.bind)
+        .context("--bind is required (this member's IP:PORT as registered in the job)")?;
     let job = a.job.or(f.job).context("--job is required")?;
-    let member = a.member.or(f.member).context("--member is required (this worker's member index)")?;
+    let member = a
+        .member
+        .or(f.member)
+        .context("--member is required (this worker's member index)")?;
     let mut p = WorkerParams::new(switch, bind, job, member);
     if let Some(op) = a.op.or(f.op) {
         p.op = parse_op(&op).map_err(anyhow::Error::msg)?;
@@ -302,15 +383,27 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     if let Some(t) = a.dtype.or(f.dtype) {
         p.dtype = parse_dtype(&t).map_err(anyhow::Error::msg)?;
     }
-    p.segment = a.segment.or(f.segment).context("--segment is required (the job's segment length)")?;
-    p.slots = a.slots.or(f.slots).context("--slots is required (the job's slot count)")?;
+    p.segment = a
+        .segment
+        .or(f.segment)
+        .context("--segment is required (the job's segment length)")?;
+    p.slots = a
+        .slots
+        .or(f.slots)
+        .context("--slots is required (the job's slot count)")?;
     p.first_mid = a.mid;
     p.give_up = Duration::from_millis(a.give_up_ms);
     if p.dtype != DType::I32 {
-        bail!("this worker allreduces i32 buffers; --dtype {} is not available here yet", p.dtype.name());
+        bail!(
+            "this worker allreduces i32 buffers; --dtype {} is not available here yet",
+            p.dtype.name()
+        );
     }
-    if a.size % 4 != 0 {
-        bail!("--size {} is not a whole number of i32 elements (a multiple of 4 bytes)", a.size);
+    if !a.size.is_multiple_of(4) {
+        bail!(
+            "--size {} is not a whole number of i32 elements (a multiple of 4 bytes)",
+            a.size
+        );
     }
     let mut w = Worker::new(p)?;
     let n = a.size / 4;
@@ -333,7 +426,11 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         rep.seconds = started.elapsed().as_secs_f64();
         rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
         if let Some(exp) = &expected {
-            let exp = if r == 0 { exp.clone() } else { xagg::data::expected_sum(a.seed.wrapping_add(r as u64), a.members.unwrap_or(0), n) };
+            let exp = if r == 0 {
+                exp.clone()
+            } else {
+                xagg::data::expected_sum(a.seed.wrapping_add(r as u64), a.members.unwrap_or(0), n)
+            };
             if buf != exp {
                 let first = buf.iter().zip(&exp).position(|(x, y)| x != y).unwrap_or(0);
                 eprintln!("member {member}: result differs from the expected sum, first at element {first} ({} != {})", buf[first], exp[first]);
@@ -372,7 +469,10 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
 
 /// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.
 fn wait_until(ns: u64) -> std::time::Instant {
-    let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default().as_nanos() as u64;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
     if ns > now {
         std::thread::sleep(Duration::from_nanos(ns - now));
     }

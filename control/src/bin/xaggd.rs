@@ -60,7 +60,10 @@ fn main() -> Result<()> {
         ensure_bpffs(&cfg.daemon.pin_path)?;
     }
     if args.reload && dataplane::unpin(&cfg.daemon.pin_path)? {
-        info!("removed the pinned dataplane at {}", cfg.daemon.pin_path.display());
+        info!(
+            "removed the pinned dataplane at {}",
+            cfg.daemon.pin_path.display()
+        );
     }
     let mut dp = Dataplane::start(&cfg, pinned)?;
     let existing: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
@@ -68,23 +71,38 @@ fn main() -> Result<()> {
         if existing.contains(&job.id) {
             continue;
         }
-        let added = dp.add_job(job).with_context(|| format!("[[job]] id {} in the configuration", job.id))?;
-        info!("job {} added from the configuration (slots {}..{})", added.id, added.slot_base.unwrap_or(0), added.slot_base.unwrap_or(0) + added.slots);
+        let added = dp
+            .add_job(job)
+            .with_context(|| format!("[[job]] id {} in the configuration", job.id))?;
+        info!(
+            "job {} added from the configuration (slots {}..{})",
+            added.id,
+            added.slot_base.unwrap_or(0),
+            added.slot_base.unwrap_or(0) + added.slots
+        );
     }
-    let state = Arc::new(Mutex::new(State { dp, cfg: cfg.clone() }));
+    let state = Arc::new(Mutex::new(State {
+        dp,
+        cfg: cfg.clone(),
+    }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
     let detach = rt.block_on(serve(state.clone(), cfg.daemon.socket.clone()))?;
     let _ = std::fs::remove_file(&cfg.daemon.socket);
-    let state = Arc::try_unwrap(state).ok().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
+    let state = Arc::try_unwrap(state)
+        .ok()
+        .map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()));
     drop(state);
     if detach {
         dataplane::unpin(&cfg.daemon.pin_path)?;
         info!("dataplane detached and unpinned");
     } else if pinned {
-        info!("dataplane left running, pinned at {}", cfg.daemon.pin_path.display());
+        info!(
+            "dataplane left running, pinned at {}",
+            cfg.daemon.pin_path.display()
+        );
     } else {
         info!("dataplane detached (detach_on_exit)");
     }
@@ -94,10 +112,12 @@ fn main() -> Result<()> {
 /// Mounts a bpffs at /sys/fs/bpf if the pin path is under it and none is mounted.
 fn ensure_bpffs(pin: &Path) -> Result<()> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let bpf_mounted = |p: &str| mounts.lines().any(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        f.len() > 2 && f[1] == p && f[2] == "bpf"
-    });
+    let bpf_mounted = |p: &str| {
+        mounts.lines().any(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            f.len() > 2 && f[1] == p && f[2] == "bpf"
+        })
+    };
     if pin.starts_with("/sys/fs/bpf") && !bpf_mounted("/sys/fs/bpf") {
         nix::mount::mount(Some("bpf"), "/sys/fs/bpf", Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
             .context("mounting a bpffs at /sys/fs/bpf (needed to pin the dataplane; or set daemon.detach_on_exit = true)")?;
@@ -112,7 +132,8 @@ async fn serve(state: Arc<Mutex<State>>, socket: PathBuf) -> Result<bool> {
         std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
     }
     let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket).with_context(|| format!("binding the API socket {}", socket.display()))?;
+    let listener = UnixListener::bind(&socket)
+        .with_context(|| format!("binding the API socket {}", socket.display()))?;
     info!("API on {}", socket.display());
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
@@ -138,7 +159,11 @@ async fn serve(state: Arc<Mutex<State>>, socket: PathBuf) -> Result<bool> {
     }
 }
 
-async fn client(stream: UnixStream, state: Arc<Mutex<State>>, detach: watch::Sender<bool>) -> Result<()> {
+async fn client(
+    stream: UnixStream,
+    state: Arc<Mutex<State>>,
+    detach: watch::Sender<bool>,
+) -> Result<()> {
     let (r, mut w) = stream.into_split();
     let mut lines = BufReader::new(r).lines();
     while let Some(line) = lines.next_line().await? {
@@ -151,7 +176,9 @@ async fn client(stream: UnixStream, state: Arc<Mutex<State>>, detach: watch::Sen
                 let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
                 handle(&mut st, req)
             }
-            Err(e) => Response::Error { message: format!("malformed request: {e}") },
+            Err(e) => Response::Error {
+                message: format!("malformed request: {e}"),
+            },
         };
         let mut out = serde_json::to_string(&resp)?;
         out.push('\n');
@@ -163,7 +190,13 @@ async fn client(stream: UnixStream, state: Arc<Mutex<State>>, detach: watch::Sen
 fn handle(st: &mut State, req: Request) -> Response {
     let r = match req {
         Request::AddJob { job } => st.dp.add_job(&job).map(|job| {
-            info!("job {} added: {} members, slots {}..{}", job.id, job.members.len(), job.slot_base.unwrap_or(0), job.slot_base.unwrap_or(0) + job.slots);
+            info!(
+                "job {} added: {} members, slots {}..{}",
+                job.id,
+                job.members.len(),
+                job.slot_base.unwrap_or(0),
+                job.slot_base.unwrap_or(0) + job.slots
+            );
             Response::Job { job }
         }),
         Request::RemoveJob { id } => st.dp.remove_job(id).map(|()| {
@@ -171,9 +204,15 @@ fn handle(st: &mut State, req: Request) -> Response {
             Response::Ok
         }),
         Request::ListJobs => st.dp.jobs().map(|jobs| Response::Jobs {
-            jobs: jobs.iter().map(|(id, j)| xagg::job::JobSpec::from_job(*id, j)).collect(),
+            jobs: jobs
+                .iter()
+                .map(|(id, j)| xagg::job::JobSpec::from_job(*id, j))
+                .collect(),
         }),
-        Request::Counters => st.dp.counters().map(|counters| Response::Counters { counters }),
+        Request::Counters => st
+            .dp
+            .counters()
+            .map(|counters| Response::Counters { counters }),
         Request::Status => st.dp.jobs().map(|jobs| Response::Status {
             ports: st.cfg.switch.ports.clone(),
             pinned: st.dp.pinned(),
@@ -184,5 +223,7 @@ fn handle(st: &mut State, req: Request) -> Response {
         }),
         Request::Detach => Ok(Response::Ok),
     };
-    r.unwrap_or_else(|e| Response::Error { message: e.to_string() })
+    r.unwrap_or_else(|e| Response::Error {
+        message: e.to_string(),
+    })
 }

@@ -219,8 +219,8 @@ pub struct Header {
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
-const _: () = assert!(PAYLOAD_OFFSET % 8 == 0);
-const _: () = assert!(MAX_PAYLOAD % 8 == 0);
+const _: () = assert!(PAYLOAD_OFFSET.is_multiple_of(8));
+const _: () = assert!(MAX_PAYLOAD.is_multiple_of(8));
 const _: () = assert!(MAX_IP_PACKET <= 3506);
 
 impl Header {

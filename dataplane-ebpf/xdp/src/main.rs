@@ -144,14 +144,14 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     match unsafe { slot::accept(slot, hdr.epoch(), &round, ctx) } {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Complete => {
-            frame.into_result(cfg);
+            frame.make_result(cfg);
             match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
                 Ok(action) => Ok((action, Counter::Complete)),
                 Err(_) => Err(Counter::RedirectError),
             }
         }
         slot::Outcome::Replay => {
-            frame.into_reply(cfg);
+            frame.make_reply(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
         }
         slot::Outcome::Duplicate => Err(Counter::DropDuplicate),
@@ -193,7 +193,7 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
         jid,
         ifindex: egress,
     };
-    let member = *unsafe { EGRESS.get(&key) }.ok_or(Counter::EgressNoMember)?;
+    let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;
     let job = unsafe { JOBS.get(jid) }.ok_or(Counter::EgressNoMember)?;
     let addr = job
         .member

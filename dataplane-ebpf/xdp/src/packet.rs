@@ -87,7 +87,7 @@ impl Frame {
     /// martian check — the completing member's own copy included. The egress program fills
     /// in each copy's destination.
     #[inline(always)]
-    pub fn into_result(&self, cfg: &SwitchConfig) {
+    pub fn make_result(&self, cfg: &SwitchConfig) {
         let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
         hdr.kind = Kind::Result as u8;
         let ip = unsafe { &mut *((self.data + IP_OFF) as *mut Ipv4Hdr) };
@@ -99,7 +99,7 @@ impl Frame {
     /// Turns a retransmitted contribution (whose payload now holds the stored result) into
     /// the result for its sender alone, sent back out of the port it came in on.
     #[inline(always)]
-    pub fn into_reply(&self, cfg: &SwitchConfig) {
+    pub fn make_reply(&self, cfg: &SwitchConfig) {
         let eth = unsafe { &*(self.data as *const EthHdr) };
         let ip = unsafe { &*((self.data + IP_OFF) as *const Ipv4Hdr) };
         let udp = unsafe { &*((self.data + UDP_OFF) as *const UdpHdr) };
