@@ -9,6 +9,7 @@ pub mod dataplane;
 pub mod iface;
 pub mod job;
 pub mod lab;
+pub mod testrun;
 pub mod worker;
 
 /// The XDP object, embedded at build time (empty when it was not built).

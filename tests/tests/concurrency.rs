@@ -32,7 +32,7 @@ fn two_cpus_one_slot() {
     let cpus = std::thread::available_parallelism()
         .map(|n| n.get())
         .unwrap_or(1);
-    let mut sw = Switch::load();
+    let mut sw = load_switch();
     sw.jobs
         .insert(
             5,

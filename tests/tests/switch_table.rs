@@ -80,7 +80,7 @@ fn switch_program_table() {
     if !require_root("switch_program_table") {
         return;
     }
-    let mut sw = Switch::load();
+    let mut sw = load_switch();
     let n = SEG as usize;
     // Job 7: three members, slots 10..14 of the switch.
     sw.jobs
@@ -377,7 +377,7 @@ fn single_member_single_element() {
     if !require_root("single_member_single_element") {
         return;
     }
-    let mut sw = Switch::load();
+    let mut sw = load_switch();
     sw.jobs
         .insert(3, job(1, Op::Sum as u8, DType::I32 as u8, 64, 0, 1), 0)
         .unwrap();

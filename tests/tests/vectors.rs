@@ -93,7 +93,7 @@ fn xdp_parser_matches_vectors() {
     if !require_root("xdp_parser_matches_vectors") {
         return;
     }
-    let mut sw = Switch::load();
+    let mut sw = load_switch();
     sw.jobs
         .insert(7, job(2, Op::Sum as u8, DType::I32 as u8, 8, 100, 4), 0)
         .unwrap();

@@ -1,5 +1,6 @@
 //! Project tasks: `cargo xtask build | demo | test | setup`.
 
+mod bench;
 mod build;
 mod demo;
 
@@ -21,6 +22,8 @@ enum Cmd {
     Build,
     /// Build, bring up a netns lab, allreduce through the XDP switch, verify, report, clean up.
     Demo(demo::DemoArgs),
+    /// Measure the switch program's per-packet cost per path (BPF_PROG_RUN).
+    Bench(bench::BenchArgs),
     /// Build and run the whole test suite (unit, BPF_PROG_RUN, netns end to end).
     Test {
         /// Extra arguments for the test binaries (e.g. a test name filter).
@@ -40,6 +43,11 @@ fn main() -> Result<()> {
             build::setup()?;
             build::build_all()?;
             demo::run(a)
+        }
+        Cmd::Bench(a) => {
+            build::setup()?;
+            build::build_all()?;
+            bench::run(a)
         }
         Cmd::Test { args } => {
             build::setup()?;

@@ -1,0 +1,187 @@
+//! A BPF_PROG_RUN harness around the switch program: load it unattached, fill its maps,
+//! run frames through it. The test tables and the dataplane benchmark use it.
+
+use std::net::Ipv4Addr;
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray},
+    programs::{TestRun, TestRunOptions, Xdp},
+    Ebpf,
+};
+use xagg_common::{
+    job::{EgressKey, MemberAddr, Role, SwitchConfig},
+    slot::SlotImage,
+    wire::{self, Header, MAX_MEMBERS},
+    Counter, Job,
+};
+
+pub const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
+pub const SWITCH_MAC: [u8; 6] = [0x02, 0, 0, 0, 0, 0xfe];
+pub const PORT: u16 = wire::DEFAULT_PORT;
+
+/// A member's addresses in harness runs: 10.0.0.(10+i), 02:00:00:00:00:(10+i), UDP
+/// 47801, all behind the loopback device (BPF_PROG_RUN's ingress interface).
+pub fn member(i: u8) -> MemberAddr {
+    MemberAddr {
+        ifindex: 1,
+        ip: [10, 0, 0, 10 + i],
+        mac: [0x02, 0, 0, 0, 0, 10 + i],
+        port: 47801u16.to_be_bytes(),
+    }
+}
+
+/// A job entry with `n` members from [`member`].
+pub fn job(n: usize, op: u8, dtype: u8, seg_elems: u16, slot_base: u32, slot_count: u32) -> Job {
+    let mut j = Job {
+        members: Job::members_bitmap(n),
+        slot_base,
+        slot_count,
+        op,
+        dtype,
+        role: Role::Root as u8,
+        _pad0: 0,
+        seg_elems,
+        _pad1: 0,
+        parent: MemberAddr::default(),
+        member: [MemberAddr::default(); MAX_MEMBERS],
+    };
+    for i in 0..n {
+        j.member[i] = member(i as u8);
+    }
+    j
+}
+
+/// An Ethernet/IPv4/UDP frame from `src` to the switch carrying `udp_payload`.
+pub fn frame(src: &MemberAddr, dst_port: u16, udp_payload: &[u8]) -> Vec<u8> {
+    let mut f = Vec::with_capacity(42 + udp_payload.len());
+    f.extend_from_slice(&SWITCH_MAC);
+    f.extend_from_slice(&src.mac);
+    f.extend_from_slice(&0x0800u16.to_be_bytes());
+    let total = (20 + 8 + udp_payload.len()) as u16;
+    let mut ip = [0u8; 20];
+    ip[0] = 0x45;
+    ip[2..4].copy_from_slice(&total.to_be_bytes());
+    ip[6] = 0x40; // don't fragment
+    ip[8] = 64;
+    ip[9] = 17;
+    ip[12..16].copy_from_slice(&src.ip);
+    ip[16..20].copy_from_slice(&SWITCH_IP.octets());
+    let c = ipv4_checksum(&ip);
+    ip[10..12].copy_from_slice(&c.to_be_bytes());
+    f.extend_from_slice(&ip);
+    f.extend_from_slice(&src.port);
+    f.extend_from_slice(&dst_port.to_be_bytes());
+    f.extend_from_slice(&((8 + udp_payload.len()) as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(udp_payload);
+    f
+}
+
+pub fn ipv4_checksum(h: &[u8]) -> u16 {
+    let mut sum: u32 = h
+        .chunks(2)
+        .map(|c| u16::from_be_bytes([c[0], c[1]]) as u32)
+        .sum();
+    while sum > 0xffff {
+        sum = (sum & 0xffff) + (sum >> 16);
+    }
+    !(sum as u16)
+}
+
+/// Header and payload of a contribution: `values` as little-endian i32, padded to 8 bytes.
+pub fn contribution(h: Header, values: &[i32]) -> Vec<u8> {
+    let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+    let mut p = vec![0u8; wire::HEADER_LEN + bytes.len() + 8];
+    let n = wire::encode(&h, &bytes, &mut p).unwrap();
+    p.truncate(n);
+    p
+}
+
+/// The switch program loaded (not attached), with its maps, for BPF_PROG_RUN.
+pub struct Switch {
+    pub ebpf: Ebpf,
+    pub jobs: HashMap<MapData, u32, Job>,
+    pub egress: HashMap<MapData, EgressKey, u32>,
+    pub slots: Array<MapData, SlotImage>,
+    pub counters: PerCpuArray<MapData, u64>,
+}
+
+pub struct Run {
+    pub action: u32,
+    pub out: Vec<u8>,
+    pub duration: std::time::Duration,
+}
+
+pub const XDP_DROP: u32 = 1;
+pub const XDP_PASS: u32 = 2;
+pub const XDP_TX: u32 = 3;
+pub const XDP_REDIRECT: u32 = 4;
+
+impl Switch {
+    /// Loads `xagg_switch` from `object` (panics with context on failure: test support).
+    pub fn load(object: &[u8]) -> Self {
+        assert!(
+            !object.is_empty(),
+            "the XDP object is not built: run `cargo xtask build` (or `cargo xtask test`)"
+        );
+        let mut ebpf = Ebpf::load(object).expect("loading the XDP object");
+        let p: &mut Xdp = ebpf.program_mut("xagg_switch").unwrap().try_into().unwrap();
+        p.load().expect("verifier accepts xagg_switch");
+        let mut sw: Array<MapData, SwitchConfig> =
+            Array::try_from(ebpf.take_map("SWITCH").unwrap()).unwrap();
+        sw.set(
+            0,
+            SwitchConfig {
+                ip: SWITCH_IP.octets(),
+                port: PORT.to_be_bytes(),
+                mac: SWITCH_MAC,
+            },
+            0,
+        )
+        .unwrap();
+        Self {
+            jobs: HashMap::try_from(ebpf.take_map("JOBS").unwrap()).unwrap(),
+            egress: HashMap::try_from(ebpf.take_map("EGRESS").unwrap()).unwrap(),
+            slots: Array::try_from(ebpf.take_map("SLOTS").unwrap()).unwrap(),
+            counters: PerCpuArray::try_from(ebpf.take_map("COUNTERS").unwrap()).unwrap(),
+            ebpf,
+        }
+    }
+
+    pub fn run(&mut self, frame: &[u8]) -> Run {
+        self.run_repeat(frame, 1)
+    }
+
+    pub fn run_repeat(&mut self, frame: &[u8], repeat: u32) -> Run {
+        let p: &mut Xdp = self
+            .ebpf
+            .program_mut("xagg_switch")
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let mut out = vec![0u8; frame.len() + 256];
+        let mut opts = TestRunOptions::new();
+        opts.data_in = Some(frame);
+        opts.data_out = Some(&mut out);
+        opts.repeat = repeat;
+        let r = p.test_run(opts).expect("BPF_PROG_RUN");
+        out.truncate(r.data_size_out as usize);
+        Run {
+            action: r.return_value,
+            out,
+            duration: r.duration,
+        }
+    }
+
+    pub fn counter(&self, c: Counter) -> u64 {
+        self.counters.get(&(c as u32), 0).unwrap().iter().sum()
+    }
+
+    pub fn counters(&self) -> Vec<u64> {
+        Counter::ALL.iter().map(|c| self.counter(*c)).collect()
+    }
+
+    pub fn slot(&self, i: u32) -> SlotImage {
+        self.slots.get(&i, 0).unwrap()
+    }
+}
