@@ -25,6 +25,15 @@ pub enum Request {
     ListJobs,
     Counters,
     Status,
+    /// The state of a job's busy slot versions (which members are missing).
+    JobStatus {
+        id: u32,
+    },
+    /// Fault injection in the dataplane: probabilities 0..=1 (0 = off).
+    Inject {
+        drop_contribution: f64,
+        drop_result: f64,
+    },
     /// Detach the dataplane, remove its pins, and stop the daemon.
     Detach,
 }
@@ -49,6 +58,9 @@ pub enum Response {
         jobs: usize,
         slots_total: u32,
         slots_used: u32,
+    },
+    JobStatus {
+        slots: Vec<crate::dataplane::SlotStatus>,
     },
     Error {
         message: String,

@@ -15,8 +15,9 @@ use aya::{
 };
 use log::{info, warn};
 use xagg_common::{
-    job::{EgressKey, SwitchConfig},
-    slot::{SlotImage, MAX_SLOTS},
+    job::probability_threshold,
+    job::{EgressKey, Faults, SwitchConfig},
+    slot::{SlotImage, VersionState, MAX_SLOTS},
     Counter, Job,
 };
 
@@ -81,13 +82,16 @@ pub enum DataplaneError {
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
-const MAP_NAMES: [&str; 6] = ["JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS"];
+const MAP_NAMES: [&str; 7] = [
+    "JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS", "FAULTS",
+];
 
 pub struct Dataplane {
     jobs: HashMap<MapData, u32, Job>,
     egress: HashMap<MapData, EgressKey, u32>,
     slots: Array<MapData, SlotImage>,
     switch: Array<MapData, SwitchConfig>,
+    faults: Array<MapData, Faults>,
     counters: PerCpuArray<MapData, u64>,
     /// The pin directory, when the dataplane outlives the daemon.
     pin: Option<PathBuf>,
@@ -224,6 +228,7 @@ impl Dataplane {
             egress: HashMap::try_from(take("EGRESS")).map_err(map_err("EGRESS"))?,
             slots: Array::try_from(take("SLOTS")).map_err(map_err("SLOTS"))?,
             switch: Array::try_from(take("SWITCH")).map_err(map_err("SWITCH"))?,
+            faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
             pin,
             _links: links,
@@ -253,6 +258,7 @@ impl Dataplane {
             egress: HashMap::try_from(open("EGRESS")?).map_err(map_err("EGRESS"))?,
             slots: Array::try_from(open("SLOTS")?).map_err(map_err("SLOTS"))?,
             switch: Array::try_from(open("SWITCH")?).map_err(map_err("SWITCH"))?,
+            faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
@@ -362,6 +368,54 @@ impl Dataplane {
         self.slots.get(&index, 0).map_err(map_err("SLOTS"))
     }
 
+    /// The state of every slot version of job `id` that is not empty.
+    pub fn job_status(&self, id: u32) -> Result<Vec<SlotStatus>> {
+        let job = self
+            .jobs
+            .get(&id, 0)
+            .map_err(|_| DataplaneError::NoJob(id))?;
+        let mut out = Vec::new();
+        for seg in 0..job.slot_count {
+            let s = self.slot(job.slot_base + seg)?;
+            for (epoch, v) in s.ver.iter().enumerate() {
+                let state = match v.state {
+                    x if x == VersionState::Filling as u32 => "filling",
+                    x if x == VersionState::Done as u32 => "done",
+                    _ => continue,
+                };
+                out.push(SlotStatus {
+                    seg,
+                    epoch: epoch as u8,
+                    state: state.into(),
+                    mid: v.mid,
+                    sid: v.sid,
+                    count: v.count,
+                    missing: members_of(job.members & !v.seen),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    /// Sets the fault injection probabilities (0 turns a fault off).
+    pub fn set_faults(&mut self, drop_contribution: f64, drop_result: f64) -> Result<()> {
+        for (name, p) in [
+            ("drop_contribution", drop_contribution),
+            ("drop_result", drop_result),
+        ] {
+            if !(0.0..=1.0).contains(&p) {
+                return Err(DataplaneError::Other(format!(
+                    "{name} = {p}: a probability is between 0 and 1"
+                )));
+            }
+        }
+        let f = Faults {
+            drop_contribution: probability_threshold(drop_contribution),
+            drop_result: probability_threshold(drop_result),
+        };
+        self.faults.set(0, f, 0).map_err(map_err("FAULTS"))
+    }
+
     /// Counters summed over CPUs, by name.
     pub fn counters(&self) -> Result<BTreeMap<String, u64>> {
         let mut out = BTreeMap::new();
@@ -378,6 +432,25 @@ impl Dataplane {
     pub fn pinned(&self) -> bool {
         self.pin.is_some()
     }
+}
+
+/// A slot version of a job, as `job_status` reports it.
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
+pub struct SlotStatus {
+    /// Slot index within the job.
+    pub seg: u32,
+    pub epoch: u8,
+    /// "filling" or "done".
+    pub state: String,
+    pub mid: u32,
+    pub sid: u32,
+    pub count: u32,
+    /// Members whose contribution is not in.
+    pub missing: Vec<u8>,
+}
+
+pub fn members_of(bits: u64) -> Vec<u8> {
+    (0..64u8).filter(|i| bits & (1u64 << i) != 0).collect()
 }
 
 /// Removes a pinned dataplane: its links (so the programs detach) and maps.

@@ -29,6 +29,8 @@ pub struct Lab {
     pub workers: usize,
     /// Host-side programs; dropping them detaches.
     hosts: Vec<Ebpf>,
+    /// Impairment programs (`xagg_impair` on worker egress).
+    impairs: Vec<Ebpf>,
 }
 
 /// Runs `ip` with `args`, failing with its stderr.
@@ -80,6 +82,7 @@ impl Lab {
             prefix: prefix.into(),
             workers,
             hosts: Vec::new(),
+            impairs: Vec::new(),
         };
         let sw = lab.switch_ns();
         ip(&["netns", "add", &sw])?;
@@ -145,9 +148,63 @@ impl Lab {
         Ok(())
     }
 
+    /// Drops (`drop`) and duplicates (`duplicate`) fractions of the contributions every
+    /// worker sends, with the tc program `xagg_impair` on each worker's egress. Called
+    /// again, it changes the fractions.
+    pub fn impair(&mut self, object: &[u8], drop: f64, duplicate: f64) -> Result<()> {
+        use xagg_common::job::{probability_threshold, Impair};
+        let settings = Impair {
+            drop: probability_threshold(drop),
+            duplicate: probability_threshold(duplicate),
+            port: xagg_common::wire::DEFAULT_PORT.to_be_bytes(),
+            _pad: [0; 2],
+        };
+        if !self.impairs.is_empty() {
+            for e in &mut self.impairs {
+                let mut cfg: aya::maps::Array<_, Impair> =
+                    aya::maps::Array::try_from(e.map_mut("IMPAIR").context("no IMPAIR map")?)?;
+                cfg.set(0, settings, 0)?;
+            }
+            return Ok(());
+        }
+        for i in 0..self.workers {
+            let ebpf = in_netns(&self.worker_ns(i), || {
+                let mut ebpf = Ebpf::load(object)?;
+                let mut cfg: aya::maps::Array<_, Impair> =
+                    aya::maps::Array::try_from(ebpf.map_mut("IMPAIR").context("no IMPAIR map")?)?;
+                cfg.set(0, settings, 0)?;
+                let _ = aya::programs::tc::qdisc_add_clsact("eth0");
+                let p: &mut aya::programs::SchedClassifier = ebpf
+                    .program_mut("xagg_impair")
+                    .context("no xagg_impair")?
+                    .try_into()?;
+                p.load()?;
+                p.attach("eth0", aya::programs::TcAttachType::Egress)
+                    .context("attaching xagg_impair to a worker's egress")?;
+                Ok(ebpf)
+            })?;
+            self.impairs.push(ebpf);
+        }
+        Ok(())
+    }
+
+    /// What `xagg_impair` did, over all workers: (dropped, duplicated).
+    pub fn impair_counts(&self) -> Result<(u64, u64)> {
+        let (mut dropped, mut duplicated) = (0, 0);
+        for e in &self.impairs {
+            let c: aya::maps::PerCpuArray<_, u64> = aya::maps::PerCpuArray::try_from(
+                e.map("IMPAIR_COUNTERS").context("no IMPAIR_COUNTERS")?,
+            )?;
+            dropped += c.get(&0, 0)?.iter().sum::<u64>();
+            duplicated += c.get(&1, 0)?.iter().sum::<u64>();
+        }
+        Ok((dropped, duplicated))
+    }
+
     /// Detaches the worker-side programs (for baselines over a plain bridge).
     pub fn detach_hosts(&mut self) {
         self.hosts.clear();
+        self.impairs.clear();
     }
 
     pub fn worker_mac(&self, i: usize) -> Result<[u8; 6]> {
@@ -170,7 +227,7 @@ impl Lab {
 
 impl Drop for Lab {
     fn drop(&mut self) {
-        self.hosts.clear();
+        self.detach_hosts();
         destroy(&self.prefix);
     }
 }

@@ -35,6 +35,8 @@ pub struct WorkerParams {
     pub max_timeout: Duration,
     /// Fail when no result arrived for this long.
     pub give_up: Duration,
+    /// Test option: send segments out of order (each burst of sends is shuffled).
+    pub reorder: bool,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
     pub first_mid: u32,
@@ -54,6 +56,7 @@ impl WorkerParams {
             timeout: Duration::from_millis(20),
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
+            reorder: false,
             first_mid: 0,
         }
     }
@@ -67,17 +70,46 @@ pub struct Report {
     pub goodput_gbps: f64,
     pub segments: usize,
     pub retransmissions: u64,
+    /// Contributions sent after one with a higher sequence id (with `reorder`).
+    pub reordered: u64,
+}
+
+/// A segment whose result never came, and what the switch said about its slot.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Missing {
+    pub slot: usize,
+    pub sid: u32,
+    /// Members the switch still waits for in this round; `None` if the switch did not
+    /// answer, or holds another round in the slot (then nobody's contribution arrived, or
+    /// the switch lost the job).
+    pub members: Option<Vec<u8>>,
+}
+
+impl std::fmt::Display for Missing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.members {
+            Some(m) => write!(
+                f,
+                "slot {} sid {} waits for members {:?}",
+                self.slot, self.sid, m
+            ),
+            None => write!(
+                f,
+                "slot {} sid {}: no contribution of this round at the switch",
+                self.slot, self.sid
+            ),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllreduceError {
-    #[error("allreduce of job {job} message {mid} failed: no result for {waited:?}; {} segments missing (slot/sid: {})", missing.len(), fmt_missing(missing))]
+    #[error("allreduce of job {job} message {mid} failed: no result for {waited:?}; {} segments missing: {}", missing.len(), fmt_missing(missing))]
     Timeout {
         job: u32,
         mid: u32,
         waited: Duration,
-        /// (slot, sid) of the segments whose result never came.
-        missing: Vec<(usize, u32)>,
+        missing: Vec<Missing>,
     },
     #[error("socket: {0}")]
     Io(#[from] io::Error),
@@ -85,12 +117,8 @@ pub enum AllreduceError {
     Invalid(String),
 }
 
-fn fmt_missing(m: &[(usize, u32)]) -> String {
-    let mut s: Vec<String> = m
-        .iter()
-        .take(8)
-        .map(|(slot, sid)| format!("{slot}/{sid}"))
-        .collect();
+fn fmt_missing(m: &[Missing]) -> String {
+    let mut s: Vec<String> = m.iter().take(8).map(|x| x.to_string()).collect();
     if m.len() > 8 {
         s.push("...".into());
     }
@@ -113,6 +141,7 @@ pub struct Worker {
     uses: Vec<u32>,
     srtt: Option<Duration>,
     pkt: Vec<u8>,
+    rng: u64,
 }
 
 impl Worker {
@@ -142,6 +171,7 @@ impl Worker {
             uses: vec![0; p.slots],
             srtt: None,
             pkt: vec![0; HEADER_LEN + wire::MAX_PAYLOAD],
+            rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
             p,
         })
     }
@@ -191,8 +221,20 @@ impl Worker {
         }
         let window = self.p.slots.min(nseg);
         let mut flight: Vec<Option<InFlight>> = (0..window).map(|_| None).collect();
-        for (slot, entry) in flight.iter_mut().enumerate() {
-            *entry = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
+        let mut order: Vec<usize> = (0..window).collect();
+        if self.p.reorder {
+            for i in (1..order.len()).rev() {
+                self.rng = crate::data::mix(self.rng);
+                order.swap(i, (self.rng % (i as u64 + 1)) as usize);
+            }
+            report.reordered = order
+                .iter()
+                .enumerate()
+                .filter(|(i, &s)| order[..*i].iter().any(|&e| e > s))
+                .count() as u64;
+        }
+        for slot in order {
+            flight[slot] = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
         }
         let mut done = 0;
         let mut rx = vec![0u8; 65536];
@@ -233,11 +275,7 @@ impl Worker {
             }
             next_check = now + self.rto() / 4;
             if now.duration_since(last_progress) > self.p.give_up {
-                let missing = flight
-                    .iter()
-                    .enumerate()
-                    .filter_map(|(slot, f)| f.as_ref().map(|f| (slot, f.seg as u32)))
-                    .collect();
+                let missing = self.diagnose(mid, &flight);
                 return Err(AllreduceError::Timeout {
                     job: self.p.job,
                     mid,
@@ -261,6 +299,59 @@ impl Worker {
         report.seconds = start.elapsed().as_secs_f64();
         report.goodput_gbps = buf.len() as f64 * 8.0 / report.seconds / 1e9;
         Ok(report)
+    }
+
+    /// Asks the switch, for each segment still in flight, which members its slot waits for.
+    fn diagnose(&mut self, mid: u32, flight: &[Option<InFlight>]) -> Vec<Missing> {
+        let mut missing: Vec<Missing> = Vec::new();
+        for (slot, f) in flight.iter().enumerate() {
+            let Some(f) = f else { continue };
+            let flags = if f.epoch == 1 { FLAG_EPOCH } else { 0 };
+            let h = Header::new(
+                Kind::StatusQuery,
+                self.p.op,
+                self.p.dtype,
+                self.p.job,
+                mid,
+                f.seg as u32,
+                slot as u16,
+                self.p.member,
+                flags,
+                0,
+            );
+            let mut q = [0u8; HEADER_LEN + 16];
+            q[..HEADER_LEN].copy_from_slice(&h.to_bytes());
+            let _ = self.sock.send_to(&q, self.p.switch);
+            missing.push(Missing {
+                slot,
+                sid: f.seg as u32,
+                members: None,
+            });
+        }
+        let _ = self.sock.set_read_timeout(Some(Duration::from_millis(20)));
+        let deadline = Instant::now() + Duration::from_millis(300);
+        let mut rx = [0u8; 4096];
+        while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {
+            let Ok(n) = self.sock.recv(&mut rx) else {
+                continue;
+            };
+            let Some(h) = Header::from_bytes(&rx[..n]) else {
+                continue;
+            };
+            if h.kind != Kind::StatusReply as u8 || h.jid() != self.p.job || n < HEADER_LEN + 16 {
+                continue;
+            }
+            let Some(m) = missing.iter_mut().find(|m| m.slot == h.seg() as usize) else {
+                continue;
+            };
+            if h.mid() == mid && h.sid() == m.sid {
+                let seen = u64::from_le_bytes(rx[HEADER_LEN..HEADER_LEN + 8].try_into().unwrap());
+                let all =
+                    u64::from_le_bytes(rx[HEADER_LEN + 8..HEADER_LEN + 16].try_into().unwrap());
+                m.members = Some(crate::dataplane::members_of(all & !seen));
+            }
+        }
+        missing
     }
 
     fn rto(&self) -> Duration {

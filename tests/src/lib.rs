@@ -172,6 +172,24 @@ impl LabSwitch {
         elems: usize,
         seed: u64,
     ) -> Vec<xagg::worker::Report> {
+        self.allreduce_with(job, mid, workers, port, elems, seed, |p| {
+            p.segment = segment;
+            p.slots = slots;
+        })
+    }
+
+    /// [`Self::allreduce`] with every worker's parameters adjusted by `tweak`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn allreduce_with(
+        &self,
+        job: u32,
+        mid: u32,
+        workers: &[usize],
+        port: u16,
+        elems: usize,
+        seed: u64,
+        tweak: impl Fn(&mut xagg::worker::WorkerParams) + Sync,
+    ) -> Vec<xagg::worker::Report> {
         let n = workers.len();
         let expected = xagg::data::expected_sum(seed, n as u32, elems);
         std::thread::scope(|s| {
@@ -181,15 +199,15 @@ impl LabSwitch {
                 .map(|(m, &w)| {
                     let ns = self.lab.worker_ns(w);
                     let expected = &expected;
+                    let tweak = &tweak;
                     s.spawn(move || {
                         xagg::iface::enter_netns(&ns).unwrap();
                         let bind = std::net::SocketAddrV4::new(xagg::lab::worker_ip(w), port);
                         let sw =
                             std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, wire::DEFAULT_PORT);
                         let mut p = xagg::worker::WorkerParams::new(sw, bind, job, m as u8);
-                        p.segment = segment;
-                        p.slots = slots;
                         p.first_mid = mid;
+                        tweak(&mut p);
                         let mut wk = xagg::worker::Worker::new(p).expect("worker socket");
                         let mut buf = vec![0i32; elems];
                         xagg::data::fill(seed, m as u32, &mut buf);

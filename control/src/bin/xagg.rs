@@ -42,6 +42,14 @@ enum Cmd {
     },
     /// Ports, pinning, jobs and slots in use.
     Status,
+    /// Fault injection in the dataplane (off by default): drop fractions of contributions
+    /// and of result copies. `--drop-contrib 0 --drop-result 0` turns it off.
+    Inject {
+        #[arg(long, default_value_t = 0.0)]
+        drop_contrib: f64,
+        #[arg(long, default_value_t = 0.0)]
+        drop_result: f64,
+    },
     /// Detach the dataplane and remove its pins; stops the daemon if it runs.
     Detach {
         /// Pin directory, used when no daemon answers.
@@ -63,6 +71,8 @@ enum JobCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A job's busy slot versions and the members each still waits for.
+    Status { id: u32 },
 }
 
 #[derive(clap::Args)]
@@ -216,6 +226,32 @@ fn run(cli: Cli) -> Result<()> {
             }
             r => answer(r),
         },
+        Cmd::Job(JobCmd::Status { id }) => match call(&cli.socket, &Request::JobStatus { id })? {
+            Response::JobStatus { slots } => {
+                println!(
+                    "{:>5} {:>5} {:>8} {:>8} {:>8} {:>6}  missing members",
+                    "slot", "epoch", "state", "mid", "sid", "count"
+                );
+                for s in slots {
+                    println!(
+                        "{:>5} {:>5} {:>8} {:>8} {:>8} {:>6}  {:?}",
+                        s.seg, s.epoch, s.state, s.mid, s.sid, s.count, s.missing
+                    );
+                }
+                Ok(())
+            }
+            r => answer(r),
+        },
+        Cmd::Inject {
+            drop_contrib,
+            drop_result,
+        } => answer(call(
+            &cli.socket,
+            &Request::Inject {
+                drop_contribution: drop_contrib,
+                drop_result,
+            },
+        )?),
         Cmd::Counters { json } => match call(&cli.socket, &Request::Counters)? {
             Response::Counters { counters } if json => {
                 println!("{}", serde_json::to_string_pretty(&counters)?);

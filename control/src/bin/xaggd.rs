@@ -221,6 +221,13 @@ fn handle(st: &mut State, req: Request) -> Response {
             slots_total: MAX_SLOTS,
             slots_used: jobs.iter().map(|(_, j)| j.slot_count).sum(),
         }),
+        Request::JobStatus { id } => st.dp.job_status(id).map(|slots| Response::JobStatus { slots }),
+        Request::Inject { drop_contribution, drop_result } => {
+            st.dp.set_faults(drop_contribution, drop_result).map(|()| {
+                info!("fault injection: drop {drop_contribution} of contributions, {drop_result} of result copies");
+                Response::Ok
+            })
+        }
         Request::Detach => Ok(Response::Ok),
     };
     r.unwrap_or_else(|e| Response::Error {

@@ -18,8 +18,9 @@ pub enum Counter {
     DropDuplicate,
     /// A contribution for an older round than the one its slot version holds.
     DropStale,
-    /// A contribution for a new round while the slot version is still filling.
-    DropSlotBusy,
+    /// A contribution started a new round over a version still filling an older round,
+    /// which its members abandoned (a failed or aborted allreduce): the slot is reclaimed.
+    SlotReclaimed,
     DropUnknownJob,
     /// Sender is not a member of the job, or not at the port and addresses registered.
     DropNotMember,
@@ -44,10 +45,16 @@ pub enum Counter {
     EgressNoMember,
     /// `bpf_redirect_map` failed.
     RedirectError,
+    /// A member asked for a slot version's state and got it back.
+    StatusReply,
+    /// Fault injection: a contribution dropped on purpose.
+    InjectDropContribution,
+    /// Fault injection: a result copy (broadcast or replay) dropped on purpose.
+    InjectDropResult,
 }
 
 impl Counter {
-    pub const COUNT: usize = 20;
+    pub const COUNT: usize = 23;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -56,7 +63,7 @@ impl Counter {
         Counter::ResultReplay,
         Counter::DropDuplicate,
         Counter::DropStale,
-        Counter::DropSlotBusy,
+        Counter::SlotReclaimed,
         Counter::DropUnknownJob,
         Counter::DropNotMember,
         Counter::DropBadVersion,
@@ -70,6 +77,9 @@ impl Counter {
         Counter::ResultCopy,
         Counter::EgressNoMember,
         Counter::RedirectError,
+        Counter::StatusReply,
+        Counter::InjectDropContribution,
+        Counter::InjectDropResult,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -81,7 +91,7 @@ impl Counter {
             Self::ResultReplay => "result_replay",
             Self::DropDuplicate => "drop_duplicate",
             Self::DropStale => "drop_stale",
-            Self::DropSlotBusy => "drop_slot_busy",
+            Self::SlotReclaimed => "slot_reclaimed",
             Self::DropUnknownJob => "drop_unknown_job",
             Self::DropNotMember => "drop_not_member",
             Self::DropBadVersion => "drop_bad_version",
@@ -95,6 +105,9 @@ impl Counter {
             Self::ResultCopy => "result_copy",
             Self::EgressNoMember => "egress_no_member",
             Self::RedirectError => "redirect_error",
+            Self::StatusReply => "status_reply",
+            Self::InjectDropContribution => "inject_drop_contribution",
+            Self::InjectDropResult => "inject_drop_result",
         }
     }
 }

@@ -89,8 +89,39 @@ pub struct SwitchConfig {
 
 const _: () = assert!(core::mem::size_of::<SwitchConfig>() == 12);
 
+/// Fault injection, the single entry of the `FAULTS` map: each field is a probability
+/// scaled to 2^32 (0 = off). Set through the daemon; off by default.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Faults {
+    /// Incoming contributions dropped at the switch.
+    pub drop_contribution: u32,
+    /// Result copies dropped, per member, as they leave the switch.
+    pub drop_result: u32,
+}
+
+/// Impairment of a worker's outgoing contributions by the tc program `xagg_impair`, the
+/// single entry of its `IMPAIR` map: probabilities scaled to 2^32.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Impair {
+    pub drop: u32,
+    pub duplicate: u32,
+    /// The collective UDP port (network byte order): only packets to it are impaired.
+    pub port: [u8; 2],
+    pub _pad: [u8; 2],
+}
+
+/// Probability `p` (0..=1) as a threshold for `bpf_get_prandom_u32() < threshold`.
+#[cfg(feature = "user")]
+pub fn probability_threshold(p: f64) -> u32 {
+    (p.clamp(0.0, 1.0) * u32::MAX as f64) as u32
+}
+
 #[cfg(feature = "user")]
 mod pod {
+    unsafe impl aya::Pod for super::Faults {}
+    unsafe impl aya::Pod for super::Impair {}
     unsafe impl aya::Pod for super::Job {}
     unsafe impl aya::Pod for super::MemberAddr {}
     unsafe impl aya::Pod for super::EgressKey {}

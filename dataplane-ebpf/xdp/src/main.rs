@@ -19,11 +19,12 @@ mod slot;
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
     btf_maps::{Array, DevMap, HashMap, PerCpuArray},
-    macros::{btf_map, xdp},
-    programs::XdpContext,
+    helpers::bpf_get_prandom_u32,
+    macros::{btf_map, classifier, xdp},
+    programs::{TcContext, XdpContext},
 };
 use xagg_common::{
-    job::{EgressKey, SwitchConfig},
+    job::{EgressKey, Faults, Impair, SwitchConfig},
     slot::MAX_SLOTS,
     wire::{self, Header, Kind, HEADER_LEN, PAYLOAD_OFFSET},
     Counter, Job,
@@ -57,6 +58,10 @@ static SWITCH: Array<SwitchConfig, 1> = Array::new();
 #[btf_map]
 static PORTS: DevMap<MAX_PORTS> = DevMap::new();
 
+/// Fault injection (one entry; zero = off).
+#[btf_map]
+static FAULTS: Array<Faults, 1> = Array::new();
+
 #[btf_map]
 static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
 
@@ -66,6 +71,17 @@ fn count(c: Counter) {
         // Per-CPU entry: no other CPU writes it.
         unsafe { *p += 1 };
     }
+}
+
+/// Whether fault injection picks this packet, with probability `threshold` / 2^32.
+#[inline(always)]
+fn inject(threshold: u32) -> bool {
+    threshold != 0 && unsafe { bpf_get_prandom_u32() } < threshold
+}
+
+#[inline(always)]
+fn faults() -> Faults {
+    FAULTS.get(0).copied().unwrap_or_default()
 }
 
 #[xdp]
@@ -94,8 +110,12 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if hdr.version != wire::VERSION {
         return Err(Counter::DropBadVersion);
     }
-    if hdr.kind != Kind::Contribution as u8 {
+    let query = hdr.kind == Kind::StatusQuery as u8;
+    if hdr.kind != Kind::Contribution as u8 && !query {
         return Err(Counter::DropBadKind);
+    }
+    if !query && inject(faults().drop_contribution) {
+        return Err(Counter::InjectDropContribution);
     }
     let jid = hdr.jid();
     let job = unsafe { JOBS.get(jid) }.ok_or(Counter::DropUnknownJob)?;
@@ -108,6 +128,21 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let addr = &job.member[member];
     if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
         return Err(Counter::DropNotMember);
+    }
+    if query {
+        let seg = hdr.seg() as u32;
+        if seg >= job.slot_count {
+            return Err(Counter::DropSlotRange);
+        }
+        if frame.payload_len() != packet::STATUS_LEN {
+            return Err(Counter::DropBadLength);
+        }
+        let slot = SLOTS
+            .get_ptr_mut(job.slot_base + seg)
+            .ok_or(Counter::DropSlotRange)?;
+        let st = unsafe { slot::status(slot, hdr.epoch()) };
+        frame.make_status_reply(ctx, cfg, &st, job.members);
+        return Ok((xdp_action::XDP_TX, Counter::StatusReply));
     }
     if hdr.op != job.op || hdr.dtype != job.dtype {
         return Err(Counter::DropBadOp);
@@ -151,13 +186,16 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
             }
         }
         slot::Outcome::Replay => {
+            if inject(faults().drop_result) {
+                return Err(Counter::InjectDropResult);
+            }
             frame.make_reply(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
         }
+        slot::Outcome::Reclaimed => Ok((xdp_action::XDP_DROP, Counter::SlotReclaimed)),
         slot::Outcome::Duplicate => Err(Counter::DropDuplicate),
         slot::Outcome::Stale => Err(Counter::DropStale),
         slot::Outcome::Mismatch => Err(Counter::DropBadCount),
-        slot::Outcome::Busy => Err(Counter::DropSlotBusy),
     }
 }
 
@@ -188,6 +226,9 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
         return Ok(xdp_action::XDP_PASS);
     }
     let jid = hdr.jid();
+    if inject(faults().drop_result) {
+        return Err(Counter::InjectDropResult);
+    }
     let egress = unsafe { (*ctx.ctx).egress_ifindex };
     let key = EgressKey {
         jid,
@@ -208,6 +249,64 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
 #[xdp]
 pub fn xagg_host(_ctx: XdpContext) -> u32 {
     xdp_action::XDP_PASS
+}
+
+/// Impairment settings of `xagg_impair` (one entry).
+#[btf_map]
+static IMPAIR: Array<Impair, 1> = Array::new();
+
+/// `xagg_impair`'s counters: 0 dropped, 1 duplicated.
+#[btf_map]
+static IMPAIR_COUNTERS: PerCpuArray<u64, 2> = PerCpuArray::new();
+
+/// Marks the copies `xagg_impair` makes, so they pass it untouched the second time.
+const IMPAIR_MARK: u32 = 0x7861_6767;
+
+/// tc egress program on a worker's interface, for tests and demos: drops and duplicates a
+/// fraction of the contributions the worker sends (these kernels have no netem).
+#[classifier]
+pub fn xagg_impair(ctx: TcContext) -> i32 {
+    const TC_ACT_OK: i32 = 0;
+    const TC_ACT_SHOT: i32 = 2;
+    let Some(cfg) = IMPAIR.get(0) else {
+        return TC_ACT_OK;
+    };
+    let skb = ctx.skb.skb;
+    let mark = unsafe { (*skb).mark };
+    if mark == IMPAIR_MARK {
+        return TC_ACT_OK;
+    }
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + 42 > end {
+        return TC_ACT_OK;
+    }
+    // IPv4 without options, UDP, to the collective port.
+    let b = data as *const u8;
+    let is_udp =
+        unsafe { *b.add(12) == 0x08 && *b.add(13) == 0 && *b.add(14) == 0x45 && *b.add(23) == 17 };
+    if !is_udp || unsafe { *b.add(36) != cfg.port[0] || *b.add(37) != cfg.port[1] } {
+        return TC_ACT_OK;
+    }
+    if inject(cfg.drop) {
+        impair_count(0);
+        return TC_ACT_SHOT;
+    }
+    if inject(cfg.duplicate) {
+        ctx.set_mark(IMPAIR_MARK);
+        let ifindex = unsafe { (*skb).ifindex };
+        if ctx.clone_redirect(ifindex, 0).is_ok() {
+            impair_count(1);
+        }
+        ctx.set_mark(mark);
+    }
+    TC_ACT_OK
+}
+
+#[inline(always)]
+fn impair_count(i: u32) {
+    if let Some(p) = IMPAIR_COUNTERS.get_ptr_mut(i) {
+        unsafe { *p += 1 };
+    }
 }
 
 #[cfg(not(test))]

@@ -9,11 +9,15 @@ use xagg_common::{
     Counter,
 };
 
+use crate::slot::Status;
+
 const ETH_P_IPV4: u16 = 0x0800;
 const IPPROTO_UDP: u8 = 17;
 const IP_OFF: usize = EthHdr::LEN;
 const UDP_OFF: usize = IP_OFF + Ipv4Hdr::LEN;
 const HDR_OFF: usize = UDP_OFF + UdpHdr::LEN;
+/// Payload of a status query and its reply: the version's member bitmap and the job's.
+pub const STATUS_LEN: usize = 16;
 
 /// A frame addressed to the switch's collective port, checked up to the end of the
 /// collective header.
@@ -112,6 +116,37 @@ impl Frame {
         let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
         hdr.kind = Kind::Result as u8;
         address_to(self.data, &sender, cfg);
+    }
+}
+
+impl Frame {
+    /// Turns a status query into its reply, back to the sender: the header carries the
+    /// version's round (`mid`, `sid`, `count`) and state (`status`), the payload the
+    /// members already in (`seen`) and all the job's members, little-endian.
+    #[inline(always)]
+    pub fn make_status_reply(
+        &self,
+        ctx: &XdpContext,
+        cfg: &SwitchConfig,
+        st: &Status,
+        members: u64,
+    ) {
+        let p = ctx.data() + PAYLOAD_OFFSET;
+        if p + STATUS_LEN > ctx.data_end() {
+            return;
+        }
+        unsafe {
+            *(p as *mut [u8; 8]) = st.seen.to_le_bytes();
+            *((p + 8) as *mut [u8; 8]) = members.to_le_bytes();
+        }
+        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
+        hdr.mid = st.mid.to_be_bytes();
+        hdr.sid = st.sid.to_be_bytes();
+        hdr.count = (st.count as u16).to_be_bytes();
+        hdr.status = st.state as u8;
+        self.make_reply(cfg);
+        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
+        hdr.kind = Kind::StatusReply as u8;
     }
 }
 

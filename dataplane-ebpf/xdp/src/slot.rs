@@ -9,13 +9,14 @@
 //! | same round, m not in          | add; the last member completes it      | Added / Complete |
 //! | same round, other count       | refuse                                 | Mismatch  |
 //! | a newer round than m's        | a late packet from the past            | Stale     |
-//! | Filling an older round        | refuse: members out of step            | Busy      |
+//! | Filling an older round        | abandoned (a failed allreduce): start m's round | Reclaimed / Complete |
 //! | Done with an older round      | everyone has moved on: start m's round | Added / Complete |
 //! | Empty                         | start m's round                        | Added / Complete |
 //!
 //! A member sends round k+2 of a slot (same version as round k) only after it has the
 //! result of round k+1, which exists only once every member has the result of round k:
-//! so when a version's next round starts, nobody can still need its stored result.
+//! so when a version's next round starts, nobody can still need its stored result — and a
+//! round still filling when a newer one arrives was abandoned by its members.
 //!
 //! Everything between lock and unlock is inlined: the verifier allows no calls there.
 
@@ -54,10 +55,39 @@ pub enum Outcome {
     Complete,
     /// Retransmission to a finished version: the frame's payload is the stored result.
     Replay,
+    /// Started a new round over an abandoned one.
+    Reclaimed,
     Duplicate,
     Stale,
-    Busy,
     Mismatch,
+}
+
+/// A version's state, for status queries.
+pub struct Status {
+    pub mid: u32,
+    pub sid: u32,
+    pub seen: u64,
+    pub state: u32,
+    pub count: u32,
+}
+
+/// Reads version `epoch` of `slot` under its lock.
+///
+/// # Safety
+/// `slot` must point into the `SLOTS` map.
+#[inline(always)]
+pub unsafe fn status(slot: *mut Slot, epoch: usize) -> Status {
+    unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
+    let v = unsafe { &(*slot).ver[epoch & 1] };
+    let s = Status {
+        mid: v.mid,
+        sid: v.sid,
+        seen: v.seen,
+        state: v.state,
+        count: v.count,
+    };
+    unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
+    s
 }
 
 /// Whether round `(mid, sid)` comes before the one `v` holds (serial-number arithmetic,
@@ -104,9 +134,8 @@ pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext)
         }
     } else if state != VersionState::Empty as u32 && older(r.mid, r.sid, v) {
         Outcome::Stale
-    } else if state == VersionState::Filling as u32 {
-        Outcome::Busy
     } else {
+        let reclaim = state == VersionState::Filling as u32;
         reduce::copy_in(v, payload, end, r.words);
         v.mid = r.mid;
         v.sid = r.sid;
@@ -117,7 +146,11 @@ pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext)
             Outcome::Complete
         } else {
             v.state = VersionState::Filling as u32;
-            Outcome::Added
+            if reclaim {
+                Outcome::Reclaimed
+            } else {
+                Outcome::Added
+            }
         }
     };
     unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };

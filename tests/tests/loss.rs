@@ -1,0 +1,177 @@
+//! Loss, duplicates and reordering, end to end in a netns lab: every allreduce stays
+//! bit-exact, and the counters show both that the impairment happened and that the
+//! recovery did.
+
+use xagg::api::{Request, Response};
+use xagg_tests::*;
+
+const WORKERS: [usize; 3] = [0, 1, 2];
+const ELEMS: usize = (2 << 20) / 4; // 2 MiB per worker, 609 segments
+
+fn delta(
+    a: &std::collections::BTreeMap<String, u64>,
+    b: &std::collections::BTreeMap<String, u64>,
+    k: &str,
+) -> u64 {
+    b[k] - a[k]
+}
+
+#[test]
+fn loss_duplicates_and_reordering_recover() {
+    if !require_root("loss_duplicates_and_reordering_recover") {
+        return;
+    }
+    let mut sw = LabSwitch::start("xtl", 3, "");
+    assert!(matches!(
+        sw.add_job(1, 862, 64, &WORKERS),
+        Response::Job { .. }
+    ));
+    let mut mid = 0;
+    let mut run =
+        |sw: &LabSwitch, what: &str, tweak: &(dyn Fn(&mut xagg::worker::WorkerParams) + Sync)| {
+            let before = sw.counters();
+            let reps = sw.allreduce_with(1, mid, &WORKERS, 47801, ELEMS, 1000 + mid as u64, |p| {
+                p.segment = 862;
+                p.slots = 64;
+                tweak(p);
+            });
+            mid += 1;
+            let retx: u64 = reps.iter().map(|r| r.retransmissions).sum();
+            let secs = reps.iter().map(|r| r.seconds).fold(0.0, f64::max);
+            eprintln!("{what}: bit-exact, {retx} retransmissions, {secs:.3} s");
+            (before, sw.counters(), retx, reps)
+        };
+
+    for rate in [0.01, 0.05, 0.20] {
+        assert!(matches!(
+            sw.api(Request::Inject {
+                drop_contribution: rate,
+                drop_result: 0.0
+            }),
+            Response::Ok
+        ));
+        let (a, b, retx, _) = run(&sw, &format!("contributions dropped at {rate}"), &|_| {});
+        assert!(
+            delta(&a, &b, "inject_drop_contribution") > 0,
+            "no contribution was dropped"
+        );
+        assert!(
+            retx >= delta(&a, &b, "inject_drop_contribution"),
+            "every drop needs a retransmission"
+        );
+
+        assert!(matches!(
+            sw.api(Request::Inject {
+                drop_contribution: 0.0,
+                drop_result: rate
+            }),
+            Response::Ok
+        ));
+        let (a, b, retx, _) = run(&sw, &format!("results dropped at {rate}"), &|_| {});
+        assert!(
+            delta(&a, &b, "inject_drop_result") > 0,
+            "no result was dropped"
+        );
+        assert!(
+            retx > 0 && delta(&a, &b, "result_replay") > 0,
+            "lost results come back as replays"
+        );
+    }
+    assert!(matches!(
+        sw.api(Request::Inject {
+            drop_contribution: 0.0,
+            drop_result: 0.0
+        }),
+        Response::Ok
+    ));
+
+    // Duplicates from the worker's egress (tc, bpf_clone_redirect): never added twice.
+    sw.lab.impair(xagg::EBPF_OBJECT, 0.0, 0.05).unwrap();
+    let (a, b, _, _) = run(&sw, "contributions duplicated at 0.05", &|_| {});
+    let (_, duplicated) = sw.lab.impair_counts().unwrap();
+    assert!(duplicated > 0, "no contribution was duplicated");
+    assert!(
+        delta(&a, &b, "drop_duplicate") + delta(&a, &b, "result_replay") > 0,
+        "the switch saw the duplicates"
+    );
+
+    // Drops on the worker's egress, before the switch.
+    sw.lab.impair(xagg::EBPF_OBJECT, 0.05, 0.0).unwrap();
+    let (_, _, retx, _) = run(
+        &sw,
+        "contributions dropped on worker egress at 0.05",
+        &|_| {},
+    );
+    let (dropped, _) = sw.lab.impair_counts().unwrap();
+    assert!(dropped > 0 && retx > 0);
+    sw.lab.impair(xagg::EBPF_OBJECT, 0.0, 0.0).unwrap();
+
+    // Reordered sends.
+    let (_, _, _, reps) = run(&sw, "reordered", &|p| p.reorder = true);
+    assert!(
+        reps.iter().all(|r| r.reordered > 0),
+        "the workers did not reorder"
+    );
+}
+
+/// A member that never contributes: the others fail within the bound, with an error that
+/// names the job, message, slots and the missing member; the slots are reclaimed by the
+/// next allreduce.
+#[test]
+fn missing_member_fails_fast_with_a_clear_error() {
+    if !require_root("missing_member_fails_fast_with_a_clear_error") {
+        return;
+    }
+    let sw = LabSwitch::start("xtm", 3, "");
+    assert!(matches!(
+        sw.add_job(2, 256, 8, &WORKERS),
+        Response::Job { .. }
+    ));
+    let started = std::time::Instant::now();
+    let err = std::thread::scope(|s| {
+        let ns = sw.lab.worker_ns(0);
+        s.spawn(move || {
+            xagg::iface::enter_netns(&ns).unwrap();
+            let sw_addr = std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, 47800);
+            let mut p = xagg::worker::WorkerParams::new(
+                sw_addr,
+                std::net::SocketAddrV4::new(xagg::lab::worker_ip(0), 47801),
+                2,
+                0,
+            );
+            p.segment = 256;
+            p.slots = 8;
+            p.give_up = std::time::Duration::from_secs(1);
+            let mut w = xagg::worker::Worker::new(p).unwrap();
+            let mut buf = vec![1i32; 4096];
+            w.allreduce_i32(&mut buf).unwrap_err()
+        })
+        .join()
+        .unwrap()
+    });
+    let took = started.elapsed();
+    let msg = err.to_string();
+    eprintln!("failed after {took:?}: {msg}");
+    assert!(took < std::time::Duration::from_secs(3), "took {took:?}");
+    assert!(msg.contains("job 2 message 0"), "{msg}");
+    assert!(
+        msg.contains("slot 0 sid 0 waits for members [1, 2]"),
+        "{msg}"
+    );
+    match sw.api(Request::JobStatus { id: 2 }) {
+        Response::JobStatus { slots } => {
+            assert_eq!(slots.len(), 8);
+            assert!(
+                slots
+                    .iter()
+                    .all(|s| s.state == "filling" && s.missing == vec![1, 2]),
+                "{slots:?}"
+            );
+        }
+        r => panic!("{r:?}"),
+    }
+    // The next allreduce reclaims the abandoned slots and completes.
+    let before = sw.counters()["slot_reclaimed"];
+    sw.allreduce(2, 1, 256, 8, &WORKERS, 47801, 4096, 5);
+    assert!(sw.counters()["slot_reclaimed"] > before);
+}
