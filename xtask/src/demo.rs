@@ -32,9 +32,50 @@ pub struct DemoArgs {
     /// Slots of the job: segments in flight per worker.
     #[arg(long, default_value_t = 128)]
     pub slots: u32,
+    /// Impair the network: "drop-contrib=F,drop-result=F,dup-contrib=F" (fractions, each
+    /// key optional). Contributions and results are dropped by the switch's fault
+    /// injection, duplicates made on each worker's egress by a tc program.
+    #[arg(long, value_parser = parse_inject)]
+    pub inject: Option<Inject>,
+    /// Workers send their segments out of order.
+    #[arg(long)]
+    pub reorder: bool,
     /// Write the run's figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Inject {
+    pub drop_contrib: f64,
+    pub drop_result: f64,
+    pub dup_contrib: f64,
+}
+
+fn parse_inject(s: &str) -> Result<Inject, String> {
+    let mut i = Inject::default();
+    for kv in s.split(',').filter(|kv| !kv.is_empty()) {
+        let (k, v) = kv
+            .split_once('=')
+            .ok_or_else(|| format!("`{kv}`: write KEY=FRACTION, e.g. drop-contrib=0.05"))?;
+        let f: f64 = v
+            .parse()
+            .map_err(|_| format!("`{v}` is not a fraction (0..1)"))?;
+        if !(0.0..=1.0).contains(&f) {
+            return Err(format!("{k}={v}: a fraction is between 0 and 1"));
+        }
+        match k {
+            "drop-contrib" => i.drop_contrib = f,
+            "drop-result" => i.drop_result = f,
+            "dup-contrib" => i.dup_contrib = f,
+            _ => {
+                return Err(format!(
+                    "unknown key `{k}`: use drop-contrib, drop-result, dup-contrib"
+                ))
+            }
+        }
+    }
+    Ok(i)
 }
 
 static DAEMON_PID: AtomicU32 = AtomicU32::new(0);
@@ -153,6 +194,19 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     }
     let add: Vec<&str> = add.iter().map(String::as_str).collect();
     print!("{}", xagg(&add)?);
+    if let Some(i) = a.inject {
+        xagg(&[
+            "inject",
+            "--drop-contrib",
+            &i.drop_contrib.to_string(),
+            "--drop-result",
+            &i.drop_result.to_string(),
+        ])?;
+        if i.dup_contrib > 0.0 {
+            lab.impair(&object, 0.0, i.dup_contrib)?;
+        }
+        println!("impairment: {i:?}");
+    }
 
     // A common start a little ahead, so every worker has its data ready before the clock.
     let start_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64
@@ -186,6 +240,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
                     "--verify",
                 ])
                 .args(["--start-at", &start_ns.to_string(), "--json"])
+                .args(a.reorder.then_some("--reorder"))
                 .stdout(Stdio::piped())
                 .spawn()
                 .context("starting a worker")
@@ -221,6 +276,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         .sum();
     let goodput = a.size as f64 * 8.0 / seconds / 1e9;
     let counters: Value = serde_json::from_str(&xagg(&["counters", "--json"])?)?;
+    let (_, duplicated) = lab.impair_counts()?;
 
     println!();
     println!(
@@ -241,7 +297,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     println!("switch counters:");
     if let Some(m) = counters.as_object() {
         for (k, v) in m.iter().filter(|(_, v)| v.as_u64() != Some(0)) {
-            println!("  {k:>18} {v}");
+            println!("  {k:>24} {v}");
         }
     }
     println!();
@@ -250,6 +306,9 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         human(a.size),
         if verified { "VERIFIED bit-exact on every worker" } else { "WRONG" }
     );
+    if retransmissions > 0 || a.inject.is_some() {
+        println!("recovery: {retransmissions} retransmissions; {duplicated} contributions duplicated on worker egress");
+    }
     let report = json!({
         "workers": n,
         "bytes_per_worker": a.size,
@@ -261,6 +320,13 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         "goodput_gbps": goodput,
         "verified": verified,
         "retransmissions": retransmissions,
+        "impairment": a.inject.map(|i| json!({
+            "drop_contrib": i.drop_contrib, "drop_result": i.drop_result, "dup_contrib": i.dup_contrib,
+            "contributions_dropped": counters["inject_drop_contribution"],
+            "results_dropped": counters["inject_drop_result"],
+            "contributions_duplicated": duplicated,
+        })),
+        "reorder": a.reorder,
         "per_worker": per_worker.iter().map(|w| json!({
             "member": w["member"], "seconds": w["seconds"], "goodput_gbps": w["goodput_gbps"], "verified": w["verified"],
         })).collect::<Vec<_>>(),

@@ -148,6 +148,9 @@ struct AllreduceArgs {
     /// Allreduces to run.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
+    /// Test option: send segments out of order.
+    #[arg(long)]
+    reorder: bool,
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
@@ -429,6 +432,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         .context("--slots is required (the job's slot count)")?;
     p.first_mid = a.mid;
     p.give_up = Duration::from_millis(a.give_up_ms);
+    p.reorder = a.reorder;
     if p.dtype != DType::I32 {
         bail!(
             "this worker allreduces i32 buffers; --dtype {} is not available here yet",
@@ -487,6 +491,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             "seconds_all": reports.iter().map(|r| r.seconds).collect::<Vec<_>>(),
             "goodput_gbps": last.goodput_gbps,
             "retransmissions": retx,
+            "reordered": reports.iter().map(|r| r.reordered).sum::<u64>(),
             "verified": a.verify && verified,
         });
         println!("{out}");
