@@ -135,8 +135,27 @@ impl LabSwitch {
         slots: u32,
         workers: &[usize],
     ) -> xagg::api::Response {
+        self.add_job_on(id, segment, slots, workers, xagg::lab::WORKER_PORT)
+    }
+
+    /// [`Self::add_job`] with the members' UDP port (a worker in several jobs uses one
+    /// port per job).
+    pub fn add_job_on(
+        &self,
+        id: u32,
+        segment: u16,
+        slots: u32,
+        workers: &[usize],
+        port: u16,
+    ) -> xagg::api::Response {
         let all = self.lab.members().unwrap();
-        let members = workers.iter().map(|&w| all[w].clone()).collect();
+        let members = workers
+            .iter()
+            .map(|&w| xagg::job::MemberSpec {
+                addr: std::net::SocketAddrV4::new(*all[w].addr.ip(), port),
+                ..all[w].clone()
+            })
+            .collect();
         self.api(xagg::api::Request::AddJob {
             job: xagg::job::JobSpec {
                 id,

@@ -177,3 +177,63 @@ fn clear_errors() {
         "{e}"
     );
 }
+
+/// The daemon stopped gracefully and killed in the middle of an allreduce: the allreduce
+/// completes bit-exactly, the job is still there, the counters continue.
+#[test]
+fn restart_during_an_allreduce() {
+    if !require_root("restart_during_an_allreduce") {
+        return;
+    }
+    let mut sw = LabSwitch::start("xtk", 2, "");
+    assert!(matches!(sw.add_job(6, 862, 64, &[0, 1]), Response::Job { .. }));
+    let elems = (256 << 20) / 4;
+    let complete = |sw: &LabSwitch| sw.counters()["complete"];
+    let mut daemon = sw.daemon.take().unwrap();
+    let sw_ref = &sw;
+    let last = std::thread::scope(|s| {
+        let sw = sw_ref;
+        let run = s.spawn(|| {
+            // The helper verifies the result bit-exactly.
+            sw.allreduce(6, 0, 862, 64, &[0, 1], 47801, elems, 9);
+        });
+        // Wait until the allreduce is under way.
+        while complete(&sw) == 0 {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let socket = sw.socket.clone();
+        let log = sw.log.clone();
+        let config = sw.config.clone();
+        let mid_run = xagg::api::call(&socket, &Request::Counters).unwrap();
+        Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status().unwrap();
+        assert!(daemon.wait().unwrap().success());
+        let start = |_: ()| {
+            let l = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
+            let c = Command::new(bin("xaggd")).arg("--config").arg(&config).stdout(l.try_clone().unwrap()).stderr(l).spawn().unwrap();
+            while xagg::api::call(&socket, &Request::Status).is_err() {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            c
+        };
+        let mut daemon = start(());
+        daemon.kill().unwrap();
+        daemon.wait().unwrap();
+        let daemon = start(());
+        assert!(!run.is_finished(), "the allreduce ended before the restarts: make it longer");
+        run.join().expect("the allreduce completes across restarts");
+        let after = xagg::api::call(&socket, &Request::Counters).unwrap();
+        match (mid_run, after) {
+            (Response::Counters { counters: a }, Response::Counters { counters: b }) => {
+                assert!(b["complete"] > a["complete"], "counters continue");
+                assert_eq!(b["complete"], elems.div_ceil(862) as u64);
+            }
+            r => panic!("{r:?}"),
+        }
+        daemon
+    });
+    sw.daemon = Some(last);
+    match sw.api(Request::ListJobs) {
+        Response::Jobs { jobs } => assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![6]),
+        r => panic!("{r:?}"),
+    }
+}
