@@ -433,34 +433,23 @@ impl Worker {
 
     /// Checks a received datagram against the segments in flight and writes its result
     /// into `buf`; returns the slot it completed.
-    fn accept(
-        &self,
-        d: &[u8],
-        mid: u32,
-        flight: &[Option<InFlight>],
-        buf: &mut [u8],
-        seg_bytes: usize,
-    ) -> Option<usize> {
-        let h = Header::from_bytes(d)?;
-        if h.version != wire::VERSION
-            || h.kind != Kind::Result as u8
-            || h.jid() != self.p.job
-            || h.mid() != mid
-        {
+    fn accept(&self, d: &[u8], mid: u32, flight: &[Option<InFlight>], buf: &mut [u8], seg_bytes: usize) -> Option<usize> {
+        let p = wire::decode(d).ok()?;
+        let h = p.header;
+        if h.kind != Kind::Result as u8 || h.jid() != self.p.job || h.mid() != mid {
             return None;
         }
         let slot = h.seg() as usize;
         let f = flight.get(slot)?.as_ref()?;
-        if f.seg as u32 != h.sid() || h.epoch() as u8 != f.epoch {
+        if f.seg as u32 != h.sid() || h.epoch() as u8 != f.epoch || h.dtype != self.p.dtype as u8 {
             return None;
         }
-        let size = self.p.dtype.size();
         let lo = f.seg * seg_bytes;
         let hi = (lo + seg_bytes).min(buf.len());
-        if h.count() as usize * size != hi - lo || d.len() < HEADER_LEN + (hi - lo) {
+        if p.payload.len() != hi - lo {
             return None;
         }
-        buf[lo..hi].copy_from_slice(&d[HEADER_LEN..HEADER_LEN + (hi - lo)]);
+        buf[lo..hi].copy_from_slice(p.payload);
         Some(slot)
     }
 }

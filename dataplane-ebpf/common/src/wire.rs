@@ -188,6 +188,61 @@ pub fn encode(h: &Header, payload: &[u8], out: &mut [u8]) -> Option<usize> {
     Some(len)
 }
 
+/// Payload bytes of a status query or reply: the members already in a slot version and
+/// all the job's members, two little-endian u64.
+pub const STATUS_PAYLOAD: usize = 16;
+
+/// Why a datagram is not a well-formed collective packet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DecodeError {
+    /// Shorter than a header.
+    Short,
+    Version(u8),
+    Kind(u8),
+    Op(u8),
+    DType(u8),
+    /// Element count of zero.
+    Count,
+    /// Length does not match the element count (or, for status packets, 16 bytes).
+    Length,
+}
+
+/// A decoded collective packet: its header and its payload without padding.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Packet<'a> {
+    pub header: Header,
+    pub payload: &'a [u8],
+}
+
+/// Decodes and checks a UDP payload: the user-space counterpart of the switch's parser.
+pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
+    let header = Header::from_bytes(d).ok_or(DecodeError::Short)?;
+    if header.version != VERSION {
+        return Err(DecodeError::Version(header.version));
+    }
+    let kind = Kind::from_u8(header.kind).ok_or(DecodeError::Kind(header.kind))?;
+    let body = &d[HEADER_LEN..];
+    if matches!(kind, Kind::StatusQuery | Kind::StatusReply) {
+        if body.len() != STATUS_PAYLOAD {
+            return Err(DecodeError::Length);
+        }
+        return Ok(Packet { header, payload: body });
+    }
+    Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
+    let dtype = DType::from_u8(header.dtype).ok_or(DecodeError::DType(header.dtype))?;
+    let count = header.count() as usize;
+    if count == 0 {
+        return Err(DecodeError::Count);
+    }
+    if body.len() != payload_len(count, dtype.size()) {
+        return Err(DecodeError::Length);
+    }
+    Ok(Packet {
+        header,
+        payload: &body[..count * dtype.size()],
+    })
+}
+
 /// Execution status carried in results (seed 000's "execution status").
 pub mod status {
     pub const OK: u8 = 0;
@@ -353,6 +408,21 @@ mod tests {
         assert_eq!(h.count(), 256);
         assert_eq!(h.epoch(), 1);
         assert_eq!(Header::from_bytes(&b[..29]), None);
+    }
+
+    #[test]
+    fn decode_checks_lengths() {
+        let h = Header::new(Kind::Result, Op::Sum, DType::I32, 1, 2, 3, 4, 0, 0, 3);
+        let mut buf = [0u8; 64];
+        let n = encode(&h, &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0], &mut buf).unwrap();
+        assert_eq!(n, HEADER_LEN + 16);
+        let p = decode(&buf[..n]).unwrap();
+        assert_eq!((p.header, p.payload.len()), (h, 12));
+        assert_eq!(decode(&buf[..n - 1]), Err(DecodeError::Length));
+        assert_eq!(decode(&buf[..n + 8]), Err(DecodeError::Length));
+        assert_eq!(decode(&buf[..10]), Err(DecodeError::Short));
+        buf[0] = 2;
+        assert_eq!(decode(&buf[..n]), Err(DecodeError::Version(2)));
     }
 
     #[test]
