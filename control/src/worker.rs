@@ -433,7 +433,14 @@ impl Worker {
 
     /// Checks a received datagram against the segments in flight and writes its result
     /// into `buf`; returns the slot it completed.
-    fn accept(&self, d: &[u8], mid: u32, flight: &[Option<InFlight>], buf: &mut [u8], seg_bytes: usize) -> Option<usize> {
+    fn accept(
+        &self,
+        d: &[u8],
+        mid: u32,
+        flight: &[Option<InFlight>],
+        buf: &mut [u8],
+        seg_bytes: usize,
+    ) -> Option<usize> {
         let p = wire::decode(d).ok()?;
         let h = p.header;
         if h.kind != Kind::Result as u8 || h.jid() != self.p.job || h.mid() != mid {

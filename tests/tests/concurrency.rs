@@ -113,7 +113,7 @@ fn two_cpus_one_slot() {
     assert_eq!(completions, ROUNDS);
     assert_eq!(sw.counter(Counter::Complete), ROUNDS as u64);
     assert_eq!(
-        sw.counter(Counter::DropDuplicate) + sw.counter(Counter::DropSlotBusy),
+        sw.counter(Counter::DropDuplicate) + sw.counter(Counter::SlotReclaimed),
         0
     );
 }

@@ -186,7 +186,10 @@ fn restart_during_an_allreduce() {
         return;
     }
     let mut sw = LabSwitch::start("xtk", 2, "");
-    assert!(matches!(sw.add_job(6, 862, 64, &[0, 1]), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job(6, 862, 64, &[0, 1]),
+        Response::Job { .. }
+    ));
     let elems = (256 << 20) / 4;
     let complete = |sw: &LabSwitch| sw.counters()["complete"];
     let mut daemon = sw.daemon.take().unwrap();
@@ -198,18 +201,28 @@ fn restart_during_an_allreduce() {
             sw.allreduce(6, 0, 862, 64, &[0, 1], 47801, elems, 9);
         });
         // Wait until the allreduce is under way.
-        while complete(&sw) == 0 {
+        while complete(sw) == 0 {
             std::thread::sleep(std::time::Duration::from_millis(5));
         }
         let socket = sw.socket.clone();
         let log = sw.log.clone();
         let config = sw.config.clone();
         let mid_run = xagg::api::call(&socket, &Request::Counters).unwrap();
-        Command::new("kill").arg("-TERM").arg(daemon.id().to_string()).status().unwrap();
+        Command::new("kill")
+            .arg("-TERM")
+            .arg(daemon.id().to_string())
+            .status()
+            .unwrap();
         assert!(daemon.wait().unwrap().success());
         let start = |_: ()| {
             let l = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-            let c = Command::new(bin("xaggd")).arg("--config").arg(&config).stdout(l.try_clone().unwrap()).stderr(l).spawn().unwrap();
+            let c = Command::new(bin("xaggd"))
+                .arg("--config")
+                .arg(&config)
+                .stdout(l.try_clone().unwrap())
+                .stderr(l)
+                .spawn()
+                .unwrap();
             while xagg::api::call(&socket, &Request::Status).is_err() {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
@@ -219,7 +232,10 @@ fn restart_during_an_allreduce() {
         daemon.kill().unwrap();
         daemon.wait().unwrap();
         let daemon = start(());
-        assert!(!run.is_finished(), "the allreduce ended before the restarts: make it longer");
+        assert!(
+            !run.is_finished(),
+            "the allreduce ended before the restarts: make it longer"
+        );
         run.join().expect("the allreduce completes across restarts");
         let after = xagg::api::call(&socket, &Request::Counters).unwrap();
         match (mid_run, after) {
@@ -233,7 +249,9 @@ fn restart_during_an_allreduce() {
     });
     sw.daemon = Some(last);
     match sw.api(Request::ListJobs) {
-        Response::Jobs { jobs } => assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![6]),
+        Response::Jobs { jobs } => {
+            assert_eq!(jobs.iter().map(|j| j.id).collect::<Vec<_>>(), vec![6])
+        }
         r => panic!("{r:?}"),
     }
 }

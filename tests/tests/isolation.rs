@@ -6,7 +6,16 @@ use std::time::Duration;
 use xagg::api::{Request, Response};
 use xagg_tests::*;
 
-const JOBS: [&[usize]; 8] = [&[0, 1], &[2, 3], &[0, 2], &[1, 3], &[0, 1, 2, 3], &[0, 3], &[1, 2], &[0, 1, 2]];
+const JOBS: [&[usize]; 8] = [
+    &[0, 1],
+    &[2, 3],
+    &[0, 2],
+    &[1, 3],
+    &[0, 1, 2, 3],
+    &[0, 3],
+    &[1, 2],
+    &[0, 1, 2],
+];
 
 fn port(job: u32) -> u16 {
     47810 + job as u16
@@ -20,10 +29,19 @@ fn eight_jobs_at_once_and_one_removed_midway() {
     let sw = LabSwitch::start("xti", 4, "");
     for (j, workers) in JOBS.iter().enumerate() {
         let id = j as u32 + 1;
-        assert!(matches!(sw.add_job_on(id, 256, 8, workers, port(id)), Response::Job { .. }), "job {id}");
+        assert!(
+            matches!(
+                sw.add_job_on(id, 256, 8, workers, port(id)),
+                Response::Job { .. }
+            ),
+            "job {id}"
+        );
     }
     // Job 9 shares workers 0 and 1 with others, and is removed while everything runs.
-    assert!(matches!(sw.add_job_on(9, 256, 8, &[0, 1], port(9)), Response::Job { .. }));
+    assert!(matches!(
+        sw.add_job_on(9, 256, 8, &[0, 1], port(9)),
+        Response::Job { .. }
+    ));
     let elems = (1 << 20) / 4;
     let victim_errors = std::thread::scope(|s| {
         let jobs: Vec<_> = JOBS
@@ -35,7 +53,16 @@ fn eight_jobs_at_once_and_one_removed_midway() {
                     let id = j as u32 + 1;
                     // Two allreduces per job, each verified bit-exactly by the helper.
                     for mid in 0..2 {
-                        sw.allreduce(id, mid, 256, 8, workers, port(id), elems, 100 * id as u64 + mid as u64);
+                        sw.allreduce(
+                            id,
+                            mid,
+                            256,
+                            8,
+                            workers,
+                            port(id),
+                            elems,
+                            100 * id as u64 + mid as u64,
+                        );
                     }
                 })
             })
@@ -63,14 +90,20 @@ fn eight_jobs_at_once_and_one_removed_midway() {
         for j in jobs {
             j.join().expect("a job was disturbed");
         }
-        victims.into_iter().map(|v| v.join().unwrap()).collect::<Vec<_>>()
+        victims
+            .into_iter()
+            .map(|v| v.join().unwrap())
+            .collect::<Vec<_>>()
     });
     for e in victim_errors {
         let e = e.expect("job 9's workers fail once it is removed");
         assert!(e.to_string().contains("job 9"), "{e}");
     }
     let c = sw.counters();
-    assert!(c["drop_unknown_job"] > 0, "job 9's packets after removal: {c:?}");
+    assert!(
+        c["drop_unknown_job"] > 0,
+        "job 9's packets after removal: {c:?}"
+    );
     match sw.api(Request::ListJobs) {
         Response::Jobs { jobs } => assert_eq!(jobs.len(), 8),
         r => panic!("{r:?}"),

@@ -69,7 +69,13 @@ pub fn setup() -> Result<()> {
     }
     if !succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
         eprintln!("setup: installing cargo-fuzz (for the decoder's fuzz target)");
-        run(Command::new("cargo").args(["install", "cargo-fuzz", "--version", "0.13.2", "--locked"]))?;
+        run(Command::new("cargo").args([
+            "install",
+            "cargo-fuzz",
+            "--version",
+            "0.13.2",
+            "--locked",
+        ]))?;
     }
     if !succeeds(Command::new("bpf-linker").arg("--version")) {
         if !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists() {

@@ -226,7 +226,10 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
         if body.len() != STATUS_PAYLOAD {
             return Err(DecodeError::Length);
         }
-        return Ok(Packet { header, payload: body });
+        return Ok(Packet {
+            header,
+            payload: body,
+        });
     }
     Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
     let dtype = DType::from_u8(header.dtype).ok_or(DecodeError::DType(header.dtype))?;
