@@ -34,10 +34,14 @@ pub struct SlotVersion {
     pub state: u32,
     /// Elements in this round's segment.
     pub count: u32,
+    /// Block exponent of the data (block floating point lanes).
+    pub exponent: i32,
+    /// Sticky `enc_flags` of the contributions (non-finite input, overflow).
+    pub flags: u32,
     pub data: [u64; SLOT_WORDS],
 }
 
-const _: () = assert!(core::mem::size_of::<SlotVersion>() == 24 + MAX_PAYLOAD);
+const _: () = assert!(core::mem::size_of::<SlotVersion>() == 32 + MAX_PAYLOAD);
 
 /// User-space image of a `SLOTS` entry (the kernel side has a `bpf_spin_lock` where this has
 /// `lock`).

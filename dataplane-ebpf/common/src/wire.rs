@@ -162,9 +162,77 @@ impl DType {
         }
     }
 
-    /// Most elements of this type one segment can carry.
+    /// Most elements of this type one segment can carry when each travels in `size()`
+    /// bytes; see [`max_elements`] for a job's op.
     pub const fn max_elements(self) -> usize {
         MAX_PAYLOAD / self.size()
+    }
+}
+
+/// How elements of a job travel and are reduced: the wire encoding chosen by the job's op
+/// and data type. The switch works on lanes only; the worker library converts.
+#[repr(u8)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Lane {
+    /// Signed 32-bit integers.
+    I32 = 1,
+    /// Unsigned 32-bit integers.
+    U32 = 2,
+    /// Signed 64-bit integers (also the widened sums of `avg` over i32 and u32).
+    I64 = 3,
+    /// Block floating point: signed 32-bit mantissas scaled by 2^`exponent` of the packet;
+    /// the switch aligns blocks to the larger exponent before adding.
+    Bfp32 = 4,
+    /// Order-preserving unsigned 32-bit keys of floats (min and max).
+    Key32 = 5,
+}
+
+impl Lane {
+    /// Bytes per element on the wire.
+    pub const fn size(self) -> usize {
+        match self {
+            Self::I64 => 8,
+            _ => 4,
+        }
+    }
+
+    pub const fn from_u8(v: u8) -> Option<Self> {
+        match v {
+            1 => Some(Self::I32),
+            2 => Some(Self::U32),
+            3 => Some(Self::I64),
+            4 => Some(Self::Bfp32),
+            5 => Some(Self::Key32),
+            _ => None,
+        }
+    }
+}
+
+/// The wire encoding of `op` over `dtype`, or `None` if the switch does not reduce it
+/// (products and bitwise ops of floats).
+pub const fn lane(op: Op, dtype: DType) -> Option<Lane> {
+    match (op, dtype) {
+        (Op::Avg, DType::I32 | DType::U32) => Some(Lane::I64),
+        (_, DType::I32) => Some(Lane::I32),
+        (_, DType::U32) => Some(Lane::U32),
+        (_, DType::I64) => Some(Lane::I64),
+        (Op::Sum | Op::Avg, _) => Some(Lane::Bfp32),
+        (Op::Min | Op::Max, _) => Some(Lane::Key32),
+        _ => None,
+    }
+}
+
+/// `enc_flags` bit: some member's segment held NaN or an infinity that the encoding cannot
+/// carry; the switch keeps it sticky in the slot and returns it with the result.
+pub const ENC_NONFINITE: u16 = 1 << 0;
+/// `enc_flags` bit: a signed 64-bit sum overflowed (`avg` over i64 reports it).
+pub const ENC_OVERFLOW: u16 = 1 << 1;
+
+/// Most elements one segment of `op` over `dtype` carries.
+pub const fn max_elements(op: Op, dtype: DType) -> usize {
+    match lane(op, dtype) {
+        Some(l) => MAX_PAYLOAD / l.size(),
+        None => 0,
     }
 }
 
@@ -231,18 +299,22 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
             payload: body,
         });
     }
-    Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
+    let op = Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
     let dtype = DType::from_u8(header.dtype).ok_or(DecodeError::DType(header.dtype))?;
+    let size = match lane(op, dtype) {
+        Some(l) => l.size(),
+        None => return Err(DecodeError::Op(header.op)),
+    };
     let count = header.count() as usize;
     if count == 0 {
         return Err(DecodeError::Count);
     }
-    if body.len() != payload_len(count, dtype.size()) {
+    if body.len() != payload_len(count, size) {
         return Err(DecodeError::Length);
     }
     Ok(Packet {
         header,
-        payload: &body[..count * dtype.size()],
+        payload: &body[..count * size],
     })
 }
 
@@ -333,6 +405,10 @@ impl Header {
     #[inline(always)]
     pub const fn count(&self) -> u16 {
         u16::from_be_bytes(self.count)
+    }
+    #[inline(always)]
+    pub const fn enc_flags(&self) -> u16 {
+        u16::from_be_bytes(self.enc_flags)
     }
     #[inline(always)]
     pub const fn epoch(&self) -> usize {

@@ -151,10 +151,11 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if elems == 0 || elems > job.seg_elems as usize {
         return Err(Counter::DropBadCount);
     }
-    let size = match wire::DType::from_u8(job.dtype) {
-        Some(t) => t.size(),
-        None => return Err(Counter::DropBadOp),
+    let lane = match (wire::Op::from_u8(job.op), wire::DType::from_u8(job.dtype)) {
+        (Some(op), Some(dtype)) => wire::lane(op, dtype).ok_or(Counter::DropBadOp)?,
+        _ => return Err(Counter::DropBadOp),
     };
+    let size = lane.size();
     let words = wire::payload_len(elems, size) / 8;
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
@@ -175,11 +176,15 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         words,
         op: job.op,
         dtype: job.dtype,
+        lane: lane as u8,
+        exponent: hdr.exponent as i32,
+        flags: hdr.enc_flags() as u32,
     };
-    match unsafe { slot::accept(slot, hdr.epoch(), &round, ctx) } {
+    let (outcome, stored) = unsafe { slot::accept(slot, hdr.epoch(), &round, ctx) };
+    match outcome {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Complete => {
-            frame.make_result(cfg);
+            frame.make_result(cfg, &stored);
             match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
                 Ok(action) => Ok((action, Counter::Complete)),
                 Err(_) => Err(Counter::RedirectError),
@@ -189,6 +194,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
             if inject(faults().drop_result) {
                 return Err(Counter::InjectDropResult);
             }
+            frame.result_header(&stored);
             frame.make_reply(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
         }

@@ -9,7 +9,7 @@ use xagg_common::{
     Counter,
 };
 
-use crate::slot::Status;
+use crate::slot::{Status, Stored};
 
 const ETH_P_IPV4: u16 = 0x0800;
 const IPPROTO_UDP: u8 = 17;
@@ -91,13 +91,21 @@ impl Frame {
     /// martian check — the completing member's own copy included. The egress program fills
     /// in each copy's destination.
     #[inline(always)]
-    pub fn make_result(&self, cfg: &SwitchConfig) {
-        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.kind = Kind::Result as u8;
+    pub fn make_result(&self, cfg: &SwitchConfig, stored: &Stored) {
+        self.result_header(stored);
         let ip = unsafe { &mut *((self.data + IP_OFF) as *mut Ipv4Hdr) };
         ip.src_addr = cfg.ip;
         let udp = unsafe { &mut *((self.data + UDP_OFF) as *mut UdpHdr) };
         udp.src = cfg.port;
+    }
+
+    /// Marks the frame a result and gives it the stored block exponent and flags.
+    #[inline(always)]
+    pub fn result_header(&self, stored: &Stored) {
+        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
+        hdr.kind = Kind::Result as u8;
+        hdr.exponent = stored.exponent as i8;
+        hdr.enc_flags = (stored.flags as u16).to_be_bytes();
     }
 
     /// Turns a retransmitted contribution (whose payload now holds the stored result) into

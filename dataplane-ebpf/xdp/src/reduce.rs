@@ -1,9 +1,10 @@
-//! The reductions, over 64-bit words of payload. Called with the slot's lock held, so
-//! everything is inlined and loops have constant bounds.
+//! The reductions, over 64-bit words of payload: two 32-bit lanes or one 64-bit lane per
+//! word. Called with the slot's lock held, so everything is inlined and loops have
+//! constant bounds.
 
 use xagg_common::{
     slot::SLOT_WORDS,
-    wire::{DType, Op},
+    wire::{DType, Lane, Op, ENC_OVERFLOW},
     SlotVersion,
 };
 
@@ -18,6 +19,20 @@ const LANE_SIGN: u64 = 0x8000_0000_8000_0000;
 #[inline(always)]
 fn add_32x2(a: u64, b: u64) -> u64 {
     ((a & !LANE_SIGN) + (b & !LANE_SIGN)) ^ ((a ^ b) & LANE_SIGN)
+}
+
+/// `f` applied to the low and the high 32-bit lanes.
+#[inline(always)]
+fn lanes(a: u64, b: u64, f: impl Fn(u32, u32) -> u32) -> u64 {
+    let lo = f(a as u32, b as u32) as u64;
+    let hi = f((a >> 32) as u32, (b >> 32) as u32) as u64;
+    hi << 32 | lo
+}
+
+/// Arithmetic shift right of both signed 32-bit lanes by `s` (0..=31).
+#[inline(always)]
+fn sar_32x2(x: u64, s: u32) -> u64 {
+    lanes(x, 0, |a, _| ((a as i32) >> s) as u32)
 }
 
 /// `v.data[i] = f(v.data[i], payload[i])` for each word of the round; with `write`, also
@@ -49,16 +64,54 @@ macro_rules! fold_words {
 #[inline(always)]
 pub fn fold(v: &mut SlotVersion, payload: usize, end: usize, r: &Round, write: bool) {
     const SUM: u8 = Op::Sum as u8;
+    const MIN: u8 = Op::Min as u8;
+    const MAX: u8 = Op::Max as u8;
+    const AVG: u8 = Op::Avg as u8;
+    const PROD: u8 = Op::Prod as u8;
     const AND: u8 = Op::And as u8;
     const OR: u8 = Op::Or as u8;
     const XOR: u8 = Op::Xor as u8;
-    const I32: u8 = DType::I32 as u8;
-    const U32: u8 = DType::U32 as u8;
-    const I64: u8 = DType::I64 as u8;
+    const I32: u8 = Lane::I32 as u8;
+    const U32: u8 = Lane::U32 as u8;
+    const I64: u8 = Lane::I64 as u8;
+    const BFP: u8 = Lane::Bfp32 as u8;
+    const KEY: u8 = Lane::Key32 as u8;
     let w = r.words;
-    match (r.op, r.dtype) {
+    match (r.op, r.lane) {
         (SUM, I32 | U32) => fold_words!(v, payload, end, w, write, |a, b| add_32x2(a, b)),
-        (SUM, I64) => fold_words!(v, payload, end, w, write, |a, b| a.wrapping_add(b)),
+        (AVG, I64) if r.dtype == DType::I64 as u8 => {
+            // The mean of i64 needs the exact sum: an overflow is reported, not wrapped.
+            let mut ovf = 0u64;
+            fold_words!(v, payload, end, w, write, |a, b| {
+                let s = a.wrapping_add(b);
+                ovf |= (!(a ^ b) & (a ^ s)) >> 63;
+                s
+            });
+            if ovf != 0 {
+                v.flags |= ENC_OVERFLOW as u32;
+            }
+        }
+        (SUM | AVG, I64) => fold_words!(v, payload, end, w, write, |a, b| a.wrapping_add(b)),
+        (SUM | AVG, BFP) => {
+            // Align both blocks to the larger exponent, then add the mantissas.
+            let (sa, sb) = if r.exponent > v.exponent {
+                ((r.exponent - v.exponent).min(31) as u32, 0)
+            } else {
+                (0, (v.exponent - r.exponent).min(31) as u32)
+            };
+            fold_words!(v, payload, end, w, write, |a, b| add_32x2(sar_32x2(a, sa), sar_32x2(b, sb)));
+            if r.exponent > v.exponent {
+                v.exponent = r.exponent;
+            }
+        }
+        (MIN, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| (x as i32).min(y as i32) as u32)),
+        (MIN, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x.min(y))),
+        (MIN, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).min(b as i64) as u64),
+        (MAX, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| (x as i32).max(y as i32) as u32)),
+        (MAX, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x.max(y))),
+        (MAX, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).max(b as i64) as u64),
+        (PROD, I32 | U32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x.wrapping_mul(y))),
+        (PROD, I64) => fold_words!(v, payload, end, w, write, |a, b| a.wrapping_mul(b)),
         (AND, _) => fold_words!(v, payload, end, w, write, |a, b| a & b),
         (OR, _) => fold_words!(v, payload, end, w, write, |a, b| a | b),
         (XOR, _) => fold_words!(v, payload, end, w, write, |a, b| a ^ b),

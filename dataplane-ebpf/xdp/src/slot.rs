@@ -46,6 +46,19 @@ pub struct Round {
     pub words: usize,
     pub op: u8,
     pub dtype: u8,
+    /// The wire encoding (`xagg_common::wire::Lane`).
+    pub lane: u8,
+    /// The packet's block exponent and `enc_flags`.
+    pub exponent: i32,
+    pub flags: u32,
+}
+
+/// What a finished version holds besides its data: the result header's block exponent
+/// and sticky flags.
+#[derive(Default)]
+pub struct Stored {
+    pub exponent: i32,
+    pub flags: u32,
 }
 
 pub enum Outcome {
@@ -104,7 +117,7 @@ fn older(mid: u32, sid: u32, v: &SlotVersion) -> bool {
 /// `slot` must point into the `SLOTS` map, and the caller must have checked that the
 /// frame holds `r.words` words of payload.
 #[inline(always)]
-pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext) -> Outcome {
+pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext) -> (Outcome, Stored) {
     // Packet pointers are derived again here so the verifier sees each payload access
     // checked against data_end inside the loops.
     let payload = ctx.data() + PAYLOAD_OFFSET;
@@ -124,11 +137,13 @@ pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext)
             }
         } else if v.seen | r.bit == r.members {
             reduce::fold(v, payload, end, r, true);
+            v.flags |= r.flags;
             v.seen |= r.bit;
             v.state = VersionState::Done as u32;
             Outcome::Complete
         } else {
             reduce::fold(v, payload, end, r, false);
+            v.flags |= r.flags;
             v.seen |= r.bit;
             Outcome::Added
         }
@@ -140,6 +155,8 @@ pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext)
         v.mid = r.mid;
         v.sid = r.sid;
         v.count = r.elems;
+        v.exponent = r.exponent;
+        v.flags = r.flags;
         v.seen = r.bit;
         if r.bit == r.members {
             v.state = VersionState::Done as u32;
@@ -153,6 +170,10 @@ pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext)
             }
         }
     };
+    let stored = Stored {
+        exponent: v.exponent,
+        flags: v.flags,
+    };
     unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
-    outcome
+    (outcome, stored)
 }
