@@ -32,3 +32,170 @@ pub fn expected_sum(seed: u64, members: u32, len: usize) -> Vec<i32> {
     }
     out
 }
+
+use half::{bf16, f16};
+use xagg_common::wire::{DType, Op};
+
+use crate::codec;
+
+/// Member `member`'s buffer of `n` elements of `dtype` (little-endian bytes). Integers are
+/// uniform over their range; floats look like gradients: mostly small values around zero,
+/// one in a hundred large, some exact zeros.
+pub fn generate(dtype: DType, seed: u64, member: u32, n: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(n * dtype.size());
+    for i in 0..n {
+        let r = mix(seed ^ ((member as u64) << 40) ^ i as u64);
+        match dtype {
+            DType::I32 | DType::U32 => out.extend_from_slice(&(r as u32).to_le_bytes()),
+            DType::I64 => out.extend_from_slice(&r.to_le_bytes()),
+            _ => {
+                let unit = (r >> 11) as f64 / (1u64 << 53) as f64 * 2.0 - 1.0;
+                let x = match r % 100 {
+                    0 => unit * 100.0,
+                    1..=4 => 0.0,
+                    _ => unit * 1e-3,
+                } as f32;
+                match dtype {
+                    DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
+                    DType::F16 => out.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
+                    _ => out.extend_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
+                }
+            }
+        }
+    }
+    out
+}
+
+fn as_f64(dtype: DType, b: &[u8]) -> f64 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes(b[..4].try_into().unwrap()) as f64,
+        DType::F16 => f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+        _ => bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
+    }
+}
+
+/// Relative rounding of a value converted to `dtype`, and the smallest step near zero.
+fn rounding(dtype: DType) -> (f64, f64) {
+    match dtype {
+        DType::F32 => (2f64.powi(-24), 2f64.powi(-149)),
+        DType::F16 => (2f64.powi(-11), 2f64.powi(-24)),
+        _ => (2f64.powi(-8), 2f64.powi(-133)),
+    }
+}
+
+/// Checks `result` (the allreduce of `inputs`, one buffer per member, cut into segments of
+/// `segment` elements) against the documented semantics of `op` over `dtype`: exact for
+/// integers and for min/max of floats; for sums and means of floats within the block
+/// floating point bound of docs/types.md against an f64 reference. Returns the first
+/// mismatch, or the largest float error relative to its bound.
+pub fn check(
+    op: Op,
+    dtype: DType,
+    segment: usize,
+    inputs: &[Vec<u8>],
+    result: &[u8],
+) -> Result<f64, String> {
+    let size = dtype.size();
+    let n = result.len() / size;
+    let members = inputs.len();
+    let int = |m: usize, i: usize| -> i128 {
+        let b = &inputs[m][i * size..i * size + size];
+        match dtype {
+            DType::I32 => i32::from_le_bytes(b.try_into().unwrap()) as i128,
+            DType::U32 => u32::from_le_bytes(b.try_into().unwrap()) as i128,
+            _ => i64::from_le_bytes(b.try_into().unwrap()) as i128,
+        }
+    };
+    let bits = (size * 8) as u32;
+    let wrap = |v: i128| -> i128 {
+        let m = v.rem_euclid(1i128 << bits);
+        if dtype != DType::U32 && m >= 1i128 << (bits - 1) {
+            m - (1i128 << bits)
+        } else {
+            m
+        }
+    };
+    let mut worst = 0f64;
+    for i in 0..n {
+        let got = &result[i * size..i * size + size];
+        if matches!(dtype, DType::I32 | DType::U32 | DType::I64) {
+            let g = match dtype {
+                DType::I32 => i32::from_le_bytes(got.try_into().unwrap()) as i128,
+                DType::U32 => u32::from_le_bytes(got.try_into().unwrap()) as i128,
+                _ => i64::from_le_bytes(got.try_into().unwrap()) as i128,
+            };
+            let vals = (0..members).map(|m| int(m, i));
+            let want = match op {
+                Op::Sum => wrap(vals.sum()),
+                Op::Prod => vals.fold(1i128, |a, b| wrap(a * b)),
+                Op::Min => vals.min().unwrap(),
+                Op::Max => vals.max().unwrap(),
+                Op::Avg => vals.sum::<i128>().div_euclid(members as i128),
+                Op::And => wrap(vals.fold(-1i128, |a, b| a & b)),
+                Op::Or => wrap(vals.fold(0i128, |a, b| a | b)),
+                Op::Xor => wrap(vals.fold(0i128, |a, b| a ^ b)),
+            };
+            let want = if dtype == DType::U32 {
+                want.rem_euclid(1 << 32)
+            } else {
+                want
+            };
+            if g != want {
+                return Err(format!(
+                    "element {i}: {g} != {want} ({} over {})",
+                    op.name(),
+                    dtype.name()
+                ));
+            }
+            continue;
+        }
+        let g = as_f64(dtype, got);
+        let vals: Vec<f64> = (0..members)
+            .map(|m| as_f64(dtype, &inputs[m][i * size..]))
+            .collect();
+        match op {
+            Op::Min | Op::Max => {
+                let want = if op == Op::Min {
+                    vals.iter().cloned().fold(f64::INFINITY, f64::min)
+                } else {
+                    vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
+                };
+                if g != want {
+                    return Err(format!(
+                        "element {i}: {g} != {want} ({} over {})",
+                        op.name(),
+                        dtype.name()
+                    ));
+                }
+            }
+            _ => {
+                // The switch's final block exponent: the largest of the members' blocks.
+                let s0 = i / segment * segment;
+                let s1 = (s0 + segment).min(n);
+                let k = (0..members)
+                    .map(|m| {
+                        let max = (s0..s1)
+                            .map(|j| as_f64(dtype, &inputs[m][j * size..]).abs())
+                            .fold(0.0, f64::max);
+                        codec::block_exponent(max) as i32
+                    })
+                    .max()
+                    .unwrap();
+                let mut want: f64 = vals.iter().sum();
+                let mut bound = (1.5 * members as f64 + 2.0) * 2f64.powi(k);
+                if op == Op::Avg {
+                    want /= members as f64;
+                    bound /= members as f64;
+                }
+                let (rel, tiny) = rounding(dtype);
+                bound += rel * want.abs() + tiny;
+                let err = (g - want).abs();
+                if err.is_nan() || err > bound {
+                    return Err(format!("element {i}: {g} vs {want}: error {err:e} above the bound {bound:e} (block exponent {k}, {} over {})", op.name(), dtype.name()));
+                }
+                worst = worst.max(err / bound);
+            }
+        }
+    }
+    Ok(worst)
+}

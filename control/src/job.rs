@@ -80,10 +80,12 @@ pub fn parse_dtype(s: &str) -> Result<DType, String> {
         .ok_or_else(|| format!("unknown dtype `{s}`: use one of i32, u32, i64, f32, f16, bf16"))
 }
 
-/// Whether the dataplane reduces `op` over `dtype` today.
+/// Whether the dataplane reduces `op` over `dtype`: every op over integers; sum, min,
+/// max and avg over floats (a product of block floating point numbers would need the
+/// exponents added and the mantissas renormalised per element, and bitwise ops have no
+/// meaning for floats).
 pub fn supported(op: Op, dtype: DType) -> bool {
-    let int = matches!(dtype, DType::I32 | DType::U32 | DType::I64);
-    int && matches!(op, Op::Sum | Op::And | Op::Or | Op::Xor)
+    xagg_common::wire::lane(op, dtype).is_some()
 }
 
 impl JobSpec {
@@ -96,20 +98,21 @@ impl JobSpec {
             return Err(bad(
                 "op",
                 format!(
-                    "{} over {} is not supported by this switch: integer types (i32, u32, i64) take sum, and, or, xor",
+                    "{} over {} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f16, bf16) take sum, min, max, avg",
                     op.name(),
                     dtype.name()
                 ),
             ));
         }
-        let max = dtype.max_elements();
+        let max = xagg_common::wire::max_elements(op, dtype);
         if self.segment == 0 || self.segment as usize > max {
             return Err(bad(
                 "segment",
                 format!(
-                    "{} elements: choose 1..={max} ({} bytes of {} fit one XDP frame)",
+                    "{} elements: choose 1..={max} ({} bytes of {} over {} fit one XDP frame)",
                     self.segment,
                     xagg_common::wire::MAX_PAYLOAD,
+                    op.name(),
                     dtype.name()
                 ),
             ));

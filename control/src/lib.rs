@@ -3,6 +3,7 @@
 //! ([`worker`]) that runs allreduces through a switch.
 
 pub mod api;
+pub mod codec;
 pub mod config;
 pub mod data;
 pub mod dataplane;

@@ -173,6 +173,15 @@ impl Switch {
         }
     }
 
+    /// Adds job `jid` with its slots cleared, as the daemon does.
+    pub fn add_job(&mut self, jid: u32, job: Job) {
+        let empty: SlotImage = unsafe { std::mem::zeroed() };
+        for i in job.slot_base..job.slot_base + job.slot_count {
+            self.slots.set(i, empty, 0).expect("clearing a slot");
+        }
+        self.jobs.insert(jid, job, 0).expect("adding a job");
+    }
+
     pub fn counter(&self, c: Counter) -> u64 {
         self.counters.get(&(c as u32), 0).unwrap().iter().sum()
     }

@@ -13,7 +13,30 @@ use std::{
     time::{Duration, Instant},
 };
 
-use xagg_common::wire::{self, DType, Header, Kind, Op, FLAG_EPOCH, FLAG_LAST, HEADER_LEN};
+use xagg_common::wire::{
+    self, DType, Header, Kind, Op, ENC_NONFINITE, ENC_OVERFLOW, FLAG_EPOCH, FLAG_LAST, HEADER_LEN,
+};
+
+use crate::codec;
+
+/// Element types a buffer may hold: plain little-endian data of a wire data type.
+pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
+    const DTYPE: DType;
+}
+
+mod private {
+    pub trait Sealed {}
+}
+
+macro_rules! element {
+    ($($t:ty => $d:ident),*) => {$(
+        impl private::Sealed for $t {}
+        impl Element for $t {
+            const DTYPE: DType = DType::$d;
+        }
+    )*};
+}
+element!(i32 => I32, u32 => U32, i64 => I64, f32 => F32, half::f16 => F16, half::bf16 => Bf16);
 
 #[derive(Clone, Debug)]
 pub struct WorkerParams {
@@ -27,6 +50,8 @@ pub struct WorkerParams {
     pub dtype: DType,
     /// Elements per segment (the job's segment length).
     pub segment: usize,
+    /// Members of the job (the divisor of `avg`).
+    pub members: u32,
     /// The job's slots: segments in flight.
     pub slots: usize,
     /// First retransmission timeout; adapted to the measured round trip.
@@ -52,6 +77,7 @@ impl WorkerParams {
             op: Op::Sum,
             dtype: DType::I32,
             segment: DType::I32.max_elements(),
+            members: 0,
             slots: 64,
             timeout: Duration::from_millis(20),
             max_timeout: Duration::from_millis(500),
@@ -72,6 +98,14 @@ pub struct Report {
     pub retransmissions: u64,
     /// Contributions sent after one with a higher sequence id (with `reorder`).
     pub reordered: u64,
+}
+
+fn fmt_segments(s: &[u32]) -> String {
+    let mut v: Vec<String> = s.iter().take(8).map(u32::to_string).collect();
+    if s.len() > 8 {
+        v.push("...".into());
+    }
+    v.join(", ")
 }
 
 /// A segment whose result never came, and what the switch said about its slot.
@@ -111,6 +145,18 @@ pub enum AllreduceError {
         waited: Duration,
         missing: Vec<Missing>,
     },
+    #[error("allreduce of job {job} message {mid}: NaN or infinity in the input of {} segments (sid {}); their elements are NaN in the result", segments.len(), fmt_segments(segments))]
+    NonFinite {
+        job: u32,
+        mid: u32,
+        segments: Vec<u32>,
+    },
+    #[error("allreduce of job {job} message {mid}: the 64-bit sum overflowed in {} segments (sid {}), so their mean is wrong", segments.len(), fmt_segments(segments))]
+    Overflow {
+        job: u32,
+        mid: u32,
+        segments: Vec<u32>,
+    },
     #[error("socket: {0}")]
     Io(#[from] io::Error),
     #[error("{0}")]
@@ -146,13 +192,26 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
-        if p.segment == 0 || p.segment > p.dtype.max_elements() {
+        if wire::lane(p.op, p.dtype).is_none() {
             return Err(AllreduceError::Invalid(format!(
-                "segment of {} elements: choose 1..={} for {}",
-                p.segment,
-                p.dtype.max_elements(),
+                "{} over {} is not supported (floats take sum, min, max, avg)",
+                p.op.name(),
                 p.dtype.name()
             )));
+        }
+        let max = wire::max_elements(p.op, p.dtype);
+        if p.segment == 0 || p.segment > max {
+            return Err(AllreduceError::Invalid(format!(
+                "segment of {} elements: choose 1..={max} for {} over {}",
+                p.segment,
+                p.op.name(),
+                p.dtype.name()
+            )));
+        }
+        if p.op == Op::Avg && p.members == 0 {
+            return Err(AllreduceError::Invalid(
+                "avg needs the job's member count".into(),
+            ));
         }
         if p.slots == 0 {
             return Err(AllreduceError::Invalid("slots must be at least 1".into()));
@@ -237,6 +296,7 @@ impl Worker {
             flight[slot] = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
         }
         let mut done = 0;
+        let (mut nonfinite, mut overflow) = (Vec::new(), Vec::new());
         let mut rx = vec![0u8; 65536];
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
@@ -245,12 +305,19 @@ impl Worker {
         while done < nseg {
             match self.sock.recv(&mut rx) {
                 Ok(n) => {
-                    let Some(slot) = self.accept(&rx[..n], mid, &flight, buf, seg_bytes) else {
+                    let Some((slot, flags)) = self.accept(&rx[..n], mid, &flight, buf, seg_bytes)
+                    else {
                         continue;
                     };
                     let f = flight[slot]
                         .take()
                         .expect("accepted only for a slot in flight");
+                    if flags & ENC_NONFINITE != 0 {
+                        nonfinite.push(f.seg as u32);
+                    }
+                    if flags & ENC_OVERFLOW != 0 {
+                        overflow.push(f.seg as u32);
+                    }
                     if !f.retransmitted {
                         self.sample_rtt(f.sent.elapsed());
                     }
@@ -298,6 +365,22 @@ impl Worker {
         }
         report.seconds = start.elapsed().as_secs_f64();
         report.goodput_gbps = buf.len() as f64 * 8.0 / report.seconds / 1e9;
+        if !nonfinite.is_empty() {
+            nonfinite.sort();
+            return Err(AllreduceError::NonFinite {
+                job: self.p.job,
+                mid,
+                segments: nonfinite,
+            });
+        }
+        if !overflow.is_empty() {
+            overflow.sort();
+            return Err(AllreduceError::Overflow {
+                job: self.p.job,
+                mid,
+                segments: overflow,
+            });
+        }
         Ok(report)
     }
 
@@ -440,7 +523,7 @@ impl Worker {
         flight: &[Option<InFlight>],
         buf: &mut [u8],
         seg_bytes: usize,
-    ) -> Option<usize> {
+    ) -> Option<(usize, u16)> {
         let p = wire::decode(d).ok()?;
         let h = p.header;
         if h.kind != Kind::Result as u8 || h.jid() != self.p.job || h.mid() != mid {
@@ -453,10 +536,22 @@ impl Worker {
         }
         let lo = f.seg * seg_bytes;
         let hi = (lo + seg_bytes).min(buf.len());
-        if p.payload.len() != hi - lo {
+        if h.count() as usize * self.p.dtype.size() != hi - lo || h.op != self.p.op as u8 {
             return None;
         }
-        buf[lo..hi].copy_from_slice(p.payload);
-        Some(slot)
+        let flags = h.enc_flags();
+        if flags & ENC_NONFINITE != 0 {
+            codec::fill_nan(self.p.dtype, &mut buf[lo..hi]);
+        } else {
+            codec::decode(
+                self.p.op,
+                self.p.dtype,
+                self.p.members,
+                p.payload,
+                h.exponent,
+                &mut buf[lo..hi],
+            );
+        }
+        Some((slot, flags))
     }
 }

@@ -99,18 +99,34 @@ pub fn fold(v: &mut SlotVersion, payload: usize, end: usize, r: &Round, write: b
             } else {
                 (0, (v.exponent - r.exponent).min(31) as u32)
             };
-            fold_words!(v, payload, end, w, write, |a, b| add_32x2(sar_32x2(a, sa), sar_32x2(b, sb)));
+            fold_words!(v, payload, end, w, write, |a, b| add_32x2(
+                sar_32x2(a, sa),
+                sar_32x2(b, sb)
+            ));
             if r.exponent > v.exponent {
                 v.exponent = r.exponent;
             }
         }
-        (MIN, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| (x as i32).min(y as i32) as u32)),
-        (MIN, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x.min(y))),
-        (MIN, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).min(b as i64) as u64),
-        (MAX, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| (x as i32).max(y as i32) as u32)),
-        (MAX, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x.max(y))),
-        (MAX, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).max(b as i64) as u64),
-        (PROD, I32 | U32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x.wrapping_mul(y))),
+        (MIN, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(
+            a,
+            b,
+            |x, y| (x as i32).min(y as i32) as u32
+        )),
+        (MIN, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x
+            .min(y))),
+        (MIN, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).min(b as i64)
+            as u64),
+        (MAX, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(
+            a,
+            b,
+            |x, y| (x as i32).max(y as i32) as u32
+        )),
+        (MAX, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x
+            .max(y))),
+        (MAX, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).max(b as i64)
+            as u64),
+        (PROD, I32 | U32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x
+            .wrapping_mul(y))),
         (PROD, I64) => fold_words!(v, payload, end, w, write, |a, b| a.wrapping_mul(b)),
         (AND, _) => fold_words!(v, payload, end, w, write, |a, b| a & b),
         (OR, _) => fold_words!(v, payload, end, w, write, |a, b| a | b),

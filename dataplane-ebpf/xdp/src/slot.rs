@@ -117,7 +117,12 @@ fn older(mid: u32, sid: u32, v: &SlotVersion) -> bool {
 /// `slot` must point into the `SLOTS` map, and the caller must have checked that the
 /// frame holds `r.words` words of payload.
 #[inline(always)]
-pub unsafe fn accept(slot: *mut Slot, epoch: usize, r: &Round, ctx: &XdpContext) -> (Outcome, Stored) {
+pub unsafe fn accept(
+    slot: *mut Slot,
+    epoch: usize,
+    r: &Round,
+    ctx: &XdpContext,
+) -> (Outcome, Stored) {
     // Packet pointers are derived again here so the verifier sees each payload access
     // checked against data_end inside the loops.
     let payload = ctx.data() + PAYLOAD_OFFSET;

@@ -1,0 +1,277 @@
+//! Worker-side conversions between a buffer's elements and the wire's lanes
+//! (`xagg_common::wire::Lane`). BPF has no floating point, so floats become integers here:
+//!
+//! - integers travel as they are; `avg` over i32 and u32 travels widened to i64, so the
+//!   switch's sum is exact, and the worker divides;
+//! - `sum` and `avg` of floats use **block floating point**: each packet carries one
+//!   exponent `k` and signed 32-bit mantissas `m = round(x / 2^k)`, with `k` chosen so the
+//!   largest magnitude of the segment maps to at most 2^24. The switch aligns two blocks to
+//!   the larger exponent (an arithmetic shift of the smaller one) and adds; 2^24 x 64
+//!   members < 2^31, so the sum never overflows;
+//! - `min` and `max` of floats use an order-preserving map of the f32 bits to u32 keys:
+//!   exact, infinities included.
+//!
+//! NaN (and, for sums, infinities) cannot be carried: the segment is flagged
+//! (`ENC_NONFINITE`), the flag comes back with the result, and the worker reports it.
+//! Buffers hold little-endian elements (the native layout of the hosts this runs on).
+
+use half::{bf16, f16};
+use xagg_common::wire::{lane, DType, Lane, Op, ENC_NONFINITE};
+
+/// Mantissa bits of block floating point.
+pub const BFP_BITS: i32 = 24;
+
+/// Bytes one element of `dtype` takes in a buffer.
+pub const fn native_size(dtype: DType) -> usize {
+    dtype.size()
+}
+
+/// What encoding a segment produced besides its lanes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Encoded {
+    pub exponent: i8,
+    pub flags: u16,
+}
+
+fn get_f32(dtype: DType, b: &[u8]) -> f32 {
+    match dtype {
+        DType::F32 => f32::from_le_bytes([b[0], b[1], b[2], b[3]]),
+        DType::F16 => f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+        _ => bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32(),
+    }
+}
+
+fn put_f32(dtype: DType, x: f32, b: &mut [u8]) {
+    match dtype {
+        DType::F32 => b.copy_from_slice(&x.to_le_bytes()),
+        DType::F16 => b.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
+        _ => b.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
+    }
+}
+
+/// 2^k as an f64 (k well inside f64's range).
+fn pow2(k: i32) -> f64 {
+    f64::from_bits(((1023 + k) as u64) << 52)
+}
+
+/// Order-preserving key of an f32: unsigned order of keys = numeric order of values.
+pub fn key(x: f32) -> u32 {
+    let u = x.to_bits();
+    if u & 0x8000_0000 != 0 {
+        !u
+    } else {
+        u | 0x8000_0000
+    }
+}
+
+pub fn unkey(k: u32) -> f32 {
+    f32::from_bits(if k & 0x8000_0000 != 0 {
+        k & 0x7fff_ffff
+    } else {
+        !k
+    })
+}
+
+/// Block exponent for a segment whose largest magnitude is `max`: the smallest `k` with
+/// `max / 2^k <= 2^BFP_BITS`, kept within the header's i8.
+pub fn block_exponent(max: f64) -> i8 {
+    if max == 0.0 {
+        return i8::MIN;
+    }
+    // max = f * 2^e with f in [1, 2): max / 2^(e + 1 - BFP_BITS) < 2^BFP_BITS.
+    let e = ((max.to_bits() >> 52) & 0x7ff) as i32 - 1023;
+    (e + 1 - BFP_BITS).clamp(i8::MIN as i32, i8::MAX as i32) as i8
+}
+
+/// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op`.
+pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
+    let l = lane(op, dtype).expect("the job's op and type have a lane");
+    let n = src.len() / dtype.size();
+    let mut enc = Encoded::default();
+    match l {
+        Lane::I32 | Lane::U32 => out[..src.len()].copy_from_slice(src),
+        Lane::I64 => match dtype {
+            DType::I64 => out[..src.len()].copy_from_slice(src),
+            DType::I32 => {
+                for (s, o) in src.chunks_exact(4).zip(out.chunks_exact_mut(8)) {
+                    o.copy_from_slice(
+                        &(i32::from_le_bytes(s.try_into().unwrap()) as i64).to_le_bytes(),
+                    );
+                }
+            }
+            _ => {
+                for (s, o) in src.chunks_exact(4).zip(out.chunks_exact_mut(8)) {
+                    o.copy_from_slice(
+                        &(u32::from_le_bytes(s.try_into().unwrap()) as u64).to_le_bytes(),
+                    );
+                }
+            }
+        },
+        Lane::Bfp32 => {
+            let size = dtype.size();
+            let mut max = 0f64;
+            for i in 0..n {
+                let x = get_f32(dtype, &src[i * size..]);
+                if x.is_finite() {
+                    max = max.max((x as f64).abs());
+                } else {
+                    enc.flags |= ENC_NONFINITE;
+                }
+            }
+            enc.exponent = block_exponent(max);
+            let scale = pow2(-(enc.exponent as i32));
+            for i in 0..n {
+                let x = get_f32(dtype, &src[i * size..]);
+                let m = if x.is_finite() {
+                    (x as f64 * scale).round() as i32
+                } else {
+                    0
+                };
+                out[i * 4..i * 4 + 4].copy_from_slice(&m.to_le_bytes());
+            }
+        }
+        Lane::Key32 => {
+            let size = dtype.size();
+            for i in 0..n {
+                let x = get_f32(dtype, &src[i * size..]);
+                if x.is_nan() {
+                    enc.flags |= ENC_NONFINITE;
+                }
+                out[i * 4..i * 4 + 4].copy_from_slice(&key(x).to_le_bytes());
+            }
+        }
+    }
+    enc
+}
+
+/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`. `members` is the
+/// number of contributions (for `avg`).
+pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i8, dst: &mut [u8]) {
+    let l = lane(op, dtype).expect("the job's op and type have a lane");
+    let size = dtype.size();
+    let n = dst.len() / size;
+    let avg = op == Op::Avg;
+    match l {
+        Lane::I32 | Lane::U32 => dst.copy_from_slice(&payload[..dst.len()]),
+        Lane::I64 if !avg => dst.copy_from_slice(&payload[..dst.len()]),
+        Lane::I64 => {
+            // Mean, rounded toward negative infinity (floor).
+            for (i, p) in payload.chunks_exact(8).take(n).enumerate() {
+                let mean = i64::from_le_bytes(p.try_into().unwrap()).div_euclid(members as i64);
+                let d = &mut dst[i * size..i * size + size];
+                match dtype {
+                    DType::I64 => d.copy_from_slice(&mean.to_le_bytes()),
+                    DType::I32 => d.copy_from_slice(&(mean as i32).to_le_bytes()),
+                    _ => d.copy_from_slice(&(mean as u32).to_le_bytes()),
+                }
+            }
+        }
+        Lane::Bfp32 => {
+            let scale = pow2(exponent as i32) / if avg { members as f64 } else { 1.0 };
+            for (i, p) in payload.chunks_exact(4).take(n).enumerate() {
+                let m = i32::from_le_bytes(p.try_into().unwrap());
+                put_f32(
+                    dtype,
+                    (m as f64 * scale) as f32,
+                    &mut dst[i * size..i * size + size],
+                );
+            }
+        }
+        Lane::Key32 => {
+            for (i, p) in payload.chunks_exact(4).take(n).enumerate() {
+                let x = unkey(u32::from_le_bytes(p.try_into().unwrap()));
+                put_f32(dtype, x, &mut dst[i * size..i * size + size]);
+            }
+        }
+    }
+}
+
+/// Fills a segment of `dst` with NaN (a float segment the switch flagged non-finite).
+pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
+    for e in dst.chunks_exact_mut(dtype.size()) {
+        put_f32(dtype, f32::NAN, e);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_preserve_order() {
+        let xs = [
+            f32::NEG_INFINITY,
+            -1e30,
+            -1.5,
+            -0.0,
+            0.0,
+            1e-40,
+            2.0,
+            3e38,
+            f32::INFINITY,
+        ];
+        for w in xs.windows(2) {
+            assert!(key(w[0]) <= key(w[1]), "{} {}", w[0], w[1]);
+        }
+        for x in xs {
+            assert_eq!(unkey(key(x)).to_bits(), x.to_bits());
+        }
+    }
+
+    #[test]
+    fn block_exponent_keeps_the_max_within_24_bits() {
+        for max in [1.0f64, 0.75, 3.0, 1e-30, 6e37, 1e-45] {
+            let k = block_exponent(max) as i32;
+            let m = (max * pow2(-k)).round();
+            assert!(
+                m <= (1u64 << BFP_BITS) as f64 && m >= (1u64 << (BFP_BITS - 2)) as f64
+                    || k == i8::MIN as i32,
+                "{max}: {m}"
+            );
+        }
+    }
+
+    #[test]
+    fn float_roundtrip_one_member() {
+        let xs: Vec<f32> = vec![1.0, -2.5, 1e-3, 123.456, 0.0];
+        let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut lanes = vec![0u8; xs.len() * 4];
+        let e = encode(Op::Sum, DType::F32, &src, &mut lanes);
+        let mut dst = vec![0u8; src.len()];
+        decode(Op::Sum, DType::F32, 1, &lanes, e.exponent, &mut dst);
+        for (i, x) in xs.iter().enumerate() {
+            let y = f32::from_le_bytes(dst[i * 4..i * 4 + 4].try_into().unwrap());
+            assert!((y - x).abs() <= 123.456 * 2f32.powi(-23), "{x} -> {y}");
+        }
+    }
+
+    #[test]
+    fn nan_is_flagged() {
+        let src: Vec<u8> = [1.0f32, f32::NAN]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        let mut lanes = vec![0u8; 8];
+        assert_eq!(
+            encode(Op::Sum, DType::F32, &src, &mut lanes).flags,
+            ENC_NONFINITE
+        );
+        assert_eq!(
+            encode(Op::Max, DType::F32, &src, &mut lanes).flags,
+            ENC_NONFINITE
+        );
+        let src: Vec<u8> = [1.0f32, f32::INFINITY]
+            .iter()
+            .flat_map(|x| x.to_le_bytes())
+            .collect();
+        assert_eq!(
+            encode(Op::Sum, DType::F32, &src, &mut lanes).flags,
+            ENC_NONFINITE
+        );
+        assert_eq!(
+            encode(Op::Max, DType::F32, &src, &mut lanes).flags,
+            0,
+            "max carries infinities exactly"
+        );
+    }
+}
