@@ -41,11 +41,12 @@ fn get_f32(dtype: DType, b: &[u8]) -> f32 {
     }
 }
 
-fn put_f32(dtype: DType, x: f32, b: &mut [u8]) {
+/// Writes `x` rounded once (to nearest even) to `dtype`.
+fn put(dtype: DType, x: f64, b: &mut [u8]) {
     match dtype {
-        DType::F32 => b.copy_from_slice(&x.to_le_bytes()),
-        DType::F16 => b.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
-        _ => b.copy_from_slice(&bf16::from_f32(x).to_bits().to_le_bytes()),
+        DType::F32 => b.copy_from_slice(&(x as f32).to_le_bytes()),
+        DType::F16 => b.copy_from_slice(&f16::from_f64(x).to_bits().to_le_bytes()),
+        _ => b.copy_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes()),
     }
 }
 
@@ -170,17 +171,13 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i8, 
             let scale = pow2(exponent as i32) / if avg { members as f64 } else { 1.0 };
             for (i, p) in payload.chunks_exact(4).take(n).enumerate() {
                 let m = i32::from_le_bytes(p.try_into().unwrap());
-                put_f32(
-                    dtype,
-                    (m as f64 * scale) as f32,
-                    &mut dst[i * size..i * size + size],
-                );
+                put(dtype, m as f64 * scale, &mut dst[i * size..i * size + size]);
             }
         }
         Lane::Key32 => {
             for (i, p) in payload.chunks_exact(4).take(n).enumerate() {
                 let x = unkey(u32::from_le_bytes(p.try_into().unwrap()));
-                put_f32(dtype, x, &mut dst[i * size..i * size + size]);
+                put(dtype, x as f64, &mut dst[i * size..i * size + size]);
             }
         }
     }
@@ -189,7 +186,7 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i8, 
 /// Fills a segment of `dst` with NaN (a float segment the switch flagged non-finite).
 pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
     for e in dst.chunks_exact_mut(dtype.size()) {
-        put_f32(dtype, f32::NAN, e);
+        put(dtype, f64::NAN, e);
     }
 }
 

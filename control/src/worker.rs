@@ -490,7 +490,7 @@ impl Worker {
         if seg + 1 == nseg {
             flags |= FLAG_LAST;
         }
-        let h = Header::new(
+        let mut h = Header::new(
             Kind::Contribution,
             self.p.op,
             self.p.dtype,
@@ -502,8 +502,15 @@ impl Worker {
             flags,
             count as u16,
         );
-        let len = wire::encode(&h, &buf[lo..hi], &mut self.pkt)
-            .expect("packet buffer holds a full segment");
+        let lane = wire::lane(self.p.op, self.p.dtype).expect("checked in new");
+        let lane_bytes = count * lane.size();
+        let payload = &mut self.pkt[HEADER_LEN..HEADER_LEN + lane_bytes];
+        let enc = codec::encode(self.p.op, self.p.dtype, &buf[lo..hi], payload);
+        h.exponent = enc.exponent;
+        h.enc_flags = enc.flags.to_be_bytes();
+        let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
+        self.pkt[HEADER_LEN + lane_bytes..len].fill(0);
+        self.pkt[..HEADER_LEN].copy_from_slice(&h.to_bytes());
         self.sock.send_to(&self.pkt[..len], self.p.switch)?;
         Ok(InFlight {
             seg,

@@ -11,6 +11,7 @@ use std::{
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
 use xagg::lab::{self, Lab, SWITCH_IP, WORKER_PORT};
+use xagg_common::wire::{self, DType, Op};
 
 use crate::build::{ebpf_object, release_bin, target_dir};
 
@@ -26,9 +27,16 @@ pub struct DemoArgs {
     /// Bytes each worker allreduces (suffixes: KiB, MiB, GiB, KB, MB, GB).
     #[arg(long, default_value = "64MiB", value_parser = xagg::parse_size)]
     pub size: usize,
-    /// Elements (i32) per segment; 862 fills one XDP frame.
-    #[arg(long, default_value_t = 862)]
-    pub segment: u16,
+    /// Reduction: sum | min | max | avg | prod | and | or | xor.
+    #[arg(long, default_value = "sum", value_parser = xagg::job::parse_op)]
+    pub op: Op,
+    /// Element type: i32 | u32 | i64 | f32 | f16 | bf16.
+    #[arg(long, default_value = "i32", value_parser = xagg::job::parse_dtype)]
+    pub dtype: DType,
+    /// Elements per segment; by default as many as one XDP frame carries for the op and
+    /// type (862 for i32 sum).
+    #[arg(long)]
+    pub segment: Option<u16>,
     /// Slots of the job: segments in flight per worker.
     #[arg(long, default_value_t = 128)]
     pub slots: u32,
@@ -143,6 +151,10 @@ fn xagg(args: &[&str]) -> Result<String> {
 
 fn run_inner(a: &DemoArgs) -> Result<()> {
     let n = a.workers;
+    let segment = a
+        .segment
+        .unwrap_or(wire::max_elements(a.op, a.dtype) as u16);
+    let (op, dtype) = (a.op.name(), a.dtype.name());
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::create(PREFIX, n)?;
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
@@ -180,11 +192,11 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         "--id".into(),
         JOB_ID.to_string(),
         "--op".into(),
-        "sum".into(),
+        op.into(),
         "--dtype".into(),
-        "i32".into(),
+        dtype.into(),
         "--segment".into(),
-        a.segment.to_string(),
+        segment.to_string(),
         "--slots".into(),
         a.slots.to_string(),
     ];
@@ -213,7 +225,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         + 1_000_000_000
         + a.size as u64 / 50;
     println!(
-        "{n} workers allreduce {} of i32 each (sum) through the XDP switch ...",
+        "{n} workers allreduce {} of {dtype} each ({op}) through the XDP switch ...",
         human(a.size)
     );
     let workers: Vec<Child> = (0..n)
@@ -224,9 +236,10 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
                 .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
                 .args(["--bind", &format!("{}:{WORKER_PORT}", lab::worker_ip(i))])
                 .args(["--job", &JOB_ID.to_string(), "--member", &i.to_string()])
+                .args(["--op", op, "--dtype", dtype])
                 .args([
                     "--segment",
-                    &a.segment.to_string(),
+                    &segment.to_string(),
                     "--slots",
                     &a.slots.to_string(),
                 ])
@@ -302,9 +315,16 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     }
     println!();
     println!(
-        "allreduce of {} x {n} workers: {seconds:.3} s (slowest worker), goodput {goodput:.2} Gbit/s, result {}",
+        "{op} allreduce of {} of {dtype} x {n} workers: {seconds:.3} s (slowest worker), goodput {goodput:.2} Gbit/s, result {}",
         human(a.size),
-        if verified { "VERIFIED bit-exact on every worker" } else { "WRONG" }
+        match (verified, a.dtype) {
+            (false, _) => "WRONG".to_string(),
+            (true, DType::F32 | DType::F16 | DType::Bf16) if matches!(a.op, Op::Sum | Op::Avg) => format!(
+                "VERIFIED on every worker within the block floating point bound (largest error {:.2} of it)",
+                per_worker.iter().filter_map(|w| w["float_error_of_bound"].as_f64()).fold(0.0, f64::max)
+            ),
+            _ => "VERIFIED bit-exact on every worker".to_string(),
+        }
     );
     if retransmissions > 0 || a.inject.is_some() {
         println!("recovery: {retransmissions} retransmissions; {duplicated} contributions duplicated on worker egress");
@@ -312,9 +332,9 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let report = json!({
         "workers": n,
         "bytes_per_worker": a.size,
-        "op": "sum",
-        "dtype": "i32",
-        "segment_elements": a.segment,
+        "op": op,
+        "dtype": dtype,
+        "segment_elements": segment,
         "slots": a.slots,
         "seconds": seconds,
         "goodput_gbps": goodput,

@@ -16,7 +16,7 @@ use xagg::{
     job::{parse_dtype, parse_op, JobSpec, MemberSpec},
     worker::{Worker, WorkerParams},
 };
-use xagg_common::wire::{DType, DEFAULT_PORT};
+use xagg_common::wire::DEFAULT_PORT;
 
 /// Control the in-network aggregation switch, and run allreduces through it.
 #[derive(Parser)]
@@ -433,48 +433,45 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     p.first_mid = a.mid;
     p.give_up = Duration::from_millis(a.give_up_ms);
     p.reorder = a.reorder;
-    if p.dtype != DType::I32 {
+    let (op, dtype, segment) = (p.op, p.dtype, p.segment);
+    let size = dtype.size();
+    if !a.size.is_multiple_of(size) {
         bail!(
-            "this worker allreduces i32 buffers; --dtype {} is not available here yet",
-            p.dtype.name()
+            "--size {} is not a whole number of {} elements ({size} bytes each)",
+            a.size,
+            dtype.name()
         );
     }
-    if !a.size.is_multiple_of(4) {
-        bail!(
-            "--size {} is not a whole number of i32 elements (a multiple of 4 bytes)",
-            a.size
-        );
+    p.members = a.members.unwrap_or(0);
+    if a.verify && a.members.is_none() {
+        bail!("--verify needs --members (how many members contribute)");
     }
     let mut w = Worker::new(p)?;
-    let n = a.size / 4;
-    let mut buf = vec![0i32; n];
-    let expected = match (a.verify, a.members) {
-        (true, Some(m)) => Some(xagg::data::expected_sum(a.seed, m, n)),
-        (true, None) => bail!("--verify needs --members (how many members contribute)"),
-        _ => None,
-    };
+    let n = a.size / size;
     let mut reports = Vec::new();
     let mut verified = true;
+    let mut worst_float_error = 0f64;
     for r in 0..a.repeat {
-        xagg::data::fill(a.seed.wrapping_add(r as u64), member as u32, &mut buf);
+        let seed = a.seed.wrapping_add(r as u64);
+        let mut buf = xagg::data::generate(dtype, seed, member as u32, n);
         let started = match (a.start_at, r) {
             (Some(t), 0) => wait_until(t),
             _ => std::time::Instant::now(),
         };
-        let mut rep = w.allreduce_i32(&mut buf)?;
+        let mut rep = w.allreduce_bytes(&mut buf)?;
         // Wall time from the common start, so the slowest worker defines the run.
         rep.seconds = started.elapsed().as_secs_f64();
         rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
-        if let Some(exp) = &expected {
-            let exp = if r == 0 {
-                exp.clone()
-            } else {
-                xagg::data::expected_sum(a.seed.wrapping_add(r as u64), a.members.unwrap_or(0), n)
-            };
-            if buf != exp {
-                let first = buf.iter().zip(&exp).position(|(x, y)| x != y).unwrap_or(0);
-                eprintln!("member {member}: result differs from the expected sum, first at element {first} ({} != {})", buf[first], exp[first]);
-                verified = false;
+        if let (true, Some(m)) = (a.verify, a.members) {
+            let inputs: Vec<Vec<u8>> = (0..m)
+                .map(|k| xagg::data::generate(dtype, seed, k, n))
+                .collect();
+            match xagg::data::check(op, dtype, segment, &inputs, &buf) {
+                Ok(e) => worst_float_error = worst_float_error.max(e),
+                Err(e) => {
+                    eprintln!("member {member}: result wrong: {e}");
+                    verified = false;
+                }
             }
         }
         reports.push(rep);
@@ -493,6 +490,9 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             "retransmissions": retx,
             "reordered": reports.iter().map(|r| r.reordered).sum::<u64>(),
             "verified": a.verify && verified,
+            "op": op.name(),
+            "dtype": dtype.name(),
+            "float_error_of_bound": worst_float_error,
         });
         println!("{out}");
     } else {

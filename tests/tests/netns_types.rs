@@ -1,0 +1,80 @@
+//! A representative subset of ops and types end to end in a netns lab, through the worker
+//! library's codecs and the live switch (broadcast, egress rewrite and all).
+
+use xagg::{api::Request, api::Response, data, worker};
+use xagg_common::wire::{self, DType, Op};
+use xagg_tests::*;
+
+#[test]
+fn ops_and_types_end_to_end() {
+    if !require_root("ops_and_types_end_to_end") {
+        return;
+    }
+    let sw = LabSwitch::start("xty", 3, "");
+    let workers = [0usize, 1, 2];
+    let cases = [
+        (Op::Sum, DType::F32),
+        (Op::Max, DType::Bf16),
+        (Op::Avg, DType::I32),
+        (Op::Prod, DType::I64),
+        (Op::Min, DType::F16),
+        (Op::Xor, DType::U32),
+        (Op::Avg, DType::F16),
+    ];
+    for (j, (op, dtype)) in cases.into_iter().enumerate() {
+        let id = 20 + j as u32;
+        let segment = wire::max_elements(op, dtype);
+        let mut members = sw.lab.members().unwrap();
+        for m in &mut members {
+            m.addr.set_port(47820 + j as u16);
+        }
+        let spec = xagg::job::JobSpec {
+            id,
+            op: op.name().into(),
+            dtype: dtype.name().into(),
+            segment: segment as u16,
+            slots: 32,
+            members,
+            slot_base: None,
+        };
+        assert!(matches!(
+            sw.api(Request::AddJob { job: spec }),
+            Response::Job { .. }
+        ));
+        let n = 100_003;
+        let inputs: Vec<Vec<u8>> = (0..3)
+            .map(|m| data::generate(dtype, id as u64, m, n))
+            .collect();
+        let results: Vec<Vec<u8>> = std::thread::scope(|s| {
+            let hs: Vec<_> = workers
+                .iter()
+                .map(|&w| {
+                    let (ns, mut buf) = (sw.lab.worker_ns(w), inputs[w].clone());
+                    s.spawn(move || {
+                        xagg::iface::enter_netns(&ns).unwrap();
+                        let sw_addr = std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, 47800);
+                        let bind =
+                            std::net::SocketAddrV4::new(xagg::lab::worker_ip(w), 47820 + j as u16);
+                        let mut p = worker::WorkerParams::new(sw_addr, bind, id, w as u8);
+                        (p.op, p.dtype, p.segment, p.slots, p.members) =
+                            (op, dtype, segment, 32, 3);
+                        let mut wk = worker::Worker::new(p).unwrap();
+                        wk.allreduce_bytes(&mut buf)
+                            .unwrap_or_else(|e| panic!("{} over {}: {e}", op.name(), dtype.name()));
+                        buf
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        for (w, r) in results.iter().enumerate() {
+            let worst = data::check(op, dtype, segment, &inputs, r)
+                .unwrap_or_else(|e| panic!("worker {w}: {e}"));
+            eprintln!(
+                "{} over {}: worker {w} ok (float error {worst:.3} of bound)",
+                op.name(),
+                dtype.name()
+            );
+        }
+    }
+}
