@@ -136,8 +136,74 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
     Ok(out)
 }
 
+#[derive(Serialize, Clone)]
+pub struct CodecPoint {
+    pub op: &'static str,
+    pub dtype: &'static str,
+    /// Buffer bytes encoded (or decoded) per second, in GB/s (1e9), one core.
+    pub encode_gbps: f64,
+    pub decode_gbps: f64,
+}
+
+/// Throughput of the worker-side conversions over a buffer cut into full segments, one
+/// core, medians of several passes.
+pub fn codecs(quick: bool) -> Vec<CodecPoint> {
+    use xagg::codec;
+    let bytes = if quick { 1 << 20 } else { 32 << 20 };
+    let passes = if quick { 2 } else { 7 };
+    let mut out = Vec::new();
+    for (op, dtype) in [
+        (Op::Sum, DType::I32),
+        (Op::Avg, DType::I32),
+        (Op::Sum, DType::F32),
+        (Op::Max, DType::F32),
+        (Op::Sum, DType::F16),
+        (Op::Sum, DType::Bf16),
+        (Op::Min, DType::Bf16),
+    ] {
+        let lane = xagg_common::wire::lane(op, dtype).unwrap();
+        let seg = xagg_common::wire::max_elements(op, dtype);
+        let src = xagg::data::generate(dtype, 1, 0, bytes / dtype.size());
+        let mut lanes = vec![0u8; seg * lane.size()];
+        let mut dst = vec![0u8; src.len()];
+        let seg_bytes = seg * dtype.size();
+        let time = |f: &mut dyn FnMut()| {
+            let mut t: Vec<f64> = (0..passes)
+                .map(|_| {
+                    let s = std::time::Instant::now();
+                    f();
+                    s.elapsed().as_secs_f64()
+                })
+                .collect();
+            t.sort_by(|a, b| a.total_cmp(b));
+            bytes as f64 / t[t.len() / 2] / 1e9
+        };
+        let encode_gbps = time(&mut || {
+            for chunk in src.chunks(seg_bytes) {
+                let n = chunk.len() / dtype.size() * lane.size();
+                std::hint::black_box(codec::encode(op, dtype, chunk, &mut lanes[..n]));
+            }
+        });
+        let decode_gbps = time(&mut || {
+            for chunk in dst.chunks_mut(seg_bytes) {
+                let n = chunk.len() / dtype.size() * lane.size();
+                codec::decode(op, dtype, 4, &lanes[..n], -10, chunk);
+            }
+            std::hint::black_box(&dst);
+        });
+        out.push(CodecPoint {
+            op: op.name(),
+            dtype: dtype.name(),
+            encode_gbps,
+            decode_gbps,
+        });
+    }
+    out
+}
+
 pub fn run(a: BenchArgs) -> Result<()> {
     let points = dataplane(a.quick)?;
+    let codec_points = codecs(a.quick);
     println!(
         "switch program, BPF_PROG_RUN (median ns; {}):",
         if a.quick { "quick" } else { "full" }
@@ -152,6 +218,15 @@ pub fn run(a: BenchArgs) -> Result<()> {
             p.path, p.elements, p.ns_per_packet, p.ns_per_kib
         );
     }
+    println!();
+    println!("worker conversions, one core (GB/s of buffer):");
+    println!("{:>5} {:>6} {:>8} {:>8}", "op", "dtype", "encode", "decode");
+    for c in &codec_points {
+        println!(
+            "{:>5} {:>6} {:>8.2} {:>8.2}",
+            c.op, c.dtype, c.encode_gbps, c.decode_gbps
+        );
+    }
     let path = a
         .json
         .unwrap_or_else(|| target_dir().join("bench/bench.json"));
@@ -160,7 +235,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     std::fs::write(
         &path,
-        serde_json::to_string_pretty(&serde_json::json!({ "dataplane": points }))?,
+        serde_json::to_string_pretty(
+            &serde_json::json!({ "dataplane": points, "codecs": codec_points }),
+        )?,
     )?;
     println!("figures written to {}", path.display());
     Ok(())
