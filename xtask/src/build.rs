@@ -138,7 +138,8 @@ pub fn build_all() -> Result<()> {
 }
 
 /// The whole suite: every crate's unit tests, the BPF_PROG_RUN tables and the netns
-/// tests (which need root; under CI=true they never skip).
+/// tests (which need root; under CI=true they never skip), then a short coverage-guided
+/// fuzz run of the packet decoder. With `extra` (a test name filter), only the tests.
 pub fn test(extra: &[String]) -> Result<()> {
     let bins = target_dir().join("release");
     run(cargo()
@@ -152,5 +153,20 @@ pub fn test(extra: &[String]) -> Result<()> {
             "--",
         ])
         .args(["--test-threads", "1"])
-        .args(extra))
+        .args(extra))?;
+    if !extra.is_empty() {
+        return Ok(());
+    }
+    eprintln!("fuzzing the packet decoder for 30 s (a long run: docs/testing.md)");
+    run(cargo()
+        .current_dir(root().join("tests/fuzz"))
+        .env("RUSTC_BOOTSTRAP", "1")
+        .args([
+            "fuzz",
+            "run",
+            "decode",
+            "--",
+            "-max_total_time=30",
+            "-print_final_stats=1",
+        ]))
 }
