@@ -18,6 +18,8 @@ use xagg::testrun::{
 };
 use xagg_common::wire::{DType, Header, Kind, Op, FLAG_EPOCH};
 
+use xagg::lab::Lab;
+
 use crate::build::{ebpf_object, target_dir};
 
 #[derive(clap::Args)]
@@ -25,9 +27,21 @@ pub struct BenchArgs {
     /// Fewer samples: checks that the benchmark runs, not for figures.
     #[arg(long)]
     pub quick: bool,
-    /// Where to write the figures (JSON).
+    /// Where to write the figures (JSON); default target/bench/bench.json.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Where to draw goodput against size (SVG); default target/bench/goodput.svg.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Worker counts of the end-to-end runs.
+    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    pub workers: Vec<usize>,
+    /// Buffer sizes of the end-to-end runs (suffixes: KiB, MiB).
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB,64MiB", value_parser = xagg::parse_size)]
+    pub sizes: Vec<usize>,
+    /// Only the switch program's per-packet costs and the conversions.
+    #[arg(long)]
+    pub dataplane_only: bool,
 }
 
 #[derive(Serialize, Clone)]
@@ -36,11 +50,6 @@ pub struct DataplanePoint {
     pub elements: usize,
     pub ns_per_packet: f64,
     pub ns_per_kib: f64,
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
 }
 
 fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
@@ -227,6 +236,33 @@ pub fn run(a: BenchArgs) -> Result<()> {
             c.op, c.dtype, c.encode_gbps, c.decode_gbps
         );
     }
+    let runs = if a.dataplane_only {
+        Vec::new()
+    } else {
+        let sizes: Vec<usize> = if a.quick { a.sizes.iter().copied().filter(|&s| s <= 1 << 20).collect() } else { a.sizes.clone() };
+        let r = end_to_end(a.quick, &a.workers, &sizes);
+        crate::demo::clean_up();
+        r?
+    };
+    if !runs.is_empty() {
+        println!();
+        println!("allreduce, i32 sum, same lab, same data (goodput Gbit/s | latency µs | bytes sent per worker / S | CPU s per GiB):");
+        println!("{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6} | {:>6} {:>6}", "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi", "switch", "ompi");
+        for r in runs.iter().filter(|r| r.system == "switch") {
+            if let Some(m) = runs.iter().find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes) {
+                println!(
+                    "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3} | {:>6.2} {:>6.2}{}",
+                    r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps, r.latency_us, m.latency_us,
+                    r.latency_us / m.latency_us, r.wire_ratio, m.wire_ratio, r.cpu_s_per_gib, m.cpu_s_per_gib,
+                    if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
+                );
+            }
+        }
+        let plot = a.plot.clone().unwrap_or_else(|| target_dir().join("bench/goodput.svg"));
+        draw(&runs, &plot)?;
+        println!("plot written to {}", plot.display());
+        anyhow::ensure!(runs.iter().all(|r| r.verified), "a run's result was wrong: its figures do not count");
+    }
     let path = a
         .json
         .unwrap_or_else(|| target_dir().join("bench/bench.json"));
@@ -236,9 +272,245 @@ pub fn run(a: BenchArgs) -> Result<()> {
     std::fs::write(
         &path,
         serde_json::to_string_pretty(
-            &serde_json::json!({ "dataplane": points, "codecs": codec_points }),
+            &serde_json::json!({ "runs": runs, "dataplane": points, "codecs": codec_points }),
         )?,
     )?;
     println!("figures written to {}", path.display());
+    Ok(())
+}
+
+/// One end-to-end measurement (the JSON's `runs`).
+#[derive(Serialize, Clone, Debug)]
+pub struct RunPoint {
+    pub system: &'static str,
+    pub workers: usize,
+    pub bytes: usize,
+    pub dtype: &'static str,
+    /// S x 8 / t / 1e9, t the median over iterations of the slowest worker's time.
+    pub goodput_gbps: f64,
+    /// The median t, in µs (the latency at 4 KiB).
+    pub latency_us: f64,
+    /// Bytes each worker sent (interface tx counters) / S.
+    pub wire_ratio: f64,
+    /// Machine-wide busy CPU seconds / (GiB reduced = S x allreduces).
+    pub cpu_s_per_gib: f64,
+    pub iterations: usize,
+    pub verified: bool,
+}
+
+fn iterations(bytes: usize, quick: bool) -> usize {
+    match (bytes, quick) {
+        (b, false) if b <= 64 << 10 => 200,
+        (b, false) if b <= 1 << 20 => 20,
+        (_, false) => 5,
+        (b, true) if b <= 64 << 10 => 20,
+        _ => 2,
+    }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn run_point(system: &'static str, workers: usize, bytes: usize, times: Vec<f64>, tx_per_worker: f64, busy: f64, verified: bool) -> RunPoint {
+    let iterations = times.len();
+    let t = median(times);
+    RunPoint {
+        system,
+        workers,
+        bytes,
+        dtype: "i32",
+        goodput_gbps: bytes as f64 * 8.0 / t / 1e9,
+        latency_us: t * 1e6,
+        wire_ratio: tx_per_worker / (bytes as f64 * iterations as f64),
+        cpu_s_per_gib: busy / (bytes as f64 / (1u64 << 30) as f64 * iterations as f64),
+        iterations,
+        verified,
+    }
+}
+
+/// The switch: n workers (CLI processes, one per namespace) allreduce `bytes` of i32
+/// `iterations` times from a common start; `mid` is the job's next message id.
+fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<RunPoint> {
+    let n = lab.workers;
+    let start_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64 + 500_000_000 + bytes as u64 / 20;
+    let children: Vec<std::process::Child> = (0..n)
+        .map(|i| {
+            std::process::Command::new("ip")
+                .args(["netns", "exec", &lab.worker_ns(i)])
+                .arg(crate::build::release_bin("xagg"))
+                .args(["allreduce", "--switch", &xagg::lab::SWITCH_IP.to_string()])
+                .args(["--bind", &format!("{}:{}", xagg::lab::worker_ip(i), xagg::lab::WORKER_PORT)])
+                .args(["--job", &crate::demo::JOB_ID.to_string(), "--member", &i.to_string()])
+                .args(["--segment", "862", "--slots", &SLOTS.to_string()])
+                .args(["--size", &bytes.to_string(), "--repeat", &iterations.to_string(), "--mid", &mid.to_string()])
+                .args(["--members", &n.to_string(), "--verify", "--json", "--start-at", &start_ns.to_string()])
+                .stdout(std::process::Stdio::piped())
+                .spawn()
+                .context("starting a worker")
+        })
+        .collect::<Result<_>>()?;
+    let mut outs = Vec::new();
+    for c in children {
+        let o = c.wait_with_output()?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).with_context(|| format!("worker output: {}", String::from_utf8_lossy(&o.stdout)))?;
+        outs.push(v);
+    }
+    let times: Vec<f64> = (0..iterations)
+        .map(|k| outs.iter().map(|w| w["seconds_all"][k].as_f64().unwrap_or(f64::INFINITY)).fold(0.0, f64::max))
+        .collect();
+    let tx = outs.iter().map(|w| w["tx_bytes"].as_f64().unwrap_or(0.0)).sum::<f64>() / n as f64;
+    let busy = outs.iter().map(|w| w["busy_seconds"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max);
+    let verified = outs.iter().all(|w| w["verified"].as_bool() == Some(true));
+    Ok(run_point("switch", n, bytes, times, tx, busy, verified))
+}
+
+const SLOTS: u32 = 128;
+
+/// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached. mpirun
+/// runs in worker 0's namespace and starts the other ranks through an rsh agent that enters
+/// their namespaces (each with its own UTS namespace, so every rank has a host name).
+fn mpi_run(lab: &Lab, mpi_bin: &std::path::Path, agent: &std::path::Path, bytes: usize, iterations: usize) -> Result<RunPoint> {
+    let n = lab.workers;
+    let hosts: Vec<String> = (0..n).map(|i| xagg::lab::worker_ip(i).to_string()).collect();
+    let cmd = format!(
+        "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
+         --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1 {bin} {bytes} {iterations} 7",
+        ns = lab.worker_ns(0),
+        hosts = hosts.join(","),
+        agent = agent.display(),
+        bin = mpi_bin.display(),
+    );
+    let o = std::process::Command::new("ip")
+        .args(["netns", "exec", &lab.worker_ns(0), "unshare", "--uts", "sh", "-c", &cmd])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .context("running mpirun")?;
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text.lines().find(|l| l.starts_with('{')).with_context(|| format!("mpirun printed no result: {text} {}", String::from_utf8_lossy(&o.stderr)))?;
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let times: Vec<f64> = v["seconds"].as_array().context("seconds")?.iter().filter_map(|x| x.as_f64()).collect();
+    Ok(run_point(
+        "openmpi",
+        n,
+        bytes,
+        times,
+        v["tx_bytes_per_rank"].as_f64().unwrap_or(0.0),
+        v["busy_seconds"].as_f64().unwrap_or(0.0),
+        v["verified"].as_bool() == Some(true),
+    ))
+}
+
+/// Builds the MPI baseline (installing Open MPI if needed) and writes the rsh agent.
+fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
+    let ok = |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
+    if !ok(std::process::Command::new("mpicc").arg("--version")) {
+        eprintln!("setup: installing Open MPI (openmpi-bin, libopenmpi-dev)");
+        crate::build::run(std::process::Command::new("apt-get").args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
+    }
+    let dir = target_dir().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let bin = dir.join("mpi_allreduce");
+    crate::build::run(std::process::Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(crate::build::root().join("xtask/mpi/allreduce.c")))?;
+    let agent = dir.join("rsh-agent.sh");
+    let mut cases = String::new();
+    for i in 0..workers {
+        cases.push_str(&format!("  {}) ns={}-w{i};;\n", xagg::lab::worker_ip(i), crate::demo::PREFIX));
+    }
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\n# mpirun's rsh agent: a \"host\" is a worker's lab address; run the command in its namespace.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; $*\"\n"
+        ),
+    )?;
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok((bin, agent))
+}
+
+/// Both systems on the same lab topology, for each worker count and size.
+pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec<RunPoint>> {
+    let (mpi_bin, agent) = mpi_setup(*workers.iter().max().unwrap_or(&4))?;
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let mut runs = Vec::new();
+    for &n in workers {
+        let mut lab = Lab::create(crate::demo::PREFIX, n)?;
+        lab.attach_hosts(&object)?;
+        {
+            let _daemon = crate::demo::start_switch(&lab)?;
+            crate::demo::xagg(&add_job_args(&lab)?.iter().map(String::as_str).collect::<Vec<_>>())?;
+            let mut mid = 0u32;
+            for &bytes in sizes {
+                let it = iterations(bytes, quick);
+                let r = switch_run(&lab, bytes, it, mid)?;
+                mid += it as u32;
+                eprintln!("switch  n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}", bytes, r.goodput_gbps, r.latency_us, r.wire_ratio, r.cpu_s_per_gib, if r.verified { "" } else { "  NOT VERIFIED" });
+                runs.push(r);
+            }
+        }
+        // A plain bridge for the baseline: an XDP program on a veth slows TCP.
+        crate::demo::clean_up_switch();
+        lab.detach_hosts();
+        for &bytes in sizes {
+            let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes, quick))?;
+            eprintln!("openmpi n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}", bytes, r.goodput_gbps, r.latency_us, r.wire_ratio, r.cpu_s_per_gib, if r.verified { "" } else { "  NOT VERIFIED" });
+            runs.push(r);
+        }
+    }
+    Ok(runs)
+}
+
+fn add_job_args(lab: &Lab) -> Result<Vec<String>> {
+    let mut v: Vec<String> = ["job", "add", "--id", &crate::demo::JOB_ID.to_string(), "--op", "sum", "--dtype", "i32", "--segment", "862", "--slots", &SLOTS.to_string()]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    for m in lab.members()? {
+        v.push("--member".into());
+        v.push(format!("{},{},{}", m.interface, m.mac, m.addr));
+    }
+    Ok(v)
+}
+
+/// Goodput against buffer size, one line per system and worker count.
+fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
+    use plotters::prelude::*;
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let max = runs.iter().map(|r| r.goodput_gbps).fold(0.0, f64::max) * 1.15;
+    let xs: Vec<f64> = runs.iter().map(|r| (r.bytes as f64).log2()).collect();
+    let (x0, x1) = (xs.iter().cloned().fold(f64::INFINITY, f64::min), xs.iter().cloned().fold(0.0, f64::max));
+    let mut chart = ChartBuilder::on(&root)
+        .caption("allreduce goodput, i32 sum, netns lab (2 cores)", ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x0 - 0.3..x1 + 0.3, 0.0..max)?;
+    chart
+        .configure_mesh()
+        .x_desc("bytes per worker")
+        .y_desc("goodput, Gbit/s")
+        .x_label_formatter(&|x| crate::demo::human(2f64.powf(x.round()) as usize))
+        .draw()?;
+    let mut workers: Vec<usize> = runs.iter().map(|r| r.workers).collect();
+    workers.sort();
+    workers.dedup();
+    for (i, system) in ["switch", "openmpi"].into_iter().enumerate() {
+        for (j, &n) in workers.iter().enumerate() {
+            let color = Palette99::pick(i * 4 + j).to_rgba();
+            let pts: Vec<(f64, f64)> = runs.iter().filter(|r| r.system == system && r.workers == n).map(|r| ((r.bytes as f64).log2(), r.goodput_gbps)).collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                .label(format!("{system}, {n} workers"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+    }
+    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::UpperLeft).draw()?;
+    root.present()?;
     Ok(())
 }

@@ -16,8 +16,8 @@ use xagg_common::wire::{self, DType, Op};
 use crate::build::{ebpf_object, release_bin, target_dir};
 
 /// Names of the demo's namespaces, pins and socket start with this.
-const PREFIX: &str = "xagg";
-const JOB_ID: u32 = 1;
+pub const PREFIX: &str = "xagg";
+pub const JOB_ID: u32 = 1;
 
 #[derive(clap::Args)]
 pub struct DemoArgs {
@@ -95,8 +95,17 @@ fn socket() -> PathBuf {
     PathBuf::from(format!("/run/xagg/{PREFIX}-lab.sock"))
 }
 
+/// Stops the daemon and removes the dataplane's pins, leaving the lab.
+pub fn clean_up_switch() {
+    let pid = DAEMON_PID.swap(0, Ordering::SeqCst);
+    if pid != 0 {
+        let _ = Command::new("kill").arg(pid.to_string()).status();
+    }
+    let _ = xagg::dataplane::unpin(&pin_dir());
+}
+
 /// Removes everything the demo creates: daemon, pins, namespaces.
-fn clean_up() {
+pub fn clean_up() {
     let pid = DAEMON_PID.swap(0, Ordering::SeqCst);
     if pid != 0 {
         let _ = Command::new("kill").arg(pid.to_string()).status();
@@ -106,7 +115,7 @@ fn clean_up() {
     lab::destroy(PREFIX);
 }
 
-struct Daemon(Child);
+pub struct Daemon(Child);
 
 impl Drop for Daemon {
     fn drop(&mut self) {
@@ -133,7 +142,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
     r
 }
 
-fn xagg(args: &[&str]) -> Result<String> {
+pub fn xagg(args: &[&str]) -> Result<String> {
     let out = Command::new(release_bin("xagg"))
         .arg("--socket")
         .arg(socket())
@@ -160,31 +169,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
     lab.attach_hosts(&object)?;
 
-    let _ = xagg::dataplane::unpin(&pin_dir());
-    let cfg_path = target_dir().join("lab").join(format!("{PREFIX}.toml"));
-    std::fs::create_dir_all(cfg_path.parent().unwrap())?;
-    let ports: Vec<String> = (0..n).map(|i| format!("\"{}\"", Lab::port(i))).collect();
-    std::fs::write(
-        &cfg_path,
-        format!(
-            "[switch]\nports = [{}]\naddress = \"{SWITCH_IP}\"\nnetns = \"{}\"\nxdp_mode = \"native\"\n\n[daemon]\nsocket = \"{}\"\npin_path = \"{}\"\n",
-            ports.join(", "),
-            lab.switch_ns(),
-            socket().display(),
-            pin_dir().display()
-        ),
-    )?;
-    let log = std::fs::File::create(target_dir().join("lab").join("xaggd.log"))?;
-    let child = Command::new(release_bin("xaggd"))
-        .arg("--config")
-        .arg(&cfg_path)
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting xaggd")?;
-    DAEMON_PID.store(child.id(), Ordering::SeqCst);
-    let _daemon = Daemon(child);
-    wait_for_daemon()?;
+    let _daemon = start_switch(&lab)?;
 
     let mut add = vec![
         "job".to_string(),
@@ -366,7 +351,39 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
-fn write_json(p: &Path, v: &Value) -> Result<()> {
+/// Starts xaggd on the lab's switch (pinned under the demo's pin directory) and waits for
+/// its API.
+pub fn start_switch(lab: &Lab) -> Result<Daemon> {
+    let n = lab.workers;
+    let _ = xagg::dataplane::unpin(&pin_dir());
+    let cfg_path = target_dir().join("lab").join(format!("{PREFIX}.toml"));
+    std::fs::create_dir_all(cfg_path.parent().unwrap())?;
+    let ports: Vec<String> = (0..n).map(|i| format!("\"{}\"", Lab::port(i))).collect();
+    std::fs::write(
+        &cfg_path,
+        format!(
+            "[switch]\nports = [{}]\naddress = \"{SWITCH_IP}\"\nnetns = \"{}\"\nxdp_mode = \"native\"\n\n[daemon]\nsocket = \"{}\"\npin_path = \"{}\"\n",
+            ports.join(", "),
+            lab.switch_ns(),
+            socket().display(),
+            pin_dir().display()
+        ),
+    )?;
+    let log = std::fs::File::create(target_dir().join("lab").join("xaggd.log"))?;
+    let child = Command::new(release_bin("xaggd"))
+        .arg("--config")
+        .arg(&cfg_path)
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .spawn()
+        .context("starting xaggd")?;
+    DAEMON_PID.store(child.id(), Ordering::SeqCst);
+    let daemon = Daemon(child);
+    wait_for_daemon()?;
+    Ok(daemon)
+}
+
+pub fn write_json(p: &Path, v: &Value) -> Result<()> {
     if let Some(d) = p.parent() {
         std::fs::create_dir_all(d)?;
     }

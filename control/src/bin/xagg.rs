@@ -406,7 +406,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             .or(f.switch)
             .context("--switch is required (the switch's IP[:PORT])")?,
     )?;
-    let bind = a
+    let a_bind = a
         .bind
         .or(f.bind)
         .context("--bind is required (this member's IP:PORT as registered in the job)")?;
@@ -415,7 +415,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         .member
         .or(f.member)
         .context("--member is required (this worker's member index)")?;
-    let mut p = WorkerParams::new(switch, bind, job, member);
+    let mut p = WorkerParams::new(switch, a_bind, job, member);
     if let Some(op) = a.op.or(f.op) {
         p.op = parse_op(&op).map_err(anyhow::Error::msg)?;
     }
@@ -448,33 +448,53 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     }
     let mut w = Worker::new(p)?;
     let n = a.size / size;
+    // Every repeat allreduces the same data; the first result is verified once every clock
+    // has stopped, so neither the data generation nor the check counts in time or CPU.
+    let data = xagg::data::generate(dtype, a.seed, member as u32, n);
+    let mut buf = data.clone();
+    let mut first = Vec::new();
     let mut reports = Vec::new();
-    let mut verified = true;
-    let mut worst_float_error = 0f64;
+    let iface = xagg::iface::holding(*a_bind.ip()).ok().flatten();
+    let tx = |i: &Option<String>| -> u64 {
+        i.as_ref()
+            .and_then(|i| std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/tx_bytes")).ok())
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0)
+    };
+    let mut busy0 = 0.0;
+    let mut tx0 = 0;
     for r in 0..a.repeat {
-        let seed = a.seed.wrapping_add(r as u64);
-        let mut buf = xagg::data::generate(dtype, seed, member as u32, n);
+        buf.copy_from_slice(&data);
         let started = match (a.start_at, r) {
             (Some(t), 0) => wait_until(t),
             _ => std::time::Instant::now(),
         };
+        if r == 0 {
+            busy0 = busy_seconds();
+            tx0 = tx(&iface);
+        }
         let mut rep = w.allreduce_bytes(&mut buf)?;
         // Wall time from the common start, so the slowest worker defines the run.
         rep.seconds = started.elapsed().as_secs_f64();
         rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
-        if let (true, Some(m)) = (a.verify, a.members) {
-            let inputs: Vec<Vec<u8>> = (0..m)
-                .map(|k| xagg::data::generate(dtype, seed, k, n))
-                .collect();
-            match xagg::data::check(op, dtype, segment, &inputs, &buf) {
-                Ok(e) => worst_float_error = worst_float_error.max(e),
-                Err(e) => {
-                    eprintln!("member {member}: result wrong: {e}");
-                    verified = false;
-                }
-            }
+        if r == 0 {
+            first = buf.clone();
         }
         reports.push(rep);
+    }
+    let busy = busy_seconds() - busy0;
+    let tx_bytes = tx(&iface) - tx0;
+    let mut verified = true;
+    let mut worst_float_error = 0f64;
+    if let (true, Some(m)) = (a.verify, a.members) {
+        let inputs: Vec<Vec<u8>> = (0..m).map(|k| xagg::data::generate(dtype, a.seed, k, n)).collect();
+        match xagg::data::check(op, dtype, segment, &inputs, &first) {
+            Ok(e) => worst_float_error = e,
+            Err(e) => {
+                eprintln!("member {member}: result wrong: {e}");
+                verified = false;
+            }
+        }
     }
     let secs: f64 = reports.iter().map(|r| r.seconds).sum();
     let retx: u64 = reports.iter().map(|r| r.retransmissions).sum();
@@ -493,6 +513,8 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             "op": op.name(),
             "dtype": dtype.name(),
             "float_error_of_bound": worst_float_error,
+            "busy_seconds": busy,
+            "tx_bytes": tx_bytes,
         });
         println!("{out}");
     } else {
@@ -506,6 +528,16 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         std::process::exit(2);
     }
     Ok(())
+}
+
+/// Machine-wide busy CPU time in seconds (/proc/stat: all but idle and iowait).
+fn busy_seconds() -> f64 {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let v: Vec<f64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    if v.len() < 8 {
+        return 0.0;
+    }
+    (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / 100.0
 }
 
 /// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.
