@@ -239,7 +239,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let runs = if a.dataplane_only {
         Vec::new()
     } else {
-        let sizes: Vec<usize> = if a.quick { a.sizes.iter().copied().filter(|&s| s <= 1 << 20).collect() } else { a.sizes.clone() };
+        let sizes: Vec<usize> = if a.quick {
+            a.sizes.iter().copied().filter(|&s| s <= 1 << 20).collect()
+        } else {
+            a.sizes.clone()
+        };
         let r = end_to_end(a.quick, &a.workers, &sizes);
         crate::demo::clean_up();
         r?
@@ -247,9 +251,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
     if !runs.is_empty() {
         println!();
         println!("allreduce, i32 sum, same lab, same data (goodput Gbit/s | latency µs | bytes sent per worker / S | CPU s per GiB):");
-        println!("{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6} | {:>6} {:>6}", "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi", "switch", "ompi");
+        println!(
+            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6} | {:>6} {:>6}",
+            "n",
+            "bytes",
+            "switch",
+            "openmpi",
+            "x",
+            "switch",
+            "openmpi",
+            "x",
+            "switch",
+            "ompi",
+            "switch",
+            "ompi"
+        );
         for r in runs.iter().filter(|r| r.system == "switch") {
-            if let Some(m) = runs.iter().find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes) {
+            if let Some(m) = runs
+                .iter()
+                .find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes)
+            {
                 println!(
                     "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3} | {:>6.2} {:>6.2}{}",
                     r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps, r.latency_us, m.latency_us,
@@ -258,10 +279,16 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 );
             }
         }
-        let plot = a.plot.clone().unwrap_or_else(|| target_dir().join("bench/goodput.svg"));
+        let plot = a
+            .plot
+            .clone()
+            .unwrap_or_else(|| target_dir().join("bench/goodput.svg"));
         draw(&runs, &plot)?;
         println!("plot written to {}", plot.display());
-        anyhow::ensure!(runs.iter().all(|r| r.verified), "a run's result was wrong: its figures do not count");
+        anyhow::ensure!(
+            runs.iter().all(|r| r.verified),
+            "a run's result was wrong: its figures do not count"
+        );
     }
     let path = a
         .json
@@ -313,7 +340,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
-fn run_point(system: &'static str, workers: usize, bytes: usize, times: Vec<f64>, tx_per_worker: f64, busy: f64, verified: bool) -> RunPoint {
+fn run_point(
+    system: &'static str,
+    workers: usize,
+    bytes: usize,
+    times: Vec<f64>,
+    tx_per_worker: f64,
+    busy: f64,
+    verified: bool,
+) -> RunPoint {
     let iterations = times.len();
     let t = median(times);
     RunPoint {
@@ -334,18 +369,44 @@ fn run_point(system: &'static str, workers: usize, bytes: usize, times: Vec<f64>
 /// `iterations` times from a common start; `mid` is the job's next message id.
 fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<RunPoint> {
     let n = lab.workers;
-    let start_ns = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH)?.as_nanos() as u64 + 500_000_000 + bytes as u64 / 20;
+    let start_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)?
+        .as_nanos() as u64
+        + 500_000_000
+        + bytes as u64 / 20;
     let children: Vec<std::process::Child> = (0..n)
         .map(|i| {
             std::process::Command::new("ip")
                 .args(["netns", "exec", &lab.worker_ns(i)])
                 .arg(crate::build::release_bin("xagg"))
                 .args(["allreduce", "--switch", &xagg::lab::SWITCH_IP.to_string()])
-                .args(["--bind", &format!("{}:{}", xagg::lab::worker_ip(i), xagg::lab::WORKER_PORT)])
-                .args(["--job", &crate::demo::JOB_ID.to_string(), "--member", &i.to_string()])
+                .args([
+                    "--bind",
+                    &format!("{}:{}", xagg::lab::worker_ip(i), xagg::lab::WORKER_PORT),
+                ])
+                .args([
+                    "--job",
+                    &crate::demo::JOB_ID.to_string(),
+                    "--member",
+                    &i.to_string(),
+                ])
                 .args(["--segment", "862", "--slots", &SLOTS.to_string()])
-                .args(["--size", &bytes.to_string(), "--repeat", &iterations.to_string(), "--mid", &mid.to_string()])
-                .args(["--members", &n.to_string(), "--verify", "--json", "--start-at", &start_ns.to_string()])
+                .args([
+                    "--size",
+                    &bytes.to_string(),
+                    "--repeat",
+                    &iterations.to_string(),
+                    "--mid",
+                    &mid.to_string(),
+                ])
+                .args([
+                    "--members",
+                    &n.to_string(),
+                    "--verify",
+                    "--json",
+                    "--start-at",
+                    &start_ns.to_string(),
+                ])
                 .stdout(std::process::Stdio::piped())
                 .spawn()
                 .context("starting a worker")
@@ -354,14 +415,26 @@ fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<Ru
     let mut outs = Vec::new();
     for c in children {
         let o = c.wait_with_output()?;
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout).with_context(|| format!("worker output: {}", String::from_utf8_lossy(&o.stdout)))?;
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+            .with_context(|| format!("worker output: {}", String::from_utf8_lossy(&o.stdout)))?;
         outs.push(v);
     }
     let times: Vec<f64> = (0..iterations)
-        .map(|k| outs.iter().map(|w| w["seconds_all"][k].as_f64().unwrap_or(f64::INFINITY)).fold(0.0, f64::max))
+        .map(|k| {
+            outs.iter()
+                .map(|w| w["seconds_all"][k].as_f64().unwrap_or(f64::INFINITY))
+                .fold(0.0, f64::max)
+        })
         .collect();
-    let tx = outs.iter().map(|w| w["tx_bytes"].as_f64().unwrap_or(0.0)).sum::<f64>() / n as f64;
-    let busy = outs.iter().map(|w| w["busy_seconds"].as_f64().unwrap_or(0.0)).fold(0.0, f64::max);
+    let tx = outs
+        .iter()
+        .map(|w| w["tx_bytes"].as_f64().unwrap_or(0.0))
+        .sum::<f64>()
+        / n as f64;
+    let busy = outs
+        .iter()
+        .map(|w| w["busy_seconds"].as_f64().unwrap_or(0.0))
+        .fold(0.0, f64::max);
     let verified = outs.iter().all(|w| w["verified"].as_bool() == Some(true));
     Ok(run_point("switch", n, bytes, times, tx, busy, verified))
 }
@@ -371,9 +444,17 @@ const SLOTS: u32 = 128;
 /// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached. mpirun
 /// runs in worker 0's namespace and starts the other ranks through an rsh agent that enters
 /// their namespaces (each with its own UTS namespace, so every rank has a host name).
-fn mpi_run(lab: &Lab, mpi_bin: &std::path::Path, agent: &std::path::Path, bytes: usize, iterations: usize) -> Result<RunPoint> {
+fn mpi_run(
+    lab: &Lab,
+    mpi_bin: &std::path::Path,
+    agent: &std::path::Path,
+    bytes: usize,
+    iterations: usize,
+) -> Result<RunPoint> {
     let n = lab.workers;
-    let hosts: Vec<String> = (0..n).map(|i| xagg::lab::worker_ip(i).to_string()).collect();
+    let hosts: Vec<String> = (0..n)
+        .map(|i| xagg::lab::worker_ip(i).to_string())
+        .collect();
     let cmd = format!(
         "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
          --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1 {bin} {bytes} {iterations} 7",
@@ -383,15 +464,34 @@ fn mpi_run(lab: &Lab, mpi_bin: &std::path::Path, agent: &std::path::Path, bytes:
         bin = mpi_bin.display(),
     );
     let o = std::process::Command::new("ip")
-        .args(["netns", "exec", &lab.worker_ns(0), "unshare", "--uts", "sh", "-c", &cmd])
+        .args([
+            "netns",
+            "exec",
+            &lab.worker_ns(0),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            &cmd,
+        ])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()
         .context("running mpirun")?;
     let text = String::from_utf8_lossy(&o.stdout);
-    let line = text.lines().find(|l| l.starts_with('{')).with_context(|| format!("mpirun printed no result: {text} {}", String::from_utf8_lossy(&o.stderr)))?;
+    let line = text.lines().find(|l| l.starts_with('{')).with_context(|| {
+        format!(
+            "mpirun printed no result: {text} {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })?;
     let v: serde_json::Value = serde_json::from_str(line)?;
-    let times: Vec<f64> = v["seconds"].as_array().context("seconds")?.iter().filter_map(|x| x.as_f64()).collect();
+    let times: Vec<f64> = v["seconds"]
+        .as_array()
+        .context("seconds")?
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .collect();
     Ok(run_point(
         "openmpi",
         n,
@@ -405,19 +505,33 @@ fn mpi_run(lab: &Lab, mpi_bin: &std::path::Path, agent: &std::path::Path, bytes:
 
 /// Builds the MPI baseline (installing Open MPI if needed) and writes the rsh agent.
 fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
-    let ok = |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
+    let ok =
+        |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
     if !ok(std::process::Command::new("mpicc").arg("--version")) {
         eprintln!("setup: installing Open MPI (openmpi-bin, libopenmpi-dev)");
-        crate::build::run(std::process::Command::new("apt-get").args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"]).env("DEBIAN_FRONTEND", "noninteractive"))?;
+        crate::build::run(
+            std::process::Command::new("apt-get")
+                .args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"])
+                .env("DEBIAN_FRONTEND", "noninteractive"),
+        )?;
     }
     let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
     let bin = dir.join("mpi_allreduce");
-    crate::build::run(std::process::Command::new("mpicc").args(["-O2", "-o"]).arg(&bin).arg(crate::build::root().join("xtask/mpi/allreduce.c")))?;
+    crate::build::run(
+        std::process::Command::new("mpicc")
+            .args(["-O2", "-o"])
+            .arg(&bin)
+            .arg(crate::build::root().join("xtask/mpi/allreduce.c")),
+    )?;
     let agent = dir.join("rsh-agent.sh");
     let mut cases = String::new();
     for i in 0..workers {
-        cases.push_str(&format!("  {}) ns={}-w{i};;\n", xagg::lab::worker_ip(i), crate::demo::PREFIX));
+        cases.push_str(&format!(
+            "  {}) ns={}-w{i};;\n",
+            xagg::lab::worker_ip(i),
+            crate::demo::PREFIX
+        ));
     }
     std::fs::write(
         &agent,
@@ -439,7 +553,12 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
         lab.attach_hosts(&object)?;
         {
             let _daemon = crate::demo::start_switch(&lab)?;
-            crate::demo::xagg(&add_job_args(&lab)?.iter().map(String::as_str).collect::<Vec<_>>())?;
+            crate::demo::xagg(
+                &add_job_args(&lab)?
+                    .iter()
+                    .map(String::as_str)
+                    .collect::<Vec<_>>(),
+            )?;
             let mut mid = 0u32;
             for &bytes in sizes {
                 let it = iterations(bytes, quick);
@@ -454,7 +573,15 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
         lab.detach_hosts();
         for &bytes in sizes {
             let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes, quick))?;
-            eprintln!("openmpi n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}", bytes, r.goodput_gbps, r.latency_us, r.wire_ratio, r.cpu_s_per_gib, if r.verified { "" } else { "  NOT VERIFIED" });
+            eprintln!(
+                "openmpi n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
+                bytes,
+                r.goodput_gbps,
+                r.latency_us,
+                r.wire_ratio,
+                r.cpu_s_per_gib,
+                if r.verified { "" } else { "  NOT VERIFIED" }
+            );
             runs.push(r);
         }
     }
@@ -462,10 +589,23 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
 }
 
 fn add_job_args(lab: &Lab) -> Result<Vec<String>> {
-    let mut v: Vec<String> = ["job", "add", "--id", &crate::demo::JOB_ID.to_string(), "--op", "sum", "--dtype", "i32", "--segment", "862", "--slots", &SLOTS.to_string()]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+    let mut v: Vec<String> = [
+        "job",
+        "add",
+        "--id",
+        &crate::demo::JOB_ID.to_string(),
+        "--op",
+        "sum",
+        "--dtype",
+        "i32",
+        "--segment",
+        "862",
+        "--slots",
+        &SLOTS.to_string(),
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
     for m in lab.members()? {
         v.push("--member".into());
         v.push(format!("{},{},{}", m.interface, m.mac, m.addr));
@@ -483,9 +623,15 @@ fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
     root.fill(&WHITE)?;
     let max = runs.iter().map(|r| r.goodput_gbps).fold(0.0, f64::max) * 1.15;
     let xs: Vec<f64> = runs.iter().map(|r| (r.bytes as f64).log2()).collect();
-    let (x0, x1) = (xs.iter().cloned().fold(f64::INFINITY, f64::min), xs.iter().cloned().fold(0.0, f64::max));
+    let (x0, x1) = (
+        xs.iter().cloned().fold(f64::INFINITY, f64::min),
+        xs.iter().cloned().fold(0.0, f64::max),
+    );
     let mut chart = ChartBuilder::on(&root)
-        .caption("allreduce goodput, i32 sum, netns lab (2 cores)", ("sans-serif", 22))
+        .caption(
+            "allreduce goodput, i32 sum, netns lab (2 cores)",
+            ("sans-serif", 22),
+        )
         .margin(12)
         .x_label_area_size(44)
         .y_label_area_size(56)
@@ -502,15 +648,26 @@ fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
     for (i, system) in ["switch", "openmpi"].into_iter().enumerate() {
         for (j, &n) in workers.iter().enumerate() {
             let color = Palette99::pick(i * 4 + j).to_rgba();
-            let pts: Vec<(f64, f64)> = runs.iter().filter(|r| r.system == system && r.workers == n).map(|r| ((r.bytes as f64).log2(), r.goodput_gbps)).collect();
+            let pts: Vec<(f64, f64)> = runs
+                .iter()
+                .filter(|r| r.system == system && r.workers == n)
+                .map(|r| ((r.bytes as f64).log2(), r.goodput_gbps))
+                .collect();
             chart
                 .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
                 .label(format!("{system}, {n} workers"))
-                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2)));
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
             chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
         }
     }
-    chart.configure_series_labels().background_style(WHITE.mix(0.8)).border_style(BLACK).position(SeriesLabelPosition::UpperLeft).draw()?;
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
     root.present()?;
     Ok(())
 }

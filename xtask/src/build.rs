@@ -67,16 +67,6 @@ pub fn setup() -> Result<()> {
         eprintln!("setup: adding the rust-src component (for -Z build-std)");
         run(Command::new("rustup").args(["component", "add", "rust-src"]))?;
     }
-    if !succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
-        eprintln!("setup: installing cargo-fuzz (for the decoder's fuzz target)");
-        run(Command::new("cargo").args([
-            "install",
-            "cargo-fuzz",
-            "--version",
-            "0.13.2",
-            "--locked",
-        ]))?;
-    }
     if !succeeds(Command::new("bpf-linker").arg("--version")) {
         if !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists() {
             apt(&[
@@ -156,6 +146,16 @@ pub fn test(extra: &[String]) -> Result<()> {
         .args(extra))?;
     if !extra.is_empty() {
         return Ok(());
+    }
+    if !succeeds(Command::new("cargo").args(["fuzz", "--version"])) {
+        eprintln!("setup: installing cargo-fuzz (for the decoder's fuzz target)");
+        run(Command::new("cargo").args([
+            "install",
+            "cargo-fuzz",
+            "--version",
+            "0.13.2",
+            "--locked",
+        ]))?;
     }
     eprintln!("fuzzing the packet decoder for 30 s (a long run: docs/testing.md)");
     run(cargo()

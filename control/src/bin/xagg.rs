@@ -457,7 +457,9 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     let iface = xagg::iface::holding(*a_bind.ip()).ok().flatten();
     let tx = |i: &Option<String>| -> u64 {
         i.as_ref()
-            .and_then(|i| std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/tx_bytes")).ok())
+            .and_then(|i| {
+                std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/tx_bytes")).ok()
+            })
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
     };
@@ -487,7 +489,9 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     let mut verified = true;
     let mut worst_float_error = 0f64;
     if let (true, Some(m)) = (a.verify, a.members) {
-        let inputs: Vec<Vec<u8>> = (0..m).map(|k| xagg::data::generate(dtype, a.seed, k, n)).collect();
+        let inputs: Vec<Vec<u8>> = (0..m)
+            .map(|k| xagg::data::generate(dtype, a.seed, k, n))
+            .collect();
         match xagg::data::check(op, dtype, segment, &inputs, &first) {
             Ok(e) => worst_float_error = e,
             Err(e) => {
@@ -533,7 +537,14 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
 /// Machine-wide busy CPU time in seconds (/proc/stat: all but idle and iowait).
 fn busy_seconds() -> f64 {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<f64> = stat.lines().next().unwrap_or("").split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
+    let v: Vec<f64> = stat
+        .lines()
+        .next()
+        .unwrap_or("")
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|x| x.parse().ok())
+        .collect();
     if v.len() < 8 {
         return 0.0;
     }
