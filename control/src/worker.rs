@@ -17,7 +17,14 @@ use xagg_common::wire::{
     self, DType, Header, Kind, Op, ENC_NONFINITE, ENC_OVERFLOW, FLAG_EPOCH, FLAG_LAST, HEADER_LEN,
 };
 
+use std::os::fd::AsRawFd;
+
 use crate::codec;
+
+/// Largest GSO burst: one 64 KiB UDP super-packet.
+const GSO_MAX_BYTES: usize = 65_000;
+/// The kernel's limit of segments per GSO send (UDP_MAX_SEGMENTS).
+const GSO_MAX_SEGMENTS: usize = 64;
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
 pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
@@ -62,6 +69,9 @@ pub struct WorkerParams {
     pub give_up: Duration,
     /// Test option: send segments out of order (each burst of sends is shuffled).
     pub reorder: bool,
+    /// Send bursts of segments with UDP GSO (one system call for up to 18 full segments)
+    /// instead of one datagram per call.
+    pub gso: bool,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
     pub first_mid: u32,
@@ -83,6 +93,7 @@ impl WorkerParams {
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
             reorder: false,
+            gso: true,
             first_mid: 0,
         }
     }
@@ -188,6 +199,11 @@ pub struct Worker {
     srtt: Option<Duration>,
     pkt: Vec<u8>,
     rng: u64,
+    /// Datagrams waiting to be sent as one GSO burst: all `stride` bytes long but the last.
+    batch: Vec<u8>,
+    batch_n: usize,
+    batch_stride: usize,
+    batch_closed: bool,
 }
 
 impl Worker {
@@ -230,6 +246,10 @@ impl Worker {
             uses: vec![0; p.slots],
             srtt: None,
             pkt: vec![0; HEADER_LEN + wire::MAX_PAYLOAD],
+            batch: Vec::with_capacity(GSO_MAX_BYTES),
+            batch_n: 0,
+            batch_stride: 0,
+            batch_closed: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
             p,
         })
@@ -302,8 +322,27 @@ impl Worker {
         let mut next_check = Instant::now() + self.rto();
         self.sock
             .set_read_timeout(Some(self.rto() / 4 + Duration::from_micros(100)))?;
+        self.flush()?;
         while done < nseg {
-            match self.sock.recv(&mut rx) {
+            // Results already queued are taken without blocking; once none is left, the
+            // segments they freed go out as one burst, and only then does the worker wait.
+            let got = if self.batch_n > 0 {
+                match nix::sys::socket::recv(
+                    self.sock.as_raw_fd(),
+                    &mut rx,
+                    nix::sys::socket::MsgFlags::MSG_DONTWAIT,
+                ) {
+                    Ok(n) => Ok(n),
+                    Err(nix::errno::Errno::EAGAIN) => {
+                        self.flush()?;
+                        self.sock.recv(&mut rx)
+                    }
+                    Err(e) => Err(io::Error::from(e)),
+                }
+            } else {
+                self.sock.recv(&mut rx)
+            };
+            match got {
                 Ok(n) => {
                     let Some((slot, flags)) = self.accept(&rx[..n], mid, &flight, buf, seg_bytes)
                     else {
@@ -382,6 +421,59 @@ impl Worker {
             });
         }
         Ok(report)
+    }
+
+    /// Queues the datagram in `pkt[..len]` for the next burst.
+    fn enqueue(&mut self, len: usize) -> Result<(), AllreduceError> {
+        if !self.p.gso {
+            self.sock.send_to(&self.pkt[..len], self.p.switch)?;
+            return Ok(());
+        }
+        // GSO cuts the burst into datagrams of the first one's length: a shorter one may
+        // only come last, and the whole burst must fit one 64 KiB super-packet.
+        let fits = self.batch_n == 0
+            || (!self.batch_closed
+                && len <= self.batch_stride
+                && self.batch.len() + len <= GSO_MAX_BYTES
+                && self.batch_n < GSO_MAX_SEGMENTS);
+        if !fits {
+            self.flush()?;
+        }
+        if self.batch_n == 0 {
+            self.batch_stride = len;
+        }
+        self.batch.extend_from_slice(&self.pkt[..len]);
+        self.batch_n += 1;
+        self.batch_closed = len < self.batch_stride;
+        Ok(())
+    }
+
+    /// Sends the queued burst: one datagram, or one GSO super-packet.
+    fn flush(&mut self) -> Result<(), AllreduceError> {
+        if self.batch_n == 0 {
+            return Ok(());
+        }
+        if self.batch_n == 1 {
+            self.sock.send_to(&self.batch, self.p.switch)?;
+        } else {
+            use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+            let stride = self.batch_stride as u16;
+            let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
+            let iov = [std::io::IoSlice::new(&self.batch)];
+            let to = SockaddrIn::from(self.p.switch);
+            sendmsg(
+                self.sock.as_raw_fd(),
+                &iov,
+                &cmsg,
+                MsgFlags::empty(),
+                Some(&to),
+            )
+            .map_err(io::Error::from)?;
+        }
+        self.batch.clear();
+        self.batch_n = 0;
+        self.batch_closed = false;
+        Ok(())
     }
 
     /// Asks the switch, for each segment still in flight, which members its slot waits for.
@@ -511,7 +603,7 @@ impl Worker {
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
         self.pkt[HEADER_LEN + lane_bytes..len].fill(0);
         self.pkt[..HEADER_LEN].copy_from_slice(&h.to_bytes());
-        self.sock.send_to(&self.pkt[..len], self.p.switch)?;
+        self.enqueue(len)?;
         Ok(InFlight {
             seg,
             epoch,

@@ -239,6 +239,8 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
                 ])
                 .args(["--start-at", &start_ns.to_string(), "--json"])
                 .args(a.reorder.then_some("--reorder"))
+                // The tc duplication sees a GSO burst as one packet: send datagrams one by one.
+                .args(a.inject.filter(|i| i.dup_contrib > 0.0).map(|_| "--no-gso"))
                 .stdout(Stdio::piped())
                 .spawn()
                 .context("starting a worker")

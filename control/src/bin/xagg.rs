@@ -151,6 +151,9 @@ struct AllreduceArgs {
     /// Test option: send segments out of order.
     #[arg(long)]
     reorder: bool,
+    /// Send one datagram per system call instead of UDP GSO bursts.
+    #[arg(long)]
+    no_gso: bool,
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
@@ -433,6 +436,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     p.first_mid = a.mid;
     p.give_up = Duration::from_millis(a.give_up_ms);
     p.reorder = a.reorder;
+    p.gso = !a.no_gso;
     let (op, dtype, segment) = (p.op, p.dtype, p.segment);
     let size = dtype.size();
     if !a.size.is_multiple_of(size) {
