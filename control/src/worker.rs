@@ -72,6 +72,8 @@ pub struct WorkerParams {
     /// Send bursts of segments with UDP GSO (one system call for up to 18 full segments)
     /// instead of one datagram per call.
     pub gso: bool,
+    /// Receive with UDP GRO: results that arrive together are read with one call.
+    pub gro: bool,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
     pub first_mid: u32,
@@ -94,6 +96,7 @@ impl WorkerParams {
             give_up: Duration::from_secs(10),
             reorder: false,
             gso: true,
+            gro: true,
             first_mid: 0,
         }
     }
@@ -240,6 +243,14 @@ impl Worker {
                 nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &want)
             });
         let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::SndBufForce, &want);
+        if p.gro {
+            // Results that arrive together are read together.
+            let _ = nix::sys::socket::setsockopt(
+                &sock,
+                nix::sys::socket::sockopt::UdpGroSegment,
+                &true,
+            );
+        }
         Ok(Self {
             sock,
             next_mid: p.first_mid,
@@ -327,45 +338,43 @@ impl Worker {
             // Results already queued are taken without blocking; once none is left, the
             // segments they freed go out as one burst, and only then does the worker wait.
             let got = if self.batch_n > 0 {
-                match nix::sys::socket::recv(
-                    self.sock.as_raw_fd(),
-                    &mut rx,
-                    nix::sys::socket::MsgFlags::MSG_DONTWAIT,
-                ) {
-                    Ok(n) => Ok(n),
-                    Err(nix::errno::Errno::EAGAIN) => {
+                match self.receive(&mut rx, true) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         self.flush()?;
-                        self.sock.recv(&mut rx)
+                        self.receive(&mut rx, false)
                     }
-                    Err(e) => Err(io::Error::from(e)),
+                    r => r,
                 }
             } else {
-                self.sock.recv(&mut rx)
+                self.receive(&mut rx, false)
             };
             match got {
-                Ok(n) => {
-                    let Some((slot, flags)) = self.accept(&rx[..n], mid, &flight, buf, seg_bytes)
-                    else {
-                        continue;
-                    };
-                    let f = flight[slot]
-                        .take()
-                        .expect("accepted only for a slot in flight");
-                    if flags & ENC_NONFINITE != 0 {
-                        nonfinite.push(f.seg as u32);
-                    }
-                    if flags & ENC_OVERFLOW != 0 {
-                        overflow.push(f.seg as u32);
-                    }
-                    if !f.retransmitted {
-                        self.sample_rtt(f.sent.elapsed());
-                    }
-                    done += 1;
-                    last_progress = Instant::now();
-                    let next = f.seg + window;
-                    if next < nseg {
-                        flight[slot] =
-                            Some(self.send(buf, mid, slot, next, nseg, seg_bytes, false)?);
+                Ok((n, stride)) => {
+                    // With UDP GRO one read may hold several results, `stride` bytes each.
+                    for d in rx[..n].chunks(stride.max(1)) {
+                        let Some((slot, flags)) = self.accept(d, mid, &flight, buf, seg_bytes)
+                        else {
+                            continue;
+                        };
+                        let f = flight[slot]
+                            .take()
+                            .expect("accepted only for a slot in flight");
+                        if flags & ENC_NONFINITE != 0 {
+                            nonfinite.push(f.seg as u32);
+                        }
+                        if flags & ENC_OVERFLOW != 0 {
+                            overflow.push(f.seg as u32);
+                        }
+                        if !f.retransmitted {
+                            self.sample_rtt(f.sent.elapsed());
+                        }
+                        done += 1;
+                        last_progress = Instant::now();
+                        let next = f.seg + window;
+                        if next < nseg {
+                            flight[slot] =
+                                Some(self.send(buf, mid, slot, next, nseg, seg_bytes, false)?);
+                        }
                     }
                 }
                 Err(e)
@@ -421,6 +430,29 @@ impl Worker {
             });
         }
         Ok(report)
+    }
+
+    /// Reads what the socket has: one datagram, or with UDP GRO several of the same
+    /// length coalesced; returns the bytes read and the length of each datagram.
+    fn receive(&self, rx: &mut [u8], nonblocking: bool) -> io::Result<(usize, usize)> {
+        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
+        let flags = if nonblocking {
+            MsgFlags::MSG_DONTWAIT
+        } else {
+            MsgFlags::empty()
+        };
+        let mut cmsg = nix::cmsg_space!(i32);
+        let mut iov = [std::io::IoSliceMut::new(rx)];
+        let msg = recvmsg::<SockaddrIn>(self.sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)
+            .map_err(io::Error::from)?;
+        let n = msg.bytes;
+        let mut stride = n;
+        for c in msg.cmsgs().map_err(io::Error::from)? {
+            if let ControlMessageOwned::UdpGroSegments(s) = c {
+                stride = s as usize;
+            }
+        }
+        Ok((n, stride))
     }
 
     /// Queues the datagram in `pkt[..len]` for the next burst.
@@ -507,23 +539,23 @@ impl Worker {
         let deadline = Instant::now() + Duration::from_millis(300);
         let mut rx = [0u8; 4096];
         while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {
-            let Ok(n) = self.sock.recv(&mut rx) else {
+            let Ok((n, stride)) = self.receive(&mut rx, false) else {
                 continue;
             };
-            let Some(h) = Header::from_bytes(&rx[..n]) else {
-                continue;
-            };
-            if h.kind != Kind::StatusReply as u8 || h.jid() != self.p.job || n < HEADER_LEN + 16 {
-                continue;
-            }
-            let Some(m) = missing.iter_mut().find(|m| m.slot == h.seg() as usize) else {
-                continue;
-            };
-            if h.mid() == mid && h.sid() == m.sid {
-                let seen = u64::from_le_bytes(rx[HEADER_LEN..HEADER_LEN + 8].try_into().unwrap());
-                let all =
-                    u64::from_le_bytes(rx[HEADER_LEN + 8..HEADER_LEN + 16].try_into().unwrap());
-                m.members = Some(crate::dataplane::members_of(all & !seen));
+            for d in rx[..n].chunks(stride.max(1)) {
+                let Ok(p) = wire::decode(d) else { continue };
+                let h = p.header;
+                if h.kind != Kind::StatusReply as u8 || h.jid() != self.p.job {
+                    continue;
+                }
+                let Some(m) = missing.iter_mut().find(|m| m.slot == h.seg() as usize) else {
+                    continue;
+                };
+                if h.mid() == mid && h.sid() == m.sid {
+                    let seen = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
+                    let all = u64::from_le_bytes(p.payload[8..16].try_into().unwrap());
+                    m.members = Some(crate::dataplane::members_of(all & !seen));
+                }
             }
         }
         missing
