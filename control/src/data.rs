@@ -187,8 +187,9 @@ pub fn check(
                     want /= members as f64;
                     bound /= members as f64;
                 }
+                // Then one rounding to the type, of a value within `bound` of the sum.
                 let (rel, tiny) = rounding(dtype);
-                bound += rel * want.abs() + tiny;
+                bound += rel * (want.abs() + bound) + tiny;
                 let err = (g - want).abs();
                 if err.is_nan() || err > bound {
                     return Err(format!("element {i}: {g} vs {want}: error {err:e} above the bound {bound:e} (block exponent {k}, {} over {})", op.name(), dtype.name()));

@@ -261,5 +261,27 @@ mod tests {
             ..spec
         };
         assert_eq!(spec.to_job(0).unwrap_err().field, "members");
+        // Outside the op x type matrix: refused, with the matrix in the message.
+        for (op, dtype) in [("prod", "f32"), ("xor", "bf16"), ("and", "f16")] {
+            let bad = JobSpec {
+                op: op.into(),
+                dtype: dtype.into(),
+                ..spec.clone()
+            };
+            let e = bad.to_job(0).unwrap_err();
+            assert_eq!(e.field, "op");
+            assert!(
+                e.problem
+                    .contains("floats (f32, f16, bf16) take sum, min, max, avg"),
+                "{e}"
+            );
+        }
+        // The largest segment depends on the lane: 431 for i64 and for the mean of i32.
+        let wide = JobSpec {
+            op: "avg".into(),
+            segment: 432,
+            ..spec.clone()
+        };
+        assert!(wide.to_job(0).unwrap_err().problem.contains("1..=431"));
     }
 }

@@ -85,6 +85,24 @@ fn loss_duplicates_and_reordering_recover() {
         Response::Ok
     ));
 
+    // Both directions at once.
+    let both = Request::Inject {
+        drop_contribution: 0.05,
+        drop_result: 0.05,
+    };
+    assert!(matches!(sw.api(both), Response::Ok));
+    let (a, b, retx, _) = run(&sw, "contributions and results dropped at 0.05", &|_| {});
+    assert!(
+        delta(&a, &b, "inject_drop_contribution") > 0
+            && delta(&a, &b, "inject_drop_result") > 0
+            && retx > 0
+    );
+    let off = Request::Inject {
+        drop_contribution: 0.0,
+        drop_result: 0.0,
+    };
+    assert!(matches!(sw.api(off), Response::Ok));
+
     // Duplicates from the worker's egress (tc, bpf_clone_redirect): never added twice.
     sw.lab.impair(xagg::EBPF_OBJECT, 0.0, 0.05).unwrap();
     // (One datagram per send: the tc program sees a GSO burst as one packet.)
