@@ -42,6 +42,63 @@ pub struct BenchArgs {
     /// Only the switch program's per-packet costs and the conversions.
     #[arg(long)]
     pub dataplane_only: bool,
+    /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
+    /// 16 MiB): segment length, slots in flight, UDP GSO, UDP GRO.
+    #[arg(long)]
+    pub levers: bool,
+}
+
+#[derive(Serialize, Clone, Debug)]
+pub struct LeverPoint {
+    pub lever: &'static str,
+    pub setting: String,
+    pub goodput_gbps: f64,
+    pub cpu_s_per_gib: f64,
+}
+
+/// Each lever off and on, the others at their defaults.
+pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let n = 4;
+    let bytes = if quick { 1 << 20 } else { 16 << 20 };
+    let it = iterations(bytes, quick);
+    let mut lab = Lab::create(crate::demo::PREFIX, n)?;
+    lab.attach_hosts(&object)?;
+    let _daemon = crate::demo::start_switch(&lab)?;
+    let settings: [(&'static str, &str, usize, u32, &[&str]); 8] = [
+        ("segment", "256 elements", 256, SLOTS, &[]),
+        ("segment", "862 elements", 862, SLOTS, &[]),
+        ("slots", "16", 862, 16, &[]),
+        ("slots", "128", 862, 128, &[]),
+        ("gso", "off", 862, SLOTS, &["--no-gso"]),
+        ("gso", "on", 862, SLOTS, &[]),
+        ("gro", "off", 862, SLOTS, &["--no-gro"]),
+        ("gro", "on", 862, SLOTS, &[]),
+    ];
+    let mut out = Vec::new();
+    for (k, (lever, setting, segment, slots, extra)) in settings.into_iter().enumerate() {
+        let id = 100 + k as u32;
+        crate::demo::xagg(
+            &add_job_args_with(&lab, id, segment, slots)?
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+        )?;
+        let r = switch_run_with(&lab, id, bytes, it, 0, segment, slots, extra)?;
+        crate::demo::xagg(&["job", "remove", &id.to_string()])?;
+        anyhow::ensure!(r.verified, "lever {lever} {setting}: result wrong");
+        eprintln!(
+            "lever {lever:>8} {setting:>13}: {:.2} Gbit/s, {:.2} CPU s/GiB",
+            r.goodput_gbps, r.cpu_s_per_gib
+        );
+        out.push(LeverPoint {
+            lever,
+            setting: setting.into(),
+            goodput_gbps: r.goodput_gbps,
+            cpu_s_per_gib: r.cpu_s_per_gib,
+        });
+    }
+    Ok(out)
 }
 
 #[derive(Serialize, Clone)]
@@ -211,6 +268,23 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.levers {
+        let r = levers(a.quick);
+        crate::demo::clean_up();
+        let points = r?;
+        let path = a
+            .json
+            .unwrap_or_else(|| target_dir().join("bench/levers.json"));
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&serde_json::json!({ "levers": points }))?,
+        )?;
+        println!("figures written to {}", path.display());
+        return Ok(());
+    }
     let points = dataplane(a.quick)?;
     let codec_points = codecs(a.quick);
     println!(
@@ -368,6 +442,30 @@ fn run_point(
 /// The switch: n workers (CLI processes, one per namespace) allreduce `bytes` of i32
 /// `iterations` times from a common start; `mid` is the job's next message id.
 fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<RunPoint> {
+    switch_run_with(
+        lab,
+        crate::demo::JOB_ID,
+        bytes,
+        iterations,
+        mid,
+        862,
+        SLOTS,
+        &[],
+    )
+}
+
+/// [`switch_run`] on job `job` with its segment length and slots, and extra worker flags.
+#[allow(clippy::too_many_arguments)]
+fn switch_run_with(
+    lab: &Lab,
+    job: u32,
+    bytes: usize,
+    iterations: usize,
+    mid: u32,
+    segment: usize,
+    slots: u32,
+    extra: &[&str],
+) -> Result<RunPoint> {
     let n = lab.workers;
     let start_ns = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)?
@@ -384,13 +482,14 @@ fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<Ru
                     "--bind",
                     &format!("{}:{}", xagg::lab::worker_ip(i), xagg::lab::WORKER_PORT),
                 ])
+                .args(["--job", &job.to_string(), "--member", &i.to_string()])
                 .args([
-                    "--job",
-                    &crate::demo::JOB_ID.to_string(),
-                    "--member",
-                    &i.to_string(),
+                    "--segment",
+                    &segment.to_string(),
+                    "--slots",
+                    &slots.to_string(),
                 ])
-                .args(["--segment", "862", "--slots", &SLOTS.to_string()])
+                .args(extra)
                 .args([
                     "--size",
                     &bytes.to_string(),
@@ -589,23 +688,24 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
 }
 
 fn add_job_args(lab: &Lab) -> Result<Vec<String>> {
-    let mut v: Vec<String> = [
-        "job",
-        "add",
-        "--id",
-        &crate::demo::JOB_ID.to_string(),
-        "--op",
-        "sum",
-        "--dtype",
-        "i32",
-        "--segment",
-        "862",
-        "--slots",
-        &SLOTS.to_string(),
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect();
+    add_job_args_with(lab, crate::demo::JOB_ID, 862, SLOTS)
+}
+
+fn add_job_args_with(lab: &Lab, id: u32, segment: usize, slots: u32) -> Result<Vec<String>> {
+    let mut v: Vec<String> = vec![
+        "job".into(),
+        "add".into(),
+        "--id".into(),
+        id.to_string(),
+        "--op".into(),
+        "sum".into(),
+        "--dtype".into(),
+        "i32".into(),
+        "--segment".into(),
+        segment.to_string(),
+        "--slots".into(),
+        slots.to_string(),
+    ];
     for m in lab.members()? {
         v.push("--member".into());
         v.push(format!("{},{},{}", m.interface, m.mac, m.addr));

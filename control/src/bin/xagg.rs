@@ -154,6 +154,9 @@ struct AllreduceArgs {
     /// Send one datagram per system call instead of UDP GSO bursts.
     #[arg(long)]
     no_gso: bool,
+    /// Read one result per system call instead of UDP GRO batches.
+    #[arg(long)]
+    no_gro: bool,
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
@@ -437,6 +440,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     p.give_up = Duration::from_millis(a.give_up_ms);
     p.reorder = a.reorder;
     p.gso = !a.no_gso;
+    p.gro = !a.no_gro;
     let (op, dtype, segment) = (p.op, p.dtype, p.segment);
     let size = dtype.size();
     if !a.size.is_multiple_of(size) {
