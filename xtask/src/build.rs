@@ -168,5 +168,17 @@ pub fn test(extra: &[String]) -> Result<()> {
             "--",
             "-max_total_time=30",
             "-print_final_stats=1",
-        ]))
+        ]))?;
+    // The benchmark, quick (for breakage, not figures): every path of it runs, both systems
+    // verified.
+    eprintln!("cargo xtask bench --quick (2 workers, small sizes)");
+    crate::bench::run(crate::bench::BenchArgs {
+        quick: true,
+        json: Some(target_dir().join("bench/quick.json")),
+        plot: Some(target_dir().join("bench/quick.svg")),
+        workers: vec![2],
+        sizes: vec![4 << 10, 64 << 10],
+        dataplane_only: false,
+        levers: false,
+    })
 }
