@@ -323,16 +323,15 @@ impl Dataplane {
         let job = spec.to_job(base)?;
         self.reset_slots(base, spec.slots)?;
         let n = spec.members.len();
-        for m in &job.member[..n] {
+        // Ports are distinct within a job (checked by `to_job`): one member per port.
+        for (idx, m) in job.member[..n].iter().enumerate() {
             let key = EgressKey {
                 jid: spec.id,
                 ifindex: m.ifindex,
             };
-            let idx = job.member[..n]
-                .iter()
-                .position(|x| x.ifindex == m.ifindex)
-                .unwrap_or(0) as u32;
-            self.egress.insert(key, idx, 0).map_err(map_err("EGRESS"))?;
+            self.egress
+                .insert(key, idx as u32, 0)
+                .map_err(map_err("EGRESS"))?;
         }
         self.jobs.insert(spec.id, job, 0).map_err(map_err("JOBS"))?;
         Ok(JobSpec::from_job(spec.id, &job))

@@ -324,7 +324,7 @@ impl Worker {
                 .count() as u64;
         }
         for slot in order {
-            flight[slot] = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes, false)?);
+            flight[slot] = Some(self.send(buf, mid, slot, slot, nseg, seg_bytes)?);
         }
         let mut done = 0;
         let (mut nonfinite, mut overflow) = (Vec::new(), Vec::new());
@@ -372,8 +372,7 @@ impl Worker {
                         last_progress = Instant::now();
                         let next = f.seg + window;
                         if next < nseg {
-                            flight[slot] =
-                                Some(self.send(buf, mid, slot, next, nseg, seg_bytes, false)?);
+                            flight[slot] = Some(self.send(buf, mid, slot, next, nseg, seg_bytes)?);
                         }
                     }
                 }
@@ -577,7 +576,6 @@ impl Worker {
     }
 
     /// Sends segment `seg` on `slot` with the slot's next epoch.
-    #[expect(clippy::too_many_arguments, reason = "the segment's coordinates")]
     fn send(
         &mut self,
         buf: &[u8],
@@ -586,13 +584,10 @@ impl Worker {
         seg: usize,
         nseg: usize,
         seg_bytes: usize,
-        retransmitted: bool,
     ) -> Result<InFlight, AllreduceError> {
         let epoch = (self.uses[slot] & 1) as u8;
         self.uses[slot] = self.uses[slot].wrapping_add(1);
-        let mut f = self.send_epoch(buf, mid, slot, seg, nseg, seg_bytes, epoch)?;
-        f.retransmitted = retransmitted;
-        Ok(f)
+        self.send_epoch(buf, mid, slot, seg, nseg, seg_bytes, epoch)
     }
 
     #[expect(clippy::too_many_arguments, reason = "the segment's coordinates")]

@@ -179,7 +179,10 @@ impl LabSwitch {
     /// Runs one allreduce (message `mid`) of `elems` i32 on every listed worker at once
     /// (member i is worker `workers[i]`, bound to `port`), and checks each result against
     /// the wrapping sum.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per knob of the run"
+    )]
     pub fn allreduce(
         &self,
         job: u32,
@@ -198,7 +201,10 @@ impl LabSwitch {
     }
 
     /// [`Self::allreduce`] with every worker's parameters adjusted by `tweak`.
-    #[allow(clippy::too_many_arguments)]
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per knob of the run"
+    )]
     pub fn allreduce_with(
         &self,
         job: u32,

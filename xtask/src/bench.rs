@@ -455,7 +455,10 @@ fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<Ru
 }
 
 /// [`switch_run`] on job `job` with its segment length and slots, and extra worker flags.
-#[allow(clippy::too_many_arguments)]
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per knob of the run"
+)]
 fn switch_run_with(
     lab: &Lab,
     job: u32,
