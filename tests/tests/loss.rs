@@ -119,7 +119,7 @@ fn loss_duplicates_and_reordering_recover() {
     let (_, _, retx, _) = run(
         &sw,
         "contributions dropped on worker egress at 0.05",
-        &|_| {},
+        &|p| p.gso = false,
     );
     let (dropped, _) = sw.lab.impair_counts().unwrap();
     assert!(dropped > 0 && retx > 0);
