@@ -190,7 +190,8 @@ fn restart_during_an_allreduce() {
         sw.add_job(6, 862, 64, &[0, 1]),
         Response::Job { .. }
     ));
-    let elems = (256 << 20) / 4;
+    // Long enough (about 2 s here) for two restarts to happen while it runs.
+    let elems = (512 << 20) / 4;
     let complete = |sw: &LabSwitch| sw.counters()["complete"];
     let mut daemon = sw.daemon.take().unwrap();
     let sw_ref = &sw;
