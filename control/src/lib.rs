@@ -12,6 +12,7 @@ pub mod job;
 pub mod lab;
 pub mod testrun;
 pub mod worker;
+pub mod xsk;
 
 /// The XDP object, embedded at build time (empty when it was not built).
 pub static EBPF_OBJECT: &[u8] =

@@ -74,6 +74,10 @@ pub struct WorkerParams {
     pub gso: bool,
     /// Receive with UDP GRO: results that arrive together are read with one call.
     pub gro: bool,
+    /// Receive results with AF_XDP (`xagg_host` steers them into posted buffers) instead of
+    /// the UDP socket. The worker attaches `xagg_host` to the interface holding its
+    /// address, which must carry no other XDP program.
+    pub afxdp: bool,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
     pub first_mid: u32,
@@ -97,6 +101,7 @@ impl WorkerParams {
             reorder: false,
             gso: true,
             gro: true,
+            afxdp: false,
             first_mid: 0,
         }
     }
@@ -195,6 +200,8 @@ struct InFlight {
 
 pub struct Worker {
     sock: UdpSocket,
+    /// The AF_XDP receive path, with `afxdp`.
+    xsk: Option<crate::xsk::XskReceiver>,
     p: WorkerParams,
     next_mid: u32,
     /// Uses of each slot so far: its next epoch.
@@ -251,8 +258,25 @@ impl Worker {
                 &true,
             );
         }
+        let xsk = if p.afxdp {
+            let ip = *p.bind.ip();
+            let iface = crate::iface::holding(ip)
+                .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?
+                .ok_or_else(|| {
+                    AllreduceError::Invalid(format!(
+                        "AF_XDP receive: no interface holds {ip} in this network namespace"
+                    ))
+                })?;
+            Some(
+                crate::xsk::XskReceiver::new(&iface, p.bind.port())
+                    .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
+            )
+        } else {
+            None
+        };
         Ok(Self {
             sock,
+            xsk,
             next_mid: p.first_mid,
             uses: vec![0; p.slots],
             srtt: None,
@@ -331,8 +355,7 @@ impl Worker {
         let mut rx = vec![0u8; 65536];
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
-        self.sock
-            .set_read_timeout(Some(self.rto() / 4 + Duration::from_micros(100)))?;
+        self.set_wait(self.rto() / 4 + Duration::from_micros(100))?;
         self.flush()?;
         while done < nseg {
             // Results already queued are taken without blocking; once none is left, the
@@ -431,9 +454,24 @@ impl Worker {
         Ok(report)
     }
 
+    /// How long a blocking `receive` waits.
+    fn set_wait(&mut self, wait: Duration) -> io::Result<()> {
+        match &mut self.xsk {
+            Some(x) => {
+                x.wait = wait;
+                Ok(())
+            }
+            None => self.sock.set_read_timeout(Some(wait)),
+        }
+    }
+
     /// Reads what the socket has: one datagram, or with UDP GRO several of the same
     /// length coalesced; returns the bytes read and the length of each datagram.
-    fn receive(&self, rx: &mut [u8], nonblocking: bool) -> io::Result<(usize, usize)> {
+    fn receive(&mut self, rx: &mut [u8], nonblocking: bool) -> io::Result<(usize, usize)> {
+        if let Some(x) = &mut self.xsk {
+            let n = x.receive(rx, nonblocking)?;
+            return Ok((n, n));
+        }
         use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
         let flags = if nonblocking {
             MsgFlags::MSG_DONTWAIT
@@ -534,7 +572,7 @@ impl Worker {
                 members: None,
             });
         }
-        let _ = self.sock.set_read_timeout(Some(Duration::from_millis(20)));
+        let _ = self.set_wait(Duration::from_millis(20));
         let deadline = Instant::now() + Duration::from_millis(300);
         let mut rx = [0u8; 4096];
         while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {

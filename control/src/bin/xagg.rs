@@ -157,6 +157,11 @@ struct AllreduceArgs {
     /// Read one result per system call instead of UDP GRO batches.
     #[arg(long)]
     no_gro: bool,
+    /// Receive results with AF_XDP: attaches xagg_host to the interface holding the
+    /// member's address (which must carry no other XDP program) and reads results from
+    /// posted buffers instead of the UDP socket.
+    #[arg(long)]
+    afxdp: bool,
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
@@ -441,6 +446,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     p.reorder = a.reorder;
     p.gso = !a.no_gso;
     p.gro = !a.no_gro;
+    p.afxdp = a.afxdp;
     let (op, dtype, segment) = (p.op, p.dtype, p.segment);
     let size = dtype.size();
     if !a.size.is_multiple_of(size) {

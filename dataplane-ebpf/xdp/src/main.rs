@@ -5,7 +5,8 @@
 //!   Everything else passes to the kernel (the bridge) untouched.
 //! - `xagg_result`, the devmap egress program: addresses each broadcast copy to the
 //!   member behind the port it leaves through.
-//! - `xagg_host`, on a worker's interface: lets results in (a frame redirected into a veth
+//! - `xagg_host`, on a worker's interface: steers results into the worker's AF_XDP
+//!   socket when it has one, and lets everything else in (a frame redirected into a veth
 //!   is dropped unless the peer end runs an XDP program).
 #![no_std]
 #![no_main]
@@ -18,7 +19,7 @@ mod slot;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
-    btf_maps::{Array, DevMap, HashMap, PerCpuArray},
+    btf_maps::{Array, DevMap, HashMap, PerCpuArray, XskMap},
     helpers::bpf_get_prandom_u32,
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
@@ -251,10 +252,29 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     Ok(xdp_action::XDP_PASS)
 }
 
-/// On a worker's interface: everything passes to the kernel.
+/// AF_XDP sockets of the workers on this interface, by receive queue.
+#[btf_map]
+static XSKS: XskMap<64> = XskMap::new();
+
+/// UDP ports (network order) whose datagrams go to the receive queue's AF_XDP socket:
+/// the ports of workers that receive results with AF_XDP.
+#[btf_map]
+static XSK_PORTS: HashMap<[u8; 2], u32, 64> = HashMap::new();
+
+/// On a worker's interface: datagrams to a port in `XSK_PORTS` go straight to the
+/// worker's AF_XDP socket (no socket buffer, no UDP stack); everything else, and
+/// everything while no socket is registered, passes to the kernel.
 #[xdp]
-pub fn xagg_host(_ctx: XdpContext) -> u32 {
-    xdp_action::XDP_PASS
+pub fn xagg_host(ctx: XdpContext) -> u32 {
+    let Some(port) = packet::udp_dst_port(&ctx) else {
+        return xdp_action::XDP_PASS;
+    };
+    if unsafe { XSK_PORTS.get(port) }.is_none() {
+        return xdp_action::XDP_PASS;
+    }
+    let queue = unsafe { (*ctx.ctx).rx_queue_index };
+    XSKS.redirect(queue, xdp_action::XDP_PASS as u64)
+        .unwrap_or_else(|fallback| fallback)
 }
 
 /// Impairment settings of `xagg_impair` (one entry).

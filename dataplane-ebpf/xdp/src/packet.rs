@@ -158,6 +158,27 @@ impl Frame {
     }
 }
 
+/// The UDP destination port (network order) of an unfragmented IPv4/UDP frame without
+/// IP options; `None` for anything else.
+#[inline(always)]
+pub fn udp_dst_port(ctx: &XdpContext) -> Option<[u8; 2]> {
+    let data = ctx.data();
+    if data + HDR_OFF > ctx.data_end() {
+        return None;
+    }
+    let eth = unsafe { &*(data as *const EthHdr) };
+    let ip = unsafe { &*((data + IP_OFF) as *const Ipv4Hdr) };
+    if eth.ether_type != ETH_P_IPV4.to_be()
+        || ip.proto != IPPROTO_UDP
+        || ip.vihl != 0x45
+        || ip.frags[0] & 0x3f != 0
+        || ip.frags[1] != 0
+    {
+        return None;
+    }
+    Some(unsafe { &*((data + UDP_OFF) as *const UdpHdr) }.dst)
+}
+
 /// Addresses a result frame (at least `PAYLOAD_OFFSET` bytes long, checked by the caller)
 /// from the switch to `m`, with a fresh IPv4 checksum and no UDP checksum.
 #[inline(always)]
