@@ -10,7 +10,7 @@ fn main() {
         None => env::var_os("CARGO_TARGET_DIR")
             .map(PathBuf::from)
             .unwrap_or_else(|| manifest.join("../target"))
-            .join("bpfel-unknown-none/release/xagg"),
+            .join("ebpf/bpfel-unknown-none/release/xagg"),
     };
     println!("cargo:rerun-if-env-changed=XAGG_EBPF_OBJECT");
     println!("cargo:rerun-if-changed={}", object.display());

@@ -200,17 +200,18 @@ struct InFlight {
 
 pub struct Worker {
     sock: UdpSocket,
-    /// The AF_XDP receive path, with `afxdp`.
-    xsk: Option<crate::xsk::XskReceiver>,
+    /// Where results come in.
+    inbox: Inbox,
     p: WorkerParams,
     next_mid: u32,
     /// Uses of each slot so far: its next epoch.
     uses: Vec<u32>,
     srtt: Option<Duration>,
-    pkt: Vec<u8>,
     rng: u64,
-    /// Datagrams waiting to be sent as one GSO burst: all `stride` bytes long but the last.
+    /// Datagrams waiting to be sent as one GSO burst (`batch[..batch_len]`): all `stride`
+    /// bytes long but the last. Contributions are encoded in place.
     batch: Vec<u8>,
+    batch_len: usize,
     batch_n: usize,
     batch_stride: usize,
     batch_closed: bool,
@@ -258,7 +259,7 @@ impl Worker {
                 &true,
             );
         }
-        let xsk = if p.afxdp {
+        let inbox = if p.afxdp {
             let ip = *p.bind.ip();
             let iface = crate::iface::holding(ip)
                 .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?
@@ -267,21 +268,25 @@ impl Worker {
                         "AF_XDP receive: no interface holds {ip} in this network namespace"
                     ))
                 })?;
-            Some(
-                crate::xsk::XskReceiver::new(&iface, p.bind.port())
-                    .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
-            )
+            Inbox::Xsk {
+                xsk: Box::new(
+                    crate::xsk::XskReceiver::new(&iface, p.bind.port())
+                        .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
+                ),
+                rx: vec![0; 65536],
+                wait: Duration::from_millis(10),
+            }
         } else {
-            None
+            Inbox::Socket(vec![0; 65536])
         };
         Ok(Self {
             sock,
-            xsk,
+            inbox,
             next_mid: p.first_mid,
             uses: vec![0; p.slots],
             srtt: None,
-            pkt: vec![0; HEADER_LEN + wire::MAX_PAYLOAD],
-            batch: Vec::with_capacity(GSO_MAX_BYTES),
+            batch: vec![0; GSO_MAX_BYTES],
+            batch_len: 0,
             batch_n: 0,
             batch_stride: 0,
             batch_closed: false,
@@ -352,7 +357,7 @@ impl Worker {
         }
         let mut done = 0;
         let (mut nonfinite, mut overflow) = (Vec::new(), Vec::new());
-        let mut rx = vec![0u8; 65536];
+        let mut accepted: Vec<(usize, u16)> = Vec::with_capacity(64);
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
         self.set_wait(self.rto() / 4 + Duration::from_micros(100))?;
@@ -360,25 +365,34 @@ impl Worker {
         while done < nseg {
             // Results already queued are taken without blocking; once none is left, the
             // segments they freed go out as one burst, and only then does the worker wait.
+            let p = &self.p;
+            let mut take = |d: &[u8]| {
+                if let Some(a) = accept(p, d, mid, &flight, buf, seg_bytes) {
+                    accepted.push(a);
+                }
+            };
             let got = if self.batch_n > 0 {
-                match self.receive(&mut rx, true) {
+                match receive(&mut self.inbox, &self.sock, true, &mut take) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        self.flush()?;
-                        self.receive(&mut rx, false)
+                        flush(
+                            &self.sock,
+                            p.switch,
+                            &self.batch[..self.batch_len],
+                            self.batch_stride,
+                        )?;
+                        self.batch_len = 0;
+                        self.batch_n = 0;
+                        self.batch_closed = false;
+                        receive(&mut self.inbox, &self.sock, false, &mut take)
                     }
                     r => r,
                 }
             } else {
-                self.receive(&mut rx, false)
+                receive(&mut self.inbox, &self.sock, false, &mut take)
             };
             match got {
-                Ok((n, stride)) => {
-                    // With UDP GRO one read may hold several results, `stride` bytes each.
-                    for d in rx[..n].chunks(stride.max(1)) {
-                        let Some((slot, flags)) = self.accept(d, mid, &flight, buf, seg_bytes)
-                        else {
-                            continue;
-                        };
+                Ok(()) => {
+                    for (slot, flags) in accepted.drain(..) {
                         let f = flight[slot]
                             .take()
                             .expect("accepted only for a slot in flight");
@@ -454,92 +468,60 @@ impl Worker {
         Ok(report)
     }
 
-    /// How long a blocking `receive` waits.
+    /// How long a blocking receive waits.
     fn set_wait(&mut self, wait: Duration) -> io::Result<()> {
-        match &mut self.xsk {
-            Some(x) => {
-                x.wait = wait;
+        match &mut self.inbox {
+            Inbox::Xsk { wait: w, .. } => {
+                *w = wait;
                 Ok(())
             }
-            None => self.sock.set_read_timeout(Some(wait)),
+            Inbox::Socket(_) => self.sock.set_read_timeout(Some(wait)),
         }
     }
 
-    /// Reads what the socket has: one datagram, or with UDP GRO several of the same
-    /// length coalesced; returns the bytes read and the length of each datagram.
-    fn receive(&mut self, rx: &mut [u8], nonblocking: bool) -> io::Result<(usize, usize)> {
-        if let Some(x) = &mut self.xsk {
-            let n = x.receive(rx, nonblocking)?;
-            return Ok((n, n));
-        }
-        use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
-        let flags = if nonblocking {
-            MsgFlags::MSG_DONTWAIT
-        } else {
-            MsgFlags::empty()
-        };
-        let mut cmsg = nix::cmsg_space!(i32);
-        let mut iov = [std::io::IoSliceMut::new(rx)];
-        let msg = recvmsg::<SockaddrIn>(self.sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)
-            .map_err(io::Error::from)?;
-        let n = msg.bytes;
-        let mut stride = n;
-        for c in msg.cmsgs().map_err(io::Error::from)? {
-            if let ControlMessageOwned::UdpGroSegments(s) = c {
-                stride = s as usize;
-            }
-        }
-        Ok((n, stride))
-    }
-
-    /// Queues the datagram in `pkt[..len]` for the next burst.
-    fn enqueue(&mut self, len: usize) -> Result<(), AllreduceError> {
+    /// Where the next datagram of `len` bytes is to be encoded in `batch`: after the queued
+    /// burst if it may join it, else at the start (the burst is sent first).
+    fn reserve(&mut self, len: usize) -> Result<usize, AllreduceError> {
         if !self.p.gso {
-            self.sock.send_to(&self.pkt[..len], self.p.switch)?;
-            return Ok(());
+            return Ok(0);
         }
         // GSO cuts the burst into datagrams of the first one's length: a shorter one may
         // only come last, and the whole burst must fit one 64 KiB super-packet.
         let fits = self.batch_n == 0
             || (!self.batch_closed
                 && len <= self.batch_stride
-                && self.batch.len() + len <= GSO_MAX_BYTES
+                && self.batch_len + len <= GSO_MAX_BYTES
                 && self.batch_n < GSO_MAX_SEGMENTS);
         if !fits {
             self.flush()?;
         }
+        Ok(self.batch_len)
+    }
+
+    /// Queues the datagram just encoded at `batch[reserve(len)..]` (without GSO: sends it).
+    fn commit(&mut self, len: usize) -> Result<(), AllreduceError> {
+        if !self.p.gso {
+            self.sock.send_to(&self.batch[..len], self.p.switch)?;
+            return Ok(());
+        }
         if self.batch_n == 0 {
             self.batch_stride = len;
         }
-        self.batch.extend_from_slice(&self.pkt[..len]);
+        self.batch_len += len;
         self.batch_n += 1;
         self.batch_closed = len < self.batch_stride;
         Ok(())
     }
 
-    /// Sends the queued burst: one datagram, or one GSO super-packet.
+    /// Sends the queued burst.
     fn flush(&mut self) -> Result<(), AllreduceError> {
-        if self.batch_n == 0 {
-            return Ok(());
-        }
-        if self.batch_n == 1 {
-            self.sock.send_to(&self.batch, self.p.switch)?;
-        } else {
-            use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
-            let stride = self.batch_stride as u16;
-            let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
-            let iov = [std::io::IoSlice::new(&self.batch)];
-            let to = SockaddrIn::from(self.p.switch);
-            sendmsg(
-                self.sock.as_raw_fd(),
-                &iov,
-                &cmsg,
-                MsgFlags::empty(),
-                Some(&to),
-            )
-            .map_err(io::Error::from)?;
-        }
-        self.batch.clear();
+        flush(
+            &self.sock,
+            self.p.switch,
+            &self.batch[..self.batch_len],
+            self.batch_stride,
+        )?;
+        self.batch_len = 0;
         self.batch_n = 0;
         self.batch_closed = false;
         Ok(())
@@ -574,26 +556,23 @@ impl Worker {
         }
         let _ = self.set_wait(Duration::from_millis(20));
         let deadline = Instant::now() + Duration::from_millis(300);
-        let mut rx = [0u8; 4096];
+        let job = self.p.job;
         while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {
-            let Ok((n, stride)) = self.receive(&mut rx, false) else {
-                continue;
-            };
-            for d in rx[..n].chunks(stride.max(1)) {
-                let Ok(p) = wire::decode(d) else { continue };
+            let _ = receive(&mut self.inbox, &self.sock, false, &mut |d: &[u8]| {
+                let Ok(p) = wire::decode(d) else { return };
                 let h = p.header;
-                if h.kind != Kind::StatusReply as u8 || h.jid() != self.p.job {
-                    continue;
+                if h.kind != Kind::StatusReply as u8 || h.jid() != job {
+                    return;
                 }
                 let Some(m) = missing.iter_mut().find(|m| m.slot == h.seg() as usize) else {
-                    continue;
+                    return;
                 };
                 if h.mid() == mid && h.sid() == m.sid {
                     let seen = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
                     let all = u64::from_le_bytes(p.payload[8..16].try_into().unwrap());
                     m.members = Some(crate::dataplane::members_of(all & !seen));
                 }
-            }
+            });
         }
         missing
     }
@@ -661,14 +640,20 @@ impl Worker {
         );
         let lane = wire::lane(self.p.op, self.p.dtype).expect("checked in new");
         let lane_bytes = count * lane.size();
-        let payload = &mut self.pkt[HEADER_LEN..HEADER_LEN + lane_bytes];
-        let enc = codec::encode(self.p.op, self.p.dtype, &buf[lo..hi], payload);
+        let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
+        let at = self.reserve(len)?;
+        let out = &mut self.batch[at..at + len];
+        let enc = codec::encode(
+            self.p.op,
+            self.p.dtype,
+            &buf[lo..hi],
+            &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
+        );
         h.exponent = enc.exponent;
         h.enc_flags = enc.flags.to_be_bytes();
-        let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
-        self.pkt[HEADER_LEN + lane_bytes..len].fill(0);
-        self.pkt[..HEADER_LEN].copy_from_slice(&h.to_bytes());
-        self.enqueue(len)?;
+        out[HEADER_LEN + lane_bytes..].fill(0);
+        out[..HEADER_LEN].copy_from_slice(&h.to_bytes());
+        self.commit(len)?;
         Ok(InFlight {
             seg,
             epoch,
@@ -677,45 +662,155 @@ impl Worker {
             retransmitted: false,
         })
     }
+}
 
-    /// Checks a received datagram against the segments in flight and writes its result
-    /// into `buf`; returns the slot it completed.
-    fn accept(
-        &self,
-        d: &[u8],
-        mid: u32,
-        flight: &[Option<InFlight>],
-        buf: &mut [u8],
-        seg_bytes: usize,
-    ) -> Option<(usize, u16)> {
-        let p = wire::decode(d).ok()?;
-        let h = p.header;
-        if h.kind != Kind::Result as u8 || h.jid() != self.p.job || h.mid() != mid {
-            return None;
-        }
-        let slot = h.seg() as usize;
-        let f = flight.get(slot)?.as_ref()?;
-        if f.seg as u32 != h.sid() || h.epoch() as u8 != f.epoch || h.dtype != self.p.dtype as u8 {
-            return None;
-        }
-        let lo = f.seg * seg_bytes;
-        let hi = (lo + seg_bytes).min(buf.len());
-        if h.count() as usize * self.p.dtype.size() != hi - lo || h.op != self.p.op as u8 {
-            return None;
-        }
-        let flags = h.enc_flags();
-        if flags & ENC_NONFINITE != 0 {
-            codec::fill_nan(self.p.dtype, &mut buf[lo..hi]);
-        } else {
-            codec::decode(
-                self.p.op,
-                self.p.dtype,
-                self.p.members,
-                p.payload,
-                h.exponent,
-                &mut buf[lo..hi],
-            );
-        }
-        Some((slot, flags))
+/// Checks a received datagram against the segments in flight and writes its result
+/// into `buf`; returns the slot it completed.
+fn accept(
+    w: &WorkerParams,
+    d: &[u8],
+    mid: u32,
+    flight: &[Option<InFlight>],
+    buf: &mut [u8],
+    seg_bytes: usize,
+) -> Option<(usize, u16)> {
+    let p = wire::decode(d).ok()?;
+    let h = p.header;
+    if h.kind != Kind::Result as u8 || h.jid() != w.job || h.mid() != mid {
+        return None;
     }
+    let slot = h.seg() as usize;
+    let f = flight.get(slot)?.as_ref()?;
+    if f.seg as u32 != h.sid() || h.epoch() as u8 != f.epoch || h.dtype != w.dtype as u8 {
+        return None;
+    }
+    let lo = f.seg * seg_bytes;
+    let hi = (lo + seg_bytes).min(buf.len());
+    if h.count() as usize * w.dtype.size() != hi - lo || h.op != w.op as u8 {
+        return None;
+    }
+    let flags = h.enc_flags();
+    if flags & ENC_NONFINITE != 0 {
+        codec::fill_nan(w.dtype, &mut buf[lo..hi]);
+    } else {
+        codec::decode(
+            w.op,
+            w.dtype,
+            w.members,
+            p.payload,
+            h.exponent,
+            &mut buf[lo..hi],
+        );
+    }
+    Some((slot, flags))
+}
+
+/// Where results come in: the UDP socket (with its receive buffer), or AF_XDP and, for
+/// results the host program passed on (another receive queue), the UDP socket.
+enum Inbox {
+    Socket(Vec<u8>),
+    Xsk {
+        xsk: Box<crate::xsk::XskReceiver>,
+        rx: Vec<u8>,
+        /// How long a blocking receive waits.
+        wait: Duration,
+    },
+}
+
+/// Hands each datagram that came in to `f`: from the socket one datagram, or with UDP GRO
+/// several of the same length coalesced; from AF_XDP a batch of frames, in place.
+/// Waits (the socket's read timeout, or the inbox's `wait`) unless `nonblocking`.
+fn receive(
+    inbox: &mut Inbox,
+    sock: &UdpSocket,
+    nonblocking: bool,
+    f: &mut impl FnMut(&[u8]),
+) -> io::Result<()> {
+    let (xsk, rx, wait) = match inbox {
+        Inbox::Socket(rx) => return receive_socket(sock, rx, nonblocking, f),
+        Inbox::Xsk { xsk, rx, wait } => (xsk, rx, *wait),
+    };
+    loop {
+        if xsk.drain(f) > 0 {
+            return Ok(());
+        }
+        match receive_socket(sock, rx, true, f) {
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+            r => return r,
+        }
+        if nonblocking {
+            return Err(io::ErrorKind::WouldBlock.into());
+        }
+        let mut fds = [xsk.fd(), sock.as_raw_fd()].map(|fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        });
+        let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+        match unsafe { libc::poll(fds.as_mut_ptr(), 2, ms) } {
+            0 => return Err(io::ErrorKind::TimedOut.into()),
+            r if r < 0 => {
+                let e = io::Error::last_os_error();
+                if e.kind() != io::ErrorKind::Interrupted {
+                    return Err(e);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+/// [`receive`] from the UDP socket.
+fn receive_socket(
+    sock: &UdpSocket,
+    rx: &mut [u8],
+    nonblocking: bool,
+    f: &mut impl FnMut(&[u8]),
+) -> io::Result<()> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
+    let flags = if nonblocking {
+        MsgFlags::MSG_DONTWAIT
+    } else {
+        MsgFlags::empty()
+    };
+    let mut cmsg = nix::cmsg_space!(i32);
+    let mut iov = [std::io::IoSliceMut::new(rx)];
+    let msg = recvmsg::<SockaddrIn>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)
+        .map_err(io::Error::from)?;
+    let n = msg.bytes;
+    let mut stride = n;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::UdpGroSegments(s) = c {
+            stride = s as usize;
+        }
+    }
+    for d in rx[..n].chunks(stride.max(1)) {
+        f(d);
+    }
+    Ok(())
+}
+
+/// Sends a burst of datagrams, all `stride` bytes long but the last: one datagram, or one
+/// GSO super-packet.
+fn flush(sock: &UdpSocket, to: SocketAddrV4, burst: &[u8], stride: usize) -> io::Result<()> {
+    if burst.is_empty() {
+        return Ok(());
+    }
+    if burst.len() <= stride {
+        sock.send_to(burst, to)?;
+        return Ok(());
+    }
+    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+    let stride = stride as u16;
+    let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
+    let iov = [std::io::IoSlice::new(burst)];
+    sendmsg(
+        sock.as_raw_fd(),
+        &iov,
+        &cmsg,
+        MsgFlags::empty(),
+        Some(&SockaddrIn::from(to)),
+    )
+    .map_err(io::Error::from)?;
+    Ok(())
 }

@@ -6,11 +6,14 @@
 //! port into the socket and passes everything else to the kernel. Sending stays on the UDP
 //! socket (GSO is the faster send path). Dropping the receiver detaches the program.
 //!
-//! One socket is bound to receive queue 0, so the interface must have a single receive
-//! queue (veth does; `ethtool -L <if> combined 1` on a NIC). On veth AF_XDP runs in copy
-//! mode: the kernel copies each frame into a posted buffer.
+//! One socket is bound to receive queue 0 (veth has one queue). On a NIC with several,
+//! `xagg_host` passes results that arrive on other queues to the kernel, and the worker
+//! reads them from its UDP socket: correct, but at socket speed; steer the port to queue 0
+//! (`ethtool -N <if> flow-type udp4 dst-port <port> action 0`) or use one queue
+//! (`ethtool -L <if> combined 1`). On veth AF_XDP runs in copy mode: the kernel copies
+//! each frame into a posted buffer.
 
-use std::{ffi::CString, io, num::NonZeroU32, os::fd::BorrowedFd, ptr::NonNull, time::Duration};
+use std::{ffi::CString, io, num::NonZeroU32, os::fd::BorrowedFd, ptr::NonNull};
 
 use aya::{
     maps::{HashMap, XskMap},
@@ -22,6 +25,8 @@ use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConf
 /// Posted buffers: enough for every slot's result at once, with room to spare.
 const FRAMES: u32 = 2048;
 const FRAME_SIZE: u32 = 4096;
+/// Frames taken from the receive ring at once.
+const BATCH: u32 = 64;
 /// Ethernet + IPv4 (no options, as `xagg_host` checks) + UDP.
 const UDP_PAYLOAD_OFFSET: usize = 14 + 20 + 8;
 
@@ -44,8 +49,6 @@ pub struct XskReceiver {
     _sock: Socket,
     _umem: Umem,
     area: Area,
-    /// How long `receive` waits for a frame when blocking.
-    pub wait: Duration,
 }
 
 fn err(what: &str) -> impl FnOnce(xdpilone::Errno) -> anyhow::Error + '_ {
@@ -57,19 +60,6 @@ impl XskReceiver {
     /// thread's network namespace) from now on.
     pub fn new(iface: &str, port: u16) -> anyhow::Result<Self> {
         use anyhow::{bail, Context};
-        let queues = std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-                    .count()
-            })
-            .unwrap_or(1);
-        if queues > 1 {
-            bail!(
-                "AF_XDP receive binds one queue and {iface} has {queues} receive queues: \
-                 `ethtool -L {iface} combined 1`, or receive without AF_XDP"
-            );
-        }
         if crate::EBPF_OBJECT.is_empty() {
             bail!("this build carries no XDP object: run `cargo xtask build`");
         }
@@ -164,62 +154,42 @@ impl XskReceiver {
             _sock: sock,
             _umem: umem,
             area,
-            wait: Duration::from_millis(10),
         })
     }
 
-    /// Copies the UDP payload of the next received frame into `out` and returns its
-    /// length; waits up to `wait` for one unless `nonblocking`.
-    pub fn receive(&mut self, out: &mut [u8], nonblocking: bool) -> io::Result<usize> {
-        loop {
-            if self.rx.available() == 0 {
-                if nonblocking {
-                    return Err(io::ErrorKind::WouldBlock.into());
-                }
-                let mut pfd = libc::pollfd {
-                    fd: self.rx.as_raw_fd(),
-                    events: libc::POLLIN,
-                    revents: 0,
-                };
-                let ms = self.wait.as_millis().clamp(1, i32::MAX as u128) as i32;
-                let r = unsafe { libc::poll(&mut pfd, 1, ms) };
-                if r < 0 {
-                    let e = io::Error::last_os_error();
-                    if e.kind() == io::ErrorKind::Interrupted {
-                        continue;
-                    }
-                    return Err(e);
-                }
-                if r == 0 {
-                    return Err(io::ErrorKind::TimedOut.into());
-                }
-            }
-            let desc = {
-                let mut ring = self.rx.receive(1);
-                let d = ring.read();
-                ring.release();
-                d
-            };
-            let Some(desc) = desc else { continue };
+    /// The socket's descriptor, to wait for frames with poll(2).
+    pub fn fd(&self) -> std::os::fd::RawFd {
+        self.rx.as_raw_fd()
+    }
+
+    /// Hands the UDP payload of each frame that came in (up to a batch) to `f`, in place,
+    /// then posts the buffers again; returns how many frames there were.
+    pub fn drain(&mut self, f: &mut impl FnMut(&[u8])) -> usize {
+        if self.rx.available() == 0 {
+            return 0;
+        }
+        let mut ring = self.rx.receive(BATCH);
+        let mut posted = [0u64; BATCH as usize];
+        let mut n = 0;
+        while let Some(desc) = ring.read() {
             let (addr, len) = (desc.addr as usize, desc.len as usize);
-            let mut n = 0;
             if addr + len <= self.area.0.len() && len >= UDP_PAYLOAD_OFFSET {
-                // Safety: the kernel handed this chunk back to us; it is ours until posted
-                // again below.
+                // Safety: the kernel handed this chunk to us; it is ours until posted again.
                 let frame = unsafe {
                     std::slice::from_raw_parts(self.area.0.cast::<u8>().as_ptr().add(addr), len)
                 };
-                let d = &frame[UDP_PAYLOAD_OFFSET..];
-                n = d.len().min(out.len());
-                out[..n].copy_from_slice(&d[..n]);
+                f(&frame[UDP_PAYLOAD_OFFSET..]);
             }
-            // Post the chunk again (any address inside a chunk names the chunk).
-            let mut fill = self.fq.fill(1);
-            fill.insert_once(desc.addr);
-            fill.commit();
-            if n > 0 {
-                return Ok(n);
-            }
+            posted[n] = desc.addr;
+            n += 1;
         }
+        ring.release();
+        drop(ring);
+        // Post the chunks again (any address inside a chunk names the chunk). The fill ring
+        // holds every chunk, so there is always room for those just taken.
+        let mut fill = self.fq.fill(n as u32);
+        fill.insert(posted[..n].iter().copied());
+        fill.commit();
+        n
     }
 }

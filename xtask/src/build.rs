@@ -20,9 +20,16 @@ pub fn target_dir() -> PathBuf {
         .unwrap_or_else(|| root().join("target"))
 }
 
+/// Where the XDP object is built: its own target directory, because the host tools of
+/// that build (proc macros, build scripts) are compiled with `RUSTC_BOOTSTRAP`, and in the
+/// shared directory each build would throw away the other's and rebuild everything.
+pub fn ebpf_target_dir() -> PathBuf {
+    target_dir().join("ebpf")
+}
+
 /// The XDP object `cargo xtask build` produces.
 pub fn ebpf_object() -> PathBuf {
-    target_dir().join("bpfel-unknown-none/release/xagg")
+    ebpf_target_dir().join("bpfel-unknown-none/release/xagg")
 }
 
 pub fn release_bin(name: &str) -> PathBuf {
@@ -122,7 +129,9 @@ pub fn build_all() -> Result<()> {
             "-Z",
             "build-std=core",
             "--release",
-        ]))?;
+            "--target-dir",
+        ])
+        .arg(ebpf_target_dir()))?;
     run(cargo().args(["build", "--quiet", "--release", "-p", "xagg", "--bins"]))?;
     Ok(())
 }
