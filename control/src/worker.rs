@@ -357,7 +357,7 @@ impl Worker {
         }
         let mut done = 0;
         let (mut nonfinite, mut overflow) = (Vec::new(), Vec::new());
-        let mut accepted: Vec<(usize, u16)> = Vec::with_capacity(64);
+        let mut accepted: Vec<(usize, usize, u16)> = Vec::with_capacity(64);
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
         self.set_wait(self.rto() / 4 + Duration::from_micros(100))?;
@@ -392,10 +392,14 @@ impl Worker {
             };
             match got {
                 Ok(()) => {
-                    for (slot, flags) in accepted.drain(..) {
-                        let f = flight[slot]
-                            .take()
-                            .expect("accepted only for a slot in flight");
+                    for (slot, seg, flags) in accepted.drain(..) {
+                        // One batch may hold the same result twice (a reply to a
+                        // retransmission and the broadcast): the second finds the slot
+                        // already moved on to a later segment.
+                        if flight[slot].as_ref().is_none_or(|f| f.seg != seg) {
+                            continue;
+                        }
+                        let f = flight[slot].take().expect("checked above");
                         if flags & ENC_NONFINITE != 0 {
                             nonfinite.push(f.seg as u32);
                         }
@@ -665,7 +669,7 @@ impl Worker {
 }
 
 /// Checks a received datagram against the segments in flight and writes its result
-/// into `buf`; returns the slot it completed.
+/// into `buf`; returns the slot, the segment it completed and the encoding flags.
 fn accept(
     w: &WorkerParams,
     d: &[u8],
@@ -673,7 +677,7 @@ fn accept(
     flight: &[Option<InFlight>],
     buf: &mut [u8],
     seg_bytes: usize,
-) -> Option<(usize, u16)> {
+) -> Option<(usize, usize, u16)> {
     let p = wire::decode(d).ok()?;
     let h = p.header;
     if h.kind != Kind::Result as u8 || h.jid() != w.job || h.mid() != mid {
@@ -702,7 +706,7 @@ fn accept(
             &mut buf[lo..hi],
         );
     }
-    Some((slot, flags))
+    Some((slot, f.seg, flags))
 }
 
 /// Where results come in: the UDP socket (with its receive buffer), or AF_XDP and, for

@@ -1,0 +1,126 @@
+//! The worker's AF_XDP receive path, end to end in a netns lab: results come in through
+//! posted buffers, bit-exact, also when the switch drops results; the worker refuses an
+//! interface that already carries another XDP program; ordinary traffic to a worker that
+//! receives with AF_XDP still reaches its kernel.
+
+use std::process::Command;
+
+use xagg::api::{Request, Response};
+use xagg_tests::*;
+
+fn afxdp(p: &mut xagg::worker::WorkerParams) {
+    p.afxdp = true;
+    p.segment = 862;
+    p.slots = 64;
+}
+
+#[test]
+fn afxdp_receive_is_exact_and_recovers_lost_results() {
+    if !require_root("afxdp_receive_is_exact_and_recovers_lost_results") {
+        return;
+    }
+    let mut sw = LabSwitch::start("xtx", 3, "");
+    // Each worker attaches its own xagg_host (with its socket in the map).
+    sw.lab.detach_hosts();
+    let workers = [0, 1, 2];
+    assert!(matches!(
+        sw.add_job(4, 862, 64, &workers),
+        Response::Job { .. }
+    ));
+    let mut mid = 0;
+    for elems in [1usize, 861, 863, (4 << 20) / 4 + 3] {
+        let reps = sw.allreduce_with(4, mid, &workers, 47801, elems, 500 + mid as u64, afxdp);
+        mid += 1;
+        assert_eq!(reps.len(), 3);
+    }
+    let c = sw.counters();
+    assert_eq!(c["result_copy"], 3 * c["complete"], "{c:?}");
+
+    // Results lost at the switch: the retransmitted contributions are answered with the
+    // stored results, which come in through AF_XDP like the others.
+    assert!(matches!(
+        sw.api(Request::Inject {
+            drop_contribution: 0.0,
+            drop_result: 0.05
+        }),
+        Response::Ok
+    ));
+    let before = sw.counters();
+    let reps = sw.allreduce_with(4, mid, &workers, 47801, (2 << 20) / 4, 77, afxdp);
+    let after = sw.counters();
+    let dropped = after["inject_drop_result"] - before["inject_drop_result"];
+    let retx: u64 = reps.iter().map(|r| r.retransmissions).sum();
+    eprintln!(
+        "AF_XDP with 5 % of results dropped: bit-exact, {dropped} dropped, {retx} retransmissions"
+    );
+    assert!(dropped > 0, "no result was dropped");
+    assert!(retx > 0, "a dropped result needs a retransmission");
+}
+
+#[test]
+fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
+    if !require_root("afxdp_refuses_a_taken_interface_and_lets_other_traffic_in") {
+        return;
+    }
+    let mut sw = LabSwitch::start("xty", 2, "");
+    let ns0 = sw.lab.worker_ns(0);
+    let params = || {
+        let mut p = xagg::worker::WorkerParams::new(
+            std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, xagg_common::wire::DEFAULT_PORT),
+            std::net::SocketAddrV4::new(xagg::lab::worker_ip(0), 47801),
+            1,
+            0,
+        );
+        p.afxdp = true;
+        p
+    };
+    // The lab's xagg_host sits on every worker's eth0: AF_XDP must not replace it.
+    let err = xagg::lab::in_netns(&ns0, || {
+        Ok(xagg::worker::Worker::new(params())
+            .err()
+            .expect("a worker took an interface that carries another XDP program")
+            .to_string())
+    })
+    .unwrap();
+    assert!(
+        err.contains("xdp off") && err.contains("eth0"),
+        "the error should say which interface and how to free it: {err}"
+    );
+
+    sw.lab.detach_hosts();
+    std::thread::scope(|s| {
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        let ns0 = ns0.clone();
+        s.spawn(move || {
+            xagg::iface::enter_netns(&ns0).unwrap();
+            let w = xagg::worker::Worker::new(params()).expect("AF_XDP worker");
+            ready_tx.send(()).unwrap();
+            // Hold the worker (and its program) until the ping is done.
+            let _ = done_rx.recv();
+            drop(w);
+        });
+        ready_rx.recv().unwrap();
+        let out = Command::new("ip")
+            .args(["netns", "exec", &sw.lab.worker_ns(1)])
+            .args(["ping", "-c", "2", "-i", "0.2", "-W", "2"])
+            .arg(xagg::lab::worker_ip(0).to_string())
+            .output()
+            .expect("ping");
+        done_tx.send(()).unwrap();
+        assert!(
+            out.status.success(),
+            "ping to a worker receiving with AF_XDP failed: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    });
+    // With the worker gone its program is detached: the interface is free again.
+    let out = Command::new("ip")
+        .args(["-n", &sw.lab.worker_ns(0), "link", "show", "eth0"])
+        .output()
+        .unwrap();
+    assert!(
+        !String::from_utf8_lossy(&out.stdout).contains("xdp"),
+        "xagg_host stayed attached after the worker ended"
+    );
+}
