@@ -43,10 +43,20 @@ pub struct BenchArgs {
     #[arg(long)]
     pub dataplane_only: bool,
     /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
-    /// 16 MiB): segment length, slots in flight, UDP GSO, UDP GRO.
+    /// 16 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
     pub levers: bool,
 }
+
+/// (lever, setting, segment, slots, AF_XDP receive, extra worker flags)
+type Lever = (
+    &'static str,
+    &'static str,
+    usize,
+    u32,
+    bool,
+    &'static [&'static str],
+);
 
 #[derive(Serialize, Clone, Debug)]
 pub struct LeverPoint {
@@ -63,20 +73,29 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     let bytes = if quick { 1 << 20 } else { 16 << 20 };
     let it = iterations(bytes, quick);
     let mut lab = Lab::create(crate::demo::PREFIX, n)?;
-    lab.attach_hosts(&object)?;
     let _daemon = crate::demo::start_switch(&lab)?;
-    let settings: [(&'static str, &str, usize, u32, &[&str]); 8] = [
-        ("segment", "256 elements", 256, SLOTS, &[]),
-        ("segment", "862 elements", 862, SLOTS, &[]),
-        ("slots", "16", 862, 16, &[]),
-        ("slots", "128", 862, 128, &[]),
-        ("gso", "off", 862, SLOTS, &["--no-gso"]),
-        ("gso", "on", 862, SLOTS, &[]),
-        ("gro", "off", 862, SLOTS, &["--no-gro"]),
-        ("gro", "on", 862, SLOTS, &[]),
+    // Receiving with the UDP socket needs the lab's host programs; with AF_XDP each worker attaches its
+    // own, so the socket settings run first.
+    let settings: [Lever; 10] = [
+        ("gro", "off", 862, SLOTS, false, &["--no-gro"]),
+        ("gro", "on", 862, SLOTS, false, &[]),
+        ("afxdp", "off (socket)", 862, SLOTS, false, &[]),
+        ("afxdp", "on", 862, SLOTS, true, &[]),
+        ("segment", "256 elements", 256, SLOTS, true, &[]),
+        ("segment", "862 elements", 862, SLOTS, true, &[]),
+        ("slots", "16", 862, 16, true, &[]),
+        ("slots", "128", 862, 128, true, &[]),
+        ("gso", "off", 862, SLOTS, true, &["--no-gso"]),
+        ("gso", "on", 862, SLOTS, true, &[]),
     ];
+    lab.attach_hosts(&object)?;
+    let mut hosts = true;
     let mut out = Vec::new();
-    for (k, (lever, setting, segment, slots, extra)) in settings.into_iter().enumerate() {
+    for (k, (lever, setting, segment, slots, afxdp, extra)) in settings.into_iter().enumerate() {
+        if afxdp && hosts {
+            lab.detach_hosts();
+            hosts = false;
+        }
         let id = 100 + k as u32;
         crate::demo::xagg(
             &add_job_args_with(&lab, id, segment, slots)?
@@ -84,7 +103,11 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
                 .map(String::as_str)
                 .collect::<Vec<_>>(),
         )?;
-        let r = switch_run_with(&lab, id, bytes, it, 0, segment, slots, extra)?;
+        let mut flags = extra.to_vec();
+        if afxdp {
+            flags.push("--afxdp");
+        }
+        let r = switch_run_with(&lab, id, bytes, it, 0, segment, slots, &flags)?;
         crate::demo::xagg(&["job", "remove", &id.to_string()])?;
         anyhow::ensure!(r.verified, "lever {lever} {setting}: result wrong");
         eprintln!(
@@ -450,7 +473,7 @@ fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<Ru
         mid,
         862,
         SLOTS,
-        &[],
+        &["--afxdp"],
     )
 }
 
@@ -648,11 +671,10 @@ fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
 /// Both systems on the same lab topology, for each worker count and size.
 pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec<RunPoint>> {
     let (mpi_bin, agent) = mpi_setup(*workers.iter().max().unwrap_or(&4))?;
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
     let mut runs = Vec::new();
     for &n in workers {
-        let mut lab = Lab::create(crate::demo::PREFIX, n)?;
-        lab.attach_hosts(&object)?;
+        // Switch workers receive with AF_XDP: each attaches its own xagg_host.
+        let lab = Lab::create(crate::demo::PREFIX, n)?;
         {
             let _daemon = crate::demo::start_switch(&lab)?;
             crate::demo::xagg(
@@ -672,7 +694,6 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
         }
         // A plain bridge for the baseline: an XDP program on a veth slows TCP.
         crate::demo::clean_up_switch();
-        lab.detach_hosts();
         for &bytes in sizes {
             let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes, quick))?;
             eprintln!(

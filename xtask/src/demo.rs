@@ -48,10 +48,10 @@ pub struct DemoArgs {
     /// Workers send their segments out of order.
     #[arg(long)]
     pub reorder: bool,
-    /// Workers receive results with AF_XDP (each attaches xagg_host to its interface)
-    /// instead of their UDP sockets.
+    /// Workers receive results with their UDP sockets instead of AF_XDP (where each
+    /// worker attaches xagg_host to its interface).
     #[arg(long)]
-    pub afxdp: bool,
+    pub no_afxdp: bool,
     /// Write the run's figures as JSON here.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -171,7 +171,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::create(PREFIX, n)?;
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    if !a.afxdp {
+    if a.no_afxdp {
         lab.attach_hosts(&object)?;
     }
 
@@ -245,7 +245,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
                 ])
                 .args(["--start-at", &start_ns.to_string(), "--json"])
                 .args(a.reorder.then_some("--reorder"))
-                .args(a.afxdp.then_some("--afxdp"))
+                .args((!a.no_afxdp).then_some("--afxdp"))
                 // The tc duplication sees a GSO burst as one packet: send datagrams one by one.
                 .args(a.inject.filter(|i| i.dup_contrib > 0.0).map(|_| "--no-gso"))
                 .stdout(Stdio::piped())
