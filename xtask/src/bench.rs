@@ -43,7 +43,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub dataplane_only: bool,
     /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
-    /// 16 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
+    /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
     pub levers: bool,
 }
@@ -70,7 +70,7 @@ pub struct LeverPoint {
 pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
     let n = 4;
-    let bytes = if quick { 1 << 20 } else { 16 << 20 };
+    let bytes = if quick { 1 << 20 } else { 64 << 20 };
     let it = iterations(bytes, quick);
     let mut lab = Lab::create(crate::demo::PREFIX, n)?;
     let _daemon = crate::demo::start_switch(&lab)?;
