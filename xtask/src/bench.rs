@@ -34,7 +34,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub plot: Option<PathBuf>,
     /// Worker counts of the end-to-end runs.
-    #[arg(long, value_delimiter = ',', default_value = "2,4")]
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
     pub workers: Vec<usize>,
     /// Buffer sizes of the end-to-end runs (suffixes: KiB, MiB).
     #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB,64MiB", value_parser = xagg::parse_size)]
