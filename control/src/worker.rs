@@ -78,6 +78,11 @@ pub struct WorkerParams {
     /// the UDP socket. The worker attaches `xagg_host` to the interface holding its
     /// address, which must carry no other XDP program.
     pub afxdp: bool,
+    /// How long a worker whose whole message is in flight at once (one round trip) polls
+    /// for its results, yielding the CPU in between, before it sleeps: waking a sleeping
+    /// process costs tens of µs, more than a small allreduce's round trip. Larger messages
+    /// always sleep (polling would take CPU the switch path needs).
+    pub spin: Duration,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
     pub first_mid: u32,
@@ -102,6 +107,7 @@ impl WorkerParams {
             gso: true,
             gro: true,
             afxdp: false,
+            spin: Duration::from_micros(100),
             first_mid: 0,
         }
     }
@@ -358,6 +364,11 @@ impl Worker {
         let mut done = 0;
         let (mut nonfinite, mut overflow) = (Vec::new(), Vec::new());
         let mut accepted: Vec<(usize, usize, u16)> = Vec::with_capacity(64);
+        let spin = if nseg <= window {
+            self.p.spin
+        } else {
+            Duration::ZERO
+        };
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
         self.set_wait(self.rto() / 4 + Duration::from_micros(100))?;
@@ -372,7 +383,7 @@ impl Worker {
                 }
             };
             let got = if self.batch_n > 0 {
-                match receive(&mut self.inbox, &self.sock, true, &mut take) {
+                match receive(&mut self.inbox, &self.sock, true, spin, &mut take) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                         flush(
                             &self.sock,
@@ -383,12 +394,12 @@ impl Worker {
                         self.batch_len = 0;
                         self.batch_n = 0;
                         self.batch_closed = false;
-                        receive(&mut self.inbox, &self.sock, false, &mut take)
+                        receive(&mut self.inbox, &self.sock, false, spin, &mut take)
                     }
                     r => r,
                 }
             } else {
-                receive(&mut self.inbox, &self.sock, false, &mut take)
+                receive(&mut self.inbox, &self.sock, false, spin, &mut take)
             };
             match got {
                 Ok(()) => {
@@ -562,21 +573,27 @@ impl Worker {
         let deadline = Instant::now() + Duration::from_millis(300);
         let job = self.p.job;
         while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {
-            let _ = receive(&mut self.inbox, &self.sock, false, &mut |d: &[u8]| {
-                let Ok(p) = wire::decode(d) else { return };
-                let h = p.header;
-                if h.kind != Kind::StatusReply as u8 || h.jid() != job {
-                    return;
-                }
-                let Some(m) = missing.iter_mut().find(|m| m.slot == h.seg() as usize) else {
-                    return;
-                };
-                if h.mid() == mid && h.sid() == m.sid {
-                    let seen = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
-                    let all = u64::from_le_bytes(p.payload[8..16].try_into().unwrap());
-                    m.members = Some(crate::dataplane::members_of(all & !seen));
-                }
-            });
+            let _ = receive(
+                &mut self.inbox,
+                &self.sock,
+                false,
+                Duration::ZERO,
+                &mut |d: &[u8]| {
+                    let Ok(p) = wire::decode(d) else { return };
+                    let h = p.header;
+                    if h.kind != Kind::StatusReply as u8 || h.jid() != job {
+                        return;
+                    }
+                    let Some(m) = missing.iter_mut().find(|m| m.slot == h.seg() as usize) else {
+                        return;
+                    };
+                    if h.mid() == mid && h.sid() == m.sid {
+                        let seen = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
+                        let all = u64::from_le_bytes(p.payload[8..16].try_into().unwrap());
+                        m.members = Some(crate::dataplane::members_of(all & !seen));
+                    }
+                },
+            );
         }
         missing
     }
@@ -723,13 +740,28 @@ enum Inbox {
 
 /// Hands each datagram that came in to `f`: from the socket one datagram, or with UDP GRO
 /// several of the same length coalesced; from AF_XDP a batch of frames, in place.
-/// Waits (the socket's read timeout, or the inbox's `wait`) unless `nonblocking`.
+/// Waits (polling for `spin` first, then the socket's read timeout or the inbox's `wait`)
+/// unless `nonblocking`.
 fn receive(
     inbox: &mut Inbox,
     sock: &UdpSocket,
     nonblocking: bool,
+    spin: Duration,
     f: &mut impl FnMut(&[u8]),
 ) -> io::Result<()> {
+    if !nonblocking && !spin.is_zero() {
+        let until = Instant::now() + spin;
+        loop {
+            match receive(inbox, sock, true, Duration::ZERO, f) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                r => return r,
+            }
+            if Instant::now() >= until {
+                break;
+            }
+            std::thread::yield_now();
+        }
+    }
     let (xsk, rx, wait) = match inbox {
         Inbox::Socket(rx) => return receive_socket(sock, rx, nonblocking, f),
         Inbox::Xsk { xsk, rx, wait } => (xsk, rx, *wait),

@@ -162,6 +162,10 @@ struct AllreduceArgs {
     /// posted buffers instead of the UDP socket.
     #[arg(long)]
     afxdp: bool,
+    /// When the whole message is in flight at once (one round trip), poll this many µs for
+    /// the results, yielding the CPU, before sleeping (0: sleep at once).
+    #[arg(long, default_value_t = 100)]
+    spin_us: u64,
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
@@ -447,6 +451,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     p.gso = !a.no_gso;
     p.gro = !a.no_gro;
     p.afxdp = a.afxdp;
+    p.spin = std::time::Duration::from_micros(a.spin_us);
     let (op, dtype, segment) = (p.op, p.dtype, p.segment);
     let size = dtype.size();
     if !a.size.is_multiple_of(size) {
