@@ -214,7 +214,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     // A common start a little ahead, so every worker has its data ready before the clock.
     let start_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64
         + 1_000_000_000
-        + a.size as u64 / 50;
+        + crate::bench::head_start_ns(a.size, n);
     println!(
         "{n} workers allreduce {} of {dtype} each ({op}) through the XDP switch ...",
         human(a.size)
