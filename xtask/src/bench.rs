@@ -158,6 +158,117 @@ fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
     }
 }
 
+/// Two CPUs contributing at the same instant (repeat-1 runs behind a barrier, each thread
+/// pinned to its CPU), 862 i32 per packet, every slot taking two contributions (one `first`,
+/// one `complete`): either both CPUs on the same slot each round — its lock and its cache
+/// lines go back and forth — or each CPU on slots of its own. The difference is what keeping
+/// CPUs off each other's slots would save per packet.
+pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
+    use aya::programs::{TestRun, TestRunOptions, Xdp};
+    use nix::sched::{sched_setaffinity, CpuSet};
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    anyhow::ensure!(cpus >= 2, "contention needs two CPUs");
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let elements = DType::I32.max_elements();
+    let rounds = if quick { 50 } else { 2000 };
+    let values: Vec<i32> = (0..elements as i32).collect();
+    let mut sw = Switch::load(&object);
+    // Job 1: both CPUs on one slot; jobs 2 and 3: a job (and its slots) per CPU.
+    for (jid, base) in [(1u32, 0u32), (2, 4), (3, 8)] {
+        sw.add_job(
+            jid,
+            job(2, Op::Sum as u8, DType::I32 as u8, elements as u16, base, 4),
+        );
+    }
+    let contrib = |jid: u32, m: u8, r: u32| {
+        let flags = if (r / 4) % 2 == 1 { FLAG_EPOCH } else { 0 };
+        let h = Header::new(
+            Kind::Contribution,
+            Op::Sum,
+            DType::I32,
+            jid,
+            0,
+            r,
+            (r % 4) as u16,
+            m,
+            flags,
+            elements as u16,
+        );
+        frame(&member(m), PORT, &contribution(h, &values))
+    };
+    // Per thread and round, the frames it sends in order.
+    let shared: Vec<Vec<Vec<Vec<u8>>>> = (0..2u8)
+        .map(|m| (0..rounds).map(|r| vec![contrib(1, m, r)]).collect())
+        .collect();
+    let own: Vec<Vec<Vec<Vec<u8>>>> = (0..2u32)
+        .map(|t| {
+            (0..rounds)
+                .map(|r| vec![contrib(2 + t, 0, r), contrib(2 + t, 1, r)])
+                .collect()
+        })
+        .collect();
+    let prog: &Xdp = sw
+        .ebpf
+        .program("xagg_switch")
+        .context("no xagg_switch")?
+        .try_into()?;
+    let run = |plan: &Vec<Vec<Vec<Vec<u8>>>>| -> Result<Vec<f64>> {
+        let barrier = std::sync::Barrier::new(2);
+        let times: Vec<Vec<f64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2usize)
+                .map(|t| {
+                    let (plan, barrier) = (&plan[t], &barrier);
+                    s.spawn(move || -> Result<Vec<f64>> {
+                        let mut set = CpuSet::new();
+                        set.set(t)?;
+                        sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+                        let mut out = Vec::new();
+                        let mut buf = vec![0u8; 4096];
+                        for round in plan {
+                            barrier.wait();
+                            for f in round {
+                                let mut o = TestRunOptions::new();
+                                o.data_in = Some(f);
+                                o.data_out = Some(&mut buf);
+                                let r = prog.test_run(o)?;
+                                anyhow::ensure!(
+                                    r.return_value == XDP_DROP || r.return_value == XDP_REDIRECT,
+                                    "contention run: action {}",
+                                    r.return_value
+                                );
+                                out.push(r.duration.as_nanos() as f64);
+                            }
+                        }
+                        Ok(out)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("bench thread"))
+                .collect::<Result<_>>()
+        })?;
+        Ok(times.concat())
+    };
+    // Alternating blocks, so both see the same conditions on a VM whose CPUs vary.
+    let blocks = if quick { 1 } else { 10 };
+    let per = rounds as usize / blocks;
+    let (mut one, mut apart) = (Vec::new(), Vec::new());
+    for b in 0..blocks {
+        let part = |plan: &Vec<Vec<Vec<Vec<u8>>>>| -> Vec<Vec<Vec<Vec<u8>>>> {
+            plan.iter()
+                .map(|t| t[b * per..(b + 1) * per].to_vec())
+                .collect()
+        };
+        one.extend(run(&part(&shared))?);
+        apart.extend(run(&part(&own))?);
+    }
+    let (one, apart) = (median(one), median(apart));
+    Ok(vec![
+        point("two CPUs, one slot", elements, one),
+        point("two CPUs, own slots", elements, apart),
+    ])
+}
+
 pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
     let object =
         std::fs::read(ebpf_object()).context("reading the XDP object (cargo xtask build)")?;
@@ -325,19 +436,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("figures written to {}", path.display());
         return Ok(());
     }
-    let points = dataplane(a.quick)?;
+    let mut points = dataplane(a.quick)?;
+    points.extend(contention(a.quick)?);
     let codec_points = codecs(a.quick);
     println!(
         "switch program, BPF_PROG_RUN (median ns; {}):",
         if a.quick { "quick" } else { "full" }
     );
     println!(
-        "{:>11} {:>9} {:>12} {:>10}",
+        "{:>20} {:>9} {:>12} {:>10}",
         "path", "elements", "ns/packet", "ns/KiB"
     );
     for p in &points {
         println!(
-            "{:>11} {:>9} {:>12.0} {:>10.0}",
+            "{:>20} {:>9} {:>12.0} {:>10.0}",
             p.path, p.elements, p.ns_per_packet, p.ns_per_kib
         );
     }
