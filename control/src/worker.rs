@@ -214,13 +214,8 @@ pub struct Worker {
     uses: Vec<u32>,
     srtt: Option<Duration>,
     rng: u64,
-    /// Datagrams waiting to be sent as one GSO burst (`batch[..batch_len]`): all `stride`
-    /// bytes long but the last. Contributions are encoded in place.
-    batch: Vec<u8>,
-    batch_len: usize,
-    batch_n: usize,
-    batch_stride: usize,
-    batch_closed: bool,
+    /// Contributions waiting to go out as one GSO burst.
+    burst: Burst,
 }
 
 impl Worker {
@@ -291,11 +286,7 @@ impl Worker {
             next_mid: p.first_mid,
             uses: vec![0; p.slots],
             srtt: None,
-            batch: vec![0; GSO_MAX_BYTES],
-            batch_len: 0,
-            batch_n: 0,
-            batch_stride: 0,
-            batch_closed: false,
+            burst: Burst::new(),
             rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
             p,
         })
@@ -372,7 +363,7 @@ impl Worker {
         let mut last_progress = Instant::now();
         let mut next_check = Instant::now() + self.rto();
         self.set_wait(self.rto() / 4 + Duration::from_micros(100))?;
-        self.flush()?;
+        self.burst.flush(&self.sock, self.p.switch)?;
         while done < nseg {
             // Results already queued are taken without blocking; once none is left, the
             // segments they freed go out as one burst, and only then does the worker wait.
@@ -382,18 +373,10 @@ impl Worker {
                     accepted.push(a);
                 }
             };
-            let got = if self.batch_n > 0 {
+            let got = if self.burst.n > 0 {
                 match receive(&mut self.inbox, &self.sock, true, spin, &mut take) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        flush(
-                            &self.sock,
-                            p.switch,
-                            &self.batch[..self.batch_len],
-                            self.batch_stride,
-                        )?;
-                        self.batch_len = 0;
-                        self.batch_n = 0;
-                        self.batch_closed = false;
+                        self.burst.flush(&self.sock, p.switch)?;
                         receive(&mut self.inbox, &self.sock, false, spin, &mut take)
                     }
                     r => r,
@@ -494,51 +477,21 @@ impl Worker {
         }
     }
 
-    /// Where the next datagram of `len` bytes is to be encoded in `batch`: after the queued
-    /// burst if it may join it, else at the start (the burst is sent first).
-    fn reserve(&mut self, len: usize) -> Result<usize, AllreduceError> {
+    /// Where the next datagram of `len` bytes is to be encoded in `burst.data`.
+    fn reserve(&mut self, len: usize) -> io::Result<usize> {
         if !self.p.gso {
             return Ok(0);
         }
-        // GSO cuts the burst into datagrams of the first one's length: a shorter one may
-        // only come last, and the whole burst must fit one 64 KiB super-packet.
-        let fits = self.batch_n == 0
-            || (!self.batch_closed
-                && len <= self.batch_stride
-                && self.batch_len + len <= GSO_MAX_BYTES
-                && self.batch_n < GSO_MAX_SEGMENTS);
-        if !fits {
-            self.flush()?;
-        }
-        Ok(self.batch_len)
+        self.burst.reserve(len, &self.sock, self.p.switch)
     }
 
-    /// Queues the datagram just encoded at `batch[reserve(len)..]` (without GSO: sends it).
-    fn commit(&mut self, len: usize) -> Result<(), AllreduceError> {
+    /// Queues the datagram just encoded at `reserve(len)` (without GSO: sends it).
+    fn commit(&mut self, len: usize) -> io::Result<()> {
         if !self.p.gso {
-            self.sock.send_to(&self.batch[..len], self.p.switch)?;
-            return Ok(());
+            self.sock.send_to(&self.burst.data[..len], self.p.switch)?;
+        } else {
+            self.burst.commit(len);
         }
-        if self.batch_n == 0 {
-            self.batch_stride = len;
-        }
-        self.batch_len += len;
-        self.batch_n += 1;
-        self.batch_closed = len < self.batch_stride;
-        Ok(())
-    }
-
-    /// Sends the queued burst.
-    fn flush(&mut self) -> Result<(), AllreduceError> {
-        flush(
-            &self.sock,
-            self.p.switch,
-            &self.batch[..self.batch_len],
-            self.batch_stride,
-        )?;
-        self.batch_len = 0;
-        self.batch_n = 0;
-        self.batch_closed = false;
         Ok(())
     }
 
@@ -663,7 +616,7 @@ impl Worker {
         let lane_bytes = count * lane.size();
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
         let at = self.reserve(len)?;
-        let out = &mut self.batch[at..at + len];
+        let out = &mut self.burst.data[at..at + len];
         let enc = codec::encode(
             self.p.op,
             self.p.dtype,
@@ -826,27 +779,79 @@ fn receive_socket(
     Ok(())
 }
 
-/// Sends a burst of datagrams, all `stride` bytes long but the last: one datagram, or one
-/// GSO super-packet.
-fn flush(sock: &UdpSocket, to: SocketAddrV4, burst: &[u8], stride: usize) -> io::Result<()> {
-    if burst.is_empty() {
-        return Ok(());
+/// Datagrams waiting to be sent as one GSO burst (`data[..len]`, `n` of them): all `stride`
+/// bytes long but the last. Contributions are encoded in place.
+struct Burst {
+    data: Vec<u8>,
+    len: usize,
+    n: usize,
+    stride: usize,
+    /// The last datagram is shorter than `stride`: no other may follow it.
+    closed: bool,
+}
+
+impl Burst {
+    fn new() -> Self {
+        Self {
+            data: vec![0; GSO_MAX_BYTES],
+            len: 0,
+            n: 0,
+            stride: 0,
+            closed: false,
+        }
     }
-    if burst.len() <= stride {
-        sock.send_to(burst, to)?;
-        return Ok(());
+
+    /// Where the next datagram of `len` bytes goes: after the queued ones if it may join
+    /// them, else at the start, the queued ones sent first.
+    fn reserve(&mut self, len: usize, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<usize> {
+        // GSO cuts the burst into datagrams of the first one's length: a shorter one may
+        // only come last, and the whole burst must fit one 64 KiB super-packet.
+        let fits = self.n == 0
+            || (!self.closed
+                && len <= self.stride
+                && self.len + len <= GSO_MAX_BYTES
+                && self.n < GSO_MAX_SEGMENTS);
+        if !fits {
+            self.flush(sock, to)?;
+        }
+        Ok(self.len)
     }
-    use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
-    let stride = stride as u16;
-    let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
-    let iov = [std::io::IoSlice::new(burst)];
-    sendmsg(
-        sock.as_raw_fd(),
-        &iov,
-        &cmsg,
-        MsgFlags::empty(),
-        Some(&SockaddrIn::from(to)),
-    )
-    .map_err(io::Error::from)?;
-    Ok(())
+
+    /// Queues the `len` bytes just written at `reserve(len)`.
+    fn commit(&mut self, len: usize) {
+        if self.n == 0 {
+            self.stride = len;
+        }
+        self.len += len;
+        self.n += 1;
+        self.closed = len < self.stride;
+    }
+
+    /// Sends what is queued: one datagram, or one GSO super-packet.
+    fn flush(&mut self, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<()> {
+        match self.n {
+            0 => return Ok(()),
+            1 => {
+                sock.send_to(&self.data[..self.len], to)?;
+            }
+            _ => {
+                use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+                let stride = self.stride as u16;
+                let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
+                let iov = [std::io::IoSlice::new(&self.data[..self.len])];
+                sendmsg(
+                    sock.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::empty(),
+                    Some(&SockaddrIn::from(to)),
+                )
+                .map_err(io::Error::from)?;
+            }
+        }
+        self.len = 0;
+        self.n = 0;
+        self.closed = false;
+        Ok(())
+    }
 }

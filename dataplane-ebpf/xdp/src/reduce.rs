@@ -35,26 +35,32 @@ fn sar_32x2(x: u64, s: u32) -> u64 {
     lanes(x, 0, |a, _| ((a as i32) >> s) as u32)
 }
 
-/// `v.data[i] = f(v.data[i], payload[i])` for each word of the round; with `write`, also
-/// `payload[i] = v.data[i]`, turning the packet into the result.
+/// `v.data[i] = f(v.data[i], payload word i)`; with `write`, also the payload word =
+/// `v.data[i]`. The caller has checked the payload word's bounds.
+macro_rules! fold_word {
+    ($v:expr, $payload:expr, $i:expr, $write:expr, |$a:ident, $b:ident| $f:expr) => {{
+        let i = $i;
+        let p = $payload + i * 8;
+        let $a = unsafe { *$v.data.get_unchecked(i) };
+        let $b = unsafe { *(p as *const u64) };
+        let r = $f;
+        unsafe { *$v.data.get_unchecked_mut(i) = r };
+        if $write {
+            unsafe { *(p as *mut u64) = r };
+        }
+    }};
+}
+
+/// [`fold_word!`] for each word of the round, turning the packet into the result with
+/// `write`.
 macro_rules! fold_words {
     ($v:expr, $payload:expr, $end:expr, $words:expr, $write:expr, |$a:ident, $b:ident| $f:expr) => {{
         let mut i = 0usize;
         while i < SLOT_WORDS {
-            if i >= $words {
+            if i >= $words || $payload + i * 8 + 8 > $end {
                 break;
             }
-            let p = $payload + i * 8;
-            if p + 8 > $end {
-                break;
-            }
-            let $a = unsafe { *$v.data.get_unchecked(i) };
-            let $b = unsafe { *(p as *const u64) };
-            let r = $f;
-            unsafe { *$v.data.get_unchecked_mut(i) = r };
-            if $write {
-                unsafe { *(p as *mut u64) = r };
-            }
+            fold_word!($v, $payload, i, $write, |$a, $b| $f);
             i += 1;
         }
     }};
@@ -72,27 +78,13 @@ macro_rules! fold_words_fast {
             while i + 4 <= SLOT_WORDS {
                 let mut k = 0;
                 while k < 4 {
-                    let p = $payload + (i + k) * 8;
-                    let $a = unsafe { *$v.data.get_unchecked(i + k) };
-                    let $b = unsafe { *(p as *const u64) };
-                    let r = $f;
-                    unsafe { *$v.data.get_unchecked_mut(i + k) = r };
-                    if $write {
-                        unsafe { *(p as *mut u64) = r };
-                    }
+                    fold_word!($v, $payload, i + k, $write, |$a, $b| $f);
                     k += 1;
                 }
                 i += 4;
             }
             while i < SLOT_WORDS {
-                let p = $payload + i * 8;
-                let $a = unsafe { *$v.data.get_unchecked(i) };
-                let $b = unsafe { *(p as *const u64) };
-                let r = $f;
-                unsafe { *$v.data.get_unchecked_mut(i) = r };
-                if $write {
-                    unsafe { *(p as *mut u64) = r };
-                }
+                fold_word!($v, $payload, i, $write, |$a, $b| $f);
                 i += 1;
             }
         } else {
