@@ -5,13 +5,11 @@
 
 use std::process::Command;
 
-use xagg::api::{Request, Response};
+use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
 
-fn afxdp(p: &mut xagg::worker::WorkerParams) {
+fn afxdp(p: &mut xagg_worker::WorkerParams) {
     p.afxdp = true;
-    p.segment = 862;
-    p.slots = 64;
 }
 
 #[test]
@@ -19,7 +17,7 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     if !require_root("afxdp_receive_is_exact_and_recovers_lost_results") {
         return;
     }
-    let mut sw = LabSwitch::start("xtx", 3, "");
+    let mut sw = TestSwitch::start("xtx", 3, |_| {});
     // Each worker attaches its own xagg_host (with its socket in the map).
     sw.lab.detach_hosts();
     let workers = [0, 1, 2];
@@ -29,7 +27,16 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     ));
     let mut mid = 0;
     for elems in [1usize, 861, 863, (4 << 20) / 4 + 3] {
-        let reps = sw.allreduce_with(4, mid, &workers, 47801, elems, 500 + mid as u64, afxdp);
+        let reps = sw.allreduce_with(
+            4,
+            mid,
+            i32_shape(3, 64, 862),
+            &workers,
+            47801,
+            elems,
+            500 + mid as u64,
+            afxdp,
+        );
         mid += 1;
         assert_eq!(reps.len(), 3);
     }
@@ -46,7 +53,16 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
         Response::Ok
     ));
     let before = sw.counters();
-    let reps = sw.allreduce_with(4, mid, &workers, 47801, (2 << 20) / 4, 77, afxdp);
+    let reps = sw.allreduce_with(
+        4,
+        mid,
+        i32_shape(3, 64, 862),
+        &workers,
+        47801,
+        (2 << 20) / 4,
+        77,
+        afxdp,
+    );
     let after = sw.counters();
     let dropped = after["inject_drop_result"] - before["inject_drop_result"];
     let retx: u64 = reps.iter().map(|r| r.retransmissions).sum();
@@ -62,21 +78,22 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
     if !require_root("afxdp_refuses_a_taken_interface_and_lets_other_traffic_in") {
         return;
     }
-    let mut sw = LabSwitch::start("xty", 2, "");
+    let mut sw = TestSwitch::start("xty", 2, |_| {});
     let ns0 = sw.lab.worker_ns(0);
     let params = || {
-        let mut p = xagg::worker::WorkerParams::new(
-            std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, xagg_common::wire::DEFAULT_PORT),
-            std::net::SocketAddrV4::new(xagg::lab::worker_ip(0), 47801),
+        let mut p = xagg_worker::WorkerParams::new(
+            std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, xagg_common::wire::DEFAULT_PORT),
+            std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(0), 47801),
             1,
             0,
+            i32_shape(2, 64, 862),
         );
         p.afxdp = true;
         p
     };
     // The lab's xagg_host sits on every worker's eth0: AF_XDP must not replace it.
-    let err = xagg::lab::in_netns(&ns0, || {
-        Ok(xagg::worker::Worker::new(params())
+    let err = xagg_lab::lab::in_netns(&ns0, || {
+        Ok(xagg_worker::Worker::new(params())
             .err()
             .expect("a worker took an interface that carries another XDP program")
             .to_string())
@@ -93,8 +110,8 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let ns0 = ns0.clone();
         s.spawn(move || {
-            xagg::iface::enter_netns(&ns0).unwrap();
-            let w = xagg::worker::Worker::new(params()).expect("AF_XDP worker");
+            xagg_sys::iface::enter_netns(&ns0).unwrap();
+            let w = xagg_worker::Worker::new(params()).expect("AF_XDP worker");
             ready_tx.send(()).unwrap();
             // Hold the worker (and its program) until the ping is done.
             let _ = done_rx.recv();
@@ -104,7 +121,7 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
         let out = Command::new("ip")
             .args(["netns", "exec", &sw.lab.worker_ns(1)])
             .args(["ping", "-c", "2", "-i", "0.2", "-W", "2"])
-            .arg(xagg::lab::worker_ip(0).to_string())
+            .arg(xagg_lab::lab::worker_ip(0).to_string())
             .output()
             .expect("ping");
         done_tx.send(()).unwrap();

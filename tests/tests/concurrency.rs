@@ -6,7 +6,7 @@ use std::sync::Barrier;
 use aya::programs::{TestRun, TestRunOptions, Xdp};
 use nix::sched::{sched_setaffinity, CpuSet};
 use xagg_common::{
-    wire::{DType, Header, Kind, Op, FLAG_EPOCH, PAYLOAD_OFFSET},
+    wire::{DType, Header, Kind, Op, FLAG_SHADOW, PAYLOAD_OFFSET},
     Counter,
 };
 use xagg_tests::*;
@@ -16,7 +16,7 @@ const ELEMS: usize = 862;
 
 fn values(m: u32, k: u32) -> Vec<i32> {
     (0..ELEMS)
-        .map(|i| xagg::data::element(k as u64, m, i))
+        .map(|i| xagg_worker::data::element(k as u64, m, i))
         .collect()
 }
 
@@ -34,28 +34,23 @@ fn two_cpus_one_slot() {
         .unwrap_or(1);
     let mut sw = load_switch();
     sw.jobs
-        .insert(
-            5,
-            job(2, Op::Sum as u8, DType::I32 as u8, ELEMS as u16, 0, 4),
-            0,
-        )
+        .insert(5, job(2, Op::Sum, DType::I32, ELEMS as u16, 0, 4), 0)
         .unwrap();
     let frames: Vec<[Vec<u8>; 2]> = (0..ROUNDS)
         .map(|k| {
             [0u8, 1].map(|m| {
-                let flags = if (k / 4) % 2 == 1 { FLAG_EPOCH } else { 0 };
-                let h = Header::new(
-                    Kind::Contribution,
-                    Op::Sum,
-                    DType::I32,
-                    5,
-                    0,
-                    k,
-                    (k % 4) as u16,
-                    m,
-                    flags,
-                    ELEMS as u16,
-                );
+                let flags = if (k / 4) % 2 == 1 { FLAG_SHADOW } else { 0 };
+                let h = Header::builder(Kind::Contribution)
+                    .op(Op::Sum)
+                    .dtype(DType::I32)
+                    .job(5)
+                    .message(0)
+                    .segment(k)
+                    .slot((k % 4) as u16)
+                    .member(m)
+                    .flags(flags)
+                    .count(ELEMS as u16)
+                    .build();
                 frame(&member(m), PORT, &contribution(h, &values(m as u32, k)))
             })
         })

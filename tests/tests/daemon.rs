@@ -2,11 +2,13 @@
 
 use std::process::Command;
 
-use xagg::api::{Request, Response};
+use xagg_common::wire::{DType, Op};
+use xagg_daemon::api::{Request, Response};
+use xagg_lab::switch::Daemon;
 use xagg_tests::*;
 
-fn has_xdp(sw: &LabSwitch, port: &str) -> bool {
-    let out = xagg::lab::ip(&["-n", &sw.lab.switch_ns(), "link", "show", port]).unwrap();
+fn has_xdp(sw: &TestSwitch, port: &str) -> bool {
+    let out = xagg_lab::lab::ip(&["-n", &sw.lab.switch_ns(), "link", "show", port]).unwrap();
     out.contains("xdp")
 }
 
@@ -15,20 +17,20 @@ fn restart_adopts_the_pinned_dataplane() {
     if !require_root("restart_adopts_the_pinned_dataplane") {
         return;
     }
-    let mut sw = LabSwitch::start("xtr", 2, "");
+    let mut sw = TestSwitch::start("xtr", 2, |_| {});
     assert!(matches!(
         sw.add_job(4, 512, 8, &[0, 1]),
         Response::Job { .. }
     ));
     sw.allreduce(4, 0, 512, 8, &[0, 1], 47801, 10_000, 1);
     let before = sw.counters();
-    assert!(sw.stop_daemon("TERM").success());
+    assert!(sw.stop_daemon(Signal::SIGTERM).success());
     // The dataplane keeps aggregating with no daemon at all.
     assert!(has_xdp(&sw, "swp0") && sw.pin.join("maps/JOBS").exists());
     sw.allreduce(4, 1, 512, 8, &[0, 1], 47801, 10_000, 2);
     // SIGKILL leaves it running too.
     sw.start_daemon();
-    assert!(sw.stop_daemon("KILL").code().is_none());
+    assert!(sw.stop_daemon(Signal::SIGKILL).code().is_none());
     sw.allreduce(4, 2, 512, 8, &[0, 1], 47801, 10_000, 3);
     sw.start_daemon();
     match sw.api(Request::Status) {
@@ -68,23 +70,17 @@ fn detach_on_exit_and_detach_command() {
     if !require_root("detach_on_exit_and_detach_command") {
         return;
     }
-    let mut sw = LabSwitch::start("xtd", 2, "detach_on_exit = true");
+    let mut sw = TestSwitch::start("xtd", 2, |c| c.daemon.detach_on_exit = true);
     assert!(has_xdp(&sw, "swp0"));
     assert!(!sw.pin.exists(), "detach_on_exit pins nothing");
-    assert!(sw.stop_daemon("INT").success());
+    assert!(sw.stop_daemon(Signal::SIGINT).success());
     assert!(
         !has_xdp(&sw, "swp0") && !has_xdp(&sw, "swp1"),
         "programs detached on exit"
     );
 
     // Pinned (default), then `xagg detach`: the daemon stops, the programs and pins go.
-    std::fs::write(
-        &sw.config,
-        std::fs::read_to_string(&sw.config)
-            .unwrap()
-            .replace("detach_on_exit = true", ""),
-    )
-    .unwrap();
+    sw.write_config(&sw.default_config()).unwrap();
     sw.start_daemon();
     assert!(has_xdp(&sw, "swp0") && sw.pin.exists());
     let out = Command::new(bin("xagg"))
@@ -109,7 +105,7 @@ fn clear_errors() {
     if !require_root("clear_errors") {
         return;
     }
-    let sw = LabSwitch::start("xte", 2, "");
+    let sw = TestSwitch::start("xte", 2, |_| {});
     let err = |r: Response| match r {
         Response::Error { message } => message,
         r => panic!("expected an error, got {r:?}"),
@@ -136,10 +132,10 @@ fn clear_errors() {
     let mut bad = sw.lab.members().unwrap();
     bad[0].interface = "nope0".into();
     let m = err(sw.api(Request::AddJob {
-        job: xagg::job::JobSpec {
+        job: xagg_daemon::job::JobSpec {
             id: 3,
-            op: "sum".into(),
-            dtype: "i32".into(),
+            op: Op::Sum,
+            dtype: DType::I32,
             segment: 256,
             slots: 8,
             members: bad,
@@ -185,15 +181,15 @@ fn restart_during_an_allreduce() {
     if !require_root("restart_during_an_allreduce") {
         return;
     }
-    let mut sw = LabSwitch::start("xtk", 2, "");
+    let mut sw = TestSwitch::start("xtk", 2, |_| {});
     assert!(matches!(
         sw.add_job(6, 862, 64, &[0, 1]),
         Response::Job { .. }
     ));
     // Long enough (about 2 s here) for two restarts to happen while it runs.
     let elems = (512 << 20) / 4;
-    let complete = |sw: &LabSwitch| sw.counters()["complete"];
-    let mut daemon = sw.daemon.take().unwrap();
+    let complete = |sw: &TestSwitch| sw.counters()["complete"];
+    let daemon = sw.daemon.take().unwrap();
     let sw_ref = &sw;
     let last = std::thread::scope(|s| {
         let sw = sw_ref;
@@ -208,37 +204,18 @@ fn restart_during_an_allreduce() {
         let socket = sw.socket.clone();
         let log = sw.log.clone();
         let config = sw.config.clone();
-        let mid_run = xagg::api::call(&socket, &Request::Counters).unwrap();
-        Command::new("kill")
-            .arg("-TERM")
-            .arg(daemon.id().to_string())
-            .status()
-            .unwrap();
-        assert!(daemon.wait().unwrap().success());
-        let start = |_: ()| {
-            let l = std::fs::OpenOptions::new().append(true).open(&log).unwrap();
-            let c = Command::new(bin("xaggd"))
-                .arg("--config")
-                .arg(&config)
-                .stdout(l.try_clone().unwrap())
-                .stderr(l)
-                .spawn()
-                .unwrap();
-            while xagg::api::call(&socket, &Request::Status).is_err() {
-                std::thread::sleep(std::time::Duration::from_millis(10));
-            }
-            c
-        };
-        let mut daemon = start(());
-        daemon.kill().unwrap();
-        daemon.wait().unwrap();
+        let mid_run = xagg_daemon::api::call(&socket, &Request::Counters).unwrap();
+        assert!(daemon.stop(Signal::SIGTERM).unwrap().success());
+        let start = |_: ()| Daemon::start(&config, &log, &socket).unwrap();
+        let daemon = start(());
+        assert!(daemon.stop(Signal::SIGKILL).unwrap().code().is_none());
         let daemon = start(());
         assert!(
             !run.is_finished(),
             "the allreduce ended before the restarts: make it longer"
         );
         run.join().expect("the allreduce completes across restarts");
-        let after = xagg::api::call(&socket, &Request::Counters).unwrap();
+        let after = xagg_daemon::api::call(&socket, &Request::Counters).unwrap();
         match (mid_run, after) {
             (Response::Counters { counters: a }, Response::Counters { counters: b }) => {
                 assert!(b["complete"] > a["complete"], "counters continue");

@@ -6,8 +6,8 @@ use std::collections::BTreeSet;
 
 use xagg_common::{
     job::MemberAddr,
-    slot::{SlotImage, VersionState},
-    wire::{DType, Header, Kind, Op, FLAG_EPOCH, HEADER_LEN},
+    slot::{ShadowState, SlotImage},
+    wire::{DType, Header, Kind, Op, FLAG_SHADOW, HEADER_LEN},
     Counter,
 };
 use xagg_tests::*;
@@ -18,7 +18,7 @@ struct Rng(u64);
 impl Rng {
     fn next(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(1);
-        xagg::data::mix(self.0)
+        xagg_worker::data::mix(self.0)
     }
     fn below(&mut self, n: usize) -> usize {
         (self.next() % n as u64) as usize
@@ -39,8 +39,9 @@ fn mutate(rng: &mut Rng, f: &mut Vec<u8>) {
 }
 
 fn same(a: &SlotImage, b: &SlotImage) -> bool {
-    a.ver.iter().zip(&b.ver).all(|(x, y)| {
-        (x.state, x.seen, x.mid, x.sid, x.count) == (y.state, y.seen, y.mid, y.sid, y.count)
+    a.shadow.iter().zip(&b.shadow).all(|(x, y)| {
+        (x.state, x.seen, x.message, x.segment, x.count)
+            == (y.state, y.seen, y.message, y.segment, y.count)
             && x.data == y.data
     })
 }
@@ -59,26 +60,25 @@ fn million_hostile_frames_change_nothing_else() {
     ];
     for &(jid, n, op, dt, seg, base, count) in &jobs {
         sw.jobs
-            .insert(jid, job(n, op as u8, dt as u8, seg, base, count), 0)
+            .insert(jid, job(n, op, dt, seg, base, count), 0)
             .unwrap();
     }
     let template = |rng: &mut Rng| -> Vec<u8> {
         let &(jid, n, op, dt, seg, _, slots) = &jobs[rng.below(jobs.len())];
         let m = rng.below(n) as u8;
         let count = 1 + rng.below(seg as usize);
-        let flags = if rng.below(2) == 1 { FLAG_EPOCH } else { 0 };
-        let h = Header::new(
-            Kind::Contribution,
-            op,
-            dt,
-            jid,
-            rng.below(3) as u32,
-            rng.below(4) as u32,
-            rng.below(slots as usize) as u16,
-            m,
-            flags,
-            count as u16,
-        );
+        let flags = if rng.below(2) == 1 { FLAG_SHADOW } else { 0 };
+        let h = Header::builder(Kind::Contribution)
+            .op(op)
+            .dtype(dt)
+            .job(jid)
+            .message(rng.below(3) as u32)
+            .segment(rng.below(4) as u32)
+            .slot(rng.below(slots as usize) as u16)
+            .member(m)
+            .flags(flags)
+            .count(count as u16)
+            .build();
         let elems = count * dt.size() / 4;
         let values: Vec<i32> = (0..elems).map(|_| rng.next() as i32).collect();
         frame(&member(m), PORT, &contribution(h, &values))
@@ -155,9 +155,9 @@ fn million_hostile_frames_change_nothing_else() {
                 let h = Header::from_bytes(&f[42..42 + HEADER_LEN]).unwrap();
                 let j = jobs
                     .iter()
-                    .find(|j| j.0 == h.jid())
+                    .find(|j| j.0 == h.job())
                     .expect("accepted for a live job");
-                touched.insert(j.5 + h.seg() as u32);
+                touched.insert(j.5 + h.slot() as u32);
             }
         }
     }
@@ -180,8 +180,8 @@ fn million_hostile_frames_change_nothing_else() {
             .iter()
             .find(|j| (j.5..j.5 + j.6).contains(&i))
             .expect("touched slot belongs to a job");
-        for v in &b.ver {
-            assert!(v.state <= VersionState::Done as u32);
+        for v in &b.shadow {
+            assert!(v.state <= ShadowState::Done as u32);
             assert_eq!(
                 v.seen & !((1u64 << j.1) - 1),
                 0,
@@ -195,7 +195,7 @@ fn million_hostile_frames_change_nothing_else() {
     }
     for i in 20..24 {
         assert!(
-            !touched.contains(&i) && sw.slot(i).ver.iter().all(|v| v.state == 0),
+            !touched.contains(&i) && sw.slot(i).shadow.iter().all(|v| v.state == 0),
             "slot {i} of no job touched"
         );
     }

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use xagg::api::{Request, Response};
+use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
 
 const JOBS: [&[usize]; 8] = [
@@ -26,7 +26,7 @@ fn eight_jobs_at_once_and_one_removed_midway() {
     if !require_root("eight_jobs_at_once_and_one_removed_midway") {
         return;
     }
-    let sw = LabSwitch::start("xti", 4, "");
+    let sw = TestSwitch::start("xti", 4, |_| {});
     for (j, workers) in JOBS.iter().enumerate() {
         let id = j as u32 + 1;
         assert!(
@@ -72,16 +72,15 @@ fn eight_jobs_at_once_and_one_removed_midway() {
             .map(|m| {
                 let ns = sw.lab.worker_ns(m);
                 s.spawn(move || {
-                    xagg::iface::enter_netns(&ns).unwrap();
-                    let sw_addr = std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, 47800);
-                    let bind = std::net::SocketAddrV4::new(xagg::lab::worker_ip(m), port(9));
-                    let mut p = xagg::worker::WorkerParams::new(sw_addr, bind, 9, m as u8);
-                    p.segment = 256;
-                    p.slots = 8;
+                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
+                    let bind = std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(m), port(9));
+                    let shape = i32_shape(2, 8, 256);
+                    let mut p = xagg_worker::WorkerParams::new(sw_addr, bind, 9, m as u8, shape);
                     p.give_up = Duration::from_secs(2);
-                    let mut w = xagg::worker::Worker::new(p).unwrap();
+                    let mut w = xagg_worker::Worker::new(p).unwrap();
                     let mut buf = vec![3i32; 64 << 20 >> 2];
-                    (0..100).find_map(|_| w.allreduce_i32(&mut buf).err())
+                    (0..100).find_map(|_| w.allreduce(&mut buf).err())
                 })
             })
             .collect();

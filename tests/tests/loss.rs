@@ -2,7 +2,7 @@
 //! bit-exact, and the counters show both that the impairment happened and that the
 //! recovery did.
 
-use xagg::api::{Request, Response};
+use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
 
 const WORKERS: [usize; 3] = [0, 1, 2];
@@ -21,20 +21,26 @@ fn loss_duplicates_and_reordering_recover() {
     if !require_root("loss_duplicates_and_reordering_recover") {
         return;
     }
-    let mut sw = LabSwitch::start("xtl", 3, "");
+    let mut sw = TestSwitch::start("xtl", 3, |_| {});
     assert!(matches!(
         sw.add_job(1, 862, 64, &WORKERS),
         Response::Job { .. }
     ));
     let mut mid = 0;
     let mut run =
-        |sw: &LabSwitch, what: &str, tweak: &(dyn Fn(&mut xagg::worker::WorkerParams) + Sync)| {
+        |sw: &TestSwitch, what: &str, tweak: &(dyn Fn(&mut xagg_worker::WorkerParams) + Sync)| {
             let before = sw.counters();
-            let reps = sw.allreduce_with(1, mid, &WORKERS, 47801, ELEMS, 1000 + mid as u64, |p| {
-                p.segment = 862;
-                p.slots = 64;
-                tweak(p);
-            });
+            let shape = i32_shape(WORKERS.len(), 64, 862);
+            let reps = sw.allreduce_with(
+                1,
+                mid,
+                shape,
+                &WORKERS,
+                47801,
+                ELEMS,
+                1000 + mid as u64,
+                tweak,
+            );
             mid += 1;
             let retx: u64 = reps.iter().map(|r| r.retransmissions).sum();
             let secs = reps.iter().map(|r| r.seconds).fold(0.0, f64::max);
@@ -104,7 +110,7 @@ fn loss_duplicates_and_reordering_recover() {
     assert!(matches!(sw.api(off), Response::Ok));
 
     // Duplicates from the worker's egress (tc, bpf_clone_redirect): never added twice.
-    sw.lab.impair(xagg::EBPF_OBJECT, 0.0, 0.05).unwrap();
+    sw.lab.impair(xagg_sys::EBPF_OBJECT, 0.0, 0.05).unwrap();
     // (One datagram per send: the tc program sees a GSO burst as one packet.)
     let (a, b, _, _) = run(&sw, "contributions duplicated at 0.05", &|p| p.gso = false);
     let (_, duplicated) = sw.lab.impair_counts().unwrap();
@@ -115,7 +121,7 @@ fn loss_duplicates_and_reordering_recover() {
     );
 
     // Drops on the worker's egress, before the switch.
-    sw.lab.impair(xagg::EBPF_OBJECT, 0.05, 0.0).unwrap();
+    sw.lab.impair(xagg_sys::EBPF_OBJECT, 0.05, 0.0).unwrap();
     let (_, _, retx, _) = run(
         &sw,
         "contributions dropped on worker egress at 0.05",
@@ -123,7 +129,7 @@ fn loss_duplicates_and_reordering_recover() {
     );
     let (dropped, _) = sw.lab.impair_counts().unwrap();
     assert!(dropped > 0 && retx > 0);
-    sw.lab.impair(xagg::EBPF_OBJECT, 0.0, 0.0).unwrap();
+    sw.lab.impair(xagg_sys::EBPF_OBJECT, 0.0, 0.0).unwrap();
 
     // Reordered sends.
     let (_, _, _, reps) = run(&sw, "reordered", &|p| p.reorder = true);
@@ -141,7 +147,7 @@ fn missing_member_fails_fast_with_a_clear_error() {
     if !require_root("missing_member_fails_fast_with_a_clear_error") {
         return;
     }
-    let sw = LabSwitch::start("xtm", 3, "");
+    let sw = TestSwitch::start("xtm", 3, |_| {});
     assert!(matches!(
         sw.add_job(2, 256, 8, &WORKERS),
         Response::Job { .. }
@@ -150,20 +156,19 @@ fn missing_member_fails_fast_with_a_clear_error() {
     let err = std::thread::scope(|s| {
         let ns = sw.lab.worker_ns(0);
         s.spawn(move || {
-            xagg::iface::enter_netns(&ns).unwrap();
-            let sw_addr = std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, 47800);
-            let mut p = xagg::worker::WorkerParams::new(
+            xagg_sys::iface::enter_netns(&ns).unwrap();
+            let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
+            let mut p = xagg_worker::WorkerParams::new(
                 sw_addr,
-                std::net::SocketAddrV4::new(xagg::lab::worker_ip(0), 47801),
+                std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(0), 47801),
                 2,
                 0,
+                i32_shape(WORKERS.len(), 8, 256),
             );
-            p.segment = 256;
-            p.slots = 8;
             p.give_up = std::time::Duration::from_secs(1);
-            let mut w = xagg::worker::Worker::new(p).unwrap();
+            let mut w = xagg_worker::Worker::new(p).unwrap();
             let mut buf = vec![1i32; 4096];
-            w.allreduce_i32(&mut buf).unwrap_err()
+            w.allreduce(&mut buf).unwrap_err()
         })
         .join()
         .unwrap()
@@ -174,7 +179,7 @@ fn missing_member_fails_fast_with_a_clear_error() {
     assert!(took < std::time::Duration::from_secs(3), "took {took:?}");
     assert!(msg.contains("job 2 message 0"), "{msg}");
     assert!(
-        msg.contains("slot 0 sid 0 waits for members [1, 2]"),
+        msg.contains("slot 0 segment 0 waits for members [1, 2]"),
         "{msg}"
     );
     match sw.api(Request::JobStatus { id: 2 }) {

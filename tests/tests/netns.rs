@@ -7,7 +7,8 @@ use std::{
     process::Command,
 };
 
-use xagg::{api::Response, lab};
+use xagg_daemon::api::Response;
+use xagg_lab::lab;
 use xagg_tests::*;
 
 #[test]
@@ -15,7 +16,7 @@ fn two_workers_uneven_sizes() {
     if !require_root("two_workers_uneven_sizes") {
         return;
     }
-    let sw = LabSwitch::start("xt2", 2, "");
+    let sw = TestSwitch::start("xt2", 2, |_| {});
     assert!(matches!(
         sw.add_job(1, 256, 16, &[0, 1]),
         Response::Job { .. }
@@ -40,7 +41,7 @@ fn four_workers_large_buffer() {
     if !require_root("four_workers_large_buffer") {
         return;
     }
-    let sw = LabSwitch::start("xt4", 4, "");
+    let sw = TestSwitch::start("xt4", 4, |_| {});
     assert!(matches!(
         sw.add_job(9, 862, 64, &[0, 1, 2, 3]),
         Response::Job { .. }
@@ -71,7 +72,7 @@ fn ordinary_traffic_passes() {
     if !require_root("ordinary_traffic_passes") {
         return;
     }
-    let sw = LabSwitch::start("xto", 2, "");
+    let sw = TestSwitch::start("xto", 2, |_| {});
     let before = sw.counters()["pass"];
     let out = Command::new("ip")
         .args([
@@ -116,7 +117,7 @@ fn ordinary_traffic_passes() {
         let (tx, rx) = std::sync::mpsc::channel();
         let ns1 = sw.lab.worker_ns(1);
         let server = s.spawn(move || {
-            xagg::iface::enter_netns(&ns1).unwrap();
+            xagg_sys::iface::enter_netns(&ns1).unwrap();
             let l = TcpListener::bind(SocketAddrV4::new(lab::worker_ip(1), 5001)).unwrap();
             tx.send(()).unwrap();
             let (mut c, _) = l.accept().unwrap();
@@ -128,7 +129,7 @@ fn ordinary_traffic_passes() {
         let ns0 = sw.lab.worker_ns(0);
         let payload = &payload;
         s.spawn(move || {
-            xagg::iface::enter_netns(&ns0).unwrap();
+            xagg_sys::iface::enter_netns(&ns0).unwrap();
             let mut c = TcpStream::connect(SocketAddrV4::new(lab::worker_ip(1), 5001)).unwrap();
             c.write_all(payload).unwrap();
         })

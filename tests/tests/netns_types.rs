@@ -1,16 +1,20 @@
 //! A representative subset of ops and types end to end in a netns lab, through the worker
 //! library's codecs and the live switch (broadcast, egress rewrite and all).
 
-use xagg::{api::Request, api::Response, data, worker};
-use xagg_common::wire::{self, DType, Op};
+use xagg_common::{
+    wire::{self, DType, Op},
+    JobShape,
+};
+use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
+use xagg_worker::{self as worker, data};
 
 #[test]
 fn ops_and_types_end_to_end() {
     if !require_root("ops_and_types_end_to_end") {
         return;
     }
-    let sw = LabSwitch::start("xty", 3, "");
+    let sw = TestSwitch::start("xty", 3, |_| {});
     let workers = [0usize, 1, 2];
     let cases = [
         (Op::Sum, DType::F32),
@@ -28,10 +32,10 @@ fn ops_and_types_end_to_end() {
         for m in &mut members {
             m.addr.set_port(47820 + j as u16);
         }
-        let spec = xagg::job::JobSpec {
+        let spec = xagg_daemon::job::JobSpec {
             id,
-            op: op.name().into(),
-            dtype: dtype.name().into(),
+            op,
+            dtype,
             segment: segment as u16,
             slots: 32,
             members,
@@ -51,13 +55,16 @@ fn ops_and_types_end_to_end() {
                 .map(|&w| {
                     let (ns, mut buf) = (sw.lab.worker_ns(w), inputs[w].clone());
                     s.spawn(move || {
-                        xagg::iface::enter_netns(&ns).unwrap();
-                        let sw_addr = std::net::SocketAddrV4::new(xagg::lab::SWITCH_IP, 47800);
-                        let bind =
-                            std::net::SocketAddrV4::new(xagg::lab::worker_ip(w), 47820 + j as u16);
-                        let mut p = worker::WorkerParams::new(sw_addr, bind, id, w as u8);
-                        (p.op, p.dtype, p.segment, p.slots, p.members) =
-                            (op, dtype, segment, 32, 3);
+                        xagg_sys::iface::enter_netns(&ns).unwrap();
+                        let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
+                        let bind = std::net::SocketAddrV4::new(
+                            xagg_lab::lab::worker_ip(w),
+                            47820 + j as u16,
+                        );
+                        let lane = wire::lane(op, dtype).unwrap();
+                        let shape = JobShape::with_elements(3, 32, segment, lane).unwrap();
+                        let mut p = worker::WorkerParams::new(sw_addr, bind, id, w as u8, shape);
+                        (p.op, p.dtype) = (op, dtype);
                         let mut wk = worker::Worker::new(p).unwrap();
                         wk.allreduce_bytes(&mut buf)
                             .unwrap_or_else(|e| panic!("{} over {}: {e}", op.name(), dtype.name()));

@@ -2,7 +2,6 @@
 //! (BPF_PROG_RUN), with the worker library's encodings: random inputs at several segment
 //! lengths and member counts, checked against the documented semantics.
 
-use xagg::{codec, data};
 use xagg_common::{
     wire::{
         self, DType, Header, Kind, Op, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN, PAYLOAD_OFFSET,
@@ -10,6 +9,7 @@ use xagg_common::{
     Counter,
 };
 use xagg_tests::*;
+use xagg_worker::{codec, data};
 
 /// Runs one segment of `inputs` (one buffer per member) through the switch as job `jid` on
 /// slot 0, round `sid`, and decodes the result. Returns the result and its `enc_flags`.
@@ -27,20 +27,19 @@ fn reduce(
     for (m, src) in inputs.iter().enumerate() {
         let mut lanes = vec![0u8; n * lane.size()];
         let enc = codec::encode(op, dtype, src, &mut lanes);
-        let mut h = Header::new(
-            Kind::Contribution,
-            op,
-            dtype,
-            jid,
-            0,
-            sid,
-            0,
-            m as u8,
-            if sid % 2 == 1 { 1 } else { 0 },
-            n as u16,
-        );
+        let mut h = Header::builder(Kind::Contribution)
+            .op(op)
+            .dtype(dtype)
+            .job(jid)
+            .message(0)
+            .segment(sid)
+            .slot(0)
+            .member(m as u8)
+            .flags(if sid % 2 == 1 { 1 } else { 0 })
+            .count(n as u16)
+            .build();
         h.exponent = enc.exponent;
-        h.enc_flags = enc.flags.to_be_bytes();
+        h.set_enc_flags(enc.flags);
         let mut udp = vec![0u8; HEADER_LEN + wire::payload_len(lanes.len(), 1)];
         wire::encode(&h, &lanes, &mut udp).unwrap();
         let r = sw.run(&frame(&member(m as u8), PORT, &udp));
@@ -88,7 +87,7 @@ fn every_op_and_type_through_the_switch() {
             let max = wire::max_elements(op, dtype);
             for members in [2usize, 3, 5] {
                 jid += 1;
-                sw.add_job(jid, job(members, op as u8, dtype as u8, max as u16, 0, 1));
+                sw.add_job(jid, job(members, op, dtype, max as u16, 0, 1));
                 let mut worst = 0f64;
                 for (sid, len) in [1usize, 7, 64, max].into_iter().enumerate() {
                     let seed = jid as u64 * 1000 + sid as u64;
@@ -147,8 +146,8 @@ fn edge_cases() {
             jid,
             job(
                 inputs.len(),
-                op as u8,
-                dtype as u8,
+                op,
+                dtype,
                 wire::max_elements(op, dtype) as u16,
                 0,
                 1,

@@ -3,8 +3,8 @@
 //! bump, and the slot state it must leave.
 
 use xagg_common::{
-    slot::VersionState,
-    wire::{DType, Header, Kind, Op, FLAG_EPOCH, PAYLOAD_OFFSET},
+    slot::ShadowState,
+    wire::{DType, Header, Kind, Op, FLAG_SHADOW, PAYLOAD_OFFSET},
     Counter,
 };
 use xagg_tests::*;
@@ -13,18 +13,16 @@ const JID: u32 = 7;
 const SEG: u16 = 256;
 
 fn hdr(member: u8, seg: u16, sid: u32, count: u16) -> Header {
-    Header::new(
-        Kind::Contribution,
-        Op::Sum,
-        DType::I32,
-        JID,
-        1,
-        sid,
-        seg,
-        member,
-        0,
-        count,
-    )
+    Header::builder(Kind::Contribution)
+        .op(Op::Sum)
+        .dtype(DType::I32)
+        .job(JID)
+        .message(1)
+        .segment(sid)
+        .slot(seg)
+        .member(member)
+        .count(count)
+        .build()
 }
 
 fn values(member: u8, n: usize) -> Vec<i32> {
@@ -84,7 +82,7 @@ fn switch_program_table() {
     let n = SEG as usize;
     // Job 7: three members, slots 10..14 of the switch.
     sw.jobs
-        .insert(JID, job(3, Op::Sum as u8, DType::I32 as u8, SEG, 10, 4), 0)
+        .insert(JID, job(3, Op::Sum, DType::I32, SEG, 10, 4), 0)
         .unwrap();
     let contrib = |m: u8, seg: u16, sid: u32, vals: &[i32]| {
         frame(
@@ -105,12 +103,12 @@ fn switch_program_table() {
         },
     );
     let s = sw.slot(12);
-    assert_eq!(s.ver[0].state, VersionState::Filling as u32);
-    assert_eq!(s.ver[0].seen, 0b001);
-    assert_eq!(s.ver[0].count, n as u32);
+    assert_eq!(s.shadow[0].state, ShadowState::Filling as u32);
+    assert_eq!(s.shadow[0].seen, 0b001);
+    assert_eq!(s.shadow[0].count, n as u32);
     assert_eq!(
-        sw.slot(13).ver[0].state,
-        VersionState::Empty as u32,
+        sw.slot(13).shadow[0].state,
+        ShadowState::Empty as u32,
         "neighbour slot untouched"
     );
 
@@ -124,10 +122,10 @@ fn switch_program_table() {
             counter: Counter::Contribution,
         },
     );
-    assert_eq!(sw.slot(12).ver[0].seen, 0b011);
+    assert_eq!(sw.slot(12).shadow[0].seen, 0b011);
 
     // Duplicate from member 1: never added twice.
-    let data_before = sw.slot(12).ver[0].data;
+    let data_before = sw.slot(12).shadow[0].data;
     check(
         &mut sw,
         &Case {
@@ -138,7 +136,7 @@ fn switch_program_table() {
         },
     );
     assert_eq!(
-        sw.slot(12).ver[0].data,
+        sw.slot(12).shadow[0].data,
         data_before,
         "duplicate changed the slot"
     );
@@ -170,7 +168,7 @@ fn switch_program_table() {
     );
     // Unknown job.
     let mut h = hdr(2, 2, 0, SEG);
-    h.jid = 99u32.to_be_bytes();
+    h.set_job(99);
     check(
         &mut sw,
         &Case {
@@ -247,7 +245,7 @@ fn switch_program_table() {
         },
     );
     let mut h = hdr(2, 2, 0, 10);
-    h.count = 10u16.to_be_bytes();
+    h.set_count(10);
     check(
         &mut sw,
         &Case {
@@ -258,11 +256,11 @@ fn switch_program_table() {
         },
     );
     assert_eq!(
-        sw.slot(12).ver[0].data,
+        sw.slot(12).shadow[0].data,
         data_before,
         "a dropped packet changed the slot"
     );
-    assert_eq!(sw.slot(12).ver[0].seen, 0b011);
+    assert_eq!(sw.slot(12).shadow[0].seen, 0b011);
 
     // Non-collective traffic passes untouched: another UDP port, and ARP.
     let other = frame(&member(2), 53, &[1, 2, 3, 4]);
@@ -305,7 +303,7 @@ fn switch_program_table() {
     let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - 30..]).unwrap();
     assert_eq!(h.kind, Kind::Result as u8);
     assert_eq!(
-        (h.jid(), h.mid(), h.sid(), h.seg(), h.count()),
+        (h.job(), h.message(), h.segment(), h.slot(), h.count()),
         (JID, 1, 0, 2, SEG)
     );
     assert_eq!(
@@ -319,8 +317,8 @@ fn switch_program_table() {
         "from the collective port"
     );
     let s = sw.slot(12);
-    assert_eq!(s.ver[0].state, VersionState::Done as u32);
-    assert_eq!(s.ver[0].seen, 0b111);
+    assert_eq!(s.shadow[0].state, ShadowState::Done as u32);
+    assert_eq!(s.shadow[0].seen, 0b111);
 
     // A retransmission to the finished version: the stored result, to that member only.
     let r = check(
@@ -341,7 +339,7 @@ fn switch_program_table() {
 
     // The next use of slot 12 flips the epoch; version 0 keeps its result meanwhile.
     let mut h = hdr(0, 2, 4, 3);
-    h.flags = FLAG_EPOCH;
+    h.flags = FLAG_SHADOW;
     check(
         &mut sw,
         &Case {
@@ -353,13 +351,13 @@ fn switch_program_table() {
     );
     let s = sw.slot(12);
     assert_eq!(
-        (s.ver[1].state, s.ver[1].count, s.ver[1].sid),
-        (VersionState::Filling as u32, 3, 4)
+        (s.shadow[1].state, s.shadow[1].count, s.shadow[1].segment),
+        (ShadowState::Filling as u32, 3, 4)
     );
-    assert_eq!(s.ver[0].state, VersionState::Done as u32);
+    assert_eq!(s.shadow[0].state, ShadowState::Done as u32);
     // A late packet from an older round is stale, not a new round.
     let mut h = hdr(1, 2, 0, 3);
-    h.flags = FLAG_EPOCH;
+    h.flags = FLAG_SHADOW;
     check(
         &mut sw,
         &Case {
@@ -379,9 +377,18 @@ fn single_member_single_element() {
     }
     let mut sw = load_switch();
     sw.jobs
-        .insert(3, job(1, Op::Sum as u8, DType::I32 as u8, 64, 0, 1), 0)
+        .insert(3, job(1, Op::Sum, DType::I32, 64, 0, 1), 0)
         .unwrap();
-    let h = Header::new(Kind::Contribution, Op::Sum, DType::I32, 3, 0, 0, 0, 0, 0, 1);
+    let h = Header::builder(Kind::Contribution)
+        .op(Op::Sum)
+        .dtype(DType::I32)
+        .job(3)
+        .message(0)
+        .segment(0)
+        .slot(0)
+        .member(0)
+        .count(1)
+        .build();
     let r = sw.run(&frame(&member(0), PORT, &contribution(h, &[-5])));
     assert_eq!(r.action, XDP_REDIRECT);
     assert_eq!(payload_i32(&r.out, 1), vec![-5]);

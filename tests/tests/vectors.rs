@@ -2,8 +2,8 @@
 //! against the XDP program's parser.
 
 use xagg_common::{
-    slot::VersionState,
-    wire::{DType, Header, Kind, Op, FLAG_EPOCH, FLAG_LAST, HEADER_LEN, PAYLOAD_OFFSET},
+    slot::ShadowState,
+    wire::{DType, Header, Kind, Op, FLAG_LAST, FLAG_SHADOW, HEADER_LEN, PAYLOAD_OFFSET},
     Counter,
 };
 use xagg_tests::*;
@@ -29,18 +29,17 @@ fn vector(name: &str) -> Vec<u8> {
 }
 
 fn vector1_header(kind: Kind) -> Header {
-    Header::new(
-        kind,
-        Op::Sum,
-        DType::I32,
-        7,
-        1,
-        2,
-        3,
-        1,
-        FLAG_EPOCH | FLAG_LAST,
-        3,
-    )
+    Header::builder(kind)
+        .op(Op::Sum)
+        .dtype(DType::I32)
+        .job(7)
+        .message(1)
+        .segment(2)
+        .slot(3)
+        .member(1)
+        .flags(FLAG_SHADOW | FLAG_LAST)
+        .count(3)
+        .build()
 }
 
 #[test]
@@ -67,13 +66,13 @@ fn decoder_matches_vectors() {
     assert_eq!(h, vector1_header(Kind::Contribution));
     assert_eq!(
         (
-            h.jid(),
-            h.mid(),
-            h.sid(),
-            h.seg(),
+            h.job(),
+            h.message(),
+            h.segment(),
+            h.slot(),
             h.member,
             h.count(),
-            h.epoch()
+            h.shadow()
         ),
         (7, 1, 2, 3, 1, 3, 1)
     );
@@ -95,16 +94,16 @@ fn xdp_parser_matches_vectors() {
     }
     let mut sw = load_switch();
     sw.jobs
-        .insert(7, job(2, Op::Sum as u8, DType::I32 as u8, 8, 100, 4), 0)
+        .insert(7, job(2, Op::Sum, DType::I32, 8, 100, 4), 0)
         .unwrap();
     let r = sw.run(&vector("frame"));
     assert_eq!(r.action, XDP_DROP);
     assert_eq!(sw.counter(Counter::Contribution), 1);
     let s = sw.slot(103);
-    let v = &s.ver[1];
+    let v = &s.shadow[1];
     assert_eq!(
-        (v.state, v.mid, v.sid, v.count, v.seen),
-        (VersionState::Filling as u32, 1, 2, 3, 0b10)
+        (v.state, v.message, v.segment, v.count, v.seen),
+        (ShadowState::Filling as u32, 1, 2, 3, 0b10)
     );
     assert_eq!(
         v.data[0],

@@ -13,12 +13,17 @@ use std::path::PathBuf;
 
 use anyhow::{Context, Result};
 use serde::Serialize;
-use xagg::testrun::{
-    contribution, frame, job, member, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+use xagg_common::{
+    wire::{DType, Header, Kind, Lane, Op, FLAG_SHADOW},
+    JobShape,
 };
-use xagg_common::wire::{DType, Header, Kind, Op, FLAG_EPOCH};
-
-use xagg::lab::Lab;
+use xagg_daemon::api::Response;
+use xagg_lab::{
+    lab::Lab,
+    switch::LabSwitch,
+    testrun::{contribution, frame, job, member, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT},
+    workers::AllreduceRun,
+};
 
 use crate::build::{ebpf_object, target_dir};
 
@@ -37,7 +42,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
     pub workers: Vec<usize>,
     /// Buffer sizes of the end-to-end runs (suffixes: KiB, MiB).
-    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB,64MiB", value_parser = xagg::parse_size)]
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB,64MiB", value_parser = xagg_worker::parse_size)]
     pub sizes: Vec<usize>,
     /// Only the switch program's per-packet costs and the conversions.
     #[arg(long)]
@@ -72,8 +77,7 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     let n = 4;
     let bytes = if quick { 1 << 20 } else { 64 << 20 };
     let it = iterations(bytes, quick);
-    let mut lab = Lab::create(crate::demo::PREFIX, n)?;
-    let _daemon = crate::demo::start_switch(&lab)?;
+    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
     // Receiving with the UDP socket needs the lab's host programs; with AF_XDP each worker
     // attaches its own, so in each round the socket settings run first.
     let settings: [Lever; 10] = [
@@ -89,32 +93,27 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
         ("gso", "on", 862, SLOTS, true, &[]),
     ];
     for (k, &(_, _, segment, slots, _, _)) in settings.iter().enumerate() {
-        crate::demo::xagg(
-            &add_job_args_with(&lab, 100 + k as u32, segment, slots)?
-                .iter()
-                .map(String::as_str)
-                .collect::<Vec<_>>(),
-        )?;
+        add_job(&sw, 100 + k as u32, segment, slots)?;
     }
     // Runs on this VM vary by a fifth from one to the next: every setting runs in each of
     // `rounds` rounds, and its median counts.
     let rounds = if quick { 1 } else { 3 };
     let mut samples: Vec<Vec<RunPoint>> = vec![Vec::new(); settings.len()];
     for round in 0..rounds {
-        lab.attach_hosts(&object)?;
+        sw.lab.attach_hosts(&object)?;
         let mut hosts = true;
         for (k, &(lever, setting, segment, slots, afxdp, extra)) in settings.iter().enumerate() {
             if afxdp && hosts {
-                lab.detach_hosts();
+                sw.lab.detach_hosts();
                 hosts = false;
             }
-            let mut flags = extra.to_vec();
-            if afxdp {
-                flags.push("--afxdp");
-            }
             let id = 100 + k as u32;
-            let mid = (round * it) as u32;
-            let r = switch_run_with(&lab, id, bytes, it, mid, segment, slots, &flags)?;
+            let mut run = switch_run(n, id, bytes, segment, slots)?;
+            run.repeat = it as u32;
+            run.first_message = (round * it) as u32;
+            run.afxdp = afxdp;
+            run.flags = extra.iter().map(|f| f.to_string()).collect();
+            let r = switch_point(&sw.lab, &run)?;
             anyhow::ensure!(r.verified, "lever {lever} {setting}: result wrong");
             eprintln!(
                 "round {round} lever {lever:>8} {setting:>13}: {:.2} Gbit/s, {:.2} CPU s/GiB",
@@ -122,7 +121,7 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
             );
             samples[k].push(r);
         }
-        lab.detach_hosts();
+        sw.lab.detach_hosts();
     }
     let mut out = Vec::new();
     for (&(lever, setting, ..), runs) in settings.iter().zip(samples) {
@@ -178,25 +177,21 @@ pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
     let mut sw = Switch::load(&object);
     // Job 1: both CPUs on one slot; jobs 2 and 3: a job (and its slots) per CPU.
     for (jid, base) in [(1u32, 0u32), (2, 4), (3, 8)] {
-        sw.add_job(
-            jid,
-            job(2, Op::Sum as u8, DType::I32 as u8, elements as u16, base, 4),
-        );
+        sw.add_job(jid, job(2, Op::Sum, DType::I32, elements as u16, base, 4));
     }
     let contrib = |jid: u32, m: u8, r: u32| {
-        let flags = if (r / 4) % 2 == 1 { FLAG_EPOCH } else { 0 };
-        let h = Header::new(
-            Kind::Contribution,
-            Op::Sum,
-            DType::I32,
-            jid,
-            0,
-            r,
-            (r % 4) as u16,
-            m,
-            flags,
-            elements as u16,
-        );
+        let flags = if (r / 4) % 2 == 1 { FLAG_SHADOW } else { 0 };
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Sum)
+            .dtype(DType::I32)
+            .job(jid)
+            .message(0)
+            .segment(r)
+            .slot((r % 4) as u16)
+            .member(m)
+            .flags(flags)
+            .count(elements as u16)
+            .build();
         frame(&member(m), PORT, &contribution(h, &values))
     };
     // For each of the two threads, per round, the frames it sends in order.
@@ -274,29 +269,24 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
         let mut sw = Switch::load(&object);
         const JID: u32 = 1;
         sw.jobs
-            .insert(
-                JID,
-                job(64, Op::Sum as u8, DType::I32 as u8, elements as u16, 0, 4),
-                0,
-            )
+            .insert(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, 4), 0)
             .context("adding the bench job")?;
         let values: Vec<i32> = (0..elements as i32)
             .map(|i| i.wrapping_mul(2_654_435_761u32 as i32))
             .collect();
         let contrib = |m: u8, sid: u32, slot: u16, epoch: bool| {
-            let flags = if epoch { FLAG_EPOCH } else { 0 };
-            let h = Header::new(
-                Kind::Contribution,
-                Op::Sum,
-                DType::I32,
-                JID,
-                0,
-                sid,
-                slot,
-                m,
-                flags,
-                elements as u16,
-            );
+            let flags = if epoch { FLAG_SHADOW } else { 0 };
+            let h = Header::builder(Kind::Contribution)
+                .op(Op::Sum)
+                .dtype(DType::I32)
+                .job(JID)
+                .message(0)
+                .segment(sid)
+                .slot(slot)
+                .member(m)
+                .flags(flags)
+                .count(elements as u16)
+                .build();
             frame(&member(m), PORT, &contribution(h, &values))
         };
 
@@ -360,7 +350,7 @@ pub struct CodecPoint {
 /// Throughput of the worker-side conversions over a buffer cut into full segments, one
 /// core, medians of several passes.
 pub fn codecs(quick: bool) -> Vec<CodecPoint> {
-    use xagg::codec;
+    use xagg_worker::codec;
     let bytes = if quick { 1 << 20 } else { 32 << 20 };
     let passes = if quick { 2 } else { 7 };
     let mut out = Vec::new();
@@ -375,7 +365,7 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
     ] {
         let lane = xagg_common::wire::lane(op, dtype).unwrap();
         let seg = xagg_common::wire::max_elements(op, dtype);
-        let src = xagg::data::generate(dtype, 1, 0, bytes / dtype.size());
+        let src = xagg_worker::data::generate(dtype, 1, 0, bytes / dtype.size());
         let mut lanes = vec![0u8; seg * lane.size()];
         let mut dst = vec![0u8; src.len()];
         let seg_bytes = seg * dtype.size();
@@ -588,104 +578,34 @@ fn run_point(
 
 /// The switch: n workers (CLI processes, one per namespace) allreduce `bytes` of i32
 /// `iterations` times from a common start; `mid` is the job's next message id.
-fn switch_run(lab: &Lab, bytes: usize, iterations: usize, mid: u32) -> Result<RunPoint> {
-    switch_run_with(
-        lab,
-        crate::demo::JOB_ID,
-        bytes,
-        iterations,
-        mid,
-        862,
-        SLOTS,
-        &["--afxdp"],
-    )
-}
-
-/// [`switch_run`] on job `job` with its segment length and slots, and extra worker flags.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one argument per knob of the run"
-)]
-fn switch_run_with(
-    lab: &Lab,
+/// An allreduce of `bytes` of i32 (sum) on job `job` of `n` members.
+fn switch_run(
+    n: usize,
     job: u32,
     bytes: usize,
-    iterations: usize,
-    mid: u32,
     segment: usize,
     slots: u32,
-    extra: &[&str],
-) -> Result<RunPoint> {
+) -> Result<AllreduceRun> {
+    let shape = JobShape::with_elements(n, slots as usize, segment, Lane::I32)?;
+    Ok(AllreduceRun::new(job, Op::Sum, DType::I32, shape, bytes))
+}
+
+/// Runs `run` on the lab's workers: the slowest worker's time per allreduce, bytes sent
+/// per worker, machine-wide CPU, and whether every result was right.
+fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
     let n = lab.workers;
-    let start_ns = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)?
-        .as_nanos() as u64
-        + 500_000_000
-        + head_start_ns(bytes, n);
-    let children: Vec<std::process::Child> = (0..n)
-        .map(|i| {
-            std::process::Command::new("ip")
-                .args(["netns", "exec", &lab.worker_ns(i)])
-                .arg(crate::build::release_bin("xagg"))
-                .args(["allreduce", "--switch", &xagg::lab::SWITCH_IP.to_string()])
-                .args([
-                    "--bind",
-                    &format!("{}:{}", xagg::lab::worker_ip(i), xagg::lab::WORKER_PORT),
-                ])
-                .args(["--job", &job.to_string(), "--member", &i.to_string()])
-                .args([
-                    "--segment",
-                    &segment.to_string(),
-                    "--slots",
-                    &slots.to_string(),
-                ])
-                .args(extra)
-                .args([
-                    "--size",
-                    &bytes.to_string(),
-                    "--repeat",
-                    &iterations.to_string(),
-                    "--mid",
-                    &mid.to_string(),
-                ])
-                .args([
-                    "--members",
-                    &n.to_string(),
-                    "--verify",
-                    "--json",
-                    "--start-at",
-                    &start_ns.to_string(),
-                ])
-                .stdout(std::process::Stdio::piped())
-                .spawn()
-                .context("starting a worker")
-        })
-        .collect::<Result<_>>()?;
-    let mut outs = Vec::new();
-    for c in children {
-        let o = c.wait_with_output()?;
-        let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-            .with_context(|| format!("worker output: {}", String::from_utf8_lossy(&o.stdout)))?;
-        outs.push(v);
-    }
-    let times: Vec<f64> = (0..iterations)
+    let outs = run.run(lab)?;
+    let times: Vec<f64> = (0..run.repeat as usize)
         .map(|k| {
             outs.iter()
-                .map(|w| w["seconds_all"][k].as_f64().unwrap_or(f64::INFINITY))
+                .map(|w| w.seconds_all.get(k).copied().unwrap_or(f64::INFINITY))
                 .fold(0.0, f64::max)
         })
         .collect();
-    let tx = outs
-        .iter()
-        .map(|w| w["tx_bytes"].as_f64().unwrap_or(0.0))
-        .sum::<f64>()
-        / n as f64;
-    let busy = outs
-        .iter()
-        .map(|w| w["busy_seconds"].as_f64().unwrap_or(0.0))
-        .fold(0.0, f64::max);
-    let verified = outs.iter().all(|w| w["verified"].as_bool() == Some(true));
-    Ok(run_point("switch", n, bytes, times, tx, busy, verified))
+    let tx = outs.iter().map(|w| w.tx_bytes as f64).sum::<f64>() / n as f64;
+    let busy = outs.iter().map(|w| w.busy_seconds).fold(0.0, f64::max);
+    let verified = outs.iter().all(|w| w.verified);
+    Ok(run_point("switch", n, run.bytes, times, tx, busy, verified))
 }
 
 const SLOTS: u32 = 128;
@@ -702,7 +622,7 @@ fn mpi_run(
 ) -> Result<RunPoint> {
     let n = lab.workers;
     let hosts: Vec<String> = (0..n)
-        .map(|i| xagg::lab::worker_ip(i).to_string())
+        .map(|i| xagg_lab::lab::worker_ip(i).to_string())
         .collect();
     let cmd = format!(
         "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
@@ -778,7 +698,7 @@ fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
     for i in 0..workers {
         cases.push_str(&format!(
             "  {}) ns={}-w{i};;\n",
-            xagg::lab::worker_ip(i),
+            xagg_lab::lab::worker_ip(i),
             crate::demo::PREFIX
         ));
     }
@@ -798,26 +718,29 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
     let mut runs = Vec::new();
     for &n in workers {
         // Switch workers receive with AF_XDP: each attaches its own xagg_host.
-        let lab = Lab::create(crate::demo::PREFIX, n)?;
-        {
-            let _daemon = crate::demo::start_switch(&lab)?;
-            crate::demo::xagg(
-                &add_job_args(&lab)?
-                    .iter()
-                    .map(String::as_str)
-                    .collect::<Vec<_>>(),
-            )?;
-            let mut mid = 0u32;
-            for &bytes in sizes {
-                let it = iterations(bytes, quick);
-                let r = switch_run(&lab, bytes, it, mid)?;
-                mid += it as u32;
-                eprintln!("switch  n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}", bytes, r.goodput_gbps, r.latency_us, r.wire_ratio, r.cpu_s_per_gib, if r.verified { "" } else { "  NOT VERIFIED" });
-                runs.push(r);
-            }
+        let sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
+        add_job(&sw, crate::demo::JOB_ID, 862, SLOTS)?;
+        let mut mid = 0u32;
+        for &bytes in sizes {
+            let it = iterations(bytes, quick);
+            let mut run = switch_run(n, crate::demo::JOB_ID, bytes, 862, SLOTS)?;
+            run.repeat = it as u32;
+            run.first_message = mid;
+            let r = switch_point(&sw.lab, &run)?;
+            mid += it as u32;
+            eprintln!(
+                "switch  n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
+                bytes,
+                r.goodput_gbps,
+                r.latency_us,
+                r.wire_ratio,
+                r.cpu_s_per_gib,
+                if r.verified { "" } else { "  NOT VERIFIED" }
+            );
+            runs.push(r);
         }
-        // A plain bridge for the baseline: an XDP program on a veth slows TCP.
-        crate::demo::clean_up_switch();
+        // Open MPI runs over the plain bridge: the switch's programs detached.
+        let lab = sw.stop()?;
         for &bytes in sizes {
             let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes, quick))?;
             eprintln!(
@@ -835,30 +758,22 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
     Ok(runs)
 }
 
-fn add_job_args(lab: &Lab) -> Result<Vec<String>> {
-    add_job_args_with(lab, crate::demo::JOB_ID, 862, SLOTS)
-}
-
-fn add_job_args_with(lab: &Lab, id: u32, segment: usize, slots: u32) -> Result<Vec<String>> {
-    let mut v: Vec<String> = vec![
-        "job".into(),
-        "add".into(),
-        "--id".into(),
-        id.to_string(),
-        "--op".into(),
-        "sum".into(),
-        "--dtype".into(),
-        "i32".into(),
-        "--segment".into(),
-        segment.to_string(),
-        "--slots".into(),
-        slots.to_string(),
-    ];
-    for m in lab.members()? {
-        v.push("--member".into());
-        v.push(format!("{},{},{}", m.interface, m.mac, m.addr));
+/// Adds job `id` (i32 sum) over every worker of the lab.
+fn add_job(sw: &LabSwitch, id: u32, segment: usize, slots: u32) -> Result<()> {
+    let workers: Vec<usize> = (0..sw.lab.workers).collect();
+    let spec = sw.job_spec(
+        id,
+        Op::Sum,
+        DType::I32,
+        segment as u16,
+        slots,
+        &workers,
+        xagg_lab::lab::WORKER_PORT,
+    )?;
+    match sw.add_job(spec)? {
+        Response::Job { .. } => Ok(()),
+        r => anyhow::bail!("adding job {id}: {r:?}"),
     }
-    Ok(v)
 }
 
 /// Goodput against buffer size, one line per system and worker count.
@@ -918,12 +833,4 @@ fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
-}
-
-/// Time the workers need before a common start: generating and copying their data, all of
-/// them sharing the cores. On the 2-core VM 8 workers x 64 MiB were ready 0.73 s after
-/// starting (1.4 ns per byte per worker); this allows twice that. A late worker warns, and
-/// its clock still runs from the common start.
-pub fn head_start_ns(bytes: usize, workers: usize) -> u64 {
-    bytes as u64 * workers as u64 * 3
 }

@@ -14,11 +14,7 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-pub fn target_dir() -> PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root().join("target"))
-}
+pub use xagg_lab::target_dir;
 
 /// Where the XDP object is built: its own target directory, because the host tools of
 /// that build (proc macros, build scripts) are compiled with `RUSTC_BOOTSTRAP`, and in the
@@ -30,10 +26,6 @@ pub fn ebpf_target_dir() -> PathBuf {
 /// The XDP object `cargo xtask build` produces.
 pub fn ebpf_object() -> PathBuf {
     ebpf_target_dir().join("bpfel-unknown-none/release/xagg")
-}
-
-pub fn release_bin(name: &str) -> PathBuf {
-    target_dir().join("release").join(name)
 }
 
 fn cargo() -> Command {
@@ -132,7 +124,16 @@ pub fn build_all() -> Result<()> {
             "--target-dir",
         ])
         .arg(ebpf_target_dir()))?;
-    run(cargo().args(["build", "--quiet", "--release", "-p", "xagg", "--bins"]))?;
+    run(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "xagg-daemon",
+        "-p",
+        "xagg-cli",
+        "--bins",
+    ]))?;
     Ok(())
 }
 

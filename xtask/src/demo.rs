@@ -2,18 +2,25 @@
 //! switch, verification, goodput and counters, and clean-up whatever happens.
 
 use std::{
-    path::{Path, PathBuf},
-    process::{Child, Command, Stdio},
-    sync::atomic::{AtomicU32, Ordering},
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    path::Path,
+    sync::atomic::{AtomicI32, Ordering},
 };
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
-use xagg::lab::{self, Lab, SWITCH_IP, WORKER_PORT};
-use xagg_common::wire::{self, DType, Op};
+use xagg_common::{
+    wire::{self, DType, Op},
+    JobShape,
+};
+use xagg_daemon::api::Response;
+use xagg_lab::{
+    lab::{self, Lab, SWITCH_IP},
+    switch::LabSwitch,
+    workers::AllreduceRun,
+};
+use xagg_worker::report::RunReport;
 
-use crate::build::{ebpf_object, release_bin, target_dir};
+use crate::build::{ebpf_object, target_dir};
 
 /// Names of the demo's namespaces, pins and socket start with this.
 pub const PREFIX: &str = "xagg";
@@ -25,13 +32,13 @@ pub struct DemoArgs {
     #[arg(long, default_value_t = 4)]
     pub workers: usize,
     /// Bytes each worker allreduces (suffixes: KiB, MiB, GiB, KB, MB, GB).
-    #[arg(long, default_value = "64MiB", value_parser = xagg::parse_size)]
+    #[arg(long, default_value = "64MiB", value_parser = xagg_worker::parse_size)]
     pub size: usize,
     /// Reduction: sum | min | max | avg | prod | and | or | xor.
-    #[arg(long, default_value = "sum", value_parser = xagg::job::parse_op)]
+    #[arg(long, default_value = "sum")]
     pub op: Op,
     /// Element type: i32 | u32 | i64 | f32 | f16 | bf16.
-    #[arg(long, default_value = "i32", value_parser = xagg::job::parse_dtype)]
+    #[arg(long, default_value = "i32")]
     pub dtype: DType,
     /// Elements per segment; by default as many as one XDP frame carries for the op and
     /// type (862 for i32 sum).
@@ -54,7 +61,7 @@ pub struct DemoArgs {
     pub no_afxdp: bool,
     /// Write the run's figures as JSON here.
     #[arg(long)]
-    pub json: Option<PathBuf>,
+    pub json: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -90,83 +97,73 @@ fn parse_inject(s: &str) -> Result<Inject, String> {
     Ok(i)
 }
 
-static DAEMON_PID: AtomicU32 = AtomicU32::new(0);
-
-fn pin_dir() -> PathBuf {
-    PathBuf::from(format!("/sys/fs/bpf/{PREFIX}-lab"))
+/// Where the demo's and the bench's switch keeps its files and pins.
+pub fn switch_dir() -> std::path::PathBuf {
+    target_dir().join("lab")
 }
-fn socket() -> PathBuf {
-    PathBuf::from(format!("/run/xagg/{PREFIX}-lab.sock"))
+fn pin_dir() -> std::path::PathBuf {
+    format!("/sys/fs/bpf/{PREFIX}-lab").into()
 }
 
-/// Stops the daemon and removes the dataplane's pins, leaving the lab.
-pub fn clean_up_switch() {
-    let pid = DAEMON_PID.swap(0, Ordering::SeqCst);
-    if pid != 0 {
-        let _ = Command::new("kill").arg(pid.to_string()).status();
+/// The daemon of a demo or bench run, for the Ctrl-C handler (0: none).
+static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
+
+/// Starts the daemon on `lab` (pinned under the demo's pin directory).
+pub fn start_switch(lab: Lab) -> Result<LabSwitch> {
+    let sw = LabSwitch::start(lab, switch_dir(), pin_dir(), |_| {})?;
+    if let Some(d) = &sw.daemon {
+        DAEMON_PID.store(d.pid().as_raw(), Ordering::SeqCst);
     }
-    let _ = xagg::dataplane::unpin(&pin_dir());
+    Ok(sw)
 }
 
-/// Removes everything the demo creates: daemon, pins, namespaces.
+/// Removes everything the demo creates: daemon, pins, namespaces (also what a crashed
+/// earlier run left).
 pub fn clean_up() {
     let pid = DAEMON_PID.swap(0, Ordering::SeqCst);
     if pid != 0 {
-        let _ = Command::new("kill").arg(pid.to_string()).status();
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
     }
-    let _ = xagg::dataplane::unpin(&pin_dir());
-    let _ = std::fs::remove_file(socket());
+    let _ = xagg_daemon::dataplane::unpin(&pin_dir());
     lab::destroy(PREFIX);
 }
 
-pub struct Daemon(Child);
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = Command::new("kill").arg(self.0.id().to_string()).status();
-        let _ = self.0.wait();
-        DAEMON_PID.store(0, Ordering::SeqCst);
-    }
-}
-
-pub fn run(a: DemoArgs) -> Result<()> {
-    if !a.size.is_multiple_of(4) {
-        bail!(
-            "--size {} is not a whole number of i32 elements (a multiple of 4 bytes)",
-            a.size
-        );
-    }
+/// Removes the lab on Ctrl-C.
+pub fn on_interrupt() -> Result<()> {
     ctrlc::set_handler(|| {
         eprintln!("\ninterrupted: removing the lab");
         clean_up();
         std::process::exit(130);
     })?;
+    Ok(())
+}
+
+pub fn run(a: DemoArgs) -> Result<()> {
+    if !a.size.is_multiple_of(a.dtype.size()) {
+        bail!(
+            "--size {} is not a whole number of {} elements ({} bytes each)",
+            a.size,
+            a.dtype,
+            a.dtype.size()
+        );
+    }
+    on_interrupt()?;
     let r = run_inner(&a);
     clean_up();
     r
 }
 
-pub fn xagg(args: &[&str]) -> Result<String> {
-    let out = Command::new(release_bin("xagg"))
-        .arg("--socket")
-        .arg(socket())
-        .args(args)
-        .output()?;
-    if !out.status.success() {
-        bail!(
-            "xagg {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr).trim()
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
-
 fn run_inner(a: &DemoArgs) -> Result<()> {
     let n = a.workers;
+    let lane = xagg_daemon::job::lane(a.op, a.dtype).map_err(anyhow::Error::msg)?;
     let segment = a
         .segment
-        .unwrap_or(wire::max_elements(a.op, a.dtype) as u16);
+        .map_or(wire::max_elements(a.op, a.dtype), usize::from);
+    let shape = JobShape::with_elements(n, a.slots as usize, segment, lane)
+        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
     let (op, dtype) = (a.op.name(), a.dtype.name());
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::create(PREFIX, n)?;
@@ -174,116 +171,70 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     if a.no_afxdp {
         lab.attach_hosts(&object)?;
     }
-
-    let _daemon = start_switch(&lab)?;
-
-    let mut add = vec![
-        "job".to_string(),
-        "add".into(),
-        "--id".into(),
-        JOB_ID.to_string(),
-        "--op".into(),
-        op.into(),
-        "--dtype".into(),
-        dtype.into(),
-        "--segment".into(),
-        segment.to_string(),
-        "--slots".into(),
-        a.slots.to_string(),
-    ];
-    for m in lab.members()? {
-        add.push("--member".into());
-        add.push(format!("{},{},{}", m.interface, m.mac, m.addr));
+    if let Some(i) = a.inject.filter(|i| i.dup_contrib > 0.0) {
+        lab.impair(&object, 0.0, i.dup_contrib)?;
     }
-    let add: Vec<&str> = add.iter().map(String::as_str).collect();
-    print!("{}", xagg(&add)?);
+    let sw = start_switch(lab)?;
+    let spec = sw.job_spec(
+        JOB_ID,
+        a.op,
+        a.dtype,
+        segment as u16,
+        a.slots,
+        &(0..n).collect::<Vec<_>>(),
+        lab::WORKER_PORT,
+    )?;
+    match sw.add_job(spec)? {
+        Response::Job { job } => {
+            let base = job.slot_base.unwrap_or(0);
+            println!(
+                "job {} added: {} members, {} {}, {} elements per segment, slots {}..{}",
+                job.id,
+                job.members.len(),
+                job.op,
+                job.dtype,
+                job.segment,
+                base,
+                base + job.slots
+            );
+        }
+        r => bail!("adding the job: {r:?}"),
+    }
     if let Some(i) = a.inject {
-        xagg(&[
-            "inject",
-            "--drop-contrib",
-            &i.drop_contrib.to_string(),
-            "--drop-result",
-            &i.drop_result.to_string(),
-        ])?;
-        if i.dup_contrib > 0.0 {
-            lab.impair(&object, 0.0, i.dup_contrib)?;
+        match sw.api(xagg_daemon::api::Request::Inject {
+            drop_contribution: i.drop_contrib,
+            drop_result: i.drop_result,
+        })? {
+            Response::Ok => {}
+            r => bail!("fault injection: {r:?}"),
         }
         println!("impairment: {i:?}");
     }
 
-    // A common start a little ahead, so every worker has its data ready before the clock.
-    let start_ns = SystemTime::now().duration_since(UNIX_EPOCH)?.as_nanos() as u64
-        + 1_000_000_000
-        + crate::bench::head_start_ns(a.size, n);
     println!(
         "{n} workers allreduce {} of {dtype} each ({op}) through the XDP switch ...",
         human(a.size)
     );
-    let workers: Vec<Child> = (0..n)
-        .map(|i| {
-            Command::new("ip")
-                .args(["netns", "exec", &lab.worker_ns(i)])
-                .arg(release_bin("xagg"))
-                .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
-                .args(["--bind", &format!("{}:{WORKER_PORT}", lab::worker_ip(i))])
-                .args(["--job", &JOB_ID.to_string(), "--member", &i.to_string()])
-                .args(["--op", op, "--dtype", dtype])
-                .args([
-                    "--segment",
-                    &segment.to_string(),
-                    "--slots",
-                    &a.slots.to_string(),
-                ])
-                .args([
-                    "--size",
-                    &a.size.to_string(),
-                    "--seed",
-                    "7",
-                    "--members",
-                    &n.to_string(),
-                    "--verify",
-                ])
-                .args(["--start-at", &start_ns.to_string(), "--json"])
-                .args(a.reorder.then_some("--reorder"))
-                .args((!a.no_afxdp).then_some("--afxdp"))
-                // The tc duplication sees a GSO burst as one packet: send datagrams one by one.
-                .args(a.inject.filter(|i| i.dup_contrib > 0.0).map(|_| "--no-gso"))
-                .stdout(Stdio::piped())
-                .spawn()
-                .context("starting a worker")
-        })
-        .collect::<Result<_>>()?;
-    let mut per_worker = Vec::new();
-    let mut failed = Vec::new();
-    for (i, w) in workers.into_iter().enumerate() {
-        let out = w.wait_with_output()?;
-        let text = String::from_utf8_lossy(&out.stdout);
-        match serde_json::from_str::<Value>(text.trim()) {
-            Ok(v) if out.status.success() || out.status.code() == Some(2) => per_worker.push(v),
-            _ => failed.push(format!("worker {i} ({})", out.status)),
-        }
+    let mut run = AllreduceRun::new(JOB_ID, a.op, a.dtype, shape, a.size);
+    // A common start a little ahead, so every worker has its data ready before the clock.
+    run.head_start_ns = 1_000_000_000;
+    run.afxdp = !a.no_afxdp;
+    if a.reorder {
+        run.flags.push("--reorder".into());
     }
-    if !failed.is_empty() {
-        bail!(
-            "{} failed; daemon log in {}",
-            failed.join(", "),
-            target_dir().join("lab/xaggd.log").display()
-        );
+    // The tc duplication sees a GSO burst as one packet: send datagrams one by one.
+    if a.inject.is_some_and(|i| i.dup_contrib > 0.0) {
+        run.flags.push("--no-gso".into());
     }
-    let seconds = per_worker
-        .iter()
-        .filter_map(|w| w["seconds"].as_f64())
-        .fold(0.0, f64::max);
-    let verified = per_worker
-        .iter()
-        .all(|w| w["verified"].as_bool() == Some(true));
-    let retransmissions: u64 = per_worker
-        .iter()
-        .filter_map(|w| w["retransmissions"].as_u64())
-        .sum();
+    let per_worker: Vec<RunReport> = run
+        .run(&sw.lab)
+        .with_context(|| format!("daemon log in {}", sw.log.display()))?;
+    let seconds = per_worker.iter().map(|w| w.seconds).fold(0.0, f64::max);
+    let verified = per_worker.iter().all(|w| w.verified);
+    let retransmissions: u64 = per_worker.iter().map(|w| w.retransmissions).sum();
     let goodput = a.size as f64 * 8.0 / seconds / 1e9;
-    let counters: Value = serde_json::from_str(&xagg(&["counters", "--json"])?)?;
-    let (_, duplicated) = lab.impair_counts()?;
+    let counters: Value = serde_json::to_value(sw.counters()?)?;
+    let (_, duplicated) = sw.lab.impair_counts()?;
 
     println!();
     println!(
@@ -293,11 +244,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     for w in &per_worker {
         println!(
             "{:>6} {:>9.3} {:>14.2} {:>9} {:>8}",
-            w["member"],
-            w["seconds"].as_f64().unwrap_or(0.0),
-            w["goodput_gbps"].as_f64().unwrap_or(0.0),
-            w["verified"],
-            w["retransmissions"]
+            w.member, w.seconds, w.goodput_gbps, w.verified, w.retransmissions
         );
     }
     println!();
@@ -315,7 +262,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
             (false, _) => "WRONG".to_string(),
             (true, DType::F32 | DType::F16 | DType::Bf16) if matches!(a.op, Op::Sum | Op::Avg) => format!(
                 "VERIFIED on every worker within the block floating point bound (largest error {:.2} of it)",
-                per_worker.iter().filter_map(|w| w["float_error_of_bound"].as_f64()).fold(0.0, f64::max)
+                per_worker.iter().map(|w| w.float_error_of_bound).fold(0.0, f64::max)
             ),
             _ => "VERIFIED bit-exact on every worker".to_string(),
         }
@@ -342,7 +289,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         })),
         "reorder": a.reorder,
         "per_worker": per_worker.iter().map(|w| json!({
-            "member": w["member"], "seconds": w["seconds"], "goodput_gbps": w["goodput_gbps"], "verified": w["verified"],
+            "member": w.member, "seconds": w.seconds, "goodput_gbps": w.goodput_gbps, "verified": w.verified,
         })).collect::<Vec<_>>(),
         "counters": counters,
     });
@@ -360,58 +307,12 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     Ok(())
 }
 
-/// Starts xaggd on the lab's switch (pinned under the demo's pin directory) and waits for
-/// its API.
-pub fn start_switch(lab: &Lab) -> Result<Daemon> {
-    let n = lab.workers;
-    let _ = xagg::dataplane::unpin(&pin_dir());
-    let cfg_path = target_dir().join("lab").join(format!("{PREFIX}.toml"));
-    std::fs::create_dir_all(cfg_path.parent().unwrap())?;
-    let ports: Vec<String> = (0..n).map(|i| format!("\"{}\"", Lab::port(i))).collect();
-    std::fs::write(
-        &cfg_path,
-        format!(
-            "[switch]\nports = [{}]\naddress = \"{SWITCH_IP}\"\nnetns = \"{}\"\nxdp_mode = \"native\"\n\n[daemon]\nsocket = \"{}\"\npin_path = \"{}\"\n",
-            ports.join(", "),
-            lab.switch_ns(),
-            socket().display(),
-            pin_dir().display()
-        ),
-    )?;
-    let log = std::fs::File::create(target_dir().join("lab").join("xaggd.log"))?;
-    let child = Command::new(release_bin("xaggd"))
-        .arg("--config")
-        .arg(&cfg_path)
-        .stdout(log.try_clone()?)
-        .stderr(log)
-        .spawn()
-        .context("starting xaggd")?;
-    DAEMON_PID.store(child.id(), Ordering::SeqCst);
-    let daemon = Daemon(child);
-    wait_for_daemon()?;
-    Ok(daemon)
-}
-
 pub fn write_json(p: &Path, v: &Value) -> Result<()> {
     if let Some(d) = p.parent() {
         std::fs::create_dir_all(d)?;
     }
     std::fs::write(p, serde_json::to_string_pretty(v)?)?;
     Ok(())
-}
-
-fn wait_for_daemon() -> Result<()> {
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while Instant::now() < deadline {
-        if xagg(&["status"]).is_ok() {
-            return Ok(());
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    bail!(
-        "xaggd did not come up; its log is in {}",
-        target_dir().join("lab/xaggd.log").display()
-    )
 }
 
 pub fn human(b: usize) -> String {

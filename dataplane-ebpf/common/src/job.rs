@@ -1,7 +1,10 @@
 //! A job as the dataplane sees it: the value of the `JOBS` map, keyed by job id. The
 //! control plane writes it once when the job is added; the XDP programs only read it.
 
-use crate::wire::MAX_MEMBERS;
+use crate::{
+    shape::JobShape,
+    wire::{self, DType, Op, MAX_MEMBERS},
+};
 
 /// Where a member is reached from this aggregation point: the port (interface) it is
 /// behind and its Ethernet, IPv4 and UDP addresses. Addresses are kept in network byte
@@ -37,14 +40,15 @@ pub struct Job {
     pub members: u64,
     /// First slot of the job's contiguous slot range in the global `SLOTS` map.
     pub slot_base: u32,
-    /// Slots in the range; a packet's `seg` must be below this.
+    /// Slots in the range; a packet's slot must be below this.
     pub slot_count: u32,
     pub op: u8,
     pub dtype: u8,
     pub role: u8,
     pub _pad0: u8,
-    /// Most elements one segment carries (the job's segment length).
-    pub seg_elems: u16,
+    /// Most elements one segment carries (the job's segment length, in lanes of its op
+    /// and type).
+    pub segment_elements: u16,
     pub _pad1: u16,
     /// Where the partial result goes next when `role` is `Inner`.
     pub parent: MemberAddr,
@@ -55,22 +59,59 @@ pub struct Job {
 const _: () = assert!(core::mem::size_of::<Job>() == 24 + 16 + 16 * MAX_MEMBERS);
 
 impl Job {
-    /// Bitmap with the low `n` bits set.
-    pub const fn members_bitmap(n: usize) -> u64 {
-        if n >= 64 {
-            u64::MAX
-        } else {
-            (1u64 << n) - 1
-        }
+    /// The entry of a job of `shape` reducing `op` over `dtype`, its slots from
+    /// `slot_base`, members' addresses still empty (the caller fills in `member`). `None` if
+    /// the switch does not reduce `op` over `dtype` or the shape's segment is not a whole
+    /// number of their lanes: callers check both first, with messages of their own.
+    pub const fn new(shape: &JobShape, op: Op, dtype: DType, slot_base: u32) -> Option<Self> {
+        let Some(lane) = wire::lane(op, dtype) else {
+            return None;
+        };
+        let Ok(elements) = shape.segment_elements(lane) else {
+            return None;
+        };
+        Some(Self {
+            members: shape.member_bits(),
+            slot_base,
+            slot_count: shape.slots() as u32,
+            op: op as u8,
+            dtype: dtype as u8,
+            role: Role::Root as u8,
+            _pad0: 0,
+            segment_elements: elements as u16,
+            _pad1: 0,
+            parent: MemberAddr {
+                ifindex: 0,
+                ip: [0; 4],
+                mac: [0; 6],
+                port: [0; 2],
+            },
+            member: [MemberAddr {
+                ifindex: 0,
+                ip: [0; 4],
+                mac: [0; 6],
+                port: [0; 2],
+            }; MAX_MEMBERS],
+        })
+    }
+
+    /// Members in the job.
+    pub const fn member_count(&self) -> usize {
+        self.members.count_ones() as usize
     }
 }
 
-/// Key of the `EGRESS` map: which member of job `jid` is reached through port `ifindex`.
+/// The member indices whose bits are set in a membership bitmap, in order.
+pub fn members_of(bits: u64) -> impl Iterator<Item = u8> {
+    (0..64u8).filter(move |i| bits & (1u64 << i) != 0)
+}
+
+/// Key of the `EGRESS` map: which member of job `job` is reached through port `ifindex`.
 /// The devmap egress program uses it to address each broadcast copy.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct EgressKey {
-    pub jid: u32,
+    pub job: u32,
     pub ifindex: u32,
 }
 
@@ -113,12 +154,12 @@ pub struct Impair {
 }
 
 /// Probability `p` (0..=1) as a threshold for `bpf_get_prandom_u32() < threshold`.
-#[cfg(feature = "user")]
+#[cfg(feature = "aya")]
 pub fn probability_threshold(p: f64) -> u32 {
     (p.clamp(0.0, 1.0) * u32::MAX as f64) as u32
 }
 
-#[cfg(feature = "user")]
+#[cfg(feature = "aya")]
 mod pod {
     unsafe impl aya::Pod for super::Faults {}
     unsafe impl aya::Pod for super::Impair {}

@@ -5,10 +5,18 @@
 
 pub mod counter;
 pub mod job;
+pub mod shape;
 pub mod slot;
 pub mod wire;
 
 pub use counter::Counter;
 pub use job::{Job, MemberAddr, Role};
-pub use slot::{SlotVersion, VersionState};
+pub use shape::{JobShape, ShapeError};
+pub use slot::{ShadowCopy, ShadowState};
 pub use wire::{DType, Header, Kind, Op};
+
+/// Version of the pinned maps' layout: the set of maps and the bytes of their keys and
+/// values. The daemon pins it with the dataplane (the `LAYOUT` map) and adopts a pinned
+/// dataplane only when it agrees. Bump it with any change a running dataplane would
+/// misread; dataplanes pinned before the version existed count as 1.
+pub const LAYOUT_VERSION: u32 = 1;

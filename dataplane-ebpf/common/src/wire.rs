@@ -22,8 +22,8 @@ pub const MAX_IP_PACKET: usize = 20 + 8 + HEADER_LEN + MAX_PAYLOAD;
 /// Members one aggregation point can wait for: one bit each in a 64-bit bitmap.
 pub const MAX_MEMBERS: usize = 64;
 
-/// Flag bit: which of the slot's two versions (shadow copies) this packet belongs to.
-pub const FLAG_EPOCH: u8 = 1 << 0;
+/// Flag bit: which of the slot's two shadow copies this packet belongs to.
+pub const FLAG_SHADOW: u8 = 1 << 0;
 /// Flag bit: the last segment of a message (it may be short).
 pub const FLAG_LAST: u8 = 1 << 1;
 
@@ -108,6 +108,48 @@ impl Op {
     }
 }
 
+impl core::str::FromStr for Op {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        Self::ALL
+            .into_iter()
+            .find(|o| o.name() == s)
+            .ok_or(UnknownName::OP)
+    }
+}
+
+impl core::fmt::Display for Op {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A name that is not an op (or a data type): its message lists the valid ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UnknownName {
+    pub what: &'static str,
+    pub valid: &'static str,
+}
+
+impl UnknownName {
+    pub const OP: Self = Self {
+        what: "op",
+        valid: "sum, min, max, avg, prod, and, or, xor",
+    };
+    pub const DTYPE: Self = Self {
+        what: "dtype",
+        valid: "i32, u32, i64, f32, f16, bf16",
+    };
+}
+
+impl core::error::Error for UnknownName {}
+
+impl core::fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "unknown {}: use one of {}", self.what, self.valid)
+    }
+}
+
 /// Element data types on the wire.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +208,22 @@ impl DType {
     /// bytes; see [`max_elements`] for a job's op.
     pub const fn max_elements(self) -> usize {
         MAX_PAYLOAD / self.size()
+    }
+}
+
+impl core::str::FromStr for DType {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        Self::ALL
+            .into_iter()
+            .find(|t| t.name() == s)
+            .ok_or(UnknownName::DTYPE)
+    }
+}
+
+impl core::fmt::Display for DType {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
     }
 }
 
@@ -242,21 +300,31 @@ pub const fn payload_len(count: usize, size: usize) -> usize {
     (count * size + 7) & !7
 }
 
-/// Writes a collective packet (the UDP payload) into `out`: the header, the payload bytes
-/// (`count` little-endian elements) and zero padding to a multiple of 8. Returns its
-/// length, or `None` if `out` is too small.
-pub fn encode(h: &Header, payload: &[u8], out: &mut [u8]) -> Option<usize> {
-    let len = HEADER_LEN + ((payload.len() + 7) & !7);
+/// Finishes a collective packet (the UDP payload) in `out` whose `payload_bytes` of
+/// payload the caller already wrote at `out[HEADER_LEN..]`: writes the header in front and
+/// zero padding to a multiple of 8 behind. Returns the packet's length, or `None` if `out`
+/// is too small. This is how the worker encodes in place into its send buffer.
+pub fn finish(h: &Header, payload_bytes: usize, out: &mut [u8]) -> Option<usize> {
+    let len = HEADER_LEN + payload_len(payload_bytes, 1);
     if out.len() < len {
         return None;
     }
-    out[..HEADER_LEN].copy_from_slice(&h.to_bytes());
-    out[HEADER_LEN..HEADER_LEN + payload.len()].copy_from_slice(payload);
-    out[HEADER_LEN + payload.len()..len].fill(0);
+    let (head, rest) = out.split_at_mut(HEADER_LEN);
+    h.write(head.try_into().expect("split at HEADER_LEN"));
+    rest[payload_bytes..len - HEADER_LEN].fill(0);
     Some(len)
 }
 
-/// Payload bytes of a status query or reply: the members already in a slot version and
+/// Writes a collective packet (the UDP payload) into `out`: the header, the payload bytes
+/// and zero padding to a multiple of 8. Returns its length, or `None` if `out` is too
+/// small.
+pub fn encode(h: &Header, payload: &[u8], out: &mut [u8]) -> Option<usize> {
+    let body = out.get_mut(HEADER_LEN..HEADER_LEN + payload.len())?;
+    body.copy_from_slice(payload);
+    finish(h, payload.len(), out)
+}
+
+/// Payload bytes of a status query or reply: the members already in a shadow copy and
 /// all the job's members, two little-endian u64.
 pub const STATUS_PAYLOAD: usize = 16;
 
@@ -324,28 +392,33 @@ pub mod status {
 }
 
 /// The collective header, 30 bytes, every multi-byte field big-endian. Fields are byte
-/// arrays so the struct has alignment 1 and no padding; accessors convert.
+/// arrays so the struct has alignment 1 and no padding; accessors convert. Build one with
+/// [`Header::builder`]; the XDP programs edit headers in place with the setters.
+///
+/// The source documents' names of the coordinates are `jid` (job), `mid` (message), `sid`
+/// (segment) and `seg` (slot); `docs/protocol.md` maps them once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Header {
+    /// Protocol version ([`VERSION`]).
     pub version: u8,
     pub kind: u8,
     pub op: u8,
     pub dtype: u8,
-    pub jid: [u8; 4],
-    pub mid: [u8; 4],
-    pub sid: [u8; 4],
-    pub seg: [u8; 2],
+    job: [u8; 4],
+    message: [u8; 4],
+    segment: [u8; 4],
+    slot: [u8; 2],
+    /// The sender's member index at this aggregation point.
     pub member: u8,
     pub flags: u8,
-    pub count: [u8; 2],
+    count: [u8; 2],
     pub status: u8,
-    /// Per-packet exponent for block floating point (reserved, 0 for integer types).
+    /// Per-packet exponent for block floating point (0 for other lanes).
     pub exponent: i8,
-    /// Flags of the float encodings (reserved, 0).
-    pub enc_flags: [u8; 2],
+    enc_flags: [u8; 2],
     /// Must be zero when sent; ignored when received.
-    pub reserved: [u8; 4],
+    reserved: [u8; 4],
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
@@ -353,55 +426,120 @@ const _: () = assert!(PAYLOAD_OFFSET.is_multiple_of(8));
 const _: () = assert!(MAX_PAYLOAD.is_multiple_of(8));
 const _: () = assert!(MAX_IP_PACKET <= 3506);
 
+/// Named-field construction of a [`Header`]: every field not set is zero, the version is
+/// [`VERSION`], the status ok.
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub struct Builder(Header);
+
+impl Builder {
+    pub const fn op(mut self, op: Op) -> Self {
+        self.0.op = op as u8;
+        self
+    }
+    pub const fn dtype(mut self, dtype: DType) -> Self {
+        self.0.dtype = dtype as u8;
+        self
+    }
+    pub const fn job(mut self, job: u32) -> Self {
+        self.0.job = job.to_be_bytes();
+        self
+    }
+    pub const fn message(mut self, message: u32) -> Self {
+        self.0.message = message.to_be_bytes();
+        self
+    }
+    pub const fn segment(mut self, segment: u32) -> Self {
+        self.0.segment = segment.to_be_bytes();
+        self
+    }
+    pub const fn slot(mut self, slot: u16) -> Self {
+        self.0.slot = slot.to_be_bytes();
+        self
+    }
+    pub const fn member(mut self, member: u8) -> Self {
+        self.0.member = member;
+        self
+    }
+    /// Which of the slot's two shadow copies (0 or 1) the segment uses.
+    pub const fn shadow(mut self, shadow: u8) -> Self {
+        self.0.set_shadow(shadow);
+        self
+    }
+    /// Marks the last segment of a message.
+    pub const fn last(mut self, last: bool) -> Self {
+        if last {
+            self.0.flags |= FLAG_LAST;
+        } else {
+            self.0.flags &= !FLAG_LAST;
+        }
+        self
+    }
+    /// The flags byte as it is ([`FLAG_SHADOW`], [`FLAG_LAST`]).
+    pub const fn flags(mut self, flags: u8) -> Self {
+        self.0.flags = flags;
+        self
+    }
+    pub const fn count(mut self, count: u16) -> Self {
+        self.0.count = count.to_be_bytes();
+        self
+    }
+    pub const fn exponent(mut self, exponent: i8) -> Self {
+        self.0.exponent = exponent;
+        self
+    }
+    pub const fn enc_flags(mut self, flags: u16) -> Self {
+        self.0.enc_flags = flags.to_be_bytes();
+        self
+    }
+    pub const fn build(self) -> Header {
+        self.0
+    }
+}
+
 impl Header {
-    #[expect(clippy::too_many_arguments, reason = "one argument per header field")]
-    pub const fn new(
-        kind: Kind,
-        op: Op,
-        dtype: DType,
-        jid: u32,
-        mid: u32,
-        sid: u32,
-        seg: u16,
-        member: u8,
-        flags: u8,
-        count: u16,
-    ) -> Self {
-        Self {
+    /// A header of `kind`, its other fields set by name.
+    pub const fn builder(kind: Kind) -> Builder {
+        Builder(Header {
             version: VERSION,
             kind: kind as u8,
-            op: op as u8,
-            dtype: dtype as u8,
-            jid: jid.to_be_bytes(),
-            mid: mid.to_be_bytes(),
-            sid: sid.to_be_bytes(),
-            seg: seg.to_be_bytes(),
-            member,
-            flags,
-            count: count.to_be_bytes(),
+            op: 0,
+            dtype: 0,
+            job: [0; 4],
+            message: [0; 4],
+            segment: [0; 4],
+            slot: [0; 2],
+            member: 0,
+            flags: 0,
+            count: [0; 2],
             status: status::OK,
             exponent: 0,
             enc_flags: [0; 2],
             reserved: [0; 4],
-        }
+        })
     }
 
+    /// The job id.
     #[inline(always)]
-    pub const fn jid(&self) -> u32 {
-        u32::from_be_bytes(self.jid)
+    pub const fn job(&self) -> u32 {
+        u32::from_be_bytes(self.job)
     }
+    /// The message id: one allreduce call of the job.
     #[inline(always)]
-    pub const fn mid(&self) -> u32 {
-        u32::from_be_bytes(self.mid)
+    pub const fn message(&self) -> u32 {
+        u32::from_be_bytes(self.message)
     }
+    /// The segment's index within its message.
     #[inline(always)]
-    pub const fn sid(&self) -> u32 {
-        u32::from_be_bytes(self.sid)
+    pub const fn segment(&self) -> u32 {
+        u32::from_be_bytes(self.segment)
     }
+    /// The slot, relative to the job's slot range.
     #[inline(always)]
-    pub const fn seg(&self) -> u16 {
-        u16::from_be_bytes(self.seg)
+    pub const fn slot(&self) -> u16 {
+        u16::from_be_bytes(self.slot)
     }
+    /// Elements in the packet.
     #[inline(always)]
     pub const fn count(&self) -> u16 {
         u16::from_be_bytes(self.count)
@@ -410,30 +548,73 @@ impl Header {
     pub const fn enc_flags(&self) -> u16 {
         u16::from_be_bytes(self.enc_flags)
     }
+    /// Which of the slot's two shadow copies (0 or 1) the segment uses.
     #[inline(always)]
-    pub const fn epoch(&self) -> usize {
-        (self.flags & FLAG_EPOCH) as usize
+    pub const fn shadow(&self) -> usize {
+        (self.flags & FLAG_SHADOW) as usize
+    }
+    #[inline(always)]
+    pub const fn is_last(&self) -> bool {
+        self.flags & FLAG_LAST != 0
+    }
+
+    #[inline(always)]
+    pub const fn set_kind(&mut self, kind: Kind) {
+        self.kind = kind as u8;
+    }
+    #[inline(always)]
+    pub const fn set_job(&mut self, job: u32) {
+        self.job = job.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_slot(&mut self, slot: u16) {
+        self.slot = slot.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_message(&mut self, message: u32) {
+        self.message = message.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_segment(&mut self, segment: u32) {
+        self.segment = segment.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_count(&mut self, count: u16) {
+        self.count = count.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_enc_flags(&mut self, flags: u16) {
+        self.enc_flags = flags.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_shadow(&mut self, shadow: u8) {
+        self.flags = (self.flags & !FLAG_SHADOW) | (shadow & FLAG_SHADOW);
     }
 
     /// The header as it goes on the wire.
     pub fn to_bytes(&self) -> [u8; HEADER_LEN] {
         let mut b = [0u8; HEADER_LEN];
-        b[0] = self.version;
-        b[1] = self.kind;
-        b[2] = self.op;
-        b[3] = self.dtype;
-        b[4..8].copy_from_slice(&self.jid);
-        b[8..12].copy_from_slice(&self.mid);
-        b[12..16].copy_from_slice(&self.sid);
-        b[16..18].copy_from_slice(&self.seg);
-        b[18] = self.member;
-        b[19] = self.flags;
-        b[20..22].copy_from_slice(&self.count);
-        b[22] = self.status;
-        b[23] = self.exponent as u8;
-        b[24..26].copy_from_slice(&self.enc_flags);
-        b[26..30].copy_from_slice(&self.reserved);
+        self.write(&mut b);
         b
+    }
+
+    /// Writes the header as it goes on the wire into `out`.
+    pub fn write(&self, out: &mut [u8; HEADER_LEN]) {
+        out[0] = self.version;
+        out[1] = self.kind;
+        out[2] = self.op;
+        out[3] = self.dtype;
+        out[4..8].copy_from_slice(&self.job);
+        out[8..12].copy_from_slice(&self.message);
+        out[12..16].copy_from_slice(&self.segment);
+        out[16..18].copy_from_slice(&self.slot);
+        out[18] = self.member;
+        out[19] = self.flags;
+        out[20..22].copy_from_slice(&self.count);
+        out[22] = self.status;
+        out[23] = self.exponent as u8;
+        out[24..26].copy_from_slice(&self.enc_flags);
+        out[26..30].copy_from_slice(&self.reserved);
     }
 
     /// Reads a header from the start of `b`; `None` if `b` is shorter than a header.
@@ -447,10 +628,10 @@ impl Header {
             kind: b[1],
             op: b[2],
             dtype: b[3],
-            jid: a4(4),
-            mid: a4(8),
-            sid: a4(12),
-            seg: [b[16], b[17]],
+            job: a4(4),
+            message: a4(8),
+            segment: a4(12),
+            slot: [b[16], b[17]],
             member: b[18],
             flags: b[19],
             count: [b[20], b[21]],
@@ -468,33 +649,48 @@ mod tests {
 
     #[test]
     fn roundtrip() {
-        let h = Header::new(
-            Kind::Contribution,
-            Op::Sum,
-            DType::I32,
-            7,
-            0x0102_0304,
-            9,
-            3,
-            2,
-            FLAG_EPOCH,
-            256,
-        );
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Sum)
+            .dtype(DType::I32)
+            .job(7)
+            .message(0x0102_0304)
+            .segment(9)
+            .slot(3)
+            .member(2)
+            .shadow(1)
+            .count(256)
+            .build();
         let b = h.to_bytes();
         assert_eq!(Header::from_bytes(&b), Some(h));
         assert_eq!(&b[4..8], &[0, 0, 0, 7]);
         assert_eq!(&b[8..12], &[1, 2, 3, 4]);
+        assert_eq!(&b[12..16], &[0, 0, 0, 9]);
+        assert_eq!(&b[16..18], &[0, 3]);
+        assert_eq!(
+            (h.job(), h.message(), h.segment(), h.slot()),
+            (7, 0x0102_0304, 9, 3)
+        );
         assert_eq!(h.count(), 256);
-        assert_eq!(h.epoch(), 1);
+        assert_eq!(h.shadow(), 1);
+        assert!(!h.is_last());
         assert_eq!(Header::from_bytes(&b[..29]), None);
     }
 
     #[test]
     fn decode_checks_lengths() {
-        let h = Header::new(Kind::Result, Op::Sum, DType::I32, 1, 2, 3, 4, 0, 0, 3);
-        let mut buf = [0u8; 64];
+        let h = Header::builder(Kind::Result)
+            .op(Op::Sum)
+            .dtype(DType::I32)
+            .job(1)
+            .message(2)
+            .segment(3)
+            .slot(4)
+            .count(3)
+            .build();
+        let mut buf = [0xffu8; 64];
         let n = encode(&h, &[1, 0, 0, 0, 2, 0, 0, 0, 3, 0, 0, 0], &mut buf).unwrap();
         assert_eq!(n, HEADER_LEN + 16);
+        assert_eq!(&buf[HEADER_LEN + 12..n], &[0; 4], "padding is zeroed");
         let p = decode(&buf[..n]).unwrap();
         assert_eq!((p.header, p.payload.len()), (h, 12));
         assert_eq!(decode(&buf[..n - 1]), Err(DecodeError::Length));
@@ -502,6 +698,19 @@ mod tests {
         assert_eq!(decode(&buf[..10]), Err(DecodeError::Short));
         buf[0] = 2;
         assert_eq!(decode(&buf[..n]), Err(DecodeError::Version(2)));
+    }
+
+    #[test]
+    fn names() {
+        for op in Op::ALL {
+            assert_eq!(op.name().parse(), Ok(op));
+            assert!(UnknownName::OP.valid.contains(op.name()));
+        }
+        for t in DType::ALL {
+            assert_eq!(t.name().parse(), Ok(t));
+            assert!(UnknownName::DTYPE.valid.contains(t.name()));
+        }
+        assert_eq!("mean".parse::<Op>(), Err(UnknownName::OP));
     }
 
     #[test]

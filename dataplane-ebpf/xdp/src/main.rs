@@ -49,6 +49,9 @@ static EGRESS: HashMap<EgressKey, u32, { MAX_JOBS * 8 }> = HashMap::new();
 #[btf_map]
 static SLOTS: Array<slot::Slot, { MAX_SLOTS as usize }> = Array::new();
 
+// The kernel's slot and its user-space image (`SlotImage`) must agree on every byte.
+const _: () = assert!(core::mem::size_of::<slot::Slot>() == xagg_common::slot::SLOT_SIZE);
+
 /// Switch-wide settings (one entry).
 #[btf_map]
 static SWITCH: Array<SwitchConfig, 1> = Array::new();
@@ -65,6 +68,11 @@ static FAULTS: Array<Faults, 1> = Array::new();
 
 #[btf_map]
 static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
+
+/// The map layout these programs were built with (`xagg_common::LAYOUT_VERSION`), written
+/// and pinned by the daemon; no program reads it.
+#[btf_map]
+static LAYOUT: Array<u32, 1> = Array::new();
 
 #[inline(always)]
 fn count(c: Counter) {
@@ -118,8 +126,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if !query && inject(faults().drop_contribution) {
         return Err(Counter::InjectDropContribution);
     }
-    let jid = hdr.jid();
-    let job = unsafe { JOBS.get(jid) }.ok_or(Counter::DropUnknownJob)?;
+    let job = unsafe { JOBS.get(hdr.job()) }.ok_or(Counter::DropUnknownJob)?;
     let member = hdr.member as usize;
     if member >= wire::MAX_MEMBERS || job.members & (1u64 << member) == 0 {
         return Err(Counter::DropNotMember);
@@ -131,17 +138,17 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         return Err(Counter::DropNotMember);
     }
     if query {
-        let seg = hdr.seg() as u32;
-        if seg >= job.slot_count {
+        let slot_index = hdr.slot() as u32;
+        if slot_index >= job.slot_count {
             return Err(Counter::DropSlotRange);
         }
         if frame.payload_len() != packet::STATUS_LEN {
             return Err(Counter::DropBadLength);
         }
         let slot = SLOTS
-            .get_ptr_mut(job.slot_base + seg)
+            .get_ptr_mut(job.slot_base + slot_index)
             .ok_or(Counter::DropSlotRange)?;
-        let st = unsafe { slot::status(slot, hdr.epoch()) };
+        let st = unsafe { slot::status(slot, hdr.shadow()) };
         frame.make_status_reply(ctx, cfg, &st, job.members);
         return Ok((xdp_action::XDP_TX, Counter::StatusReply));
     }
@@ -149,7 +156,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         return Err(Counter::DropBadOp);
     }
     let elems = hdr.count() as usize;
-    if elems == 0 || elems > job.seg_elems as usize {
+    if elems == 0 || elems > job.segment_elements as usize {
         return Err(Counter::DropBadCount);
     }
     let lane = match (wire::Op::from_u8(job.op), wire::DType::from_u8(job.dtype)) {
@@ -161,16 +168,16 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
     }
-    let seg = hdr.seg() as u32;
-    if seg >= job.slot_count {
+    let slot_index = hdr.slot() as u32;
+    if slot_index >= job.slot_count {
         return Err(Counter::DropSlotRange);
     }
     let slot = SLOTS
-        .get_ptr_mut(job.slot_base + seg)
+        .get_ptr_mut(job.slot_base + slot_index)
         .ok_or(Counter::DropSlotRange)?;
     let round = slot::Round {
-        mid: hdr.mid(),
-        sid: hdr.sid(),
+        message: hdr.message(),
+        segment: hdr.segment(),
         bit: 1u64 << member,
         members: job.members,
         elems: elems as u32,
@@ -181,7 +188,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         exponent: hdr.exponent as i32,
         flags: hdr.enc_flags() as u32,
     };
-    let (outcome, stored) = unsafe { slot::accept(slot, hdr.epoch(), &round, ctx) };
+    let (outcome, stored) = unsafe { slot::accept(slot, hdr.shadow(), &round, ctx) };
     match outcome {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Complete => {
@@ -232,13 +239,13 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     if hdr.kind != Kind::Result as u8 {
         return Ok(xdp_action::XDP_PASS);
     }
-    let jid = hdr.jid();
+    let jid = hdr.job();
     if inject(faults().drop_result) {
         return Err(Counter::InjectDropResult);
     }
     let egress = unsafe { (*ctx.ctx).egress_ifindex };
     let key = EgressKey {
-        jid,
+        job: jid,
         ifindex: egress,
     };
     let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;

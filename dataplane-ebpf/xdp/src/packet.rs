@@ -16,7 +16,7 @@ const IPPROTO_UDP: u8 = 17;
 const IP_OFF: usize = EthHdr::LEN;
 const UDP_OFF: usize = IP_OFF + Ipv4Hdr::LEN;
 const HDR_OFF: usize = UDP_OFF + UdpHdr::LEN;
-/// Payload of a status query and its reply: the version's member bitmap and the job's.
+/// Payload of a status query and its reply: the shadow copy's member bitmap and the job's.
 pub const STATUS_LEN: usize = 16;
 
 /// A frame addressed to the switch's collective port, checked up to the end of the
@@ -103,9 +103,9 @@ impl Frame {
     #[inline(always)]
     pub fn result_header(&self, stored: &Stored) {
         let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.kind = Kind::Result as u8;
+        hdr.set_kind(Kind::Result);
         hdr.exponent = stored.exponent as i8;
-        hdr.enc_flags = (stored.flags as u16).to_be_bytes();
+        hdr.set_enc_flags(stored.flags as u16);
     }
 
     /// Turns a retransmitted contribution (whose payload now holds the stored result) into
@@ -122,14 +122,14 @@ impl Frame {
             port: udp.src,
         };
         let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.kind = Kind::Result as u8;
+        hdr.set_kind(Kind::Result);
         address_to(self.data, &sender, cfg);
     }
 }
 
 impl Frame {
     /// Turns a status query into its reply, back to the sender: the header carries the
-    /// version's round (`mid`, `sid`, `count`) and state (`status`), the payload the
+    /// copy's round (message, segment, `count`) and state (`status`), the payload the
     /// members already in (`seen`) and all the job's members, little-endian.
     #[inline(always)]
     pub fn make_status_reply(
@@ -148,13 +148,13 @@ impl Frame {
             *((p + 8) as *mut [u8; 8]) = members.to_le_bytes();
         }
         let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.mid = st.mid.to_be_bytes();
-        hdr.sid = st.sid.to_be_bytes();
-        hdr.count = (st.count as u16).to_be_bytes();
+        hdr.set_message(st.message);
+        hdr.set_segment(st.segment);
+        hdr.set_count(st.count as u16);
         hdr.status = st.state as u8;
         self.make_reply(cfg);
         let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.kind = Kind::StatusReply as u8;
+        hdr.set_kind(Kind::StatusReply);
     }
 }
 

@@ -5,7 +5,7 @@
 use xagg_common::{
     slot::SLOT_WORDS,
     wire::{DType, Lane, Op, ENC_OVERFLOW},
-    SlotVersion,
+    ShadowCopy,
 };
 
 use crate::slot::Round;
@@ -93,9 +93,9 @@ macro_rules! fold_words_fast {
     }};
 }
 
-/// Folds the frame's payload into version `v` with the round's op.
+/// Folds the frame's payload into shadow copy `v` with the round's op.
 #[inline(always)]
-pub fn fold(v: &mut SlotVersion, payload: usize, end: usize, r: &Round, write: bool) {
+pub fn fold(v: &mut ShadowCopy, payload: usize, end: usize, r: &Round, write: bool) {
     const SUM: u8 = Op::Sum as u8;
     const MIN: u8 = Op::Min as u8;
     const MAX: u8 = Op::Max as u8;
@@ -171,12 +171,12 @@ pub fn fold(v: &mut SlotVersion, payload: usize, end: usize, r: &Round, write: b
 
 /// The first contribution of a round: copied in as it is.
 #[inline(always)]
-pub fn copy_in(v: &mut SlotVersion, payload: usize, end: usize, words: usize) {
+pub fn copy_in(v: &mut ShadowCopy, payload: usize, end: usize, words: usize) {
     fold_words_fast!(v, payload, end, words, false, |_a, b| b);
 }
 
 /// The stored result, copied into the frame.
 #[inline(always)]
-pub fn copy_out(v: &mut SlotVersion, payload: usize, end: usize, words: usize) {
+pub fn copy_out(v: &mut ShadowCopy, payload: usize, end: usize, words: usize) {
     fold_words_fast!(v, payload, end, words, true, |a, _b| a);
 }

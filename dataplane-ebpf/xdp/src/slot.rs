@@ -1,8 +1,8 @@
-//! The slot state machine. A slot is a spin lock and two versions (shadow copies); a
-//! packet's epoch bit picks the version. Each version holds one round — the segment
-//! (`mid`, `sid`) it is aggregating — and moves Empty -> Filling -> Done:
+//! The slot state machine. A slot is a spin lock and two shadow copies; a packet's shadow
+//! bit picks the copy. Each copy holds one round — the segment (message, segment) it is
+//! aggregating — and moves Empty -> Filling -> Done:
 //!
-//! | version holds                 | contribution from member m             | outcome   |
+//! | the copy holds                | contribution from member m             | outcome   |
 //! |-------------------------------|----------------------------------------|-----------|
 //! | same round, m already in      | Done: send the stored result to m only | Replay    |
 //! |                               | Filling: never add twice               | Duplicate |
@@ -13,15 +13,15 @@
 //! | Done with an older round      | everyone has moved on: start m's round | Added / Complete |
 //! | Empty                         | start m's round                        | Added / Complete |
 //!
-//! A member sends round k+2 of a slot (same version as round k) only after it has the
+//! A member sends round k+2 of a slot (same shadow copy as round k) only after it has the
 //! result of round k+1, which exists only once every member has the result of round k:
-//! so when a version's next round starts, nobody can still need its stored result — and a
+//! so when a copy's next round starts, nobody can still need its stored result — and a
 //! round still filling when a newer one arrives was abandoned by its members.
 //!
 //! Everything between lock and unlock is inlined: the verifier allows no calls there.
 
 use aya_ebpf::{bindings::bpf_spin_lock, helpers, programs::XdpContext};
-use xagg_common::{slot::VersionState, wire::PAYLOAD_OFFSET, SlotVersion};
+use xagg_common::{slot::ShadowState, wire::PAYLOAD_OFFSET, ShadowCopy};
 
 use crate::reduce;
 
@@ -30,13 +30,13 @@ use crate::reduce;
 pub struct Slot {
     pub lock: bpf_spin_lock,
     pub _pad: u32,
-    pub ver: [SlotVersion; 2],
+    pub shadow: [ShadowCopy; 2],
 }
 
 /// A contribution, as the slot needs it.
 pub struct Round {
-    pub mid: u32,
-    pub sid: u32,
+    pub message: u32,
+    pub segment: u32,
     /// The sender's member bit.
     pub bit: u64,
     /// All members' bits.
@@ -53,7 +53,7 @@ pub struct Round {
     pub flags: u32,
 }
 
-/// What a finished version holds besides its data: the result header's block exponent
+/// What a finished copy holds besides its data: the result header's block exponent
 /// and sticky flags.
 #[derive(Default)]
 pub struct Stored {
@@ -66,7 +66,7 @@ pub enum Outcome {
     Added,
     /// Added and complete: the frame's payload is the result.
     Complete,
-    /// Retransmission to a finished version: the frame's payload is the stored result.
+    /// Retransmission to a finished copy: the frame's payload is the stored result.
     Replay,
     /// Started a new round over an abandoned one.
     Reclaimed,
@@ -75,26 +75,26 @@ pub enum Outcome {
     Mismatch,
 }
 
-/// A version's state, for status queries.
+/// A shadow copy's state, for status queries.
 pub struct Status {
-    pub mid: u32,
-    pub sid: u32,
+    pub message: u32,
+    pub segment: u32,
     pub seen: u64,
     pub state: u32,
     pub count: u32,
 }
 
-/// Reads version `epoch` of `slot` under its lock.
+/// Reads shadow copy `shadow` of `slot` under its lock.
 ///
 /// # Safety
 /// `slot` must point into the `SLOTS` map.
 #[inline(always)]
-pub unsafe fn status(slot: *mut Slot, epoch: usize) -> Status {
+pub unsafe fn status(slot: *mut Slot, shadow: usize) -> Status {
     unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
-    let v = unsafe { &(*slot).ver[epoch & 1] };
+    let v = unsafe { &(*slot).shadow[shadow & 1] };
     let s = Status {
-        mid: v.mid,
-        sid: v.sid,
+        message: v.message,
+        segment: v.segment,
         seen: v.seen,
         state: v.state,
         count: v.count,
@@ -103,15 +103,15 @@ pub unsafe fn status(slot: *mut Slot, epoch: usize) -> Status {
     s
 }
 
-/// Whether round `(mid, sid)` comes before the one `v` holds (serial-number arithmetic,
+/// Whether round `(message, segment)` comes before the one `v` holds (serial-number arithmetic,
 /// so the ids may wrap).
 #[inline(always)]
-fn older(mid: u32, sid: u32, v: &SlotVersion) -> bool {
-    let dm = mid.wrapping_sub(v.mid) as i32;
-    dm < 0 || (dm == 0 && (sid.wrapping_sub(v.sid) as i32) < 0)
+fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
+    let dm = message.wrapping_sub(v.message) as i32;
+    dm < 0 || (dm == 0 && (segment.wrapping_sub(v.segment) as i32) < 0)
 }
 
-/// Applies one contribution to version `epoch` of `slot`.
+/// Applies one contribution to shadow copy `shadow` of `slot`.
 ///
 /// # Safety
 /// `slot` must point into the `SLOTS` map, and the caller must have checked that the
@@ -119,7 +119,7 @@ fn older(mid: u32, sid: u32, v: &SlotVersion) -> bool {
 #[inline(always)]
 pub unsafe fn accept(
     slot: *mut Slot,
-    epoch: usize,
+    shadow: usize,
     r: &Round,
     ctx: &XdpContext,
 ) -> (Outcome, Stored) {
@@ -128,53 +128,54 @@ pub unsafe fn accept(
     let payload = ctx.data() + PAYLOAD_OFFSET;
     let end = ctx.data_end();
     unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
-    let v = unsafe { &mut (*slot).ver[epoch & 1] };
+    let v = unsafe { &mut (*slot).shadow[shadow & 1] };
     let state = v.state;
-    let outcome = if state != VersionState::Empty as u32 && v.mid == r.mid && v.sid == r.sid {
-        if v.count != r.elems {
-            Outcome::Mismatch
-        } else if v.seen & r.bit != 0 {
-            if state == VersionState::Done as u32 {
-                reduce::copy_out(v, payload, end, r.words);
-                Outcome::Replay
+    let outcome =
+        if state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment {
+            if v.count != r.elems {
+                Outcome::Mismatch
+            } else if v.seen & r.bit != 0 {
+                if state == ShadowState::Done as u32 {
+                    reduce::copy_out(v, payload, end, r.words);
+                    Outcome::Replay
+                } else {
+                    Outcome::Duplicate
+                }
+            } else if v.seen | r.bit == r.members {
+                reduce::fold(v, payload, end, r, true);
+                v.flags |= r.flags;
+                v.seen |= r.bit;
+                v.state = ShadowState::Done as u32;
+                Outcome::Complete
             } else {
-                Outcome::Duplicate
-            }
-        } else if v.seen | r.bit == r.members {
-            reduce::fold(v, payload, end, r, true);
-            v.flags |= r.flags;
-            v.seen |= r.bit;
-            v.state = VersionState::Done as u32;
-            Outcome::Complete
-        } else {
-            reduce::fold(v, payload, end, r, false);
-            v.flags |= r.flags;
-            v.seen |= r.bit;
-            Outcome::Added
-        }
-    } else if state != VersionState::Empty as u32 && older(r.mid, r.sid, v) {
-        Outcome::Stale
-    } else {
-        let reclaim = state == VersionState::Filling as u32;
-        reduce::copy_in(v, payload, end, r.words);
-        v.mid = r.mid;
-        v.sid = r.sid;
-        v.count = r.elems;
-        v.exponent = r.exponent;
-        v.flags = r.flags;
-        v.seen = r.bit;
-        if r.bit == r.members {
-            v.state = VersionState::Done as u32;
-            Outcome::Complete
-        } else {
-            v.state = VersionState::Filling as u32;
-            if reclaim {
-                Outcome::Reclaimed
-            } else {
+                reduce::fold(v, payload, end, r, false);
+                v.flags |= r.flags;
+                v.seen |= r.bit;
                 Outcome::Added
             }
-        }
-    };
+        } else if state != ShadowState::Empty as u32 && older(r.message, r.segment, v) {
+            Outcome::Stale
+        } else {
+            let reclaim = state == ShadowState::Filling as u32;
+            reduce::copy_in(v, payload, end, r.words);
+            v.message = r.message;
+            v.segment = r.segment;
+            v.count = r.elems;
+            v.exponent = r.exponent;
+            v.flags = r.flags;
+            v.seen = r.bit;
+            if r.bit == r.members {
+                v.state = ShadowState::Done as u32;
+                Outcome::Complete
+            } else {
+                v.state = ShadowState::Filling as u32;
+                if reclaim {
+                    Outcome::Reclaimed
+                } else {
+                    Outcome::Added
+                }
+            }
+        };
     let stored = Stored {
         exponent: v.exponent,
         flags: v.flags,

@@ -10,13 +10,16 @@ use std::{
 use anyhow::{bail, Context, Result};
 use clap::{Parser, Subcommand};
 use serde::Deserialize;
-use xagg::{
+use xagg_common::{
+    wire::{DType, Op, DEFAULT_PORT},
+    JobShape,
+};
+use xagg_daemon::{
     api::{call, Request, Response},
     config::{DEFAULT_PIN_PATH, DEFAULT_SOCKET},
-    job::{parse_dtype, parse_op, JobSpec, MemberSpec},
-    worker::{Worker, WorkerParams},
+    job::{lane, JobSpec, MemberSpec},
 };
-use xagg_common::wire::DEFAULT_PORT;
+use xagg_worker::{report::RunReport, Worker, WorkerParams};
 
 /// Control the in-network aggregation switch, and run allreduces through it.
 #[derive(Parser)]
@@ -84,10 +87,10 @@ struct JobAddArgs {
     id: Option<u32>,
     /// sum | min | max | avg | prod | and | or | xor
     #[arg(long)]
-    op: Option<String>,
+    op: Option<Op>,
     /// i32 | u32 | i64 | f32 | f16 | bf16
     #[arg(long)]
-    dtype: Option<String>,
+    dtype: Option<DType>,
     /// Elements per segment.
     #[arg(long)]
     segment: Option<u16>,
@@ -114,12 +117,12 @@ struct AllreduceArgs {
     job: Option<u32>,
     #[arg(long)]
     member: Option<u8>,
-    /// The job's op (default sum).
+    /// The job's op (default sum): sum | min | max | avg | prod | and | or | xor.
     #[arg(long)]
-    op: Option<String>,
-    /// The job's data type (default i32).
+    op: Option<Op>,
+    /// The job's data type (default i32): i32 | u32 | i64 | f32 | f16 | bf16.
     #[arg(long)]
-    dtype: Option<String>,
+    dtype: Option<DType>,
     /// The job's segment length in elements.
     #[arg(long)]
     segment: Option<usize>,
@@ -127,14 +130,15 @@ struct AllreduceArgs {
     #[arg(long)]
     slots: Option<usize>,
     /// Bytes to allreduce (suffixes: KiB, MiB, GiB, KB, MB, GB).
-    #[arg(long, default_value = "1MiB", value_parser = xagg::parse_size)]
+    #[arg(long, default_value = "1MiB", value_parser = xagg_worker::parse_size)]
     size: usize,
     /// Seed of the generated test data (member m contributes element i = f(seed, m, i)).
     #[arg(long, default_value_t = 1)]
     seed: u64,
-    /// Members of the job: with --verify, the result is checked against their sum.
+    /// Members of the job (the divisor of avg; with --verify, whose inputs the result is
+    /// checked against).
     #[arg(long)]
-    members: Option<u32>,
+    members: Option<usize>,
     /// Check the result bit-exactly against the locally computed wrapping sum.
     #[arg(long)]
     verify: bool,
@@ -143,7 +147,7 @@ struct AllreduceArgs {
     #[arg(long)]
     start_at: Option<u64>,
     /// Message id of the first allreduce (must grow from one run on a job to the next).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, alias = "message", default_value_t = 0)]
     mid: u32,
     /// Allreduces to run.
     #[arg(long, default_value_t = 1)]
@@ -174,6 +178,7 @@ struct AllreduceArgs {
     json: bool,
 }
 
+/// A `--params` file: the flags' names, each optional.
 #[derive(Deserialize, Default)]
 #[serde(deny_unknown_fields)]
 struct ParamsFile {
@@ -181,10 +186,22 @@ struct ParamsFile {
     bind: Option<SocketAddrV4>,
     job: Option<u32>,
     member: Option<u8>,
-    op: Option<String>,
-    dtype: Option<String>,
+    #[serde(default, deserialize_with = "some_name")]
+    op: Option<Op>,
+    #[serde(default, deserialize_with = "some_name")]
+    dtype: Option<DType>,
     segment: Option<usize>,
     slots: Option<usize>,
+    members: Option<usize>,
+}
+
+fn some_name<'de, T, D>(d: D) -> Result<Option<T>, D::Error>
+where
+    T: std::str::FromStr,
+    T::Err: std::fmt::Display,
+    D: serde::Deserializer<'de>,
+{
+    xagg_daemon::names::deserialize(d).map(Some)
 }
 
 fn main() {
@@ -247,13 +264,13 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Job(JobCmd::Status { id }) => match call(&cli.socket, &Request::JobStatus { id })? {
             Response::JobStatus { slots } => {
                 println!(
-                    "{:>5} {:>5} {:>8} {:>8} {:>8} {:>6}  missing members",
-                    "slot", "epoch", "state", "mid", "sid", "count"
+                    "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  missing members",
+                    "slot", "shadow", "state", "message", "segment", "count"
                 );
                 for s in slots {
                     println!(
-                        "{:>5} {:>5} {:>8} {:>8} {:>8} {:>6}  {:?}",
-                        s.seg, s.epoch, s.state, s.mid, s.sid, s.count, s.missing
+                        "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  {:?}",
+                        s.slot, s.shadow, s.state, s.message, s.segment, s.count, s.missing
                     );
                 }
                 Ok(())
@@ -314,7 +331,7 @@ fn run(cli: Cli) -> Result<()> {
         Cmd::Detach { pin_path } => match call(&cli.socket, &Request::Detach) {
             Ok(r) => answer(r),
             Err(_) => {
-                if xagg::dataplane::unpin(&pin_path)? {
+                if xagg_daemon::dataplane::unpin(&pin_path)? {
                     println!(
                         "no daemon answered; removed the pinned dataplane at {}",
                         pin_path.display()
@@ -349,8 +366,8 @@ fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
         }
         None => JobSpec {
             id: a.id.context("--id is required (or --file)")?,
-            op: "sum".into(),
-            dtype: "i32".into(),
+            op: Op::Sum,
+            dtype: DType::I32,
             segment: a.segment.context("--segment is required (or --file)")?,
             slots: a.slots.context("--slots is required (or --file)")?,
             members: Vec::new(),
@@ -421,7 +438,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             .or(f.switch)
             .context("--switch is required (the switch's IP[:PORT])")?,
     )?;
-    let a_bind = a
+    let bind = a
         .bind
         .or(f.bind)
         .context("--bind is required (this member's IP:PORT as registered in the job)")?;
@@ -430,50 +447,53 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         .member
         .or(f.member)
         .context("--member is required (this worker's member index)")?;
-    let mut p = WorkerParams::new(switch, a_bind, job, member);
-    if let Some(op) = a.op.or(f.op) {
-        p.op = parse_op(&op).map_err(anyhow::Error::msg)?;
-    }
-    if let Some(t) = a.dtype.or(f.dtype) {
-        p.dtype = parse_dtype(&t).map_err(anyhow::Error::msg)?;
-    }
-    p.segment = a
+    let op = a.op.or(f.op).unwrap_or(Op::Sum);
+    let dtype = a.dtype.or(f.dtype).unwrap_or(DType::I32);
+    let segment = a
         .segment
         .or(f.segment)
         .context("--segment is required (the job's segment length)")?;
-    p.slots = a
+    let slots = a
         .slots
         .or(f.slots)
         .context("--slots is required (the job's slot count)")?;
-    p.first_mid = a.mid;
+    let members = a
+        .members
+        .or(f.members)
+        .context("--members is required (the job's member count)")?;
+    let shape = JobShape::with_elements(
+        members,
+        slots,
+        segment,
+        lane(op, dtype).map_err(anyhow::Error::msg)?,
+    )
+    .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
+    let mut p = WorkerParams::new(switch, bind, job, member, shape);
+    p.op = op;
+    p.dtype = dtype;
+    p.first_message = a.mid;
     p.give_up = Duration::from_millis(a.give_up_ms);
     p.reorder = a.reorder;
     p.gso = !a.no_gso;
     p.gro = !a.no_gro;
     p.afxdp = a.afxdp;
-    p.spin = std::time::Duration::from_micros(a.spin_us);
-    let (op, dtype, segment) = (p.op, p.dtype, p.segment);
+    p.spin = Duration::from_micros(a.spin_us);
     let size = dtype.size();
     if !a.size.is_multiple_of(size) {
         bail!(
-            "--size {} is not a whole number of {} elements ({size} bytes each)",
-            a.size,
-            dtype.name()
+            "--size {} is not a whole number of {dtype} elements ({size} bytes each)",
+            a.size
         );
-    }
-    p.members = a.members.unwrap_or(0);
-    if a.verify && a.members.is_none() {
-        bail!("--verify needs --members (how many members contribute)");
     }
     let mut w = Worker::new(p)?;
     let n = a.size / size;
     // Every repeat allreduces the same data; the first result is verified once every clock
     // has stopped, so neither the data generation nor the check counts in time or CPU.
-    let data = xagg::data::generate(dtype, a.seed, member as u32, n);
+    let data = xagg_worker::data::generate(dtype, a.seed, member as u32, n);
     let mut buf = data.clone();
     let mut first = Vec::new();
     let mut reports = Vec::new();
-    let iface = xagg::iface::holding(*a_bind.ip()).ok().flatten();
+    let iface = xagg_sys::iface::holding(*bind.ip()).ok().flatten();
     let tx = |i: &Option<String>| -> u64 {
         i.as_ref()
             .and_then(|i| {
@@ -507,11 +527,11 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     let tx_bytes = tx(&iface) - tx0;
     let mut verified = true;
     let mut worst_float_error = 0f64;
-    if let (true, Some(m)) = (a.verify, a.members) {
-        let inputs: Vec<Vec<u8>> = (0..m)
-            .map(|k| xagg::data::generate(dtype, a.seed, k, n))
+    if a.verify {
+        let inputs: Vec<Vec<u8>> = (0..members as u32)
+            .map(|k| xagg_worker::data::generate(dtype, a.seed, k, n))
             .collect();
-        match xagg::data::check(op, dtype, segment, &inputs, &first) {
+        match xagg_worker::data::check(op, dtype, segment, &inputs, &first) {
             Ok(e) => worst_float_error = e,
             Err(e) => {
                 eprintln!("member {member}: result wrong: {e}");
@@ -523,23 +543,23 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     let retx: u64 = reports.iter().map(|r| r.retransmissions).sum();
     let last = reports.last().cloned().unwrap_or_default();
     if a.json {
-        let out = serde_json::json!({
-            "member": member,
-            "bytes": a.size,
-            "repeat": a.repeat,
-            "seconds": last.seconds,
-            "seconds_all": reports.iter().map(|r| r.seconds).collect::<Vec<_>>(),
-            "goodput_gbps": last.goodput_gbps,
-            "retransmissions": retx,
-            "reordered": reports.iter().map(|r| r.reordered).sum::<u64>(),
-            "verified": a.verify && verified,
-            "op": op.name(),
-            "dtype": dtype.name(),
-            "float_error_of_bound": worst_float_error,
-            "busy_seconds": busy,
-            "tx_bytes": tx_bytes,
-        });
-        println!("{out}");
+        let out = RunReport {
+            member,
+            bytes: a.size,
+            repeat: a.repeat,
+            seconds: last.seconds,
+            seconds_all: reports.iter().map(|r| r.seconds).collect(),
+            goodput_gbps: last.goodput_gbps,
+            retransmissions: retx,
+            reordered: reports.iter().map(|r| r.reordered).sum(),
+            verified: a.verify && verified,
+            op: op.to_string(),
+            dtype: dtype.to_string(),
+            float_error_of_bound: worst_float_error,
+            busy_seconds: busy,
+            tx_bytes,
+        };
+        println!("{}", serde_json::to_string(&out)?);
     } else {
         println!(
             "member {member}: {} x {} bytes in {:.3} s, last {:.3} s = {:.2} Gbit/s, {retx} retransmissions{}",
@@ -553,21 +573,20 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     Ok(())
 }
 
-/// Machine-wide busy CPU time in seconds (/proc/stat: all but idle and iowait).
+/// Machine-wide busy CPU seconds (/proc/stat: all but idle and iowait).
 fn busy_seconds() -> f64 {
-    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
-    let v: Vec<f64> = stat
-        .lines()
-        .next()
-        .unwrap_or("")
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
-    if v.len() < 8 {
+    use procfs::CurrentSI;
+    let Ok(stat) = procfs::KernelStats::current() else {
         return 0.0;
-    }
-    (v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / 100.0
+    };
+    let t = stat.total;
+    let ticks = t.user
+        + t.nice
+        + t.system
+        + t.irq.unwrap_or(0)
+        + t.softirq.unwrap_or(0)
+        + t.steal.unwrap_or(0);
+    ticks as f64 / procfs::ticks_per_second() as f64
 }
 
 /// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.

@@ -15,15 +15,14 @@ use aya::{
 };
 use log::{info, warn};
 use xagg_common::{
-    job::probability_threshold,
-    job::{EgressKey, Faults, SwitchConfig},
-    slot::{SlotImage, VersionState, MAX_SLOTS},
-    Counter, Job,
+    job::{members_of, probability_threshold, EgressKey, Faults, SwitchConfig},
+    slot::{ShadowState, SlotImage, MAX_SLOTS},
+    Counter, Job, LAYOUT_VERSION,
 };
+use xagg_sys::iface;
 
 use crate::{
     config::{Config, XdpMode as Mode},
-    iface,
     job::{allocate_slots, JobError, JobSpec},
 };
 
@@ -76,14 +75,22 @@ pub enum DataplaneError {
         pinned: Vec<String>,
         configured: Vec<String>,
     },
+    #[error("the pinned dataplane at {pin} has map layout {pinned}, this build has layout {ours}: run `xaggd --reload --config FILE` (or `xagg detach`, then start xaggd) to replace it with this build's (running jobs are dropped), or run the build that pinned it")]
+    LayoutChanged {
+        pin: PathBuf,
+        pinned: u32,
+        ours: u32,
+    },
     #[error("{0}")]
     Other(String),
 }
 
 type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
-const MAP_NAMES: [&str; 7] = [
-    "JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS", "FAULTS",
+/// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
+/// it existed have layout 1.
+const MAP_NAMES: [&str; 8] = [
+    "JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS", "FAULTS", "LAYOUT",
 ];
 
 pub struct Dataplane {
@@ -122,6 +129,14 @@ impl Dataplane {
         let pin = pinned.then(|| cfg.daemon.pin_path.clone());
         if let Some(dir) = &pin {
             if dir.join("maps/JOBS").exists() {
+                let pinned = read_layout(dir)?;
+                if pinned != LAYOUT_VERSION {
+                    return Err(DataplaneError::LayoutChanged {
+                        pin: dir.clone(),
+                        pinned,
+                        ours: LAYOUT_VERSION,
+                    });
+                }
                 let mut dp = Self::adopt(dir)?;
                 let pinned_ports = read_ports(dir)?;
                 if pinned_ports != cfg.switch.ports {
@@ -140,10 +155,10 @@ impl Dataplane {
     }
 
     fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
-        if crate::EBPF_OBJECT.is_empty() {
+        if xagg_sys::object_missing().is_some() {
             return Err(DataplaneError::NoObject);
         }
-        let mut ebpf = Ebpf::load(crate::EBPF_OBJECT)?;
+        let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
         let mode = cfg.mode().map_err(DataplaneError::Other)?;
 
         let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
@@ -177,6 +192,11 @@ impl Dataplane {
             maps.insert(name, map);
         }
         let mut take = |name: &'static str| maps.remove(name).expect("taken above");
+        let mut layout: Array<MapData, u32> =
+            Array::try_from(take("LAYOUT")).map_err(map_err("LAYOUT"))?;
+        layout
+            .set(0, LAYOUT_VERSION, 0)
+            .map_err(map_err("LAYOUT"))?;
 
         let mut ports: DevMap<MapData> =
             DevMap::try_from(take("PORTS")).map_err(map_err("PORTS"))?;
@@ -322,11 +342,10 @@ impl Dataplane {
         })?;
         let job = spec.to_job(base)?;
         self.reset_slots(base, spec.slots)?;
-        let n = spec.members.len();
         // Ports are distinct within a job (checked by `to_job`): one member per port.
-        for (idx, m) in job.member[..n].iter().enumerate() {
+        for (idx, m) in job.member[..job.member_count()].iter().enumerate() {
             let key = EgressKey {
-                jid: spec.id,
+                job: spec.id,
                 ifindex: m.ifindex,
             };
             self.egress
@@ -344,10 +363,9 @@ impl Dataplane {
             .map_err(|_| DataplaneError::NoJob(id))?;
         // The job goes first, so no packet can reach its slots while they are cleared.
         self.jobs.remove(&id).map_err(map_err("JOBS"))?;
-        let n = job.members.count_ones() as usize;
-        for m in &job.member[..n] {
+        for m in &job.member[..job.member_count()] {
             let _ = self.egress.remove(&EgressKey {
-                jid: id,
+                job: id,
                 ifindex: m.ifindex,
             });
         }
@@ -367,29 +385,28 @@ impl Dataplane {
         self.slots.get(&index, 0).map_err(map_err("SLOTS"))
     }
 
-    /// The state of every slot version of job `id` that is not empty.
+    /// The state of every shadow copy of job `id` that is not empty.
     pub fn job_status(&self, id: u32) -> Result<Vec<SlotStatus>> {
         let job = self
             .jobs
             .get(&id, 0)
             .map_err(|_| DataplaneError::NoJob(id))?;
         let mut out = Vec::new();
-        for seg in 0..job.slot_count {
-            let s = self.slot(job.slot_base + seg)?;
-            for (epoch, v) in s.ver.iter().enumerate() {
-                let state = match v.state {
-                    x if x == VersionState::Filling as u32 => "filling",
-                    x if x == VersionState::Done as u32 => "done",
+        for slot in 0..job.slot_count {
+            let s = self.slot(job.slot_base + slot)?;
+            for (shadow, v) in s.shadow.iter().enumerate() {
+                let state = match ShadowState::from_u32(v.state) {
+                    Some(s @ (ShadowState::Filling | ShadowState::Done)) => s,
                     _ => continue,
                 };
                 out.push(SlotStatus {
-                    seg,
-                    epoch: epoch as u8,
-                    state: state.into(),
-                    mid: v.mid,
-                    sid: v.sid,
+                    slot,
+                    shadow: shadow as u8,
+                    state: state.name().into(),
+                    message: v.message,
+                    segment: v.segment,
                     count: v.count,
-                    missing: members_of(job.members & !v.seen),
+                    missing: members_of(job.members & !v.seen).collect(),
                 });
             }
         }
@@ -433,23 +450,25 @@ impl Dataplane {
     }
 }
 
-/// A slot version of a job, as `job_status` reports it.
+/// A shadow copy of a job's slot, as `job_status` reports it. (The API's keys keep the
+/// names they had before the protocol's coordinates were renamed.)
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct SlotStatus {
     /// Slot index within the job.
-    pub seg: u32,
-    pub epoch: u8,
+    #[serde(rename = "seg")]
+    pub slot: u32,
+    /// Which of the slot's two shadow copies.
+    #[serde(rename = "epoch")]
+    pub shadow: u8,
     /// "filling" or "done".
     pub state: String,
-    pub mid: u32,
-    pub sid: u32,
+    #[serde(rename = "mid")]
+    pub message: u32,
+    #[serde(rename = "sid")]
+    pub segment: u32,
     pub count: u32,
     /// Members whose contribution is not in.
     pub missing: Vec<u8>,
-}
-
-pub fn members_of(bits: u64) -> Vec<u8> {
-    (0..64u8).filter(|i| bits & (1u64 << i) != 0).collect()
 }
 
 /// Removes a pinned dataplane: its links (so the programs detach) and maps.
@@ -459,6 +478,20 @@ pub fn unpin(dir: &Path) -> std::io::Result<bool> {
     }
     fs::remove_dir_all(dir)?;
     Ok(true)
+}
+
+/// The map layout of a pinned dataplane: its `LAYOUT` map, or 1 when it has none (pinned
+/// by a build from before layouts were versioned).
+fn read_layout(dir: &Path) -> Result<u32> {
+    let path = dir.join("maps/LAYOUT");
+    if !path.exists() {
+        return Ok(1);
+    }
+    let md = MapData::from_pin(&path).map_err(map_err("LAYOUT"))?;
+    let layout: Array<MapData, u32> =
+        Array::try_from(Map::from_map_data(md).map_err(map_err("LAYOUT"))?)
+            .map_err(map_err("LAYOUT"))?;
+    layout.get(&0, 0).map_err(map_err("LAYOUT"))
 }
 
 /// The ports of a pinned dataplane, from its broadcast devmap (bpffs holds no plain

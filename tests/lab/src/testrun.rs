@@ -9,10 +9,10 @@ use aya::{
     Ebpf,
 };
 use xagg_common::{
-    job::{EgressKey, MemberAddr, Role, SwitchConfig},
+    job::{EgressKey, MemberAddr, SwitchConfig},
     slot::SlotImage,
-    wire::{self, Header, MAX_MEMBERS},
-    Counter, Job,
+    wire::{self, DType, Header, Op},
+    Counter, Job, JobShape,
 };
 
 pub const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 0, 0, 1);
@@ -30,21 +30,13 @@ pub fn member(i: u8) -> MemberAddr {
     }
 }
 
-/// A job entry with `n` members from [`member`].
-pub fn job(n: usize, op: u8, dtype: u8, seg_elems: u16, slot_base: u32, slot_count: u32) -> Job {
-    let mut j = Job {
-        members: Job::members_bitmap(n),
-        slot_base,
-        slot_count,
-        op,
-        dtype,
-        role: Role::Root as u8,
-        _pad0: 0,
-        seg_elems,
-        _pad1: 0,
-        parent: MemberAddr::default(),
-        member: [MemberAddr::default(); MAX_MEMBERS],
-    };
+/// A job entry with `n` members from [`member`], `op` over `dtype`, segments of `elements`
+/// lanes, slots `slot_base..slot_base + slots`.
+pub fn job(n: usize, op: Op, dtype: DType, elements: u16, slot_base: u32, slots: u32) -> Job {
+    let lane = wire::lane(op, dtype).expect("a harness job of a supported op and type");
+    let shape = JobShape::with_elements(n, slots as usize, elements.into(), lane)
+        .expect("a valid harness job shape");
+    let mut j = Job::new(&shape, op, dtype, slot_base).expect("whole lanes");
     for i in 0..n {
         j.member[i] = member(i as u8);
     }

@@ -13,6 +13,7 @@ use std::{net::Ipv4Addr, process::Command};
 
 use anyhow::{bail, Context, Result};
 use aya::{programs::Xdp, Ebpf};
+use xagg_daemon::job::MemberSpec;
 
 /// MTU of every lab link: the largest a non-frags XDP program allows on a veth peer, and
 /// what a full 3448-byte segment needs.
@@ -53,7 +54,7 @@ pub fn ip(args: &[&str]) -> Result<String> {
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            crate::iface::enter_netns(ns)?;
+            xagg_sys::iface::enter_netns(ns)?;
             f()
         })
         .join()
@@ -208,16 +209,16 @@ impl Lab {
     }
 
     pub fn worker_mac(&self, i: usize) -> Result<[u8; 6]> {
-        in_netns(&self.worker_ns(i), || crate::iface::mac("eth0"))
+        in_netns(&self.worker_ns(i), || xagg_sys::iface::mac("eth0"))
     }
 
     /// `--member` values of a job over all workers, in member order.
-    pub fn members(&self) -> Result<Vec<crate::job::MemberSpec>> {
+    pub fn members(&self) -> Result<Vec<MemberSpec>> {
         (0..self.workers)
             .map(|i| {
-                Ok(crate::job::MemberSpec {
+                Ok(MemberSpec {
                     interface: Self::port(i),
-                    mac: crate::iface::fmt_mac(&self.worker_mac(i)?),
+                    mac: xagg_sys::iface::fmt_mac(&self.worker_mac(i)?),
                     addr: std::net::SocketAddrV4::new(worker_ip(i), WORKER_PORT),
                 })
             })

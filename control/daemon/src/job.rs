@@ -1,17 +1,17 @@
 //! The job API: what a job is to a user (a [`JobSpec`]: its id, op, data type, segment
 //! length, slots and members) and its validation into the dataplane's [`Job`] entry. The
-//! daemon, the CLI and job files all speak `JobSpec`.
+//! daemon, the CLI and job files all speak `JobSpec`; its shape (members, slots, segment
+//! length) is a [`JobShape`], validated there.
 
 use std::net::{Ipv4Addr, SocketAddrV4};
 
 use serde::{Deserialize, Serialize};
 use xagg_common::{
-    job::{MemberAddr, Role},
-    wire::{DType, Op, MAX_MEMBERS},
-    Job,
+    job::MemberAddr,
+    wire::{self, DType, Lane, Op},
+    Job, JobShape,
 };
-
-use crate::iface;
+use xagg_sys::iface;
 
 /// A member of a job as the switch reaches it.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -28,13 +28,13 @@ pub struct MemberSpec {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
-    /// Job id (`jid` in packets), unique on the switch.
+    /// Job id, unique on the switch.
     pub id: u32,
-    #[serde(default = "default_op")]
-    pub op: String,
-    #[serde(default = "default_dtype")]
-    pub dtype: String,
-    /// Elements per segment.
+    #[serde(default = "default_op", with = "crate::names")]
+    pub op: Op,
+    #[serde(default = "default_dtype", with = "crate::names")]
+    pub dtype: DType,
+    /// Elements per segment (lanes of the op and type: see [`JobSpec::shape`]).
     pub segment: u16,
     /// Slots the job gets: the most segments each member has in flight.
     pub slots: u32,
@@ -45,11 +45,11 @@ pub struct JobSpec {
     pub slot_base: Option<u32>,
 }
 
-fn default_op() -> String {
-    "sum".into()
+fn default_op() -> Op {
+    Op::Sum
 }
-fn default_dtype() -> String {
-    "i32".into()
+fn default_dtype() -> DType {
+    DType::I32
 }
 
 /// A field that is wrong, with how to fix it.
@@ -67,81 +67,37 @@ fn bad(field: impl Into<String>, problem: impl Into<String>) -> JobError {
     }
 }
 
-pub fn parse_op(s: &str) -> Result<Op, String> {
-    Op::ALL.into_iter().find(|o| o.name() == s).ok_or_else(|| {
-        format!("unknown op `{s}`: use one of sum, min, max, avg, prod, and, or, xor")
+/// The wire lane of `op` over `dtype`, or why the switch does not reduce it: every op over
+/// integers; sum, min, max and avg over floats (a product of block floating point numbers
+/// would need the exponents added and the mantissas renormalised per element, and bitwise
+/// ops have no meaning for floats).
+pub fn lane(op: Op, dtype: DType) -> Result<Lane, String> {
+    wire::lane(op, dtype).ok_or_else(|| {
+        format!(
+            "{op} over {dtype} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f16, bf16) take sum, min, max, avg"
+        )
     })
 }
 
-pub fn parse_dtype(s: &str) -> Result<DType, String> {
-    DType::ALL
-        .into_iter()
-        .find(|t| t.name() == s)
-        .ok_or_else(|| format!("unknown dtype `{s}`: use one of i32, u32, i64, f32, f16, bf16"))
-}
-
-/// Whether the dataplane reduces `op` over `dtype`: every op over integers; sum, min,
-/// max and avg over floats (a product of block floating point numbers would need the
-/// exponents added and the mantissas renormalised per element, and bitwise ops have no
-/// meaning for floats).
-pub fn supported(op: Op, dtype: DType) -> bool {
-    xagg_common::wire::lane(op, dtype).is_some()
-}
-
 impl JobSpec {
+    /// The job's shape: its members, slots and segment length.
+    pub fn shape(&self) -> Result<JobShape, JobError> {
+        let lane = lane(self.op, self.dtype).map_err(|e| bad("op", e))?;
+        JobShape::with_elements(
+            self.members.len(),
+            self.slots as usize,
+            usize::from(self.segment),
+            lane,
+        )
+        .map_err(|e| bad(e.field(), e.to_string()))
+    }
+
     /// Checks the spec and builds the `JOBS` entry, resolving interfaces in the calling
     /// thread's network namespace. `slot_base` is where the switch placed the job.
     pub fn to_job(&self, slot_base: u32) -> Result<Job, JobError> {
-        let op = parse_op(&self.op).map_err(|e| bad("op", e))?;
-        let dtype = parse_dtype(&self.dtype).map_err(|e| bad("dtype", e))?;
-        if !supported(op, dtype) {
-            return Err(bad(
-                "op",
-                format!(
-                    "{} over {} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f16, bf16) take sum, min, max, avg",
-                    op.name(),
-                    dtype.name()
-                ),
-            ));
-        }
-        let max = xagg_common::wire::max_elements(op, dtype);
-        if self.segment == 0 || self.segment as usize > max {
-            return Err(bad(
-                "segment",
-                format!(
-                    "{} elements: choose 1..={max} ({} bytes of {} over {} fit one XDP frame)",
-                    self.segment,
-                    xagg_common::wire::MAX_PAYLOAD,
-                    op.name(),
-                    dtype.name()
-                ),
-            ));
-        }
-        if self.slots == 0 {
-            return Err(bad("slots", "0: a job needs at least one slot"));
-        }
-        if self.members.is_empty() || self.members.len() > MAX_MEMBERS {
-            return Err(bad(
-                "members",
-                format!(
-                    "{} members: a job has 1..={MAX_MEMBERS}",
-                    self.members.len()
-                ),
-            ));
-        }
-        let mut job = Job {
-            members: Job::members_bitmap(self.members.len()),
-            slot_base,
-            slot_count: self.slots,
-            op: op as u8,
-            dtype: dtype as u8,
-            role: Role::Root as u8,
-            _pad0: 0,
-            seg_elems: self.segment,
-            _pad1: 0,
-            parent: MemberAddr::default(),
-            member: [MemberAddr::default(); MAX_MEMBERS],
-        };
+        let shape = self.shape()?;
+        let mut job = Job::new(&shape, self.op, self.dtype, slot_base)
+            .expect("the shape is whole lanes of a supported op and type");
         for (i, m) in self.members.iter().enumerate() {
             let field = format!("members[{i}]");
             let ifindex = iface::ifindex(&m.interface).map_err(|e| {
@@ -185,8 +141,7 @@ impl JobSpec {
 
     /// The spec back from a `JOBS` entry (interfaces by name, resolved in this namespace).
     pub fn from_job(id: u32, job: &Job) -> Self {
-        let n = job.members.count_ones() as usize;
-        let members = job.member[..n]
+        let members = job.member[..job.member_count()]
             .iter()
             .map(|m| MemberSpec {
                 interface: nix::net::if_::if_indextoname(m.ifindex)
@@ -198,9 +153,10 @@ impl JobSpec {
             .collect();
         Self {
             id,
-            op: Op::from_u8(job.op).map_or("?", Op::name).into(),
-            dtype: DType::from_u8(job.dtype).map_or("?", DType::name).into(),
-            segment: job.seg_elems,
+            // The daemon wrote both; an entry it cannot read is not one of its own.
+            op: Op::from_u8(job.op).unwrap_or(Op::Sum),
+            dtype: DType::from_u8(job.dtype).unwrap_or(DType::I32),
+            segment: job.segment_elements,
             slots: job.slot_count,
             members,
             slot_base: Some(job.slot_base),
@@ -238,22 +194,27 @@ mod tests {
 
     #[test]
     fn errors_name_the_field() {
+        // An unknown op is refused where the spec is read, with the valid ones.
+        let e = toml::from_str::<JobSpec>(
+            "id = 1\nop = \"mean\"\nsegment = 256\nslots = 8\nmembers = []\n",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("op") && e.contains("use one of sum, min"), "{e}");
+        let e = serde_json::from_str::<JobSpec>(
+            r#"{"id":1,"dtype":"f64","segment":256,"slots":8,"members":[]}"#,
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(e.contains("use one of i32, u32"), "{e}");
         let spec = JobSpec {
             id: 1,
-            op: "mean".into(),
-            dtype: "i32".into(),
-            segment: 256,
+            op: Op::Sum,
+            dtype: DType::I32,
+            segment: 5000,
             slots: 8,
             members: vec![],
             slot_base: None,
-        };
-        let e = spec.to_job(0).unwrap_err();
-        assert_eq!(e.field, "op");
-        assert!(e.problem.contains("use one of"), "{e}");
-        let spec = JobSpec {
-            op: "sum".into(),
-            segment: 5000,
-            ..spec
         };
         assert_eq!(spec.to_job(0).unwrap_err().field, "segment");
         let spec = JobSpec {
@@ -261,11 +222,24 @@ mod tests {
             ..spec
         };
         assert_eq!(spec.to_job(0).unwrap_err().field, "members");
+        let one = MemberSpec {
+            interface: "lo".into(),
+            mac: "02:00:00:00:00:01".into(),
+            addr: "10.0.0.1:1".parse().unwrap(),
+        };
+        let spec = JobSpec {
+            members: vec![one],
+            ..spec
+        };
         // Outside the op x type matrix: refused, with the matrix in the message.
-        for (op, dtype) in [("prod", "f32"), ("xor", "bf16"), ("and", "f16")] {
+        for (op, dtype) in [
+            (Op::Prod, DType::F32),
+            (Op::Xor, DType::Bf16),
+            (Op::And, DType::F16),
+        ] {
             let bad = JobSpec {
-                op: op.into(),
-                dtype: dtype.into(),
+                op,
+                dtype,
                 ..spec.clone()
             };
             let e = bad.to_job(0).unwrap_err();
@@ -278,10 +252,25 @@ mod tests {
         }
         // The largest segment depends on the lane: 431 for i64 and for the mean of i32.
         let wide = JobSpec {
-            op: "avg".into(),
+            op: Op::Avg,
             segment: 432,
             ..spec.clone()
         };
         assert!(wide.to_job(0).unwrap_err().problem.contains("1..=431"));
+        let none = JobSpec {
+            slots: 0,
+            ..spec.clone()
+        };
+        assert_eq!(none.to_job(0).unwrap_err().field, "slots");
+        // Keys and names as they were: `op` and `dtype` by name, `segment` in elements.
+        let json = serde_json::to_value(&spec).unwrap();
+        assert_eq!(
+            (
+                json["op"].as_str(),
+                json["dtype"].as_str(),
+                json["segment"].as_u64()
+            ),
+            (Some("sum"), Some("i32"), Some(256))
+        );
     }
 }

@@ -13,7 +13,7 @@
 //! (`ethtool -L <if> combined 1`). On veth AF_XDP runs in copy mode: the kernel copies
 //! each frame into a posted buffer.
 
-use std::{ffi::CString, io, num::NonZeroU32, os::fd::BorrowedFd, ptr::NonNull};
+use std::{ffi::CString, num::NonZeroU32, os::fd::BorrowedFd, ptr::NonNull};
 
 use aya::{
     maps::{HashMap, XskMap},
@@ -35,7 +35,8 @@ struct Area(NonNull<[u8]>);
 
 impl Drop for Area {
     fn drop(&mut self) {
-        unsafe { libc::munmap(self.0.as_ptr().cast(), self.0.len()) };
+        // Safety: mapped in `XskReceiver::new` with this length, and nothing uses it now.
+        let _ = unsafe { nix::sys::mman::munmap(self.0.cast(), self.0.len()) };
     }
 }
 
@@ -60,10 +61,10 @@ impl XskReceiver {
     /// thread's network namespace) from now on.
     pub fn new(iface: &str, port: u16) -> anyhow::Result<Self> {
         use anyhow::{bail, Context};
-        if crate::EBPF_OBJECT.is_empty() {
-            bail!("this build carries no XDP object: run `cargo xtask build`");
+        if let Some(why) = xagg_sys::object_missing() {
+            bail!("{why}");
         }
-        let mut ebpf = Ebpf::load(crate::EBPF_OBJECT)?;
+        let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
         {
             let mut ports: HashMap<_, [u8; 2], u32> =
                 HashMap::try_from(ebpf.map_mut("XSK_PORTS").context("no XSK_PORTS map")?)?;
@@ -86,23 +87,18 @@ impl XskReceiver {
         }
 
         let len = (FRAMES * FRAME_SIZE) as usize;
+        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
+        // Safety: a fresh private anonymous mapping aliases nothing.
         let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
+            mmap_anonymous(
+                None,
+                std::num::NonZeroUsize::new(len).expect("FRAMES * FRAME_SIZE > 0"),
+                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
+                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE,
             )
-        };
-        if ptr == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error()).context("mapping the AF_XDP buffers");
         }
-        let area = Area(NonNull::slice_from_raw_parts(
-            NonNull::new(ptr.cast::<u8>()).expect("mmap succeeded"),
-            len,
-        ));
+        .context("mapping the AF_XDP buffers")?;
+        let area = Area(NonNull::slice_from_raw_parts(ptr.cast::<u8>(), len));
         let config = UmemConfig {
             fill_size: FRAMES,
             complete_size: FRAMES,
@@ -158,8 +154,9 @@ impl XskReceiver {
     }
 
     /// The socket's descriptor, to wait for frames with poll(2).
-    pub fn fd(&self) -> std::os::fd::RawFd {
-        self.rx.as_raw_fd()
+    pub fn fd(&self) -> BorrowedFd<'_> {
+        // Safety: the socket lives as long as `self`.
+        unsafe { BorrowedFd::borrow_raw(self.rx.as_raw_fd()) }
     }
 
     /// Hands the UDP payload of each frame that came in (up to a batch) to `f`, in place,

@@ -15,12 +15,13 @@ use tokio::{
     signal::unix::{signal, SignalKind},
     sync::watch,
 };
-use xagg::{
+use xagg_common::slot::MAX_SLOTS;
+use xagg_daemon::{
     api::{Request, Response},
     config::Config,
     dataplane::{self, Dataplane},
+    job::JobSpec,
 };
-use xagg_common::slot::MAX_SLOTS;
 
 /// The in-network aggregation switch daemon.
 ///
@@ -52,7 +53,7 @@ fn main() -> Result<()> {
     // Only this thread's network namespace changes, before the runtime starts its threads
     // (they inherit it). The mount namespace stays the host's, so pins outlive us.
     if let Some(ns) = &cfg.switch.netns {
-        xagg::iface::enter_netns(ns)?;
+        xagg_sys::iface::enter_netns(ns)?;
         info!("entered network namespace {ns}");
     }
     let pinned = !cfg.daemon.detach_on_exit;
@@ -206,7 +207,7 @@ fn handle(st: &mut State, req: Request) -> Response {
         Request::ListJobs => st.dp.jobs().map(|jobs| Response::Jobs {
             jobs: jobs
                 .iter()
-                .map(|(id, j)| xagg::job::JobSpec::from_job(*id, j))
+                .map(|(id, j)| JobSpec::from_job(*id, j))
                 .collect(),
         }),
         Request::Counters => st

@@ -6,25 +6,25 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::job::JobSpec;
 
 pub const DEFAULT_SOCKET: &str = "/run/xagg/xaggd.sock";
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/xagg";
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     pub switch: SwitchSection,
     #[serde(default)]
     pub daemon: DaemonSection,
     /// Jobs added at start (unless already present in a pinned dataplane).
-    #[serde(default, rename = "job")]
+    #[serde(default, rename = "job", skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobSpec>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct SwitchSection {
     /// Switch ports: the interfaces the switch program is attached to.
@@ -35,18 +35,18 @@ pub struct SwitchSection {
     #[serde(default = "default_port")]
     pub udp_port: u16,
     /// Source MAC of results; by default the MAC of the interface holding `address`.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
     /// `native`, `generic`, or `auto` (native, falling back to generic with a warning).
     #[serde(default = "default_mode")]
     pub xdp_mode: String,
     /// Network namespace (from `ip netns add`) the ports live in; the daemon's threads
     /// enter it, its mounts stay the host's so pins outlive it.
-    #[serde(default)]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
 }
 
-#[derive(Clone, Debug, Deserialize)]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct DaemonSection {
     /// Unix socket of the local API.
@@ -97,6 +97,11 @@ impl Config {
         Self::parse(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
     }
 
+    /// The configuration as a TOML file.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).expect("a configuration serializes")
+    }
+
     pub fn parse(text: &str) -> Result<Self, String> {
         let cfg: Config = toml::from_str(text).map_err(|e| e.to_string())?;
         cfg.check()?;
@@ -118,7 +123,7 @@ impl Config {
             ));
         }
         if let Some(m) = &s.mac {
-            crate::iface::parse_mac(m).map_err(|e| format!("switch.mac: {e}"))?;
+            xagg_sys::iface::parse_mac(m).map_err(|e| format!("switch.mac: {e}"))?;
         }
         self.mode()?;
         Ok(())
@@ -146,6 +151,19 @@ mod tests {
         assert_eq!(c.switch.udp_port, 47800);
         assert!(!c.daemon.detach_on_exit);
         assert_eq!(c.mode(), Ok(XdpMode::Auto));
+    }
+
+    #[test]
+    fn written_as_read() {
+        let c = Config::parse(
+            "[switch]\nports = [\"p0\", \"p1\"]\naddress = \"10.0.0.1\"\nnetns = \"ns\"\n[daemon]\nsocket = \"/tmp/s\"\n",
+        )
+        .unwrap();
+        let again = Config::parse(&c.to_toml()).unwrap();
+        assert_eq!(again.to_toml(), c.to_toml());
+        assert_eq!(again.switch.ports, ["p0", "p1"]);
+        assert_eq!(again.switch.netns.as_deref(), Some("ns"));
+        assert_eq!(again.daemon.socket, PathBuf::from("/tmp/s"));
     }
 
     #[test]

@@ -1,0 +1,112 @@
+//! What a worker needs to know to take part in a job: where the switch is, who it is in
+//! the job, the job's shape, and how it sends, receives and waits.
+
+use std::{net::SocketAddrV4, time::Duration};
+
+use xagg_common::{
+    wire::{self, DType, Lane, Op},
+    JobShape,
+};
+
+use crate::AllreduceError;
+
+#[derive(Clone, Debug)]
+pub struct WorkerParams {
+    /// The switch's address and collective UDP port.
+    pub switch: SocketAddrV4,
+    /// This member's own address and UDP port, as registered in the job.
+    pub bind: SocketAddrV4,
+    pub job: u32,
+    pub member: u8,
+    pub op: Op,
+    pub dtype: DType,
+    /// The job's members, slots and segment length.
+    pub shape: JobShape,
+    /// First retransmission timeout; adapted to the measured round trip.
+    pub timeout: Duration,
+    /// Upper bound of the retransmission timeout.
+    pub max_timeout: Duration,
+    /// Fail when no result arrived for this long.
+    pub give_up: Duration,
+    /// Test option: send segments out of order (each burst of sends is shuffled).
+    pub reorder: bool,
+    /// Send bursts of segments with UDP GSO (one system call for up to 18 full segments)
+    /// instead of one datagram per call.
+    pub gso: bool,
+    /// Receive with UDP GRO: results that arrive together are read with one call.
+    pub gro: bool,
+    /// Receive results with AF_XDP (`xagg_host` steers them into posted buffers) instead of
+    /// the UDP socket. The worker attaches `xagg_host` to the interface holding its
+    /// address, which must carry no other XDP program. Needs the `afxdp` feature.
+    pub afxdp: bool,
+    /// How long a worker whose whole message is in flight at once (one round trip) polls
+    /// for its results, yielding the CPU in between, before it sleeps: waking a sleeping
+    /// process costs tens of µs, more than a small allreduce's round trip. Larger messages
+    /// always sleep (polling would take CPU the switch path needs).
+    pub spin: Duration,
+    /// Message id of the first allreduce; later ones count up. Every member of a job must
+    /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
+    pub first_message: u32,
+}
+
+impl WorkerParams {
+    /// Member `member` of job `job` of `shape`, reducing i32 sums, with the library's
+    /// defaults for everything else.
+    pub fn new(
+        switch: SocketAddrV4,
+        bind: SocketAddrV4,
+        job: u32,
+        member: u8,
+        shape: JobShape,
+    ) -> Self {
+        Self {
+            switch,
+            bind,
+            job,
+            member,
+            op: Op::Sum,
+            dtype: DType::I32,
+            shape,
+            timeout: Duration::from_millis(20),
+            max_timeout: Duration::from_millis(500),
+            give_up: Duration::from_secs(10),
+            reorder: false,
+            gso: true,
+            gro: true,
+            afxdp: false,
+            spin: Duration::from_micros(100),
+            first_message: 0,
+        }
+    }
+
+    /// The wire lane of the job's op and type, checked against the shape: what every
+    /// segment's payload is made of.
+    pub fn lane(&self) -> Result<Lane, AllreduceError> {
+        let lane = wire::lane(self.op, self.dtype).ok_or_else(|| {
+            AllreduceError::Invalid(format!(
+                "{} over {} is not supported (floats take sum, min, max, avg)",
+                self.op, self.dtype
+            ))
+        })?;
+        self.shape
+            .segment_elements(lane)
+            .map_err(|e| AllreduceError::Invalid(format!("segment of the job: {e}")))?;
+        if usize::from(self.member) >= self.shape.members() {
+            return Err(AllreduceError::Invalid(format!(
+                "member {} of a job of {} members: member indices are 0..{}",
+                self.member,
+                self.shape.members(),
+                self.shape.members()
+            )));
+        }
+        Ok(lane)
+    }
+
+    /// Elements of the job's data type in a full segment.
+    pub fn segment_elements(&self) -> usize {
+        self.lane()
+            .ok()
+            .and_then(|l| self.shape.segment_elements(l).ok())
+            .unwrap_or(0)
+    }
+}

@@ -1,0 +1,310 @@
+//! How a worker's packets leave and arrive: contributions go out on a UDP socket, in GSO
+//! bursts encoded in place; results come in on the same socket (read with GRO), or from
+//! AF_XDP buffers that `xagg_host` fills ([`crate::xsk`], feature `afxdp`) with the socket
+//! as the fallback for what the host program passes on. The worker's loop sees only this
+//! interface: reserve room, commit a datagram, flush, and receive.
+
+use std::{
+    io,
+    net::{SocketAddrV4, UdpSocket},
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
+
+use nix::sys::socket::{setsockopt, sockopt};
+use xagg_common::wire::MAX_IP_PACKET;
+
+use crate::{AllreduceError, WorkerParams};
+
+/// Largest GSO burst: one 64 KiB UDP super-packet.
+const GSO_MAX_BYTES: usize = 65_000;
+/// The kernel's limit of segments per GSO send (UDP_MAX_SEGMENTS).
+const GSO_MAX_SEGMENTS: usize = 64;
+
+pub struct Transport {
+    sock: UdpSocket,
+    to: SocketAddrV4,
+    gso: bool,
+    burst: Burst,
+    inbox: Inbox,
+}
+
+/// Where results come in: the UDP socket (with its receive buffer), or AF_XDP and, for
+/// results the host program passed on (another receive queue), the UDP socket.
+enum Inbox {
+    Socket(Vec<u8>),
+    #[cfg(feature = "afxdp")]
+    Xsk {
+        xsk: Box<crate::xsk::XskReceiver>,
+        rx: Vec<u8>,
+        /// How long a blocking receive waits.
+        wait: Duration,
+    },
+}
+
+impl Transport {
+    pub fn new(p: &WorkerParams) -> Result<Self, AllreduceError> {
+        let sock = UdpSocket::bind(p.bind)?;
+        // Room for every slot's result at once, so a burst is never dropped at the socket.
+        let want = (p.shape.slots() * (MAX_IP_PACKET + 512) * 2).max(4 << 20);
+        let _ = setsockopt(&sock, sockopt::RcvBufForce, &want)
+            .or_else(|_| setsockopt(&sock, sockopt::RcvBuf, &want));
+        let _ = setsockopt(&sock, sockopt::SndBufForce, &want);
+        if p.gro {
+            // Results that arrive together are read together.
+            let _ = setsockopt(&sock, sockopt::UdpGroSegment, &true);
+        }
+        let inbox = if p.afxdp {
+            Self::xsk_inbox(p)?
+        } else {
+            Inbox::Socket(vec![0; 65536])
+        };
+        Ok(Self {
+            sock,
+            to: p.switch,
+            gso: p.gso,
+            burst: Burst::new(),
+            inbox,
+        })
+    }
+
+    #[cfg(feature = "afxdp")]
+    fn xsk_inbox(p: &WorkerParams) -> Result<Inbox, AllreduceError> {
+        let ip = *p.bind.ip();
+        let iface = xagg_sys::iface::holding(ip)
+            .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?
+            .ok_or_else(|| {
+                AllreduceError::Invalid(format!(
+                    "AF_XDP receive: no interface holds {ip} in this network namespace"
+                ))
+            })?;
+        Ok(Inbox::Xsk {
+            xsk: Box::new(
+                crate::xsk::XskReceiver::new(&iface, p.bind.port())
+                    .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
+            ),
+            rx: vec![0; 65536],
+            wait: Duration::from_millis(10),
+        })
+    }
+
+    #[cfg(not(feature = "afxdp"))]
+    fn xsk_inbox(_: &WorkerParams) -> Result<Inbox, AllreduceError> {
+        Err(AllreduceError::Invalid(
+            "AF_XDP receive: this build of the worker library lacks the `afxdp` feature".into(),
+        ))
+    }
+
+    /// Room for the next datagram of `len` bytes, to be encoded in place and then
+    /// [`Self::commit`]ted. Sends what is queued first if the datagram cannot join it.
+    pub fn reserve(&mut self, len: usize) -> io::Result<&mut [u8]> {
+        let at = if self.gso {
+            self.burst.reserve(len, &self.sock, self.to)?
+        } else {
+            0
+        };
+        Ok(&mut self.burst.data[at..at + len])
+    }
+
+    /// Queues the datagram just encoded in [`Self::reserve`]'s room (without GSO: sends it).
+    pub fn commit(&mut self, len: usize) -> io::Result<()> {
+        if self.gso {
+            self.burst.commit(len);
+            Ok(())
+        } else {
+            self.sock
+                .send_to(&self.burst.data[..len], self.to)
+                .map(drop)
+        }
+    }
+
+    /// Whether datagrams wait to be sent.
+    pub fn queued(&self) -> bool {
+        self.burst.n > 0
+    }
+
+    /// Sends what is queued.
+    pub fn flush(&mut self) -> io::Result<()> {
+        self.burst.flush(&self.sock, self.to)
+    }
+
+    /// Sends one datagram at once, past the queue (status queries).
+    pub fn send_now(&self, d: &[u8]) -> io::Result<()> {
+        self.sock.send_to(d, self.to).map(drop)
+    }
+
+    /// How long a blocking [`Self::receive`] waits.
+    pub fn set_wait(&mut self, wait: Duration) -> io::Result<()> {
+        match &mut self.inbox {
+            #[cfg(feature = "afxdp")]
+            Inbox::Xsk { wait: w, .. } => {
+                *w = wait;
+                Ok(())
+            }
+            Inbox::Socket(_) => self.sock.set_read_timeout(Some(wait)),
+        }
+    }
+
+    /// Hands each datagram that came in to `f`: from the socket one datagram, or with UDP
+    /// GRO several of the same length coalesced; from AF_XDP a batch of frames, in place.
+    /// Waits (polling for `spin` first, then up to the wait set) unless `nonblocking`;
+    /// `WouldBlock` or `TimedOut` when nothing came.
+    pub fn receive(
+        &mut self,
+        nonblocking: bool,
+        spin: Duration,
+        f: &mut impl FnMut(&[u8]),
+    ) -> io::Result<()> {
+        if !nonblocking && !spin.is_zero() {
+            let until = Instant::now() + spin;
+            loop {
+                match self.receive(true, Duration::ZERO, f) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return r,
+                }
+                if Instant::now() >= until {
+                    break;
+                }
+                std::thread::yield_now();
+            }
+        }
+        match &mut self.inbox {
+            Inbox::Socket(rx) => receive_socket(&self.sock, rx, nonblocking, f),
+            #[cfg(feature = "afxdp")]
+            Inbox::Xsk { xsk, rx, wait } => loop {
+                if xsk.drain(f) > 0 {
+                    return Ok(());
+                }
+                match receive_socket(&self.sock, rx, true, f) {
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                    r => return r,
+                }
+                if nonblocking {
+                    return Err(io::ErrorKind::WouldBlock.into());
+                }
+                use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+                use std::os::fd::AsFd;
+                let mut fds = [
+                    PollFd::new(xsk.fd(), PollFlags::POLLIN),
+                    PollFd::new(self.sock.as_fd(), PollFlags::POLLIN),
+                ];
+                let ms = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+                match poll(
+                    &mut fds,
+                    PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX),
+                ) {
+                    Ok(0) => return Err(io::ErrorKind::TimedOut.into()),
+                    Ok(_) | Err(nix::errno::Errno::EINTR) => {}
+                    Err(e) => return Err(e.into()),
+                }
+            },
+        }
+    }
+}
+
+/// [`Transport::receive`] from the UDP socket.
+fn receive_socket(
+    sock: &UdpSocket,
+    rx: &mut [u8],
+    nonblocking: bool,
+    f: &mut impl FnMut(&[u8]),
+) -> io::Result<()> {
+    use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
+    let flags = if nonblocking {
+        MsgFlags::MSG_DONTWAIT
+    } else {
+        MsgFlags::empty()
+    };
+    let mut cmsg = nix::cmsg_space!(i32);
+    let mut iov = [io::IoSliceMut::new(rx)];
+    let msg = recvmsg::<SockaddrIn>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)
+        .map_err(io::Error::from)?;
+    let n = msg.bytes;
+    let mut stride = n;
+    for c in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::UdpGroSegments(s) = c {
+            stride = s as usize;
+        }
+    }
+    for d in rx[..n].chunks(stride.max(1)) {
+        f(d);
+    }
+    Ok(())
+}
+
+/// Datagrams waiting to be sent as one GSO burst (`data[..len]`, `n` of them): all `stride`
+/// bytes long but the last. Contributions are encoded in place.
+struct Burst {
+    data: Vec<u8>,
+    len: usize,
+    n: usize,
+    stride: usize,
+    /// The last datagram is shorter than `stride`: no other may follow it.
+    closed: bool,
+}
+
+impl Burst {
+    fn new() -> Self {
+        Self {
+            data: vec![0; GSO_MAX_BYTES],
+            len: 0,
+            n: 0,
+            stride: 0,
+            closed: false,
+        }
+    }
+
+    /// Where the next datagram of `len` bytes goes: after the queued ones if it may join
+    /// them, else at the start, the queued ones sent first.
+    fn reserve(&mut self, len: usize, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<usize> {
+        // GSO cuts the burst into datagrams of the first one's length: a shorter one may
+        // only come last, and the whole burst must fit one 64 KiB super-packet.
+        let fits = self.n == 0
+            || (!self.closed
+                && len <= self.stride
+                && self.len + len <= GSO_MAX_BYTES
+                && self.n < GSO_MAX_SEGMENTS);
+        if !fits {
+            self.flush(sock, to)?;
+        }
+        Ok(self.len)
+    }
+
+    /// Queues the `len` bytes just written at `reserve(len)`.
+    fn commit(&mut self, len: usize) {
+        if self.n == 0 {
+            self.stride = len;
+        }
+        self.len += len;
+        self.n += 1;
+        self.closed = len < self.stride;
+    }
+
+    /// Sends what is queued: one datagram, or one GSO super-packet.
+    fn flush(&mut self, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<()> {
+        match self.n {
+            0 => return Ok(()),
+            1 => {
+                sock.send_to(&self.data[..self.len], to)?;
+            }
+            _ => {
+                use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+                let stride = self.stride as u16;
+                let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
+                let iov = [io::IoSlice::new(&self.data[..self.len])];
+                sendmsg(
+                    sock.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::empty(),
+                    Some(&SockaddrIn::from(to)),
+                )
+                .map_err(io::Error::from)?;
+            }
+        }
+        self.len = 0;
+        self.n = 0;
+        self.closed = false;
+        Ok(())
+    }
+}

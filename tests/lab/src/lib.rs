@@ -1,0 +1,27 @@
+//! The lab and the test harness, shared by `xtask` (demo, bench) and the tests, never
+//! shipped: the netns lab ([`lab`]), the BPF_PROG_RUN harness around the switch program
+//! ([`testrun`]), the lab's switch daemon and its API ([`switch`]), and workers run as
+//! `xagg allreduce` processes with their typed reports ([`workers`]).
+
+pub mod lab;
+pub mod switch;
+pub mod testrun;
+pub mod workers;
+
+use std::path::{Path, PathBuf};
+
+/// The workspace's target directory (`CARGO_TARGET_DIR`, or `target/` at the root).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+}
+
+/// A release binary of this workspace (`xaggd`, `xagg`): from `XAGG_BIN_DIR` if set, else
+/// the target directory's `release/`.
+pub fn bin(name: &str) -> PathBuf {
+    std::env::var_os("XAGG_BIN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| target_dir().join("release"))
+        .join(name)
+}

@@ -1,0 +1,307 @@
+//! The lab's switch: `xaggd` started on a lab with a configuration written from its
+//! struct, reached through its API, signalled with `nix`, removed with its pins on drop.
+//! The demo, the bench and the tests all start it this way.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddrV4,
+    path::{Path, PathBuf},
+    process::{Child, Command, ExitStatus},
+    time::{Duration, Instant},
+};
+
+use anyhow::{bail, Context, Result};
+use nix::{sys::signal::Signal, unistd::Pid};
+use xagg_common::{
+    wire::{DType, Op, DEFAULT_PORT},
+    JobShape,
+};
+use xagg_daemon::{
+    api::{self, Request, Response},
+    config::{Config, DaemonSection, SwitchSection},
+    job::JobSpec,
+};
+use xagg_worker::{Report, Worker, WorkerParams};
+
+use crate::lab::{self, Lab};
+
+/// A running `xaggd`. Dropping it kills it.
+pub struct Daemon {
+    child: Child,
+}
+
+impl Daemon {
+    /// Starts `xaggd --config config`, its output appended to `log`, and waits until its
+    /// API at `socket` answers.
+    pub fn start(config: &Path, log: &Path, socket: &Path) -> Result<Self> {
+        let out = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(log)
+            .with_context(|| format!("opening {}", log.display()))?;
+        let child = Command::new(crate::bin("xaggd"))
+            .arg("--config")
+            .arg(config)
+            .stdout(out.try_clone()?)
+            .stderr(out)
+            .spawn()
+            .context("starting xaggd (built by `cargo xtask build`)")?;
+        let mut d = Self { child };
+        let deadline = Instant::now() + Duration::from_secs(15);
+        while Instant::now() < deadline {
+            if api::call(socket, &Request::Status).is_ok() {
+                return Ok(d);
+            }
+            if let Some(status) = d.child.try_wait()? {
+                bail!(
+                    "xaggd exited ({status}): {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        d.stop(Signal::SIGKILL)?;
+        bail!(
+            "xaggd did not come up within 15 s: {}",
+            std::fs::read_to_string(log).unwrap_or_default()
+        )
+    }
+
+    pub fn pid(&self) -> Pid {
+        Pid::from_raw(self.child.id() as i32)
+    }
+
+    /// Sends `signal` and waits for the daemon to exit.
+    pub fn stop(mut self, signal: Signal) -> Result<ExitStatus> {
+        nix::sys::signal::kill(self.pid(), signal).context("signalling xaggd")?;
+        Ok(self.child.wait()?)
+    }
+
+    /// Waits for the daemon to exit by itself (after a detach request).
+    pub fn wait(mut self) -> Result<ExitStatus> {
+        Ok(self.child.wait()?)
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = nix::sys::signal::kill(self.pid(), Signal::SIGKILL);
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A lab with its switch daemon: the files it uses and the daemon while it runs. Dropping
+/// it stops the daemon, removes the pins (the dataplane detaches), then the lab.
+pub struct LabSwitch {
+    // Dropped in this order.
+    pub daemon: Option<Daemon>,
+    unpin: Unpin,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    pub socket: PathBuf,
+    pub pin: PathBuf,
+    pub lab: Lab,
+}
+
+/// Removes a pinned dataplane when dropped.
+struct Unpin(PathBuf);
+
+impl Drop for Unpin {
+    fn drop(&mut self) {
+        let _ = xagg_daemon::dataplane::unpin(&self.0);
+    }
+}
+
+impl LabSwitch {
+    /// Starts the daemon on `lab`'s switch namespace, its files in `dir` and its pins in
+    /// `pin`, with the configuration [`LabSwitch::default_config`] changed by `tweak`.
+    pub fn start(
+        lab: Lab,
+        dir: PathBuf,
+        pin: PathBuf,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Result<Self> {
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        let _ = xagg_daemon::dataplane::unpin(&pin);
+        let mut s = Self {
+            daemon: None,
+            unpin: Unpin(pin.clone()),
+            config: dir.join("xaggd.toml"),
+            log: dir.join("xaggd.log"),
+            socket: dir.join("xaggd.sock"),
+            pin,
+            lab,
+        };
+        let _ = std::fs::remove_file(&s.log);
+        let mut cfg = s.default_config();
+        tweak(&mut cfg);
+        s.write_config(&cfg)?;
+        s.start_daemon()?;
+        Ok(s)
+    }
+
+    /// The lab's switch: every port, the bridge's address, native XDP, pinned.
+    pub fn default_config(&self) -> Config {
+        Config {
+            switch: SwitchSection {
+                ports: (0..self.lab.workers).map(Lab::port).collect(),
+                address: lab::SWITCH_IP,
+                udp_port: DEFAULT_PORT,
+                mac: None,
+                xdp_mode: "native".into(),
+                netns: Some(self.lab.switch_ns()),
+            },
+            daemon: DaemonSection {
+                socket: self.socket.clone(),
+                pin_path: self.pin.clone(),
+                detach_on_exit: false,
+            },
+            jobs: Vec::new(),
+        }
+    }
+
+    /// Writes the daemon's configuration file (read at its next start).
+    pub fn write_config(&self, cfg: &Config) -> Result<()> {
+        std::fs::write(&self.config, cfg.to_toml())
+            .with_context(|| format!("writing {}", self.config.display()))
+    }
+
+    /// Stops the daemon and removes the pins, so the dataplane detaches; the lab stays
+    /// (e.g. for a baseline over the plain bridge).
+    pub fn stop(self) -> Result<Lab> {
+        let Self {
+            daemon, unpin, lab, ..
+        } = self;
+        if let Some(d) = daemon {
+            d.stop(Signal::SIGTERM)?;
+        }
+        drop(unpin);
+        Ok(lab)
+    }
+
+    pub fn start_daemon(&mut self) -> Result<()> {
+        self.daemon = Some(Daemon::start(&self.config, &self.log, &self.socket)?);
+        Ok(())
+    }
+
+    /// Stops the daemon with `signal` and waits for it.
+    pub fn stop_daemon(&mut self, signal: Signal) -> Result<ExitStatus> {
+        self.daemon
+            .take()
+            .context("no daemon running")?
+            .stop(signal)
+    }
+
+    pub fn api(&self, req: Request) -> Result<Response> {
+        api::call(&self.socket, &req)
+    }
+
+    /// Adds a job: the daemon's answer (the job with its slots, or an error).
+    pub fn add_job(&self, spec: JobSpec) -> Result<Response> {
+        self.api(Request::AddJob { job: spec })
+    }
+
+    /// The spec of job `id` over the lab's `workers` (member i = worker `workers[i]`),
+    /// reached at UDP `port` (a worker in several jobs uses one port per job); `segment` in
+    /// elements.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per field of the job"
+    )]
+    pub fn job_spec(
+        &self,
+        id: u32,
+        op: Op,
+        dtype: DType,
+        segment: u16,
+        slots: u32,
+        workers: &[usize],
+        port: u16,
+    ) -> Result<JobSpec> {
+        let all = self.lab.members()?;
+        let members = workers
+            .iter()
+            .map(|&w| xagg_daemon::job::MemberSpec {
+                addr: SocketAddrV4::new(*all[w].addr.ip(), port),
+                ..all[w].clone()
+            })
+            .collect();
+        Ok(JobSpec {
+            id,
+            op,
+            dtype,
+            segment,
+            slots,
+            members,
+            slot_base: None,
+        })
+    }
+
+    /// The switch's counters by name.
+    pub fn counters(&self) -> Result<BTreeMap<String, u64>> {
+        match self.api(Request::Counters)? {
+            Response::Counters { counters } => Ok(counters),
+            r => bail!("counters: {r:?}"),
+        }
+    }
+
+    /// Runs one allreduce (message `message`) of `elems` i32 with the worker library, on
+    /// every listed worker at once (member i is worker `workers[i]`, bound to `port`), each
+    /// worker's parameters adjusted by `tweak`, and checks each result against the wrapping
+    /// sum. Panics with the switch's counters on failure (test support).
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "one argument per knob of the run"
+    )]
+    pub fn allreduce_with(
+        &self,
+        job: u32,
+        message: u32,
+        shape: JobShape,
+        workers: &[usize],
+        port: u16,
+        elems: usize,
+        seed: u64,
+        tweak: impl Fn(&mut WorkerParams) + Sync,
+    ) -> Vec<Report> {
+        let n = workers.len();
+        let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = workers
+                .iter()
+                .enumerate()
+                .map(|(m, &w)| {
+                    let ns = self.lab.worker_ns(w);
+                    let (expected, tweak) = (&expected, &tweak);
+                    s.spawn(move || {
+                        xagg_sys::iface::enter_netns(&ns).unwrap();
+                        let bind = SocketAddrV4::new(lab::worker_ip(w), port);
+                        let sw = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
+                        let mut p = WorkerParams::new(sw, bind, job, m as u8, shape);
+                        p.first_message = message;
+                        tweak(&mut p);
+                        let mut wk = Worker::new(p).expect("worker socket");
+                        let mut buf = vec![0i32; elems];
+                        xagg_worker::data::fill(seed, m as u32, &mut buf);
+                        let rep = wk.allreduce(&mut buf).unwrap_or_else(|e| {
+                            panic!("member {m}: {e}; switch counters {:?}", self.counters())
+                        });
+                        if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
+                            panic!(
+                                "member {m}: element {i} is {} but the sum is {}",
+                                buf[i], expected[i]
+                            );
+                        }
+                        rep
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().expect("worker thread"))
+                .collect()
+        })
+    }
+}
