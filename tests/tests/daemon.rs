@@ -233,3 +233,44 @@ fn restart_during_an_allreduce() {
         r => panic!("{r:?}"),
     }
 }
+
+/// A dataplane pinned by a build with another map layout is refused, with the command
+/// that replaces it; one pinned before layouts were versioned (no `LAYOUT` map) counts as
+/// layout 1 and is adopted.
+#[test]
+fn pinned_layout_is_checked_on_adoption() {
+    if !require_root("pinned_layout_is_checked_on_adoption") {
+        return;
+    }
+    let mut sw = TestSwitch::start("xtv", 2, |_| {});
+    assert!(matches!(
+        sw.add_job(3, 256, 4, &[0, 1]),
+        Response::Job { .. }
+    ));
+    assert!(sw.stop_daemon(Signal::SIGTERM).success());
+    let layout_pin = sw.pin.join("maps/LAYOUT");
+    let set_layout = |v: u32| {
+        let md = aya::maps::MapData::from_pin(&layout_pin).unwrap();
+        let mut m: aya::maps::Array<_, u32> =
+            aya::maps::Array::try_from(aya::maps::Map::from_map_data(md).unwrap()).unwrap();
+        assert_eq!(m.get(&0, 0).unwrap(), xagg_common::LAYOUT_VERSION);
+        m.set(0, v, 0).unwrap();
+    };
+    set_layout(99);
+    let e = Daemon::start(&sw.config, &sw.log, &sw.socket)
+        .err()
+        .expect("a dataplane of another layout is refused")
+        .to_string();
+    assert!(
+        e.contains("map layout 99") && e.contains("xaggd --reload"),
+        "{e}"
+    );
+    // Pinned by a build from before the layout version: no LAYOUT map at all.
+    std::fs::remove_file(&layout_pin).unwrap();
+    sw.start_daemon();
+    match sw.api(Request::Status) {
+        Response::Status { adopted, jobs, .. } => assert!(adopted && jobs == 1),
+        r => panic!("{r:?}"),
+    }
+    sw.allreduce(3, 0, 256, 4, &[0, 1], 47801, 5000, 4);
+}

@@ -66,7 +66,7 @@ fn ops_and_types_end_to_end() {
                         let mut p = worker::WorkerParams::new(sw_addr, bind, id, w as u8, shape);
                         (p.op, p.dtype) = (op, dtype);
                         let mut wk = worker::Worker::new(p).unwrap();
-                        wk.allreduce_bytes(&mut buf)
+                        typed_allreduce(&mut wk, dtype, &mut buf)
                             .unwrap_or_else(|e| panic!("{} over {}: {e}", op.name(), dtype.name()));
                         buf
                     })
@@ -83,5 +83,39 @@ fn ops_and_types_end_to_end() {
                 dtype.name()
             );
         }
+    }
+}
+
+/// `Worker::allreduce::<T>` over the bytes of `buf` as a `Vec<T>` of the job's type: the
+/// generic call exists for every element type.
+fn typed_allreduce(
+    wk: &mut worker::Worker,
+    dtype: DType,
+    buf: &mut [u8],
+) -> Result<worker::Report, worker::AllreduceError> {
+    fn typed<T: worker::Element + Default>(
+        wk: &mut worker::Worker,
+        buf: &mut [u8],
+    ) -> Result<worker::Report, worker::AllreduceError> {
+        let size = std::mem::size_of::<T>();
+        let mut v: Vec<T> = buf
+            .chunks_exact(size)
+            // Safety: every bit pattern is a valid element of these plain types.
+            .map(|c| unsafe { std::ptr::read_unaligned(c.as_ptr().cast::<T>()) })
+            .collect();
+        let r = wk.allreduce(&mut v)?;
+        for (c, x) in buf.chunks_exact_mut(size).zip(&v) {
+            // Safety: as above, and `c` holds exactly one element.
+            unsafe { std::ptr::write_unaligned(c.as_mut_ptr().cast::<T>(), *x) };
+        }
+        Ok(r)
+    }
+    match dtype {
+        DType::I32 => typed::<i32>(wk, buf),
+        DType::U32 => typed::<u32>(wk, buf),
+        DType::I64 => typed::<i64>(wk, buf),
+        DType::F32 => typed::<f32>(wk, buf),
+        DType::F16 => typed::<half::f16>(wk, buf),
+        DType::Bf16 => typed::<half::bf16>(wk, buf),
     }
 }

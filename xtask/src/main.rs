@@ -1,4 +1,4 @@
-//! Project tasks: `cargo xtask build | demo | test | setup`.
+//! Project tasks: `cargo xtask setup | build | demo | bench | test`.
 
 mod bench;
 mod build;
@@ -22,7 +22,8 @@ enum Cmd {
     Build,
     /// Build, bring up a netns lab, allreduce through the XDP switch, verify, report, clean up.
     Demo(demo::DemoArgs),
-    /// Measure the switch program's per-packet cost per path (BPF_PROG_RUN).
+    /// Measure the switch against Open MPI end to end, the switch program's cost per
+    /// packet (BPF_PROG_RUN) and the worker's conversions.
     Bench(bench::BenchArgs),
     /// Build and run the whole test suite (unit, BPF_PROG_RUN, netns end to end).
     Test {

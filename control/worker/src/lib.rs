@@ -81,11 +81,6 @@ pub struct Worker {
 impl Worker {
     pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
         let lane = p.lane()?;
-        if p.op == wire::Op::Avg && p.shape.members() == 0 {
-            return Err(AllreduceError::Invalid(
-                "avg needs the job's member count".into(),
-            ));
-        }
         Ok(Self {
             transport: Transport::new(&p)?,
             window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
@@ -421,7 +416,42 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 
 #[cfg(test)]
 mod tests {
-    use super::parse_size;
+    use super::*;
+
+    /// A buffer of another type than the job's is refused before anything is sent.
+    #[test]
+    fn typed_buffers_match_the_job() {
+        let shape = xagg_common::JobShape::full(2, 4).unwrap();
+        let p = WorkerParams::new(
+            "127.0.0.1:9".parse().unwrap(),
+            "127.0.0.1:0".parse().unwrap(),
+            1,
+            0,
+            shape,
+        );
+        let mut w = Worker::new(p.clone()).unwrap();
+        let e = w.allreduce(&mut [1.0f32; 4]).unwrap_err().to_string();
+        assert!(e.contains("a buffer of f32 for a job of i32"), "{e}");
+        let e = w
+            .allreduce(&mut [half::f16::ONE; 4])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("f16"), "{e}");
+        // An empty buffer needs no switch.
+        assert_eq!(w.allreduce::<i32>(&mut []).unwrap().segments, 0);
+        // Member indices and op/type pairs are checked against the job.
+        let bad = WorkerParams {
+            member: 2,
+            ..p.clone()
+        };
+        assert!(Worker::new(bad).is_err());
+        let bad = WorkerParams {
+            op: wire::Op::Xor,
+            dtype: DType::F32,
+            ..p
+        };
+        assert!(Worker::new(bad).is_err());
+    }
 
     #[test]
     fn every_size_spelling() {

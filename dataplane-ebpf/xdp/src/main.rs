@@ -27,11 +27,11 @@ use aya_ebpf::{
 use xagg_common::{
     job::{EgressKey, Faults, Impair, SwitchConfig},
     slot::MAX_SLOTS,
-    wire::{self, Header, Kind, HEADER_LEN, PAYLOAD_OFFSET},
+    wire::{self, Kind},
     Counter, Job,
 };
 
-use crate::packet::Frame;
+use crate::packet::{Frame, Udp4};
 
 /// Ports a switch can have: entries of the broadcast devmap.
 const MAX_PORTS: usize = 64;
@@ -112,7 +112,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let Some(cfg) = SWITCH.get(0) else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
-    let Some(frame) = Frame::collective(ctx, cfg)? else {
+    let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), cfg)? else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
     let hdr = frame.header();
@@ -137,21 +137,52 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
         return Err(Counter::DropNotMember);
     }
-    if query {
-        let slot_index = hdr.slot() as u32;
-        if slot_index >= job.slot_count {
-            return Err(Counter::DropSlotRange);
-        }
-        if frame.payload_len() != packet::STATUS_LEN {
-            return Err(Counter::DropBadLength);
-        }
-        let slot = SLOTS
-            .get_ptr_mut(job.slot_base + slot_index)
-            .ok_or(Counter::DropSlotRange)?;
-        let st = unsafe { slot::status(slot, hdr.shadow()) };
-        frame.make_status_reply(ctx, cfg, &st, job.members);
-        return Ok((xdp_action::XDP_TX, Counter::StatusReply));
+    let slot_index = hdr.slot() as u32;
+    if slot_index >= job.slot_count {
+        return Err(Counter::DropSlotRange);
     }
+    let slot = SLOTS
+        .get_ptr_mut(job.slot_base + slot_index)
+        .ok_or(Counter::DropSlotRange)?;
+    if query {
+        status_query(ctx, &frame, cfg, job, slot)
+    } else {
+        contribution(ctx, &frame, cfg, job, member, slot)
+    }
+}
+
+/// A member asks for a shadow copy's state: the reply goes back to it alone.
+#[inline(always)]
+fn status_query(
+    ctx: &XdpContext,
+    frame: &Frame,
+    cfg: &SwitchConfig,
+    job: &Job,
+    slot: *mut slot::Slot,
+) -> Result<(u32, Counter), Counter> {
+    if frame.payload_len() != packet::STATUS_LEN {
+        return Err(Counter::DropBadLength);
+    }
+    let st = unsafe { slot::status(slot, frame.header().shadow()) };
+    if !frame.into_status_reply(ctx, &st, job.members) {
+        return Err(Counter::DropTruncated);
+    }
+    frame.to_sender(cfg);
+    Ok((xdp_action::XDP_TX, Counter::StatusReply))
+}
+
+/// A member's contribution to a segment: checked against the job, then handed to the
+/// slot's state machine; a completing one becomes the result and is broadcast.
+#[inline(always)]
+fn contribution(
+    ctx: &XdpContext,
+    frame: &Frame,
+    cfg: &SwitchConfig,
+    job: &Job,
+    member: usize,
+    slot: *mut slot::Slot,
+) -> Result<(u32, Counter), Counter> {
+    let hdr = frame.header();
     if hdr.op != job.op || hdr.dtype != job.dtype {
         return Err(Counter::DropBadOp);
     }
@@ -163,18 +194,10 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         (Some(op), Some(dtype)) => wire::lane(op, dtype).ok_or(Counter::DropBadOp)?,
         _ => return Err(Counter::DropBadOp),
     };
-    let size = lane.size();
-    let words = wire::payload_len(elems, size) / 8;
+    let words = wire::payload_len(elems, lane.size()) / 8;
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
     }
-    let slot_index = hdr.slot() as u32;
-    if slot_index >= job.slot_count {
-        return Err(Counter::DropSlotRange);
-    }
-    let slot = SLOTS
-        .get_ptr_mut(job.slot_base + slot_index)
-        .ok_or(Counter::DropSlotRange)?;
     let round = slot::Round {
         message: hdr.message(),
         segment: hdr.segment(),
@@ -192,7 +215,9 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     match outcome {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Complete => {
-            frame.make_result(cfg, &stored);
+            // Each copy is addressed to its member by `xagg_result` on the way out.
+            frame.into_result(&stored);
+            frame.from_switch(cfg);
             match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
                 Ok(action) => Ok((action, Counter::Complete)),
                 Err(_) => Err(Counter::RedirectError),
@@ -202,8 +227,8 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
             if inject(faults().drop_result) {
                 return Err(Counter::InjectDropResult);
             }
-            frame.result_header(&stored);
-            frame.make_reply(cfg);
+            frame.into_result(&stored);
+            frame.to_sender(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
         }
         slot::Outcome::Reclaimed => Ok((xdp_action::XDP_DROP, Counter::SlotReclaimed)),
@@ -228,14 +253,12 @@ pub fn xagg_result(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
-    let Some(cfg) = SWITCH.get(0) else {
+    let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()).filter(Udp4::plain) else {
         return Ok(xdp_action::XDP_PASS);
     };
-    let data = ctx.data();
-    if data + PAYLOAD_OFFSET > ctx.data_end() {
+    let Some(hdr) = frame.header() else {
         return Ok(xdp_action::XDP_PASS);
-    }
-    let hdr = unsafe { &*((data + PAYLOAD_OFFSET - HEADER_LEN) as *const Header) };
+    };
     if hdr.kind != Kind::Result as u8 {
         return Ok(xdp_action::XDP_PASS);
     }
@@ -254,7 +277,7 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
         .member
         .get(member as usize)
         .ok_or(Counter::EgressNoMember)?;
-    packet::address_to(data, addr, cfg);
+    packet::address_to(frame.data(), addr);
     count(Counter::ResultCopy);
     Ok(xdp_action::XDP_PASS)
 }
@@ -273,10 +296,10 @@ static XSK_PORTS: HashMap<[u8; 2], u32, 64> = HashMap::new();
 /// everything while no socket is registered, passes to the kernel.
 #[xdp]
 pub fn xagg_host(ctx: XdpContext) -> u32 {
-    let Some(port) = packet::udp_dst_port(&ctx) else {
+    let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
         return xdp_action::XDP_PASS;
     };
-    if unsafe { XSK_PORTS.get(port) }.is_none() {
+    if !frame.plain() || frame.fragment() || unsafe { XSK_PORTS.get(frame.udp().dst) }.is_none() {
         return xdp_action::XDP_PASS;
     }
     let queue = unsafe { (*ctx.ctx).rx_queue_index };
@@ -309,15 +332,11 @@ pub fn xagg_impair(ctx: TcContext) -> i32 {
     if mark == IMPAIR_MARK {
         return TC_ACT_OK;
     }
-    let (data, end) = (ctx.data(), ctx.data_end());
-    if data + 42 > end {
-        return TC_ACT_OK;
-    }
     // IPv4 without options, UDP, to the collective port.
-    let b = data as *const u8;
-    let is_udp =
-        unsafe { *b.add(12) == 0x08 && *b.add(13) == 0 && *b.add(14) == 0x45 && *b.add(23) == 17 };
-    if !is_udp || unsafe { *b.add(36) != cfg.port[0] || *b.add(37) != cfg.port[1] } {
+    let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
+        return TC_ACT_OK;
+    };
+    if !frame.plain() || frame.udp().dst != cfg.port {
         return TC_ACT_OK;
     }
     if inject(cfg.drop) {

@@ -1,5 +1,7 @@
-//! Parsing and rewriting of collective frames: Ethernet / IPv4 / UDP / collective header.
-//! Each bounds check sits next to the read it guards.
+//! Parsing and rewriting of frames: one parser of Ethernet / IPv4 / UDP over `(data,
+//! data_end)` for every program (XDP and tc alike), and the rewrites that turn a
+//! contribution into a result or a status reply. Each bounds check sits next to the reads
+//! it guards; no other file reads packet bytes at fixed offsets.
 
 use aya_ebpf::programs::XdpContext;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
@@ -16,11 +18,76 @@ const IPPROTO_UDP: u8 = 17;
 const IP_OFF: usize = EthHdr::LEN;
 const UDP_OFF: usize = IP_OFF + Ipv4Hdr::LEN;
 const HDR_OFF: usize = UDP_OFF + UdpHdr::LEN;
+const _: () = assert!(HDR_OFF + HEADER_LEN == PAYLOAD_OFFSET);
 /// Payload of a status query and its reply: the shadow copy's member bitmap and the job's.
 pub const STATUS_LEN: usize = 16;
 
+/// An IPv4/UDP frame, checked to hold Ethernet, a 20-byte IPv4 header and a UDP header.
+/// With IPv4 options the UDP header is elsewhere: [`Udp4::plain`] says whether the one
+/// here is real.
+pub struct Udp4 {
+    data: usize,
+    end: usize,
+}
+
+impl Udp4 {
+    /// The frame at `data..end`, if it is IPv4 carrying UDP; `None` for anything else.
+    #[inline(always)]
+    pub fn parse(data: usize, end: usize) -> Option<Self> {
+        if data + HDR_OFF > end {
+            return None;
+        }
+        let f = Self { data, end };
+        (f.eth().ether_type == ETH_P_IPV4.to_be() && f.ip().proto == IPPROTO_UDP).then_some(f)
+    }
+
+    #[inline(always)]
+    pub fn eth(&self) -> &EthHdr {
+        unsafe { &*(self.data as *const EthHdr) }
+    }
+
+    #[inline(always)]
+    pub fn ip(&self) -> &Ipv4Hdr {
+        unsafe { &*((self.data + IP_OFF) as *const Ipv4Hdr) }
+    }
+
+    /// The UDP header, where it is when the IPv4 header has no options.
+    #[inline(always)]
+    pub fn udp(&self) -> &UdpHdr {
+        unsafe { &*((self.data + UDP_OFF) as *const UdpHdr) }
+    }
+
+    /// Whether the IPv4 header has no options: the UDP header is at its usual place.
+    #[inline(always)]
+    pub fn plain(&self) -> bool {
+        self.ip().vihl == 0x45
+    }
+
+    /// Whether the datagram is a fragment (MF set or an offset): it carries only part.
+    #[inline(always)]
+    pub fn fragment(&self) -> bool {
+        let f = self.ip().frags;
+        f[0] & 0x3f != 0 || f[1] != 0
+    }
+
+    /// The frame's start, checked to hold Ethernet, IPv4 and UDP headers.
+    #[inline(always)]
+    pub fn data(&self) -> usize {
+        self.data
+    }
+
+    /// The collective header, if the frame is long enough to hold one after the UDP header.
+    #[inline(always)]
+    pub fn header(&self) -> Option<&Header> {
+        if self.data + PAYLOAD_OFFSET > self.end {
+            return None;
+        }
+        Some(unsafe { &*((self.data + HDR_OFF) as *const Header) })
+    }
+}
+
 /// A frame addressed to the switch's collective port, checked up to the end of the
-/// collective header.
+/// collective header and against its UDP length.
 pub struct Frame {
     data: usize,
     udp_len: usize,
@@ -30,36 +97,31 @@ impl Frame {
     /// `Ok(None)`: not for us, pass it on. `Err`: addressed to the collective port but
     /// malformed, drop it.
     #[inline(always)]
-    pub fn collective(ctx: &XdpContext, cfg: &SwitchConfig) -> Result<Option<Self>, Counter> {
-        let data = ctx.data();
-        let end = ctx.data_end();
-        if data + HDR_OFF > end {
+    pub fn collective(
+        data: usize,
+        end: usize,
+        cfg: &SwitchConfig,
+    ) -> Result<Option<Self>, Counter> {
+        let Some(udp4) = Udp4::parse(data, end) else {
+            return Ok(None);
+        };
+        if udp4.ip().dst_addr != cfg.ip {
             return Ok(None);
         }
-        let eth = unsafe { &*(data as *const EthHdr) };
-        if eth.ether_type != ETH_P_IPV4.to_be() {
-            return Ok(None);
-        }
-        let ip = unsafe { &*((data + IP_OFF) as *const Ipv4Hdr) };
-        if ip.proto != IPPROTO_UDP || ip.dst_addr != cfg.ip {
-            return Ok(None);
-        }
-        // With options the UDP header is elsewhere; a collective sender never uses them.
-        if ip.vihl != 0x45 {
+        // A collective sender never uses IPv4 options or fragments.
+        if !udp4.plain() {
             return Err(Counter::DropBadIp);
         }
-        let udp = unsafe { &*((data + UDP_OFF) as *const UdpHdr) };
-        if udp.dst != cfg.port {
+        if udp4.udp().dst != cfg.port {
             return Ok(None);
         }
-        // A fragment (MF set or an offset) carries only part of a segment.
-        if ip.frags[0] & 0x3f != 0 || ip.frags[1] != 0 {
+        if udp4.fragment() {
             return Err(Counter::DropBadIp);
         }
-        if data + PAYLOAD_OFFSET > end {
+        if udp4.header().is_none() {
             return Err(Counter::DropTruncated);
         }
-        let udp_len = u16::from_be_bytes(udp.len) as usize;
+        let udp_len = u16::from_be_bytes(udp4.udp().len) as usize;
         if udp_len < UdpHdr::LEN + HEADER_LEN || data + UDP_OFF + udp_len > end {
             return Err(Counter::DropTruncated);
         }
@@ -69,6 +131,11 @@ impl Frame {
     #[inline(always)]
     pub fn header(&self) -> &Header {
         unsafe { &*((self.data + HDR_OFF) as *const Header) }
+    }
+
+    #[inline(always)]
+    fn header_mut(&self) -> &mut Header {
+        unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }
     }
 
     /// Payload bytes after the collective header, per the UDP length.
@@ -86,32 +153,53 @@ impl Frame {
         eth.src_addr == m.mac && ip.src_addr == m.ip && udp.src == m.port
     }
 
-    /// Turns the completing contribution (whose payload now holds the result) into the
-    /// result: it comes from the switch, so each member's copy passes the receiver's
-    /// martian check — the completing member's own copy included. The egress program fills
-    /// in each copy's destination.
+    /// Turns the contribution whose payload now holds its round's result into that
+    /// result: the kind, the stored block exponent and flags. Its addresses are written
+    /// once: from the switch, to each member by `xagg_result` for a broadcast, or back to
+    /// the sender by [`Frame::to_sender`].
     #[inline(always)]
-    pub fn make_result(&self, cfg: &SwitchConfig, stored: &Stored) {
-        self.result_header(stored);
-        let ip = unsafe { &mut *((self.data + IP_OFF) as *mut Ipv4Hdr) };
-        ip.src_addr = cfg.ip;
-        let udp = unsafe { &mut *((self.data + UDP_OFF) as *mut UdpHdr) };
-        udp.src = cfg.port;
-    }
-
-    /// Marks the frame a result and gives it the stored block exponent and flags.
-    #[inline(always)]
-    pub fn result_header(&self, stored: &Stored) {
-        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
+    pub fn into_result(&self, stored: &Stored) {
+        let hdr = self.header_mut();
         hdr.set_kind(Kind::Result);
         hdr.exponent = stored.exponent as i8;
         hdr.set_enc_flags(stored.flags as u16);
     }
 
-    /// Turns a retransmitted contribution (whose payload now holds the stored result) into
-    /// the result for its sender alone, sent back out of the port it came in on.
+    /// Makes the frame come from the switch (see [`from_switch`]); its destination is
+    /// written later.
     #[inline(always)]
-    pub fn make_reply(&self, cfg: &SwitchConfig) {
+    pub fn from_switch(&self, cfg: &SwitchConfig) {
+        from_switch(self.data, cfg);
+    }
+
+    /// Turns a status query into its reply: the header carries the copy's round (message,
+    /// segment, `count`) and state (`status`), the payload the members already in (`seen`)
+    /// and all the job's members, little-endian. `false` if the frame is too short (the
+    /// caller checked the UDP length: it is not).
+    #[inline(always)]
+    pub fn into_status_reply(&self, ctx: &XdpContext, st: &Status, members: u64) -> bool {
+        // Derived again so the verifier sees this write checked against data_end.
+        let p = ctx.data() + PAYLOAD_OFFSET;
+        if p + STATUS_LEN > ctx.data_end() {
+            return false;
+        }
+        unsafe {
+            *(p as *mut [u8; 8]) = st.seen.to_le_bytes();
+            *((p + 8) as *mut [u8; 8]) = members.to_le_bytes();
+        }
+        let hdr = self.header_mut();
+        hdr.set_kind(Kind::StatusReply);
+        hdr.set_message(st.message);
+        hdr.set_segment(st.segment);
+        hdr.set_count(st.count as u16);
+        hdr.status = st.state as u8;
+        true
+    }
+
+    /// Readdresses the frame from the switch back to the member that sent it (the caller
+    /// checked its source addresses are the member's), to go out of the port it came in on.
+    #[inline(always)]
+    pub fn to_sender(&self, cfg: &SwitchConfig) {
         let eth = unsafe { &*(self.data as *const EthHdr) };
         let ip = unsafe { &*((self.data + IP_OFF) as *const Ipv4Hdr) };
         let udp = unsafe { &*((self.data + UDP_OFF) as *const UdpHdr) };
@@ -121,78 +209,31 @@ impl Frame {
             mac: eth.src_addr,
             port: udp.src,
         };
-        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.set_kind(Kind::Result);
-        address_to(self.data, &sender, cfg);
+        from_switch(self.data, cfg);
+        address_to(self.data, &sender);
     }
 }
 
-impl Frame {
-    /// Turns a status query into its reply, back to the sender: the header carries the
-    /// copy's round (message, segment, `count`) and state (`status`), the payload the
-    /// members already in (`seen`) and all the job's members, little-endian.
-    #[inline(always)]
-    pub fn make_status_reply(
-        &self,
-        ctx: &XdpContext,
-        cfg: &SwitchConfig,
-        st: &Status,
-        members: u64,
-    ) {
-        let p = ctx.data() + PAYLOAD_OFFSET;
-        if p + STATUS_LEN > ctx.data_end() {
-            return;
-        }
-        unsafe {
-            *(p as *mut [u8; 8]) = st.seen.to_le_bytes();
-            *((p + 8) as *mut [u8; 8]) = members.to_le_bytes();
-        }
-        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.set_message(st.message);
-        hdr.set_segment(st.segment);
-        hdr.set_count(st.count as u16);
-        hdr.status = st.state as u8;
-        self.make_reply(cfg);
-        let hdr = unsafe { &mut *((self.data + HDR_OFF) as *mut Header) };
-        hdr.set_kind(Kind::StatusReply);
-    }
-}
-
-/// The UDP destination port (network order) of an unfragmented IPv4/UDP frame without
-/// IP options; `None` for anything else.
+/// Makes the frame at `data` (checked to hold Ethernet, IPv4 and UDP headers) come from
+/// the switch: its MAC, IPv4 address and collective port. The receivers' martian check
+/// needs it (the completing member's own copy included).
 #[inline(always)]
-pub fn udp_dst_port(ctx: &XdpContext) -> Option<[u8; 2]> {
-    let data = ctx.data();
-    if data + HDR_OFF > ctx.data_end() {
-        return None;
-    }
-    let eth = unsafe { &*(data as *const EthHdr) };
-    let ip = unsafe { &*((data + IP_OFF) as *const Ipv4Hdr) };
-    if eth.ether_type != ETH_P_IPV4.to_be()
-        || ip.proto != IPPROTO_UDP
-        || ip.vihl != 0x45
-        || ip.frags[0] & 0x3f != 0
-        || ip.frags[1] != 0
-    {
-        return None;
-    }
-    Some(unsafe { &*((data + UDP_OFF) as *const UdpHdr) }.dst)
+pub fn from_switch(data: usize, cfg: &SwitchConfig) {
+    unsafe { &mut *(data as *mut EthHdr) }.src_addr = cfg.mac;
+    unsafe { &mut *((data + IP_OFF) as *mut Ipv4Hdr) }.src_addr = cfg.ip;
+    unsafe { &mut *((data + UDP_OFF) as *mut UdpHdr) }.src = cfg.port;
 }
 
-/// Addresses a result frame (at least `PAYLOAD_OFFSET` bytes long, checked by the caller)
-/// from the switch to `m`, with a fresh IPv4 checksum and no UDP checksum.
+/// Addresses the frame at `data` (checked to hold Ethernet, IPv4 and UDP headers) to `m`,
+/// with a fresh IPv4 checksum and no UDP checksum.
 #[inline(always)]
-pub fn address_to(data: usize, m: &MemberAddr, cfg: &SwitchConfig) {
-    let eth = unsafe { &mut *(data as *mut EthHdr) };
-    eth.dst_addr = m.mac;
-    eth.src_addr = cfg.mac;
+pub fn address_to(data: usize, m: &MemberAddr) {
+    unsafe { &mut *(data as *mut EthHdr) }.dst_addr = m.mac;
     let ip = unsafe { &mut *((data + IP_OFF) as *mut Ipv4Hdr) };
-    ip.src_addr = cfg.ip;
     ip.dst_addr = m.ip;
     ip.check = [0, 0];
     ip.check = ipv4_checksum(data + IP_OFF).to_be_bytes();
     let udp = unsafe { &mut *((data + UDP_OFF) as *mut UdpHdr) };
-    udp.src = cfg.port;
     udp.dst = m.port;
     // Zero means "no checksum" in IPv4; recomputing it over the payload would cost as much
     // as the aggregation itself.

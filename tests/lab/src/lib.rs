@@ -14,7 +14,10 @@ use std::path::{Path, PathBuf};
 pub fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target"))
+        .unwrap_or_else(|| {
+            let root = Path::new(env!("CARGO_MANIFEST_DIR")).ancestors().nth(2);
+            root.expect("tests/lab sits two levels down").join("target")
+        })
 }
 
 /// A release binary of this workspace (`xaggd`, `xagg`): from `XAGG_BIN_DIR` if set, else

@@ -112,12 +112,13 @@ fn main() -> Result<()> {
 
 /// Mounts a bpffs at /sys/fs/bpf if the pin path is under it and none is mounted.
 fn ensure_bpffs(pin: &Path) -> Result<()> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let mounts = procfs::process::Process::myself()
+        .and_then(|p| p.mountinfo())
+        .context("reading this process's mounts")?;
     let bpf_mounted = |p: &str| {
-        mounts.lines().any(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            f.len() > 2 && f[1] == p && f[2] == "bpf"
-        })
+        mounts
+            .iter()
+            .any(|m| m.mount_point == Path::new(p) && m.fs_type == "bpf")
     };
     if pin.starts_with("/sys/fs/bpf") && !bpf_mounted("/sys/fs/bpf") {
         nix::mount::mount(Some("bpf"), "/sys/fs/bpf", Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
