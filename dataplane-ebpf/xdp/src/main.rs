@@ -137,18 +137,23 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
         return Err(Counter::DropNotMember);
     }
-    let slot_index = hdr.slot() as u32;
-    if slot_index >= job.slot_count {
+    if query {
+        status_query(ctx, &frame, cfg, job)
+    } else {
+        contribution(ctx, &frame, cfg, job, member)
+    }
+}
+
+/// The job's slot a packet names, in the job's range of the `SLOTS` map.
+#[inline(always)]
+fn slot_of(job: &Job, hdr: &xagg_common::Header) -> Result<*mut slot::Slot, Counter> {
+    let index = hdr.slot() as u32;
+    if index >= job.slot_count {
         return Err(Counter::DropSlotRange);
     }
-    let slot = SLOTS
-        .get_ptr_mut(job.slot_base + slot_index)
-        .ok_or(Counter::DropSlotRange)?;
-    if query {
-        status_query(ctx, &frame, cfg, job, slot)
-    } else {
-        contribution(ctx, &frame, cfg, job, member, slot)
-    }
+    SLOTS
+        .get_ptr_mut(job.slot_base + index)
+        .ok_or(Counter::DropSlotRange)
 }
 
 /// A member asks for a shadow copy's state: the reply goes back to it alone.
@@ -158,8 +163,8 @@ fn status_query(
     frame: &Frame,
     cfg: &SwitchConfig,
     job: &Job,
-    slot: *mut slot::Slot,
 ) -> Result<(u32, Counter), Counter> {
+    let slot = slot_of(job, frame.header())?;
     if frame.payload_len() != packet::STATUS_LEN {
         return Err(Counter::DropBadLength);
     }
@@ -180,7 +185,6 @@ fn contribution(
     cfg: &SwitchConfig,
     job: &Job,
     member: usize,
-    slot: *mut slot::Slot,
 ) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
     if hdr.op != job.op || hdr.dtype != job.dtype {
@@ -198,6 +202,7 @@ fn contribution(
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
     }
+    let slot = slot_of(job, hdr)?;
     let round = slot::Round {
         message: hdr.message(),
         segment: hdr.segment(),
@@ -253,6 +258,9 @@ pub fn xagg_result(ctx: XdpContext) -> u32 {
 
 #[inline(always)]
 fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
+    let Some(cfg) = SWITCH.get(0) else {
+        return Ok(xdp_action::XDP_PASS);
+    };
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()).filter(Udp4::plain) else {
         return Ok(xdp_action::XDP_PASS);
     };
@@ -277,7 +285,7 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
         .member
         .get(member as usize)
         .ok_or(Counter::EgressNoMember)?;
-    packet::address_to(frame.data(), addr);
+    packet::address_to(frame.data(), addr, cfg);
     count(Counter::ResultCopy);
     Ok(xdp_action::XDP_PASS)
 }

@@ -165,8 +165,8 @@ impl Frame {
         hdr.set_enc_flags(stored.flags as u16);
     }
 
-    /// Makes the frame come from the switch (see [`from_switch`]); its destination is
-    /// written later.
+    /// Makes the packet come from the switch (see [`from_switch`]); its link addresses and
+    /// destination are written per copy by `xagg_result`.
     #[inline(always)]
     pub fn from_switch(&self, cfg: &SwitchConfig) {
         from_switch(self.data, cfg);
@@ -210,25 +210,27 @@ impl Frame {
             port: udp.src,
         };
         from_switch(self.data, cfg);
-        address_to(self.data, &sender);
+        address_to(self.data, &sender, cfg);
     }
 }
 
-/// Makes the frame at `data` (checked to hold Ethernet, IPv4 and UDP headers) come from
-/// the switch: its MAC, IPv4 address and collective port. The receivers' martian check
+/// Makes the IPv4 packet at `data` (checked to hold Ethernet, IPv4 and UDP headers) come
+/// from the switch: its IPv4 address and collective port. The receivers' martian check
 /// needs it (the completing member's own copy included).
 #[inline(always)]
 pub fn from_switch(data: usize, cfg: &SwitchConfig) {
-    unsafe { &mut *(data as *mut EthHdr) }.src_addr = cfg.mac;
     unsafe { &mut *((data + IP_OFF) as *mut Ipv4Hdr) }.src_addr = cfg.ip;
     unsafe { &mut *((data + UDP_OFF) as *mut UdpHdr) }.src = cfg.port;
 }
 
-/// Addresses the frame at `data` (checked to hold Ethernet, IPv4 and UDP headers) to `m`,
-/// with a fresh IPv4 checksum and no UDP checksum.
+/// Addresses the frame at `data` (checked to hold Ethernet, IPv4 and UDP headers, and
+/// already [`from_switch`]) to `m` on the link from the switch's MAC, with a fresh IPv4
+/// checksum and no UDP checksum.
 #[inline(always)]
-pub fn address_to(data: usize, m: &MemberAddr) {
-    unsafe { &mut *(data as *mut EthHdr) }.dst_addr = m.mac;
+pub fn address_to(data: usize, m: &MemberAddr, cfg: &SwitchConfig) {
+    let eth = unsafe { &mut *(data as *mut EthHdr) };
+    eth.dst_addr = m.mac;
+    eth.src_addr = cfg.mac;
     let ip = unsafe { &mut *((data + IP_OFF) as *mut Ipv4Hdr) };
     ip.dst_addr = m.ip;
     ip.check = [0, 0];
