@@ -235,8 +235,8 @@ fn restart_during_an_allreduce() {
 }
 
 /// A dataplane pinned by a build with another map layout is refused, with the command
-/// that replaces it; one pinned before layouts were versioned (no `LAYOUT` map) counts as
-/// layout 1 and is adopted.
+/// that replaces it; one with this build's layout is adopted. One pinned before layouts
+/// were versioned (no `LAYOUT` map) has layout 1, older than this build's: refused too.
 #[test]
 fn pinned_layout_is_checked_on_adoption() {
     if !require_root("pinned_layout_is_checked_on_adoption") {
@@ -253,24 +253,31 @@ fn pinned_layout_is_checked_on_adoption() {
         let md = aya::maps::MapData::from_pin(&layout_pin).unwrap();
         let mut m: aya::maps::Array<_, u32> =
             aya::maps::Array::try_from(aya::maps::Map::from_map_data(md).unwrap()).unwrap();
-        assert_eq!(m.get(&0, 0).unwrap(), xagg_common::LAYOUT_VERSION);
         m.set(0, v, 0).unwrap();
     };
+    let refused = |sw: &TestSwitch| {
+        Daemon::start(&sw.config, &sw.log, &sw.socket)
+            .err()
+            .expect("a dataplane of another layout is refused")
+            .to_string()
+    };
     set_layout(99);
-    let e = Daemon::start(&sw.config, &sw.log, &sw.socket)
-        .err()
-        .expect("a dataplane of another layout is refused")
-        .to_string();
+    let e = refused(&sw);
     assert!(
         e.contains("map layout 99") && e.contains("xaggd --reload"),
         "{e}"
     );
-    // Pinned by a build from before the layout version: no LAYOUT map at all.
-    std::fs::remove_file(&layout_pin).unwrap();
+    // The layout agrees again: adopted, job and all.
+    set_layout(xagg_common::LAYOUT_VERSION);
     sw.start_daemon();
     match sw.api(Request::Status) {
         Response::Status { adopted, jobs, .. } => assert!(adopted && jobs == 1),
         r => panic!("{r:?}"),
     }
     sw.allreduce(3, 0, 256, 4, &[0, 1], 47801, 5000, 4);
+    assert!(sw.stop_daemon(Signal::SIGTERM).success());
+    // Pinned by a build from before the layout version: no LAYOUT map at all.
+    std::fs::remove_file(&layout_pin).unwrap();
+    let e = refused(&sw);
+    assert!(e.contains("map layout 1,"), "{e}");
 }

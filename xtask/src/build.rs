@@ -57,6 +57,10 @@ pub fn setup() -> Result<()> {
     if !succeeds(Command::new("ping").arg("-V")) {
         apt(&["iputils-ping"])?;
     }
+    // The trust tests impose a host's packet filter on a worker, as users' hosts do.
+    if !succeeds(Command::new("nft").arg("--version")) {
+        apt(&["nftables"])?;
+    }
     let have_src = Command::new("rustup")
         .args(["component", "list", "--installed"])
         .output()

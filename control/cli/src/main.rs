@@ -486,6 +486,8 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         );
     }
     let mut w = Worker::new(p)?;
+    // Before any clock starts: which shadow copy each slot takes next, from the switch.
+    w.sync()?;
     let n = a.size / size;
     // Every repeat allreduces the same data; the first result is verified once every clock
     // has stopped, so neither the data generation nor the check counts in time or CPU.
@@ -552,6 +554,8 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             goodput_gbps: last.goodput_gbps,
             retransmissions: retx,
             reordered: reports.iter().map(|r| r.reordered).sum(),
+            refused: reports.iter().map(|r| r.refused).sum(),
+            lost_sends: reports.iter().map(|r| r.lost_sends).sum(),
             verified: a.verify && verified,
             op: op.to_string(),
             dtype: dtype.to_string(),

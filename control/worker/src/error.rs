@@ -51,6 +51,12 @@ pub enum AllreduceError {
         message: u32,
         segments: Vec<u32>,
     },
+    #[error("job {job}: no status reply from the switch at {switch} within {waited:?}: is the switch up, with job {job} on it and this member registered at this address and port?")]
+    NoSwitch {
+        job: u32,
+        switch: std::net::SocketAddrV4,
+        waited: Duration,
+    },
     #[error("socket: {0}")]
     Io(#[from] io::Error),
     #[error("{0}")]

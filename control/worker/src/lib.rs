@@ -47,6 +47,7 @@ use transport::Transport;
 use window::{InFlight, Window};
 use xagg_common::{
     job::members_of,
+    slot::ShadowState,
     wire::{self, DType, Header, Kind, Lane, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN},
 };
 
@@ -76,6 +77,8 @@ pub struct Worker {
     window: Window,
     next_message: u32,
     rng: u64,
+    /// Whether the window knows which shadow copy each slot uses next ([`Worker::sync`]).
+    synced: bool,
 }
 
 impl Worker {
@@ -85,6 +88,7 @@ impl Worker {
             transport: Transport::new(&p)?,
             window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
             next_message: p.first_message,
+            synced: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
             lane,
             p,
@@ -93,6 +97,113 @@ impl Worker {
 
     pub fn params(&self) -> &WorkerParams {
         &self.p
+    }
+
+    /// Learns from the switch which shadow copy each of the job's slots takes next, so a
+    /// job continued by a new process (`first_message` after an earlier process's last)
+    /// keeps every stored result someone may still ask for. The first allreduce does it
+    /// when it has not been done; calling it before the clock of a measurement starts
+    /// keeps its round trip out of the figures.
+    ///
+    /// Per slot the worker asks for both copies. A copy holding a round of its own first
+    /// message was started by the other members: it joins that copy. Otherwise the next
+    /// round takes the copy that does not hold the newest round (copy 0 when both are
+    /// empty, as on a new job): exactly what a process that had run the earlier messages
+    /// would use, since every earlier message's rounds are complete before any member
+    /// sends a later one.
+    pub fn sync(&mut self) -> Result<(), AllreduceError> {
+        if self.synced {
+            return Ok(());
+        }
+        let slots = self.p.shape.slots();
+        let message = self.next_message;
+        // Per slot and copy: (state, message, segment) as the switch answered.
+        let mut copies: Vec<[Option<(u8, u32, u32)>; 2]> = vec![[None; 2]; slots];
+        let start = Instant::now();
+        let mut next_send = start;
+        self.transport.set_wait(Duration::from_millis(5))?;
+        let job = self.p.job;
+        while copies.iter().any(|c| c.iter().any(Option::is_none)) {
+            let now = Instant::now();
+            if now.duration_since(start) > self.p.give_up {
+                return Err(AllreduceError::NoSwitch {
+                    job,
+                    switch: self.p.switch,
+                    waited: now.duration_since(start),
+                });
+            }
+            if now >= next_send {
+                for (slot, c) in copies.iter().enumerate() {
+                    for shadow in [0u8, 1] {
+                        if c[usize::from(shadow)].is_none() {
+                            self.query(message, 0, slot, shadow)?;
+                        }
+                    }
+                }
+                next_send = now + self.window.rto();
+            }
+            let got = self.receive_status(&mut |h, _| {
+                if let Some(c) = copies.get_mut(usize::from(h.slot())) {
+                    c[h.shadow()] = Some((h.status, h.message(), h.segment()));
+                }
+            });
+            match got {
+                Err(e)
+                    if !matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) =>
+                {
+                    return Err(e.into())
+                }
+                _ => {}
+            }
+        }
+        for (slot, c) in copies.iter().enumerate() {
+            let held = c.map(|x| x.expect("every copy answered"));
+            self.window
+                .set_next_shadow(slot, next_shadow(held, message));
+        }
+        self.synced = true;
+        Ok(())
+    }
+
+    /// Waits once for what comes in, handing each status reply of the job (its header and
+    /// payload) to `f`.
+    fn receive_status(&mut self, f: &mut impl FnMut(&Header, &[u8])) -> io::Result<()> {
+        let job = self.p.job;
+        self.transport
+            .receive(false, Duration::ZERO, &mut |d: &[u8]| {
+                let Ok(p) = wire::decode(d) else { return };
+                if p.header.kind == Kind::StatusReply as u8 && p.header.job() == job {
+                    f(&p.header, p.payload);
+                }
+            })
+    }
+
+    /// Asks the switch for the state of `shadow` of `slot` (the round given is the one the
+    /// worker has in mind; the reply carries the copy's own).
+    fn query(
+        &mut self,
+        message: u32,
+        segment: u32,
+        slot: usize,
+        shadow: u8,
+    ) -> Result<(), AllreduceError> {
+        let h = Header::builder(Kind::StatusQuery)
+            .op(self.p.op)
+            .dtype(self.p.dtype)
+            .job(self.p.job)
+            .message(message)
+            .segment(segment)
+            .slot(slot as u16)
+            .member(self.p.member)
+            .shadow(shadow)
+            .build();
+        let mut q = [0u8; HEADER_LEN + wire::STATUS_PAYLOAD];
+        let n = wire::finish(&h, wire::STATUS_PAYLOAD, &mut q).expect("room for a query");
+        self.transport.send_now(&q[..n])?;
+        Ok(())
     }
 
     /// Allreduce of `buf` in place; `T` must be the job's data type.
@@ -127,6 +238,9 @@ impl Worker {
                 self.p.dtype
             )));
         }
+        if !buf.is_empty() {
+            self.sync()?;
+        }
         let start = Instant::now();
         let message = self.next_message;
         self.next_message = self.next_message.wrapping_add(1);
@@ -140,6 +254,7 @@ impl Worker {
         if segments == 0 {
             return Ok(report);
         }
+        let (refused, lost_sends) = (self.transport.refused(), self.transport.lost_sends());
         let width = self.window.width();
         let mut order: Vec<usize> = (0..width).collect();
         if self.p.reorder {
@@ -237,6 +352,8 @@ impl Worker {
             }
         }
         report.seconds = start.elapsed().as_secs_f64();
+        report.refused = self.transport.refused() - refused;
+        report.lost_sends = self.transport.lost_sends() - lost_sends;
         report.goodput_gbps = buf.len() as f64 * 8.0 / report.seconds / 1e9;
         if !nonfinite.is_empty() {
             nonfinite.sort();
@@ -307,20 +424,10 @@ impl Worker {
     fn diagnose(&mut self) -> Vec<Missing> {
         let mut missing: Vec<Missing> = Vec::new();
         let message = self.window.message();
-        for (slot, f) in self.window.in_flight() {
-            let h = Header::builder(Kind::StatusQuery)
-                .op(self.p.op)
-                .dtype(self.p.dtype)
-                .job(self.p.job)
-                .message(message)
-                .segment(f.segment as u32)
-                .slot(slot as u16)
-                .member(self.p.member)
-                .shadow(f.shadow)
-                .build();
-            let mut q = [0u8; HEADER_LEN + wire::STATUS_PAYLOAD];
-            let n = wire::finish(&h, wire::STATUS_PAYLOAD, &mut q).expect("room for a query");
-            let _ = self.transport.send_now(&q[..n]);
+        let in_flight: Vec<(usize, InFlight)> =
+            self.window.in_flight().map(|(s, f)| (s, *f)).collect();
+        for (slot, f) in in_flight {
+            let _ = self.query(message, f.segment as u32, slot, f.shadow);
             missing.push(Missing {
                 slot,
                 segment: f.segment as u32,
@@ -329,28 +436,44 @@ impl Worker {
         }
         let _ = self.transport.set_wait(Duration::from_millis(20));
         let deadline = Instant::now() + Duration::from_millis(300);
-        let job = self.p.job;
         while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {
-            let _ = self
-                .transport
-                .receive(false, Duration::ZERO, &mut |d: &[u8]| {
-                    let Ok(p) = wire::decode(d) else { return };
-                    let h = p.header;
-                    if h.kind != Kind::StatusReply as u8 || h.job() != job {
-                        return;
-                    }
-                    let Some(m) = missing.iter_mut().find(|m| m.slot == usize::from(h.slot()))
-                    else {
-                        return;
-                    };
-                    if h.message() == message && h.segment() == m.segment {
-                        let seen = u64::from_le_bytes(p.payload[..8].try_into().unwrap());
-                        let all = u64::from_le_bytes(p.payload[8..16].try_into().unwrap());
-                        m.members = Some(members_of(all & !seen).collect());
-                    }
-                });
+            let _ = self.receive_status(&mut |h, payload| {
+                let Some(m) = missing.iter_mut().find(|m| m.slot == usize::from(h.slot())) else {
+                    return;
+                };
+                if h.message() == message && h.segment() == m.segment {
+                    let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                    let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
+                    m.members = Some(members_of(all & !seen).collect());
+                }
+            });
         }
         missing
+    }
+}
+
+/// The copy a slot's next round takes, given what its two copies hold as (state, message,
+/// segment) and the worker's first message: see [`Worker::sync`].
+fn next_shadow(copies: [(u8, u32, u32); 2], message: u32) -> u8 {
+    let held = |c: (u8, u32, u32)| c.0 != ShadowState::Empty as u8;
+    if let Some(i) = (0..2).find(|&i| held(copies[i]) && copies[i].1 == message) {
+        return i as u8;
+    }
+    match (held(copies[0]), held(copies[1])) {
+        (false, false) => 0,
+        (true, false) => 1,
+        (false, true) => 0,
+        (true, true) => {
+            // Serial-number order of (message, segment), as the switch orders rounds.
+            let (a, b) = (copies[0], copies[1]);
+            let dm = a.1.wrapping_sub(b.1) as i32;
+            let a_newer = dm > 0 || (dm == 0 && (a.2.wrapping_sub(b.2) as i32) > 0);
+            if a_newer {
+                1
+            } else {
+                0
+            }
+        }
     }
 }
 
@@ -451,6 +574,22 @@ mod tests {
             ..p
         };
         assert!(Worker::new(bad).is_err());
+    }
+
+    #[test]
+    fn the_next_shadow_copy_follows_the_newest_round() {
+        let (empty, done) = (ShadowState::Empty as u8, ShadowState::Done as u8);
+        let filling = ShadowState::Filling as u8;
+        // A new job: copy 0.
+        assert_eq!(next_shadow([(empty, 0, 0), (empty, 0, 0)], 0), 0);
+        // One round so far, on copy 0: copy 1 next.
+        assert_eq!(next_shadow([(done, 4, 3), (empty, 0, 0)], 5), 1);
+        // The newest round decides, by message then segment, ids wrapping.
+        assert_eq!(next_shadow([(done, 4, 3), (done, 4, 7)], 5), 0);
+        assert_eq!(next_shadow([(done, 4, 11), (done, 4, 7)], 5), 1);
+        assert_eq!(next_shadow([(done, 0, 0), (done, u32::MAX, 9)], 1), 1);
+        // Others already started this message's round on copy 1: join it.
+        assert_eq!(next_shadow([(done, 4, 11), (filling, 5, 3)], 5), 1);
     }
 
     #[test]

@@ -14,6 +14,13 @@ pub struct Report {
     pub retransmissions: u64,
     /// Contributions sent after one with a higher segment index (with `reorder`).
     pub reordered: u64,
+    /// Datagrams that read as results but came from elsewhere than the switch: dropped.
+    #[serde(default)]
+    pub refused: u64,
+    /// Sends the host refused for a moment (a packet filter, full buffers): lost packets,
+    /// recovered by retransmission.
+    #[serde(default)]
+    pub lost_sends: u64,
 }
 
 /// One worker's run of `xagg allreduce --json`: `repeat` allreduces of the same buffer.
@@ -29,6 +36,12 @@ pub struct RunReport {
     pub goodput_gbps: f64,
     pub retransmissions: u64,
     pub reordered: u64,
+    /// Datagrams refused because they came from elsewhere than the switch.
+    #[serde(default)]
+    pub refused: u64,
+    /// Sends the host refused for a moment, recovered as lost packets.
+    #[serde(default)]
+    pub lost_sends: u64,
     /// The first result checked against the inputs (with `--verify`).
     pub verified: bool,
     pub op: String,

@@ -3,6 +3,11 @@
 //! AF_XDP buffers that `xagg_host` fills ([`crate::xsk`], feature `afxdp`) with the socket
 //! as the fallback for what the host program passes on. The worker's loop sees only this
 //! interface: reserve room, commit a datagram, flush, and receive.
+//!
+//! Datagrams are taken only from the aggregation point's address and port: anyone on the
+//! segment can send a worker a packet that reads as a result. A send refused for a moment
+//! (a local packet filter, full buffers) is a lost packet, retransmitted like any other;
+//! only a lasting failure (no route, the interface gone) ends the request.
 
 use std::{
     io,
@@ -23,10 +28,38 @@ const GSO_MAX_SEGMENTS: usize = 64;
 
 pub struct Transport {
     sock: UdpSocket,
+    /// The aggregation point: where contributions go and the only source results are
+    /// taken from.
     to: SocketAddrV4,
     gso: bool,
     burst: Burst,
     inbox: Inbox,
+    /// Datagrams from any other source, dropped.
+    refused: u64,
+    /// Sends the host refused for a moment (each one a lost burst or datagram).
+    lost_sends: u64,
+}
+
+/// Whether a send error is a passing refusal of this one packet, to be treated as its
+/// loss: a local packet filter (EPERM), full buffers (ENOBUFS, EAGAIN), an ICMP error
+/// reported for an earlier datagram (ECONNREFUSED).
+fn transient(e: &io::Error) -> bool {
+    use nix::errno::Errno;
+    matches!(
+        e.raw_os_error().map(Errno::from_raw),
+        Some(Errno::EPERM | Errno::ENOBUFS | Errno::EAGAIN | Errno::ECONNREFUSED)
+    )
+}
+
+/// A send's result with passing refusals counted in `lost` as lost packets.
+fn lost_or(r: io::Result<()>, lost: &mut u64) -> io::Result<()> {
+    match r {
+        Err(e) if transient(&e) => {
+            *lost += 1;
+            Ok(())
+        }
+        r => r,
+    }
 }
 
 /// Where results come in: the UDP socket (with its receive buffer), or AF_XDP and, for
@@ -65,6 +98,8 @@ impl Transport {
             gso: p.gso,
             burst: Burst::new(),
             inbox,
+            refused: 0,
+            lost_sends: 0,
         })
     }
 
@@ -80,7 +115,7 @@ impl Transport {
             })?;
         Ok(Inbox::Xsk {
             xsk: Box::new(
-                crate::xsk::XskReceiver::new(&iface, p.bind.port())
+                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch)
                     .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
             ),
             rx: vec![0; 65536],
@@ -99,7 +134,9 @@ impl Transport {
     /// [`Self::commit`]ted. Sends what is queued first if the datagram cannot join it.
     pub fn reserve(&mut self, len: usize) -> io::Result<&mut [u8]> {
         let at = if self.gso {
-            self.burst.reserve(len, &self.sock, self.to)?
+            let (at, sent) = self.burst.reserve(len, &self.sock, self.to);
+            lost_or(sent, &mut self.lost_sends)?;
+            at
         } else {
             0
         };
@@ -112,9 +149,11 @@ impl Transport {
             self.burst.commit(len);
             Ok(())
         } else {
-            self.sock
+            let sent = self
+                .sock
                 .send_to(&self.burst.data[..len], self.to)
-                .map(drop)
+                .map(drop);
+            lost_or(sent, &mut self.lost_sends)
         }
     }
 
@@ -125,12 +164,29 @@ impl Transport {
 
     /// Sends what is queued.
     pub fn flush(&mut self) -> io::Result<()> {
-        self.burst.flush(&self.sock, self.to)
+        let sent = self.burst.flush(&self.sock, self.to);
+        lost_or(sent, &mut self.lost_sends)
     }
 
     /// Sends one datagram at once, past the queue (status queries).
-    pub fn send_now(&self, d: &[u8]) -> io::Result<()> {
-        self.sock.send_to(d, self.to).map(drop)
+    pub fn send_now(&mut self, d: &[u8]) -> io::Result<()> {
+        let sent = self.sock.send_to(d, self.to).map(drop);
+        lost_or(sent, &mut self.lost_sends)
+    }
+
+    /// Datagrams dropped because they came from elsewhere than the aggregation point.
+    pub fn refused(&self) -> u64 {
+        self.refused
+            + match &self.inbox {
+                Inbox::Socket(_) => 0,
+                #[cfg(feature = "afxdp")]
+                Inbox::Xsk { xsk, .. } => xsk.refused,
+            }
+    }
+
+    /// Sends the host refused for a moment, each counted as a lost packet.
+    pub fn lost_sends(&self) -> u64 {
+        self.lost_sends
     }
 
     /// How long a blocking [`Self::receive`] waits.
@@ -168,14 +224,15 @@ impl Transport {
                 std::thread::yield_now();
             }
         }
+        let (from, refused) = (self.to, &mut self.refused);
         match &mut self.inbox {
-            Inbox::Socket(rx) => receive_socket(&self.sock, rx, nonblocking, f),
+            Inbox::Socket(rx) => receive_socket(&self.sock, from, refused, rx, nonblocking, f),
             #[cfg(feature = "afxdp")]
             Inbox::Xsk { xsk, rx, wait } => loop {
                 if xsk.drain(f) > 0 {
                     return Ok(());
                 }
-                match receive_socket(&self.sock, rx, true, f) {
+                match receive_socket(&self.sock, from, refused, rx, true, f) {
                     Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
                     r => return r,
                 }
@@ -202,9 +259,12 @@ impl Transport {
     }
 }
 
-/// [`Transport::receive`] from the UDP socket.
+/// [`Transport::receive`] from the UDP socket: what came from `from`, counting in
+/// `refused` what came from anywhere else.
 fn receive_socket(
     sock: &UdpSocket,
+    from: SocketAddrV4,
+    refused: &mut u64,
     rx: &mut [u8],
     nonblocking: bool,
     f: &mut impl FnMut(&[u8]),
@@ -220,6 +280,10 @@ fn receive_socket(
     let msg = recvmsg::<SockaddrIn>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), flags)
         .map_err(io::Error::from)?;
     let n = msg.bytes;
+    if msg.address.map(SocketAddrV4::from) != Some(from) {
+        *refused += 1;
+        return Ok(());
+    }
     let mut stride = n;
     for c in msg.cmsgs().map_err(io::Error::from)? {
         if let ControlMessageOwned::UdpGroSegments(s) = c {
@@ -255,8 +319,13 @@ impl Burst {
     }
 
     /// Where the next datagram of `len` bytes goes: after the queued ones if it may join
-    /// them, else at the start, the queued ones sent first.
-    fn reserve(&mut self, len: usize, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<usize> {
+    /// them, else at the start, the queued ones sent first (with the send's result).
+    fn reserve(
+        &mut self,
+        len: usize,
+        sock: &UdpSocket,
+        to: SocketAddrV4,
+    ) -> (usize, io::Result<()>) {
         // GSO cuts the burst into datagrams of the first one's length: a shorter one may
         // only come last, and the whole burst must fit one 64 KiB super-packet.
         let fits = self.n == 0
@@ -264,10 +333,8 @@ impl Burst {
                 && len <= self.stride
                 && self.len + len <= GSO_MAX_BYTES
                 && self.n < GSO_MAX_SEGMENTS);
-        if !fits {
-            self.flush(sock, to)?;
-        }
-        Ok(self.len)
+        let sent = if fits { Ok(()) } else { self.flush(sock, to) };
+        (self.len, sent)
     }
 
     /// Queues the `len` bytes just written at `reserve(len)`.
@@ -280,13 +347,12 @@ impl Burst {
         self.closed = len < self.stride;
     }
 
-    /// Sends what is queued: one datagram, or one GSO super-packet.
+    /// Sends what is queued: one datagram, or one GSO super-packet. The queue is empty
+    /// afterwards, sent or not.
     fn flush(&mut self, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<()> {
-        match self.n {
+        let sent = match self.n {
             0 => return Ok(()),
-            1 => {
-                sock.send_to(&self.data[..self.len], to)?;
-            }
+            1 => sock.send_to(&self.data[..self.len], to).map(drop),
             _ => {
                 use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
                 let stride = self.stride as u16;
@@ -299,12 +365,13 @@ impl Burst {
                     MsgFlags::empty(),
                     Some(&SockaddrIn::from(to)),
                 )
-                .map_err(io::Error::from)?;
+                .map(drop)
+                .map_err(io::Error::from)
             }
-        }
+        };
         self.len = 0;
         self.n = 0;
         self.closed = false;
-        Ok(())
+        sent
     }
 }

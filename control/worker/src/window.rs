@@ -104,6 +104,11 @@ impl Window {
         shadow
     }
 
+    /// Makes `shadow` the copy slot `slot`'s next round uses (learned from the switch).
+    pub fn set_next_shadow(&mut self, slot: usize, shadow: u8) {
+        self.uses[slot] = u32::from(shadow & 1);
+    }
+
     /// Records a contribution just sent on `slot`.
     pub fn sent(&mut self, slot: usize, f: InFlight) {
         self.flight[slot] = Some(f);

@@ -41,6 +41,11 @@ impl Drop for Area {
 }
 
 pub struct XskReceiver {
+    /// The only source results are taken from: the aggregation point's IPv4 address and
+    /// UDP port, as they appear in the frame.
+    from: ([u8; 4], [u8; 2]),
+    /// Frames from any other source, dropped before their payload was read.
+    pub refused: u64,
     // Fields drop in this order: the program first (no more redirects), then the rings
     // and sockets, the memory last.
     _ebpf: Ebpf,
@@ -57,9 +62,9 @@ fn err(what: &str) -> impl FnOnce(xdpilone::Errno) -> anyhow::Error + '_ {
 }
 
 impl XskReceiver {
-    /// Receives the datagrams sent to UDP `port` on interface `iface` (in the calling
-    /// thread's network namespace) from now on.
-    pub fn new(iface: &str, port: u16) -> anyhow::Result<Self> {
+    /// Receives the datagrams sent from `from` to UDP `port` on interface `iface` (in the
+    /// calling thread's network namespace) from now on.
+    pub fn new(iface: &str, port: u16, from: std::net::SocketAddrV4) -> anyhow::Result<Self> {
         use anyhow::{bail, Context};
         if let Some(why) = xagg_sys::object_missing() {
             bail!("{why}");
@@ -143,6 +148,8 @@ impl XskReceiver {
         let fd = unsafe { BorrowedFd::borrow_raw(rx.as_raw_fd()) };
         xsks.set(0, fd, 0)?;
         Ok(Self {
+            from: (from.ip().octets(), from.port().to_be_bytes()),
+            refused: 0,
             _ebpf: ebpf,
             rx,
             fq,
@@ -159,8 +166,9 @@ impl XskReceiver {
         unsafe { BorrowedFd::borrow_raw(self.rx.as_raw_fd()) }
     }
 
-    /// Hands the UDP payload of each frame that came in (up to a batch) to `f`, in place,
-    /// then posts the buffers again; returns how many frames there were.
+    /// Hands the UDP payload of each frame that came in (up to a batch) from the expected
+    /// source to `f`, in place, then posts the buffers again; returns how many frames
+    /// there were.
     pub fn drain(&mut self, f: &mut impl FnMut(&[u8])) -> usize {
         if self.rx.available() == 0 {
             return 0;
@@ -175,7 +183,13 @@ impl XskReceiver {
                 let frame = unsafe {
                     std::slice::from_raw_parts(self.area.0.cast::<u8>().as_ptr().add(addr), len)
                 };
-                f(&frame[UDP_PAYLOAD_OFFSET..]);
+                // IPv4 without options (xagg_host steers no other): the source address at
+                // 26..30, the source port at 34..36.
+                if frame[26..30] == self.from.0 && frame[34..36] == self.from.1 {
+                    f(&frame[UDP_PAYLOAD_OFFSET..]);
+                } else {
+                    self.refused += 1;
+                }
             }
             posted[n] = desc.addr;
             n += 1;

@@ -31,13 +31,14 @@ pub enum Counter {
     DropBadOp,
     /// Element count of zero or above the job's segment length.
     DropBadCount,
-    /// Payload length does not match the element count.
+    /// Lengths disagree: the payload and the element count, the UDP length and the IPv4
+    /// total length, or a frame longer than its IPv4 total length.
     DropBadLength,
     /// `seg` outside the job's slot range.
     DropSlotRange,
-    /// Frame ends inside a header.
+    /// Frame ends inside a header, or before the end its IPv4 total length gives.
     DropTruncated,
-    /// IPv4 with options or fragmented, addressed to the collective port.
+    /// IPv4 with options, or a first fragment, addressed to the collective port.
     DropBadIp,
     /// A broadcast copy sent out of a port, rewritten for its member.
     ResultCopy,
@@ -51,10 +52,15 @@ pub enum Counter {
     InjectDropContribution,
     /// Fault injection: a result copy (broadcast or replay) dropped on purpose.
     InjectDropResult,
+    /// A frame entering a switch port claims the switch's own MAC or IPv4 address as its
+    /// source (a forged result, or an ARP message claiming the switch's address).
+    DropSpoofedSource,
+    /// An IPv4 header checksum that does not add up, on a datagram to the collective port.
+    DropBadChecksum,
 }
 
 impl Counter {
-    pub const COUNT: usize = 23;
+    pub const COUNT: usize = 25;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -80,6 +86,8 @@ impl Counter {
         Counter::StatusReply,
         Counter::InjectDropContribution,
         Counter::InjectDropResult,
+        Counter::DropSpoofedSource,
+        Counter::DropBadChecksum,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -108,6 +116,8 @@ impl Counter {
             Self::StatusReply => "status_reply",
             Self::InjectDropContribution => "inject_drop_contribution",
             Self::InjectDropResult => "inject_drop_result",
+            Self::DropSpoofedSource => "drop_spoofed_source",
+            Self::DropBadChecksum => "drop_bad_checksum",
         }
     }
 }

@@ -18,5 +18,6 @@ pub use wire::{DType, Header, Kind, Op};
 /// Version of the pinned maps' layout: the set of maps and the bytes of their keys and
 /// values. The daemon pins it with the dataplane (the `LAYOUT` map) and adopts a pinned
 /// dataplane only when it agrees. Bump it with any change a running dataplane would
-/// misread; dataplanes pinned before the version existed count as 1.
-pub const LAYOUT_VERSION: u32 = 1;
+/// misread; dataplanes pinned before the version existed count as 1. Version 2 added the
+/// counters `drop_spoofed_source` and `drop_bad_checksum`.
+pub const LAYOUT_VERSION: u32 = 2;

@@ -112,6 +112,9 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let Some(cfg) = SWITCH.get(0) else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
+    if packet::claims_switch(ctx.data(), ctx.data_end(), cfg) {
+        return Err(Counter::DropSpoofedSource);
+    }
     let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), cfg)? else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
@@ -307,7 +310,11 @@ pub fn xagg_host(ctx: XdpContext) -> u32 {
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
         return xdp_action::XDP_PASS;
     };
-    if !frame.plain() || frame.fragment() || unsafe { XSK_PORTS.get(frame.udp().dst) }.is_none() {
+    if !frame.plain()
+        || frame.fragment_offset() != 0
+        || frame.more_fragments()
+        || unsafe { XSK_PORTS.get(frame.udp().dst) }.is_none()
+    {
         return xdp_action::XDP_PASS;
     }
     let queue = unsafe { (*ctx.ctx).rx_queue_index };

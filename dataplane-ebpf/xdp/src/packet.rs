@@ -63,11 +63,35 @@ impl Udp4 {
         self.ip().vihl == 0x45
     }
 
-    /// Whether the datagram is a fragment (MF set or an offset): it carries only part.
+    /// The fragment offset: not zero for every fragment but the first, which alone
+    /// carries the UDP header.
     #[inline(always)]
-    pub fn fragment(&self) -> bool {
-        let f = self.ip().frags;
-        f[0] & 0x3f != 0 || f[1] != 0
+    pub fn fragment_offset(&self) -> u16 {
+        u16::from_be_bytes(self.ip().frags) & 0x1fff
+    }
+
+    /// Whether more fragments follow (the first of a fragmented datagram, or a middle one).
+    #[inline(always)]
+    pub fn more_fragments(&self) -> bool {
+        self.ip().frags[0] & 0x20 != 0
+    }
+
+    /// The UDP destination port behind the IPv4 header and its options, if the frame
+    /// holds it.
+    #[inline(always)]
+    pub fn dst_port(&self) -> Option<[u8; 2]> {
+        // IHL is 4 bits: the offset stays within 14 + 60 bytes, which the verifier can see.
+        let at = self.data + IP_OFF + ((self.ip().vihl & 0x0f) as usize) * 4;
+        if at + 4 > self.end {
+            return None;
+        }
+        Some(unsafe { *((at + 2) as *const [u8; 2]) })
+    }
+
+    /// Whether the IPv4 header (without options) adds up to its checksum.
+    #[inline(always)]
+    pub fn ip_checksum_ok(&self) -> bool {
+        checksum_fold(self.data + IP_OFF) == 0xffff
     }
 
     /// The frame's start, checked to hold Ethernet, IPv4 and UDP headers.
@@ -95,7 +119,8 @@ pub struct Frame {
 
 impl Frame {
     /// `Ok(None)`: not for us, pass it on. `Err`: addressed to the collective port but
-    /// malformed, drop it.
+    /// malformed, drop it. Only a datagram to the collective port is judged: the port is
+    /// read first, behind any IPv4 options, and every fragment but a first one passes.
     #[inline(always)]
     pub fn collective(
         data: usize,
@@ -105,24 +130,33 @@ impl Frame {
         let Some(udp4) = Udp4::parse(data, end) else {
             return Ok(None);
         };
-        if udp4.ip().dst_addr != cfg.ip {
+        if udp4.ip().dst_addr != cfg.ip || udp4.fragment_offset() != 0 {
             return Ok(None);
         }
-        // A collective sender never uses IPv4 options or fragments.
-        if !udp4.plain() {
-            return Err(Counter::DropBadIp);
-        }
-        if udp4.udp().dst != cfg.port {
+        if udp4.dst_port() != Some(cfg.port) {
             return Ok(None);
         }
-        if udp4.fragment() {
+        // Ours. A collective sender never uses IPv4 options or fragments.
+        if !udp4.plain() || udp4.more_fragments() {
             return Err(Counter::DropBadIp);
+        }
+        if !udp4.ip_checksum_ok() {
+            return Err(Counter::DropBadChecksum);
         }
         if udp4.header().is_none() {
             return Err(Counter::DropTruncated);
         }
+        // The frame, the IPv4 total length and the UDP length must agree: a shorter frame
+        // was truncated, a longer one padded.
+        let ip_len = u16::from_be_bytes(udp4.ip().tot_len) as usize;
+        if data + IP_OFF + ip_len > end {
+            return Err(Counter::DropTruncated);
+        }
         let udp_len = u16::from_be_bytes(udp4.udp().len) as usize;
-        if udp_len < UdpHdr::LEN + HEADER_LEN || data + UDP_OFF + udp_len > end {
+        if data + IP_OFF + ip_len != end || udp_len != ip_len - Ipv4Hdr::LEN {
+            return Err(Counter::DropBadLength);
+        }
+        if udp_len < UdpHdr::LEN + HEADER_LEN {
             return Err(Counter::DropTruncated);
         }
         Ok(Some(Self { data, udp_len }))
@@ -242,9 +276,10 @@ pub fn address_to(data: usize, m: &MemberAddr, cfg: &SwitchConfig) {
     udp.check = [0, 0];
 }
 
-/// Internet checksum of a 20-byte IPv4 header whose checksum field is zero.
+/// The ones' complement sum of the 20-byte IPv4 header at `ip`, folded to 16 bits: 0xffff
+/// for a header with a valid checksum.
 #[inline(always)]
-fn ipv4_checksum(ip: usize) -> u16 {
+fn checksum_fold(ip: usize) -> u16 {
     let mut sum: u32 = 0;
     let mut i = 0;
     while i < Ipv4Hdr::LEN {
@@ -254,5 +289,38 @@ fn ipv4_checksum(ip: usize) -> u16 {
     }
     sum = (sum & 0xffff) + (sum >> 16);
     sum = (sum & 0xffff) + (sum >> 16);
-    !(sum as u16)
+    sum as u16
+}
+
+/// Internet checksum of a 20-byte IPv4 header whose checksum field is zero.
+#[inline(always)]
+fn ipv4_checksum(ip: usize) -> u16 {
+    !checksum_fold(ip)
+}
+
+/// Whether a frame entering a switch port claims to come from the switch: its MAC as the
+/// Ethernet source, or its IPv4 address as the source of an IPv4 packet or the sender of
+/// an ARP message. The switch sends from those itself, and never into its own ports, so
+/// such a frame is forged (a result with the switch as its source, or ARP poisoning for
+/// its address).
+#[inline(always)]
+pub fn claims_switch(data: usize, end: usize, cfg: &SwitchConfig) -> bool {
+    const ETH_P_ARP: u16 = 0x0806;
+    /// The ARP sender's protocol address: Ethernet, 8 bytes of ARP, the sender's MAC.
+    const ARP_SPA: usize = EthHdr::LEN + 8 + 6;
+    if data + ARP_SPA + 4 > end {
+        return false;
+    }
+    let eth = unsafe { &*(data as *const EthHdr) };
+    if eth.src_addr == cfg.mac {
+        return true;
+    }
+    let at = if eth.ether_type == ETH_P_IPV4.to_be() {
+        IP_OFF + 12
+    } else if eth.ether_type == ETH_P_ARP.to_be() {
+        ARP_SPA
+    } else {
+        return false;
+    };
+    unsafe { *((data + at) as *const [u8; 4]) == cfg.ip }
 }
