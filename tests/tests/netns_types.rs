@@ -119,3 +119,80 @@ fn typed_allreduce(
         DType::Bf16 => typed::<half::bf16>(wk, buf),
     }
 }
+
+/// One job reduces a different op/type pair in each message: the pairs of
+/// `ops_and_types_end_to_end`, one after the other, all on job 40 created for i32 sums.
+#[test]
+fn one_job_reduces_a_different_pair_each_message() {
+    if !require_root("one_job_reduces_a_different_pair_each_message") {
+        return;
+    }
+    let sw = TestSwitch::start("xtp", 3, |_| {});
+    assert!(matches!(
+        sw.add_job_on(40, 862, 32, &[0, 1, 2], 47840),
+        Response::Job { .. }
+    ));
+    let pairs = [
+        (Op::Sum, DType::F32),
+        (Op::Max, DType::Bf16),
+        (Op::Avg, DType::I32),
+        (Op::Prod, DType::I64),
+        (Op::Min, DType::F16),
+        (Op::Xor, DType::U32),
+        (Op::Avg, DType::F16),
+        (Op::Sum, DType::I32),
+    ];
+    let n = 20_011;
+    let inputs: Vec<Vec<Vec<u8>>> = pairs
+        .iter()
+        .enumerate()
+        .map(|(k, &(_, dtype))| {
+            (0..3)
+                .map(|m| data::generate(dtype, 40 + k as u64, m, n))
+                .collect()
+        })
+        .collect();
+    let results: Vec<Vec<Vec<u8>>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..3usize)
+            .map(|w| {
+                let (ns, inputs, pairs) = (sw.lab.worker_ns(w), &inputs, &pairs);
+                s.spawn(move || {
+                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
+                    let bind = std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(w), 47840);
+                    let p = worker::WorkerParams::new(
+                        sw_addr,
+                        bind,
+                        40,
+                        w as u8,
+                        i32_shape(3, 32, 862),
+                    );
+                    let mut wk = worker::Worker::new(p).unwrap();
+                    pairs
+                        .iter()
+                        .enumerate()
+                        .map(|(k, &(op, dtype))| {
+                            let mut buf = inputs[k][w].clone();
+                            wk.allreduce_bytes_as(op, dtype, &mut buf)
+                                .unwrap_or_else(|e| panic!("{op} over {dtype}: {e}"));
+                            buf
+                        })
+                        .collect()
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (k, &(op, dtype)) in pairs.iter().enumerate() {
+        // A segment holds as many lanes of the pair as fit the job's 3448 bytes.
+        let segment = wire::MAX_PAYLOAD / wire::lane(op, dtype).unwrap().size();
+        for (w, r) in results.iter().enumerate() {
+            data::check(op, dtype, segment, &inputs[k], &r[k])
+                .unwrap_or_else(|e| panic!("worker {w}, {op} over {dtype}: {e}"));
+        }
+    }
+    eprintln!(
+        "job 40: {} pairs, one per message, each verified",
+        pairs.len()
+    );
+}

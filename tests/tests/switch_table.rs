@@ -4,7 +4,7 @@
 
 use xagg_common::{
     slot::ShadowState,
-    wire::{DType, Header, Kind, Op, FLAG_SHADOW, PAYLOAD_OFFSET},
+    wire::{self, DType, Header, Kind, Op, FLAG_SHADOW, PAYLOAD_OFFSET},
     Counter,
 };
 use xagg_tests::*;
@@ -393,4 +393,87 @@ fn single_member_single_element() {
     assert_eq!(r.action, XDP_REDIRECT);
     assert_eq!(payload_i32(&r.out, 1), vec![-5]);
     assert_eq!(sw.counter(Counter::Complete), 1);
+}
+
+/// Every message carries its op and type: the first contribution of a round fixes them, a
+/// contribution of the same round that disagrees is dropped (`drop_bad_op`), and the next
+/// round on the same shadow copy may reduce another pair. One job, created for i32 sums.
+#[test]
+fn op_and_type_are_fixed_per_round() {
+    if !require_root("op_and_type_are_fixed_per_round") {
+        return;
+    }
+    let mut sw = load_switch();
+    sw.add_job(4, job(2, Op::Sum, DType::I32, 862, 0, 1));
+    let c = |m: u8, message: u32, op: Op, dtype: DType, shadow: u8, values: &[i32]| {
+        let h = Header::builder(Kind::Contribution)
+            .op(op)
+            .dtype(dtype)
+            .job(4)
+            .message(message)
+            .member(m)
+            .shadow(shadow)
+            .count(values.len() as u16)
+            .build();
+        frame(&member(m), PORT, &contribution(h, values))
+    };
+    let bad_op = sw.counter(Counter::DropBadOp);
+    // Round (0, 0) starts as max over i32.
+    assert_eq!(
+        sw.run(&c(0, 0, Op::Max, DType::I32, 0, &[5, -3])).action,
+        XDP_DROP
+    );
+    // The same round as a sum: refused.
+    assert_eq!(
+        sw.run(&c(1, 0, Op::Sum, DType::I32, 0, &[1, 1])).action,
+        XDP_DROP
+    );
+    assert_eq!(sw.counter(Counter::DropBadOp), bad_op + 1);
+    // As max over u32: refused too (the type is fixed as well).
+    assert_eq!(
+        sw.run(&c(1, 0, Op::Max, DType::U32, 0, &[1, 1])).action,
+        XDP_DROP
+    );
+    assert_eq!(sw.counter(Counter::DropBadOp), bad_op + 2);
+    // As max over i32: completes with the maximum.
+    let r = sw.run(&c(1, 0, Op::Max, DType::I32, 0, &[1, 7]));
+    assert_eq!(r.action, XDP_REDIRECT);
+    assert_eq!(
+        &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8],
+        &[5, 0, 0, 0, 7, 0, 0, 0]
+    );
+    // Message 1 on the other shadow copy reduces xor. Job 5's segments hold 10 i32 (40
+    // bytes): a product of i64 carries 5 of its 8-byte lanes, not 6.
+    let r1 = sw.run(&c(0, 1, Op::Xor, DType::U32, 1, &[0b1100]));
+    let r2 = sw.run(&c(1, 1, Op::Xor, DType::U32, 1, &[0b1010]));
+    assert_eq!((r1.action, r2.action), (XDP_DROP, XDP_REDIRECT));
+    assert_eq!(
+        &r2.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4],
+        &[0b0110, 0, 0, 0]
+    );
+    let wide = |m: u8, n: usize| {
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Prod)
+            .dtype(DType::I64)
+            .job(5)
+            .member(m)
+            .count(n as u16)
+            .build();
+        let bytes: Vec<u8> = (0..n).flat_map(|i| (i as i64 + 2).to_le_bytes()).collect();
+        let mut p = vec![0u8; wire::HEADER_LEN + bytes.len() + 8];
+        let len = wire::encode(&h, &bytes, &mut p).unwrap();
+        p.truncate(len);
+        frame(&member(m), PORT, &p)
+    };
+    sw.add_job(5, job(2, Op::Sum, DType::I32, 10, 1, 1));
+    let bad_count = sw.counter(Counter::DropBadCount);
+    assert_eq!(sw.run(&wide(0, 6)).action, XDP_DROP);
+    assert_eq!(sw.counter(Counter::DropBadCount), bad_count + 1);
+    assert_eq!(sw.run(&wide(0, 5)).action, XDP_DROP);
+    let r = sw.run(&wide(1, 5));
+    assert_eq!(r.action, XDP_REDIRECT);
+    assert_eq!(
+        &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8],
+        &4i64.to_le_bytes()
+    );
 }

@@ -25,6 +25,10 @@ pub struct MemberSpec {
     pub addr: SocketAddrV4,
 }
 
+/// A job: a group of members with slots. Its `op` and `dtype` are what its members reduce
+/// unless a message says otherwise; the switch takes any supported pair per message, and
+/// `segment` counts lanes of the job's `op` and `dtype` (a message of another pair carries
+/// as many of its lanes as fit the same bytes).
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields)]
 pub struct JobSpec {
@@ -141,6 +145,10 @@ impl JobSpec {
 
     /// The spec back from a `JOBS` entry (interfaces by name, resolved in this namespace).
     pub fn from_job(id: u32, job: &Job) -> Self {
+        // The daemon wrote both; an entry it cannot read is not one of its own.
+        let op = Op::from_u8(job.op).unwrap_or(Op::Sum);
+        let dtype = DType::from_u8(job.dtype).unwrap_or(DType::I32);
+        let lane = wire::lane(op, dtype).unwrap_or(Lane::I32);
         let members = job.member[..job.member_count()]
             .iter()
             .map(|m| MemberSpec {
@@ -153,10 +161,9 @@ impl JobSpec {
             .collect();
         Self {
             id,
-            // The daemon wrote both; an entry it cannot read is not one of its own.
-            op: Op::from_u8(job.op).unwrap_or(Op::Sum),
-            dtype: DType::from_u8(job.dtype).unwrap_or(DType::I32),
-            segment: job.segment_elements,
+            op,
+            dtype,
+            segment: (usize::from(job.segment_bytes) / lane.size()) as u16,
             slots: job.slot_count,
             members,
             slot_base: Some(job.slot_base),

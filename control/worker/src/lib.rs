@@ -48,7 +48,7 @@ use window::{InFlight, Window};
 use xagg_common::{
     job::members_of,
     slot::ShadowState,
-    wire::{self, DType, Header, Kind, Lane, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN},
+    wire::{self, DType, Header, Kind, Lane, Op, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN},
 };
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
@@ -70,9 +70,30 @@ macro_rules! element {
 }
 element!(i32 => I32, u32 => U32, i64 => I64, f32 => F32, half::f16 => F16, half::bf16 => Bf16);
 
+/// What a message reduces: its op and data type, and the lane they travel in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Reduction {
+    pub op: Op,
+    pub dtype: DType,
+    pub lane: Lane,
+}
+
+impl Reduction {
+    /// `op` over `dtype`, if the switch reduces it.
+    pub fn new(op: Op, dtype: DType) -> Result<Self, AllreduceError> {
+        let lane = wire::lane(op, dtype).ok_or_else(|| {
+            AllreduceError::Invalid(format!(
+                "{op} over {dtype} is not supported (floats take sum, min, max, avg)"
+            ))
+        })?;
+        Ok(Self { op, dtype, lane })
+    }
+}
+
 pub struct Worker {
     p: WorkerParams,
-    lane: Lane,
+    /// What the current message reduces (each message carries its own).
+    reduction: Reduction,
     transport: Transport,
     window: Window,
     next_message: u32,
@@ -83,14 +104,14 @@ pub struct Worker {
 
 impl Worker {
     pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
-        let lane = p.lane()?;
+        p.lane()?;
         Ok(Self {
             transport: Transport::new(&p)?,
             window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
             next_message: p.first_message,
             synced: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
-            lane,
+            reduction: Reduction::new(p.op, p.dtype)?,
             p,
         })
     }
@@ -191,8 +212,8 @@ impl Worker {
         shadow: u8,
     ) -> Result<(), AllreduceError> {
         let h = Header::builder(Kind::StatusQuery)
-            .op(self.p.op)
-            .dtype(self.p.dtype)
+            .op(self.reduction.op)
+            .dtype(self.reduction.dtype)
             .job(self.p.job)
             .message(message)
             .segment(segment)
@@ -206,15 +227,18 @@ impl Worker {
         Ok(())
     }
 
-    /// Allreduce of `buf` in place; `T` must be the job's data type.
+    /// Allreduce of `buf` in place with the job's op (`WorkerParams::op`).
     pub fn allreduce<T: Element>(&mut self, buf: &mut [T]) -> Result<Report, AllreduceError> {
-        if T::DTYPE != self.p.dtype {
-            return Err(AllreduceError::Invalid(format!(
-                "a buffer of {} for a job of {}",
-                T::DTYPE,
-                self.p.dtype
-            )));
-        }
+        self.allreduce_op(self.p.op, buf)
+    }
+
+    /// Allreduce of `buf` in place with `op`: every message carries its own op and type,
+    /// so one job reduces any pair the switch supports.
+    pub fn allreduce_op<T: Element>(
+        &mut self,
+        op: Op,
+        buf: &mut [T],
+    ) -> Result<Report, AllreduceError> {
         // Little-endian host: the buffer's bytes are already the wire's element encoding.
         const _: () = assert!(cfg!(target_endian = "little"));
         // Safety: `Element` types are plain data without padding, valid for any bytes the
@@ -225,17 +249,37 @@ impl Worker {
                 std::mem::size_of_val(buf),
             )
         };
-        self.allreduce_bytes(bytes)
+        self.allreduce_bytes_as(op, T::DTYPE, bytes)
     }
 
-    /// Allreduce of a buffer of little-endian elements of the job's data type.
+    /// Allreduce of a buffer of little-endian elements of the job's data type, with the
+    /// job's op.
     pub fn allreduce_bytes(&mut self, buf: &mut [u8]) -> Result<Report, AllreduceError> {
-        let size = self.p.dtype.size();
+        self.allreduce_bytes_as(self.p.op, self.p.dtype, buf)
+    }
+
+    /// Allreduce of a buffer of little-endian elements of `dtype`, with `op`.
+    pub fn allreduce_bytes_as(
+        &mut self,
+        op: Op,
+        dtype: DType,
+        buf: &mut [u8],
+    ) -> Result<Report, AllreduceError> {
+        let reduction = Reduction::new(op, dtype)?;
+        let size = dtype.size();
         if !buf.len().is_multiple_of(size) {
             return Err(AllreduceError::Invalid(format!(
-                "buffer of {} bytes is not a whole number of {} elements",
+                "buffer of {} bytes is not a whole number of {dtype} elements",
                 buf.len(),
-                self.p.dtype
+            )));
+        }
+        // A segment carries as many lanes of this message's type as fit the job's bytes.
+        let elements = self.p.shape.segment_bytes() / reduction.lane.size();
+        if elements == 0 {
+            return Err(AllreduceError::Invalid(format!(
+                "the job's segments of {} bytes hold no {}-byte lane of {op} over {dtype}",
+                self.p.shape.segment_bytes(),
+                reduction.lane.size()
             )));
         }
         if !buf.is_empty() {
@@ -244,7 +288,8 @@ impl Worker {
         let start = Instant::now();
         let message = self.next_message;
         self.next_message = self.next_message.wrapping_add(1);
-        let segment_bytes = self.p.segment_elements() * size;
+        self.reduction = reduction;
+        let segment_bytes = elements * size;
         let segments = self.window.begin(message, buf.len(), segment_bytes);
         let mut report = Report {
             bytes: buf.len(),
@@ -287,9 +332,9 @@ impl Worker {
         while done < segments {
             // Results already queued are taken without blocking; once none is left, the
             // segments they freed go out as one burst, and only then does the worker wait.
-            let (p, lane, window) = (&self.p, self.lane, &self.window);
+            let (r, members, window) = (self.reduction, self.p.shape.members(), &self.window);
             let mut take = |d: &[u8]| {
-                if let Some(a) = accept(p, lane, window, d, buf) {
+                if let Some(a) = accept(r, members, window, d, buf) {
                     answered.push(a);
                 }
             };
@@ -391,19 +436,20 @@ impl Worker {
     /// Encodes the contribution `f` on `slot` in place into the transport's send buffer.
     fn send(&mut self, buf: &[u8], slot: usize, f: &InFlight) -> Result<(), AllreduceError> {
         let range = self.window.range(f.segment);
-        let count = range.len() / self.p.dtype.size();
-        let lane_bytes = count * self.lane.size();
+        let r = self.reduction;
+        let count = range.len() / r.dtype.size();
+        let lane_bytes = count * r.lane.size();
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
         let out = self.transport.reserve(len)?;
         let enc = codec::encode(
-            self.p.op,
-            self.p.dtype,
+            r.op,
+            r.dtype,
             &buf[range],
             &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
         );
         let h = Header::builder(Kind::Contribution)
-            .op(self.p.op)
-            .dtype(self.p.dtype)
+            .op(r.op)
+            .dtype(r.dtype)
             .job(self.p.job)
             .message(self.window.message())
             .segment(f.segment as u32)
@@ -480,28 +526,28 @@ fn next_shadow(copies: [(u8, u32, u32); 2], message: u32) -> u8 {
 /// Checks a received datagram against the window and decodes its result into `buf`;
 /// returns what it answered and the result's encoding flags.
 fn accept(
-    p: &WorkerParams,
-    lane: Lane,
+    r: Reduction,
+    members: usize,
     window: &Window,
     d: &[u8],
     buf: &mut [u8],
 ) -> Option<(window::Answered, u16)> {
     let packet = wire::decode(d).ok()?;
     let h = packet.header;
-    let a = window.check(&h, p.op as u8, p.dtype as u8, p.dtype.size())?;
+    let a = window.check(&h, r.op as u8, r.dtype as u8, r.dtype.size())?;
     let range = window.range(a.flight.segment);
     let flags = h.enc_flags();
     if flags & ENC_NONFINITE != 0 {
-        codec::fill_nan(p.dtype, &mut buf[range]);
+        codec::fill_nan(r.dtype, &mut buf[range]);
     } else {
         debug_assert_eq!(
             packet.payload.len(),
-            range.len() / p.dtype.size() * lane.size()
+            range.len() / r.dtype.size() * r.lane.size()
         );
         codec::decode(
-            p.op,
-            p.dtype,
-            p.shape.members() as u32,
+            r.op,
+            r.dtype,
+            members as u32,
             packet.payload,
             h.exponent,
             &mut buf[range],
@@ -541,10 +587,12 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
 mod tests {
     use super::*;
 
-    /// A buffer of another type than the job's is refused before anything is sent.
+    /// Each message carries its op and type; what the switch cannot reduce, or what the
+    /// job's segments cannot hold, is refused before anything is sent.
     #[test]
-    fn typed_buffers_match_the_job() {
-        let shape = xagg_common::JobShape::full(2, 4).unwrap();
+    fn messages_are_checked_before_anything_is_sent() {
+        // Segments of 4 bytes: one i32 lane, no i64 one.
+        let shape = xagg_common::JobShape::new(2, 4, 4).unwrap();
         let p = WorkerParams::new(
             "127.0.0.1:9".parse().unwrap(),
             "127.0.0.1:0".parse().unwrap(),
@@ -553,23 +601,25 @@ mod tests {
             shape,
         );
         let mut w = Worker::new(p.clone()).unwrap();
-        let e = w.allreduce(&mut [1.0f32; 4]).unwrap_err().to_string();
-        assert!(e.contains("a buffer of f32 for a job of i32"), "{e}");
         let e = w
-            .allreduce(&mut [half::f16::ONE; 4])
+            .allreduce_op(Op::Xor, &mut [1.0f32; 4])
             .unwrap_err()
             .to_string();
-        assert!(e.contains("f16"), "{e}");
+        assert!(e.contains("xor over f32 is not supported"), "{e}");
+        let e = w.allreduce(&mut [1i64; 4]).unwrap_err().to_string();
+        assert!(e.contains("hold no 8-byte lane"), "{e}");
+        let e = w.allreduce_bytes(&mut [0u8; 6]).unwrap_err().to_string();
+        assert!(e.contains("not a whole number of i32"), "{e}");
         // An empty buffer needs no switch.
-        assert_eq!(w.allreduce::<i32>(&mut []).unwrap().segments, 0);
-        // Member indices and op/type pairs are checked against the job.
+        assert_eq!(w.allreduce::<f32>(&mut []).unwrap().segments, 0);
+        // Member indices and the job's own op/type pair are checked when it starts.
         let bad = WorkerParams {
             member: 2,
             ..p.clone()
         };
         assert!(Worker::new(bad).is_err());
         let bad = WorkerParams {
-            op: wire::Op::Xor,
+            op: Op::Xor,
             dtype: DType::F32,
             ..p
         };

@@ -27,9 +27,10 @@ pub enum Counter {
     DropBadVersion,
     /// A packet kind the switch does not take (e.g. a result sent to the switch).
     DropBadKind,
-    /// Op or data type differs from the job's.
+    /// An op or data type the switch does not reduce, or not the one its round started
+    /// with.
     DropBadOp,
-    /// Element count of zero or above the job's segment length.
+    /// Element count of zero, or more lanes than the job's segment length holds.
     DropBadCount,
     /// Lengths disagree: the payload and the element count, the UDP length and the IPv4
     /// total length, or a frame longer than its IPv4 total length.

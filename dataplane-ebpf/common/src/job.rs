@@ -42,13 +42,15 @@ pub struct Job {
     pub slot_base: u32,
     /// Slots in the range; a packet's slot must be below this.
     pub slot_count: u32,
+    /// The op and data type the job was created with: what its members reduce unless a
+    /// message says otherwise, kept for listings. The switch checks each round's own.
     pub op: u8,
     pub dtype: u8,
     pub role: u8,
     pub _pad0: u8,
-    /// Most elements one segment carries (the job's segment length, in lanes of its op
-    /// and type).
-    pub segment_elements: u16,
+    /// Most payload bytes one segment carries (the job's segment length): a segment holds
+    /// as many lanes of its message's op and type as fit.
+    pub segment_bytes: u16,
     pub _pad1: u16,
     /// Where the partial result goes next when `role` is `Inner`.
     pub parent: MemberAddr,
@@ -59,17 +61,14 @@ pub struct Job {
 const _: () = assert!(core::mem::size_of::<Job>() == 24 + 16 + 16 * MAX_MEMBERS);
 
 impl Job {
-    /// The entry of a job of `shape` reducing `op` over `dtype`, its slots from
-    /// `slot_base`, members' addresses still empty (the caller fills in `member`). `None` if
-    /// the switch does not reduce `op` over `dtype` or the shape's segment is not a whole
-    /// number of their lanes: callers check both first, with messages of their own.
+    /// The entry of a job of `shape` whose members reduce `op` over `dtype` unless a
+    /// message says otherwise, its slots from `slot_base`, members' addresses still empty
+    /// (the caller fills in `member`). `None` if the switch does not reduce `op` over
+    /// `dtype`: callers check it first, with a message of their own.
     pub const fn new(shape: &JobShape, op: Op, dtype: DType, slot_base: u32) -> Option<Self> {
-        let Some(lane) = wire::lane(op, dtype) else {
+        if wire::lane(op, dtype).is_none() {
             return None;
-        };
-        let Ok(elements) = shape.segment_elements(lane) else {
-            return None;
-        };
+        }
         Some(Self {
             members: shape.member_bits(),
             slot_base,
@@ -78,7 +77,7 @@ impl Job {
             dtype: dtype as u8,
             role: Role::Root as u8,
             _pad0: 0,
-            segment_elements: elements as u16,
+            segment_bytes: shape.segment_bytes() as u16,
             _pad1: 0,
             parent: MemberAddr {
                 ifindex: 0,

@@ -19,5 +19,7 @@ pub use wire::{DType, Header, Kind, Op};
 /// values. The daemon pins it with the dataplane (the `LAYOUT` map) and adopts a pinned
 /// dataplane only when it agrees. Bump it with any change a running dataplane would
 /// misread; dataplanes pinned before the version existed count as 1. Version 2 added the
-/// counters `drop_spoofed_source` and `drop_bad_checksum`.
-pub const LAYOUT_VERSION: u32 = 2;
+/// counters `drop_spoofed_source` and `drop_bad_checksum`; version 3 moved the op and data
+/// type from the job to each round (the shadow copy holds them) and holds a job's segment
+/// length in bytes.
+pub const LAYOUT_VERSION: u32 = 3;

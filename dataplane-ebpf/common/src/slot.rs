@@ -59,10 +59,18 @@ pub struct ShadowCopy {
     pub exponent: i32,
     /// Sticky `enc_flags` of the contributions (non-finite input, overflow).
     pub flags: u32,
+    /// The round's op and data type, fixed by its first contribution: every message
+    /// carries its own, and a contribution that disagrees is refused.
+    pub op: u8,
+    pub dtype: u8,
+    pub _pad: [u8; 6],
     pub data: [u64; SLOT_WORDS],
 }
 
-const _: () = assert!(core::mem::size_of::<ShadowCopy>() == 32 + MAX_PAYLOAD);
+/// Bytes of a shadow copy in front of its data.
+pub const COPY_HEADER: usize = 40;
+
+const _: () = assert!(core::mem::size_of::<ShadowCopy>() == COPY_HEADER + MAX_PAYLOAD);
 
 /// User-space image of a `SLOTS` entry: the kernel's `Slot` (XDP crate) has a
 /// `bpf_spin_lock` (a u32) where this has `lock`; [`SLOT_SIZE`] ties the two.
@@ -75,7 +83,7 @@ pub struct SlotImage {
 }
 
 /// Bytes of one `SLOTS` entry, in the kernel and in user space alike.
-pub const SLOT_SIZE: usize = 8 + 2 * (32 + MAX_PAYLOAD);
+pub const SLOT_SIZE: usize = 8 + 2 * (COPY_HEADER + MAX_PAYLOAD);
 
 const _: () = assert!(core::mem::size_of::<SlotImage>() == SLOT_SIZE);
 

@@ -190,17 +190,15 @@ fn contribution(
     member: usize,
 ) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
-    if hdr.op != job.op || hdr.dtype != job.dtype {
-        return Err(Counter::DropBadOp);
-    }
-    let elems = hdr.count() as usize;
-    if elems == 0 || elems > job.segment_elements as usize {
-        return Err(Counter::DropBadCount);
-    }
-    let lane = match (wire::Op::from_u8(job.op), wire::DType::from_u8(job.dtype)) {
+    // Each message carries its op and type; the round's first contribution fixes them.
+    let lane = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
         (Some(op), Some(dtype)) => wire::lane(op, dtype).ok_or(Counter::DropBadOp)?,
         _ => return Err(Counter::DropBadOp),
     };
+    let elems = hdr.count() as usize;
+    if elems == 0 || elems * lane.size() > job.segment_bytes as usize {
+        return Err(Counter::DropBadCount);
+    }
     let words = wire::payload_len(elems, lane.size()) / 8;
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
@@ -213,8 +211,8 @@ fn contribution(
         members: job.members,
         elems: elems as u32,
         words,
-        op: job.op,
-        dtype: job.dtype,
+        op: hdr.op,
+        dtype: hdr.dtype,
         lane: lane as u8,
         exponent: hdr.exponent as i32,
         flags: hdr.enc_flags() as u32,
@@ -243,6 +241,7 @@ fn contribution(
         slot::Outcome::Duplicate => Err(Counter::DropDuplicate),
         slot::Outcome::Stale => Err(Counter::DropStale),
         slot::Outcome::Mismatch => Err(Counter::DropBadCount),
+        slot::Outcome::OpMismatch => Err(Counter::DropBadOp),
     }
 }
 

@@ -8,6 +8,7 @@
 //! |                               | Filling: never add twice               | Duplicate |
 //! | same round, m not in          | add; the last member completes it      | Added / Complete |
 //! | same round, other count       | refuse                                 | Mismatch  |
+//! | same round, other op or type  | refuse: its first contribution fixed them | OpMismatch |
 //! | a newer round than m's        | a late packet from the past            | Stale     |
 //! | Filling an older round        | abandoned (a failed allreduce): start m's round | Reclaimed / Complete |
 //! | Done with an older round      | everyone has moved on: start m's round | Added / Complete |
@@ -73,6 +74,8 @@ pub enum Outcome {
     Duplicate,
     Stale,
     Mismatch,
+    /// The round was started with another op or data type.
+    OpMismatch,
 }
 
 /// A shadow copy's state, for status queries.
@@ -132,7 +135,9 @@ pub unsafe fn accept(
     let state = v.state;
     let outcome =
         if state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment {
-            if v.count != r.elems {
+            if v.op != r.op || v.dtype != r.dtype {
+                Outcome::OpMismatch
+            } else if v.count != r.elems {
                 Outcome::Mismatch
             } else if v.seen & r.bit != 0 {
                 if state == ShadowState::Done as u32 {
@@ -161,6 +166,8 @@ pub unsafe fn accept(
             v.message = r.message;
             v.segment = r.segment;
             v.count = r.elems;
+            v.op = r.op;
+            v.dtype = r.dtype;
             v.exponent = r.exponent;
             v.flags = r.flags;
             v.seen = r.bit;
