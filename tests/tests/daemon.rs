@@ -281,3 +281,85 @@ fn pinned_layout_is_checked_on_adoption() {
     let e = refused(&sw);
     assert!(e.contains("map layout 1,"), "{e}");
 }
+
+/// What an operator trying things by hand runs into: the socket from the environment,
+/// the switch's addresses in `status --json`, a second daemon on the same socket refused
+/// naming the first, a member behind an interface that is not a port refused, and output
+/// piped into a reader that goes away ending quietly.
+#[test]
+fn operators_are_told_what_is_wrong() {
+    if !require_root("operators_are_told_what_is_wrong") {
+        return;
+    }
+    let sw = TestSwitch::start("xtu", 2, |_| {});
+    let out = Command::new(bin("xagg"))
+        .env("XAGG_SOCKET", &sw.socket)
+        .args(["status", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["address"], "10.77.0.1");
+    assert_eq!(v["udp_port"], 47800);
+    assert_eq!(v["xdp_mode"], "native");
+    assert_eq!(v["pin_path"], sw.pin.display().to_string());
+    assert_eq!(v["mac"].as_str().map(str::len), Some(17));
+
+    // A second daemon with the same configuration: refused, naming the first.
+    let first = sw.daemon.as_ref().unwrap().pid();
+    let out = Command::new(bin("xaggd"))
+        .arg("--config")
+        .arg(&sw.config)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && e.contains(&format!("another xaggd (pid {first}) already serves")),
+        "{e}"
+    );
+    assert!(
+        matches!(sw.api(Request::Status), Response::Status { .. }),
+        "the first still serves"
+    );
+
+    // A member behind the bridge rather than a switch port.
+    let mut members = sw.lab.members().unwrap();
+    members[0].interface = "br0".into();
+    let r = sw.api(Request::AddJob {
+        job: xagg_daemon::job::JobSpec {
+            id: 3,
+            op: Op::Sum,
+            dtype: DType::I32,
+            segment: 256,
+            slots: 8,
+            members,
+            slot_base: None,
+        },
+    });
+    match r {
+        Response::Error { message } => assert!(
+            message.contains("members[0].interface")
+                && message.contains("not a port of this switch"),
+            "{message}"
+        ),
+        r => panic!("{r:?}"),
+    }
+
+    // `xagg counters | head -0`: the reader is gone before anything is written.
+    let mut child = Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(&sw.socket)
+        .arg("counters")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!e.contains("panicked"), "{e}");
+}

@@ -247,7 +247,7 @@ fn member_run(
             member,
             i32_shape(3, SLOTS, SEG),
         );
-        p.first_message = message;
+        p.first_message = Some(message);
         p.give_up = give_up;
         let mut w = xagg_worker::Worker::new(p)?;
         let mut buf = vec![0i32; elems];
@@ -530,4 +530,108 @@ fn contribution_bytes() -> Vec<u8> {
         .count(16)
         .build();
     contribution(h, &[7; 16])
+}
+
+/// A worker whose results never arrive says what the switch did, instead of blaming it:
+/// the switch completed the round (results dropped by a packet filter on the worker's
+/// host), or it answered status queries the worker never got (nothing runs on the
+/// worker's end of the veth link).
+#[test]
+fn lost_results_are_not_blamed_on_the_switch() {
+    if !require_root("lost_results_are_not_blamed_on_the_switch") {
+        return;
+    }
+    let mut sw = TestSwitch::start("xfg", 1, |_| {});
+    assert!(matches!(sw.add_job(2, 256, 4, &[0]), Response::Job { .. }));
+    let ns = sw.lab.worker_ns(0);
+    let run = |sw: &TestSwitch| {
+        in_netns(&sw.lab.worker_ns(0), || {
+            let mut p = xagg_worker::WorkerParams::new(
+                SocketAddrV4::new(SWITCH_IP, DEFAULT_PORT),
+                SocketAddrV4::new(lab::worker_ip(0), WORKER_PORT),
+                2,
+                0,
+                i32_shape(1, 4, 256),
+            );
+            p.give_up = Duration::from_secs(1);
+            let mut w = xagg_worker::Worker::new(p)?;
+            Ok(w.allreduce(&mut [1i32; 256]).unwrap_err().to_string())
+        })
+        .unwrap()
+    };
+    // Results (kind 2) dropped on the worker's input; status replies get through.
+    nft(
+        &ns,
+        &format!(
+            "flush ruleset\ntable inet xagg_test {{\n  chain in {{\n    type filter hook input priority 0;\n    udp sport {DEFAULT_PORT} @th,72,8 2 drop\n  }}\n}}\n"
+        ),
+    );
+    let err = run(&sw);
+    assert!(
+        err.contains("slot 0 segment 0: the switch completed it and sent the result, which never arrived here"),
+        "{err}"
+    );
+    nft(&ns, "flush ruleset\n");
+    // Nothing on the worker's end of the veth: every reply is dropped on the link.
+    sw.lab.detach_hosts();
+    let replies = sw.counters()["status_reply"];
+    let err = run(&sw);
+    assert!(
+        err.contains("no status reply") && err.contains("runs no XDP program"),
+        "{err}"
+    );
+    assert!(
+        sw.counters()["status_reply"] > replies,
+        "the switch did answer"
+    );
+}
+
+/// Workers started again on a job that already ran, without a message id, take up the
+/// job where it stands (the message after the newest the switch holds) instead of
+/// sending rounds the switch drops as stale.
+#[test]
+fn a_new_process_takes_up_the_next_message_from_the_switch() {
+    if !require_root("a_new_process_takes_up_the_next_message_from_the_switch") {
+        return;
+    }
+    let sw = TestSwitch::start("xfh", 2, |_| {});
+    assert!(matches!(
+        sw.add_job(9, 256, 4, &[0, 1]),
+        Response::Job { .. }
+    ));
+    for message in 0..3 {
+        sw.allreduce(9, message, 256, 4, &[0, 1], WORKER_PORT, 3000, 5);
+    }
+    // New processes, no message id given: they take up message 3.
+    let elems = 5000;
+    let expected = xagg_worker::data::expected_sum(77, 2, elems);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2u8)
+            .map(|m| {
+                let (sw, expected) = (&sw, &expected);
+                s.spawn(move || {
+                    in_netns(&sw.lab.worker_ns(usize::from(m)), || {
+                        let p = xagg_worker::WorkerParams::new(
+                            SocketAddrV4::new(SWITCH_IP, DEFAULT_PORT),
+                            SocketAddrV4::new(lab::worker_ip(usize::from(m)), WORKER_PORT),
+                            9,
+                            m,
+                            i32_shape(2, 4, 256),
+                        );
+                        let mut w = xagg_worker::Worker::new(p)?;
+                        let mut buf = vec![0i32; elems];
+                        xagg_worker::data::fill(77, u32::from(m), &mut buf);
+                        w.allreduce(&mut buf)?;
+                        anyhow::ensure!(&buf == expected, "member {m}: wrong result");
+                        Ok(())
+                    })
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap().unwrap();
+        }
+    });
+    let stale = sw.counters()["drop_stale"];
+    assert_eq!(stale, 0, "no round was sent with an old message id");
 }

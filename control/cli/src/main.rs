@@ -26,7 +26,7 @@ use xagg_worker::{report::RunReport, Worker, WorkerParams};
 #[command(version)]
 struct Cli {
     /// The daemon's API socket.
-    #[arg(long, global = true, default_value = DEFAULT_SOCKET)]
+    #[arg(long, global = true, env = "XAGG_SOCKET", default_value = DEFAULT_SOCKET)]
     socket: PathBuf,
     #[command(subcommand)]
     cmd: Cmd,
@@ -43,8 +43,12 @@ enum Cmd {
         #[arg(long)]
         json: bool,
     },
-    /// Ports, pinning, jobs and slots in use.
-    Status,
+    /// The switch's address, ports, XDP mode, pinning, jobs and slots in use.
+    Status {
+        /// Print JSON instead of text.
+        #[arg(long)]
+        json: bool,
+    },
     /// Fault injection in the dataplane (off by default): drop fractions of contributions
     /// and of result copies. `--drop-contrib 0 --drop-result 0` turns it off.
     Inject {
@@ -147,8 +151,10 @@ struct AllreduceArgs {
     #[arg(long)]
     start_at: Option<u64>,
     /// Message id of the first allreduce (must grow from one run on a job to the next).
-    #[arg(long, alias = "message", default_value_t = 0)]
-    mid: u32,
+    /// Without it the worker takes up the job where it stands: the message in progress,
+    /// or the one after the newest the switch holds.
+    #[arg(long, alias = "message")]
+    mid: Option<u32>,
     /// Allreduces to run.
     #[arg(long, default_value_t = 1)]
     repeat: u32,
@@ -205,6 +211,15 @@ where
 }
 
 fn main() {
+    // Output piped into `head` and the like ends quietly when the reader is gone, as
+    // with other command-line tools, instead of panicking on a broken pipe.
+    // Safety: at the start of main, before any thread or other handler exists.
+    let _ = unsafe {
+        nix::sys::signal::signal(
+            nix::sys::signal::Signal::SIGPIPE,
+            nix::sys::signal::SigHandler::SigDfl,
+        )
+    };
     let cli = Cli::parse();
     if let Err(e) = run(cli) {
         eprintln!("xagg: {e:#}");
@@ -300,7 +315,11 @@ fn run(cli: Cli) -> Result<()> {
             }
             r => answer(r),
         },
-        Cmd::Status => match call(&cli.socket, &Request::Status)? {
+        Cmd::Status { json } => match call(&cli.socket, &Request::Status)? {
+            r @ Response::Status { .. } if json => {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+                Ok(())
+            }
             Response::Status {
                 ports,
                 pinned,
@@ -308,8 +327,17 @@ fn run(cli: Cli) -> Result<()> {
                 jobs,
                 slots_total,
                 slots_used,
+                address,
+                udp_port,
+                mac,
+                xdp_mode,
+                pin_path,
             } => {
+                println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode}");
                 println!("ports: {}", ports.join(", "));
+                if let Some(p) = pin_path {
+                    println!("pinned at: {}", p.display());
+                }
                 println!(
                     "dataplane: {}{}",
                     if pinned {

@@ -58,6 +58,19 @@ pub enum Response {
         jobs: usize,
         slots_total: u32,
         slots_used: u32,
+        /// The switch's address, collective port and MAC, as the dataplane has them.
+        #[serde(default)]
+        address: String,
+        #[serde(default)]
+        udp_port: u16,
+        #[serde(default)]
+        mac: String,
+        /// `native`, `generic` or `auto`, as configured.
+        #[serde(default)]
+        xdp_mode: String,
+        /// Where the dataplane is pinned (none when it detaches on exit).
+        #[serde(default)]
+        pin_path: Option<std::path::PathBuf>,
     },
     JobStatus {
         slots: Vec<crate::dataplane::SlotStatus>,

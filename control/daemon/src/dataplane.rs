@@ -69,13 +69,13 @@ pub enum DataplaneError {
         free: u32,
         total: u32,
     },
-    #[error("the pinned dataplane at {pin} was started with ports {pinned:?}, the configuration names {configured:?}: run `xagg detach` to replace it (running jobs are dropped), or restore the configuration")]
+    #[error("the pinned dataplane at {pin} was started with ports {pinned:?}, the configuration names {configured:?}: run `xagg detach --pin-path {pin}` (or `xaggd --reload --config FILE`) to replace it (running jobs are dropped), or restore the configuration")]
     PortsChanged {
         pin: PathBuf,
         pinned: Vec<String>,
         configured: Vec<String>,
     },
-    #[error("the pinned dataplane at {pin} has map layout {pinned}, this build has layout {ours}: run `xaggd --reload --config FILE` (or `xagg detach`, then start xaggd) to replace it with this build's (running jobs are dropped), or run the build that pinned it")]
+    #[error("the pinned dataplane at {pin} has map layout {pinned}, this build has layout {ours}: run `xaggd --reload --config FILE` (or `xagg detach --pin-path {pin}`, then start xaggd) to replace it with this build's (running jobs are dropped), or run the build that pinned it")]
     LayoutChanged {
         pin: PathBuf,
         pinned: u32,
@@ -107,6 +107,8 @@ pub struct Dataplane {
     _ebpf: Option<Ebpf>,
     /// Whether the maps came from an earlier daemon's pins.
     pub adopted: bool,
+    /// The switch's ports, in devmap order: a job's members must be behind them.
+    ports: Vec<String>,
 }
 
 fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError {
@@ -146,6 +148,7 @@ impl Dataplane {
                         configured: cfg.switch.ports.clone(),
                     });
                 }
+                dp.ports = pinned_ports;
                 info!("adopted the pinned dataplane at {}", dir.display());
                 dp.configure_switch(cfg)?;
                 return Ok(dp);
@@ -254,6 +257,7 @@ impl Dataplane {
             _links: links,
             _ebpf: Some(ebpf),
             adopted: false,
+            ports: cfg.switch.ports.clone(),
         };
         dp.configure_switch(cfg)?;
         info!(
@@ -284,6 +288,7 @@ impl Dataplane {
             _links: Vec::new(),
             _ebpf: None,
             adopted: true,
+            ports: Vec::new(),
         })
     }
 
@@ -326,6 +331,19 @@ impl Dataplane {
         }
         // Validate before allocating so a bad spec reports its real problem.
         spec.to_job(0)?;
+        for (i, m) in spec.members.iter().enumerate() {
+            if !self.ports.contains(&m.interface) {
+                return Err(JobError {
+                    field: format!("members[{i}].interface"),
+                    problem: format!(
+                        "`{}` is not a port of this switch (its ports: {}): name the port the member is behind",
+                        m.interface,
+                        self.ports.join(", ")
+                    ),
+                }
+                .into());
+            }
+        }
         let jobs = self.jobs()?;
         let used: Vec<(u32, u32)> = jobs
             .iter()
@@ -443,6 +461,11 @@ impl Dataplane {
             out.insert(c.name().to_string(), v.iter().sum());
         }
         Ok(out)
+    }
+
+    /// The switch's address, collective port and MAC as the dataplane has them.
+    pub fn switch_config(&self) -> Result<SwitchConfig> {
+        self.switch.get(&0, 0).map_err(map_err("SWITCH"))
     }
 
     pub fn pinned(&self) -> bool {

@@ -7,24 +7,30 @@ use std::{io, time::Duration};
 pub struct Missing {
     pub slot: usize,
     pub segment: u32,
-    /// Members the switch still waits for in this round; `None` if the switch did not
-    /// answer, or holds another round in the slot (then nobody's contribution arrived, or
-    /// the switch lost the job).
+    /// Members the switch still waits for in this round: empty if the switch completed
+    /// it (and so sent the result, which did not arrive); `None` if the switch did not
+    /// answer, or holds another round in the slot (see `answered`).
     pub members: Option<Vec<u8>>,
+    /// Whether the switch answered the status query at all.
+    pub answered: bool,
 }
 
 impl std::fmt::Display for Missing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match &self.members {
-            Some(m) => write!(
+        let (slot, segment) = (self.slot, self.segment);
+        match (&self.members, self.answered) {
+            (Some(m), _) if m.is_empty() => write!(
                 f,
-                "slot {} segment {} waits for members {:?}",
-                self.slot, self.segment, m
+                "slot {slot} segment {segment}: the switch completed it and sent the result, which never arrived here (a packet filter on this host? on veth, this host's end of the link must run an XDP program: the lab's xagg_host, or receive with --afxdp)"
             ),
-            None => write!(
+            (Some(m), _) => write!(f, "slot {slot} segment {segment} waits for members {m:?}"),
+            (None, true) => write!(
                 f,
-                "slot {} segment {}: no contribution of this round at the switch",
-                self.slot, self.segment
+                "slot {slot} segment {segment}: the switch holds another round there; no contribution of this one reached it"
+            ),
+            (None, false) => write!(
+                f,
+                "slot {slot} segment {segment}: no status reply from the switch"
             ),
         }
     }
@@ -51,7 +57,7 @@ pub enum AllreduceError {
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("job {job}: no status reply from the switch at {switch} within {waited:?}: is the switch up, with job {job} on it and this member registered at this address and port?")]
+    #[error("job {job}: no status reply from the switch at {switch} within {waited:?}: is the switch up, with job {job} on it and this member registered at this address and port? (on veth, replies are also lost when this host's end of the link runs no XDP program: the lab's xagg_host, or receive with --afxdp)")]
     NoSwitch {
         job: u32,
         switch: std::net::SocketAddrV4,

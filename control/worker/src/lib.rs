@@ -108,7 +108,7 @@ impl Worker {
         Ok(Self {
             transport: Transport::new(&p)?,
             window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
-            next_message: p.first_message,
+            next_message: p.first_message.unwrap_or(0),
             synced: false,
             rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
             reduction: Reduction::new(p.op, p.dtype)?,
@@ -137,7 +137,6 @@ impl Worker {
             return Ok(());
         }
         let slots = self.p.shape.slots();
-        let message = self.next_message;
         // Per slot and copy: (state, message, segment) as the switch answered.
         let mut copies: Vec<[Option<(u8, u32, u32)>; 2]> = vec![[None; 2]; slots];
         let start = Instant::now();
@@ -157,7 +156,7 @@ impl Worker {
                 for (slot, c) in copies.iter().enumerate() {
                     for shadow in [0u8, 1] {
                         if c[usize::from(shadow)].is_none() {
-                            self.query(message, 0, slot, shadow)?;
+                            self.query(self.next_message, 0, slot, shadow)?;
                         }
                     }
                 }
@@ -180,10 +179,16 @@ impl Worker {
                 _ => {}
             }
         }
-        for (slot, c) in copies.iter().enumerate() {
-            let held = c.map(|x| x.expect("every copy answered"));
+        let copies: Vec<[(u8, u32, u32); 2]> = copies
+            .iter()
+            .map(|c| c.map(|x| x.expect("every copy answered")))
+            .collect();
+        if self.p.first_message.is_none() {
+            self.next_message = next_message(&copies);
+        }
+        for (slot, held) in copies.iter().enumerate() {
             self.window
-                .set_next_shadow(slot, next_shadow(held, message));
+                .set_next_shadow(slot, next_shadow(*held, self.next_message));
         }
         self.synced = true;
         Ok(())
@@ -478,15 +483,17 @@ impl Worker {
                 slot,
                 segment: f.segment as u32,
                 members: None,
+                answered: false,
             });
         }
         let _ = self.transport.set_wait(Duration::from_millis(20));
         let deadline = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < deadline && missing.iter().any(|m| m.members.is_none()) {
+        while Instant::now() < deadline && missing.iter().any(|m| !m.answered) {
             let _ = self.receive_status(&mut |h, payload| {
                 let Some(m) = missing.iter_mut().find(|m| m.slot == usize::from(h.slot())) else {
                     return;
                 };
+                m.answered = true;
                 if h.message() == message && h.segment() == m.segment {
                     let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
                     let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
@@ -495,6 +502,39 @@ impl Worker {
             });
         }
         missing
+    }
+}
+
+/// Whether round `(message, segment)` `a` comes after `b`, in the switch's serial-number
+/// order (ids may wrap).
+fn newer(a: (u32, u32), b: (u32, u32)) -> bool {
+    let dm = a.0.wrapping_sub(b.0) as i32;
+    dm > 0 || (dm == 0 && (a.1.wrapping_sub(b.1) as i32) > 0)
+}
+
+/// The message a new process of a job takes up, from what every slot's copies hold as
+/// (state, message, segment): the newest message if some round of it is still filling
+/// (the others are in it and wait for this member), else the one after it; 0 on a job
+/// that never ran.
+fn next_message(copies: &[[(u8, u32, u32); 2]]) -> u32 {
+    let held = copies
+        .iter()
+        .flatten()
+        .filter(|c| c.0 != ShadowState::Empty as u8);
+    let newest = held
+        .clone()
+        .map(|c| c.1)
+        .reduce(|a, b| if newer((b, 0), (a, 0)) { b } else { a });
+    let Some(newest) = newest else {
+        return 0;
+    };
+    let in_progress = held
+        .filter(|c| c.1 == newest)
+        .any(|c| c.0 == ShadowState::Filling as u8);
+    if in_progress {
+        newest
+    } else {
+        newest.wrapping_add(1)
     }
 }
 
@@ -510,11 +550,7 @@ fn next_shadow(copies: [(u8, u32, u32); 2], message: u32) -> u8 {
         (true, false) => 1,
         (false, true) => 0,
         (true, true) => {
-            // Serial-number order of (message, segment), as the switch orders rounds.
-            let (a, b) = (copies[0], copies[1]);
-            let dm = a.1.wrapping_sub(b.1) as i32;
-            let a_newer = dm > 0 || (dm == 0 && (a.2.wrapping_sub(b.2) as i32) > 0);
-            if a_newer {
+            if newer((copies[0].1, copies[0].2), (copies[1].1, copies[1].2)) {
                 1
             } else {
                 0
@@ -640,6 +676,28 @@ mod tests {
         assert_eq!(next_shadow([(done, 0, 0), (done, u32::MAX, 9)], 1), 1);
         // Others already started this message's round on copy 1: join it.
         assert_eq!(next_shadow([(done, 4, 11), (filling, 5, 3)], 5), 1);
+    }
+
+    #[test]
+    fn a_new_process_takes_up_the_jobs_next_message() {
+        let (e, f, d) = (
+            ShadowState::Empty as u8,
+            ShadowState::Filling as u8,
+            ShadowState::Done as u8,
+        );
+        assert_eq!(next_message(&[[(e, 0, 0), (e, 0, 0)]]), 0);
+        // Message 4 done everywhere: 5 next.
+        assert_eq!(
+            next_message(&[[(d, 4, 0), (d, 3, 2)], [(d, 4, 1), (e, 0, 0)]]),
+            5
+        );
+        // Message 5 under way on one slot: take it up.
+        assert_eq!(
+            next_message(&[[(d, 4, 0), (f, 5, 0)], [(d, 4, 1), (e, 0, 0)]]),
+            5
+        );
+        // Ids wrap.
+        assert_eq!(next_message(&[[(d, u32::MAX, 0), (d, 0, 1)]]), 1);
     }
 
     #[test]

@@ -46,7 +46,9 @@ pub struct WorkerParams {
     pub spin: Duration,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
-    pub first_message: u32,
+    /// `None`: learned from the switch ([`crate::Worker::sync`]) — the message in progress
+    /// on the job, or the one after the newest.
+    pub first_message: Option<u32>,
 }
 
 impl WorkerParams {
@@ -75,7 +77,7 @@ impl WorkerParams {
             gro: true,
             afxdp: false,
             spin: Duration::from_micros(100),
-            first_message: 0,
+            first_message: None,
         }
     }
 

@@ -280,7 +280,7 @@ impl LabSwitch {
                         let bind = SocketAddrV4::new(lab::worker_ip(w), port);
                         let sw = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
                         let mut p = WorkerParams::new(sw, bind, job, m as u8, shape);
-                        p.first_message = message;
+                        p.first_message = Some(message);
                         tweak(&mut p);
                         let mut wk = Worker::new(p).expect("worker socket");
                         let mut buf = vec![0i32; elems];

@@ -50,6 +50,9 @@ fn main() -> Result<()> {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
     let args = Args::parse();
     let cfg = Config::load(&args.config)?;
+    // One daemon per API socket: a second would take the socket over and delete it on
+    // exit, leaving the first unreachable.
+    let _lock = lock(&cfg.daemon.socket)?;
     // Only this thread's network namespace changes, before the runtime starts its threads
     // (they inherit it). The mount namespace stays the host's, so pins outlive us.
     if let Some(ns) = &cfg.switch.netns {
@@ -108,6 +111,41 @@ fn main() -> Result<()> {
         info!("dataplane detached (detach_on_exit)");
     }
     Ok(())
+}
+
+/// Takes the lock of the API socket `socket` (`<socket>.lock`, holding the owner's pid),
+/// or says which daemon holds it.
+fn lock(socket: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
+    use std::io::{Read, Seek, Write};
+    let path = PathBuf::from(format!("{}.lock", socket.display()));
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    }
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        .with_context(|| format!("opening {}", path.display()))?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
+        Ok(mut held) => {
+            held.set_len(0)?;
+            held.rewind()?;
+            write!(held, "{}", std::process::id())?;
+            Ok(held)
+        }
+        Err((mut file, _)) => {
+            let mut pid = String::new();
+            let _ = file.read_to_string(&mut pid);
+            anyhow::bail!(
+                "another xaggd (pid {}) already serves {}: stop it first (`xagg --socket {} detach`, or SIGTERM), or give this daemon another daemon.socket",
+                pid.trim(),
+                socket.display(),
+                socket.display()
+            )
+        }
+    }
 }
 
 /// Mounts a bpffs at /sys/fs/bpf if the pin path is under it and none is mounted.
@@ -215,13 +253,21 @@ fn handle(st: &mut State, req: Request) -> Response {
             .dp
             .counters()
             .map(|counters| Response::Counters { counters }),
-        Request::Status => st.dp.jobs().map(|jobs| Response::Status {
-            ports: st.cfg.switch.ports.clone(),
-            pinned: st.dp.pinned(),
-            adopted: st.dp.adopted,
-            jobs: jobs.len(),
-            slots_total: MAX_SLOTS,
-            slots_used: jobs.iter().map(|(_, j)| j.slot_count).sum(),
+        Request::Status => st.dp.jobs().and_then(|jobs| {
+            let sw = st.dp.switch_config()?;
+            Ok(Response::Status {
+                ports: st.cfg.switch.ports.clone(),
+                pinned: st.dp.pinned(),
+                adopted: st.dp.adopted,
+                jobs: jobs.len(),
+                slots_total: MAX_SLOTS,
+                slots_used: jobs.iter().map(|(_, j)| j.slot_count).sum(),
+                address: std::net::Ipv4Addr::from(sw.ip).to_string(),
+                udp_port: u16::from_be_bytes(sw.port),
+                mac: xagg_sys::iface::fmt_mac(&sw.mac),
+                xdp_mode: st.cfg.switch.xdp_mode.clone(),
+                pin_path: st.dp.pinned().then(|| st.cfg.daemon.pin_path.clone()),
+            })
         }),
         Request::JobStatus { id } => st.dp.job_status(id).map(|slots| Response::JobStatus { slots }),
         Request::Inject { drop_contribution, drop_result } => {
