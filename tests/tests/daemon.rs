@@ -363,3 +363,141 @@ fn operators_are_told_what_is_wrong() {
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(!e.contains("panicked"), "{e}");
 }
+
+/// A segment the links cannot carry in one packet is refused where the job is created and
+/// where a worker starts, saying which segment fits.
+#[test]
+fn segments_must_fit_the_mtu() {
+    if !require_root("segments_must_fit_the_mtu") {
+        return;
+    }
+    let sw = TestSwitch::start("xtw", 2, |_| {});
+    xagg_lab::lab::ip(&[
+        "-n",
+        &sw.lab.switch_ns(),
+        "link",
+        "set",
+        "swp1",
+        "mtu",
+        "1500",
+    ])
+    .unwrap();
+    match sw.add_job(3, 862, 8, &[0, 1]) {
+        Response::Error { message } => assert!(
+            message.contains("3506-byte packets")
+                && message.contains("port swp1 has an MTU of 1500")
+                && message.contains("at most 360 elements"),
+            "{message}"
+        ),
+        r => panic!("{r:?}"),
+    }
+    assert!(matches!(
+        sw.add_job(3, 360, 8, &[0, 1]),
+        Response::Job { .. }
+    ));
+    // The worker's own link.
+    let ns = sw.lab.worker_ns(0);
+    xagg_lab::lab::ip(&["-n", &ns, "link", "set", "eth0", "mtu", "1500"]).unwrap();
+    let e = xagg_lab::lab::in_netns(&ns, || {
+        let p = xagg_worker::WorkerParams::new(
+            std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800),
+            std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(0), 47801),
+            4,
+            0,
+            i32_shape(2, 8, 862),
+        );
+        Ok(xagg_worker::Worker::new(p).err().map(|e| e.to_string()))
+    })
+    .unwrap()
+    .expect("a worker on a 1500-byte link refuses 3448-byte segments");
+    assert!(
+        e.contains("eth0 has an MTU of 1500") && e.contains("at most 1440 bytes"),
+        "{e}"
+    );
+}
+
+/// `xagg detach --pin-path` never detaches another switch than the one named, and a
+/// daemon that fails to start leaves no pins behind.
+#[test]
+fn detach_names_its_switch_and_failed_starts_leave_no_pins() {
+    if !require_root("detach_names_its_switch_and_failed_starts_leave_no_pins") {
+        return;
+    }
+    let sw = TestSwitch::start("xtz", 1, |_| {});
+    let out = Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(&sw.socket)
+        .args(["detach", "--pin-path", "/sys/fs/bpf/xagg-test-elsewhere"])
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && e.contains(&format!("pins its dataplane at {}", sw.pin.display()))
+            && e.contains("nothing detached"),
+        "{e}"
+    );
+    assert!(
+        matches!(sw.api(Request::Status), Response::Status { .. }),
+        "still serving"
+    );
+
+    let mut cfg = sw.default_config();
+    cfg.switch.ports = vec!["nope0".into()];
+    cfg.daemon.socket = std::env::temp_dir().join("xagg-test-xtz/other.sock");
+    cfg.daemon.pin_path = "/sys/fs/bpf/xagg-test-xtz-failed".into();
+    let path = std::env::temp_dir().join("xagg-test-xtz/failing.toml");
+    std::fs::write(&path, cfg.to_toml()).unwrap();
+    let out = Command::new(bin("xaggd"))
+        .arg("--config")
+        .arg(&path)
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && e.contains("nope0"), "{e}");
+    assert!(
+        !cfg.daemon.pin_path.exists(),
+        "a failed start left pins behind"
+    );
+}
+
+/// A daemon started under `ip netns exec` (a mount namespace of its own, where its pins
+/// vanish with it) warns that it does.
+#[test]
+fn a_daemon_in_a_private_mount_namespace_warns() {
+    if !require_root("a_daemon_in_a_private_mount_namespace_warns") {
+        return;
+    }
+    let sw = TestSwitch::start("xtq", 1, |_| {});
+    let mut cfg = sw.default_config();
+    cfg.switch.netns = None;
+    cfg.daemon.socket = std::env::temp_dir().join("xagg-test-xtq/private.sock");
+    cfg.daemon.pin_path = "/sys/fs/bpf/xagg-test-xtq-private".into();
+    let dir = std::env::temp_dir().join("xagg-test-xtq");
+    let (path, log) = (dir.join("private.toml"), dir.join("private.log"));
+    std::fs::write(&path, cfg.to_toml()).unwrap();
+    // The lab's daemon holds swp0: this one only needs to start far enough to warn.
+    let mut child = Command::new("ip")
+        .args(["netns", "exec", &sw.lab.switch_ns()])
+        .arg(bin("xaggd"))
+        .arg("--config")
+        .arg(&path)
+        .stderr(std::fs::File::create(&log).unwrap())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let mut text = String::new();
+    while std::time::Instant::now() < deadline {
+        text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("mount namespace of its own") || child.try_wait().unwrap().is_some() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        text.contains("mount namespace of its own") && text.contains("switch.netns"),
+        "{text}"
+    );
+}

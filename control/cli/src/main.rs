@@ -59,9 +59,10 @@ enum Cmd {
     },
     /// Detach the dataplane and remove its pins; stops the daemon if it runs.
     Detach {
-        /// Pin directory, used when no daemon answers.
-        #[arg(long, default_value = DEFAULT_PIN_PATH)]
-        pin_path: PathBuf,
+        /// The pin directory of the dataplane to detach: removed directly when no daemon
+        /// answers (default /sys/fs/bpf/xagg); when one does, it must be the daemon's.
+        #[arg(long)]
+        pin_path: Option<PathBuf>,
     },
     /// Allreduce a buffer through the switch, as one member of a job.
     Allreduce(AllreduceArgs),
@@ -69,7 +70,7 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum JobCmd {
-    /// Add a job, from flags or from a TOML file (the fields of a [[job]] table).
+    /// Add a job, from flags or from a TOML file of its fields (docs/job.toml).
     Add(JobAddArgs),
     /// Remove a job; its slots are cleared and freed.
     Remove { id: u32 },
@@ -356,9 +357,35 @@ fn run(cli: Cli) -> Result<()> {
             }
             r => answer(r),
         },
-        Cmd::Detach { pin_path } => match call(&cli.socket, &Request::Detach) {
+        Cmd::Detach { pin_path } => match call(&cli.socket, &Request::Status) {
+            Ok(Response::Status {
+                pin_path: theirs,
+                ports,
+                ..
+            }) => {
+                if let Some(mine) = &pin_path {
+                    if theirs.as_ref() != Some(mine) {
+                        bail!(
+                            "the daemon at {} pins its dataplane at {}, not {}: nothing detached. Pass the --socket of the daemon that pins at {}, or stop it and run this again",
+                            cli.socket.display(),
+                            theirs.as_ref().map_or("nothing (it detaches on exit)".into(), |p| p.display().to_string()),
+                            mine.display(),
+                            mine.display()
+                        );
+                    }
+                }
+                answer(call(&cli.socket, &Request::Detach)?)?;
+                println!(
+                    "detached the dataplane on {}{} and stopped the daemon at {}",
+                    ports.join(", "),
+                    theirs.map_or(String::new(), |p| format!(", pinned at {}", p.display())),
+                    cli.socket.display()
+                );
+                Ok(())
+            }
             Ok(r) => answer(r),
             Err(_) => {
+                let pin_path = pin_path.unwrap_or_else(|| DEFAULT_PIN_PATH.into());
                 if xagg_daemon::dataplane::unpin(&pin_path)? {
                     println!(
                         "no daemon answered; removed the pinned dataplane at {}",

@@ -154,7 +154,13 @@ impl Dataplane {
                 return Ok(dp);
             }
         }
-        Self::load(cfg, pin)
+        // A start that fails half-way leaves no pins behind, unless they were there.
+        let fresh = pin.as_ref().is_some_and(|d| !d.exists());
+        let loaded = Self::load(cfg, pin.clone());
+        if let (Err(_), true, Some(dir)) = (&loaded, fresh, &pin) {
+            let _ = unpin(dir);
+        }
+        loaded
     }
 
     fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
@@ -331,7 +337,23 @@ impl Dataplane {
         }
         // Validate before allocating so a bad spec reports its real problem.
         spec.to_job(0)?;
+        let shape = spec.shape()?;
         for (i, m) in spec.members.iter().enumerate() {
+            // A segment must fit the link: a full one is one IPv4 packet.
+            let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
+            let need = packet_len(shape.segment_bytes());
+            if mtu < need {
+                let lane = crate::job::lane(spec.op, spec.dtype).map_err(DataplaneError::Other)?;
+                let fits = (mtu.saturating_sub(packet_len(0)) & !7) / lane.size();
+                return Err(JobError {
+                    field: "segment".into(),
+                    problem: format!(
+                        "{} elements make {need}-byte packets, but members[{i}]'s port {} has an MTU of {mtu}: choose a segment of at most {fits} elements, or raise the MTU",
+                        spec.segment, m.interface
+                    ),
+                }
+                .into());
+            }
             if !self.ports.contains(&m.interface) {
                 return Err(JobError {
                     field: format!("members[{i}].interface"),
@@ -492,6 +514,11 @@ pub struct SlotStatus {
     pub count: u32,
     /// Members whose contribution is not in.
     pub missing: Vec<u8>,
+}
+
+/// Bytes of the IPv4 packet that carries `payload` bytes of a segment (padded to 8).
+pub fn packet_len(payload: usize) -> usize {
+    20 + 8 + xagg_common::wire::HEADER_LEN + xagg_common::wire::payload_len(payload, 1)
 }
 
 /// Removes a pinned dataplane: its links (so the programs detach) and maps.

@@ -199,6 +199,19 @@ mod tests {
         assert_eq!(allocate_slots(&[], 101, 100), None);
     }
 
+    /// The documented job file reads as the job it describes.
+    #[test]
+    fn the_example_job_file_reads() {
+        let spec: JobSpec = toml::from_str(include_str!("../../../docs/job.toml")).unwrap();
+        assert_eq!(
+            (spec.id, spec.op, spec.dtype, spec.segment, spec.slots),
+            (1, Op::Sum, DType::I32, 862, 128)
+        );
+        assert_eq!(spec.members.len(), 2);
+        assert_eq!(spec.members[1].addr.to_string(), "10.77.0.12:47801");
+        assert_eq!(spec.shape().unwrap().segment_bytes(), 3448);
+    }
+
     #[test]
     fn errors_name_the_field() {
         // An unknown op is refused where the spec is read, with the valid ones.

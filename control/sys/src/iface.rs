@@ -36,6 +36,39 @@ pub fn holding(ip: Ipv4Addr) -> Result<Option<String>> {
     Ok(None)
 }
 
+/// The MTU of interface `name` (in the calling thread's network namespace).
+pub fn mtu(name: &str) -> Result<usize> {
+    let sock = nix::sys::socket::socket(
+        nix::sys::socket::AddressFamily::Inet,
+        nix::sys::socket::SockType::Datagram,
+        nix::sys::socket::SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .context("a socket to ask for an MTU")?;
+    // Safety: a zeroed ifreq is valid; the name is copied in bounded and NUL-terminated.
+    let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
+    if name.len() >= req.ifr_name.len() {
+        return Err(anyhow!("`{name}` is too long for an interface name"));
+    }
+    for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
+        *d = s as libc::c_char;
+    }
+    // Safety: SIOCGIFMTU reads the name and writes the MTU into `req`, which outlives it.
+    let r = unsafe {
+        libc::ioctl(
+            std::os::fd::AsRawFd::as_raw_fd(&sock),
+            libc::SIOCGIFMTU,
+            &mut req,
+        )
+    };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error())
+            .with_context(|| format!("no MTU for interface `{name}` in this network namespace"));
+    }
+    // Safety: the ioctl filled in the MTU member.
+    Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
+}
+
 pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
     let parts: Vec<&str> = s.split(':').collect();
     let bad = || format!("`{s}` is not a MAC address: write six hex bytes, e.g. 02:00:00:00:00:01");

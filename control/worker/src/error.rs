@@ -63,8 +63,9 @@ pub enum AllreduceError {
         switch: std::net::SocketAddrV4,
         waited: Duration,
     },
+    /// Not marked as the error's source: the message carries it once already.
     #[error("socket: {0}")]
-    Io(#[from] io::Error),
+    Io(io::Error),
     #[error("{0}")]
     Invalid(String),
 }
@@ -76,4 +77,10 @@ fn first_few<T: std::fmt::Display>(items: &[T]) -> String {
         s.push("...".into());
     }
     s.join(", ")
+}
+
+impl From<io::Error> for AllreduceError {
+    fn from(e: io::Error) -> Self {
+        Self::Io(e)
+    }
 }

@@ -105,6 +105,7 @@ pub struct Worker {
 impl Worker {
     pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
         p.lane()?;
+        check_mtu(&p)?;
         Ok(Self {
             transport: Transport::new(&p)?,
             window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
@@ -503,6 +504,27 @@ impl Worker {
         }
         missing
     }
+}
+
+/// Whether the link of the worker's address carries the job's full segments: one IPv4
+/// packet each (skipped when no interface here holds the address).
+fn check_mtu(p: &WorkerParams) -> Result<(), AllreduceError> {
+    let Ok(Some(iface)) = xagg_sys::iface::holding(*p.bind.ip()) else {
+        return Ok(());
+    };
+    let Ok(mtu) = xagg_sys::iface::mtu(&iface) else {
+        return Ok(());
+    };
+    let packet = |payload: usize| 20 + 8 + HEADER_LEN + wire::payload_len(payload, 1);
+    let need = packet(p.shape.segment_bytes());
+    if mtu < need {
+        return Err(AllreduceError::Invalid(format!(
+            "the job's segments of {} bytes make {need}-byte packets, but {iface} has an MTU of {mtu}: at most {} bytes of segment fit; raise the MTU or use a job with shorter segments",
+            p.shape.segment_bytes(),
+            mtu.saturating_sub(packet(0)) & !7
+        )));
+    }
+    Ok(())
 }
 
 /// Whether round `(message, segment)` `a` comes after `b`, in the switch's serial-number

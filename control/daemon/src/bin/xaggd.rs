@@ -60,6 +60,11 @@ fn main() -> Result<()> {
         info!("entered network namespace {ns}");
     }
     let pinned = !cfg.daemon.detach_on_exit;
+    if pinned && private_mounts() {
+        warn!(
+            "xaggd runs in a mount namespace of its own (as under `ip netns exec`): the pins it makes vanish with it, and the dataplane with them. Run it in the host's mount namespace with switch.netns naming the ports' namespace, or set daemon.detach_on_exit = true"
+        );
+    }
     if pinned {
         ensure_bpffs(&cfg.daemon.pin_path)?;
     }
@@ -145,6 +150,18 @@ fn lock(socket: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
                 socket.display()
             )
         }
+    }
+}
+
+/// Whether this process's mount namespace differs from its parent's (or, where that
+/// cannot be read, init's): pins made in it vanish when it ends (`ip netns exec` gives its
+/// command a private one, with /sys mounted again).
+fn private_mounts() -> bool {
+    let parent = format!("/proc/{}/ns/mnt", nix::unistd::getppid());
+    let theirs = std::fs::read_link(&parent).or_else(|_| std::fs::read_link("/proc/1/ns/mnt"));
+    match (std::fs::read_link("/proc/self/ns/mnt"), theirs) {
+        (Ok(mine), Ok(init)) => mine != init,
+        _ => false,
     }
 }
 
