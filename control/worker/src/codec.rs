@@ -82,6 +82,13 @@ pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
     let mut enc = Encoded::default();
     match l {
         Lane::I32 | Lane::U32 => out[..src.len()].copy_from_slice(src),
+        Lane::I64Split => {
+            for (s, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(16)) {
+                let x = i64::from_le_bytes(s.try_into().unwrap());
+                o[..8].copy_from_slice(&(x >> 32).to_le_bytes());
+                o[8..].copy_from_slice(&(x & 0xffff_ffff).to_le_bytes());
+            }
+        }
         Lane::I64 => match dtype {
             DType::I64 => out[..src.len()].copy_from_slice(src),
             DType::I32 => {
@@ -201,6 +208,20 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i8, 
     match l {
         Lane::I32 | Lane::U32 => dst.copy_from_slice(&payload[..dst.len()]),
         Lane::I64 if !avg => dst.copy_from_slice(&payload[..dst.len()]),
+        Lane::I64Split => {
+            // high * 2^32 + low, summed over at most 64 members, fits an i128 exactly; the
+            // mean of i64 values is an i64.
+            for (p, d) in payload
+                .chunks_exact(16)
+                .take(n)
+                .zip(dst.chunks_exact_mut(8))
+            {
+                let high = i64::from_le_bytes(p[..8].try_into().unwrap()) as i128;
+                let low = i64::from_le_bytes(p[8..].try_into().unwrap()) as i128;
+                let mean = ((high << 32) + low).div_euclid(members as i128);
+                d.copy_from_slice(&(mean as i64).to_le_bytes());
+            }
+        }
         Lane::I64 => {
             // Mean, rounded toward negative infinity (floor).
             for (i, p) in payload.chunks_exact(8).take(n).enumerate() {

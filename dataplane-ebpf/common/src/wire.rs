@@ -243,6 +243,10 @@ pub enum Lane {
     Bfp32 = 4,
     /// Order-preserving unsigned 32-bit keys of floats (min and max).
     Key32 = 5,
+    /// The mean of i64: each element as two signed 64-bit lanes, its high 32 bits (signed)
+    /// and its low 32 bits (unsigned), so the switch's wrapping sums of both are exact for
+    /// any 64 members and the worker divides the 128-bit sum once.
+    I64Split = 6,
 }
 
 impl Lane {
@@ -250,6 +254,7 @@ impl Lane {
     pub const fn size(self) -> usize {
         match self {
             Self::I64 => 8,
+            Self::I64Split => 16,
             _ => 4,
         }
     }
@@ -261,6 +266,7 @@ impl Lane {
             3 => Some(Self::I64),
             4 => Some(Self::Bfp32),
             5 => Some(Self::Key32),
+            6 => Some(Self::I64Split),
             _ => None,
         }
     }
@@ -271,6 +277,7 @@ impl Lane {
 pub const fn lane(op: Op, dtype: DType) -> Option<Lane> {
     match (op, dtype) {
         (Op::Avg, DType::I32 | DType::U32) => Some(Lane::I64),
+        (Op::Avg, DType::I64) => Some(Lane::I64Split),
         (_, DType::I32) => Some(Lane::I32),
         (_, DType::U32) => Some(Lane::U32),
         (_, DType::I64) => Some(Lane::I64),

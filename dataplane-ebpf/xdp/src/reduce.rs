@@ -4,7 +4,7 @@
 
 use xagg_common::{
     slot::SLOT_WORDS,
-    wire::{DType, Lane, Op, ENC_OVERFLOW},
+    wire::{Lane, Op},
     ShadowCopy,
 };
 
@@ -109,22 +109,14 @@ pub fn fold(v: &mut ShadowCopy, payload: usize, end: usize, r: &Round, write: bo
     const I64: u8 = Lane::I64 as u8;
     const BFP: u8 = Lane::Bfp32 as u8;
     const KEY: u8 = Lane::Key32 as u8;
+    const I64_SPLIT: u8 = Lane::I64Split as u8;
     let w = r.words;
     match (r.op, r.lane) {
         (SUM, I32 | U32) => fold_words_fast!(v, payload, end, w, write, |a, b| add_32x2(a, b)),
-        (AVG, I64) if r.dtype == DType::I64 as u8 => {
-            // The mean of i64 needs the exact sum: an overflow is reported, not wrapped.
-            let mut ovf = 0u64;
-            fold_words!(v, payload, end, w, write, |a, b| {
-                let s = a.wrapping_add(b);
-                ovf |= (!(a ^ b) & (a ^ s)) >> 63;
-                s
-            });
-            if ovf != 0 {
-                v.flags |= ENC_OVERFLOW as u32;
-            }
+        // The mean of i64 travels split in two lanes whose sums cannot overflow.
+        (SUM | AVG, I64) | (AVG, I64_SPLIT) => {
+            fold_words!(v, payload, end, w, write, |a, b| a.wrapping_add(b))
         }
-        (SUM | AVG, I64) => fold_words!(v, payload, end, w, write, |a, b| a.wrapping_add(b)),
         (SUM | AVG, BFP) => {
             // Align both blocks to the larger exponent, then add the mantissas.
             let (sa, sb) = if r.exponent > v.exponent {
