@@ -635,3 +635,53 @@ fn a_new_process_takes_up_the_next_message_from_the_switch() {
     let stale = sw.counters()["drop_stale"];
     assert_eq!(stale, 0, "no round was sent with an old message id");
 }
+
+/// A worker the switch will not take is told why, from the switch, at once: not the
+/// member it claims to be, a job the switch does not have, more slots than the job's.
+#[test]
+fn a_refused_worker_is_told_why() {
+    if !require_root("a_refused_worker_is_told_why") {
+        return;
+    }
+    let sw = TestSwitch::start("xfi", 2, |_| {});
+    assert!(matches!(
+        sw.add_job(11, 256, 4, &[0, 1]),
+        Response::Job { .. }
+    ));
+    let attempt = |job: u32, member: u8, slots: usize| {
+        in_netns(&sw.lab.worker_ns(0), || {
+            let mut p = xagg_worker::WorkerParams::new(
+                SocketAddrV4::new(SWITCH_IP, DEFAULT_PORT),
+                SocketAddrV4::new(lab::worker_ip(0), WORKER_PORT),
+                job,
+                member,
+                i32_shape(2, slots, 256),
+            );
+            p.give_up = Duration::from_secs(5);
+            let mut w = xagg_worker::Worker::new(p)?;
+            let t = Instant::now();
+            let e = w.allreduce(&mut [1i32; 256]).unwrap_err().to_string();
+            anyhow::ensure!(
+                t.elapsed() < Duration::from_secs(2),
+                "told only after {:?}: {e}",
+                t.elapsed()
+            );
+            Ok(e)
+        })
+        .unwrap()
+    };
+    let before = sw.counters();
+    let e = attempt(11, 1, 4);
+    assert!(
+        e.contains("the switch refused this member: this is not member 1"),
+        "{e}"
+    );
+    let e = attempt(99, 0, 4);
+    assert!(e.contains("it has no job 99"), "{e}");
+    let e = attempt(11, 0, 8);
+    assert!(e.contains("is outside the job's slots"), "{e}");
+    let after = sw.counters();
+    for c in ["drop_not_member", "drop_unknown_job", "drop_slot_range"] {
+        assert!(after[c] > before[c], "{c} counts the refusal");
+    }
+}

@@ -64,6 +64,8 @@ pub enum AllreduceError {
         waited: Duration,
     },
     /// Not marked as the error's source: the message carries it once already.
+    #[error("job {job}: the switch refused this member: {reason}")]
+    Refused { job: u32, reason: String },
     #[error("socket: {0}")]
     Io(io::Error),
     #[error("{0}")]

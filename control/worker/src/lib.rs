@@ -163,11 +163,17 @@ impl Worker {
                 }
                 next_send = now + self.window.rto();
             }
+            let mut refusal = None;
             let got = self.receive_status(&mut |h, _| {
-                if let Some(c) = copies.get_mut(usize::from(h.slot())) {
+                if wire::status::is_refusal(h.status) {
+                    refusal = Some((h.status, h.slot()));
+                } else if let Some(c) = copies.get_mut(usize::from(h.slot())) {
                     c[h.shadow()] = Some((h.status, h.message(), h.segment()));
                 }
             });
+            if let Some((code, slot)) = refusal {
+                return Err(self.refused(code, slot));
+            }
             match got {
                 Err(e)
                     if !matches!(
@@ -206,6 +212,26 @@ impl Worker {
                     f(&p.header, p.payload);
                 }
             })
+    }
+
+    /// Why the switch refused this member, from a status reply's refusal `code`.
+    fn refused(&self, code: u8, slot: u16) -> AllreduceError {
+        let (job, member) = (self.p.job, self.p.member);
+        let reason = match code {
+            wire::status::REFUSED_UNKNOWN_JOB => {
+                format!("it has no job {job}: add the job first, or check --job")
+            }
+            wire::status::REFUSED_NOT_MEMBER => format!(
+                "this is not member {member} of the job as registered: the member index, the switch port this host is behind, or its MAC, IPv4 address or UDP port ({}) differ from the job's; compare --member and --bind with `xagg job list --json`",
+                self.p.bind
+            ),
+            wire::status::REFUSED_SLOT_RANGE => format!(
+                "slot {slot} is outside the job's slots: this worker's --slots ({}) is more than the job has",
+                self.p.shape.slots()
+            ),
+            c => format!("refusal {c:#x}"),
+        };
+        AllreduceError::Refused { job, reason }
     }
 
     /// Asks the switch for the state of `shadow` of `slot` (the round given is the one the

@@ -396,6 +396,18 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
 /// Execution status carried in results (seed 000's "execution status").
 pub mod status {
     pub const OK: u8 = 0;
+    /// A status reply refusing the query, so a worker learns why the switch does not take
+    /// it: the switch has no such job.
+    pub const REFUSED_UNKNOWN_JOB: u8 = 0x81;
+    /// The sender is not that member of the job: the member index, the port it came in on
+    /// or its source addresses differ from the job's.
+    pub const REFUSED_NOT_MEMBER: u8 = 0x82;
+    /// The slot is outside the job's slots.
+    pub const REFUSED_SLOT_RANGE: u8 = 0x83;
+    /// Whether a status reply's `status` refuses the query.
+    pub const fn is_refusal(s: u8) -> bool {
+        s & 0x80 != 0
+    }
 }
 
 /// The collective header, 30 bytes, every multi-byte field big-endian. Fields are byte

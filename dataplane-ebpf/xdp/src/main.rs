@@ -129,22 +129,49 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if !query && inject(faults().drop_contribution) {
         return Err(Counter::InjectDropContribution);
     }
-    let job = unsafe { JOBS.get(hdr.job()) }.ok_or(Counter::DropUnknownJob)?;
-    let member = hdr.member as usize;
-    if member >= wire::MAX_MEMBERS || job.members & (1u64 << member) == 0 {
-        return Err(Counter::DropNotMember);
-    }
-    // The header only claims who sent it: the port it came in on and its source
-    // addresses must be the member's.
-    let addr = &job.member[member];
-    if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
-        return Err(Counter::DropNotMember);
-    }
+    let (job, member) = match admit(ctx, &frame) {
+        Ok(admitted) => admitted,
+        // A query is answered with the reason, so its worker learns why it is refused.
+        Err(c) if query => return refuse(&frame, cfg, c),
+        Err(c) => return Err(c),
+    };
     if query {
         status_query(ctx, &frame, cfg, job)
     } else {
         contribution(ctx, &frame, cfg, job, member)
     }
+}
+
+/// The job and member a packet is from, if it is: the header only claims who sent it, so
+/// the port it came in on and its source addresses must be the member's.
+#[inline(always)]
+fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Counter> {
+    let hdr = frame.header();
+    let job = unsafe { JOBS.get(hdr.job()) }.ok_or(Counter::DropUnknownJob)?;
+    let member = hdr.member as usize;
+    if member >= wire::MAX_MEMBERS || job.members & (1u64 << member) == 0 {
+        return Err(Counter::DropNotMember);
+    }
+    let addr = &job.member[member];
+    if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
+        return Err(Counter::DropNotMember);
+    }
+    Ok((job, member))
+}
+
+/// Answers a status query the switch does not take with the reason, to its sender alone;
+/// the reason is counted as the drop it is.
+#[inline(always)]
+fn refuse(frame: &Frame, cfg: &SwitchConfig, c: Counter) -> Result<(u32, Counter), Counter> {
+    let code = match c {
+        Counter::DropUnknownJob => wire::status::REFUSED_UNKNOWN_JOB,
+        Counter::DropNotMember => wire::status::REFUSED_NOT_MEMBER,
+        Counter::DropSlotRange => wire::status::REFUSED_SLOT_RANGE,
+        _ => return Err(c),
+    };
+    frame.into_refusal(code);
+    frame.to_sender(cfg);
+    Ok((xdp_action::XDP_TX, c))
 }
 
 /// The job's slot a packet names, in the job's range of the `SLOTS` map.
@@ -167,7 +194,10 @@ fn status_query(
     cfg: &SwitchConfig,
     job: &Job,
 ) -> Result<(u32, Counter), Counter> {
-    let slot = slot_of(job, frame.header())?;
+    let slot = match slot_of(job, frame.header()) {
+        Ok(slot) => slot,
+        Err(c) => return refuse(frame, cfg, c),
+    };
     if frame.payload_len() != packet::STATUS_LEN {
         return Err(Counter::DropBadLength);
     }

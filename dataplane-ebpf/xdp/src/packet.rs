@@ -206,6 +206,15 @@ impl Frame {
         from_switch(self.data, cfg);
     }
 
+    /// Turns a status query the switch does not take into a reply carrying why (`code`, a
+    /// `wire::status` refusal).
+    #[inline(always)]
+    pub fn into_refusal(&self, code: u8) {
+        let hdr = self.header_mut();
+        hdr.set_kind(Kind::StatusReply);
+        hdr.status = code;
+    }
+
     /// Turns a status query into its reply: the header carries the copy's round (message,
     /// segment, `count`) and state (`status`), the payload the members already in (`seen`)
     /// and all the job's members, little-endian. `false` if the frame is too short (the
