@@ -685,3 +685,34 @@ fn a_refused_worker_is_told_why() {
         assert!(after[c] > before[c], "{c} counts the refusal");
     }
 }
+
+/// A lasting send failure (no route to the switch) ends the request at once with its
+/// cause, unlike the passing refusals of a packet filter.
+#[test]
+fn no_route_to_the_switch_ends_the_request_with_its_cause() {
+    if !require_root("no_route_to_the_switch_ends_the_request_with_its_cause") {
+        return;
+    }
+    let sw = TestSwitch::start("xfj", 1, |_| {});
+    let e = in_netns(&sw.lab.worker_ns(0), || {
+        // 192.0.2.0/24 (TEST-NET-1): no route to it in the worker's namespace.
+        let p = xagg_worker::WorkerParams::new(
+            SocketAddrV4::new([192, 0, 2, 1].into(), DEFAULT_PORT),
+            SocketAddrV4::new(lab::worker_ip(0), WORKER_PORT),
+            1,
+            0,
+            i32_shape(1, 4, 256),
+        );
+        let mut w = xagg_worker::Worker::new(p)?;
+        let t = Instant::now();
+        let e = w.allreduce(&mut [1i32; 256]).unwrap_err().to_string();
+        anyhow::ensure!(
+            t.elapsed() < Duration::from_secs(2),
+            "after {:?}: {e}",
+            t.elapsed()
+        );
+        Ok(e)
+    })
+    .unwrap();
+    assert!(e.contains("socket") && e.contains("unreachable"), "{e}");
+}

@@ -43,32 +43,36 @@ pub fn job(n: usize, op: Op, dtype: DType, elements: u16, slot_base: u32, slots:
     j
 }
 
-/// An Ethernet/IPv4/UDP frame from `src` to the switch carrying `udp_payload`.
+/// An Ethernet/IPv4/UDP frame from `src` to the switch carrying `udp_payload`: IPv4 with
+/// DF set, TTL 64, identification 0, a valid header checksum, and no UDP checksum (as the
+/// test vectors of docs/protocol.md have it).
 pub fn frame(src: &MemberAddr, dst_port: u16, udp_payload: &[u8]) -> Vec<u8> {
+    use etherparse::{EtherType, Ethernet2Header, IpNumber, Ipv4Header, UdpHeader};
+    let eth = Ethernet2Header {
+        source: src.mac,
+        destination: SWITCH_MAC,
+        ether_type: EtherType::IPV4,
+    };
+    let udp = UdpHeader {
+        source_port: u16::from_be_bytes(src.port),
+        destination_port: dst_port,
+        length: (UdpHeader::LEN + udp_payload.len()) as u16,
+        checksum: 0,
+    };
+    let mut ip = Ipv4Header::new(udp.length, 64, IpNumber::UDP, src.ip, SWITCH_IP.octets())
+        .expect("a test frame fits an IPv4 packet");
+    ip.dont_fragment = true;
+    ip.header_checksum = ip.calc_header_checksum();
     let mut f = Vec::with_capacity(42 + udp_payload.len());
-    f.extend_from_slice(&SWITCH_MAC);
-    f.extend_from_slice(&src.mac);
-    f.extend_from_slice(&0x0800u16.to_be_bytes());
-    let total = (20 + 8 + udp_payload.len()) as u16;
-    let mut ip = [0u8; 20];
-    ip[0] = 0x45;
-    ip[2..4].copy_from_slice(&total.to_be_bytes());
-    ip[6] = 0x40; // don't fragment
-    ip[8] = 64;
-    ip[9] = 17;
-    ip[12..16].copy_from_slice(&src.ip);
-    ip[16..20].copy_from_slice(&SWITCH_IP.octets());
-    let c = ipv4_checksum(&ip);
-    ip[10..12].copy_from_slice(&c.to_be_bytes());
-    f.extend_from_slice(&ip);
-    f.extend_from_slice(&src.port);
-    f.extend_from_slice(&dst_port.to_be_bytes());
-    f.extend_from_slice(&((8 + udp_payload.len()) as u16).to_be_bytes());
-    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&eth.to_bytes());
+    f.extend_from_slice(&ip.to_bytes());
+    f.extend_from_slice(&udp.to_bytes());
     f.extend_from_slice(udp_payload);
     f
 }
 
+/// The Internet checksum of an IPv4 header whose checksum field is zero, for tests that
+/// edit a frame's header byte by byte.
 pub fn ipv4_checksum(h: &[u8]) -> u16 {
     let mut sum: u32 = h
         .chunks(2)
