@@ -1,8 +1,9 @@
 //! Worker-side conversions between a buffer's elements and the wire's lanes
 //! (`xagg_common::wire::Lane`). BPF has no floating point, so floats become integers here:
 //!
-//! - integers travel as they are; `avg` over i32 and u32 travels widened to i64, so the
-//!   switch's sum is exact, and the worker divides;
+//! - integers travel as they are; `avg` over i32 and u32 travels widened to i64, and `avg`
+//!   over i64 as two i64 lanes (high and low 32 bits), so the switch's sums are exact, and
+//!   the worker divides;
 //! - `sum` and `avg` of floats use **block floating point**: each packet carries one
 //!   exponent `k` and signed 32-bit mantissas `m = round(x / 2^k)`, with `k` chosen so the
 //!   largest magnitude of the segment maps to at most 2^24. The switch aligns two blocks to

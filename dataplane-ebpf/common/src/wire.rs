@@ -35,9 +35,10 @@ pub enum Kind {
     Contribution = 1,
     /// The reduced segment, aggregation point -> members.
     Result = 2,
-    /// Ask for a slot's state (reserved for loss diagnostics).
+    /// Ask for a shadow copy's state (a worker's sync before its first allreduce, and
+    /// loss diagnostics).
     StatusQuery = 3,
-    /// Answer to a status query (reserved).
+    /// Answer to a status query: the copy's state, or why the query is refused.
     StatusReply = 4,
 }
 
@@ -290,7 +291,8 @@ pub const fn lane(op: Op, dtype: DType) -> Option<Lane> {
 /// `enc_flags` bit: some member's segment held NaN or an infinity that the encoding cannot
 /// carry; the switch keeps it sticky in the slot and returns it with the result.
 pub const ENC_NONFINITE: u16 = 1 << 0;
-/// `enc_flags` bit: a signed 64-bit sum overflowed (`avg` over i64 reports it).
+/// `enc_flags` bit: reserved for an encoding whose sum can overflow (none now: the mean of
+/// i64 travels in two lanes).
 pub const ENC_OVERFLOW: u16 = 1 << 1;
 
 /// Most elements one segment of `op` over `dtype` carries.
