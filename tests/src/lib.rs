@@ -18,7 +18,7 @@ use xagg_daemon::{
 };
 pub use xagg_lab::{bin, testrun::*};
 use xagg_lab::{lab::Lab, switch::LabSwitch};
-use xagg_worker::{Report, WorkerParams};
+use xagg_worker::Report;
 
 /// The switch program of this build, loaded for BPF_PROG_RUN.
 pub fn load_switch() -> Switch {
@@ -132,25 +132,5 @@ impl TestSwitch {
         let shape = i32_shape(workers.len(), slots, segment);
         self.0
             .allreduce_with(job, message, shape, workers, port, elems, seed, |_| {})
-    }
-
-    /// [`Self::allreduce`] with every worker's parameters adjusted by `tweak`.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one argument per knob of the run"
-    )]
-    pub fn allreduce_with(
-        &self,
-        job: u32,
-        message: u32,
-        shape: JobShape,
-        workers: &[usize],
-        port: u16,
-        elems: usize,
-        seed: u64,
-        tweak: impl Fn(&mut WorkerParams) + Sync,
-    ) -> Vec<Report> {
-        self.0
-            .allreduce_with(job, message, shape, workers, port, elems, seed, tweak)
     }
 }

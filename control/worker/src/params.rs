@@ -103,12 +103,4 @@ impl WorkerParams {
         }
         Ok(lane)
     }
-
-    /// Elements of the job's data type in a full segment.
-    pub fn segment_elements(&self) -> usize {
-        self.lane()
-            .ok()
-            .and_then(|l| self.shape.segment_elements(l).ok())
-            .unwrap_or(0)
-    }
 }
