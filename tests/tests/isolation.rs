@@ -78,7 +78,7 @@ fn eight_jobs_at_once_and_one_removed_midway() {
                     let shape = i32_shape(2, 8, 256);
                     let mut p = xagg_worker::WorkerParams::new(sw_addr, bind, 9, m as u8, shape);
                     p.give_up = Duration::from_secs(2);
-                    let mut w = xagg_worker::Worker::new(p).unwrap();
+                    let w = xagg_worker::Worker::new(p).unwrap();
                     let mut buf = vec![3i32; 64 << 20 >> 2];
                     (0..100).find_map(|_| w.allreduce(&mut buf).err())
                 })

@@ -166,7 +166,7 @@ fn missing_member_fails_fast_with_a_clear_error() {
                 i32_shape(WORKERS.len(), 8, 256),
             );
             p.give_up = std::time::Duration::from_secs(1);
-            let mut w = xagg_worker::Worker::new(p).unwrap();
+            let w = xagg_worker::Worker::new(p).unwrap();
             let mut buf = vec![1i32; 4096];
             w.allreduce(&mut buf).unwrap_err()
         })

@@ -167,7 +167,7 @@ fn one_job_reduces_a_different_pair_each_message() {
                         w as u8,
                         i32_shape(3, 32, 862),
                     );
-                    let mut wk = worker::Worker::new(p).unwrap();
+                    let wk = worker::Worker::new(p).unwrap();
                     pairs
                         .iter()
                         .enumerate()

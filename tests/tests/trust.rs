@@ -249,7 +249,7 @@ fn member_run(
         );
         p.first_message = Some(message);
         p.give_up = give_up;
-        let mut w = xagg_worker::Worker::new(p)?;
+        let w = xagg_worker::Worker::new(p)?;
         let mut buf = vec![0i32; elems];
         xagg_worker::data::fill(seed, u32::from(member), &mut buf);
         w.allreduce(&mut buf)?;
@@ -554,7 +554,7 @@ fn lost_results_are_not_blamed_on_the_switch() {
                 i32_shape(1, 4, 256),
             );
             p.give_up = Duration::from_secs(1);
-            let mut w = xagg_worker::Worker::new(p)?;
+            let w = xagg_worker::Worker::new(p)?;
             Ok(w.allreduce(&mut [1i32; 256]).unwrap_err().to_string())
         })
         .unwrap()
@@ -618,7 +618,7 @@ fn a_new_process_takes_up_the_next_message_from_the_switch() {
                             m,
                             i32_shape(2, 4, 256),
                         );
-                        let mut w = xagg_worker::Worker::new(p)?;
+                        let w = xagg_worker::Worker::new(p)?;
                         let mut buf = vec![0i32; elems];
                         xagg_worker::data::fill(77, u32::from(m), &mut buf);
                         w.allreduce(&mut buf)?;
@@ -658,7 +658,7 @@ fn a_refused_worker_is_told_why() {
                 i32_shape(2, slots, 256),
             );
             p.give_up = Duration::from_secs(5);
-            let mut w = xagg_worker::Worker::new(p)?;
+            let w = xagg_worker::Worker::new(p)?;
             let t = Instant::now();
             let e = w.allreduce(&mut [1i32; 256]).unwrap_err().to_string();
             anyhow::ensure!(
@@ -703,7 +703,7 @@ fn no_route_to_the_switch_ends_the_request_with_its_cause() {
             0,
             i32_shape(1, 4, 256),
         );
-        let mut w = xagg_worker::Worker::new(p)?;
+        let w = xagg_worker::Worker::new(p)?;
         let t = Instant::now();
         let e = w.allreduce(&mut [1i32; 256]).unwrap_err().to_string();
         anyhow::ensure!(

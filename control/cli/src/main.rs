@@ -540,7 +540,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             a.size
         );
     }
-    let mut w = Worker::new(p)?;
+    let w = Worker::new(p)?;
     // Before any clock starts: which shadow copy each slot takes next, from the switch.
     w.sync()?;
     let n = a.size / size;

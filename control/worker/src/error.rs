@@ -66,10 +66,71 @@ pub enum AllreduceError {
     /// Not marked as the error's source: the message carries it once already.
     #[error("job {job}: the switch refused this member: {reason}")]
     Refused { job: u32, reason: String },
+    #[error("allreduce of job {job}{}: cancelled", message.map(|m| format!(" message {m}")).unwrap_or_default())]
+    Cancelled { job: u32, message: Option<u32> },
     #[error("socket: {0}")]
     Io(io::Error),
     #[error("{0}")]
     Invalid(String),
+}
+
+impl Clone for AllreduceError {
+    fn clone(&self) -> Self {
+        match self {
+            Self::Timeout {
+                job,
+                message,
+                waited,
+                missing,
+            } => Self::Timeout {
+                job: *job,
+                message: *message,
+                waited: *waited,
+                missing: missing.clone(),
+            },
+            Self::NonFinite {
+                job,
+                message,
+                segments,
+            } => Self::NonFinite {
+                job: *job,
+                message: *message,
+                segments: segments.clone(),
+            },
+            Self::Overflow {
+                job,
+                message,
+                segments,
+            } => Self::Overflow {
+                job: *job,
+                message: *message,
+                segments: segments.clone(),
+            },
+            Self::NoSwitch {
+                job,
+                switch,
+                waited,
+            } => Self::NoSwitch {
+                job: *job,
+                switch: *switch,
+                waited: *waited,
+            },
+            Self::Refused { job, reason } => Self::Refused {
+                job: *job,
+                reason: reason.clone(),
+            },
+            Self::Cancelled { job, message } => Self::Cancelled {
+                job: *job,
+                message: *message,
+            },
+            // An OS error keeps its code; others their kind and text.
+            Self::Io(e) => Self::Io(match e.raw_os_error() {
+                Some(code) => io::Error::from_raw_os_error(code),
+                None => io::Error::new(e.kind(), e.to_string()),
+            }),
+            Self::Invalid(s) => Self::Invalid(s.clone()),
+        }
+    }
 }
 
 /// The first eight items, comma-separated, then "..." if there are more.

@@ -27,29 +27,26 @@
 
 pub mod codec;
 pub mod data;
+mod engine;
 mod error;
 mod params;
 pub mod report;
+pub mod request;
 pub mod transport;
 pub mod window;
 #[cfg(feature = "afxdp")]
 pub mod xsk;
 
-use std::{
-    io,
-    time::{Duration, Instant},
-};
+use std::{sync::Arc, time::Duration};
 
+use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Missing};
 pub use params::WorkerParams;
-pub use report::Report;
+pub use report::{Path, Report};
+use request::Shared;
+pub use request::{Buffer, Completion, CompletionQueue, Request};
 use transport::Transport;
-use window::{InFlight, Window};
-use xagg_common::{
-    job::members_of,
-    slot::ShadowState,
-    wire::{self, DType, Header, Kind, Lane, Op, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN},
-};
+use xagg_common::wire::{self, DType, Lane, Op, HEADER_LEN};
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
 pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
@@ -90,184 +87,130 @@ impl Reduction {
     }
 }
 
+/// A member of a job: submits allreduces and makes them progress. Cheap to clone; clones
+/// share the member's socket and requests, and may be used from several threads.
+#[derive(Clone)]
 pub struct Worker {
-    p: WorkerParams,
-    /// What the current message reduces (each message carries its own).
-    reduction: Reduction,
-    transport: Transport,
-    window: Window,
-    next_message: u32,
-    rng: u64,
-    /// Whether the window knows which shadow copy each slot uses next ([`Worker::sync`]).
-    synced: bool,
+    inner: Arc<WorkerInner>,
 }
 
 impl Worker {
+    /// Opens the member's socket (its address and port: `p.bind`) and checks the
+    /// parameters. Nothing is sent until the first request.
     pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
         p.lane()?;
         check_mtu(&p)?;
+        Reduction::new(p.op, p.dtype)?;
+        let transport = Transport::new(&p)?;
         Ok(Self {
-            transport: Transport::new(&p)?,
-            window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
-            next_message: p.first_message.unwrap_or(0),
-            synced: false,
-            rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,
-            reduction: Reduction::new(p.op, p.dtype)?,
-            p,
+            inner: Arc::new(WorkerInner::new(p, transport)),
         })
     }
 
     pub fn params(&self) -> &WorkerParams {
-        &self.p
+        &self.inner.p
     }
 
-    /// Learns from the switch which shadow copy each of the job's slots takes next, so a
-    /// job continued by a new process (`first_message` after an earlier process's last)
-    /// keeps every stored result someone may still ask for. The first allreduce does it
-    /// when it has not been done; calling it before the clock of a measurement starts
-    /// keeps its round trip out of the figures.
+    pub(crate) fn inner(&self) -> &Arc<WorkerInner> {
+        &self.inner
+    }
+
+    /// Learns the job's state from the switch (which message comes next, which shadow
+    /// copy each slot takes), waiting for it. The first request does it when it has not
+    /// been done; calling it before the clock of a measurement starts keeps its round trip
+    /// out of the figures. Fails as a request would: no reply ([`AllreduceError::NoSwitch`])
+    /// or a refusal ([`AllreduceError::Refused`]).
+    pub fn sync(&self) -> Result<(), AllreduceError> {
+        loop {
+            if let Some(r) = self.inner.with_engine(|e| e.sync()) {
+                return r;
+            }
+            self.inner.progress(self.inner.step());
+        }
+    }
+
+    /// Submits an allreduce of `buffer` in place with `op` (its data type is the
+    /// buffer's) and returns its handle at once. The request owns the buffer until its
+    /// [`Completion`] hands it back with the result.
     ///
-    /// Per slot the worker asks for both copies. A copy holding a round of its own first
-    /// message was started by the other members: it joins that copy. Otherwise the next
-    /// round takes the copy that does not hold the newest round (copy 0 when both are
-    /// empty, as on a new job): exactly what a process that had run the earlier messages
-    /// would use, since every earlier message's rounds are complete before any member
-    /// sends a later one.
-    pub fn sync(&mut self) -> Result<(), AllreduceError> {
-        if self.synced {
-            return Ok(());
-        }
-        let slots = self.p.shape.slots();
-        // Per slot and copy: (state, message, segment) as the switch answered.
-        let mut copies: Vec<[Option<(u8, u32, u32)>; 2]> = vec![[None; 2]; slots];
-        let start = Instant::now();
-        let mut next_send = start;
-        self.transport.set_wait(Duration::from_millis(5))?;
-        let job = self.p.job;
-        while copies.iter().any(|c| c.iter().any(Option::is_none)) {
-            let now = Instant::now();
-            if now.duration_since(start) > self.p.give_up {
-                return Err(AllreduceError::NoSwitch {
-                    job,
-                    switch: self.p.switch,
-                    waited: now.duration_since(start),
-                });
-            }
-            if now >= next_send {
-                for (slot, c) in copies.iter().enumerate() {
-                    for shadow in [0u8, 1] {
-                        if c[usize::from(shadow)].is_none() {
-                            self.query(self.next_message, 0, slot, shadow)?;
-                        }
-                    }
-                }
-                next_send = now + self.window.rto();
-            }
-            let mut refusal = None;
-            let got = self.receive_status(&mut |h, _| {
-                if wire::status::is_refusal(h.status) {
-                    refusal = Some((h.status, h.slot()));
-                } else if let Some(c) = copies.get_mut(usize::from(h.slot())) {
-                    c[h.shadow()] = Some((h.status, h.message(), h.segment()));
-                }
-            });
-            if let Some((code, slot)) = refusal {
-                return Err(self.refused(code, slot));
-            }
-            match got {
-                Err(e)
-                    if !matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) =>
-                {
-                    return Err(e.into())
-                }
-                _ => {}
-            }
-        }
-        let copies: Vec<[(u8, u32, u32); 2]> = copies
-            .iter()
-            .map(|c| c.map(|x| x.expect("every copy answered")))
-            .collect();
-        if self.p.first_message.is_none() {
-            self.next_message = next_message(&copies);
-        }
-        for (slot, held) in copies.iter().enumerate() {
-            self.window
-                .set_next_shadow(slot, next_shadow(*held, self.next_message));
-        }
-        self.synced = true;
-        Ok(())
+    /// Every member of a job must submit the job's requests in the same order, each with
+    /// the same length, op and type as the other members' (the messages' sizes decide
+    /// which slot each segment takes). Errors here are the request's own: an op the type
+    /// does not take or a segment that holds no element ([`AllreduceError::Invalid`]);
+    /// everything the network or the switch says comes in the completion.
+    pub fn submit(&self, op: Op, buffer: Buffer) -> Result<Request, AllreduceError> {
+        let shared = Shared::new(self.params().job, None);
+        self.enqueue(op, None, buffer, shared.clone())?;
+        Ok(Request::new(shared, self.inner.clone()))
     }
 
-    /// Waits once for what comes in, handing each status reply of the job (its header and
-    /// payload) to `f`.
-    fn receive_status(&mut self, f: &mut impl FnMut(&Header, &[u8])) -> io::Result<()> {
-        let job = self.p.job;
-        self.transport
-            .receive(false, Duration::ZERO, &mut |d: &[u8]| {
-                let Ok(p) = wire::decode(d) else { return };
-                if p.header.kind == Kind::StatusReply as u8 && p.header.job() == job {
-                    f(&p.header, p.payload);
-                }
-            })
+    /// Submits an allreduce of `input` with `op` whose result goes to `output` (same
+    /// length and type); `input` is only read, and comes back unchanged with the
+    /// completion, whatever happened — what a caller needs that falls back to another way
+    /// when this one fails.
+    pub fn submit_separate(
+        &self,
+        op: Op,
+        input: Buffer,
+        output: Buffer,
+    ) -> Result<Request, AllreduceError> {
+        let shared = Shared::new(self.params().job, None);
+        self.enqueue(op, Some(input), output, shared.clone())?;
+        Ok(Request::new(shared, self.inner.clone()))
     }
 
-    /// Why the switch refused this member, from a status reply's refusal `code`.
-    fn refused(&self, code: u8, slot: u16) -> AllreduceError {
-        let (job, member) = (self.p.job, self.p.member);
-        let reason = match code {
-            wire::status::REFUSED_UNKNOWN_JOB => {
-                format!("it has no job {job}: add the job first, or check --job")
-            }
-            wire::status::REFUSED_NOT_MEMBER => format!(
-                "this is not member {member} of the job as registered: the member index, the switch port this host is behind, or its MAC, IPv4 address or UDP port ({}) differ from the job's; compare --member and --bind with `xagg job list --json`",
-                self.p.bind
-            ),
-            wire::status::REFUSED_SLOT_RANGE => format!(
-                "slot {slot} is outside the job's slots: this worker's --slots ({}) is more than the job has",
-                self.p.shape.slots()
-            ),
-            c => format!("refusal {c:#x}"),
-        };
-        AllreduceError::Refused { job, reason }
-    }
-
-    /// Asks the switch for the state of `shadow` of `slot` (the round given is the one the
-    /// worker has in mind; the reply carries the copy's own).
-    fn query(
-        &mut self,
-        message: u32,
-        segment: u32,
-        slot: usize,
-        shadow: u8,
+    /// Checks a request and hands it to the engine.
+    pub(crate) fn enqueue(
+        &self,
+        op: Op,
+        input: Option<Buffer>,
+        output: Buffer,
+        shared: Arc<Shared>,
     ) -> Result<(), AllreduceError> {
-        let h = Header::builder(Kind::StatusQuery)
-            .op(self.reduction.op)
-            .dtype(self.reduction.dtype)
-            .job(self.p.job)
-            .message(message)
-            .segment(segment)
-            .slot(slot as u16)
-            .member(self.p.member)
-            .shadow(shadow)
-            .build();
-        let mut q = [0u8; HEADER_LEN + wire::STATUS_PAYLOAD];
-        let n = wire::finish(&h, wire::STATUS_PAYLOAD, &mut q).expect("room for a query");
-        self.transport.send_now(&q[..n])?;
+        let dtype = output.dtype();
+        let r = Reduction::new(op, dtype)?;
+        if let Some(i) = &input {
+            if i.dtype() != dtype || i.len() != output.len() {
+                return Err(AllreduceError::Invalid(format!(
+                    "the input ({} bytes of {}) and the output ({} bytes of {dtype}) differ in length or type",
+                    i.len(),
+                    i.dtype(),
+                    output.len()
+                )));
+            }
+        }
+        if !output.len().is_multiple_of(dtype.size()) {
+            return Err(AllreduceError::Invalid(format!(
+                "buffer of {} bytes is not a whole number of {dtype} elements",
+                output.len(),
+            )));
+        }
+        // A segment carries as many lanes of this message's type as fit the job's bytes.
+        let segment_bytes = self.params().shape.segment_bytes();
+        if segment_bytes < r.lane.size() {
+            return Err(AllreduceError::Invalid(format!(
+                "the job's segments of {segment_bytes} bytes hold no {}-byte lane of {op} over {dtype}",
+                r.lane.size()
+            )));
+        }
+        self.inner.enqueue(Pending {
+            r,
+            input,
+            output,
+            shared,
+        });
         Ok(())
     }
 
-    /// Allreduce of `buf` in place with the job's op (`WorkerParams::op`).
-    pub fn allreduce<T: Element>(&mut self, buf: &mut [T]) -> Result<Report, AllreduceError> {
-        self.allreduce_op(self.p.op, buf)
+    /// Allreduce of `buf` in place with the job's op (`WorkerParams::op`), waiting for it.
+    pub fn allreduce<T: Element>(&self, buf: &mut [T]) -> Result<Report, AllreduceError> {
+        self.allreduce_op(self.params().op, buf)
     }
 
-    /// Allreduce of `buf` in place with `op`: every message carries its own op and type,
-    /// so one job reduces any pair the switch supports.
+    /// Allreduce of `buf` in place with `op`, waiting for it: every message carries its
+    /// own op and type, so one job reduces any pair the switch supports.
     pub fn allreduce_op<T: Element>(
-        &mut self,
+        &self,
         op: Op,
         buf: &mut [T],
     ) -> Result<Report, AllreduceError> {
@@ -285,250 +228,44 @@ impl Worker {
     }
 
     /// Allreduce of a buffer of little-endian elements of the job's data type, with the
-    /// job's op.
-    pub fn allreduce_bytes(&mut self, buf: &mut [u8]) -> Result<Report, AllreduceError> {
-        self.allreduce_bytes_as(self.p.op, self.p.dtype, buf)
+    /// job's op, waiting for it.
+    pub fn allreduce_bytes(&self, buf: &mut [u8]) -> Result<Report, AllreduceError> {
+        self.allreduce_bytes_as(self.params().op, self.params().dtype, buf)
     }
 
-    /// Allreduce of a buffer of little-endian elements of `dtype`, with `op`.
+    /// Allreduce of a buffer of little-endian elements of `dtype`, with `op`, waiting for
+    /// it: a request like [`Worker::submit`]'s, over the caller's memory.
     pub fn allreduce_bytes_as(
-        &mut self,
+        &self,
         op: Op,
         dtype: DType,
         buf: &mut [u8],
     ) -> Result<Report, AllreduceError> {
-        let reduction = Reduction::new(op, dtype)?;
-        let size = dtype.size();
-        if !buf.len().is_multiple_of(size) {
-            return Err(AllreduceError::Invalid(format!(
-                "buffer of {} bytes is not a whole number of {dtype} elements",
-                buf.len(),
-            )));
-        }
-        // A segment carries as many lanes of this message's type as fit the job's bytes.
-        let elements = self.p.shape.segment_bytes() / reduction.lane.size();
-        if elements == 0 {
-            return Err(AllreduceError::Invalid(format!(
-                "the job's segments of {} bytes hold no {}-byte lane of {op} over {dtype}",
-                self.p.shape.segment_bytes(),
-                reduction.lane.size()
-            )));
-        }
-        if !buf.is_empty() {
-            self.sync()?;
-        }
-        let start = Instant::now();
-        let message = self.next_message;
-        self.next_message = self.next_message.wrapping_add(1);
-        self.reduction = reduction;
-        let segment_bytes = elements * size;
-        let segments = self.window.begin(message, buf.len(), segment_bytes);
-        let mut report = Report {
-            bytes: buf.len(),
-            segments,
-            ..Report::default()
-        };
-        if segments == 0 {
-            return Ok(report);
-        }
-        let (refused, lost_sends) = (self.transport.refused(), self.transport.lost_sends());
-        let width = self.window.width();
-        let mut order: Vec<usize> = (0..width).collect();
-        if self.p.reorder {
-            for i in (1..order.len()).rev() {
-                self.rng = data::mix(self.rng);
-                order.swap(i, (self.rng % (i as u64 + 1)) as usize);
-            }
-            report.reordered = order
-                .iter()
-                .enumerate()
-                .filter(|(i, &s)| order[..*i].iter().any(|&e| e > s))
-                .count() as u64;
-        }
-        for slot in order {
-            self.send_next(buf, slot, slot)?;
-        }
-        let mut done = 0;
-        let (mut nonfinite, mut overflow) = (Vec::new(), Vec::new());
-        let mut answered = Vec::with_capacity(64);
-        let spin = if segments <= width {
-            self.p.spin
-        } else {
-            Duration::ZERO
-        };
-        let mut last_progress = Instant::now();
-        let mut next_check = Instant::now() + self.window.rto();
-        self.transport
-            .set_wait(self.window.rto() / 4 + Duration::from_micros(100))?;
-        self.transport.flush()?;
-        while done < segments {
-            // Results already queued are taken without blocking; once none is left, the
-            // segments they freed go out as one burst, and only then does the worker wait.
-            let (r, members, window) = (self.reduction, self.p.shape.members(), &self.window);
-            let mut take = |d: &[u8]| {
-                if let Some(a) = accept(r, members, window, d, buf) {
-                    answered.push(a);
-                }
-            };
-            let got = if self.transport.queued() {
-                match self.transport.receive(true, spin, &mut take) {
-                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                        self.transport.flush()?;
-                        self.transport.receive(false, spin, &mut take)
-                    }
-                    r => r,
-                }
-            } else {
-                self.transport.receive(false, spin, &mut take)
-            };
-            match got {
-                Ok(()) => {
-                    for (a, flags) in answered.drain(..) {
-                        let Some(f) = self.window.take(&a) else {
-                            continue;
-                        };
-                        if flags & ENC_NONFINITE != 0 {
-                            nonfinite.push(f.segment as u32);
-                        }
-                        if flags & ENC_OVERFLOW != 0 {
-                            overflow.push(f.segment as u32);
-                        }
-                        done += 1;
-                        last_progress = Instant::now();
-                        if let Some(next) = self.window.next_on(f.segment) {
-                            self.send_next(buf, a.slot, next)?;
-                        }
-                    }
-                }
-                Err(e)
-                    if matches!(
-                        e.kind(),
-                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
-                    ) => {}
-                Err(e) => return Err(e.into()),
-            }
-            let now = Instant::now();
-            if now < next_check {
-                continue;
-            }
-            next_check = now + self.window.rto() / 4;
-            if now.duration_since(last_progress) > self.p.give_up {
-                let missing = self.diagnose();
-                return Err(AllreduceError::Timeout {
-                    job: self.p.job,
-                    message,
-                    waited: now.duration_since(last_progress),
-                    missing,
-                });
-            }
-            for (slot, mut f) in self.window.due(now) {
-                self.send(buf, slot, &f)?;
-                f.sent = Instant::now();
-                self.window.sent(slot, f);
-                report.retransmissions += 1;
-            }
-        }
-        report.seconds = start.elapsed().as_secs_f64();
-        report.refused = self.transport.refused() - refused;
-        report.lost_sends = self.transport.lost_sends() - lost_sends;
-        report.goodput_gbps = buf.len() as f64 * 8.0 / report.seconds / 1e9;
-        if !nonfinite.is_empty() {
-            nonfinite.sort();
-            return Err(AllreduceError::NonFinite {
-                job: self.p.job,
-                message,
-                segments: nonfinite,
-            });
-        }
-        if !overflow.is_empty() {
-            overflow.sort();
-            return Err(AllreduceError::Overflow {
-                job: self.p.job,
-                message,
-                segments: overflow,
-            });
-        }
-        Ok(report)
+        // Safety: the request ends before this returns, and `Waited` takes it out of the
+        // worker if anything unwinds first.
+        let buffer = unsafe { Buffer::borrowed(buf, dtype) };
+        let request = self.submit(op, buffer)?;
+        let mut guard = Waited(Some((request.shared(), self.inner.clone())));
+        let c = request.wait();
+        guard.0 = None;
+        c.status
     }
+}
 
-    /// Sends `segment` on `slot`'s next shadow copy and records it in flight.
-    fn send_next(&mut self, buf: &[u8], slot: usize, segment: usize) -> Result<(), AllreduceError> {
-        let f = InFlight {
-            segment,
-            shadow: self.window.next_shadow(slot),
-            sent: Instant::now(),
-            rto: self.window.rto(),
-            retransmitted: false,
-        };
-        self.send(buf, slot, &f)?;
-        self.window.sent(slot, f);
-        Ok(())
-    }
+/// Cancels a request over borrowed memory if the call waiting for it unwinds, and makes
+/// the worker let go of it before the borrow ends.
+struct Waited(Option<(Arc<Shared>, Arc<WorkerInner>)>);
 
-    /// Encodes the contribution `f` on `slot` in place into the transport's send buffer.
-    fn send(&mut self, buf: &[u8], slot: usize, f: &InFlight) -> Result<(), AllreduceError> {
-        let range = self.window.range(f.segment);
-        let r = self.reduction;
-        let count = range.len() / r.dtype.size();
-        let lane_bytes = count * r.lane.size();
-        let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
-        let out = self.transport.reserve(len)?;
-        let enc = codec::encode(
-            r.op,
-            r.dtype,
-            &buf[range],
-            &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
-        );
-        let h = Header::builder(Kind::Contribution)
-            .op(r.op)
-            .dtype(r.dtype)
-            .job(self.p.job)
-            .message(self.window.message())
-            .segment(f.segment as u32)
-            .slot(slot as u16)
-            .member(self.p.member)
-            .shadow(f.shadow)
-            .last(self.window.is_last(f.segment))
-            .count(count as u16)
-            .exponent(enc.exponent)
-            .enc_flags(enc.flags)
-            .build();
-        wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
-        self.transport.commit(len)?;
-        Ok(())
-    }
-
-    /// Asks the switch, for each segment still in flight, which members its slot waits for.
-    fn diagnose(&mut self) -> Vec<Missing> {
-        let mut missing: Vec<Missing> = Vec::new();
-        let message = self.window.message();
-        let in_flight: Vec<(usize, InFlight)> =
-            self.window.in_flight().map(|(s, f)| (s, *f)).collect();
-        for (slot, f) in in_flight {
-            let _ = self.query(message, f.segment as u32, slot, f.shadow);
-            missing.push(Missing {
-                slot,
-                segment: f.segment as u32,
-                members: None,
-                answered: false,
-            });
-        }
-        let _ = self.transport.set_wait(Duration::from_millis(20));
-        let deadline = Instant::now() + Duration::from_millis(300);
-        while Instant::now() < deadline && missing.iter().any(|m| !m.answered) {
-            let _ = self.receive_status(&mut |h, payload| {
-                let Some(m) = missing.iter_mut().find(|m| m.slot == usize::from(h.slot())) else {
-                    return;
-                };
-                m.answered = true;
-                if h.message() == message && h.segment() == m.segment {
-                    let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
-                    let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
-                    m.members = Some(members_of(all & !seen).collect());
+impl Drop for Waited {
+    fn drop(&mut self) {
+        if let Some((s, w)) = self.0.take() {
+            s.cancel.store(true, std::sync::atomic::Ordering::Relaxed);
+            while !s.delivered() {
+                if !w.progress(w.step()) {
+                    std::thread::sleep(Duration::from_millis(1));
                 }
-            });
+            }
         }
-        missing
     }
 }
 
@@ -551,93 +288,6 @@ fn check_mtu(p: &WorkerParams) -> Result<(), AllreduceError> {
         )));
     }
     Ok(())
-}
-
-/// Whether round `(message, segment)` `a` comes after `b`, in the switch's serial-number
-/// order (ids may wrap).
-fn newer(a: (u32, u32), b: (u32, u32)) -> bool {
-    let dm = a.0.wrapping_sub(b.0) as i32;
-    dm > 0 || (dm == 0 && (a.1.wrapping_sub(b.1) as i32) > 0)
-}
-
-/// The message a new process of a job takes up, from what every slot's copies hold as
-/// (state, message, segment): the newest message if some round of it is still filling
-/// (the others are in it and wait for this member), else the one after it; 0 on a job
-/// that never ran.
-fn next_message(copies: &[[(u8, u32, u32); 2]]) -> u32 {
-    let held = copies
-        .iter()
-        .flatten()
-        .filter(|c| c.0 != ShadowState::Empty as u8);
-    let newest = held
-        .clone()
-        .map(|c| c.1)
-        .reduce(|a, b| if newer((b, 0), (a, 0)) { b } else { a });
-    let Some(newest) = newest else {
-        return 0;
-    };
-    let in_progress = held
-        .filter(|c| c.1 == newest)
-        .any(|c| c.0 == ShadowState::Filling as u8);
-    if in_progress {
-        newest
-    } else {
-        newest.wrapping_add(1)
-    }
-}
-
-/// The copy a slot's next round takes, given what its two copies hold as (state, message,
-/// segment) and the worker's first message: see [`Worker::sync`].
-fn next_shadow(copies: [(u8, u32, u32); 2], message: u32) -> u8 {
-    let held = |c: (u8, u32, u32)| c.0 != ShadowState::Empty as u8;
-    if let Some(i) = (0..2).find(|&i| held(copies[i]) && copies[i].1 == message) {
-        return i as u8;
-    }
-    match (held(copies[0]), held(copies[1])) {
-        (false, false) => 0,
-        (true, false) => 1,
-        (false, true) => 0,
-        (true, true) => {
-            if newer((copies[0].1, copies[0].2), (copies[1].1, copies[1].2)) {
-                1
-            } else {
-                0
-            }
-        }
-    }
-}
-
-/// Checks a received datagram against the window and decodes its result into `buf`;
-/// returns what it answered and the result's encoding flags.
-fn accept(
-    r: Reduction,
-    members: usize,
-    window: &Window,
-    d: &[u8],
-    buf: &mut [u8],
-) -> Option<(window::Answered, u16)> {
-    let packet = wire::decode(d).ok()?;
-    let h = packet.header;
-    let a = window.check(&h, r.op as u8, r.dtype as u8, r.dtype.size())?;
-    let range = window.range(a.flight.segment);
-    let flags = h.enc_flags();
-    if flags & ENC_NONFINITE != 0 {
-        codec::fill_nan(r.dtype, &mut buf[range]);
-    } else {
-        debug_assert_eq!(
-            packet.payload.len(),
-            range.len() / r.dtype.size() * r.lane.size()
-        );
-        codec::decode(
-            r.op,
-            r.dtype,
-            members as u32,
-            packet.payload,
-            h.exponent,
-            &mut buf[range],
-        );
-    }
-    Some((a, flags))
 }
 
 /// Parses sizes like `64MiB`, `4KiB`, `1GB`, `4096`: binary units (K, KiB, M, MiB, G,
@@ -667,6 +317,18 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         .ok_or_else(|| format!("`{s}` is too large"))
 }
 
+// Workers and queues are shared between threads; requests and completions move between
+// them.
+const _: () = {
+    const fn send_sync<T: Send + Sync>() {}
+    const fn send<T: Send>() {}
+    send::<engine::Engine>();
+    send_sync::<Worker>();
+    send_sync::<CompletionQueue>();
+    send::<Request>();
+    send::<Completion>();
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -684,7 +346,7 @@ mod tests {
             0,
             shape,
         );
-        let mut w = Worker::new(p.clone()).unwrap();
+        let w = Worker::new(p.clone()).unwrap();
         let e = w
             .allreduce_op(Op::Xor, &mut [1.0f32; 4])
             .unwrap_err()
@@ -708,44 +370,6 @@ mod tests {
             ..p
         };
         assert!(Worker::new(bad).is_err());
-    }
-
-    #[test]
-    fn the_next_shadow_copy_follows_the_newest_round() {
-        let (empty, done) = (ShadowState::Empty as u8, ShadowState::Done as u8);
-        let filling = ShadowState::Filling as u8;
-        // A new job: copy 0.
-        assert_eq!(next_shadow([(empty, 0, 0), (empty, 0, 0)], 0), 0);
-        // One round so far, on copy 0: copy 1 next.
-        assert_eq!(next_shadow([(done, 4, 3), (empty, 0, 0)], 5), 1);
-        // The newest round decides, by message then segment, ids wrapping.
-        assert_eq!(next_shadow([(done, 4, 3), (done, 4, 7)], 5), 0);
-        assert_eq!(next_shadow([(done, 4, 11), (done, 4, 7)], 5), 1);
-        assert_eq!(next_shadow([(done, 0, 0), (done, u32::MAX, 9)], 1), 1);
-        // Others already started this message's round on copy 1: join it.
-        assert_eq!(next_shadow([(done, 4, 11), (filling, 5, 3)], 5), 1);
-    }
-
-    #[test]
-    fn a_new_process_takes_up_the_jobs_next_message() {
-        let (e, f, d) = (
-            ShadowState::Empty as u8,
-            ShadowState::Filling as u8,
-            ShadowState::Done as u8,
-        );
-        assert_eq!(next_message(&[[(e, 0, 0), (e, 0, 0)]]), 0);
-        // Message 4 done everywhere: 5 next.
-        assert_eq!(
-            next_message(&[[(d, 4, 0), (d, 3, 2)], [(d, 4, 1), (e, 0, 0)]]),
-            5
-        );
-        // Message 5 under way on one slot: take it up.
-        assert_eq!(
-            next_message(&[[(d, 4, 0), (f, 5, 0)], [(d, 4, 1), (e, 0, 0)]]),
-            5
-        );
-        // Ids wrap.
-        assert_eq!(next_message(&[[(d, u32::MAX, 0), (d, 0, 1)]]), 1);
     }
 
     #[test]

@@ -4,9 +4,21 @@
 
 use serde::{Deserialize, Serialize};
 
+/// The way a request's result was made.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Path {
+    /// Aggregated by the switch.
+    #[default]
+    Switch,
+}
+
 /// What one allreduce did.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Report {
+    /// How the result was made.
+    #[serde(default)]
+    pub path: Path,
     pub bytes: usize,
     pub seconds: f64,
     pub goodput_gbps: f64,

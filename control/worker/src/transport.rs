@@ -189,6 +189,16 @@ impl Transport {
         self.lost_sends
     }
 
+    /// The descriptors results come in on, for waiting on several workers at once.
+    pub fn fds(&self) -> Vec<std::os::fd::RawFd> {
+        let sock = self.sock.as_raw_fd();
+        match &self.inbox {
+            #[cfg(feature = "afxdp")]
+            Inbox::Xsk { xsk, .. } => vec![sock, xsk.fd().as_raw_fd()],
+            Inbox::Socket(_) => vec![sock],
+        }
+    }
+
     /// How long a blocking [`Self::receive`] waits.
     pub fn set_wait(&mut self, wait: Duration) -> io::Result<()> {
         match &mut self.inbox {

@@ -1,24 +1,26 @@
-//! The worker's window: which segments of the current message are in flight on which
-//! slots, which shadow copy each slot uses next, when a contribution is due again, and
-//! whether a result that came in is one the worker is waiting for.
+//! The worker's window: which rounds of the job's requests are in flight on which slots,
+//! which shadow copy each slot uses next, when a contribution is due again, and whether a
+//! result that came in is one the worker is waiting for.
 //!
-//! Segment `k` of a message goes to slot `k % W` (W = the job's slots, or fewer for a
-//! short message), and a slot takes its next segment only once the result of its last
-//! one is in. Each use of a slot flips its shadow copy, so the switch keeps the previous
-//! result while a slower member may still ask for it.
+//! A slot has one round (a segment of a message) in flight at a time and takes its next
+//! one only once the result of the last is in; which round comes next is the engine's
+//! schedule ([`crate::engine`]). Each use of a slot flips its shadow copy, so the switch
+//! keeps the previous result while a slower member may still ask for it.
 
-use std::{
-    ops::Range,
-    time::{Duration, Instant},
-};
+use std::time::{Duration, Instant};
 
 use xagg_common::wire::{Header, Kind};
 
 /// A contribution sent and not yet answered.
 #[derive(Clone, Copy, Debug)]
 pub struct InFlight {
+    pub message: u32,
     pub segment: usize,
     pub shadow: u8,
+    /// Elements of the segment, its op and data type: what the result must carry.
+    pub count: u16,
+    pub op: u8,
+    pub dtype: u8,
     pub sent: Instant,
     /// Retransmission timeout of this contribution.
     pub rto: Duration,
@@ -40,12 +42,6 @@ pub struct Window {
     srtt: Option<Duration>,
     timeout: Duration,
     max_timeout: Duration,
-    // The current message.
-    message: u32,
-    segments: usize,
-    /// Buffer bytes of a full segment, and of the whole buffer.
-    segment_bytes: usize,
-    buffer_bytes: usize,
     flight: Vec<Option<InFlight>>,
 }
 
@@ -57,44 +53,13 @@ impl Window {
             srtt: None,
             timeout,
             max_timeout,
-            message: 0,
-            segments: 0,
-            segment_bytes: 1,
-            buffer_bytes: 0,
-            flight: Vec::new(),
+            flight: vec![None; slots],
         }
     }
 
-    /// Starts message `message` over a buffer of `buffer_bytes`, cut into segments of
-    /// `segment_bytes`; returns its number of segments.
-    pub fn begin(&mut self, message: u32, buffer_bytes: usize, segment_bytes: usize) -> usize {
-        self.message = message;
-        self.buffer_bytes = buffer_bytes;
-        self.segment_bytes = segment_bytes;
-        self.segments = buffer_bytes.div_ceil(segment_bytes);
-        self.flight.clear();
-        self.flight.resize(self.width(), None);
-        self.segments
-    }
-
-    pub fn message(&self) -> u32 {
-        self.message
-    }
-
-    /// Slots the current message uses: at most one segment in flight on each.
-    pub fn width(&self) -> usize {
-        self.uses.len().min(self.segments)
-    }
-
-    /// Whether the current message has a segment `segment`, and the last one.
-    pub fn is_last(&self, segment: usize) -> bool {
-        segment + 1 == self.segments
-    }
-
-    /// The buffer bytes of segment `segment`.
-    pub fn range(&self, segment: usize) -> Range<usize> {
-        let lo = segment * self.segment_bytes;
-        lo..(lo + self.segment_bytes).min(self.buffer_bytes)
+    /// The job's slots.
+    pub fn slots(&self) -> usize {
+        self.uses.len()
     }
 
     /// The shadow copy slot `slot`'s next round uses (and counts the use).
@@ -114,20 +79,32 @@ impl Window {
         self.flight[slot] = Some(f);
     }
 
-    /// Checks a result's header against what is in flight: the job, the message, the slot
-    /// and its segment, its shadow copy, the op and type, and the element count. Returns
-    /// the slot and the contribution it answers, which stays in flight until [`Self::take`].
-    pub fn check(&self, h: &Header, op: u8, dtype: u8, element_size: usize) -> Option<Answered> {
-        if h.kind != Kind::Result as u8 || h.job() != self.job || h.message() != self.message {
+    /// Whether `slot` has a round in flight.
+    pub fn busy(&self, slot: usize) -> bool {
+        self.flight[slot].is_some()
+    }
+
+    /// Takes `slot`'s round out of flight without a result (a request given up).
+    pub fn remove(&mut self, slot: usize) -> Option<InFlight> {
+        self.flight[slot].take()
+    }
+
+    /// Checks a result's header against what is in flight: the job, the slot and its
+    /// round (message and segment), its shadow copy, the op and type, and the element
+    /// count. Returns the slot and the contribution it answers, which stays in flight
+    /// until [`Self::take`].
+    pub fn check(&self, h: &Header) -> Option<Answered> {
+        if h.kind != Kind::Result as u8 || h.job() != self.job {
             return None;
         }
         let slot = usize::from(h.slot());
         let f = *self.flight.get(slot)?.as_ref()?;
-        if f.segment as u32 != h.segment()
+        if f.message != h.message()
+            || f.segment as u32 != h.segment()
             || h.shadow() as u8 != f.shadow
-            || h.dtype != dtype
-            || h.op != op
-            || usize::from(h.count()) * element_size != self.range(f.segment).len()
+            || h.dtype != f.dtype
+            || h.op != f.op
+            || h.count() != f.count
         {
             return None;
         }
@@ -136,10 +113,13 @@ impl Window {
 
     /// Takes the contribution a result answered out of flight, unless it already left:
     /// one receive batch may hold the same result twice (a reply to a retransmission and
-    /// the broadcast), and the second finds the slot moved on to a later segment.
+    /// the broadcast), and the second finds the slot moved on to a later round.
     pub fn take(&mut self, a: &Answered) -> Option<InFlight> {
         let entry = &mut self.flight[a.slot];
-        if entry.as_ref().is_none_or(|f| f.segment != a.flight.segment) {
+        if entry
+            .as_ref()
+            .is_none_or(|f| f.segment != a.flight.segment || f.message != a.flight.message)
+        {
             return None;
         }
         let f = entry.take()?;
@@ -147,12 +127,6 @@ impl Window {
             self.sample_rtt(f.sent.elapsed());
         }
         Some(f)
-    }
-
-    /// The segment slot `slot` takes after `segment`, if the message has one.
-    pub fn next_on(&self, segment: usize) -> Option<usize> {
-        let next = segment + self.width();
-        (next < self.segments).then_some(next)
     }
 
     /// The contributions whose timeout has passed at `now`: taken out of flight, each to
@@ -172,7 +146,7 @@ impl Window {
             .collect()
     }
 
-    /// What is still in flight, by slot.
+    /// What is in flight, by slot.
     pub fn in_flight(&self) -> impl Iterator<Item = (usize, &InFlight)> {
         self.flight
             .iter()
@@ -218,42 +192,34 @@ mod tests {
     #[test]
     fn results_are_checked_and_taken_once() {
         let mut w = Window::new(3, 2, Duration::from_millis(20), Duration::from_millis(500));
-        // 10 elements of i32 in segments of 4: 4 + 4 + 2.
-        assert_eq!(w.begin(9, 40, 16), 3);
-        assert_eq!(w.width(), 2);
         let now = Instant::now();
         for slot in 0..2 {
             let shadow = w.next_shadow(slot);
             w.sent(
                 slot,
                 InFlight {
+                    message: 9,
                     segment: slot,
                     shadow,
+                    count: 4,
+                    op: Op::Sum as u8,
+                    dtype: DType::I32 as u8,
                     sent: now,
                     rto: w.rto(),
                     retransmitted: false,
                 },
             );
         }
-        let (op, dt) = (Op::Sum as u8, DType::I32 as u8);
-        assert!(
-            w.check(&result(0, 0, 1, 4), op, dt, 4).is_none(),
-            "wrong shadow copy"
-        );
-        assert!(
-            w.check(&result(0, 1, 0, 4), op, dt, 4).is_none(),
-            "wrong segment"
-        );
-        assert!(
-            w.check(&result(0, 0, 0, 3), op, dt, 4).is_none(),
-            "wrong count"
-        );
-        let a = w.check(&result(0, 0, 0, 4), op, dt, 4).unwrap();
+        assert!(w.check(&result(0, 0, 1, 4)).is_none(), "wrong shadow copy");
+        assert!(w.check(&result(0, 1, 0, 4)).is_none(), "wrong segment");
+        assert!(w.check(&result(0, 0, 0, 3)).is_none(), "wrong count");
+        let mut other = result(0, 0, 0, 4);
+        other.set_message(8);
+        assert!(w.check(&other).is_none(), "another message");
+        let a = w.check(&result(0, 0, 0, 4)).unwrap();
         assert!(w.take(&a).is_some());
         assert!(w.take(&a).is_none(), "the same result twice");
-        assert_eq!(w.next_on(0), Some(2));
-        assert_eq!(w.range(2), 32..40);
-        assert!(w.is_last(2));
+        assert!(!w.busy(0));
         // Slot 0's next round uses the other shadow copy.
         assert_eq!(w.next_shadow(0), 1);
         let due = w.due(now + Duration::from_millis(25));

@@ -282,7 +282,7 @@ impl LabSwitch {
                         let mut p = WorkerParams::new(sw, bind, job, m as u8, shape);
                         p.first_message = Some(message);
                         tweak(&mut p);
-                        let mut wk = Worker::new(p).expect("worker socket");
+                        let wk = Worker::new(p).expect("worker socket");
                         let mut buf = vec![0i32; elems];
                         xagg_worker::data::fill(seed, m as u32, &mut buf);
                         let rep = wk.allreduce(&mut buf).unwrap_or_else(|e| {
