@@ -138,6 +138,15 @@ pub fn build_all() -> Result<()> {
         "xagg-cli",
         "--bins",
     ]))?;
+    // The worker library's examples, which the tests run in the lab as documented.
+    run(cargo().args([
+        "build",
+        "--quiet",
+        "--release",
+        "-p",
+        "xagg-worker",
+        "--examples",
+    ]))?;
     Ok(())
 }
 

@@ -330,6 +330,7 @@ impl Engine {
                 *started += gap;
             }
         }
+        self.cancel_requested();
         if let Err(e) = self.exchange(wait) {
             self.fail_all(AllreduceError::Io(e));
         }
@@ -736,22 +737,31 @@ impl Engine {
         }
     }
 
-    /// Ends cancelled requests, starts the diagnosis of requests without progress for the
-    /// give-up time, and ends those whose diagnosis is complete.
+    /// Ends the requests whose cancellation was asked for: at the first step after.
+    fn cancel_requested(&mut self) {
+        let mut i = 0;
+        while i < self.active.len() {
+            let a = &self.active[i];
+            if !a.shared.cancel.load(Ordering::Relaxed) {
+                i += 1;
+                continue;
+            }
+            let e = AllreduceError::Cancelled {
+                job: self.p.job,
+                message: a.message,
+            };
+            let freed = self.withdraw(i);
+            self.end(i, Err(e));
+            self.fill(freed);
+        }
+    }
+
+    /// Starts the diagnosis of requests without progress for the give-up time, and ends
+    /// those whose diagnosis is complete.
     fn check_requests(&mut self, now: Instant) -> io::Result<()> {
         let mut i = 0;
         while i < self.active.len() {
             let a = &self.active[i];
-            if a.shared.cancel.load(Ordering::Relaxed) {
-                let e = AllreduceError::Cancelled {
-                    job: self.p.job,
-                    message: a.message,
-                };
-                let freed = self.withdraw(i);
-                self.end(i, Err(e));
-                self.fill(freed);
-                continue;
-            }
             if let Some(d) = &a.diagnosis {
                 let answered = d.missing.iter().all(|m| m.answered);
                 if now >= d.until || answered || d.refusal.is_some() {
@@ -962,37 +972,51 @@ fn newer(a: (u32, u32), b: (u32, u32)) -> bool {
 }
 
 /// The message a new process of a job takes up, from what every slot's copies hold as
-/// (state, message, segment): the newest message if some round of it is still filling
-/// (the others are in it and wait for this member), else the one after it; 0 on a job
-/// that never ran.
+/// (state, message, segment): the oldest message with a round still filling (the others
+/// are in it and wait for this member; with requests pipelined, later messages may be
+/// filling too), else the one after the newest; 0 on a job that never ran. A filling round
+/// whose slot's other copy holds a newer round was abandoned (its members gave up and went
+/// on) and does not count.
 fn next_message(copies: &[[(u8, u32, u32); 2]]) -> u32 {
-    let held = copies
+    let held = |c: &(u8, u32, u32)| c.0 != ShadowState::Empty as u8;
+    let newest = copies
         .iter()
         .flatten()
-        .filter(|c| c.0 != ShadowState::Empty as u8);
-    let newest = held
-        .clone()
+        .filter(|c| held(c))
         .map(|c| c.1)
         .reduce(|a, b| if newer((b, 0), (a, 0)) { b } else { a });
     let Some(newest) = newest else {
         return 0;
     };
-    let in_progress = held
-        .filter(|c| c.1 == newest)
-        .any(|c| c.0 == ShadowState::Filling as u8);
-    if in_progress {
-        newest
-    } else {
-        newest.wrapping_add(1)
-    }
+    let live = copies.iter().flat_map(|pair| {
+        (0..2).filter_map(move |i| {
+            let (c, other) = (pair[i], pair[1 - i]);
+            let abandoned = held(&other) && newer((other.1, other.2), (c.1, c.2));
+            (c.0 == ShadowState::Filling as u8 && !abandoned).then_some(c.1)
+        })
+    });
+    live.reduce(|a, b| if newer((a, 0), (b, 0)) { b } else { a })
+        .unwrap_or(newest.wrapping_add(1))
 }
 
 /// The copy a slot's next round takes, given what its two copies hold as (state, message,
-/// segment) and the worker's first message: see [`Engine::start_sync`].
+/// segment) and the worker's first message: the copy holding the slot's oldest round of
+/// that message or later, which the other members started (see [`Engine::start_sync`]);
+/// else the copy that does not hold the newest round (copy 0 when both are empty).
 fn next_shadow(copies: [(u8, u32, u32); 2], message: u32) -> u8 {
     let held = |c: (u8, u32, u32)| c.0 != ShadowState::Empty as u8;
-    if let Some(i) = (0..2).find(|&i| held(copies[i]) && copies[i].1 == message) {
-        return i as u8;
+    let ours = |c: (u8, u32, u32)| held(c) && c.1.wrapping_sub(message) as i32 >= 0;
+    match (ours(copies[0]), ours(copies[1])) {
+        (true, false) => return 0,
+        (false, true) => return 1,
+        (true, true) => {
+            return if newer((copies[0].1, copies[0].2), (copies[1].1, copies[1].2)) {
+                1
+            } else {
+                0
+            }
+        }
+        (false, false) => {}
     }
     match (held(copies[0]), held(copies[1])) {
         (false, false) => 0,
@@ -1026,6 +1050,11 @@ mod tests {
         assert_eq!(next_shadow([(done, 0, 0), (done, u32::MAX, 9)], 1), 1);
         // Others already started this message's round on copy 1: join it.
         assert_eq!(next_shadow([(done, 4, 11), (filling, 5, 3)], 5), 1);
+        // With requests pipelined, the slot's first round may be of a later message.
+        assert_eq!(next_shadow([(filling, 6, 1), (empty, 0, 0)], 5), 0);
+        // A member restarting after it contributed: the older of the slot's two rounds of
+        // its messages comes first (it gets that one's stored result).
+        assert_eq!(next_shadow([(filling, 6, 0), (done, 5, 2)], 5), 1);
     }
 
     #[test]
@@ -1048,5 +1077,19 @@ mod tests {
         );
         // Ids wrap.
         assert_eq!(next_message(&[[(d, u32::MAX, 0), (d, 0, 1)]]), 1);
+        // Pipelined: messages 5 to 7 filling, the oldest is taken up.
+        assert_eq!(
+            next_message(&[
+                [(f, 7, 0), (d, 4, 0)],
+                [(f, 5, 1), (e, 0, 0)],
+                [(f, 6, 0), (e, 0, 0)]
+            ]),
+            5
+        );
+        // A round abandoned (its slot went on to a newer one) does not count.
+        assert_eq!(
+            next_message(&[[(f, 2, 0), (d, 9, 3)], [(d, 9, 4), (e, 0, 0)]]),
+            10
+        );
     }
 }

@@ -81,6 +81,55 @@ impl WorkerParams {
         }
     }
 
+    /// Parameters from the environment, as a launcher sets them for each rank:
+    /// `XAGG_SWITCH` (the switch's IPv4 address, `:port` optional), `XAGG_BIND` (this
+    /// member's IPv4 address and UDP port, as registered in the job), `XAGG_JOB`,
+    /// `XAGG_MEMBER` (this member's index), `XAGG_MEMBERS`, and optionally `XAGG_SLOTS`
+    /// (default 128), `XAGG_SEGMENT_BYTES` (default: the most a packet carries) and
+    /// `XAGG_GIVE_UP_MS` (default 10000).
+    pub fn from_env() -> Result<Self, AllreduceError> {
+        fn var<T: std::str::FromStr>(name: &str, example: &str) -> Result<T, AllreduceError> {
+            let v = std::env::var(name).map_err(|_| {
+                AllreduceError::Invalid(format!("{name} is not set: e.g. {name}={example}"))
+            })?;
+            v.trim().parse().map_err(|_| {
+                AllreduceError::Invalid(format!("{name}={v} is not valid: e.g. {name}={example}"))
+            })
+        }
+        fn optional<T: std::str::FromStr>(
+            name: &str,
+            example: &str,
+        ) -> Result<Option<T>, AllreduceError> {
+            match std::env::var_os(name) {
+                None => Ok(None),
+                Some(_) => var(name, example).map(Some),
+            }
+        }
+        let switch = std::env::var("XAGG_SWITCH").unwrap_or_default();
+        let switch = match switch.parse::<SocketAddrV4>() {
+            Ok(a) => a,
+            Err(_) => SocketAddrV4::new(var("XAGG_SWITCH", "10.77.0.1")?, wire::DEFAULT_PORT),
+        };
+        let members: usize = var("XAGG_MEMBERS", "4")?;
+        let slots = optional("XAGG_SLOTS", "128")?.unwrap_or(128);
+        let shape = match optional("XAGG_SEGMENT_BYTES", "3448")? {
+            Some(bytes) => JobShape::new(members, slots, bytes),
+            None => JobShape::full(members, slots),
+        }
+        .map_err(|e| AllreduceError::Invalid(format!("the job's shape from XAGG_*: {e}")))?;
+        let mut p = Self::new(
+            switch,
+            var("XAGG_BIND", "10.77.0.11:47801")?,
+            var("XAGG_JOB", "1")?,
+            var("XAGG_MEMBER", "0")?,
+            shape,
+        );
+        if let Some(ms) = optional::<u64>("XAGG_GIVE_UP_MS", "10000")? {
+            p.give_up = Duration::from_millis(ms);
+        }
+        Ok(p)
+    }
+
     /// The wire lane of the job's op and type, checked against the shape: what every
     /// segment's payload is made of.
     pub fn lane(&self) -> Result<Lane, AllreduceError> {

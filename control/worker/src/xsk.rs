@@ -57,6 +57,11 @@ pub struct XskReceiver {
     area: Area,
 }
 
+// Safety: the receiver owns its socket, rings and memory outright (no other handle to them
+// exists in the process), so moving it to another thread moves all of it; the worker
+// uses it from one thread at a time, under its engine's lock.
+unsafe impl Send for XskReceiver {}
+
 fn err(what: &str) -> impl FnOnce(xdpilone::Errno) -> anyhow::Error + '_ {
     move |e| anyhow::anyhow!("{what}: {e}")
 }

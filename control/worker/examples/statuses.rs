@@ -1,0 +1,46 @@
+//! What a completion says, for each way a request can end. Every member runs this with
+//! its own `XAGG_*` environment (`WorkerParams::from_env`); it prints one line.
+
+use xagg_common::wire::Op;
+use xagg_worker::{AllreduceError, Buffer, Worker, WorkerParams};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let worker = Worker::new(WorkerParams::from_env()?)?;
+    let grads = vec![1.5f32; 1 << 16];
+    // Errors of the request itself come back at once.
+    let request = match worker.submit(Op::Xor, Buffer::from(grads.clone())) {
+        Err(AllreduceError::Invalid(why)) => {
+            eprintln!("refused at submit: {why}");
+            worker.submit(Op::Sum, Buffer::from(grads))?
+        }
+        other => other?,
+    };
+    // Everything else comes with the completion, which hands the buffer back.
+    let done = request.wait();
+    match &done.status {
+        Ok(report) => println!(
+            "done by the {:?} path in {:.6} s",
+            report.path, report.seconds
+        ),
+        Err(AllreduceError::Timeout { missing, .. }) => {
+            println!("timed out; the switch says:");
+            for m in missing {
+                println!("  {m}");
+            }
+        }
+        Err(AllreduceError::NoSwitch { switch, .. }) => println!("unreachable: {switch}"),
+        Err(AllreduceError::Refused { reason, .. }) => println!("refused: {reason}"),
+        Err(AllreduceError::NonFinite { segments, .. }) => {
+            println!("non-finite input in segments {segments:?}")
+        }
+        Err(AllreduceError::Overflow { segments, .. }) => {
+            println!("overflow in segments {segments:?}")
+        }
+        Err(AllreduceError::Cancelled { .. }) => println!("cancelled"),
+        Err(AllreduceError::Io(e)) => println!("socket error: {e}"),
+        Err(AllreduceError::Invalid(why)) => println!("invalid: {why}"),
+    }
+    // After a failure the buffer holds results for the segments that completed.
+    let _buffer = done.buffer.into_vec::<f32>().unwrap();
+    Ok(())
+}

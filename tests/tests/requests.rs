@@ -1,0 +1,419 @@
+//! Requests with completions, in a netns lab: the worker library's examples run verbatim
+//! on every member; many requests in flight on two jobs at once through one completion
+//! queue, with different op/type pairs on one job; and every completion status produced
+//! for real — a member killed mid-allreduce, a cancelled request, no switch, a refusal,
+//! non-finite input, an invalid buffer.
+
+use std::{
+    collections::BTreeMap,
+    net::SocketAddrV4,
+    process::{Command, Stdio},
+    time::Duration,
+};
+
+use xagg_common::wire::{self, DType, Op};
+use xagg_daemon::api::Response;
+use xagg_lab::lab::{worker_ip, SWITCH_IP};
+use xagg_tests::*;
+use xagg_worker::{data, AllreduceError, Buffer, CompletionQueue, Worker, WorkerParams};
+
+const MEMBERS: usize = 3;
+
+/// Member `w`'s parameters for job `job` on UDP port `port` (slots 32, full segments).
+fn params(job: u32, w: usize, port: u16) -> WorkerParams {
+    WorkerParams::new(
+        SocketAddrV4::new(SWITCH_IP, wire::DEFAULT_PORT),
+        SocketAddrV4::new(worker_ip(w), port),
+        job,
+        w as u8,
+        i32_shape(MEMBERS, 32, 862),
+    )
+}
+
+/// The `XAGG_*` environment of member `w` of job `job` (see `WorkerParams::from_env`).
+fn env(job: u32, w: usize, port: u16) -> Vec<(String, String)> {
+    [
+        ("XAGG_SWITCH", SWITCH_IP.to_string()),
+        ("XAGG_BIND", format!("{}:{port}", worker_ip(w))),
+        ("XAGG_JOB", job.to_string()),
+        ("XAGG_MEMBER", w.to_string()),
+        ("XAGG_MEMBERS", MEMBERS.to_string()),
+        ("XAGG_SLOTS", "32".into()),
+        ("XAGG_GIVE_UP_MS", "1500".into()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), v))
+    .collect()
+}
+
+/// Runs example `name` of the worker library on every member at once, with each member's
+/// environment changed by `tweak`; returns each member's standard output, failing on a
+/// non-zero exit.
+fn run_example(
+    sw: &TestSwitch,
+    name: &str,
+    job: u32,
+    port: u16,
+    tweak: impl Fn(&mut Vec<(String, String)>),
+) -> Vec<String> {
+    let children: Vec<_> = (0..MEMBERS)
+        .map(|w| {
+            let mut e = env(job, w, port);
+            tweak(&mut e);
+            Command::new("ip")
+                .args(["netns", "exec", &sw.lab.worker_ns(w)])
+                .arg(bin(&format!("examples/{name}")))
+                .envs(e)
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("starting example {name}: {e}"))
+        })
+        .collect();
+    children
+        .into_iter()
+        .enumerate()
+        .map(|(w, c)| {
+            let out = c.wait_with_output().unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            assert!(
+                out.status.success(),
+                "example {name} on member {w}: {}\n{stdout}\n{stderr}",
+                out.status
+            );
+            stdout
+        })
+        .collect()
+}
+
+#[test]
+fn requests_and_completions() {
+    if !require_root("requests_and_completions") {
+        return;
+    }
+    let sw = TestSwitch::start("xrq", MEMBERS, |_| {});
+    let all: Vec<usize> = (0..MEMBERS).collect();
+    for (job, port) in [
+        (60, 47860),
+        (61, 47861),
+        (62, 47862),
+        (63, 47863),
+        (64, 47864),
+    ] {
+        assert!(
+            matches!(
+                sw.add_job_on(job, 862, 32, &all, port),
+                Response::Job { .. }
+            ),
+            "job {job}"
+        );
+    }
+
+    // The library's documented examples, verbatim, one after the other on one job: each
+    // process takes the job up where the last left it.
+    for (name, says) in [
+        ("requests", "5 requests in flight together, all verified"),
+        ("queue", "16 completions from the queue, all verified"),
+        ("statuses", "done by the Switch path"),
+    ] {
+        for (w, out) in run_example(&sw, name, 60, 47860, |_| {}).iter().enumerate() {
+            assert!(out.contains(says), "example {name}, member {w}: {out}");
+        }
+        eprintln!("example {name}: ran on {MEMBERS} members");
+    }
+    // The same example reads the failures: a job the switch does not have, no switch.
+    for out in run_example(&sw, "statuses", 99, 47860, |_| {}) {
+        assert!(out.contains("refused: it has no job 99"), "{out}");
+    }
+    for out in run_example(&sw, "statuses", 60, 47860, |e| {
+        e[0].1 = "10.77.0.250".into();
+    }) {
+        assert!(out.contains("unreachable: 10.77.0.250:47800"), "{out}");
+    }
+    eprintln!("statuses: refused and unreachable as the example prints them");
+
+    many_requests_on_two_jobs(&sw);
+    cancelled_and_timed_out(&sw);
+    killed_member(&sw);
+    invalid_and_non_finite(&sw);
+}
+
+/// Per member, one completion queue over two jobs: job 61 gets eight messages of different
+/// op/type pairs from one thread, job 62 four from another, all in flight together.
+fn many_requests_on_two_jobs(sw: &TestSwitch) {
+    let pairs61 = [
+        (Op::Sum, DType::F32),
+        (Op::Max, DType::Bf16),
+        (Op::Avg, DType::I32),
+        (Op::Prod, DType::I64),
+        (Op::Min, DType::F16),
+        (Op::Xor, DType::U32),
+        (Op::Avg, DType::F16),
+        (Op::Sum, DType::I32),
+    ];
+    let pairs62 = [
+        (Op::Min, DType::I32),
+        (Op::Sum, DType::Bf16),
+        (Op::Or, DType::I64),
+        (Op::Max, DType::F32),
+    ];
+    // Lengths differ per message, so small ones can end before big ones submitted earlier.
+    let len = |k: usize| [40_000, 3, 90_001, 1, 20_011, 862, 7, 50_000][k % 8];
+    let input = |job: u32, k: usize, dtype: DType, m: u32| {
+        data::generate(dtype, u64::from(job) * 100 + k as u64, m, len(k))
+    };
+    type Done = (u32, usize, Vec<u8>);
+    let results: Vec<(Vec<Done>, Vec<u64>)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                let (ns, pairs61, pairs62) = (sw.lab.worker_ns(w), &pairs61, &pairs62);
+                s.spawn(move || {
+                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    let queue = CompletionQueue::new();
+                    let jobs = [
+                        (Worker::new(params(61, w, 47861)).unwrap(), &pairs61[..]),
+                        (Worker::new(params(62, w, 47862)).unwrap(), &pairs62[..]),
+                    ];
+                    let mut ids = BTreeMap::new();
+                    std::thread::scope(|t| {
+                        let submitters: Vec<_> = jobs
+                            .iter()
+                            .map(|(worker, pairs)| {
+                                let queue = queue.clone();
+                                t.spawn(move || {
+                                    let job = worker.params().job;
+                                    pairs
+                                        .iter()
+                                        .enumerate()
+                                        .map(|(k, &(op, dtype))| {
+                                            let bytes = input(job, k, dtype, w as u32);
+                                            // Safety: the Vec moves into the buffer.
+                                            let mut bytes = bytes;
+                                            let (ptr, n) = (bytes.as_mut_ptr(), bytes.len());
+                                            let buffer =
+                                                unsafe { Buffer::from_raw(ptr, n, dtype, bytes) };
+                                            let id = queue.submit(worker, op, buffer).unwrap();
+                                            (id, (job, k))
+                                        })
+                                        .collect::<Vec<_>>()
+                                })
+                            })
+                            .collect();
+                        for h in submitters {
+                            ids.extend(h.join().unwrap());
+                        }
+                    });
+                    let mut done = Vec::new();
+                    let mut order = Vec::new();
+                    while let Some(c) = queue.wait_timeout(Duration::from_secs(30)) {
+                        let (job, k) = ids[&c.id];
+                        c.status
+                            .as_ref()
+                            .unwrap_or_else(|e| panic!("member {w} job {job} message {k}: {e}"));
+                        order.push(c.id);
+                        let bytes = *c.buffer.into_owner().downcast::<Vec<u8>>().unwrap();
+                        done.push((job, k, bytes));
+                    }
+                    assert_eq!(
+                        queue.outstanding(),
+                        0,
+                        "member {w}: every request completed"
+                    );
+                    (done, order)
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let mut out_of_order = 0;
+    for (w, (done, order)) in results.iter().enumerate() {
+        assert_eq!(done.len(), pairs61.len() + pairs62.len(), "member {w}");
+        for (job, k, bytes) in done {
+            let (op, dtype) = if *job == 61 { pairs61[*k] } else { pairs62[*k] };
+            let inputs: Vec<Vec<u8>> = (0..MEMBERS as u32)
+                .map(|m| input(*job, *k, dtype, m))
+                .collect();
+            let segment = wire::MAX_PAYLOAD / wire::lane(op, dtype).unwrap().size();
+            data::check(op, dtype, segment, &inputs, bytes).unwrap_or_else(|e| {
+                panic!("member {w}, job {job} message {k} ({op} over {dtype}): {e}")
+            });
+        }
+        out_of_order += order.windows(2).filter(|p| p[1] < p[0]).count();
+    }
+    eprintln!(
+        "two jobs, {} requests per member in flight through one queue, each verified; {out_of_order} completions came before an earlier-submitted one",
+        pairs61.len() + pairs62.len()
+    );
+}
+
+/// Member 2 cancels its request: it ends cancelled, and the others time out naming it.
+fn cancelled_and_timed_out(sw: &TestSwitch) {
+    let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                let ns = sw.lab.worker_ns(w);
+                s.spawn(move || {
+                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    let mut p = params(63, w, 47863);
+                    p.give_up = Duration::from_millis(1000);
+                    let worker = Worker::new(p).unwrap();
+                    let request = worker
+                        .submit(Op::Sum, Buffer::from(vec![1i32; 1 << 20]))
+                        .unwrap();
+                    if w == 2 {
+                        request.cancel();
+                    }
+                    let c = request.wait();
+                    let input = c.buffer.into_vec::<i32>().unwrap();
+                    assert_eq!(input.len(), 1 << 20, "the buffer comes back");
+                    c.status.expect_err("no result without member 2")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    assert!(
+        matches!(statuses[2], AllreduceError::Cancelled { job: 63, .. }),
+        "{}",
+        statuses[2]
+    );
+    for e in &statuses[..2] {
+        let AllreduceError::Timeout { missing, .. } = e else {
+            panic!("expected a timeout: {e}");
+        };
+        assert!(!missing.is_empty());
+        assert!(
+            missing
+                .iter()
+                .all(|m| m.members.as_deref() == Some(&[2][..])),
+            "every slot waits for member 2: {e}"
+        );
+    }
+    eprintln!("cancelled: {}\nthe others: {}", statuses[2], statuses[0]);
+}
+
+/// Member 2, an `xagg allreduce` process, is killed in the middle of a run: the others
+/// time out, naming it.
+fn killed_member(sw: &TestSwitch) {
+    let size = 16usize << 20;
+    let mut victim = Command::new("ip")
+        .args(["netns", "exec", &sw.lab.worker_ns(2)])
+        .arg(bin("xagg"))
+        .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
+        .args(["--bind", &format!("{}:47864", worker_ip(2))])
+        .args(["--job", "64", "--member", "2", "--members", "3"])
+        .args([
+            "--segment",
+            "862",
+            "--slots",
+            "32",
+            "--size",
+            &size.to_string(),
+        ])
+        .args(["--repeat", "200", "--give-up-ms", "60000"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|w| {
+                let ns = sw.lab.worker_ns(w);
+                s.spawn(move || {
+                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    let mut p = params(64, w, 47864);
+                    p.give_up = Duration::from_millis(1000);
+                    let worker = Worker::new(p).unwrap();
+                    let mut buf = vec![0u8; size];
+                    for _ in 0..200 {
+                        if let Err(e) = worker.allreduce_bytes(&mut buf) {
+                            return e;
+                        }
+                    }
+                    panic!("member {w}: 200 allreduces completed although member 2 was killed");
+                })
+            })
+            .collect();
+        std::thread::sleep(Duration::from_millis(700));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(victim.id() as i32),
+            Signal::SIGKILL,
+        )
+        .unwrap();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    let _ = victim.wait();
+    for e in &statuses {
+        let AllreduceError::Timeout { missing, .. } = e else {
+            panic!("expected a timeout: {e}");
+        };
+        assert!(
+            missing
+                .iter()
+                .any(|m| m.members.as_deref() == Some(&[2][..])),
+            "a slot waits for member 2: {e}"
+        );
+    }
+    eprintln!("killed member: {}", statuses[0]);
+}
+
+/// Errors of the request itself come back at submit; non-finite input with the completion.
+fn invalid_and_non_finite(sw: &TestSwitch) {
+    let ns = sw.lab.worker_ns(0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            xagg_sys::iface::enter_netns(&ns).unwrap();
+            let worker = Worker::new(params(62, 0, 47869)).unwrap();
+            let mut six = vec![0u8; 6];
+            let odd = unsafe { Buffer::from_raw(six.as_mut_ptr(), 6, DType::I32, ()) };
+            let e = worker.submit(Op::Sum, odd).err().expect("6 bytes of i32");
+            assert!(e.to_string().contains("not a whole number of i32"), "{e}");
+            let e = worker
+                .submit_separate(
+                    Op::Sum,
+                    Buffer::from(vec![1i32; 8]),
+                    Buffer::from(vec![0i32; 7]),
+                )
+                .err()
+                .expect("lengths differ");
+            assert!(e.to_string().contains("differ in length"), "{e}");
+            let e = worker
+                .submit(Op::Xor, Buffer::from(vec![1.0f32; 8]))
+                .err()
+                .expect("xor over f32");
+            assert!(e.to_string().contains("not supported"), "{e}");
+        })
+        .join()
+        .unwrap();
+    });
+    // NaN in one member's input: every member's completion says which segments.
+    let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                let ns = sw.lab.worker_ns(w);
+                s.spawn(move || {
+                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    let worker = Worker::new(params(62, w, 47862)).unwrap();
+                    let mut v = vec![1.0f32; 2000];
+                    if w == 1 {
+                        v[1500] = f32::NAN;
+                    }
+                    let c = worker.submit(Op::Sum, Buffer::from(v)).unwrap().wait();
+                    let r = c.buffer.into_vec::<f32>().unwrap();
+                    assert!(r[1500].is_nan() && r[0] == 3.0, "member {w}");
+                    c.status.expect_err("NaN in the input")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &statuses {
+        assert!(
+            matches!(e, AllreduceError::NonFinite { segments, .. } if segments == &[1]),
+            "{e}"
+        );
+    }
+    eprintln!("non-finite: {}", statuses[0]);
+}
