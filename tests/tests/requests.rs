@@ -115,6 +115,7 @@ fn requests_and_completions() {
     // The library's documented examples, verbatim, one after the other on one job: each
     // process takes the job up where the last left it.
     for (name, says) in [
+        ("blocking", "4194304 bytes in"),
         ("requests", "5 requests in flight together, all verified"),
         ("queue", "16 completions from the queue, all verified"),
         ("statuses", "done by the Switch path"),

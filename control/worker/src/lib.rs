@@ -1,33 +1,72 @@
 //! The worker library: allreduce of a buffer through an aggregation switch. What an MPI
-//! interposer or a Python module links: no daemon, no loader, no async runtime; AF_XDP
-//! receive behind the `afxdp` feature.
+//! interposer or a Python module links: no daemon, no loader, no async runtime, no thread
+//! of its own; AF_XDP receive behind the `afxdp` feature.
 //!
-//! The buffer is cut into segments of the job's length and sent through the window
-//! ([`window`]: segments in flight, shadow copies, retransmission) over the transport
-//! ([`transport`]: UDP with GSO/GRO, or AF_XDP receive). A contribution whose result does
-//! not come back in time is sent again; the switch never adds it twice and answers it with
-//! the stored result if the slot already finished.
+//! A [`Worker`] is one member of one job. [`Worker::submit`] hands it an allreduce and
+//! returns a [`Request`] at once; many requests may be in flight together — several
+//! messages of one job pipelined, requests of several jobs (one worker each) — and a
+//! [`CompletionQueue`] gathers the completions of any of them. The blocking
+//! [`Worker::allreduce`] is a request and its wait.
 //!
+//! The buffer is cut into segments of the job's length; each goes to a slot of the job
+//! ([`engine`]'s schedule) and is sent through the window ([`window`]: rounds in flight,
+//! shadow copies, retransmission) over the transport ([`transport`]: UDP with GSO/GRO, or
+//! AF_XDP receive). A contribution whose result does not come back in time is sent again;
+//! the switch never adds it twice and answers it with the stored result if the slot
+//! already finished.
+//!
+//! # Rules
+//! - **Order.** All members submit a job's requests in the same order, each with the same
+//!   length, op and data type: the messages' sizes decide which slot each segment takes.
+//!   Requests of one job submitted from several threads must be ordered by the caller.
+//! - **Progress** is made inside the library's calls — [`Request::wait`],
+//!   [`Request::test`], [`CompletionQueue::wait`] and [`CompletionQueue::poll`] — as in
+//!   MPI. A request nobody waits on, tests or polls makes no progress (and holds the other
+//!   members up).
+//! - **Errors at submit** are the request's own: an op its type does not take, a length
+//!   that is not a whole number of elements, input and output of different lengths or
+//!   types, a segment too short for one element ([`AllreduceError::Invalid`]). Everything
+//!   else comes in the [`Completion`]: success with the [`Path`] taken; timed out
+//!   ([`AllreduceError::Timeout`]: which segments and slots, which members the switch waits
+//!   for); switch unreachable ([`AllreduceError::NoSwitch`]: no status reply at all);
+//!   refused ([`AllreduceError::Refused`], with the switch's reason); overflow and
+//!   non-finite input (which segments; the others hold their result); cancelled; an I/O
+//!   error of the socket.
+//! - **Buffers after a failure**: segments whose result came hold it; the others hold,
+//!   in place, the input or the result, and in an output buffer what it held before. The
+//!   input of [`Worker::submit_separate`] is never written: a caller can fall back to
+//!   another way with it.
+//! - **Cancelling** ([`Request::cancel`]) is local: the request stops at the next step
+//!   (what it sent before stays sent) and ends [`AllreduceError::Cancelled`]; the other
+//!   members' requests for that message time out, naming this member.
+//! - **Give-up time** ([`WorkerParams::give_up`], 10 s) counts only time spent in the
+//!   library's calls without a result of the request.
+//!
+//! # Examples
+//! Each runs verbatim on every member of a job in the lab tests (`tests/tests/requests.rs`);
+//! they read the `XAGG_*` environment ([`WorkerParams::from_env`]).
+//!
+//! A blocking allreduce:
 //! ```no_run
-//! # use xagg_worker::*;
-//! # fn main() -> Result<(), AllreduceError> {
-//! let shape = xagg_common::JobShape::full(4, 128).expect("a valid shape");
-//! let p = WorkerParams::new(
-//!     "10.77.0.1:47800".parse().unwrap(),
-//!     "10.77.0.11:47801".parse().unwrap(),
-//!     1, // job
-//!     0, // member index
-//!     shape,
-//! );
-//! let mut worker = Worker::new(p)?;
-//! let mut grads = vec![1i32; 1 << 20];
-//! worker.allreduce(&mut grads)?;
-//! # Ok(()) }
+#![doc = include_str!("../examples/blocking.rs")]
+//! ```
+//! Several requests in flight, with separate input and output, and over memory owned
+//! elsewhere:
+//! ```no_run
+#![doc = include_str!("../examples/requests.rs")]
+//! ```
+//! A completion queue:
+//! ```no_run
+#![doc = include_str!("../examples/queue.rs")]
+//! ```
+//! What each completion status says:
+//! ```no_run
+#![doc = include_str!("../examples/statuses.rs")]
 //! ```
 
 pub mod codec;
 pub mod data;
-mod engine;
+pub mod engine;
 mod error;
 mod params;
 pub mod report;

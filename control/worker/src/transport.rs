@@ -1,6 +1,6 @@
 //! How a worker's packets leave and arrive: contributions go out on a UDP socket, in GSO
 //! bursts encoded in place; results come in on the same socket (read with GRO), or from
-//! AF_XDP buffers that `xagg_host` fills ([`crate::xsk`], feature `afxdp`) with the socket
+//! AF_XDP buffers that `xagg_host` fills (`xsk`, feature `afxdp`) with the socket
 //! as the fallback for what the host program passes on. The worker's loop sees only this
 //! interface: reserve room, commit a datagram, flush, and receive.
 //!
