@@ -229,7 +229,7 @@ fn bind_api(daemon: &DaemonSection) -> Result<UnixListener> {
     let gid = gid.unwrap_or_else(nix::unistd::getegid);
     nix::unistd::chown(socket, None, Some(gid)).with_context(|| {
         format!(
-            "giving the API socket {} the group {} (daemon.socket_group)",
+            "giving the API socket {} the group {} (daemon.socket_group; the daemon needs CAP_CHOWN for a group it is not in)",
             socket.display(),
             daemon.socket_group.as_deref().unwrap_or("of the daemon")
         )
