@@ -46,9 +46,10 @@ fn succeeds(cmd: &mut Command) -> bool {
     cmd.output().map(|o| o.status.success()).unwrap_or(false)
 }
 
-/// Installs what the eBPF build needs and is missing: LLVM 22 (Debian), the rust-src
-/// component, bpf-linker 0.13 built against LLVM 22. Each step is skipped when its result
-/// is already there.
+/// Installs what the eBPF build and the tests need and is missing: iproute2, iputils-ping,
+/// nftables, systemd (for systemd-analyze), LLVM 22 (Debian), the rust-src component,
+/// bpf-linker 0.13 built against LLVM 22. Each step is skipped when its result is already
+/// there.
 pub fn setup() -> Result<()> {
     if !succeeds(Command::new("ip").arg("-V")) {
         apt(&["iproute2"])?;
@@ -60,6 +61,15 @@ pub fn setup() -> Result<()> {
     // The trust tests impose a host's packet filter on a worker, as users' hosts do.
     if !succeeds(Command::new("nft").arg("--version")) {
         apt(&["nftables"])?;
+    }
+    // The deployment tests check the daemon's systemd unit with `systemd-analyze verify`
+    // (in the systemd package; a package of its own where a release splits it out).
+    let analyze = || succeeds(Command::new("systemd-analyze").arg("--version"));
+    if !analyze() {
+        apt(&["systemd"])?;
+        if !analyze() {
+            apt(&["systemd-analyze"])?;
+        }
     }
     let have_src = Command::new("rustup")
         .args(["component", "list", "--installed"])

@@ -16,7 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what is missing (LLVM 22, rust-src, bpf-linker, iputils-ping, nftables), idempotently.
+    /// Install what is missing (LLVM 22, rust-src, bpf-linker, iputils-ping, nftables,
+    /// systemd-analyze), idempotently.
     Setup,
     /// Build the XDP object and the release binaries (xaggd, xagg).
     Build,

@@ -6,12 +6,14 @@ use std::{
     path::{Path, PathBuf},
 };
 
-use serde::{Deserialize, Serialize};
+use serde::{Deserialize, Deserializer, Serialize};
 
 use crate::job::JobSpec;
 
 pub const DEFAULT_SOCKET: &str = "/run/xagg/xaggd.sock";
 pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/xagg";
+/// The API socket's permissions by default: its owner (root) and its group.
+pub const DEFAULT_SOCKET_MODE: &str = "0660";
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -52,6 +54,13 @@ pub struct DaemonSection {
     /// Unix socket of the local API.
     #[serde(default = "default_socket")]
     pub socket: PathBuf,
+    /// Permissions of the API socket, in octal: whoever may write to it may add and remove
+    /// jobs, inject faults and detach the switch.
+    #[serde(default = "default_socket_mode", deserialize_with = "octal_string")]
+    pub socket_mode: String,
+    /// Group owning the API socket; by default the daemon's own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socket_group: Option<String>,
     /// Directory in a bpffs where programs, links and maps are pinned.
     #[serde(default = "default_pin_path")]
     pub pin_path: PathBuf,
@@ -64,6 +73,8 @@ impl Default for DaemonSection {
     fn default() -> Self {
         Self {
             socket: default_socket(),
+            socket_mode: default_socket_mode(),
+            socket_group: None,
             pin_path: default_pin_path(),
             detach_on_exit: false,
         }
@@ -81,6 +92,58 @@ fn default_socket() -> PathBuf {
 }
 fn default_pin_path() -> PathBuf {
     DEFAULT_PIN_PATH.into()
+}
+fn default_socket_mode() -> String {
+    DEFAULT_SOCKET_MODE.into()
+}
+
+/// `daemon.socket_mode` as written: a string, because a TOML number is decimal
+/// (`socket_mode = 660` would be mode 01224).
+fn octal_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        Text(String),
+        Number(i64),
+    }
+    match Written::deserialize(d)? {
+        Written::Text(s) => Ok(s),
+        Written::Number(n) => Err(serde::de::Error::custom(format!(
+            "daemon.socket_mode = {n}: write the mode as an octal string, e.g. socket_mode = \"{DEFAULT_SOCKET_MODE}\""
+        ))),
+    }
+}
+
+impl DaemonSection {
+    /// The API socket's permission bits (`daemon.socket_mode`).
+    pub fn socket_mode(&self) -> Result<u32, String> {
+        let m = &self.socket_mode;
+        let digits = m.strip_prefix('0').filter(|d| d.len() == 3).unwrap_or(m);
+        match u32::from_str_radix(digits, 8) {
+            Ok(mode) if digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()) => {
+                Ok(mode)
+            }
+            _ => Err(format!(
+                "daemon.socket_mode = \"{m}\": use three octal digits, optionally after a 0, e.g. \"0660\" (the daemon's user and the socket's group may use the API) or \"0600\" (only the daemon's user)"
+            )),
+        }
+    }
+
+    /// The group the API socket is given (`daemon.socket_group`); `None`: the daemon's own.
+    pub fn socket_gid(&self) -> Result<Option<nix::unistd::Gid>, String> {
+        let Some(name) = &self.socket_group else {
+            return Ok(None);
+        };
+        match nix::unistd::Group::from_name(name) {
+            Ok(Some(g)) => Ok(Some(g.gid)),
+            Ok(None) => Err(format!(
+                "daemon.socket_group = \"{name}\": no such group on this host; create it (`groupadd {name}`, then add the users who may manage jobs: `usermod -aG {name} USER`), or name an existing group, or leave the key out (the daemon's own group)"
+            )),
+            Err(e) => Err(format!(
+                "daemon.socket_group = \"{name}\": cannot look the group up ({e}); name a group from /etc/group, or leave the key out"
+            )),
+        }
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -126,6 +189,8 @@ impl Config {
             xagg_sys::iface::parse_mac(m).map_err(|e| format!("switch.mac: {e}"))?;
         }
         self.mode()?;
+        self.daemon.socket_mode()?;
+        self.daemon.socket_gid()?;
         Ok(())
     }
 
@@ -180,5 +245,65 @@ mod tests {
         let e = Config::parse("[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\nportz = 1\n")
             .unwrap_err();
         assert!(e.contains("portz"), "{e}");
+    }
+
+    fn with_daemon(keys: &str) -> Result<Config, String> {
+        Config::parse(&format!(
+            "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\n[daemon]\n{keys}\n"
+        ))
+    }
+
+    #[test]
+    fn socket_permissions() {
+        let c = with_daemon("").unwrap();
+        assert_eq!(c.daemon.socket_mode(), Ok(0o660));
+        assert_eq!(c.daemon.socket_gid(), Ok(None));
+        for (written, mode) in [("0600", 0o600), ("660", 0o660), ("0666", 0o666)] {
+            let c = with_daemon(&format!("socket_mode = \"{written}\"")).unwrap();
+            assert_eq!(c.daemon.socket_mode(), Ok(mode), "{written}");
+            let again = Config::parse(&c.to_toml()).unwrap();
+            assert_eq!(again.daemon.socket_mode(), Ok(mode), "{written}");
+        }
+        let c = with_daemon("socket_group = \"root\"").unwrap();
+        assert_eq!(
+            c.daemon.socket_gid(),
+            Ok(Some(nix::unistd::Gid::from_raw(0)))
+        );
+        assert!(Config::parse(&c.to_toml())
+            .unwrap()
+            .to_toml()
+            .contains("socket_group"));
+    }
+
+    #[test]
+    fn socket_permission_errors() {
+        for bad in [
+            "999",
+            "0999",
+            "1660",
+            "04755",
+            "00660",
+            "0o660",
+            "+660",
+            "rw-rw----",
+            "",
+        ] {
+            let e = with_daemon(&format!("socket_mode = \"{bad}\"")).unwrap_err();
+            assert!(
+                e.contains(&format!("daemon.socket_mode = \"{bad}\"")) && e.contains("\"0660\""),
+                "{e}"
+            );
+        }
+        // A TOML number is decimal: refused, with the string to write instead.
+        let e = with_daemon("socket_mode = 660").unwrap_err();
+        assert!(
+            e.contains("daemon.socket_mode = 660") && e.contains("socket_mode = \"0660\""),
+            "{e}"
+        );
+        let e = with_daemon("socket_group = \"no-such-group-xagg\"").unwrap_err();
+        assert!(
+            e.contains("daemon.socket_group = \"no-such-group-xagg\"") && e.contains("groupadd"),
+            "{e}"
+        );
     }
 }

@@ -157,6 +157,7 @@ impl LabSwitch {
                 socket: self.socket.clone(),
                 pin_path: self.pin.clone(),
                 detach_on_exit: false,
+                ..DaemonSection::default()
             },
             jobs: Vec::new(),
         }

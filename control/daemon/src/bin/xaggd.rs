@@ -18,7 +18,7 @@ use tokio::{
 use xagg_common::slot::MAX_SLOTS;
 use xagg_daemon::{
     api::{Request, Response},
-    config::Config,
+    config::{Config, DaemonSection},
     dataplane::{self, Dataplane},
     job::JobSpec,
 };
@@ -98,7 +98,7 @@ fn main() -> Result<()> {
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let detach = rt.block_on(serve(state.clone(), cfg.daemon.socket.clone()))?;
+    let detach = rt.block_on(serve(state.clone(), &cfg.daemon))?;
     let _ = std::fs::remove_file(&cfg.daemon.socket);
     let state = Arc::try_unwrap(state)
         .ok()
@@ -121,16 +121,20 @@ fn main() -> Result<()> {
 /// Takes the lock of the API socket `socket` (`<socket>.lock`, holding the owner's pid),
 /// or says which daemon holds it.
 fn lock(socket: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    use std::io::{Read, Seek, Write};
+    use std::{
+        io::{Read, Seek, Write},
+        os::unix::fs::OpenOptionsExt,
+    };
     let path = PathBuf::from(format!("{}.lock", socket.display()));
     if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+        create_socket_dir(dir)?;
     }
     let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create(true)
         .truncate(false)
+        .mode(0o644)
         .open(&path)
         .with_context(|| format!("opening {}", path.display()))?;
     match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
@@ -183,15 +187,82 @@ fn ensure_bpffs(pin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Serves the API until a signal or a detach request; returns whether to detach.
-async fn serve(state: Arc<Mutex<State>>, socket: PathBuf) -> Result<bool> {
-    if let Some(dir) = socket.parent() {
-        std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+/// Creates the API socket's directory if it is missing, with each directory it creates
+/// 0755 whatever the umask: readable by all (so the socket's own mode decides who may
+/// connect), writable only by the daemon (nobody else can put a socket in its place).
+/// An existing directory is left as it is.
+fn create_socket_dir(dir: &Path) -> Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    for d in missing.into_iter().rev() {
+        std::fs::DirBuilder::new()
+            .mode(0o755)
+            .create(d)
+            .with_context(|| format!("creating {}", d.display()))?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("setting the mode of {}", d.display()))?;
     }
-    let _ = std::fs::remove_file(&socket);
-    let listener = UnixListener::bind(&socket)
-        .with_context(|| format!("binding the API socket {}", socket.display()))?;
-    info!("API on {}", socket.display());
+    Ok(())
+}
+
+/// Binds the API socket and gives it `daemon.socket_group` and `daemon.socket_mode`. It is
+/// created accessible to its owner only (umask 0177), so no one else can connect before
+/// its group and mode are set.
+fn bind_api(daemon: &DaemonSection) -> Result<UnixListener> {
+    use nix::sys::stat::{umask, Mode};
+    use std::os::unix::fs::PermissionsExt;
+    let socket = &daemon.socket;
+    // Checked when the configuration was read; the group is looked up again here.
+    let mode = daemon.socket_mode().map_err(anyhow::Error::msg)?;
+    let gid = daemon.socket_gid().map_err(anyhow::Error::msg)?;
+    if let Some(dir) = socket.parent() {
+        create_socket_dir(dir)?;
+    }
+    let _ = std::fs::remove_file(socket);
+    let old = umask(Mode::from_bits_truncate(0o177));
+    let bound = UnixListener::bind(socket);
+    umask(old);
+    let listener = bound.with_context(|| format!("binding the API socket {}", socket.display()))?;
+    let gid = gid.unwrap_or_else(nix::unistd::getegid);
+    nix::unistd::chown(socket, None, Some(gid)).with_context(|| {
+        format!(
+            "giving the API socket {} the group {} (daemon.socket_group; the daemon needs CAP_CHOWN for a group it is not in)",
+            socket.display(),
+            daemon.socket_group.as_deref().unwrap_or("of the daemon")
+        )
+    })?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(mode)).with_context(|| {
+        format!(
+            "setting the mode of the API socket {} to {:04o} (daemon.socket_mode)",
+            socket.display(),
+            mode
+        )
+    })?;
+    if mode & 0o002 != 0 {
+        warn!(
+            "daemon.socket_mode = \"{}\": every local user may add and remove jobs and detach the switch; \"0660\" with daemon.socket_group limits that to a group",
+            daemon.socket_mode
+        );
+    }
+    info!(
+        "API on {} (mode {:04o}, group {})",
+        socket.display(),
+        mode,
+        nix::unistd::Group::from_gid(gid)
+            .ok()
+            .flatten()
+            .map(|g| g.name)
+            .unwrap_or_else(|| gid.to_string())
+    );
+    Ok(listener)
+}
+
+/// Serves the API until a signal or a detach request; returns whether to detach.
+async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool> {
+    let listener = bind_api(daemon)?;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let (detach_tx, mut detach_rx) = watch::channel(false);
