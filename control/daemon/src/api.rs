@@ -1,14 +1,23 @@
-//! The daemon's local API: one JSON request per line on a Unix socket, one JSON response
-//! per line back. The CLI is a client of it; anything else can be too (`docs/daemon.md`).
+//! The daemon's API, version 1: HTTP/1.1 with JSON bodies on the local Unix socket
+//! (`daemon.socket`). Each [`Request`] is one route ([`Request::route`]); every answer's
+//! body is a [`Response`] in JSON, errors with a 4xx status and `{"result": "error",
+//! "message": ...}`. The CLI and the tests are clients of it ([`call`]); anything that
+//! speaks HTTP over a Unix socket can be (`curl --unix-socket /run/xagg/xaggd.sock
+//! http://xagg/v1/status`). The routes are listed in `docs/daemon.md`.
 
-use std::{
-    collections::BTreeMap,
-    io::{BufRead, BufReader, Write},
-    os::unix::net::UnixStream,
-    path::Path,
-};
+use std::{collections::BTreeMap, path::Path};
 
 use anyhow::{bail, Context};
+use axum::{
+    extract::{
+        rejection::{JsonRejection, PathRejection},
+        Path as UrlPath,
+    },
+    http::{Method, StatusCode, Uri},
+    response::IntoResponse,
+    routing::{get, post, put},
+    Json, Router,
+};
 use serde::{Deserialize, Serialize};
 
 use crate::job::JobSpec;
@@ -80,22 +89,202 @@ pub enum Response {
     },
 }
 
-/// Sends one request to the daemon at `socket` and waits for its response.
+/// The version prefix of every route.
+pub const VERSION: &str = "/v1";
+
+/// The fault injection settings of [`Request::Inject`], as the route's body.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Faults {
+    pub drop_contribution: f64,
+    pub drop_result: f64,
+}
+
+impl Request {
+    /// The request's HTTP method, path and JSON body.
+    pub fn route(&self) -> (Method, String, Option<serde_json::Value>) {
+        let v = VERSION;
+        match self {
+            Request::AddJob { job } => (
+                Method::POST,
+                format!("{v}/jobs"),
+                Some(serde_json::to_value(job).expect("a job serializes")),
+            ),
+            Request::RemoveJob { id } => (Method::DELETE, format!("{v}/jobs/{id}"), None),
+            Request::ListJobs => (Method::GET, format!("{v}/jobs"), None),
+            Request::JobStatus { id } => (Method::GET, format!("{v}/jobs/{id}/status"), None),
+            Request::Counters => (Method::GET, format!("{v}/counters"), None),
+            Request::Status => (Method::GET, format!("{v}/status"), None),
+            Request::Inject {
+                drop_contribution,
+                drop_result,
+            } => (
+                Method::PUT,
+                format!("{v}/faults"),
+                Some(
+                    serde_json::to_value(Faults {
+                        drop_contribution: *drop_contribution,
+                        drop_result: *drop_result,
+                    })
+                    .expect("faults serialize"),
+                ),
+            ),
+            Request::Detach => (Method::POST, format!("{v}/detach"), None),
+        }
+    }
+}
+
+impl IntoResponse for Response {
+    fn into_response(self) -> axum::response::Response {
+        let status = match &self {
+            Response::Error { .. } => StatusCode::BAD_REQUEST,
+            _ => StatusCode::OK,
+        };
+        (status, Json(self)).into_response()
+    }
+}
+
+/// The largest request body the API reads (a job with 64 members is a few KiB).
+pub const MAX_BODY: usize = 1 << 20;
+
+/// A body or path the route cannot read, answered with the extractor's status.
+fn malformed(status: StatusCode, what: &str, why: String) -> axum::response::Response {
+    let r = Response::Error {
+        message: format!("malformed request {what}: {why}"),
+    };
+    (status, Json(r)).into_response()
+}
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, axum::response::Response> {
+    b.map(|Json(t)| t)
+        .map_err(|e| malformed(e.status(), "body", e.body_text()))
+}
+
+fn job_id(p: Result<UrlPath<u32>, PathRejection>) -> Result<u32, axum::response::Response> {
+    p.map(|UrlPath(id)| id).map_err(|e| {
+        malformed(
+            e.status(),
+            "path",
+            format!("{} (a job id is a number, e.g. /v1/jobs/7)", e.body_text()),
+        )
+    })
+}
+
+/// The API's routes, each handing its [`Request`] to `handle`.
+pub fn router<H>(handle: H) -> Router
+where
+    H: Fn(Request) -> Response + Clone + Send + Sync + 'static,
+{
+    let h = handle;
+    Router::new()
+        .route(
+            "/v1/jobs",
+            get({
+                let h = h.clone();
+                move || async move { h(Request::ListJobs) }
+            })
+            .post({
+                let h = h.clone();
+                move |job: Result<Json<JobSpec>, JsonRejection>| async move {
+                    body(job).map(|job| h(Request::AddJob { job }))
+                }
+            }),
+        )
+        .route(
+            "/v1/jobs/{id}",
+            axum::routing::delete({
+                let h = h.clone();
+                move |id| async move { job_id(id).map(|id| h(Request::RemoveJob { id })) }
+            }),
+        )
+        .route(
+            "/v1/jobs/{id}/status",
+            get({
+                let h = h.clone();
+                move |id| async move { job_id(id).map(|id| h(Request::JobStatus { id })) }
+            }),
+        )
+        .route(
+            "/v1/counters",
+            get({
+                let h = h.clone();
+                move || async move { h(Request::Counters) }
+            }),
+        )
+        .route(
+            "/v1/status",
+            get({
+                let h = h.clone();
+                move || async move { h(Request::Status) }
+            }),
+        )
+        .route(
+            "/v1/faults",
+            put({
+                let h = h.clone();
+                move |f: Result<Json<Faults>, JsonRejection>| async move {
+                    body(f).map(|f| {
+                        h(Request::Inject {
+                            drop_contribution: f.drop_contribution,
+                            drop_result: f.drop_result,
+                        })
+                    })
+                }
+            }),
+        )
+        .route(
+            "/v1/detach",
+            post({
+                let h = h.clone();
+                move || async move { h(Request::Detach) }
+            }),
+        )
+        .fallback(|method: Method, uri: Uri| async move {
+            let r = Response::Error {
+                message: format!(
+                    "no route {method} {uri}: the API is version 1, its routes start with {VERSION}/ (docs/daemon.md lists them)"
+                ),
+            };
+            (StatusCode::NOT_FOUND, Json(r))
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// Sends one request to the daemon at `socket` and waits for its response (a blocking
+/// call: it runs its own short-lived runtime, so it must not be called from async code).
 pub fn call(socket: &Path, req: &Request) -> anyhow::Result<Response> {
-    let mut s = UnixStream::connect(socket).with_context(|| {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(call_async(socket, req))
+}
+
+async fn call_async(socket: &Path, req: &Request) -> anyhow::Result<Response> {
+    use http_body_util::{BodyExt, Full};
+    let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| {
         format!(
             "cannot reach the daemon at {}: is xaggd running? (start it with `xaggd --config FILE`, or pass --socket)",
             socket.display()
         )
     })?;
-    let mut line = serde_json::to_string(req)?;
-    line.push('\n');
-    s.write_all(line.as_bytes())?;
-    let mut r = BufReader::new(s);
-    let mut resp = String::new();
-    r.read_line(&mut resp)?;
-    if resp.is_empty() {
-        bail!("the daemon closed the connection without answering");
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
+    let driver = tokio::spawn(conn);
+    let (method, path, body) = req.route();
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let request = hyper::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "xagg")
+        .header("content-type", "application/json")
+        .body(Full::new(hyper::body::Bytes::from(body)))?;
+    let answer = sender.send_request(request).await?;
+    let status = answer.status();
+    let bytes = answer.into_body().collect().await?.to_bytes();
+    driver.abort();
+    if bytes.is_empty() {
+        bail!("the daemon answered {status} without a body");
     }
-    serde_json::from_str(&resp).context("malformed response from the daemon")
+    serde_json::from_slice(&bytes)
+        .with_context(|| format!("malformed response from the daemon ({status})"))
 }

@@ -500,16 +500,12 @@ impl Dataplane {
 #[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
 pub struct SlotStatus {
     /// Slot index within the job.
-    #[serde(rename = "seg")]
     pub slot: u32,
     /// Which of the slot's two shadow copies.
-    #[serde(rename = "epoch")]
     pub shadow: u8,
     /// "filling" or "done".
     pub state: String,
-    #[serde(rename = "mid")]
     pub message: u32,
-    #[serde(rename = "sid")]
     pub segment: u32,
     pub count: u32,
     /// Members whose contribution is not in.

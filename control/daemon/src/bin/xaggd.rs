@@ -8,10 +8,9 @@ use std::{
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use log::{error, info, warn};
+use log::{info, warn};
 use tokio::{
-    io::{AsyncBufReadExt, AsyncWriteExt, BufReader},
-    net::{UnixListener, UnixStream},
+    net::UnixListener,
     signal::unix::{signal, SignalKind},
     sync::watch,
 };
@@ -266,53 +265,30 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let (detach_tx, mut detach_rx) = watch::channel(false);
-    loop {
-        tokio::select! {
-            _ = sigint.recv() => { info!("SIGINT: stopping"); return Ok(false) }
-            _ = sigterm.recv() => { info!("SIGTERM: stopping"); return Ok(false) }
-            _ = detach_rx.changed() => return Ok(true),
-            conn = listener.accept() => match conn {
-                Ok((stream, _)) => {
-                    let state = state.clone();
-                    let tx = detach_tx.clone();
-                    tokio::spawn(async move {
-                        if let Err(e) = client(stream, state, tx).await {
-                            warn!("API client: {e:#}");
-                        }
-                    });
-                }
-                Err(e) => error!("accepting an API connection: {e}"),
-            }
+    let app = xagg_daemon::api::router(move |req| match req {
+        Request::Detach => {
+            let _ = detach_tx.send(true);
+            Response::Ok
         }
-    }
-}
-
-async fn client(
-    stream: UnixStream,
-    state: Arc<Mutex<State>>,
-    detach: watch::Sender<bool>,
-) -> Result<()> {
-    let (r, mut w) = stream.into_split();
-    let mut lines = BufReader::new(r).lines();
-    while let Some(line) = lines.next_line().await? {
-        let resp = match serde_json::from_str::<Request>(&line) {
-            Ok(Request::Detach) => {
-                let _ = detach.send(true);
-                Response::Ok
-            }
-            Ok(req) => {
-                let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-                handle(&mut st, req)
-            }
-            Err(e) => Response::Error {
-                message: format!("malformed request: {e}"),
-            },
+        req => {
+            let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
+            handle(&mut st, req)
+        }
+    });
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<bool>();
+    let stop = async move {
+        let detach = tokio::select! {
+            _ = sigint.recv() => { info!("SIGINT: stopping"); false }
+            _ = sigterm.recv() => { info!("SIGTERM: stopping"); false }
+            _ = detach_rx.changed() => true,
         };
-        let mut out = serde_json::to_string(&resp)?;
-        out.push('\n');
-        w.write_all(out.as_bytes()).await?;
-    }
-    Ok(())
+        let _ = stop_tx.send(detach);
+    };
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stop)
+        .await
+        .context("serving the API")?;
+    Ok(stop_rx.await.unwrap_or(false))
 }
 
 fn handle(st: &mut State, req: Request) -> Response {
