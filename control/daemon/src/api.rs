@@ -147,20 +147,26 @@ impl IntoResponse for Response {
 /// The largest request body the API reads (a job with 64 members is a few KiB).
 pub const MAX_BODY: usize = 1 << 20;
 
-/// A body or path the route cannot read, answered with the extractor's status.
-fn malformed(status: StatusCode, what: &str, why: String) -> axum::response::Response {
-    let r = Response::Error {
-        message: format!("malformed request {what}: {why}"),
-    };
-    (status, Json(r)).into_response()
+/// A body or path the route cannot read: the extractor's status and what is wrong.
+struct Malformed(StatusCode, String);
+
+impl IntoResponse for Malformed {
+    fn into_response(self) -> axum::response::Response {
+        let r = Response::Error { message: self.1 };
+        (self.0, Json(r)).into_response()
+    }
 }
 
-fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, axum::response::Response> {
+fn malformed(status: StatusCode, what: &str, why: String) -> Malformed {
+    Malformed(status, format!("malformed request {what}: {why}"))
+}
+
+fn body<T>(b: Result<Json<T>, JsonRejection>) -> Result<T, Malformed> {
     b.map(|Json(t)| t)
         .map_err(|e| malformed(e.status(), "body", e.body_text()))
 }
 
-fn job_id(p: Result<UrlPath<u32>, PathRejection>) -> Result<u32, axum::response::Response> {
+fn job_id(p: Result<UrlPath<u32>, PathRejection>) -> Result<u32, Malformed> {
     p.map(|UrlPath(id)| id).map_err(|e| {
         malformed(
             e.status(),
