@@ -58,10 +58,12 @@ pub enum Counter {
     DropSpoofedSource,
     /// An IPv4 header checksum that does not add up, on a datagram to the collective port.
     DropBadChecksum,
+    /// A joining member's hello, recorded for the daemon.
+    Hello,
 }
 
 impl Counter {
-    pub const COUNT: usize = 25;
+    pub const COUNT: usize = 26;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -89,6 +91,7 @@ impl Counter {
         Counter::InjectDropResult,
         Counter::DropSpoofedSource,
         Counter::DropBadChecksum,
+        Counter::Hello,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -119,6 +122,7 @@ impl Counter {
             Self::InjectDropResult => "inject_drop_result",
             Self::DropSpoofedSource => "drop_spoofed_source",
             Self::DropBadChecksum => "drop_bad_checksum",
+            Self::Hello => "hello",
         }
     }
 }

@@ -22,5 +22,6 @@ pub use wire::{DType, Header, Kind, Op};
 /// counters `drop_spoofed_source` and `drop_bad_checksum`; version 3 moved the op and data
 /// type from the job to each round (the shadow copy holds them) and holds a job's segment
 /// length in bytes; version 4 has the programs reduce the mean of i64 in two lanes (an
-/// adopted dataplane keeps its programs, so their behaviour counts as part of the layout).
-pub const LAYOUT_VERSION: u32 = 4;
+/// adopted dataplane keeps its programs, so their behaviour counts as part of the layout);
+/// version 5 records joining members' hellos (the `HELLOS` map, the `hello` counter).
+pub const LAYOUT_VERSION: u32 = 5;

@@ -40,6 +40,11 @@ pub enum Kind {
     StatusQuery = 3,
     /// Answer to a status query: the copy's state, or why the query is refused.
     StatusReply = 4,
+    /// A joining member, from its own data socket to the collective port: the switch
+    /// records the port it came in on and its source MAC, IPv4 address and UDP port under
+    /// the hello's token (the header's job and message fields, [`hello_token`]), for the
+    /// daemon to make them the member's. Nothing in it is trusted beyond that.
+    Hello = 5,
 }
 
 impl Kind {
@@ -49,6 +54,7 @@ impl Kind {
             2 => Some(Self::Result),
             3 => Some(Self::StatusQuery),
             4 => Some(Self::StatusReply),
+            5 => Some(Self::Hello),
             _ => None,
         }
     }
@@ -359,6 +365,20 @@ pub struct Packet<'a> {
     pub payload: &'a [u8],
 }
 
+/// The 64-bit token a hello carries in its header's job (high half) and message (low
+/// half) fields.
+pub const fn hello_token(h: &Header) -> u64 {
+    ((h.job() as u64) << 32) | h.message() as u64
+}
+
+/// A hello with `token` (its payload: [`STATUS_PAYLOAD`] zero bytes).
+pub fn hello(token: u64) -> Header {
+    Header::builder(Kind::Hello)
+        .job((token >> 32) as u32)
+        .message(token as u32)
+        .build()
+}
+
 /// Decodes and checks a UDP payload: the user-space counterpart of the switch's parser.
 pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
     let header = Header::from_bytes(d).ok_or(DecodeError::Short)?;
@@ -367,7 +387,7 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
     }
     let kind = Kind::from_u8(header.kind).ok_or(DecodeError::Kind(header.kind))?;
     let body = &d[HEADER_LEN..];
-    if matches!(kind, Kind::StatusQuery | Kind::StatusReply) {
+    if matches!(kind, Kind::StatusQuery | Kind::StatusReply | Kind::Hello) {
         if body.len() != STATUS_PAYLOAD {
             return Err(DecodeError::Length);
         }

@@ -19,13 +19,13 @@ mod slot;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
-    btf_maps::{Array, DevMap, HashMap, PerCpuArray, XskMap},
+    btf_maps::{Array, DevMap, HashMap, LruHashMap, PerCpuArray, XskMap},
     helpers::bpf_get_prandom_u32,
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
 };
 use xagg_common::{
-    job::{EgressKey, Faults, Impair, SwitchConfig},
+    job::{EgressKey, Faults, Impair, MemberAddr, SwitchConfig},
     slot::MAX_SLOTS,
     wire::{self, Kind},
     Counter, Job,
@@ -44,6 +44,11 @@ static JOBS: HashMap<u32, Job, MAX_JOBS> = HashMap::new();
 /// Which member of a job is reached through a port, for the egress program.
 #[btf_map]
 static EGRESS: HashMap<EgressKey, u32, { MAX_JOBS * 8 }> = HashMap::new();
+
+/// Joining members' hellos by token: the port each came in on and its source addresses,
+/// read (and deleted) by the daemon. Old ones are evicted first.
+#[btf_map]
+static HELLOS: LruHashMap<u64, MemberAddr, 4096> = LruHashMap::new();
 
 /// The aggregation slots of all jobs; each job owns a contiguous range.
 #[btf_map]
@@ -122,6 +127,9 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if hdr.version != wire::VERSION {
         return Err(Counter::DropBadVersion);
     }
+    if hdr.kind == Kind::Hello as u8 {
+        return hello(ctx, &frame);
+    }
     let query = hdr.kind == Kind::StatusQuery as u8;
     if hdr.kind != Kind::Contribution as u8 && !query {
         return Err(Counter::DropBadKind);
@@ -157,6 +165,18 @@ fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Count
         return Err(Counter::DropNotMember);
     }
     Ok((job, member))
+}
+
+/// Records a joining member's hello: exactly what [`admit`] will check of its packets.
+#[inline(always)]
+fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
+    if frame.payload_len() != packet::STATUS_LEN {
+        return Err(Counter::DropBadLength);
+    }
+    let token = wire::hello_token(frame.header());
+    let addr = frame.sender(ctx.ingress_ifindex() as u32);
+    let _ = HELLOS.insert(&token, &addr, 0);
+    Ok((xdp_action::XDP_DROP, Counter::Hello))
 }
 
 /// Answers a status query the switch does not take with the reason, to its sender alone;

@@ -178,6 +178,20 @@ impl Frame {
         self.udp_len - UdpHdr::LEN - HEADER_LEN
     }
 
+    /// The port it came in on and its source addresses, as a member's are recorded.
+    #[inline(always)]
+    pub fn sender(&self, ifindex: u32) -> MemberAddr {
+        let eth = unsafe { &*(self.data as *const EthHdr) };
+        let ip = unsafe { &*((self.data + IP_OFF) as *const Ipv4Hdr) };
+        let udp = unsafe { &*((self.data + UDP_OFF) as *const UdpHdr) };
+        MemberAddr {
+            ifindex,
+            ip: ip.src_addr,
+            mac: eth.src_addr,
+            port: udp.src,
+        }
+    }
+
     /// Whether the frame's source addresses are the member's.
     #[inline(always)]
     pub fn from(&self, m: &MemberAddr) -> bool {

@@ -1,0 +1,444 @@
+//! The join protocol: how a worker joins a job over the network, without anyone typing
+//! its interface, MAC or address. The daemon's network listener (opt-in,
+//! `daemon.listen`) and the worker library speak it; HTTP/1.1 with JSON bodies, version 1.
+//!
+//! 1. `GET /v1/nonce` → [`NonceReply`]: a single-use nonce (valid [`NONCE_TTL_S`] s) and the
+//!    switch's data address.
+//! 2. The worker sends a hello ([`xagg_common::wire::hello`]) from its own data socket to the
+//!    switch's collective port: the switch records the port it came in on and its source
+//!    MAC, IPv4 address and UDP port under the hello's random token — exactly what it will
+//!    check of the member's packets. Nothing the worker claims is trusted.
+//! 3. `POST /v1/join` with a [`JoinRequest`] naming the job by its key (128 bits, chosen
+//!    by the launcher and shared among its ranks), the job's shape, the rank and the hello
+//!    token, with a proof of the job's secret over the nonce ([`Proof::join`]). The first
+//!    valid join creates the job: it carries an admission credential's name, a proof of
+//!    the credential over the same nonce, and the job's secret sealed under the
+//!    credential ([`seal`]) — the secret never travels in clear. Later joins must agree
+//!    on the shape. The answer ([`JoinReply`]) is pending (naming the missing ranks)
+//!    until every rank is there, then the wire job id, the member index (the rank) and
+//!    the slot range.
+//! 4. `POST /v1/leave` and `POST /v1/joined/status` ([`MemberRequest`]), each proven the
+//!    same way over a fresh nonce.
+//!
+//! Proofs are HMAC-SHA256 over a domain string and every field of the request, so a
+//! captured request can be neither replayed (the nonce is spent) nor altered. Answers are
+//! not authenticated: someone on the path can make a join fail, not join.
+
+use std::{fmt, net::SocketAddrV4};
+
+use hmac::{Hmac, Mac};
+use serde::{Deserialize, Serialize};
+use sha2::Sha256;
+
+/// How long a nonce stays valid, in seconds.
+pub const NONCE_TTL_S: u64 = 30;
+
+/// A job's key: names the job; chosen at random by the launcher, shared by its ranks.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct JobKey(pub [u8; 16]);
+
+/// A job's secret (256 bits): proves membership. Never printed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Secret(pub [u8; 32]);
+
+/// An admission credential's key (256 bits), configured on the daemon and given to whoever
+/// may create jobs. Never printed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct CredentialKey(pub [u8; 32]);
+
+impl JobKey {
+    /// A new random key.
+    pub fn random() -> Self {
+        Self(random())
+    }
+}
+
+impl Secret {
+    pub fn random() -> Self {
+        Self(random())
+    }
+}
+
+fn random<const N: usize>() -> [u8; N] {
+    let mut b = [0u8; N];
+    getrandom::fill(&mut b).expect("the kernel's random numbers");
+    b
+}
+
+impl fmt::Display for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&hex::encode(self.0))
+    }
+}
+
+impl fmt::Debug for JobKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "JobKey({self})")
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(..)")
+    }
+}
+
+impl fmt::Debug for CredentialKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("CredentialKey(..)")
+    }
+}
+
+/// Parses `n` bytes from hex, naming `what` in the error.
+pub fn from_hex<const N: usize>(s: &str, what: &str) -> Result<[u8; N], String> {
+    let mut b = [0u8; N];
+    hex::decode_to_slice(s.trim(), &mut b)
+        .map_err(|_| format!("{what} is not {} hexadecimal digits ({} bytes)", 2 * N, N))?;
+    Ok(b)
+}
+
+impl std::str::FromStr for JobKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        from_hex(s, "a job key").map(Self)
+    }
+}
+
+impl std::str::FromStr for Secret {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        from_hex(s, "a job secret").map(Self)
+    }
+}
+
+impl std::str::FromStr for CredentialKey {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        from_hex(s, "a credential key").map(Self)
+    }
+}
+
+/// Hex on the wire, for keys, nonces, tokens and proofs.
+macro_rules! hex_serde {
+    ($($t:ty),*) => {$(
+        impl Serialize for $t {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                s.serialize_str(&hex::encode(self.0))
+            }
+        }
+        impl<'de> Deserialize<'de> for $t {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                let s = String::deserialize(d)?;
+                from_hex(&s, stringify!($t)).map(Self).map_err(serde::de::Error::custom)
+            }
+        }
+    )*};
+}
+
+/// A daemon's single-use nonce.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub struct Nonce(pub [u8; 16]);
+
+impl Nonce {
+    pub fn random() -> Self {
+        Self(random())
+    }
+}
+
+/// An HMAC-SHA256 proof.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Proof(pub [u8; 32]);
+
+/// A secret sealed under a credential for one nonce.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Sealed(pub [u8; 32]);
+
+hex_serde!(JobKey, Nonce, Proof, Sealed);
+
+/// The job's shape as a join states it: members, slots, segment bytes
+/// (`xagg_common::JobShape`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Shape {
+    pub members: usize,
+    pub slots: usize,
+    pub segment_bytes: usize,
+}
+
+impl Shape {
+    pub fn job_shape(&self) -> Result<xagg_common::JobShape, String> {
+        xagg_common::JobShape::new(self.members, self.slots, self.segment_bytes)
+            .map_err(|e| e.to_string())
+    }
+}
+
+impl From<xagg_common::JobShape> for Shape {
+    fn from(s: xagg_common::JobShape) -> Self {
+        Self {
+            members: s.members(),
+            slots: s.slots(),
+            segment_bytes: s.segment_bytes(),
+        }
+    }
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NonceReply {
+    pub nonce: Nonce,
+    /// The switch's data address and collective port: where hellos and contributions go.
+    pub switch: SocketAddrV4,
+}
+
+/// What creating a job adds to a join.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Admission {
+    /// The credential's name in the daemon's configuration.
+    pub credential: String,
+    /// [`Proof::admission`] under the credential's key.
+    pub proof: Proof,
+    /// The job's secret sealed under the credential's key ([`seal`]).
+    pub secret: Sealed,
+}
+
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct JoinRequest {
+    pub key: JobKey,
+    pub shape: Shape,
+    pub rank: u8,
+    /// The token of the hellos this member sent from its data socket.
+    pub hello: u64,
+    pub nonce: Nonce,
+    /// [`Proof::join`] under the job's secret.
+    pub proof: Proof,
+    /// Present to create the job if it does not exist yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub admission: Option<Admission>,
+}
+
+/// What a join request's answer says.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum JoinReply {
+    /// The switch has seen no hello with the request's token: send hellos again, then
+    /// join again.
+    NoHello,
+    /// This member is in; the job waits for the ranks named.
+    Pending { missing: Vec<u8>, waited_s: f64 },
+    /// Every rank is in: the job runs.
+    Ready {
+        job: u32,
+        member: u8,
+        slot_base: u32,
+        slots: u32,
+    },
+    /// Refused, and why (nothing changed).
+    Refused { reason: String },
+}
+
+/// Leave a job, or ask for its state, as one of its members.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct MemberRequest {
+    pub key: JobKey,
+    pub rank: u8,
+    pub nonce: Nonce,
+    /// [`Proof::member`] under the job's secret, for the route's action.
+    pub proof: Proof,
+}
+
+/// The answer to a member's leave or status request.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum MemberReply {
+    Left,
+    Status {
+        job: u32,
+        ready: bool,
+        missing: Vec<u8>,
+        /// Busy slots and the members each waits for: (slot, message, segment, missing).
+        waiting: Vec<(u32, u32, u32, Vec<u8>)>,
+    },
+    Refused {
+        reason: String,
+    },
+}
+
+type HmacSha256 = Hmac<Sha256>;
+
+fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+    let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
+    for p in parts {
+        m.update(&(p.len() as u32).to_le_bytes());
+        m.update(p);
+    }
+    m.finalize().into_bytes().into()
+}
+
+fn shape_bytes(s: &Shape) -> [u8; 24] {
+    let mut b = [0u8; 24];
+    b[..8].copy_from_slice(&(s.members as u64).to_le_bytes());
+    b[8..16].copy_from_slice(&(s.slots as u64).to_le_bytes());
+    b[16..].copy_from_slice(&(s.segment_bytes as u64).to_le_bytes());
+    b
+}
+
+impl Proof {
+    /// Proves knowledge of the job's secret for this join: every field of it.
+    pub fn join(secret: &Secret, r: &JoinRequest) -> Self {
+        Self(hmac(
+            &secret.0,
+            &[
+                b"xagg join v1",
+                &r.nonce.0,
+                &r.key.0,
+                &shape_bytes(&r.shape),
+                &[r.rank],
+                &r.hello.to_le_bytes(),
+            ],
+        ))
+    }
+
+    /// Proves the credential for creating job `key` of `shape` with this nonce.
+    pub fn admission(cred: &CredentialKey, nonce: &Nonce, key: &JobKey, shape: &Shape) -> Self {
+        Self(hmac(
+            &cred.0,
+            &[b"xagg admit v1", &nonce.0, &key.0, &shape_bytes(shape)],
+        ))
+    }
+
+    /// Proves knowledge of the job's secret for `action` ("leave", "status").
+    pub fn member(secret: &Secret, action: &str, nonce: &Nonce, key: &JobKey, rank: u8) -> Self {
+        Self(hmac(
+            &secret.0,
+            &[
+                b"xagg member v1",
+                action.as_bytes(),
+                &nonce.0,
+                &key.0,
+                &[rank],
+            ],
+        ))
+    }
+
+    /// Whether two proofs are equal, in constant time.
+    pub fn matches(&self, other: &Proof) -> bool {
+        use subtle::ConstantTimeEq;
+        self.0.ct_eq(&other.0).into()
+    }
+}
+
+/// The one-time pad that seals a secret under a credential for one nonce and job.
+fn pad(cred: &CredentialKey, nonce: &Nonce, key: &JobKey) -> [u8; 32] {
+    hmac(&cred.0, &[b"xagg seal v1", &nonce.0, &key.0])
+}
+
+/// Seals the job's secret under the credential: only the credential's holder (the
+/// daemon) can open it, and only for this nonce and job.
+pub fn seal(secret: &Secret, cred: &CredentialKey, nonce: &Nonce, key: &JobKey) -> Sealed {
+    let p = pad(cred, nonce, key);
+    Sealed(std::array::from_fn(|i| secret.0[i] ^ p[i]))
+}
+
+pub fn unseal(sealed: &Sealed, cred: &CredentialKey, nonce: &Nonce, key: &JobKey) -> Secret {
+    let p = pad(cred, nonce, key);
+    Secret(std::array::from_fn(|i| sealed.0[i] ^ p[i]))
+}
+
+impl JoinRequest {
+    /// A join of member `rank`, proven with `secret`; with `admission` (a credential's
+    /// name and key) it may create the job.
+    pub fn new(
+        key: JobKey,
+        secret: &Secret,
+        shape: Shape,
+        rank: u8,
+        hello: u64,
+        nonce: Nonce,
+        admission: Option<(&str, &CredentialKey)>,
+    ) -> Self {
+        let mut r = Self {
+            key,
+            shape,
+            rank,
+            hello,
+            nonce,
+            proof: Proof([0; 32]),
+            admission: None,
+        };
+        r.proof = Proof::join(secret, &r);
+        r.admission = admission.map(|(name, cred)| Admission {
+            credential: name.to_string(),
+            proof: Proof::admission(cred, &nonce, &key, &shape),
+            secret: seal(secret, cred, &nonce, &key),
+        });
+        r
+    }
+}
+
+impl MemberRequest {
+    pub fn new(key: JobKey, secret: &Secret, action: &str, rank: u8, nonce: Nonce) -> Self {
+        Self {
+            key,
+            rank,
+            nonce,
+            proof: Proof::member(secret, action, &nonce, &key, rank),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn proofs_bind_every_field_and_seals_open_only_with_the_credential() {
+        let (key, secret, cred) = (JobKey::random(), Secret::random(), CredentialKey([7; 32]));
+        let shape = Shape {
+            members: 4,
+            slots: 64,
+            segment_bytes: 3448,
+        };
+        let nonce = Nonce::random();
+        let r = JoinRequest::new(key, &secret, shape, 2, 99, nonce, Some(("a", &cred)));
+        assert!(Proof::join(&secret, &r).matches(&r.proof));
+        // Any field changed, or another secret: the proof no longer holds.
+        for changed in [
+            JoinRequest {
+                rank: 3,
+                ..r.clone()
+            },
+            JoinRequest {
+                hello: 98,
+                ..r.clone()
+            },
+            JoinRequest {
+                nonce: Nonce::random(),
+                ..r.clone()
+            },
+            JoinRequest {
+                shape: Shape { slots: 65, ..shape },
+                ..r.clone()
+            },
+        ] {
+            assert!(!Proof::join(&secret, &changed).matches(&r.proof));
+        }
+        assert!(!Proof::join(&Secret::random(), &r).matches(&r.proof));
+        let a = r.admission.as_ref().unwrap();
+        assert_ne!(a.secret.0, secret.0, "the secret travels sealed");
+        assert_eq!(unseal(&a.secret, &cred, &nonce, &key), secret);
+        assert_ne!(
+            unseal(&a.secret, &CredentialKey([8; 32]), &nonce, &key),
+            secret
+        );
+        assert_ne!(unseal(&a.secret, &cred, &Nonce::random(), &key), secret);
+        // The wire form round-trips, and the secret's Debug prints nothing of it.
+        let json = serde_json::to_string(&r).unwrap();
+        let back: JoinRequest = serde_json::from_str(&json).unwrap();
+        assert!(back.proof.matches(&r.proof));
+        assert_eq!(format!("{secret:?}"), "Secret(..)");
+        assert!(!json.contains(&hex::encode(secret.0)));
+    }
+}
