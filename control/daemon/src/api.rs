@@ -19,6 +19,7 @@ use axum::{
     Json, Router,
 };
 use serde::{Deserialize, Serialize};
+use xagg_join::{JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply};
 
 use crate::job::JobSpec;
 
@@ -45,6 +46,8 @@ pub enum Request {
     },
     /// Detach the dataplane, remove its pins, and stop the daemon.
     Detach,
+    /// The jobs workers joined over the network, pending or running.
+    Joins,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -83,6 +86,9 @@ pub enum Response {
     },
     JobStatus {
         slots: Vec<crate::dataplane::SlotStatus>,
+    },
+    Joins {
+        joins: Vec<crate::join::JoinListing>,
     },
     Error {
         message: String,
@@ -130,6 +136,7 @@ impl Request {
                 ),
             ),
             Request::Detach => (Method::POST, format!("{v}/detach"), None),
+            Request::Joins => (Method::GET, format!("{v}/joins"), None),
         }
     }
 }
@@ -176,12 +183,93 @@ fn job_id(p: Result<UrlPath<u32>, PathRejection>) -> Result<u32, Malformed> {
     })
 }
 
-/// The API's routes, each handing its [`Request`] to `handle`.
-pub fn router<H>(handle: H) -> Router
-where
-    H: Fn(Request) -> Response + Clone + Send + Sync + 'static,
-{
-    let h = handle;
+/// What serves the API's routes.
+pub trait Handler: Clone + Send + Sync + 'static {
+    /// The local socket's requests.
+    fn admin(&self, req: Request) -> Response;
+    fn nonce(&self) -> NonceReply;
+    fn join(&self, req: JoinRequest) -> JoinReply;
+    /// A member's `action` ("leave" or "status") on its job.
+    fn member(&self, action: &'static str, req: MemberRequest) -> MemberReply;
+}
+
+/// A join protocol answer with its HTTP status: a refusal is 403.
+fn join_answer<T: Serialize>(refused: bool, body: T) -> axum::response::Response {
+    let status = if refused {
+        StatusCode::FORBIDDEN
+    } else {
+        StatusCode::OK
+    };
+    (status, Json(body)).into_response()
+}
+
+/// The network listener's routes: the join protocol only (`xagg_join`).
+pub fn network_router<H: Handler>(h: H) -> Router {
+    join_routes(h)
+        .fallback(|method: Method, uri: Uri| async move {
+            let r = Response::Error {
+                message: format!(
+                    "no route {method} {uri} on the network listener: it serves only the join protocol (GET /v1/nonce, POST /v1/join, /v1/leave, /v1/joined/status); everything else is on the daemon's local socket"
+                ),
+            };
+            (StatusCode::NOT_FOUND, Json(r))
+        })
+        .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// The join protocol's routes.
+fn join_routes<H: Handler>(h: H) -> Router {
+    Router::new()
+        .route(
+            "/v1/nonce",
+            get({
+                let h = h.clone();
+                move || async move { Json(h.nonce()) }
+            }),
+        )
+        .route(
+            "/v1/join",
+            post({
+                let h = h.clone();
+                move |r: Result<Json<JoinRequest>, JsonRejection>| async move {
+                    body(r).map(|r| {
+                        let reply = h.join(r);
+                        join_answer(matches!(reply, JoinReply::Refused { .. }), reply)
+                    })
+                }
+            }),
+        )
+        .route(
+            "/v1/leave",
+            post({
+                let h = h.clone();
+                move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
+                    body(r).map(|r| {
+                        let reply = h.member("leave", r);
+                        join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
+                    })
+                }
+            }),
+        )
+        .route(
+            "/v1/joined/status",
+            post({
+                let h = h.clone();
+                move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
+                    body(r).map(|r| {
+                        let reply = h.member("status", r);
+                        join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
+                    })
+                }
+            }),
+        )
+}
+
+/// The local socket's routes: every request, and the join protocol's.
+pub fn router<H: Handler>(handler: H) -> Router {
+    let network = join_routes(handler.clone());
+    let a = handler;
+    let h = move |r: Request| a.admin(r);
     Router::new()
         .route(
             "/v1/jobs",
@@ -245,6 +333,14 @@ where
                 move || async move { h(Request::Detach) }
             }),
         )
+        .route(
+            "/v1/joins",
+            get({
+                let h = h.clone();
+                move || async move { h(Request::Joins) }
+            }),
+        )
+        .merge(network)
         .fallback(|method: Method, uri: Uri| async move {
             let r = Response::Error {
                 message: format!(

@@ -24,6 +24,44 @@ pub struct Config {
     /// Jobs added at start (unless already present in a pinned dataplane).
     #[serde(default, rename = "job", skip_serializing_if = "Vec::is_empty")]
     pub jobs: Vec<JobSpec>,
+    /// Admission credentials: who may create jobs over the network, and how many slots.
+    #[serde(default, rename = "credential", skip_serializing_if = "Vec::is_empty")]
+    pub credentials: Vec<CredentialSection>,
+}
+
+/// An admission credential (`[[credential]]`): its key stays in a file of its own, never
+/// in the configuration, a log or a listing.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CredentialSection {
+    /// The name joins give.
+    pub name: String,
+    /// A file holding the key: 64 hexadecimal digits (e.g. `openssl rand -hex 32`),
+    /// readable by the daemon only.
+    pub key_file: PathBuf,
+    /// Slots all the jobs created with this credential may hold at once.
+    pub slot_quota: u32,
+}
+
+impl CredentialSection {
+    /// Reads the key from its file.
+    pub fn key(&self) -> Result<xagg_join::CredentialKey, String> {
+        let text = std::fs::read_to_string(&self.key_file).map_err(|e| {
+            format!(
+                "credential {}: cannot read key_file {}: {e}",
+                self.name,
+                self.key_file.display()
+            )
+        })?;
+        text.parse().map_err(|e| {
+            format!(
+                "credential {}: key_file {}: {e}; write one with `openssl rand -hex 32 > {}`",
+                self.name,
+                self.key_file.display(),
+                self.key_file.display()
+            )
+        })
+    }
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -67,6 +105,20 @@ pub struct DaemonSection {
     /// Detach the dataplane when the daemon exits instead of leaving it running.
     #[serde(default)]
     pub detach_on_exit: bool,
+    /// Address and TCP port of the network listener, where workers join jobs (it serves
+    /// only nonces, joins, leaves and a member's own job status); none: no listener.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub listen: Option<std::net::SocketAddr>,
+    /// Where the daemon keeps the joined jobs' state (keys, secrets, members), so they
+    /// survive a restart; the file in it is readable by the daemon only.
+    #[serde(default = "default_state_dir")]
+    pub state_dir: PathBuf,
+    /// Seconds a joined job waits for all its ranks before its joins fail.
+    #[serde(default = "default_join_timeout")]
+    pub join_timeout_s: u64,
+    /// Seconds a joined job may make no progress before it is removed.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout_s: u64,
 }
 
 impl Default for DaemonSection {
@@ -77,10 +129,23 @@ impl Default for DaemonSection {
             socket_group: None,
             pin_path: default_pin_path(),
             detach_on_exit: false,
+            listen: None,
+            state_dir: default_state_dir(),
+            join_timeout_s: default_join_timeout(),
+            idle_timeout_s: default_idle_timeout(),
         }
     }
 }
 
+fn default_state_dir() -> PathBuf {
+    "/var/lib/xagg".into()
+}
+fn default_join_timeout() -> u64 {
+    60
+}
+fn default_idle_timeout() -> u64 {
+    600
+}
 fn default_port() -> u16 {
     xagg_common::wire::DEFAULT_PORT
 }
@@ -191,6 +256,30 @@ impl Config {
         self.mode()?;
         self.daemon.socket_mode()?;
         self.daemon.socket_gid()?;
+        if self.daemon.join_timeout_s == 0 || self.daemon.idle_timeout_s == 0 {
+            return Err(
+                "daemon.join_timeout_s and daemon.idle_timeout_s must be at least 1 (seconds)"
+                    .into(),
+            );
+        }
+        let mut names = std::collections::BTreeSet::new();
+        for (i, c) in self.credentials.iter().enumerate() {
+            if c.name.is_empty() || !names.insert(c.name.as_str()) {
+                return Err(format!(
+                    "credential[{i}].name = \"{}\": give each credential a name of its own",
+                    c.name
+                ));
+            }
+            if c.slot_quota == 0 {
+                return Err(format!(
+                    "credential {}: slot_quota = 0 lets it create no job: give the slots its jobs may hold",
+                    c.name
+                ));
+            }
+        }
+        if self.daemon.listen.is_some() && self.credentials.is_empty() {
+            return Err("daemon.listen is set but no [[credential]] is: nobody could create a job over the network; add one (name, key_file, slot_quota)".into());
+        }
         Ok(())
     }
 

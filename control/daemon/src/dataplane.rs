@@ -15,7 +15,7 @@ use aya::{
 };
 use log::{info, warn};
 use xagg_common::{
-    job::{members_of, probability_threshold, EgressKey, Faults, SwitchConfig},
+    job::{members_of, probability_threshold, EgressKey, Faults, MemberAddr, SwitchConfig},
     slot::{ShadowState, SlotImage, MAX_SLOTS},
     Counter, Job, LAYOUT_VERSION,
 };
@@ -89,8 +89,8 @@ type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-const MAP_NAMES: [&str; 8] = [
-    "JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS", "FAULTS", "LAYOUT",
+const MAP_NAMES: [&str; 9] = [
+    "JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS", "FAULTS", "LAYOUT", "HELLOS",
 ];
 
 pub struct Dataplane {
@@ -100,6 +100,8 @@ pub struct Dataplane {
     switch: Array<MapData, SwitchConfig>,
     faults: Array<MapData, Faults>,
     counters: PerCpuArray<MapData, u64>,
+    /// Joining members' hellos by token (an LRU hash the switch program fills).
+    hellos: HashMap<MapData, u64, MemberAddr>,
     /// The pin directory, when the dataplane outlives the daemon.
     pin: Option<PathBuf>,
     /// Links of an unpinned dataplane: dropping them detaches the programs.
@@ -259,6 +261,7 @@ impl Dataplane {
             switch: Array::try_from(take("SWITCH")).map_err(map_err("SWITCH"))?,
             faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
+            hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
             pin,
             _links: links,
             _ebpf: Some(ebpf),
@@ -290,6 +293,7 @@ impl Dataplane {
             switch: Array::try_from(open("SWITCH")?).map_err(map_err("SWITCH"))?,
             faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
+            hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
             _ebpf: None,
@@ -410,6 +414,74 @@ impl Dataplane {
             });
         }
         self.reset_slots(job.slot_base, job.slot_count)
+    }
+
+    /// Takes the hello recorded under `token`, if the switch saw one.
+    pub fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
+        let addr = self.hellos.get(&token, 0).ok()?;
+        let _ = self.hellos.remove(&token);
+        Some(addr)
+    }
+
+    /// The switch port with interface index `ifindex`, if it is one.
+    pub fn port_named(&self, ifindex: u32) -> Option<String> {
+        self.ports
+            .iter()
+            .find(|p| iface::ifindex(p).ok() == Some(ifindex))
+            .cloned()
+    }
+
+    /// Slots no job holds.
+    pub fn free_slots(&self) -> Result<u32> {
+        let used: u32 = self.jobs()?.iter().map(|(_, j)| j.slot_count).sum();
+        Ok(MAX_SLOTS - used)
+    }
+
+    /// Makes `addr` member `member`'s address in job `id` (a member that joined again
+    /// after a restart, from another port or address): its slots are kept.
+    pub fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<()> {
+        let mut job = self
+            .jobs
+            .get(&id, 0)
+            .map_err(|_| DataplaneError::NoJob(id))?;
+        let old = job.member[member];
+        if old.ifindex != addr.ifindex {
+            let _ = self.egress.remove(&EgressKey {
+                job: id,
+                ifindex: old.ifindex,
+            });
+            self.egress
+                .insert(
+                    EgressKey {
+                        job: id,
+                        ifindex: addr.ifindex,
+                    },
+                    member as u32,
+                    0,
+                )
+                .map_err(map_err("EGRESS"))?;
+        }
+        job.member[member] = addr;
+        self.jobs.insert(id, job, 0).map_err(map_err("JOBS"))
+    }
+
+    /// A value that changes whenever a round of job `id` moves on (its slots' rounds and
+    /// members seen): how the daemon tells an idle job.
+    pub fn activity(&self, id: u32) -> Result<u64> {
+        let job = self
+            .jobs
+            .get(&id, 0)
+            .map_err(|_| DataplaneError::NoJob(id))?;
+        let mut h = 0xcbf2_9ce4_8422_2325u64;
+        for i in job.slot_base..job.slot_base + job.slot_count {
+            let s = self.slot(i)?;
+            for c in &s.shadow {
+                for v in [c.message as u64, c.segment as u64, c.seen] {
+                    h = (h ^ v).wrapping_mul(0x0100_0000_01b3);
+                }
+            }
+        }
+        Ok(h)
     }
 
     fn reset_slots(&mut self, base: u32, count: u32) -> Result<()> {

@@ -6,4 +6,5 @@ pub mod api;
 pub mod config;
 pub mod dataplane;
 pub mod job;
+pub mod join;
 pub mod names;

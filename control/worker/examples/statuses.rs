@@ -38,6 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         Err(AllreduceError::Cancelled { .. }) => println!("cancelled"),
         Err(AllreduceError::Io(e)) => println!("socket error: {e}"),
+        Err(AllreduceError::Join(why)) => println!("join failed: {why}"),
         Err(AllreduceError::Invalid(why)) => println!("invalid: {why}"),
     }
     // After a failure the buffer holds results for the segments that completed.

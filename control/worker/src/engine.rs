@@ -62,6 +62,8 @@ pub(crate) struct WorkerInner {
     /// How long one blocking step waits (nanoseconds), from the engine's timeout.
     step_ns: AtomicU64,
     fds: Vec<RawFd>,
+    /// The job this worker joined over the network, to leave it.
+    pub membership: Option<crate::join::Membership>,
 }
 
 impl WorkerInner {
@@ -74,6 +76,7 @@ impl WorkerInner {
             inbox: Mutex::new(Vec::new()),
             fds,
             p,
+            membership: None,
         }
     }
 
@@ -973,30 +976,36 @@ fn newer(a: (u32, u32), b: (u32, u32)) -> bool {
 
 /// The message a new process of a job takes up, from what every slot's copies hold as
 /// (state, message, segment): the oldest message with a round still filling (the others
-/// are in it and wait for this member; with requests pipelined, later messages may be
-/// filling too), else the one after the newest; 0 on a job that never ran. A filling round
-/// whose slot's other copy holds a newer round was abandoned (its members gave up and went
-/// on) and does not count.
+/// are in it and wait for this member), but never past the one after the newest message
+/// with a completed round — members ahead, with requests pipelined, may already have
+/// rounds of later messages filling, and the replies may show those before the oldest;
+/// 0 on a job that never ran. A filling round whose slot's other copy holds a newer round
+/// was abandoned (its members gave up and went on) and does not count.
 fn next_message(copies: &[[(u8, u32, u32); 2]]) -> u32 {
     let held = |c: &(u8, u32, u32)| c.0 != ShadowState::Empty as u8;
-    let newest = copies
+    let oldest = |a: u32, b: u32| if newer((a, 0), (b, 0)) { b } else { a };
+    let newest_done = copies
         .iter()
         .flatten()
-        .filter(|c| held(c))
+        .filter(|c| c.0 == ShadowState::Done as u8)
         .map(|c| c.1)
         .reduce(|a, b| if newer((b, 0), (a, 0)) { b } else { a });
-    let Some(newest) = newest else {
-        return 0;
-    };
-    let live = copies.iter().flat_map(|pair| {
-        (0..2).filter_map(move |i| {
-            let (c, other) = (pair[i], pair[1 - i]);
-            let abandoned = held(&other) && newer((other.1, other.2), (c.1, c.2));
-            (c.0 == ShadowState::Filling as u8 && !abandoned).then_some(c.1)
+    let live = copies
+        .iter()
+        .flat_map(|pair| {
+            (0..2).filter_map(move |i| {
+                let (c, other) = (pair[i], pair[1 - i]);
+                let abandoned = held(&other) && newer((other.1, other.2), (c.1, c.2));
+                (c.0 == ShadowState::Filling as u8 && !abandoned).then_some(c.1)
+            })
         })
-    });
-    live.reduce(|a, b| if newer((a, 0), (b, 0)) { b } else { a })
-        .unwrap_or(newest.wrapping_add(1))
+        .reduce(oldest);
+    match (live, newest_done) {
+        (Some(f), Some(d)) => oldest(f, d.wrapping_add(1)),
+        (Some(f), None) => f,
+        (None, Some(d)) => d.wrapping_add(1),
+        (None, None) => 0,
+    }
 }
 
 /// The copy a slot's next round takes, given what its two copies hold as (state, message,
@@ -1084,6 +1093,12 @@ mod tests {
                 [(f, 5, 1), (e, 0, 0)],
                 [(f, 6, 0), (e, 0, 0)]
             ]),
+            5
+        );
+        // A member ahead has rounds of later messages filling; the replies show those
+        // before any of the oldest: the one after the newest completed message.
+        assert_eq!(
+            next_message(&[[(f, 20, 12), (d, 4, 0)], [(f, 19, 14), (d, 0, 108)]]),
             5
         );
         // A round abandoned (its slot went on to a newer one) does not count.

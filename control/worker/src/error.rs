@@ -68,6 +68,9 @@ pub enum AllreduceError {
     Refused { job: u32, reason: String },
     #[error("allreduce of job {job}{}: cancelled", message.map(|m| format!(" message {m}")).unwrap_or_default())]
     Cancelled { job: u32, message: Option<u32> },
+    /// Joining the job failed: the daemon did not answer, or not every rank came.
+    #[error("join: {0}")]
+    Join(String),
     #[error("socket: {0}")]
     Io(io::Error),
     #[error("{0}")]
@@ -129,6 +132,7 @@ impl Clone for AllreduceError {
                 None => io::Error::new(e.kind(), e.to_string()),
             }),
             Self::Invalid(s) => Self::Invalid(s.clone()),
+            Self::Join(s) => Self::Join(s.clone()),
         }
     }
 }

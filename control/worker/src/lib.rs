@@ -68,6 +68,7 @@ pub mod codec;
 pub mod data;
 pub mod engine;
 mod error;
+pub mod join;
 mod params;
 pub mod report;
 pub mod request;
@@ -80,12 +81,14 @@ use std::{sync::Arc, time::Duration};
 
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Missing};
+pub use join::JoinParams;
 pub use params::WorkerParams;
 pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
 use transport::Transport;
 use xagg_common::wire::{self, DType, Lane, Op, HEADER_LEN};
+pub use xagg_join::{CredentialKey, JobKey, Secret};
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
 pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
@@ -144,6 +147,45 @@ impl Worker {
         Ok(Self {
             inner: Arc::new(WorkerInner::new(p, transport)),
         })
+    }
+
+    /// Joins a job over the network (see [`join`]): sends hellos from its data socket,
+    /// then joins through the daemon's listener, waiting until every rank is in (up to
+    /// `j.timeout`). The job is created by the first rank that carries a credential.
+    pub fn join(j: JoinParams) -> Result<Self, AllreduceError> {
+        let (p, sock, membership) = join::join(&j)?;
+        p.lane()?;
+        check_mtu(&p)?;
+        let transport = Transport::with_socket(sock, &p)?;
+        let mut inner = WorkerInner::new(p, transport);
+        inner.membership = Some(membership);
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    /// Leaves the job this worker joined; when every rank has left, the daemon removes
+    /// it. (A job added by hand has nobody to leave: an error.)
+    pub fn leave(&self) -> Result<(), AllreduceError> {
+        match &self.inner.membership {
+            Some(m) => m.leave(),
+            None => Err(AllreduceError::Invalid(
+                "this worker did not join its job over the network: there is nothing to leave"
+                    .into(),
+            )),
+        }
+    }
+
+    /// The joined job's state as the daemon sees it: ranks missing, slots waiting and
+    /// for whom.
+    pub fn job_status(&self) -> Result<xagg_join::MemberReply, AllreduceError> {
+        match &self.inner.membership {
+            Some(m) => m.status(),
+            None => Err(AllreduceError::Invalid(
+                "this worker did not join its job over the network: ask the daemon's local API"
+                    .into(),
+            )),
+        }
     }
 
     pub fn params(&self) -> &WorkerParams {

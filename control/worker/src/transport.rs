@@ -77,7 +77,12 @@ enum Inbox {
 
 impl Transport {
     pub fn new(p: &WorkerParams) -> Result<Self, AllreduceError> {
-        let sock = UdpSocket::bind(p.bind)?;
+        Self::with_socket(UdpSocket::bind(p.bind)?, p)
+    }
+
+    /// The transport over a socket already bound to `p.bind` (the one a join's hellos
+    /// came from).
+    pub fn with_socket(sock: UdpSocket, p: &WorkerParams) -> Result<Self, AllreduceError> {
         // Room for every slot's result at once, so a burst is never dropped at the socket.
         let want = (p.shape.slots() * (MAX_IP_PACKET + 512) * 2).max(4 << 20);
         let _ = setsockopt(&sock, sockopt::RcvBufForce, &want)

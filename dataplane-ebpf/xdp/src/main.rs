@@ -175,7 +175,9 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
     }
     let token = wire::hello_token(frame.header());
     let addr = frame.sender(ctx.ingress_ifindex() as u32);
-    let _ = HELLOS.insert(&token, &addr, 0);
+    // The first hello of a token wins: someone who saw it on the wire cannot take the
+    // member's place by sending the same token from elsewhere.
+    let _ = HELLOS.insert(&token, &addr, aya_ebpf::bindings::BPF_NOEXIST as u64);
     Ok((xdp_action::XDP_DROP, Counter::Hello))
 }
 

@@ -135,6 +135,7 @@ impl LabSwitch {
             lab,
         };
         let _ = std::fs::remove_file(&s.log);
+        let _ = std::fs::remove_dir_all(s.state_dir());
         let mut cfg = s.default_config();
         tweak(&mut cfg);
         s.write_config(&cfg)?;
@@ -143,6 +144,11 @@ impl LabSwitch {
     }
 
     /// The lab's switch: every port, the bridge's address, native XDP, pinned.
+    /// Where the lab's daemon keeps its joined jobs.
+    pub fn state_dir(&self) -> PathBuf {
+        self.socket.with_file_name("state")
+    }
+
     pub fn default_config(&self) -> Config {
         Config {
             switch: SwitchSection {
@@ -157,9 +163,11 @@ impl LabSwitch {
                 socket: self.socket.clone(),
                 pin_path: self.pin.clone(),
                 detach_on_exit: false,
+                state_dir: self.state_dir(),
                 ..DaemonSection::default()
             },
             jobs: Vec::new(),
+            credentials: Vec::new(),
         }
     }
 

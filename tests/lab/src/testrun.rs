@@ -100,6 +100,7 @@ pub struct Switch {
     pub egress: HashMap<MapData, EgressKey, u32>,
     pub slots: Array<MapData, SlotImage>,
     pub counters: PerCpuArray<MapData, u64>,
+    pub hellos: HashMap<MapData, u64, MemberAddr>,
 }
 
 pub struct Run {
@@ -140,6 +141,7 @@ impl Switch {
             egress: HashMap::try_from(ebpf.take_map("EGRESS").unwrap()).unwrap(),
             slots: Array::try_from(ebpf.take_map("SLOTS").unwrap()).unwrap(),
             counters: PerCpuArray::try_from(ebpf.take_map("COUNTERS").unwrap()).unwrap(),
+            hellos: HashMap::try_from(ebpf.take_map("HELLOS").unwrap()).unwrap(),
             ebpf,
         }
     }

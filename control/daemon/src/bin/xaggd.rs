@@ -16,11 +16,13 @@ use tokio::{
 };
 use xagg_common::slot::MAX_SLOTS;
 use xagg_daemon::{
-    api::{Request, Response},
+    api::{Handler, Request, Response},
     config::{Config, DaemonSection},
     dataplane::{self, Dataplane},
     job::JobSpec,
+    join::Joins,
 };
+use xagg_join::{JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply};
 
 /// The in-network aggregation switch daemon.
 ///
@@ -43,6 +45,47 @@ struct Args {
 struct State {
     dp: Dataplane,
     cfg: Config,
+    /// Jobs workers joined over the network.
+    joins: Joins,
+}
+
+/// Serves the API's routes from the daemon's state.
+#[derive(Clone)]
+struct Daemon {
+    state: Arc<Mutex<State>>,
+    detach: watch::Sender<bool>,
+}
+
+impl Daemon {
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+impl Handler for Daemon {
+    fn admin(&self, req: Request) -> Response {
+        match req {
+            Request::Detach => {
+                let _ = self.detach.send(true);
+                Response::Ok
+            }
+            req => handle(&mut self.state(), req),
+        }
+    }
+
+    fn nonce(&self) -> NonceReply {
+        self.state().joins.nonce()
+    }
+
+    fn join(&self, req: JoinRequest) -> JoinReply {
+        let st = &mut *self.state();
+        st.joins.join(&mut st.dp, &req)
+    }
+
+    fn member(&self, action: &'static str, req: MemberRequest) -> MemberReply {
+        let st = &mut *self.state();
+        st.joins.member(&mut st.dp, action, &req)
+    }
 }
 
 fn main() -> Result<()> {
@@ -89,9 +132,12 @@ fn main() -> Result<()> {
             added.slot_base.unwrap_or(0) + added.slots
         );
     }
+    let switch = std::net::SocketAddrV4::new(cfg.switch.address, cfg.switch.udp_port);
+    let joins = Joins::new(&cfg, switch, &dp).map_err(anyhow::Error::msg)?;
     let state = Arc::new(Mutex::new(State {
         dp,
         cfg: cfg.clone(),
+        joins,
     }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -265,30 +311,55 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let (detach_tx, mut detach_rx) = watch::channel(false);
-    let app = xagg_daemon::api::router(move |req| match req {
-        Request::Detach => {
-            let _ = detach_tx.send(true);
-            Response::Ok
-        }
-        req => {
-            let mut st = state.lock().unwrap_or_else(|e| e.into_inner());
-            handle(&mut st, req)
+    let handler = Daemon {
+        state: state.clone(),
+        detach: detach_tx,
+    };
+    // Timers of the joined jobs: join timeouts, idle jobs.
+    let ticking = handler.clone();
+    tokio::spawn(async move {
+        let mut every = tokio::time::interval(std::time::Duration::from_secs(1));
+        loop {
+            every.tick().await;
+            let st = &mut *ticking.state();
+            st.joins.tick(&mut st.dp);
         }
     });
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<bool>();
+    let (stop_tx, stop_rx) = watch::channel(false);
+    if let Some(addr) = daemon.listen {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the network listener daemon.listen = {addr}"))?;
+        info!("network listener (the join protocol only) on {addr}");
+        let app = xagg_daemon::api::network_router(handler.clone());
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let r = axum::serve(tcp, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = r {
+                warn!("network listener: {e}");
+            }
+        });
+    }
+    let app = xagg_daemon::api::router(handler);
+    let (why_tx, why_rx) = tokio::sync::oneshot::channel::<bool>();
     let stop = async move {
         let detach = tokio::select! {
             _ = sigint.recv() => { info!("SIGINT: stopping"); false }
             _ = sigterm.recv() => { info!("SIGTERM: stopping"); false }
             _ = detach_rx.changed() => true,
         };
-        let _ = stop_tx.send(detach);
+        let _ = stop_tx.send(true);
+        let _ = why_tx.send(detach);
     };
     axum::serve(listener, app)
         .with_graceful_shutdown(stop)
         .await
         .context("serving the API")?;
-    Ok(stop_rx.await.unwrap_or(false))
+    Ok(why_rx.await.unwrap_or(false))
 }
 
 fn handle(st: &mut State, req: Request) -> Response {
@@ -341,6 +412,9 @@ fn handle(st: &mut State, req: Request) -> Response {
             })
         }
         Request::Detach => Ok(Response::Ok),
+        Request::Joins => Ok(Response::Joins {
+            joins: st.joins.listing(),
+        }),
     };
     r.unwrap_or_else(|e| Response::Error {
         message: e.to_string(),

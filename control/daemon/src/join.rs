@@ -1,0 +1,672 @@
+//! Jobs workers join over the network (the protocol: `xagg_join`): nonces, the joins'
+//! checks (the job's secret, an admission credential and its slot quota to create a job,
+//! the shape every rank must agree on, the hello that names the member's port and
+//! addresses), the pending jobs and their timeout, leaving, idle jobs, and the state file
+//! that carries all of it across a restart of the daemon.
+//!
+//! A joined job's wire id is a dense index (its low 16 bits, below 256) and a generation
+//! (its high 16 bits), counted up each time the index is given again, so a stale id
+//! never names a newer job. A job added by hand (`xagg job add --id N`) has index
+//! `N mod 65536` and generation `N / 65536`; a joined job never takes an index a job
+//! already has.
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddrV4,
+    path::PathBuf,
+    time::{Duration, Instant, SystemTime},
+};
+
+use log::{info, warn};
+use serde::{Deserialize, Serialize};
+use xagg_common::job::MemberAddr;
+use xagg_join::{
+    unseal, CredentialKey, JobKey, JoinReply, JoinRequest, MemberReply, MemberRequest, Nonce,
+    NonceReply, Proof, Secret, Shape, NONCE_TTL_S,
+};
+
+use crate::{
+    config::Config,
+    dataplane::Dataplane,
+    job::{JobSpec, MemberSpec},
+};
+
+/// Indices a joined job may take (the dataplane holds at most this many jobs).
+const MAX_INDEX: u16 = 256;
+/// Nonces handed out and not yet spent, at most: a client asking for more pushes the
+/// oldest out.
+const MAX_NONCES: usize = 4096;
+/// How long the reason a pending job expired is kept for the joins still polling it.
+const EXPIRED_KEPT: Duration = Duration::from_secs(600);
+
+/// A member of a joined job as its hello showed it.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Member {
+    addr: Addr,
+    /// The hello token it was learned from (a join retried with the same token reuses it).
+    hello: u64,
+    left: bool,
+}
+
+/// [`MemberAddr`] in the state file.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+struct Addr {
+    ifindex: u32,
+    ip: [u8; 4],
+    mac: [u8; 6],
+    port: [u8; 2],
+}
+
+impl From<MemberAddr> for Addr {
+    fn from(a: MemberAddr) -> Self {
+        Self {
+            ifindex: a.ifindex,
+            ip: a.ip,
+            mac: a.mac,
+            port: a.port,
+        }
+    }
+}
+
+impl From<Addr> for MemberAddr {
+    fn from(a: Addr) -> Self {
+        Self {
+            ifindex: a.ifindex,
+            ip: a.ip,
+            mac: a.mac,
+            port: a.port,
+        }
+    }
+}
+
+/// A job created by a join.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+struct Joined {
+    key: JobKey,
+    /// Hex, only ever in the state file (mode 0600).
+    secret: String,
+    credential: String,
+    shape: Shape,
+    id: u32,
+    members: Vec<Option<Member>>,
+    /// Whether the dataplane has it (every rank joined).
+    ready: bool,
+    /// Seconds since the Unix epoch when it was created.
+    created_unix_s: u64,
+    #[serde(skip, default = "Instant::now")]
+    since: Instant,
+    #[serde(skip)]
+    activity: Option<(u64, Instant)>,
+}
+
+impl Joined {
+    fn secret(&self) -> Secret {
+        self.secret.parse().expect("written from a Secret")
+    }
+
+    fn missing(&self) -> Vec<u8> {
+        (0..self.shape.members as u8)
+            .filter(|&r| self.members[usize::from(r)].is_none_or(|m| m.left))
+            .collect()
+    }
+}
+
+/// A joined job as `xagg job status` and `GET /v1/joins` show it (no secret).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JoinListing {
+    pub key: String,
+    pub id: u32,
+    pub credential: String,
+    pub members: usize,
+    pub slots: usize,
+    pub segment_bytes: usize,
+    pub ready: bool,
+    /// Ranks in (joined and not left), and ranks the job waits for.
+    pub present: Vec<u8>,
+    pub missing: Vec<u8>,
+    pub waited_s: f64,
+}
+
+/// What the state file holds.
+#[derive(Default, Serialize, Deserialize)]
+struct Saved {
+    jobs: Vec<Joined>,
+    generations: BTreeMap<u16, u16>,
+}
+
+pub struct Joins {
+    jobs: BTreeMap<JobKey, Joined>,
+    nonces: HashMap<Nonce, Instant>,
+    credentials: Vec<(String, CredentialKey, u32)>,
+    generations: BTreeMap<u16, u16>,
+    /// Pending jobs that timed out: the ranks they waited for, and when.
+    expired: HashMap<JobKey, (Vec<u8>, Instant)>,
+    state_file: PathBuf,
+    join_timeout: Duration,
+    idle_timeout: Duration,
+    switch: SocketAddrV4,
+}
+
+fn refused(reason: impl Into<String>) -> JoinReply {
+    JoinReply::Refused {
+        reason: reason.into(),
+    }
+}
+
+impl Joins {
+    /// Reads the credentials' keys and the state file, keeping the joined jobs the
+    /// dataplane still has (and the pending ones, their timers started again).
+    pub fn new(cfg: &Config, switch: SocketAddrV4, dp: &Dataplane) -> Result<Self, String> {
+        let mut credentials = Vec::new();
+        for c in &cfg.credentials {
+            credentials.push((c.name.clone(), c.key()?, c.slot_quota));
+        }
+        let state_file = cfg.daemon.state_dir.join("joined.json");
+        let saved: Saved = match std::fs::read_to_string(&state_file) {
+            Ok(text) => serde_json::from_str(&text).map_err(|e| {
+                format!(
+                    "{}: {e}: move it away to start without the joined jobs it holds",
+                    state_file.display()
+                )
+            })?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Saved::default(),
+            Err(e) => return Err(format!("reading {}: {e}", state_file.display())),
+        };
+        let present: Vec<u32> = dp
+            .jobs()
+            .map_err(|e| e.to_string())?
+            .into_iter()
+            .map(|(id, _)| id)
+            .collect();
+        let mut jobs = BTreeMap::new();
+        for j in saved.jobs {
+            if j.ready && !present.contains(&j.id) {
+                warn!(
+                    "joined job {} ({}) is gone from the dataplane: dropped",
+                    j.id, j.key
+                );
+                continue;
+            }
+            info!(
+                "joined job {} ({}) kept from {}: {}",
+                j.id,
+                j.key,
+                state_file.display(),
+                if j.ready { "running" } else { "pending" }
+            );
+            jobs.insert(j.key, j);
+        }
+        let joins = Self {
+            jobs,
+            nonces: HashMap::new(),
+            credentials,
+            generations: saved.generations,
+            expired: HashMap::new(),
+            state_file,
+            join_timeout: Duration::from_secs(cfg.daemon.join_timeout_s),
+            idle_timeout: Duration::from_secs(cfg.daemon.idle_timeout_s),
+            switch,
+        };
+        joins.save();
+        Ok(joins)
+    }
+
+    /// Writes the state file (0600 in a 0700 directory), replacing it whole.
+    fn save(&self) {
+        let saved = Saved {
+            jobs: self.jobs.values().cloned().collect(),
+            generations: self.generations.clone(),
+        };
+        let write = || -> std::io::Result<()> {
+            use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+            let dir = self.state_file.parent().expect("a file in a directory");
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)?;
+            let tmp = self.state_file.with_extension("json.new");
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .mode(0o600)
+                .open(&tmp)?;
+            std::io::Write::write_all(&mut f, serde_json::to_string(&saved)?.as_bytes())?;
+            f.sync_all()?;
+            std::fs::rename(&tmp, &self.state_file)
+        };
+        if let Err(e) = write() {
+            warn!(
+                "cannot write {}: {e}: joined jobs will not survive a restart",
+                self.state_file.display()
+            );
+        }
+    }
+
+    /// A new single-use nonce, and where the switch takes hellos.
+    pub fn nonce(&mut self) -> NonceReply {
+        let now = Instant::now();
+        let ttl = Duration::from_secs(NONCE_TTL_S);
+        self.nonces.retain(|_, t| now.duration_since(*t) < ttl);
+        if self.nonces.len() >= MAX_NONCES {
+            if let Some(oldest) = self.nonces.iter().min_by_key(|(_, t)| **t).map(|(n, _)| *n) {
+                self.nonces.remove(&oldest);
+            }
+        }
+        let nonce = Nonce::random();
+        self.nonces.insert(nonce, now);
+        NonceReply {
+            nonce,
+            switch: self.switch,
+        }
+    }
+
+    fn spend(&mut self, nonce: &Nonce) -> Result<(), String> {
+        match self.nonces.remove(nonce) {
+            Some(t) if t.elapsed() < Duration::from_secs(NONCE_TTL_S) => Ok(()),
+            _ => Err(
+                "unknown, spent or expired nonce: get a fresh one (GET /v1/nonce) for each request"
+                    .into(),
+            ),
+        }
+    }
+
+    /// Handles a join; nothing changes unless it is valid.
+    pub fn join(&mut self, dp: &mut Dataplane, req: &JoinRequest) -> JoinReply {
+        let r = self.try_join(dp, req);
+        if let JoinReply::Refused { reason } = &r {
+            warn!(
+                "join of rank {} to job {} refused: {reason}",
+                req.rank, req.key
+            );
+        }
+        r
+    }
+
+    fn try_join(&mut self, dp: &mut Dataplane, req: &JoinRequest) -> JoinReply {
+        if let Err(e) = req.shape.job_shape() {
+            return refused(format!("the job's shape: {e}"));
+        }
+        if !req.shape.segment_bytes.is_multiple_of(4) {
+            return refused(format!(
+                "the job's shape: segment_bytes = {} is not a multiple of 4",
+                req.shape.segment_bytes
+            ));
+        }
+        if usize::from(req.rank) >= req.shape.members {
+            return refused(format!(
+                "rank {} of a job of {} members: ranks are 0..{}",
+                req.rank, req.shape.members, req.shape.members
+            ));
+        }
+        if let Err(e) = self.spend(&req.nonce) {
+            return refused(e);
+        }
+        if !self.jobs.contains_key(&req.key) {
+            if let Some((missing, _)) = self.expired.get(&req.key) {
+                return refused(format!(
+                    "the job timed out after {} s waiting for ranks {missing:?} and was removed (its slots are free): start all ranks again, with a new key",
+                    self.join_timeout.as_secs()
+                ));
+            }
+            if let Err(e) = self.create(dp, req) {
+                return refused(e);
+            }
+        }
+        let j = self.jobs.get(&req.key).expect("exists or created");
+        if !Proof::join(&j.secret(), req).matches(&req.proof) {
+            return refused("the join's proof does not match the job's secret");
+        }
+        if j.shape != req.shape {
+            return refused(format!(
+                "the job has {} members, {} slots and {}-byte segments; this join says {}, {} and {}: every rank must give the same shape",
+                j.shape.members,
+                j.shape.slots,
+                j.shape.segment_bytes,
+                req.shape.members,
+                req.shape.slots,
+                req.shape.segment_bytes
+            ));
+        }
+        let rank = usize::from(req.rank);
+        // The member's port and addresses, from its hello (or the one it already gave).
+        let known = j.members[rank].filter(|m| m.hello == req.hello);
+        let addr: MemberAddr = match known {
+            Some(m) => m.addr.into(),
+            None => match dp.take_hello(req.hello) {
+                Some(a) => a,
+                None => return JoinReply::NoHello,
+            },
+        };
+        let Some(port) = dp.port_named(addr.ifindex) else {
+            return refused(format!(
+                "the hello came in on interface index {}, which is not a port of this switch",
+                addr.ifindex
+            ));
+        };
+        if let Some(other) = j.members.iter().enumerate().position(|(r, m)| {
+            r != rank && m.is_some_and(|m| !m.left && m.addr.ifindex == addr.ifindex)
+        }) {
+            return refused(format!(
+                "rank {other} of this job is already behind port {port}: one member per switch port (several ranks behind one port need host-level aggregation)"
+            ));
+        }
+        let j = self.jobs.get_mut(&req.key).expect("exists");
+        j.members[rank] = Some(Member {
+            addr: addr.into(),
+            hello: req.hello,
+            left: false,
+        });
+        let reply = if j.ready {
+            match dp.update_member(j.id, rank, addr) {
+                Ok(()) => {
+                    info!(
+                        "job {} ({}): rank {rank} joined again, behind {port}",
+                        j.id, j.key
+                    );
+                    ready(j, req.rank, dp)
+                }
+                Err(e) => refused(e.to_string()),
+            }
+        } else if j.missing().is_empty() {
+            let j = j.clone();
+            match activate(dp, &j) {
+                Ok(()) => {
+                    let jm = self.jobs.get_mut(&req.key).expect("exists");
+                    jm.ready = true;
+                    jm.activity = None;
+                    info!(
+                        "job {} ({}): all {} ranks in, running",
+                        jm.id, jm.key, jm.shape.members
+                    );
+                    ready(jm, req.rank, dp)
+                }
+                Err(e) => {
+                    self.jobs.remove(&req.key);
+                    self.save();
+                    return refused(format!("the switch cannot take the job: {e}"));
+                }
+            }
+        } else {
+            info!("job {} ({}): rank {rank} in, behind {port}", j.id, j.key);
+            JoinReply::Pending {
+                missing: j.missing(),
+                waited_s: j.since.elapsed().as_secs_f64(),
+            }
+        };
+        self.save();
+        reply
+    }
+
+    /// Creates the job a join names, if it may: its admission proves a credential, whose
+    /// quota and the switch's free slots and job indices must have room.
+    fn create(&mut self, dp: &Dataplane, req: &JoinRequest) -> Result<(), String> {
+        let Some(a) = &req.admission else {
+            return Err("no job has this key, and the join carries no admission to create one (the first rank to join needs the admission credential)".into());
+        };
+        let Some((name, cred, quota)) = self.credentials.iter().find(|c| c.0 == a.credential)
+        else {
+            return Err(format!("unknown credential `{}`", a.credential));
+        };
+        if !Proof::admission(cred, &req.nonce, &req.key, &req.shape).matches(&a.proof) {
+            return Err(format!(
+                "the admission proof does not match credential `{name}`"
+            ));
+        }
+        let secret = unseal(&a.secret, cred, &req.nonce, &req.key);
+        if !Proof::join(&secret, req).matches(&req.proof) {
+            return Err("the join's proof does not match the secret it carries".into());
+        }
+        let used: usize = self
+            .jobs
+            .values()
+            .filter(|j| j.credential == *name)
+            .map(|j| j.shape.slots)
+            .sum();
+        if used + req.shape.slots > *quota as usize {
+            return Err(format!(
+                "credential `{name}` holds {used} of its {quota} slots; this job needs {}",
+                req.shape.slots
+            ));
+        }
+        let free = dp.free_slots().map_err(|e| e.to_string())? as usize;
+        let reserved: usize = self
+            .jobs
+            .values()
+            .filter(|j| !j.ready)
+            .map(|j| j.shape.slots)
+            .sum();
+        if free < reserved + req.shape.slots {
+            return Err(format!(
+                "the switch is full: {} slots free (after the jobs still gathering their ranks), this job needs {}",
+                free.saturating_sub(reserved),
+                req.shape.slots
+            ));
+        }
+        let taken: Vec<u16> = dp
+            .jobs()
+            .map_err(|e| e.to_string())?
+            .iter()
+            .map(|(id, _)| *id as u16)
+            .chain(self.jobs.values().map(|j| j.id as u16))
+            .collect();
+        let Some(index) = (1..MAX_INDEX).find(|i| !taken.contains(i)) else {
+            return Err(format!(
+                "the switch is full: all {MAX_INDEX} job indices are taken"
+            ));
+        };
+        let generation = self.generations.entry(index).or_insert(0);
+        *generation = generation.wrapping_add(1);
+        let id = (u32::from(*generation) << 16) | u32::from(index);
+        let joined = Joined {
+            key: req.key,
+            secret: hex_secret(&secret),
+            credential: name.clone(),
+            shape: req.shape,
+            id,
+            members: vec![None; req.shape.members],
+            ready: false,
+            created_unix_s: SystemTime::now()
+                .duration_since(SystemTime::UNIX_EPOCH)
+                .map_or(0, |d| d.as_secs()),
+            since: Instant::now(),
+            activity: None,
+        };
+        info!(
+            "job {id} ({}) created by credential `{name}`: {} members, {} slots, {}-byte segments",
+            req.key, req.shape.members, req.shape.slots, req.shape.segment_bytes
+        );
+        self.expired.remove(&req.key);
+        self.jobs.insert(req.key, joined);
+        Ok(())
+    }
+
+    /// A member leaving, or asking for its job's state (`action`: "leave", "status").
+    pub fn member(&mut self, dp: &mut Dataplane, action: &str, req: &MemberRequest) -> MemberReply {
+        let no = |reason: String| MemberReply::Refused { reason };
+        if let Err(e) = self.spend(&req.nonce) {
+            return no(e);
+        }
+        let Some(j) = self.jobs.get_mut(&req.key) else {
+            return no("no job has this key".into());
+        };
+        if !Proof::member(&j.secret(), action, &req.nonce, &req.key, req.rank).matches(&req.proof) {
+            return no("the proof does not match the job's secret".into());
+        }
+        let rank = usize::from(req.rank);
+        if rank >= j.shape.members {
+            return no(format!(
+                "rank {rank}: the job has {} members",
+                j.shape.members
+            ));
+        }
+        if action == "status" {
+            let waiting = if j.ready {
+                dp.job_status(j.id)
+                    .map(|s| {
+                        s.into_iter()
+                            .filter(|s| !s.missing.is_empty())
+                            .map(|s| (s.slot, s.message, s.segment, s.missing))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            return MemberReply::Status {
+                job: j.id,
+                ready: j.ready,
+                missing: j.missing(),
+                waiting,
+            };
+        }
+        if j.ready {
+            if let Some(m) = &mut j.members[rank] {
+                m.left = true;
+            }
+        } else {
+            // A pending job forgets the rank: it must join again.
+            j.members[rank] = None;
+        }
+        info!("job {} ({}): rank {rank} left", j.id, j.key);
+        if j.members.iter().all(|m| m.is_none_or(|m| m.left)) {
+            let (id, key, ready) = (j.id, j.key, j.ready);
+            self.remove(dp, &key, ready.then_some(id), "every rank left");
+        }
+        self.save();
+        MemberReply::Left
+    }
+
+    fn remove(&mut self, dp: &mut Dataplane, key: &JobKey, id: Option<u32>, why: &str) {
+        if let Some(id) = id {
+            if let Err(e) = dp.remove_job(id) {
+                warn!("removing job {id}: {e}");
+            }
+        }
+        if let Some(j) = self.jobs.remove(key) {
+            info!("job {} ({key}) removed: {why}", j.id);
+        }
+    }
+
+    /// Once a second: pending jobs past the join timeout fail, idle jobs and jobs removed
+    /// by hand go.
+    pub fn tick(&mut self, dp: &mut Dataplane) {
+        let now = Instant::now();
+        self.expired
+            .retain(|_, (_, t)| now.duration_since(*t) < EXPIRED_KEPT);
+        let present: Vec<u32> = match dp.jobs() {
+            Ok(j) => j.into_iter().map(|(id, _)| id).collect(),
+            Err(_) => return,
+        };
+        let mut gone = Vec::new();
+        for j in self.jobs.values_mut() {
+            if !j.ready {
+                if now.duration_since(j.since) > self.join_timeout {
+                    let missing = j.missing();
+                    gone.push((
+                        j.key,
+                        None,
+                        format!("timed out waiting for ranks {missing:?}"),
+                    ));
+                    self.expired.insert(j.key, (missing, now));
+                }
+                continue;
+            }
+            if !present.contains(&j.id) {
+                gone.push((j.key, None, "removed from the dataplane by hand".into()));
+                continue;
+            }
+            let Ok(a) = dp.activity(j.id) else { continue };
+            match j.activity {
+                Some((last, _)) if last != a => j.activity = Some((a, now)),
+                Some((_, since)) if now.duration_since(since) > self.idle_timeout => {
+                    gone.push((
+                        j.key,
+                        Some(j.id),
+                        format!("idle for {} s", self.idle_timeout.as_secs()),
+                    ));
+                }
+                Some(_) => {}
+                None => j.activity = Some((a, now)),
+            }
+        }
+        if gone.is_empty() {
+            return;
+        }
+        for (key, id, why) in gone {
+            self.remove(dp, &key, id, &why);
+        }
+        self.save();
+    }
+
+    /// The joined jobs, for listings.
+    pub fn listing(&self) -> Vec<JoinListing> {
+        self.jobs
+            .values()
+            .map(|j| JoinListing {
+                key: j.key.to_string(),
+                id: j.id,
+                credential: j.credential.clone(),
+                members: j.shape.members,
+                slots: j.shape.slots,
+                segment_bytes: j.shape.segment_bytes,
+                ready: j.ready,
+                present: (0..j.shape.members as u8)
+                    .filter(|r| !j.missing().contains(r))
+                    .collect(),
+                missing: j.missing(),
+                waited_s: if j.ready {
+                    0.0
+                } else {
+                    j.since.elapsed().as_secs_f64()
+                },
+            })
+            .collect()
+    }
+}
+
+fn hex_secret(s: &Secret) -> String {
+    s.0.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+fn ready(j: &Joined, rank: u8, dp: &Dataplane) -> JoinReply {
+    let base = dp
+        .jobs()
+        .ok()
+        .and_then(|jobs| jobs.into_iter().find(|(id, _)| *id == j.id))
+        .map_or(0, |(_, job)| job.slot_base);
+    JoinReply::Ready {
+        job: j.id,
+        member: rank,
+        slot_base: base,
+        slots: j.shape.slots as u32,
+    }
+}
+
+/// Adds a job whose ranks are all in to the dataplane.
+fn activate(dp: &mut Dataplane, j: &Joined) -> Result<(), String> {
+    let members = j
+        .members
+        .iter()
+        .map(|m| {
+            let a = m.expect("every rank in").addr;
+            Ok(MemberSpec {
+                interface: dp
+                    .port_named(a.ifindex)
+                    .ok_or_else(|| format!("interface index {} is no longer a port", a.ifindex))?,
+                mac: xagg_sys::iface::fmt_mac(&a.mac),
+                addr: SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port)),
+            })
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    let spec = JobSpec {
+        id: j.id,
+        op: xagg_common::wire::Op::Sum,
+        dtype: xagg_common::wire::DType::I32,
+        segment: (j.shape.segment_bytes / 4) as u16,
+        slots: j.shape.slots as u32,
+        members,
+        slot_base: None,
+    };
+    dp.add_job(&spec).map(drop).map_err(|e| e.to_string())
+}

@@ -1,0 +1,323 @@
+//! Jobs that workers join over the network, with no interface, MAC or address given by
+//! hand: the hello the switch records (first one wins), a job created by joins, used, left
+//! and removed; pending joins listed; a rank restarting and joining again; a daemon
+//! restart keeping the joined job; and what is refused: a wrong secret, another shape, a
+//! second member behind one port, a credential's quota, a rank that never comes.
+
+use std::{
+    net::{SocketAddr, SocketAddrV4},
+    time::Duration,
+};
+
+use xagg_common::{wire, Counter, JobShape};
+use xagg_daemon::{
+    api::{Request, Response},
+    config::CredentialSection,
+};
+use xagg_lab::lab::{worker_ip, SWITCH_IP};
+use xagg_tests::*;
+use xagg_worker::{AllreduceError, CredentialKey, JobKey, JoinParams, Secret, Worker};
+
+/// A hello is recorded under its token with the port and addresses it came from; the
+/// first one of a token wins, so a copy of the token sent from elsewhere takes nothing.
+#[test]
+fn the_switch_records_the_first_hello_of_a_token() {
+    if !require_root("the_switch_records_the_first_hello_of_a_token") {
+        return;
+    }
+    let mut sw = load_switch();
+    let mut hello = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
+    wire::finish(
+        &wire::hello(0x1234_5678_9abc_def0),
+        wire::STATUS_PAYLOAD,
+        &mut hello,
+    )
+    .unwrap();
+    let r = sw.run(&frame(&member(3), PORT, &hello));
+    assert_eq!(r.action, XDP_DROP);
+    assert_eq!(sw.counter(Counter::Hello), 1);
+    let got = sw.hellos.get(&0x1234_5678_9abc_def0, 0).unwrap();
+    assert_eq!(
+        (got.ip, got.mac, got.port, got.ifindex),
+        (member(3).ip, member(3).mac, member(3).port, 1)
+    );
+    // The same token from another host: the first hello stays.
+    sw.run(&frame(&member(5), PORT, &hello));
+    assert_eq!(
+        sw.hellos.get(&0x1234_5678_9abc_def0, 0).unwrap().ip,
+        member(3).ip
+    );
+    // A hello of the wrong length is dropped and counted, and records nothing.
+    wire::finish(&wire::hello(7), wire::STATUS_PAYLOAD, &mut hello).unwrap();
+    let r = sw.run(&frame(&member(4), PORT, &hello[..wire::HEADER_LEN + 8]));
+    assert_eq!(r.action, XDP_DROP);
+    assert!(sw.hellos.get(&7, 0).is_err());
+    assert_eq!(sw.counter(Counter::DropBadLength), 1);
+}
+
+const LISTEN_PORT: u16 = 47900;
+const MEMBERS: usize = 3;
+
+fn daemon_addr() -> SocketAddr {
+    SocketAddr::from((SWITCH_IP, LISTEN_PORT))
+}
+
+fn shape(slots: usize) -> JobShape {
+    JobShape::full(MEMBERS, slots).unwrap()
+}
+
+struct Lab {
+    sw: TestSwitch,
+    cred: CredentialKey,
+}
+
+impl Lab {
+    fn params(
+        &self,
+        key: JobKey,
+        secret: Secret,
+        rank: u8,
+        worker: usize,
+        port: u16,
+    ) -> JoinParams {
+        JoinParams {
+            daemon: daemon_addr(),
+            key,
+            secret,
+            rank,
+            shape: shape(32),
+            bind: SocketAddrV4::new(worker_ip(worker), port),
+            credential: Some(("lab".into(), self.cred)),
+            timeout: Duration::from_secs(10),
+        }
+    }
+
+    /// Runs `f` on a thread in worker `w`'s namespace.
+    fn on<T: Send>(&self, w: usize, f: impl FnOnce() -> T + Send) -> T {
+        let ns = self.sw.lab.worker_ns(w);
+        std::thread::scope(|s| {
+            s.spawn(move || {
+                xagg_sys::iface::enter_netns(&ns).unwrap();
+                f()
+            })
+            .join()
+            .unwrap()
+        })
+    }
+
+    /// Every rank joins from its own namespace at once: the workers, or the first error.
+    fn join_all(
+        &self,
+        key: JobKey,
+        secret: Secret,
+        port: u16,
+    ) -> Vec<Result<Worker, AllreduceError>> {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = (0..MEMBERS)
+                .map(|w| {
+                    let (ns, p) = (
+                        self.sw.lab.worker_ns(w),
+                        self.params(key, secret, w as u8, w, port),
+                    );
+                    s.spawn(move || {
+                        xagg_sys::iface::enter_netns(&ns).unwrap();
+                        Worker::join(p)
+                    })
+                })
+                .collect();
+            hs.into_iter().map(|h| h.join().unwrap()).collect()
+        })
+    }
+
+    fn joins(&self) -> Vec<xagg_daemon::join::JoinListing> {
+        match self.sw.api(Request::Joins) {
+            Response::Joins { joins } => joins,
+            r => panic!("{r:?}"),
+        }
+    }
+}
+
+/// One allreduce of i32 ones on every worker (each in its namespace): the sum is the
+/// member count.
+fn allreduce(lab: &Lab, workers: &[Worker]) {
+    std::thread::scope(|s| {
+        for (w, wk) in workers.iter().enumerate() {
+            let ns = lab.sw.lab.worker_ns(w);
+            s.spawn(move || {
+                xagg_sys::iface::enter_netns(&ns).unwrap();
+                let mut v = vec![1i32; 100_000];
+                wk.allreduce(&mut v)
+                    .unwrap_or_else(|e| panic!("member {w}: {e}"));
+                assert!(v.iter().all(|&x| x == MEMBERS as i32), "member {w}");
+            });
+        }
+    });
+}
+
+#[test]
+fn workers_join_jobs_over_the_network() {
+    if !require_root("workers_join_jobs_over_the_network") {
+        return;
+    }
+    let dir = std::env::temp_dir().join("xagg-test-xjn");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("lab.key");
+    let cred = CredentialKey([0x5a; 32]);
+    std::fs::write(&key_file, "5a".repeat(32)).unwrap();
+    let sw = TestSwitch::start("xjn", MEMBERS, |c| {
+        c.daemon.listen = Some(daemon_addr());
+        c.daemon.join_timeout_s = 3;
+        c.credentials.push(CredentialSection {
+            name: "lab".into(),
+            key_file: key_file.clone(),
+            slot_quota: 96,
+        });
+    });
+    let lab = Lab { sw, cred };
+    let (key, secret) = (JobKey::random(), Secret::random());
+
+    // Rank 0 alone: the job is created and waits, listed as pending.
+    let lab_ref = &lab;
+    let workers = std::thread::scope(|s| {
+        let first = s.spawn(move || {
+            lab_ref.on(0, || Worker::join(lab_ref.params(key, secret, 0, 0, 47801)))
+        });
+        std::thread::sleep(Duration::from_millis(700));
+        let pending = lab_ref.joins();
+        assert_eq!(pending.len(), 1, "{pending:?}");
+        assert!(
+            !pending[0].ready && pending[0].present == [0] && pending[0].missing == [1, 2],
+            "{pending:?}"
+        );
+        eprintln!("pending: {:?}", pending[0]);
+        // The others join without the credential (the job exists).
+        let rest: Vec<_> = (1..MEMBERS)
+            .map(|w| {
+                s.spawn(move || {
+                    let mut p = lab_ref.params(key, secret, w as u8, w, 47801);
+                    p.credential = None;
+                    lab_ref.on(w, || Worker::join(p))
+                })
+            })
+            .collect();
+        let mut all = vec![first.join().unwrap().expect("rank 0 joins")];
+        all.extend(
+            rest.into_iter()
+                .map(|h| h.join().unwrap().expect("a rank joins")),
+        );
+        all
+    });
+    let id = workers[0].params().job;
+    assert!(workers.iter().all(|w| w.params().job == id));
+    assert_eq!(
+        id & 0xffff,
+        1,
+        "the first free index, generation 1: {id:#x}"
+    );
+    assert_eq!(id >> 16, 1);
+    let listed = lab.joins();
+    assert!(
+        listed[0].ready && listed[0].missing.is_empty(),
+        "{listed:?}"
+    );
+    allreduce(&lab, &workers);
+    eprintln!("job {id:#x}: created by joins, all ranks in, allreduce verified");
+
+    // Refused, and nothing changes: a wrong secret, another shape, a second member behind
+    // one port (rank 2 from worker 1's namespace, another UDP port), a credential's quota.
+    let wrong = lab.on(2, || {
+        Worker::join(lab.params(key, Secret::random(), 2, 2, 47811))
+    });
+    assert!(
+        matches!(&wrong, Err(AllreduceError::Join(reason)) if reason.contains("does not match the job's secret")),
+        "{:?}",
+        wrong.err()
+    );
+    let other_shape = lab.on(2, || {
+        Worker::join(JoinParams {
+            shape: shape(16),
+            ..lab.params(key, secret, 2, 2, 47812)
+        })
+    });
+    assert!(
+        matches!(&other_shape, Err(AllreduceError::Join(reason)) if reason.contains("same shape")),
+        "{:?}",
+        other_shape.err()
+    );
+    let same_port = lab.on(1, || Worker::join(lab.params(key, secret, 2, 1, 47813)));
+    assert!(
+        matches!(&same_port, Err(AllreduceError::Join(reason)) if reason.contains("already behind port")),
+        "{:?}",
+        same_port.err()
+    );
+    let big = lab.on(0, || {
+        Worker::join(JoinParams {
+            shape: shape(96),
+            ..lab.params(JobKey::random(), Secret::random(), 0, 0, 47814)
+        })
+    });
+    assert!(
+        matches!(&big, Err(AllreduceError::Join(reason)) if reason.contains("holds 32 of its 96 slots")),
+        "{:?}",
+        big.err()
+    );
+    assert_eq!(lab.joins().len(), 1);
+    eprintln!("refused: wrong secret, other shape, second member behind a port, quota");
+
+    // A rank restarts: its new process joins again and the job goes on.
+    drop(workers);
+    let mut workers = Vec::new();
+    for r in lab.join_all(key, secret, 47801) {
+        workers.push(r.expect("joining again"));
+    }
+    assert!(workers.iter().all(|w| w.params().job == id));
+    allreduce(&lab, &workers);
+    eprintln!("every rank joined again: same job, allreduce verified");
+
+    // The daemon restarts: the joined job is kept (state file), and runs on.
+    let mut lab = lab;
+    lab.sw.stop_daemon(Signal::SIGTERM);
+    lab.sw.start_daemon();
+    let kept = lab.joins();
+    assert!(
+        kept.len() == 1 && kept[0].ready && kept[0].id == id,
+        "{kept:?}"
+    );
+    allreduce(&lab, &workers);
+    eprintln!("daemon restarted: job kept, allreduce verified");
+
+    // Everyone leaves: the job is removed from the dataplane.
+    for (w, wk) in workers.iter().enumerate() {
+        lab.on(w, || wk.leave().expect("leaving"));
+    }
+    assert!(lab.joins().is_empty());
+    let Response::Jobs { jobs } = lab.sw.api(Request::ListJobs) else {
+        panic!()
+    };
+    assert!(jobs.iter().all(|j| j.id != id), "{jobs:?}");
+    eprintln!("all left: job removed");
+
+    // A rank that never comes: the others' joins fail after the join timeout, naming it.
+    let (key2, secret2) = (JobKey::random(), Secret::random());
+    let lonely: Vec<_> = std::thread::scope(|s| {
+        let lab = &lab;
+        let hs: Vec<_> = (0..2)
+            .map(|w| {
+                s.spawn(move || {
+                    lab.on(w, || {
+                        Worker::join(lab.params(key2, secret2, w as u8, w, 47821))
+                    })
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for r in &lonely {
+        let e = r.as_ref().err().expect("no job without rank 2").to_string();
+        assert!(e.contains("[2]"), "{e}");
+        eprintln!("rank 2 never came: {e}");
+    }
+    assert!(lab.joins().is_empty(), "the pending job is gone");
+    let c = lab.sw.counters();
+    assert!(c["hello"] > 0, "{c:?}");
+}
