@@ -320,4 +320,82 @@ fn workers_join_jobs_over_the_network() {
     assert!(lab.joins().is_empty(), "the pending job is gone");
     let c = lab.sw.counters();
     assert!(c["hello"] > 0, "{c:?}");
+
+    // The README's way: `xagg keygen`, then `xagg allreduce --join` on every rank, no job
+    // file and no address typed; the job is gone after `--leave`.
+    let secret_file = dir.join("job.secret");
+    let _ = std::fs::remove_file(&secret_file);
+    let out = std::process::Command::new(bin("xagg"))
+        .args(["keygen", "--secret-file"])
+        .arg(&secret_file)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let key = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&secret_file)
+            .unwrap()
+            .permissions()
+            .mode()
+            & 0o777,
+        0o600
+    );
+    let runs: Vec<_> = (0..MEMBERS)
+        .map(|w| {
+            std::process::Command::new("ip")
+                .args([
+                    "netns",
+                    "exec",
+                    &lab.sw.lab.worker_ns(w),
+                    bin("xagg").to_str().unwrap(),
+                ])
+                .args([
+                    "allreduce",
+                    "--join",
+                    &daemon_addr().to_string(),
+                    "--key",
+                    &key,
+                ])
+                .arg("--secret-file")
+                .arg(&secret_file)
+                .args(["--credential", "lab", "--credential-file"])
+                .arg(&key_file)
+                .args([
+                    "--bind",
+                    &format!("{}:47830", worker_ip(w)),
+                    "--member",
+                    &w.to_string(),
+                ])
+                .args([
+                    "--members",
+                    "3",
+                    "--slots",
+                    "32",
+                    "--segment",
+                    "862",
+                    "--size",
+                    "4MiB",
+                ])
+                .args(["--repeat", "3", "--verify", "--leave"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let runs: Vec<_> = runs
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    for (w, out) in runs.iter().enumerate() {
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.contains("result verified"),
+            "rank {w}: {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        eprintln!("{}", text.trim());
+    }
+    assert!(lab.joins().is_empty(), "every rank left: the job is gone");
 }

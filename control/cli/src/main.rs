@@ -66,6 +66,14 @@ enum Cmd {
     },
     /// Allreduce a buffer through the switch, as one member of a job.
     Allreduce(AllreduceArgs),
+    /// Make a new job key and secret for a job workers join (`xagg allreduce --join`):
+    /// prints the key, writes the secret to a file readable by its owner only.
+    Keygen {
+        /// Where to write the job's secret (hex); share it with every rank, not on a
+        /// command line.
+        #[arg(long)]
+        secret_file: PathBuf,
+    },
 }
 
 #[derive(Subcommand)]
@@ -79,8 +87,13 @@ enum JobCmd {
         #[arg(long)]
         json: bool,
     },
-    /// A job's busy slot versions and the members each still waits for.
-    Status { id: u32 },
+    /// A job's busy slots and the members each still waits for; without an id, the jobs
+    /// workers joined over the network, pending (which ranks are missing) or running.
+    Status {
+        id: Option<u32>,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -109,6 +122,30 @@ struct JobAddArgs {
 
 #[derive(clap::Args)]
 struct AllreduceArgs {
+    /// Join the job over the network through the daemon's listener at this address
+    /// (IP:PORT, `daemon.listen`), instead of naming a job added by hand: with --key,
+    /// --secret-file, --member (this rank) and the job's shape (--members, --slots,
+    /// --segment); --switch and --job come from the join.
+    #[arg(long, value_name = "IP:PORT")]
+    join: Option<std::net::SocketAddr>,
+    /// The job's key (from `xagg keygen`), the same on every rank.
+    #[arg(long, env = "XAGG_JOB_KEY")]
+    key: Option<xagg_worker::JobKey>,
+    /// A file holding the job's secret (from `xagg keygen`).
+    #[arg(long, env = "XAGG_JOB_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
+    /// An admission credential's name, to create the job if this rank joins first.
+    #[arg(long, env = "XAGG_CREDENTIAL")]
+    credential: Option<String>,
+    /// The file holding that credential's key.
+    #[arg(long, env = "XAGG_CREDENTIAL_FILE")]
+    credential_file: Option<PathBuf>,
+    /// Seconds to wait for every rank to join.
+    #[arg(long, default_value_t = 60)]
+    join_timeout_s: u64,
+    /// Leave the joined job after the run (the daemon removes it when every rank left).
+    #[arg(long)]
+    leave: bool,
     /// Worker parameters file (TOML with the flags' names); flags override it.
     #[arg(long)]
     params: Option<PathBuf>,
@@ -277,22 +314,54 @@ fn run(cli: Cli) -> Result<()> {
             }
             r => answer(r),
         },
-        Cmd::Job(JobCmd::Status { id }) => match call(&cli.socket, &Request::JobStatus { id })? {
-            Response::JobStatus { slots } => {
-                println!(
-                    "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  missing members",
-                    "slot", "shadow", "state", "message", "segment", "count"
-                );
-                for s in slots {
+        Cmd::Job(JobCmd::Status { id: None, json }) => match call(&cli.socket, &Request::Joins)? {
+            Response::Joins { joins } if json => {
+                println!("{}", serde_json::to_string_pretty(&joins)?);
+                Ok(())
+            }
+            Response::Joins { joins } => {
+                if joins.is_empty() {
                     println!(
-                        "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  {:?}",
-                        s.slot, s.shadow, s.state, s.message, s.segment, s.count, s.missing
+                        "no jobs joined over the network (jobs added by hand: `xagg job list`)"
+                    );
+                }
+                for j in joins {
+                    println!(
+                        "job {} ({:#x}) key {}: {} members, {} slots, {}-byte segments, credential {}: {}",
+                        j.id, j.id, j.key, j.members, j.slots, j.segment_bytes, j.credential,
+                        if j.ready {
+                            "running".to_string()
+                        } else {
+                            format!("pending for {:.0} s, ranks in {:?}, waiting for {:?}", j.waited_s, j.present, j.missing)
+                        }
                     );
                 }
                 Ok(())
             }
             r => answer(r),
         },
+        Cmd::Job(JobCmd::Status { id: Some(id), json }) => {
+            match call(&cli.socket, &Request::JobStatus { id })? {
+                r @ Response::JobStatus { .. } if json => {
+                    println!("{}", serde_json::to_string_pretty(&r)?);
+                    Ok(())
+                }
+                Response::JobStatus { slots } => {
+                    println!(
+                        "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  missing members",
+                        "slot", "shadow", "state", "message", "segment", "count"
+                    );
+                    for s in slots {
+                        println!(
+                            "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  {:?}",
+                            s.slot, s.shadow, s.state, s.message, s.segment, s.count, s.missing
+                        );
+                    }
+                    Ok(())
+                }
+                r => answer(r),
+            }
+        }
         Cmd::Inject {
             drop_contrib,
             drop_result,
@@ -401,6 +470,26 @@ fn run(cli: Cli) -> Result<()> {
             }
         },
         Cmd::Allreduce(a) => allreduce(a),
+        Cmd::Keygen { secret_file } => {
+            use std::io::Write;
+            use std::os::unix::fs::OpenOptionsExt;
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(&secret_file)
+                .with_context(|| {
+                    format!(
+                        "creating {} (it must not exist: a secret is never overwritten)",
+                        secret_file.display()
+                    )
+                })?;
+            let secret = xagg_worker::Secret::random();
+            let hex: String = secret.0.iter().map(|b| format!("{b:02x}")).collect();
+            f.write_all(hex.as_bytes())?;
+            println!("{}", xagg_worker::JobKey::random());
+            Ok(())
+        }
     }
 }
 
@@ -488,16 +577,10 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         .with_context(|| format!("params file {}", p.display()))?,
         None => ParamsFile::default(),
     };
-    let switch = parse_switch(
-        &a.switch
-            .or(f.switch)
-            .context("--switch is required (the switch's IP[:PORT])")?,
-    )?;
     let bind = a
         .bind
         .or(f.bind)
         .context("--bind is required (this member's IP:PORT as registered in the job)")?;
-    let job = a.job.or(f.job).context("--job is required")?;
     let member = a
         .member
         .or(f.member)
@@ -523,16 +606,55 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         lane(op, dtype).map_err(anyhow::Error::msg)?,
     )
     .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
-    let mut p = WorkerParams::new(switch, bind, job, member, shape);
-    p.op = op;
-    p.dtype = dtype;
-    p.first_message = a.mid;
-    p.give_up = Duration::from_millis(a.give_up_ms);
-    p.reorder = a.reorder;
-    p.gso = !a.no_gso;
-    p.gro = !a.no_gro;
-    p.afxdp = a.afxdp;
-    p.spin = Duration::from_micros(a.spin_us);
+    let (w, mut p) = if let Some(daemon) = a.join {
+        let read_hex = |path: &PathBuf, what: &str| -> Result<String> {
+            std::fs::read_to_string(path)
+                .with_context(|| format!("reading the {what} from {}", path.display()))
+        };
+        let secret: xagg_worker::Secret = read_hex(
+            a.secret_file
+                .as_ref()
+                .context("--secret-file is required with --join (write one with `xagg keygen`)")?,
+            "job's secret",
+        )?
+        .parse()
+        .map_err(anyhow::Error::msg)?;
+        let credential = match (&a.credential, &a.credential_file) {
+            (Some(name), Some(file)) => Some((
+                name.clone(),
+                read_hex(file, "credential's key")?
+                    .parse()
+                    .map_err(anyhow::Error::msg)?,
+            )),
+            (None, None) => None,
+            _ => bail!("--credential and --credential-file go together"),
+        };
+        let j = xagg_worker::JoinParams {
+            daemon,
+            key: a
+                .key
+                .context("--key is required with --join (from `xagg keygen`)")?,
+            secret,
+            rank: member,
+            shape,
+            bind,
+            credential,
+            timeout: Duration::from_secs(a.join_timeout_s),
+        };
+        let w = Worker::join_with(j, |p| settings(p, &a, op, dtype))?;
+        let p = w.params().clone();
+        (Some(w), p)
+    } else {
+        let switch = parse_switch(
+            &a.switch
+                .clone()
+                .or(f.switch)
+                .context("--switch is required (the switch's IP[:PORT]), or --join")?,
+        )?;
+        let job = a.job.or(f.job).context("--job is required, or --join")?;
+        (None, WorkerParams::new(switch, bind, job, member, shape))
+    };
+    settings(&mut p, &a, op, dtype);
     let size = dtype.size();
     if !a.size.is_multiple_of(size) {
         bail!(
@@ -540,7 +662,11 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             a.size
         );
     }
-    let w = Worker::new(p)?;
+    let leave = a.leave;
+    let w = match w {
+        Some(w) => w,
+        None => Worker::new(p)?,
+    };
     // Before any clock starts: which shadow copy each slot takes next, from the switch.
     w.sync()?;
     let n = a.size / size;
@@ -626,10 +752,28 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             if a.verify { if verified { ", result verified" } else { ", RESULT WRONG" } } else { "" }
         );
     }
+    if leave {
+        w.leave()?;
+    }
     if a.verify && !verified {
         std::process::exit(2);
     }
     Ok(())
+}
+
+/// The worker's settings from the flags.
+fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
+    p.op = op;
+    p.dtype = dtype;
+    if a.mid.is_some() {
+        p.first_message = a.mid;
+    }
+    p.give_up = Duration::from_millis(a.give_up_ms);
+    p.reorder = a.reorder;
+    p.gso = !a.no_gso;
+    p.gro = !a.no_gro;
+    p.afxdp = a.afxdp;
+    p.spin = Duration::from_micros(a.spin_us);
 }
 
 /// Machine-wide busy CPU seconds (/proc/stat: all but idle and iowait).

@@ -153,7 +153,17 @@ impl Worker {
     /// then joins through the daemon's listener, waiting until every rank is in (up to
     /// `j.timeout`). The job is created by the first rank that carries a credential.
     pub fn join(j: JoinParams) -> Result<Self, AllreduceError> {
-        let (p, sock, membership) = join::join(&j)?;
+        Self::join_with(j, |_| {})
+    }
+
+    /// [`Worker::join`], with the worker's settings (timeouts, GSO, AF_XDP, the default
+    /// op and type...) changed by `tweak` once the join has set the job, member and switch.
+    pub fn join_with(
+        j: JoinParams,
+        tweak: impl FnOnce(&mut WorkerParams),
+    ) -> Result<Self, AllreduceError> {
+        let (mut p, sock, membership) = join::join(&j)?;
+        tweak(&mut p);
         p.lane()?;
         check_mtu(&p)?;
         let transport = Transport::with_socket(sock, &p)?;
