@@ -65,7 +65,7 @@ enum Cmd {
         pin_path: Option<PathBuf>,
     },
     /// Allreduce a buffer through the switch, as one member of a job.
-    Allreduce(AllreduceArgs),
+    Allreduce(Box<AllreduceArgs>),
     /// Make a new job key and secret for a job workers join (`xagg allreduce --join`):
     /// prints the key, writes the secret to a file readable by its owner only.
     Keygen {
@@ -469,7 +469,7 @@ fn run(cli: Cli) -> Result<()> {
                 Ok(())
             }
         },
-        Cmd::Allreduce(a) => allreduce(a),
+        Cmd::Allreduce(a) => allreduce(*a),
         Cmd::Keygen { secret_file } => {
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;
