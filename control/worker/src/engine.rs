@@ -84,7 +84,15 @@ impl WorkerInner {
     /// the engine, else at that thread's next step.
     pub fn enqueue(&self, pending: Pending) {
         lock(&self.inbox).push(pending);
-        self.progress(Duration::ZERO);
+        // Its first rounds go out now; what comes back is taken by whoever waits.
+        let mut e = match self.engine.try_lock() {
+            Ok(e) => e,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let pending = std::mem::take(&mut *lock(&self.inbox));
+        e.admit(pending);
+        e.send_queued();
     }
 
     /// One step of the engine, waiting up to `wait` for something to come in; false if
@@ -319,6 +327,15 @@ impl Engine {
         a.lost0 = self.transport.lost_sends();
     }
 
+    /// Sends what was queued (a request's first rounds, the first queries of a sync).
+    fn send_queued(&mut self) {
+        let r = self.ask_switch().and_then(|()| self.transport.flush());
+        if let Err(e) = r {
+            self.fail_all(AllreduceError::Io(e));
+        }
+        self.last_step = Instant::now();
+    }
+
     /// One step: asks the switch what is due, takes in what came (waiting up to `wait`),
     /// ends requests that completed, failed or were cancelled, and sends again what is due.
     fn step(&mut self, wait: Duration) {
@@ -350,7 +367,14 @@ impl Engine {
             Duration::ZERO
         };
         let mut took = false;
-        for _ in 0..64 {
+        // Results already queued are drained without blocking while sends wait to go out
+        // (they join one burst); otherwise the blocking receive below polls first anyway.
+        let drain = if wait.is_zero() || self.transport.queued() {
+            64
+        } else {
+            0
+        };
+        for _ in 0..drain {
             match self.receive(true, Duration::ZERO) {
                 Ok(()) => {
                     took = true;

@@ -163,6 +163,8 @@ pub(crate) struct Shared {
     completion: Mutex<Option<Completion>>,
     done: Condvar,
     pub cancel: AtomicBool,
+    /// Whether a thread sleeps on `done` (waking costs a system call otherwise spared).
+    parked: AtomicBool,
     /// Whether the worker let go of the request (its completion was delivered).
     ended: AtomicBool,
     /// The queue its completion goes to, if it was submitted through one.
@@ -178,6 +180,7 @@ impl Shared {
             completion: Mutex::new(None),
             done: Condvar::new(),
             cancel: AtomicBool::new(false),
+            parked: AtomicBool::new(false),
             ended: AtomicBool::new(false),
             queue,
         })
@@ -187,7 +190,9 @@ impl Shared {
     pub fn complete(self: &Arc<Self>, c: Completion) {
         *lock(&self.completion) = Some(c);
         self.ended.store(true, Ordering::Release);
-        self.done.notify_all();
+        if self.parked.load(Ordering::Acquire) {
+            self.done.notify_all();
+        }
         if let Some(q) = &self.queue {
             lock(&q.ready).push_back(self.clone());
             q.ready_cv.notify_all();
@@ -207,6 +212,9 @@ impl Shared {
     fn park(&self, d: Duration) {
         let g = lock(&self.completion);
         if g.is_none() {
+            // Set under the lock `complete` takes first: it sees the flag, or the waiter
+            // sees the completion.
+            self.parked.store(true, Ordering::Release);
             let _ = self.done.wait_timeout(g, d);
         }
     }
