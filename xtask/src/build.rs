@@ -47,7 +47,7 @@ fn succeeds(cmd: &mut Command) -> bool {
 }
 
 /// Installs what the eBPF build and the tests need and is missing: iproute2, iputils-ping,
-/// nftables, systemd (for systemd-analyze), LLVM 22 (Debian), the rust-src component,
+/// nftables, tmux, systemd (for systemd-analyze), LLVM 22 (Debian), the rust-src component,
 /// bpf-linker 0.13 built against LLVM 22. Each step is skipped when its result is already
 /// there.
 pub fn setup() -> Result<()> {
@@ -61,6 +61,10 @@ pub fn setup() -> Result<()> {
     // The trust tests impose a host's packet filter on a worker, as users' hosts do.
     if !succeeds(Command::new("nft").arg("--version")) {
         apt(&["nftables"])?;
+    }
+    // The live view's test drives `xagg top` in a terminal.
+    if !succeeds(Command::new("tmux").arg("-V")) {
+        apt(&["tmux"])?;
     }
     // The deployment tests check the daemon's systemd unit with `systemd-analyze verify`
     // (in the systemd package; a package of its own where a release splits it out).

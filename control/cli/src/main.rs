@@ -1,6 +1,8 @@
 //! xagg — the aggregation switch's command line: jobs, counters, detaching, and running an
 //! allreduce as a worker.
 
+mod top;
+
 use std::{
     net::SocketAddrV4,
     path::PathBuf,
@@ -66,6 +68,16 @@ enum Cmd {
     },
     /// Allreduce a buffer through the switch, as one member of a job.
     Allreduce(Box<AllreduceArgs>),
+    /// A live view of the jobs: segments and contributions per second, retransmissions,
+    /// drops by reason, slots waiting and for whom. Ctrl-C ends it.
+    Top {
+        /// Refresh interval in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        interval_ms: u64,
+        /// Stop after this many refreshes.
+        #[arg(long)]
+        count: Option<u64>,
+    },
     /// Make a new job key and secret for a job workers join (`xagg allreduce --join`):
     /// prints the key, writes the secret to a file readable by its owner only.
     Keygen {
@@ -470,6 +482,9 @@ fn run(cli: Cli) -> Result<()> {
             }
         },
         Cmd::Allreduce(a) => allreduce(*a),
+        Cmd::Top { interval_ms, count } => {
+            top::run(&cli.socket, Duration::from_millis(interval_ms), count)
+        }
         Cmd::Keygen { secret_file } => {
             use std::io::Write;
             use std::os::unix::fs::OpenOptionsExt;

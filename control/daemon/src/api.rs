@@ -48,6 +48,10 @@ pub enum Request {
     Detach,
     /// The jobs workers joined over the network, pending or running.
     Joins,
+    /// What the switch did with one job's packets, per member too.
+    JobCounters {
+        id: u32,
+    },
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -89,6 +93,9 @@ pub enum Response {
     },
     Joins {
         joins: Vec<crate::join::JoinListing>,
+    },
+    JobCounters {
+        job: crate::dataplane::JobCounters,
     },
     Error {
         message: String,
@@ -137,6 +144,7 @@ impl Request {
             ),
             Request::Detach => (Method::POST, format!("{v}/detach"), None),
             Request::Joins => (Method::GET, format!("{v}/joins"), None),
+            Request::JobCounters { id } => (Method::GET, format!("{v}/jobs/{id}/counters"), None),
         }
     }
 }
@@ -331,6 +339,13 @@ pub fn router<H: Handler>(handler: H) -> Router {
             post({
                 let h = h.clone();
                 move || async move { h(Request::Detach) }
+            }),
+        )
+        .route(
+            "/v1/jobs/{id}/counters",
+            get({
+                let h = h.clone();
+                move |id| async move { job_id(id).map(|id| h(Request::JobCounters { id })) }
             }),
         )
         .route(

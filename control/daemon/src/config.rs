@@ -109,6 +109,9 @@ pub struct DaemonSection {
     /// only nonces, joins, leaves and a member's own job status); none: no listener.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub listen: Option<std::net::SocketAddr>,
+    /// Address and TCP port of the Prometheus endpoint (`GET /metrics`); none: off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics: Option<std::net::SocketAddr>,
     /// Where the daemon keeps the joined jobs' state (keys, secrets, members), so they
     /// survive a restart; the file in it is readable by the daemon only.
     #[serde(default = "default_state_dir")]
@@ -130,6 +133,7 @@ impl Default for DaemonSection {
             pin_path: default_pin_path(),
             detach_on_exit: false,
             listen: None,
+            metrics: None,
             state_dir: default_state_dir(),
             join_timeout_s: default_join_timeout(),
             idle_timeout_s: default_idle_timeout(),

@@ -9,13 +9,17 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray},
+    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray, PerCpuValues},
     programs::{links::FdLink, Xdp, XdpMode},
     Ebpf,
 };
 use log::{info, warn};
+use serde::{Deserialize, Serialize};
 use xagg_common::{
-    job::{members_of, probability_threshold, EgressKey, Faults, MemberAddr, SwitchConfig},
+    counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
+    job::{
+        members_of, probability_threshold, EgressKey, Faults, MemberAddr, SwitchConfig, MAX_JOBS,
+    },
     slot::{ShadowState, SlotImage, MAX_SLOTS},
     Counter, Job, LAYOUT_VERSION,
 };
@@ -89,8 +93,17 @@ type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-const MAP_NAMES: [&str; 9] = [
-    "JOBS", "EGRESS", "SLOTS", "SWITCH", "PORTS", "COUNTERS", "FAULTS", "LAYOUT", "HELLOS",
+const MAP_NAMES: [&str; 10] = [
+    "JOBS",
+    "EGRESS",
+    "SLOTS",
+    "SWITCH",
+    "PORTS",
+    "COUNTERS",
+    "FAULTS",
+    "LAYOUT",
+    "HELLOS",
+    "JOB_COUNTERS",
 ];
 
 pub struct Dataplane {
@@ -100,6 +113,8 @@ pub struct Dataplane {
     switch: Array<MapData, SwitchConfig>,
     faults: Array<MapData, Faults>,
     counters: PerCpuArray<MapData, u64>,
+    /// Per-job and per-member counters, a row per job (`Job::counter_row`).
+    job_counters: PerCpuArray<MapData, u64>,
     /// Joining members' hellos by token (an LRU hash the switch program fills).
     hellos: HashMap<MapData, u64, MemberAddr>,
     /// The pin directory, when the dataplane outlives the daemon.
@@ -262,6 +277,8 @@ impl Dataplane {
             faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
+            job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
+                .map_err(map_err("JOB_COUNTERS"))?,
             pin,
             _links: links,
             _ebpf: Some(ebpf),
@@ -294,6 +311,8 @@ impl Dataplane {
             faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
+            job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
+                .map_err(map_err("JOB_COUNTERS"))?,
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
             _ebpf: None,
@@ -384,7 +403,18 @@ impl Dataplane {
                 total: MAX_SLOTS,
             }
         })?;
-        let job = spec.to_job(base)?;
+        let mut job = spec.to_job(base)?;
+        // A row of counters no other job has, cleared of an earlier job's counts.
+        let rows: Vec<u16> = jobs.iter().map(|(_, j)| j.counter_row).collect();
+        job.counter_row = (0..MAX_JOBS as u16)
+            .find(|r| !rows.contains(r))
+            .ok_or_else(|| {
+                DataplaneError::Other(format!(
+                    "no room for job {}: the switch holds {MAX_JOBS} jobs at most",
+                    spec.id
+                ))
+            })?;
+        self.clear_counter_row(job.counter_row)?;
         self.reset_slots(base, spec.slots)?;
         // Ports are distinct within a job (checked by `to_job`): one member per port.
         for (idx, m) in job.member[..job.member_count()].iter().enumerate() {
@@ -414,6 +444,55 @@ impl Dataplane {
             });
         }
         self.reset_slots(job.slot_base, job.slot_count)
+    }
+
+    fn clear_counter_row(&mut self, row: u16) -> Result<()> {
+        let cpus = aya::util::nr_cpus()
+            .map_err(|(_, e)| DataplaneError::Other(format!("counting CPUs: {e}")))?;
+        for i in 0..JOB_ROW as u32 {
+            let zero = PerCpuValues::try_from(vec![0u64; cpus])
+                .map_err(|e| DataplaneError::Other(format!("per-CPU values: {e}")))?;
+            self.job_counters
+                .set(u32::from(row) * JOB_ROW as u32 + i, zero, 0)
+                .map_err(map_err("JOB_COUNTERS"))?;
+        }
+        Ok(())
+    }
+
+    /// Job `id`'s counters (summed over CPUs, only those not zero) and its members'.
+    pub fn job_counters(&self, id: u32) -> Result<JobCounters> {
+        let job = self
+            .jobs
+            .get(&id, 0)
+            .map_err(|_| DataplaneError::NoJob(id))?;
+        let read = |i: u32| -> Result<u64> {
+            Ok(self
+                .job_counters
+                .get(&i, 0)
+                .map_err(map_err("JOB_COUNTERS"))?
+                .iter()
+                .sum())
+        };
+        let mut counters = BTreeMap::new();
+        for c in Counter::ALL {
+            let v = read(job_row(job.counter_row, c))?;
+            if v != 0 {
+                counters.insert(c.name().to_string(), v);
+            }
+        }
+        let mut members = Vec::new();
+        for m in members_of(job.members) {
+            members.push(MemberCounters {
+                member: m,
+                contributions: read(member_row(job.counter_row, m.into(), MEMBER_NEW))?,
+                retransmissions: read(member_row(job.counter_row, m.into(), MEMBER_AGAIN))?,
+            });
+        }
+        Ok(JobCounters {
+            id,
+            counters,
+            members,
+        })
     }
 
     /// Takes the hello recorded under `token`, if the switch saw one.
@@ -582,6 +661,24 @@ pub struct SlotStatus {
     pub count: u32,
     /// Members whose contribution is not in.
     pub missing: Vec<u8>,
+}
+
+/// What the switch did with one job's packets.
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct JobCounters {
+    pub id: u32,
+    /// By counter name (those not zero).
+    pub counters: BTreeMap<String, u64>,
+    pub members: Vec<MemberCounters>,
+}
+
+/// One member's contributions: new ones, and retransmissions the switch saw (duplicates
+/// and ones answered with a stored result).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+pub struct MemberCounters {
+    pub member: u8,
+    pub contributions: u64,
+    pub retransmissions: u64,
 }
 
 /// Bytes of the IPv4 packet that carries `payload` bytes of a segment (padded to 8).

@@ -7,4 +7,5 @@ pub mod config;
 pub mod dataplane;
 pub mod job;
 pub mod join;
+pub mod metrics;
 pub mod names;

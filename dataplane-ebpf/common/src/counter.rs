@@ -62,6 +62,27 @@ pub enum Counter {
     Hello,
 }
 
+/// Per-member counters of a job's row: contributions that were new at the switch, and
+/// ones that were not (retransmissions: a duplicate while the round fills, or one answered
+/// with the stored result).
+pub const MEMBER_COUNTERS: usize = 2;
+pub const MEMBER_NEW: usize = 0;
+pub const MEMBER_AGAIN: usize = 1;
+
+/// Counters in a job's row of `JOB_COUNTERS`: every [`Counter`] for the job's packets,
+/// then [`MEMBER_COUNTERS`] per member.
+pub const JOB_ROW: usize = Counter::COUNT + MEMBER_COUNTERS * crate::wire::MAX_MEMBERS;
+
+/// Where job row `row`'s counter `c` is in `JOB_COUNTERS`.
+pub const fn job_row(row: u16, c: Counter) -> u32 {
+    (row as usize * JOB_ROW + c as usize) as u32
+}
+
+/// Where member `m`'s per-member counter `k` of job row `row` is in `JOB_COUNTERS`.
+pub const fn member_row(row: u16, m: usize, k: usize) -> u32 {
+    (row as usize * JOB_ROW + Counter::COUNT + m * MEMBER_COUNTERS + k) as u32
+}
+
 impl Counter {
     pub const COUNT: usize = 26;
 

@@ -20,6 +20,9 @@ pub struct MemberAddr {
 
 const _: () = assert!(core::mem::size_of::<MemberAddr>() == 16);
 
+/// Jobs an aggregation point holds at most.
+pub const MAX_JOBS: usize = 256;
+
 /// What an aggregation point does with a complete segment.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,7 +54,9 @@ pub struct Job {
     /// Most payload bytes one segment carries (the job's segment length): a segment holds
     /// as many lanes of its message's op and type as fit.
     pub segment_bytes: u16,
-    pub _pad1: u16,
+    /// The job's row of per-job counters (`JOB_COUNTERS`, [`crate::counter::job_row`]),
+    /// given by the control plane: below [`MAX_JOBS`].
+    pub counter_row: u16,
     /// Where the partial result goes next when `role` is `Inner`.
     pub parent: MemberAddr,
     /// Member table, indexed by member index.
@@ -78,7 +83,7 @@ impl Job {
             role: Role::Root as u8,
             _pad0: 0,
             segment_bytes: shape.segment_bytes() as u16,
-            _pad1: 0,
+            counter_row: 0,
             parent: MemberAddr {
                 ifindex: 0,
                 ip: [0; 4],

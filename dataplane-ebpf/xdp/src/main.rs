@@ -25,7 +25,8 @@ use aya_ebpf::{
     programs::{TcContext, XdpContext},
 };
 use xagg_common::{
-    job::{EgressKey, Faults, Impair, MemberAddr, SwitchConfig},
+    counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
+    job::{EgressKey, Faults, Impair, MemberAddr, SwitchConfig, MAX_JOBS},
     slot::MAX_SLOTS,
     wire::{self, Kind},
     Counter, Job,
@@ -35,7 +36,6 @@ use crate::packet::{Frame, Udp4};
 
 /// Ports a switch can have: entries of the broadcast devmap.
 const MAX_PORTS: usize = 64;
-const MAX_JOBS: usize = 256;
 
 /// Jobs by job id, written by the control plane.
 #[btf_map]
@@ -74,10 +74,32 @@ static FAULTS: Array<Faults, 1> = Array::new();
 #[btf_map]
 static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
 
+/// Counters per job (a row each, `Job::counter_row`) and per member: what the switch did
+/// with the packets of each job it knows.
+#[btf_map]
+static JOB_COUNTERS: PerCpuArray<u64, { MAX_JOBS * JOB_ROW }> = PerCpuArray::new();
+
 /// The map layout these programs were built with (`xagg_common::LAYOUT_VERSION`), written
 /// and pinned by the daemon; no program reads it.
 #[btf_map]
 static LAYOUT: Array<u32, 1> = Array::new();
+
+/// Counts `c` for `job`, and a contribution's outcome for `member`.
+#[inline(always)]
+fn count_job(job: &Job, member: usize, c: Counter) {
+    let row = job.counter_row;
+    if let Some(p) = JOB_COUNTERS.get_ptr_mut(job_row(row, c)) {
+        unsafe { *p += 1 };
+    }
+    let k = match c {
+        Counter::Contribution | Counter::Complete => MEMBER_NEW,
+        Counter::DropDuplicate | Counter::ResultReplay => MEMBER_AGAIN,
+        _ => return,
+    };
+    if let Some(p) = JOB_COUNTERS.get_ptr_mut(member_row(row, member, k)) {
+        unsafe { *p += 1 };
+    }
+}
 
 #[inline(always)]
 fn count(c: Counter) {
@@ -143,11 +165,14 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         Err(c) if query => return refuse(&frame, cfg, c),
         Err(c) => return Err(c),
     };
-    if query {
+    let r = if query {
         status_query(ctx, &frame, cfg, job)
     } else {
         contribution(ctx, &frame, cfg, job, member)
-    }
+    };
+    let (Ok((_, c)) | Err(c)) = r;
+    count_job(job, member, c);
+    r
 }
 
 /// The job and member a packet is from, if it is: the header only claims who sent it, so

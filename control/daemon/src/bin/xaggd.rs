@@ -344,6 +344,44 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
             }
         });
     }
+    if let Some(addr) = daemon.metrics {
+        let tcp = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("binding the metrics endpoint daemon.metrics = {addr}"))?;
+        info!("Prometheus metrics on http://{addr}/metrics");
+        let scraped = handler.clone();
+        let app = axum::Router::new().route(
+            "/metrics",
+            axum::routing::get(move || {
+                let h = scraped.clone();
+                async move {
+                    match xagg_daemon::metrics::render(&h.state().dp) {
+                        Ok(text) => (
+                            axum::http::StatusCode::OK,
+                            [("content-type", "text/plain; version=0.0.4")],
+                            text,
+                        ),
+                        Err(e) => (
+                            axum::http::StatusCode::INTERNAL_SERVER_ERROR,
+                            [("content-type", "text/plain; version=0.0.4")],
+                            format!("# {e}\n"),
+                        ),
+                    }
+                }
+            }),
+        );
+        let mut stop = stop_rx.clone();
+        tokio::spawn(async move {
+            let r = axum::serve(tcp, app)
+                .with_graceful_shutdown(async move {
+                    let _ = stop.wait_for(|s| *s).await;
+                })
+                .await;
+            if let Err(e) = r {
+                warn!("metrics endpoint: {e}");
+            }
+        });
+    }
     let app = xagg_daemon::api::router(handler);
     let (why_tx, why_rx) = tokio::sync::oneshot::channel::<bool>();
     let stop = async move {
@@ -412,6 +450,10 @@ fn handle(st: &mut State, req: Request) -> Response {
             })
         }
         Request::Detach => Ok(Response::Ok),
+        Request::JobCounters { id } => st
+            .dp
+            .job_counters(id)
+            .map(|job| Response::JobCounters { job }),
         Request::Joins => Ok(Response::Joins {
             joins: st.joins.listing(),
         }),

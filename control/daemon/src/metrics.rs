@@ -1,0 +1,86 @@
+//! The daemon's Prometheus endpoint (opt-in, `daemon.metrics`): the switch-wide counters,
+//! each job's counters and its members' contributions and retransmissions, jobs and slots
+//! in use. Labels name jobs and members, never slots; secrets are never in them.
+
+use prometheus_client::{
+    encoding::{text::encode, EncodeLabelSet},
+    metrics::{counter::Counter, family::Family, gauge::Gauge},
+    registry::Registry,
+};
+
+use crate::dataplane::{Dataplane, DataplaneError};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct Reason {
+    counter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct JobReason {
+    job: String,
+    counter: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+struct MemberKind {
+    job: String,
+    member: String,
+    kind: String,
+}
+
+/// The metrics now, in Prometheus's text format.
+pub fn render(dp: &Dataplane) -> Result<String, DataplaneError> {
+    let mut reg = Registry::with_prefix("xagg");
+    let switch = Family::<Reason, Counter>::default();
+    reg.register(
+        "switch_packets",
+        "Packets the switch program handled, by what it did (all jobs, and packets of no job)",
+        switch.clone(),
+    );
+    for (name, v) in dp.counters()? {
+        switch.get_or_create(&Reason { counter: name }).inc_by(v);
+    }
+    let job = Family::<JobReason, Counter>::default();
+    reg.register(
+        "job_packets",
+        "Packets of each job, by what the switch did with them",
+        job.clone(),
+    );
+    let member = Family::<MemberKind, Counter>::default();
+    reg.register(
+        "member_contributions",
+        "Contributions of each member: new ones, and retransmissions the switch saw (kind=again)",
+        member.clone(),
+    );
+    let jobs = dp.jobs()?;
+    for (id, _) in &jobs {
+        let c = dp.job_counters(*id)?;
+        for (name, v) in c.counters {
+            job.get_or_create(&JobReason {
+                job: id.to_string(),
+                counter: name,
+            })
+            .inc_by(v);
+        }
+        for m in c.members {
+            for (kind, v) in [("new", m.contributions), ("again", m.retransmissions)] {
+                member
+                    .get_or_create(&MemberKind {
+                        job: id.to_string(),
+                        member: m.member.to_string(),
+                        kind: kind.into(),
+                    })
+                    .inc_by(v);
+            }
+        }
+    }
+    let njobs = Gauge::<i64>::default();
+    njobs.set(jobs.len() as i64);
+    reg.register("jobs", "Jobs on the switch", njobs);
+    let slots = Gauge::<i64>::default();
+    slots.set(jobs.iter().map(|(_, j)| i64::from(j.slot_count)).sum());
+    reg.register("slots_used", "Slots the jobs hold", slots);
+    let mut out = String::new();
+    encode(&mut out, &reg).map_err(|e| DataplaneError::Other(format!("encoding metrics: {e}")))?;
+    Ok(out)
+}

@@ -1,0 +1,201 @@
+//! Seeing inside: counters per job and per member (exact against what ran), the
+//! Prometheus endpoint scraped over HTTP during an allreduce, and the live view `xagg top`
+//! driven in a terminal (tmux), its screen read back.
+
+use std::{
+    io::{Read, Write},
+    process::Command,
+    sync::atomic::{AtomicBool, Ordering},
+    time::Duration,
+};
+
+use xagg_daemon::api::{Request, Response};
+use xagg_lab::lab::SWITCH_IP;
+use xagg_tests::*;
+
+const METRICS_PORT: u16 = 9464;
+
+/// `GET /metrics` from inside the switch's namespace, where the daemon listens.
+fn scrape(sw: &TestSwitch) -> String {
+    let ns = sw.lab.switch_ns();
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            xagg_sys::iface::enter_netns(&ns).unwrap();
+            let mut c = std::net::TcpStream::connect((SWITCH_IP, METRICS_PORT)).unwrap();
+            c.write_all(b"GET /metrics HTTP/1.1\r\nhost: xagg\r\nconnection: close\r\n\r\n")
+                .unwrap();
+            let mut out = String::new();
+            c.read_to_string(&mut out).unwrap();
+            assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            out
+        })
+        .join()
+        .unwrap()
+    })
+}
+
+/// The value of the metric line starting with `prefix` (name and labels).
+fn metric(text: &str, prefix: &str) -> Option<u64> {
+    text.lines()
+        .find(|l| l.starts_with(prefix))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+fn job_counters(sw: &TestSwitch, id: u32) -> xagg_daemon::dataplane::JobCounters {
+    match sw.api(Request::JobCounters { id }) {
+        Response::JobCounters { job } => job,
+        r => panic!("{r:?}"),
+    }
+}
+
+#[test]
+fn counters_metrics_and_the_live_view() {
+    if !require_root("counters_metrics_and_the_live_view") {
+        return;
+    }
+    let sw = TestSwitch::start("xob", 3, |c| {
+        c.daemon.metrics = Some((SWITCH_IP, METRICS_PORT).into());
+    });
+    assert!(matches!(
+        sw.add_job(5, 862, 32, &[0, 1, 2]),
+        Response::Job { .. }
+    ));
+    assert!(matches!(
+        sw.add_job_on(6, 862, 32, &[0, 1], 47806),
+        Response::Job { .. }
+    ));
+
+    // Exact, without loss: every member contributes each segment once; the last of each
+    // round completes it.
+    let elems = 862 * 100;
+    sw.allreduce(5, 0, 862, 32, &[0, 1, 2], 47801, elems, 1);
+    let c = job_counters(&sw, 5);
+    assert_eq!(c.counters.get("complete"), Some(&100), "{c:?}");
+    assert_eq!(c.counters.get("contribution"), Some(&200), "{c:?}");
+    for m in &c.members {
+        assert_eq!((m.contributions, m.retransmissions), (100, 0), "{c:?}");
+    }
+    assert!(
+        job_counters(&sw, 6).counters.is_empty(),
+        "job 6 ran nothing"
+    );
+    eprintln!("job 5 after one allreduce of 100 segments: {c:?}");
+
+    // Results dropped at the switch: retransmissions show per member, answered with the
+    // stored results.
+    assert!(matches!(
+        sw.api(Request::Inject {
+            drop_contribution: 0.0,
+            drop_result: 0.05
+        }),
+        Response::Ok
+    ));
+    sw.allreduce(5, 1, 862, 32, &[0, 1, 2], 47801, elems, 2);
+    assert!(matches!(
+        sw.api(Request::Inject {
+            drop_contribution: 0.0,
+            drop_result: 0.0
+        }),
+        Response::Ok
+    ));
+    let c = job_counters(&sw, 5);
+    assert_eq!(c.counters.get("complete"), Some(&200), "{c:?}");
+    let again: u64 = c.members.iter().map(|m| m.retransmissions).sum();
+    assert!(
+        again > 0 && c.counters.get("result_replay").copied().unwrap_or(0) > 0,
+        "{c:?}"
+    );
+    for m in &c.members {
+        assert_eq!(m.contributions, 200, "{c:?}");
+    }
+
+    // Scraped while an allreduce runs: per-job and per-member series, no slot labels.
+    let stop = AtomicBool::new(false);
+    let during = std::thread::scope(|s| {
+        let sw = &sw;
+        let stop = &stop;
+        let runner = s.spawn(move || {
+            let mut m = 2;
+            while !stop.load(Ordering::Relaxed) {
+                sw.allreduce(5, m, 862, 32, &[0, 1, 2], 47801, elems, 3);
+                m += 1;
+            }
+        });
+        std::thread::sleep(Duration::from_millis(300));
+        let text = scrape(sw);
+        // The live view under tmux, while the allreduces go on.
+        let screen = live_view(sw);
+        stop.store(true, Ordering::Relaxed);
+        runner.join().unwrap();
+        (text, screen)
+    });
+    let (text, screen) = during;
+    let complete = metric(
+        &text,
+        r#"xagg_job_packets_total{job="5",counter="complete"}"#,
+    )
+    .unwrap_or_else(|| panic!("no complete counter of job 5:\n{text}"));
+    assert!(complete >= 200, "{complete}");
+    assert!(
+        metric(
+            &text,
+            r#"xagg_member_contributions_total{job="5",member="2",kind="new"}"#
+        )
+        .is_some_and(|v| v >= 200),
+        "{text}"
+    );
+    assert!(
+        metric(&text, "xagg_jobs ").is_some_and(|v| v == 2),
+        "{text}"
+    );
+    assert!(metric(&text, r#"xagg_switch_packets_total{counter="complete"}"#).is_some());
+    assert!(!text.contains("slot="), "no per-slot labels");
+    eprintln!("metrics during an allreduce: job 5 complete {complete}");
+
+    assert!(screen.contains("xagg top"), "{screen}");
+    let row = screen
+        .lines()
+        .find(|l| l.split_whitespace().next() == Some("5"))
+        .unwrap_or_else(|| panic!("no row for job 5:\n{screen}"));
+    let rate: f64 = row.split_whitespace().nth(2).unwrap().parse().unwrap();
+    assert!(rate > 0.0, "job 5 completes segments while it runs: {row}");
+    eprintln!("xagg top, read from tmux:\n{screen}");
+}
+
+/// Starts `xagg top` in a detached tmux session, lets it refresh, and returns its screen.
+fn live_view(sw: &TestSwitch) -> String {
+    let session = "xagg-test-top";
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", session])
+        .status();
+    let cmd = format!(
+        "{} --socket {} top --interval-ms 300",
+        bin("xagg").display(),
+        sw.socket.display()
+    );
+    let ok = Command::new("tmux")
+        .args([
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "160",
+            "-y",
+            "40",
+            &cmd,
+        ])
+        .status()
+        .expect("tmux (installed by `cargo xtask setup`)");
+    assert!(ok.success());
+    std::thread::sleep(Duration::from_millis(1500));
+    let out = Command::new("tmux")
+        .args(["capture-pane", "-p", "-t", session])
+        .output()
+        .unwrap();
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", session])
+        .status();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
