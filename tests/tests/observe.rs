@@ -153,6 +153,39 @@ fn counters_metrics_and_the_live_view() {
     assert!(!text.contains("slot="), "no per-slot labels");
     eprintln!("metrics during an allreduce: job 5 complete {complete}");
 
+    // A stranger's contribution: dropped, counted switch-wide, and its sender logged.
+    let ns = sw.lab.worker_ns(2);
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            xagg_sys::iface::enter_netns(&ns).unwrap();
+            let h = xagg_common::wire::Header::builder(xagg_common::wire::Kind::Contribution)
+                .job(6)
+                .member(0)
+                .count(4)
+                .build();
+            let mut d = [0u8; xagg_common::wire::HEADER_LEN + 16];
+            let n = xagg_common::wire::finish(&h, 16, &mut d).unwrap();
+            let s = std::net::UdpSocket::bind((xagg_lab::lab::worker_ip(2), 47899)).unwrap();
+            s.send_to(&d[..n], (SWITCH_IP, 47800)).unwrap();
+        })
+        .join()
+        .unwrap();
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let logged = loop {
+        let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
+        if let Some(l) = log.lines().find(|l| l.contains("drop_not_member")) {
+            break l.to_string();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no drop logged:\n{log}"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    assert!(logged.contains("10.77.0.13:47899"), "{logged}");
+    eprintln!("logged: {logged}");
+
     assert!(screen.contains("xagg top"), "{screen}");
     let row = screen
         .lines()

@@ -702,6 +702,16 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     };
     let mut busy0 = 0.0;
     let mut tx0 = 0;
+    // A long run shows its progress on a terminal (never in --json output).
+    let bar = (!a.json && a.repeat > 1 && std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .then(|| {
+            indicatif::ProgressBar::new(u64::from(a.repeat)).with_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {pos}/{len} allreduces, {msg}, {eta} left",
+                )
+                .expect("a valid template"),
+            )
+        });
     for r in 0..a.repeat {
         buf.copy_from_slice(&data);
         let started = match (a.start_at, r) {
@@ -719,7 +729,14 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         if r == 0 {
             first = buf.clone();
         }
+        if let Some(b) = &bar {
+            b.set_message(format!("{:.2} Gbit/s", rep.goodput_gbps));
+            b.inc(1);
+        }
         reports.push(rep);
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
     }
     let busy = busy_seconds() - busy0;
     let tx_bytes = tx(&iface) - tx0;

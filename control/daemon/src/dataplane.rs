@@ -93,7 +93,7 @@ type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-const MAP_NAMES: [&str; 10] = [
+const MAP_NAMES: [&str; 11] = [
     "JOBS",
     "EGRESS",
     "SLOTS",
@@ -104,6 +104,7 @@ const MAP_NAMES: [&str; 10] = [
     "LAYOUT",
     "HELLOS",
     "JOB_COUNTERS",
+    "DROPS",
 ];
 
 pub struct Dataplane {
@@ -113,6 +114,8 @@ pub struct Dataplane {
     switch: Array<MapData, SwitchConfig>,
     faults: Array<MapData, Faults>,
     counters: PerCpuArray<MapData, u64>,
+    /// The first sender of each drop reason since the daemon last took them.
+    drops: HashMap<MapData, u32, MemberAddr>,
     /// Per-job and per-member counters, a row per job (`Job::counter_row`).
     job_counters: PerCpuArray<MapData, u64>,
     /// Joining members' hellos by token (an LRU hash the switch program fills).
@@ -279,6 +282,7 @@ impl Dataplane {
             hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
             job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
                 .map_err(map_err("JOB_COUNTERS"))?,
+            drops: HashMap::try_from(take("DROPS")).map_err(map_err("DROPS"))?,
             pin,
             _links: links,
             _ebpf: Some(ebpf),
@@ -313,6 +317,7 @@ impl Dataplane {
             hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
             job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
                 .map_err(map_err("JOB_COUNTERS"))?,
+            drops: HashMap::try_from(open("DROPS")?).map_err(map_err("DROPS"))?,
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
             _ebpf: None,
@@ -493,6 +498,22 @@ impl Dataplane {
             counters,
             members,
         })
+    }
+
+    /// Takes the first sender of drop reason `c` since the last take, if there was one.
+    pub fn take_drop_source(&mut self, c: Counter) -> Option<MemberAddr> {
+        let key = c as u32;
+        let a = self.drops.get(&key, 0).ok()?;
+        let _ = self.drops.remove(&key);
+        Some(a)
+    }
+
+    /// Drop reasons with a sender waiting to be taken.
+    pub fn drop_reasons(&self) -> Vec<Counter> {
+        Counter::ALL
+            .into_iter()
+            .filter(|c| self.drops.get(&(*c as u32), 0).is_ok())
+            .collect()
     }
 
     /// Takes the hello recorded under `token`, if the switch saw one.

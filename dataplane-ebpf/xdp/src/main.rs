@@ -74,6 +74,11 @@ static FAULTS: Array<Faults, 1> = Array::new();
 #[btf_map]
 static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
 
+/// The first sender of each drop reason (by counter) since the daemon last looked: it
+/// logs them, rate-limited, and deletes them.
+#[btf_map]
+static DROPS: HashMap<u32, MemberAddr, { Counter::COUNT }> = HashMap::new();
+
 /// Counters per job (a row each, `Job::counter_row`) and per member: what the switch did
 /// with the packets of each job it knows.
 #[btf_map]
@@ -129,9 +134,23 @@ pub fn xagg_switch(ctx: XdpContext) -> u32 {
         }
         Err(c) => {
             count(c);
+            note_drop(&ctx, c);
             xdp_action::XDP_DROP
         }
     }
+}
+
+/// Keeps the first sender of each drop reason until the daemon has logged it.
+#[inline(always)]
+fn note_drop(ctx: &XdpContext, c: Counter) {
+    if matches!(
+        c,
+        Counter::InjectDropContribution | Counter::InjectDropResult
+    ) {
+        return;
+    }
+    let src = packet::source(ctx.data(), ctx.data_end(), ctx.ingress_ifindex() as u32);
+    let _ = DROPS.insert(&(c as u32), &src, aya_ebpf::bindings::BPF_NOEXIST as u64);
 }
 
 #[inline(always)]

@@ -22,6 +22,28 @@ const _: () = assert!(HDR_OFF + HEADER_LEN == PAYLOAD_OFFSET);
 /// Payload of a status query and its reply: the shadow copy's member bitmap and the job's.
 pub const STATUS_LEN: usize = 16;
 
+/// Who sent the frame at `data..end`, as far as it shows: its source MAC, and its source
+/// IPv4 address and UDP port when it is a plain IPv4/UDP datagram (zeros otherwise).
+#[inline(always)]
+pub fn source(data: usize, end: usize, ifindex: u32) -> MemberAddr {
+    let mut a = MemberAddr {
+        ifindex,
+        ip: [0; 4],
+        mac: [0; 6],
+        port: [0; 2],
+    };
+    if data + EthHdr::LEN <= end {
+        a.mac = unsafe { &*(data as *const EthHdr) }.src_addr;
+    }
+    if let Some(f) = Udp4::parse(data, end) {
+        a.ip = f.ip().src_addr;
+        if f.plain() {
+            a.port = f.udp().src;
+        }
+    }
+    a
+}
+
 /// An IPv4/UDP frame, checked to hold Ethernet, a 20-byte IPv4 header and a UDP header.
 /// With IPv4 options the UDP header is elsewhere: [`Udp4::plain`] says whether the one
 /// here is real.

@@ -8,12 +8,12 @@ use std::{
 
 use anyhow::{Context, Result};
 use clap::Parser;
-use log::{info, warn};
 use tokio::{
     net::UnixListener,
     signal::unix::{signal, SignalKind},
     sync::watch,
 };
+use tracing::{info, info_span, warn};
 use xagg_common::slot::MAX_SLOTS;
 use xagg_daemon::{
     api::{Handler, Request, Response},
@@ -47,6 +47,8 @@ struct State {
     cfg: Config,
     /// Jobs workers joined over the network.
     joins: Joins,
+    /// When each drop reason's first sender was last logged.
+    drops_logged: std::collections::HashMap<u32, std::time::Instant>,
 }
 
 /// Serves the API's routes from the daemon's state.
@@ -78,18 +80,28 @@ impl Handler for Daemon {
     }
 
     fn join(&self, req: JoinRequest) -> JoinReply {
+        let _span = info_span!("join", key = %req.key, rank = req.rank).entered();
         let st = &mut *self.state();
         st.joins.join(&mut st.dp, &req)
     }
 
     fn member(&self, action: &'static str, req: MemberRequest) -> MemberReply {
+        let _span = info_span!("member", key = %req.key, rank = req.rank, action).entered();
         let st = &mut *self.state();
         st.joins.member(&mut st.dp, action, &req)
     }
 }
 
 fn main() -> Result<()> {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("info")).init();
+    // `log` records of the library (dataplane, joins) go through the same subscriber.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .init();
     let args = Args::parse();
     let cfg = Config::load(&args.config)?;
     // One daemon per API socket: a second would take the socket over and delete it on
@@ -138,6 +150,7 @@ fn main() -> Result<()> {
         dp,
         cfg: cfg.clone(),
         joins,
+        drops_logged: Default::default(),
     }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -323,6 +336,7 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
             every.tick().await;
             let st = &mut *ticking.state();
             st.joins.tick(&mut st.dp);
+            log_drops(st);
         }
     });
     let (stop_tx, stop_rx) = watch::channel(false);
@@ -400,7 +414,49 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
     Ok(why_rx.await.unwrap_or(false))
 }
 
+/// How often each drop reason's first sender is logged at most.
+const DROP_LOG_EVERY: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Logs the first sender of each drop reason the switch saw, once a minute per reason at
+/// most (the switch keeps the first one until it is taken).
+fn log_drops(st: &mut State) {
+    let now = std::time::Instant::now();
+    for c in st.dp.drop_reasons() {
+        let due = st
+            .drops_logged
+            .get(&(c as u32))
+            .is_none_or(|t| now.duration_since(*t) >= DROP_LOG_EVERY);
+        if !due {
+            continue;
+        }
+        let Some(a) = st.dp.take_drop_source(c) else {
+            continue;
+        };
+        st.drops_logged.insert(c as u32, now);
+        let port = st
+            .dp
+            .port_named(a.ifindex)
+            .unwrap_or_else(|| format!("ifindex {}", a.ifindex));
+        warn!(
+            reason = c.name(),
+            port,
+            mac = %xagg_sys::iface::fmt_mac(&a.mac),
+            from = %std::net::SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port)),
+            "dropped a packet (the first of this reason since the last report; `xagg counters` has the totals)"
+        );
+    }
+}
+
 fn handle(st: &mut State, req: Request) -> Response {
+    // Requests about one job run in its span, so its log lines carry its id.
+    let job = match &req {
+        Request::AddJob { job } => Some(job.id),
+        Request::RemoveJob { id } | Request::JobStatus { id } | Request::JobCounters { id } => {
+            Some(*id)
+        }
+        _ => None,
+    };
+    let _span = job.map(|id| info_span!("job", id).entered());
     let r = match req {
         Request::AddJob { job } => st.dp.add_job(&job).map(|job| {
             info!(
