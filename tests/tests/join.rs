@@ -172,6 +172,11 @@ fn workers_join_jobs_over_the_network() {
             key_file: key_file.clone(),
             slot_quota: 96,
         });
+        c.credentials.push(CredentialSection {
+            name: "big".into(),
+            key_file: key_file.clone(),
+            slot_quota: 4096,
+        });
     });
     let lab = Lab { sw, cred };
     let (key, secret) = (JobKey::random(), Secret::random());
@@ -261,15 +266,42 @@ fn workers_join_jobs_over_the_network() {
         "{:?}",
         big.err()
     );
+    let full = lab.on(0, || {
+        Worker::join(JoinParams {
+            shape: shape(2048),
+            credential: Some(("big".into(), lab.cred)),
+            ..lab.params(JobKey::random(), Secret::random(), 0, 0, 47815)
+        })
+    });
+    assert!(
+        matches!(&full, Err(AllreduceError::Join(reason)) if reason.contains("the switch is full")),
+        "{:?}",
+        full.err()
+    );
     assert_eq!(lab.joins().len(), 1);
-    eprintln!("refused: wrong secret, other shape, second member behind a port, quota");
+    eprintln!("refused: wrong secret, other shape, second member behind a port, quota, a full switch ({})", full.err().unwrap());
+
+    // A client that stalls half-way through a request on the network listener holds
+    // nobody up.
+    let stalled = lab.on(0, || {
+        let mut s = std::net::TcpStream::connect(daemon_addr()).unwrap();
+        std::io::Write::write_all(
+            &mut s,
+            b"POST /v1/join HTTP/1.1\r\ncontent-length: 500\r\n\r\n{",
+        )
+        .unwrap();
+        s
+    });
 
     // A rank restarts: its new process joins again and the job goes on.
     drop(workers);
+    let t = std::time::Instant::now();
     let mut workers = Vec::new();
     for r in lab.join_all(key, secret, 47801) {
         workers.push(r.expect("joining again"));
     }
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    drop(stalled);
     assert!(workers.iter().all(|w| w.params().job == id));
     allreduce(&lab, &workers);
     eprintln!("every rank joined again: same job, allreduce verified");
