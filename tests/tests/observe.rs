@@ -196,6 +196,81 @@ fn counters_metrics_and_the_live_view() {
     eprintln!("xagg top, read from tmux:\n{screen}");
 }
 
+/// `xagg allreduce --repeat` on a terminal shows its progress: member 0 of job 6 runs in
+/// tmux while member 1 runs here.
+#[test]
+fn a_long_run_shows_its_progress() {
+    if !require_root("a_long_run_shows_its_progress") {
+        return;
+    }
+    let sw = TestSwitch::start("xoc", 2, |_| {});
+    assert!(matches!(
+        sw.add_job(6, 862, 32, &[0, 1]),
+        Response::Job { .. }
+    ));
+    let session = "xagg-test-progress";
+    let quiet = || std::process::Stdio::null();
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", session])
+        .stderr(quiet())
+        .status();
+    let cmd = format!(
+        "ip netns exec {} {} allreduce --switch {SWITCH_IP} --bind {}:47801 --job 6 --member 0 --members 2 --segment 862 --slots 32 --size 4KiB --repeat 150000; sleep 30",
+        sw.lab.worker_ns(0),
+        bin("xagg").display(),
+        xagg_lab::lab::worker_ip(0)
+    );
+    assert!(Command::new("tmux")
+        .args([
+            "new-session",
+            "-d",
+            "-s",
+            session,
+            "-x",
+            "160",
+            "-y",
+            "20",
+            &cmd
+        ])
+        .status()
+        .unwrap()
+        .success());
+    let ns = sw.lab.worker_ns(1);
+    let screen = std::thread::scope(|s| {
+        let member = s.spawn(|| {
+            xagg_sys::iface::enter_netns(&ns).unwrap();
+            let p = xagg_worker::WorkerParams::new(
+                std::net::SocketAddrV4::new(SWITCH_IP, 47800),
+                std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(1), 47801),
+                6,
+                1,
+                i32_shape(2, 32, 862),
+            );
+            let w = xagg_worker::Worker::new(p).unwrap();
+            let mut v = vec![0i32; 1024];
+            for _ in 0..150000 {
+                w.allreduce(&mut v).unwrap();
+            }
+        });
+        std::thread::sleep(Duration::from_millis(1200));
+        let out = Command::new("tmux")
+            .args(["capture-pane", "-p", "-t", session])
+            .output()
+            .unwrap();
+        member.join().unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    });
+    let _ = Command::new("tmux")
+        .args(["kill-session", "-t", session])
+        .stderr(quiet())
+        .status();
+    assert!(
+        screen.contains("/150000 allreduces") && screen.contains("Gbit/s"),
+        "{screen}"
+    );
+    eprintln!("progress on the terminal: {}", screen.trim());
+}
+
 /// Starts `xagg top` in a detached tmux session, lets it refresh, and returns its screen.
 fn live_view(sw: &TestSwitch) -> String {
     let session = "xagg-test-top";
