@@ -431,3 +431,116 @@ fn workers_join_jobs_over_the_network() {
     }
     assert!(lab.joins().is_empty(), "every rank left: the job is gone");
 }
+
+/// A joined job with no progress for the idle time goes, its timer running on across a
+/// daemon restart; `xagg job status` shows it pending first; its secret is in no log and
+/// only in the daemon's 0600 state file.
+#[test]
+fn an_idle_joined_job_goes_and_secrets_stay_secret() {
+    if !require_root("an_idle_joined_job_goes_and_secrets_stay_secret") {
+        return;
+    }
+    let dir = std::env::temp_dir().join("xagg-test-xjo");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("lab.key");
+    std::fs::write(&key_file, "5a".repeat(32)).unwrap();
+    let sw = TestSwitch::start("xjo", MEMBERS, |c| {
+        c.daemon.listen = Some(daemon_addr());
+        c.daemon.idle_timeout_s = 4;
+        c.credentials.push(CredentialSection {
+            name: "lab".into(),
+            key_file: key_file.clone(),
+            slot_quota: 96,
+        });
+    });
+    let mut lab = Lab {
+        sw,
+        cred: CredentialKey([0x5a; 32]),
+    };
+    let (key, secret) = (JobKey::random(), Secret::random());
+    let lab_ref = &lab;
+    let workers = std::thread::scope(|s| {
+        let first = s.spawn(move || {
+            lab_ref.on(0, || Worker::join(lab_ref.params(key, secret, 0, 0, 47801)))
+        });
+        std::thread::sleep(Duration::from_millis(700));
+        let out = std::process::Command::new(bin("xagg"))
+            .arg("--socket")
+            .arg(&lab_ref.sw.socket)
+            .args(["job", "status"])
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            text.contains("pending") && text.contains("waiting for [1, 2]"),
+            "{text}"
+        );
+        eprintln!("xagg job status: {}", text.trim());
+        let rest: Vec<_> = (1..MEMBERS)
+            .map(|w| {
+                s.spawn(move || {
+                    lab_ref.on(w, || {
+                        Worker::join(lab_ref.params(key, secret, w as u8, w, 47801))
+                    })
+                })
+            })
+            .collect();
+        let mut all = vec![first.join().unwrap().unwrap()];
+        all.extend(rest.into_iter().map(|h| h.join().unwrap().unwrap()));
+        all
+    });
+    allreduce(&lab, &workers);
+    let idle_from = std::time::Instant::now();
+
+    // The secret: only in the state file, which only its owner reads.
+    use std::os::unix::fs::PermissionsExt;
+    let state = lab.sw.state_dir();
+    let file = state.join("joined.json");
+    assert_eq!(
+        std::fs::metadata(&state).unwrap().permissions().mode() & 0o777,
+        0o700
+    );
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().permissions().mode() & 0o777,
+        0o600
+    );
+    let hex: String = secret.0.iter().map(|b| format!("{b:02x}")).collect();
+    assert!(std::fs::read_to_string(&file)
+        .unwrap()
+        .contains(&key.to_string()));
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert!(log.contains(&key.to_string()), "joins are logged by key");
+    assert!(!log.contains(&hex), "the secret is in no log");
+    let Response::Joins { joins } = lab.sw.api(Request::Joins) else {
+        panic!()
+    };
+    assert!(!serde_json::to_string(&joins).unwrap().contains(&hex));
+
+    // Idle: the daemon restarts half-way, and the timer goes on from the last progress.
+    std::thread::sleep(Duration::from_millis(2500));
+    lab.sw.stop_daemon(Signal::SIGTERM);
+    lab.sw.start_daemon();
+    assert_eq!(lab.joins().len(), 1, "kept across the restart");
+    let gone = loop {
+        if lab.joins().is_empty() {
+            break idle_from.elapsed();
+        }
+        assert!(
+            idle_from.elapsed() < Duration::from_secs(12),
+            "the idle job never went"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(
+        gone >= Duration::from_secs(4) && gone < Duration::from_millis(7300),
+        "removed {gone:?} after its last progress (idle time 4 s; a timer started again at the restart would take at least 7.5 s)"
+    );
+    let id = workers[0].params().job;
+    let Response::Jobs { jobs } = lab.sw.api(Request::ListJobs) else {
+        panic!()
+    };
+    assert!(jobs.iter().all(|j| j.id != id), "{jobs:?}");
+    let e = lab.on(0, || workers[0].leave()).unwrap_err().to_string();
+    assert!(e.contains("no job has this key"), "{e}");
+    eprintln!("idle job removed {gone:?} after its last progress, across a daemon restart");
+}

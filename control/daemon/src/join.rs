@@ -36,6 +36,8 @@ const MAX_INDEX: u16 = 256;
 /// Nonces handed out and not yet spent, at most: a client asking for more pushes the
 /// oldest out.
 const MAX_NONCES: usize = 4096;
+/// How often the idle timers of busy jobs are written to the state file at most.
+const SAVE_IDLE_EVERY: Duration = Duration::from_secs(30);
 /// How long the reason a pending job expired is kept for the joins still polling it.
 const EXPIRED_KEPT: Duration = Duration::from_secs(600);
 
@@ -93,10 +95,21 @@ struct Joined {
     ready: bool,
     /// Seconds since the Unix epoch when it was created.
     created_unix_s: u64,
+    /// Seconds since the Unix epoch of its last progress (a round moving on): its idle
+    /// timer, kept across a restart of the daemon.
+    #[serde(default)]
+    active_unix_s: u64,
     #[serde(skip, default = "Instant::now")]
     since: Instant,
+    /// The job's slots as last seen (`Dataplane::activity`).
     #[serde(skip)]
-    activity: Option<(u64, Instant)>,
+    activity: Option<u64>,
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Joined {
@@ -142,6 +155,8 @@ pub struct Joins {
     /// Pending jobs that timed out: the ranks they waited for, and when.
     expired: HashMap<JobKey, (Vec<u8>, Instant)>,
     state_file: PathBuf,
+    /// When the state file was last written.
+    saved: Instant,
     join_timeout: Duration,
     idle_timeout: Duration,
     switch: SocketAddrV4,
@@ -179,7 +194,10 @@ impl Joins {
             .map(|(id, _)| id)
             .collect();
         let mut jobs = BTreeMap::new();
-        for j in saved.jobs {
+        for mut j in saved.jobs {
+            if j.active_unix_s == 0 {
+                j.active_unix_s = unix_now();
+            }
             if j.ready && !present.contains(&j.id) {
                 warn!(
                     "joined job {} ({}) is gone from the dataplane: dropped",
@@ -196,13 +214,14 @@ impl Joins {
             );
             jobs.insert(j.key, j);
         }
-        let joins = Self {
+        let mut joins = Self {
             jobs,
             nonces: HashMap::new(),
             credentials,
             generations: saved.generations,
             expired: HashMap::new(),
             state_file,
+            saved: Instant::now(),
             join_timeout: Duration::from_secs(cfg.daemon.join_timeout_s),
             idle_timeout: Duration::from_secs(cfg.daemon.idle_timeout_s),
             switch,
@@ -211,8 +230,14 @@ impl Joins {
         Ok(joins)
     }
 
+    /// Writes the state file now (the daemon stops: the idle timers as they are).
+    pub fn flush(&mut self) {
+        self.save();
+    }
+
     /// Writes the state file (0600 in a 0700 directory), replacing it whole.
-    fn save(&self) {
+    fn save(&mut self) {
+        self.saved = Instant::now();
         let saved = Saved {
             jobs: self.jobs.values().cloned().collect(),
             generations: self.generations.clone(),
@@ -375,6 +400,7 @@ impl Joins {
                     let jm = self.jobs.get_mut(&req.key).expect("exists");
                     jm.ready = true;
                     jm.activity = None;
+                    jm.active_unix_s = unix_now();
                     info!(
                         "job {} ({}): all {} ranks in, running",
                         jm.id, jm.key, jm.shape.members
@@ -471,6 +497,7 @@ impl Joins {
                 .map_or(0, |d| d.as_secs()),
             since: Instant::now(),
             activity: None,
+            active_unix_s: 0,
         };
         info!(
             "job {id} ({}) created by credential `{name}`: {} members, {} slots, {}-byte segments",
@@ -559,6 +586,8 @@ impl Joins {
             Err(_) => return,
         };
         let mut gone = Vec::new();
+        let unix = unix_now();
+        let mut moved = false;
         for j in self.jobs.values_mut() {
             if !j.ready {
                 if now.duration_since(j.since) > self.join_timeout {
@@ -577,20 +606,26 @@ impl Joins {
                 continue;
             }
             let Ok(a) = dp.activity(j.id) else { continue };
-            match j.activity {
-                Some((last, _)) if last != a => j.activity = Some((a, now)),
-                Some((_, since)) if now.duration_since(since) > self.idle_timeout => {
-                    gone.push((
-                        j.key,
-                        Some(j.id),
-                        format!("idle for {} s", self.idle_timeout.as_secs()),
-                    ));
-                }
-                Some(_) => {}
-                None => j.activity = Some((a, now)),
+            // The first look after a start only takes the slots in: the idle timer read
+            // from the state file goes on.
+            if j.activity.is_some_and(|last| last != a) {
+                j.active_unix_s = unix;
+                moved = true;
+            }
+            j.activity = Some(a);
+            if unix.saturating_sub(j.active_unix_s) > self.idle_timeout.as_secs() {
+                gone.push((
+                    j.key,
+                    Some(j.id),
+                    format!("idle for {} s", self.idle_timeout.as_secs()),
+                ));
             }
         }
         if gone.is_empty() {
+            // The idle timers are written now and then, not on every round.
+            if moved && self.saved.elapsed() > SAVE_IDLE_EVERY {
+                self.save();
+            }
             return;
         }
         for (key, id, why) in gone {

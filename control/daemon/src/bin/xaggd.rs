@@ -157,6 +157,11 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     let detach = rt.block_on(serve(state.clone(), &cfg.daemon))?;
+    state
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .joins
+        .flush();
     let _ = std::fs::remove_file(&cfg.daemon.socket);
     let state = Arc::try_unwrap(state)
         .ok()
