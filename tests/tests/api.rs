@@ -95,6 +95,18 @@ fn the_api_answers_every_request_clearly() {
             "member",
         ),
         (
+            "a job id whose index is past the switch's jobs",
+            http("POST", "/v1/jobs", &job.replace("\"id\":7", "\"id\":300")),
+            400,
+            "index (300) must be below 256",
+        ),
+        (
+            "a job of an earlier generation of a removed job's index",
+            http("GET", &format!("/v1/jobs/{}/status", 7 + (3 << 16)), ""),
+            400,
+            "no job",
+        ),
+        (
             "an unknown route",
             http("GET", "/v2/status", ""),
             404,

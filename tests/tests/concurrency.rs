@@ -33,9 +33,7 @@ fn two_cpus_one_slot() {
         .map(|n| n.get())
         .unwrap_or(1);
     let mut sw = load_switch();
-    sw.jobs
-        .insert(5, job(2, Op::Sum, DType::I32, ELEMS as u16, 0, 4), 0)
-        .unwrap();
+    sw.add_job(5, job(2, Op::Sum, DType::I32, ELEMS as u16, 0, 4));
     let frames: Vec<[Vec<u8>; 2]> = (0..ROUNDS)
         .map(|k| {
             [0u8, 1].map(|m| {

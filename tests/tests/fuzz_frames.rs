@@ -59,9 +59,7 @@ fn million_hostile_frames_change_nothing_else() {
         (3, 4, Op::Sum, DType::U32, 862, 12, 8),
     ];
     for &(jid, n, op, dt, seg, base, count) in &jobs {
-        sw.jobs
-            .insert(jid, job(n, op, dt, seg, base, count), 0)
-            .unwrap();
+        sw.add_job(jid, job(n, op, dt, seg, base, count));
     }
     let template = |rng: &mut Rng| -> Vec<u8> {
         let &(jid, n, op, dt, seg, _, slots) = &jobs[rng.below(jobs.len())];
@@ -90,10 +88,7 @@ fn million_hostile_frames_change_nothing_else() {
         sw.run(&f);
     }
     let before: Vec<_> = (0..24).map(|i| sw.slot(i)).collect();
-    let jobs_before: Vec<_> = jobs
-        .iter()
-        .map(|j| sw.jobs.get(&j.0, 0).unwrap().member)
-        .collect();
+    let jobs_before: Vec<_> = jobs.iter().map(|j| sw.job(j.0).member).collect();
     let accepted = |sw: &Switch| {
         sw.counter(Counter::Contribution)
             + sw.counter(Counter::Complete)
@@ -162,10 +157,7 @@ fn million_hostile_frames_change_nothing_else() {
         }
     }
     eprintln!("{FRAMES} frames: half hostile, none accepted; of the mutated members' contributions {n_accepted} accepted as contributions, touching slots {touched:?}");
-    let jobs_after: Vec<_> = jobs
-        .iter()
-        .map(|j| sw.jobs.get(&j.0, 0).unwrap().member)
-        .collect();
+    let jobs_after: Vec<_> = jobs.iter().map(|j| sw.job(j.0).member).collect();
     assert_eq!(jobs_before, jobs_after, "job entries changed");
     for i in 0..24u32 {
         let (a, b) = (&before[i as usize], sw.slot(i));

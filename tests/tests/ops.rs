@@ -112,7 +112,7 @@ fn every_op_and_type_through_the_switch() {
                         worst
                     );
                 }
-                sw.jobs.remove(&jid).unwrap();
+                sw.remove_job(jid);
             }
         }
     }

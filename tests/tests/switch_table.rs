@@ -81,9 +81,7 @@ fn switch_program_table() {
     let mut sw = load_switch();
     let n = SEG as usize;
     // Job 7: three members, slots 10..14 of the switch.
-    sw.jobs
-        .insert(JID, job(3, Op::Sum, DType::I32, SEG, 10, 4), 0)
-        .unwrap();
+    sw.add_job(JID, job(3, Op::Sum, DType::I32, SEG, 10, 4));
     let contrib = |m: u8, seg: u16, sid: u32, vals: &[i32]| {
         frame(
             &member(m),
@@ -376,9 +374,7 @@ fn single_member_single_element() {
         return;
     }
     let mut sw = load_switch();
-    sw.jobs
-        .insert(3, job(1, Op::Sum, DType::I32, 64, 0, 1), 0)
-        .unwrap();
+    sw.add_job(3, job(1, Op::Sum, DType::I32, 64, 0, 1));
     let h = Header::builder(Kind::Contribution)
         .op(Op::Sum)
         .dtype(DType::I32)
@@ -476,4 +472,42 @@ fn op_and_type_are_fixed_per_round() {
         &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8],
         &4i64.to_le_bytes()
     );
+}
+
+/// A job id is its dense index and a generation: an id of the index's earlier generation
+/// names no job (a member of a removed job cannot reach the one that took its index).
+#[test]
+fn a_stale_job_id_names_no_job() {
+    if !require_root("a_stale_job_id_names_no_job") {
+        return;
+    }
+    let mut sw = load_switch();
+    let jid = xagg_common::job::job_id(3, 2);
+    sw.add_job(jid, job(2, Op::Sum, DType::I32, 4, 0, 1));
+    let c = |id: u32| {
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Sum)
+            .dtype(DType::I32)
+            .job(id)
+            .member(0)
+            .count(4)
+            .build();
+        frame(&member(0), PORT, &contribution(h, &[1, 2, 3, 4]))
+    };
+    let unknown = sw.counter(Counter::DropUnknownJob);
+    for stale in [
+        xagg_common::job::job_id(3, 1),
+        3,
+        xagg_common::job::job_id(4, 2),
+    ] {
+        assert_eq!(sw.run(&c(stale)).action, XDP_DROP);
+    }
+    assert_eq!(sw.counter(Counter::DropUnknownJob), unknown + 3);
+    assert_eq!(sw.counter(Counter::Contribution), 0);
+    assert_eq!(
+        sw.run(&c(jid)).action,
+        XDP_DROP,
+        "added: waits for member 1"
+    );
+    assert_eq!(sw.counter(Counter::Contribution), 1);
 }

@@ -93,9 +93,7 @@ fn xdp_parser_matches_vectors() {
         return;
     }
     let mut sw = load_switch();
-    sw.jobs
-        .insert(7, job(2, Op::Sum, DType::I32, 8, 100, 4), 0)
-        .unwrap();
+    sw.add_job(7, job(2, Op::Sum, DType::I32, 8, 100, 4));
     let r = sw.run(&vector("frame"));
     assert_eq!(r.action, XDP_DROP);
     assert_eq!(sw.counter(Counter::Contribution), 1);

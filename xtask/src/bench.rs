@@ -268,9 +268,7 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
     for elements in [256usize, DType::I32.max_elements()] {
         let mut sw = Switch::load(&object);
         const JID: u32 = 1;
-        sw.jobs
-            .insert(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, 4), 0)
-            .context("adding the bench job")?;
+        sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, 4));
         let values: Vec<i32> = (0..elements as i32)
             .map(|i| i.wrapping_mul(2_654_435_761u32 as i32))
             .collect();

@@ -18,7 +18,8 @@ use serde::{Deserialize, Serialize};
 use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
-        members_of, probability_threshold, EgressKey, Faults, MemberAddr, SwitchConfig, MAX_JOBS,
+        job_generation, job_id, job_index, members_of, probability_threshold, EgressKey, Faults,
+        MemberAddr, SwitchConfig, MAX_JOBS,
     },
     slot::{ShadowState, SlotImage, MAX_SLOTS},
     Counter, Job, LAYOUT_VERSION,
@@ -108,7 +109,7 @@ const MAP_NAMES: [&str; 11] = [
 ];
 
 pub struct Dataplane {
-    jobs: HashMap<MapData, u32, Job>,
+    jobs: Array<MapData, Job>,
     egress: HashMap<MapData, EgressKey, u32>,
     slots: Array<MapData, SlotImage>,
     switch: Array<MapData, SwitchConfig>,
@@ -116,7 +117,7 @@ pub struct Dataplane {
     counters: PerCpuArray<MapData, u64>,
     /// The first sender of each drop reason since the daemon last took them.
     drops: HashMap<MapData, u32, MemberAddr>,
-    /// Per-job and per-member counters, a row per job (`Job::counter_row`).
+    /// Per-job and per-member counters, a row per job index.
     job_counters: PerCpuArray<MapData, u64>,
     /// Joining members' hellos by token (an LRU hash the switch program fills).
     hellos: HashMap<MapData, u64, MemberAddr>,
@@ -273,7 +274,7 @@ impl Dataplane {
 
         drop(ports);
         let mut dp = Self {
-            jobs: HashMap::try_from(take("JOBS")).map_err(map_err("JOBS"))?,
+            jobs: Array::try_from(take("JOBS")).map_err(map_err("JOBS"))?,
             egress: HashMap::try_from(take("EGRESS")).map_err(map_err("EGRESS"))?,
             slots: Array::try_from(take("SLOTS")).map_err(map_err("SLOTS"))?,
             switch: Array::try_from(take("SWITCH")).map_err(map_err("SWITCH"))?,
@@ -308,7 +309,7 @@ impl Dataplane {
             Map::from_map_data(md).map_err(map_err(name))
         };
         Ok(Self {
-            jobs: HashMap::try_from(open("JOBS")?).map_err(map_err("JOBS"))?,
+            jobs: Array::try_from(open("JOBS")?).map_err(map_err("JOBS"))?,
             egress: HashMap::try_from(open("EGRESS")?).map_err(map_err("EGRESS"))?,
             slots: Array::try_from(open("SLOTS")?).map_err(map_err("SLOTS"))?,
             switch: Array::try_from(open("SWITCH")?).map_err(map_err("SWITCH"))?,
@@ -350,18 +351,58 @@ impl Dataplane {
         self.switch.set(0, value, 0).map_err(map_err("SWITCH"))
     }
 
+    /// The jobs by wire id: the entries of `JOBS` that have members.
     pub fn jobs(&self) -> Result<Vec<(u32, Job)>> {
         let mut v = Vec::new();
-        for item in self.jobs.iter() {
-            v.push(item.map_err(map_err("JOBS"))?);
+        for index in 0..MAX_JOBS as u32 {
+            let j = self.jobs.get(&index, 0).map_err(map_err("JOBS"))?;
+            if j.members != 0 {
+                v.push((job_id(index, j.generation), j));
+            }
         }
         v.sort_by_key(|(id, _)| *id);
         Ok(v)
     }
 
+    /// Job `id`: its index's entry, if that holds a job of the id's generation.
+    fn job(&self, id: u32) -> Result<Job> {
+        let index = job_index(id);
+        if index >= MAX_JOBS as u32 {
+            return Err(DataplaneError::NoJob(id));
+        }
+        let j = self.jobs.get(&index, 0).map_err(map_err("JOBS"))?;
+        if j.members == 0 || j.generation != job_generation(id) {
+            return Err(DataplaneError::NoJob(id));
+        }
+        Ok(j)
+    }
+
     pub fn add_job(&mut self, spec: &JobSpec) -> Result<JobSpec> {
-        if self.jobs.get(&spec.id, 0).is_ok() {
-            return Err(DataplaneError::JobExists(spec.id));
+        let index = job_index(spec.id);
+        if index >= MAX_JOBS as u32 {
+            return Err(JobError {
+                field: "id".into(),
+                problem: format!(
+                    "{}: a job id is generation x 65536 + index, and the index ({index}) must be below {MAX_JOBS}",
+                    spec.id
+                ),
+            }
+            .into());
+        }
+        let held = self.jobs.get(&index, 0).map_err(map_err("JOBS"))?;
+        if held.members != 0 {
+            let other = job_id(index, held.generation);
+            if other == spec.id {
+                return Err(DataplaneError::JobExists(spec.id));
+            }
+            return Err(JobError {
+                field: "id".into(),
+                problem: format!(
+                    "{}: its index {index} is job {other}'s; choose an id with another index (id mod 65536)",
+                    spec.id
+                ),
+            }
+            .into());
         }
         // Validate before allocating so a bad spec reports its real problem.
         spec.to_job(0)?;
@@ -409,17 +450,10 @@ impl Dataplane {
             }
         })?;
         let mut job = spec.to_job(base)?;
-        // A row of counters no other job has, cleared of an earlier job's counts.
-        let rows: Vec<u16> = jobs.iter().map(|(_, j)| j.counter_row).collect();
-        job.counter_row = (0..MAX_JOBS as u16)
-            .find(|r| !rows.contains(r))
-            .ok_or_else(|| {
-                DataplaneError::Other(format!(
-                    "no room for job {}: the switch holds {MAX_JOBS} jobs at most",
-                    spec.id
-                ))
-            })?;
-        self.clear_counter_row(job.counter_row)?;
+        job.generation = job_generation(spec.id);
+        job.index = index as u8;
+        // The index's row of counters, cleared of an earlier job's counts.
+        self.clear_counter_row(index)?;
         self.reset_slots(base, spec.slots)?;
         // Ports are distinct within a job (checked by `to_job`): one member per port.
         for (idx, m) in job.member[..job.member_count()].iter().enumerate() {
@@ -431,17 +465,17 @@ impl Dataplane {
                 .insert(key, idx as u32, 0)
                 .map_err(map_err("EGRESS"))?;
         }
-        self.jobs.insert(spec.id, job, 0).map_err(map_err("JOBS"))?;
+        self.jobs.set(index, job, 0).map_err(map_err("JOBS"))?;
         Ok(JobSpec::from_job(spec.id, &job))
     }
 
     pub fn remove_job(&mut self, id: u32) -> Result<()> {
-        let job = self
-            .jobs
-            .get(&id, 0)
-            .map_err(|_| DataplaneError::NoJob(id))?;
+        let job = self.job(id)?;
         // The job goes first, so no packet can reach its slots while they are cleared.
-        self.jobs.remove(&id).map_err(map_err("JOBS"))?;
+        let free: Job = unsafe { std::mem::zeroed() };
+        self.jobs
+            .set(job_index(id), free, 0)
+            .map_err(map_err("JOBS"))?;
         for m in &job.member[..job.member_count()] {
             let _ = self.egress.remove(&EgressKey {
                 job: id,
@@ -451,14 +485,14 @@ impl Dataplane {
         self.reset_slots(job.slot_base, job.slot_count)
     }
 
-    fn clear_counter_row(&mut self, row: u16) -> Result<()> {
+    fn clear_counter_row(&mut self, row: u32) -> Result<()> {
         let cpus = aya::util::nr_cpus()
             .map_err(|(_, e)| DataplaneError::Other(format!("counting CPUs: {e}")))?;
         for i in 0..JOB_ROW as u32 {
             let zero = PerCpuValues::try_from(vec![0u64; cpus])
                 .map_err(|e| DataplaneError::Other(format!("per-CPU values: {e}")))?;
             self.job_counters
-                .set(u32::from(row) * JOB_ROW as u32 + i, zero, 0)
+                .set(row * JOB_ROW as u32 + i, zero, 0)
                 .map_err(map_err("JOB_COUNTERS"))?;
         }
         Ok(())
@@ -466,10 +500,7 @@ impl Dataplane {
 
     /// Job `id`'s counters (summed over CPUs, only those not zero) and its members'.
     pub fn job_counters(&self, id: u32) -> Result<JobCounters> {
-        let job = self
-            .jobs
-            .get(&id, 0)
-            .map_err(|_| DataplaneError::NoJob(id))?;
+        let job = self.job(id)?;
         let read = |i: u32| -> Result<u64> {
             Ok(self
                 .job_counters
@@ -480,7 +511,7 @@ impl Dataplane {
         };
         let mut counters = BTreeMap::new();
         for c in Counter::ALL {
-            let v = read(job_row(job.counter_row, c))?;
+            let v = read(job_row(job_index(id), c))?;
             if v != 0 {
                 counters.insert(c.name().to_string(), v);
             }
@@ -489,8 +520,8 @@ impl Dataplane {
         for m in members_of(job.members) {
             members.push(MemberCounters {
                 member: m,
-                contributions: read(member_row(job.counter_row, m.into(), MEMBER_NEW))?,
-                retransmissions: read(member_row(job.counter_row, m.into(), MEMBER_AGAIN))?,
+                contributions: read(member_row(job_index(id), m.into(), MEMBER_NEW))?,
+                retransmissions: read(member_row(job_index(id), m.into(), MEMBER_AGAIN))?,
             });
         }
         Ok(JobCounters {
@@ -540,10 +571,7 @@ impl Dataplane {
     /// Makes `addr` member `member`'s address in job `id` (a member that joined again
     /// after a restart, from another port or address): its slots are kept.
     pub fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<()> {
-        let mut job = self
-            .jobs
-            .get(&id, 0)
-            .map_err(|_| DataplaneError::NoJob(id))?;
+        let mut job = self.job(id)?;
         let old = job.member[member];
         if old.ifindex != addr.ifindex {
             let _ = self.egress.remove(&EgressKey {
@@ -562,16 +590,15 @@ impl Dataplane {
                 .map_err(map_err("EGRESS"))?;
         }
         job.member[member] = addr;
-        self.jobs.insert(id, job, 0).map_err(map_err("JOBS"))
+        self.jobs
+            .set(job_index(id), job, 0)
+            .map_err(map_err("JOBS"))
     }
 
     /// A value that changes whenever a round of job `id` moves on (its slots' rounds and
     /// members seen): how the daemon tells an idle job.
     pub fn activity(&self, id: u32) -> Result<u64> {
-        let job = self
-            .jobs
-            .get(&id, 0)
-            .map_err(|_| DataplaneError::NoJob(id))?;
+        let job = self.job(id)?;
         let mut h = 0xcbf2_9ce4_8422_2325u64;
         for i in job.slot_base..job.slot_base + job.slot_count {
             let s = self.slot(i)?;
@@ -599,10 +626,7 @@ impl Dataplane {
 
     /// The state of every shadow copy of job `id` that is not empty.
     pub fn job_status(&self, id: u32) -> Result<Vec<SlotStatus>> {
-        let job = self
-            .jobs
-            .get(&id, 0)
-            .map_err(|_| DataplaneError::NoJob(id))?;
+        let job = self.job(id)?;
         let mut out = Vec::new();
         for slot in 0..job.slot_count {
             let s = self.slot(job.slot_base + slot)?;

@@ -73,13 +73,14 @@ pub const MEMBER_AGAIN: usize = 1;
 /// then [`MEMBER_COUNTERS`] per member.
 pub const JOB_ROW: usize = Counter::COUNT + MEMBER_COUNTERS * crate::wire::MAX_MEMBERS;
 
-/// Where job row `row`'s counter `c` is in `JOB_COUNTERS`.
-pub const fn job_row(row: u16, c: Counter) -> u32 {
+/// Where counter `c` of the job with index `row` ([`crate::job::job_index`]) is in
+/// `JOB_COUNTERS`.
+pub const fn job_row(row: u32, c: Counter) -> u32 {
     (row as usize * JOB_ROW + c as usize) as u32
 }
 
-/// Where member `m`'s per-member counter `k` of job row `row` is in `JOB_COUNTERS`.
-pub const fn member_row(row: u16, m: usize, k: usize) -> u32 {
+/// Where member `m`'s per-member counter `k` of job index `row` is in `JOB_COUNTERS`.
+pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
     (row as usize * JOB_ROW + Counter::COUNT + m * MEMBER_COUNTERS + k) as u32
 }
 

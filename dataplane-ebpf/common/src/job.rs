@@ -23,6 +23,23 @@ const _: () = assert!(core::mem::size_of::<MemberAddr>() == 16);
 /// Jobs an aggregation point holds at most.
 pub const MAX_JOBS: usize = 256;
 
+/// A wire job id is a dense index (low 16 bits, below [`MAX_JOBS`]: the job's entry in
+/// `JOBS` and its row of per-job counters) and a generation (high 16 bits), counted up
+/// when an index is given to another job, so a stale id names no job.
+pub const fn job_index(id: u32) -> u32 {
+    id & 0xffff
+}
+
+/// The generation of wire job id `id` (see [`job_index`]).
+pub const fn job_generation(id: u32) -> u16 {
+    (id >> 16) as u16
+}
+
+/// The wire job id of `index` and `generation`.
+pub const fn job_id(index: u32, generation: u16) -> u32 {
+    ((generation as u32) << 16) | (index & 0xffff)
+}
+
 /// What an aggregation point does with a complete segment.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -50,13 +67,15 @@ pub struct Job {
     pub op: u8,
     pub dtype: u8,
     pub role: u8,
-    pub _pad0: u8,
+    /// The job's index ([`job_index`]; below [`MAX_JOBS`] = 256), kept here so the fast
+    /// path finds the job's counters without the id.
+    pub index: u8,
     /// Most payload bytes one segment carries (the job's segment length): a segment holds
     /// as many lanes of its message's op and type as fit.
     pub segment_bytes: u16,
-    /// The job's row of per-job counters (`JOB_COUNTERS`, [`crate::counter::job_row`]),
-    /// given by the control plane: below [`MAX_JOBS`].
-    pub counter_row: u16,
+    /// The generation of the job's wire id ([`job_generation`]): a packet naming the job's
+    /// index with another generation names a job that is gone.
+    pub generation: u16,
     /// Where the partial result goes next when `role` is `Inner`.
     pub parent: MemberAddr,
     /// Member table, indexed by member index.
@@ -81,9 +100,9 @@ impl Job {
             op: op as u8,
             dtype: dtype as u8,
             role: Role::Root as u8,
-            _pad0: 0,
+            index: 0,
             segment_bytes: shape.segment_bytes() as u16,
-            counter_row: 0,
+            generation: 0,
             parent: MemberAddr {
                 ifindex: 0,
                 ip: [0; 4],

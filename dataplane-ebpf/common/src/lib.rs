@@ -24,6 +24,7 @@ pub use wire::{DType, Header, Kind, Op};
 /// length in bytes; version 4 has the programs reduce the mean of i64 in two lanes (an
 /// adopted dataplane keeps its programs, so their behaviour counts as part of the layout);
 /// version 5 records joining members' hellos (the `HELLOS` map, the `hello` counter);
-/// version 6 counts per job and member (`JOB_COUNTERS`, `Job::counter_row`); version 7
-/// keeps the first sender of each drop reason (`DROPS`).
-pub const LAYOUT_VERSION: u32 = 7;
+/// version 6 counts per job and member (`JOB_COUNTERS`); version 7 keeps the first sender
+/// of each drop reason (`DROPS`); version 8 finds jobs by the dense index of their id in
+/// an array (`JOBS`), checking its generation (`Job::generation`).
+pub const LAYOUT_VERSION: u32 = 8;

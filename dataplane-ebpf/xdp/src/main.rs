@@ -26,7 +26,9 @@ use aya_ebpf::{
 };
 use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
-    job::{EgressKey, Faults, Impair, MemberAddr, SwitchConfig, MAX_JOBS},
+    job::{
+        job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, SwitchConfig, MAX_JOBS,
+    },
     slot::MAX_SLOTS,
     wire::{self, Kind},
     Counter, Job,
@@ -37,9 +39,17 @@ use crate::packet::{Frame, Udp4};
 /// Ports a switch can have: entries of the broadcast devmap.
 const MAX_PORTS: usize = 64;
 
-/// Jobs by job id, written by the control plane.
+/// Jobs by the dense index of their id (`job_index`), written by the control plane; an
+/// entry without members is free.
 #[btf_map]
-static JOBS: HashMap<u32, Job, MAX_JOBS> = HashMap::new();
+static JOBS: Array<Job, MAX_JOBS> = Array::new();
+
+/// The job wire id `id` names: its index's entry, if that is of the id's generation.
+#[inline(always)]
+fn job_of(id: u32) -> Option<&'static Job> {
+    let job = JOBS.get(job_index(id))?;
+    (job.members != 0 && job.generation == job_generation(id)).then_some(job)
+}
 
 /// Which member of a job is reached through a port, for the egress program.
 #[btf_map]
@@ -79,7 +89,7 @@ static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
 #[btf_map]
 static DROPS: HashMap<u32, MemberAddr, { Counter::COUNT }> = HashMap::new();
 
-/// Counters per job (a row each, `Job::counter_row`) and per member: what the switch did
+/// Counters per job (a row per job index) and per member: what the switch did
 /// with the packets of each job it knows.
 #[btf_map]
 static JOB_COUNTERS: PerCpuArray<u64, { MAX_JOBS * JOB_ROW }> = PerCpuArray::new();
@@ -92,7 +102,7 @@ static LAYOUT: Array<u32, 1> = Array::new();
 /// Counts `c` for `job`, and a contribution's outcome for `member`.
 #[inline(always)]
 fn count_job(job: &Job, member: usize, c: Counter) {
-    let row = job.counter_row;
+    let row = job.index as u32;
     if let Some(p) = JOB_COUNTERS.get_ptr_mut(job_row(row, c)) {
         unsafe { *p += 1 };
     }
@@ -199,7 +209,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
 #[inline(always)]
 fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Counter> {
     let hdr = frame.header();
-    let job = unsafe { JOBS.get(hdr.job()) }.ok_or(Counter::DropUnknownJob)?;
+    let job = job_of(hdr.job()).ok_or(Counter::DropUnknownJob)?;
     let member = hdr.member as usize;
     if member >= wire::MAX_MEMBERS || job.members & (1u64 << member) == 0 {
         return Err(Counter::DropNotMember);
@@ -378,7 +388,7 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
         ifindex: egress,
     };
     let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;
-    let job = unsafe { JOBS.get(jid) }.ok_or(Counter::EgressNoMember)?;
+    let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
     let addr = job
         .member
         .get(member as usize)

@@ -96,7 +96,7 @@ pub fn contribution(h: Header, values: &[i32]) -> Vec<u8> {
 /// The switch program loaded (not attached), with its maps, for BPF_PROG_RUN.
 pub struct Switch {
     pub ebpf: Ebpf,
-    pub jobs: HashMap<MapData, u32, Job>,
+    pub jobs: Array<MapData, Job>,
     pub egress: HashMap<MapData, EgressKey, u32>,
     pub slots: Array<MapData, SlotImage>,
     pub counters: PerCpuArray<MapData, u64>,
@@ -137,7 +137,7 @@ impl Switch {
         )
         .unwrap();
         Self {
-            jobs: HashMap::try_from(ebpf.take_map("JOBS").unwrap()).unwrap(),
+            jobs: Array::try_from(ebpf.take_map("JOBS").unwrap()).unwrap(),
             egress: HashMap::try_from(ebpf.take_map("EGRESS").unwrap()).unwrap(),
             slots: Array::try_from(ebpf.take_map("SLOTS").unwrap()).unwrap(),
             counters: PerCpuArray::try_from(ebpf.take_map("COUNTERS").unwrap()).unwrap(),
@@ -171,13 +171,33 @@ impl Switch {
         }
     }
 
-    /// Adds job `jid` with its slots cleared, as the daemon does.
-    pub fn add_job(&mut self, jid: u32, job: Job) {
+    /// Adds job `jid` (at its index, with its generation) with its slots cleared, as the
+    /// daemon does.
+    pub fn add_job(&mut self, jid: u32, mut job: Job) {
         let empty: SlotImage = unsafe { std::mem::zeroed() };
         for i in job.slot_base..job.slot_base + job.slot_count {
             self.slots.set(i, empty, 0).expect("clearing a slot");
         }
-        self.jobs.insert(jid, job, 0).expect("adding a job");
+        job.generation = xagg_common::job::job_generation(jid);
+        job.index = xagg_common::job::job_index(jid) as u8;
+        self.jobs
+            .set(xagg_common::job::job_index(jid), job, 0)
+            .expect("adding a job");
+    }
+
+    /// Job `jid`'s entry (whatever generation its index holds).
+    pub fn job(&self, jid: u32) -> Job {
+        self.jobs
+            .get(&xagg_common::job::job_index(jid), 0)
+            .expect("a job index")
+    }
+
+    /// Frees job `jid`'s index.
+    pub fn remove_job(&mut self, jid: u32) {
+        let free: Job = unsafe { std::mem::zeroed() };
+        self.jobs
+            .set(xagg_common::job::job_index(jid), free, 0)
+            .expect("freeing a job index");
     }
 
     pub fn counter(&self, c: Counter) -> u64 {
