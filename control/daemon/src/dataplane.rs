@@ -116,7 +116,7 @@ pub struct Dataplane {
     faults: Array<MapData, Faults>,
     counters: PerCpuArray<MapData, u64>,
     /// The first sender of each drop reason since the daemon last took them.
-    drops: HashMap<MapData, u32, MemberAddr>,
+    drops: Array<MapData, MemberAddr>,
     /// Per-job and per-member counters, a row per job index.
     job_counters: PerCpuArray<MapData, u64>,
     /// Joining members' hellos by token (an LRU hash the switch program fills).
@@ -283,7 +283,7 @@ impl Dataplane {
             hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
             job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
                 .map_err(map_err("JOB_COUNTERS"))?,
-            drops: HashMap::try_from(take("DROPS")).map_err(map_err("DROPS"))?,
+            drops: Array::try_from(take("DROPS")).map_err(map_err("DROPS"))?,
             pin,
             _links: links,
             _ebpf: Some(ebpf),
@@ -318,7 +318,7 @@ impl Dataplane {
             hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
             job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
                 .map_err(map_err("JOB_COUNTERS"))?,
-            drops: HashMap::try_from(open("DROPS")?).map_err(map_err("DROPS"))?,
+            drops: Array::try_from(open("DROPS")?).map_err(map_err("DROPS"))?,
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
             _ebpf: None,
@@ -534,16 +534,21 @@ impl Dataplane {
     /// Takes the first sender of drop reason `c` since the last take, if there was one.
     pub fn take_drop_source(&mut self, c: Counter) -> Option<MemberAddr> {
         let key = c as u32;
-        let a = self.drops.get(&key, 0).ok()?;
-        let _ = self.drops.remove(&key);
+        let a = self.drops.get(&key, 0).ok().filter(|a| a.ifindex != 0)?;
+        let empty: MemberAddr = unsafe { std::mem::zeroed() };
+        let _ = self.drops.set(key, empty, 0);
         Some(a)
     }
 
-    /// Drop reasons with a sender waiting to be taken.
+    /// Drop reasons with a sender waiting to be taken (an entry with an interface).
     pub fn drop_reasons(&self) -> Vec<Counter> {
         Counter::ALL
             .into_iter()
-            .filter(|c| self.drops.get(&(*c as u32), 0).is_ok())
+            .filter(|c| {
+                self.drops
+                    .get(&(*c as u32), 0)
+                    .is_ok_and(|a| a.ifindex != 0)
+            })
             .collect()
     }
 

@@ -87,7 +87,7 @@ static COUNTERS: PerCpuArray<u64, { Counter::COUNT }> = PerCpuArray::new();
 /// The first sender of each drop reason (by counter) since the daemon last looked: it
 /// logs them, rate-limited, and deletes them.
 #[btf_map]
-static DROPS: HashMap<u32, MemberAddr, { Counter::COUNT }> = HashMap::new();
+static DROPS: Array<MemberAddr, { Counter::COUNT }> = Array::new();
 
 /// Counters per job (a row per job index) and per member: what the switch did
 /// with the packets of each job it knows.
@@ -159,8 +159,16 @@ fn note_drop(ctx: &XdpContext, c: Counter) {
     ) {
         return;
     }
-    let src = packet::source(ctx.data(), ctx.data_end(), ctx.ingress_ifindex() as u32);
-    let _ = DROPS.insert(&(c as u32), &src, aya_ebpf::bindings::BPF_NOEXIST as u64);
+    // An entry with an interface is a sender kept already (a packet always came in on
+    // one): the common case costs one array lookup. Two CPUs may both write an empty one;
+    // either sender is a first one.
+    let Some(kept) = DROPS.get_ptr_mut(c as u32) else {
+        return;
+    };
+    if unsafe { (*kept).ifindex } != 0 {
+        return;
+    }
+    unsafe { *kept = packet::source(ctx.data(), ctx.data_end(), ctx.ingress_ifindex() as u32) };
 }
 
 #[inline(always)]
