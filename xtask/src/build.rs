@@ -166,7 +166,7 @@ pub fn build_all() -> Result<()> {
 
 /// The whole suite: every crate's unit tests, the BPF_PROG_RUN tables and the netns
 /// tests (which need root; under CI=true they never skip), then a short coverage-guided
-/// fuzz run of the packet decoder. With `extra` (a test name filter), only the tests.
+/// fuzz runs of the packet decoder and of the daemon's API. With `extra` (a test name filter), only the tests.
 pub fn test(extra: &[String]) -> Result<()> {
     let bins = target_dir().join("release");
     run(cargo()
@@ -204,6 +204,20 @@ pub fn test(extra: &[String]) -> Result<()> {
             "decode",
             "--",
             "-max_total_time=30",
+            "-print_final_stats=1",
+        ]))?;
+    eprintln!(
+        "fuzzing the daemon's API for 20 s (requests and joins against a dataplane stand-in)"
+    );
+    run(cargo()
+        .current_dir(root().join("tests/fuzz"))
+        .env("RUSTC_BOOTSTRAP", "1")
+        .args([
+            "fuzz",
+            "run",
+            "api",
+            "--",
+            "-max_total_time=20",
             "-print_final_stats=1",
         ]))?;
     // The benchmark, quick (for breakage, not figures): every path of it runs, both systems

@@ -222,7 +222,16 @@ pub fn network_router<H: Handler>(h: H) -> Router {
             };
             (StatusCode::NOT_FOUND, Json(r))
         })
+        .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
+}
+
+/// A route asked with a method it does not take: JSON like every other answer.
+async fn wrong_method(method: Method, uri: Uri) -> (StatusCode, Json<Response>) {
+    let r = Response::Error {
+        message: format!("{uri} does not take {method}: docs/daemon.md lists each route's method"),
+    };
+    (StatusCode::METHOD_NOT_ALLOWED, Json(r))
 }
 
 /// The join protocol's routes.
@@ -364,6 +373,7 @@ pub fn router<H: Handler>(handler: H) -> Router {
             };
             (StatusCode::NOT_FOUND, Json(r))
         })
+        .method_not_allowed_fallback(wrong_method)
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 

@@ -31,6 +31,66 @@ use crate::{
     job::{JobSpec, MemberSpec},
 };
 
+/// What the join registry needs of the dataplane: the daemon's [`Dataplane`], or a
+/// stand-in (the API's fuzz target).
+pub trait JobTable {
+    /// Takes the hello recorded under `token`.
+    fn take_hello(&mut self, token: u64) -> Option<MemberAddr>;
+    /// The switch port with interface index `ifindex`.
+    fn port_named(&self, ifindex: u32) -> Option<String>;
+    fn free_slots(&self) -> Result<u32, String>;
+    /// The jobs' wire ids and first slots.
+    fn jobs(&self) -> Result<Vec<(u32, u32)>, String>;
+    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String>;
+    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<(), String>;
+    fn remove_job(&mut self, id: u32) -> Result<(), String>;
+    /// Job `id`'s busy slots waiting for members: (slot, message, segment, missing).
+    fn waiting(&self, id: u32) -> Vec<(u32, u32, u32, Vec<u8>)>;
+    /// A value that changes whenever a round of job `id` moves on.
+    fn activity(&self, id: u32) -> Result<u64, String>;
+}
+
+impl JobTable for Dataplane {
+    fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
+        Dataplane::take_hello(self, token)
+    }
+    fn port_named(&self, ifindex: u32) -> Option<String> {
+        Dataplane::port_named(self, ifindex)
+    }
+    fn free_slots(&self) -> Result<u32, String> {
+        Dataplane::free_slots(self).map_err(|e| e.to_string())
+    }
+    fn jobs(&self) -> Result<Vec<(u32, u32)>, String> {
+        Dataplane::jobs(self)
+            .map(|jobs| jobs.into_iter().map(|(id, j)| (id, j.slot_base)).collect())
+            .map_err(|e| e.to_string())
+    }
+    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String> {
+        Dataplane::add_job(self, spec)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<(), String> {
+        Dataplane::update_member(self, id, member, addr).map_err(|e| e.to_string())
+    }
+    fn remove_job(&mut self, id: u32) -> Result<(), String> {
+        Dataplane::remove_job(self, id).map_err(|e| e.to_string())
+    }
+    fn waiting(&self, id: u32) -> Vec<(u32, u32, u32, Vec<u8>)> {
+        Dataplane::job_status(self, id)
+            .map(|s| {
+                s.into_iter()
+                    .filter(|s| !s.missing.is_empty())
+                    .map(|s| (s.slot, s.message, s.segment, s.missing))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    fn activity(&self, id: u32) -> Result<u64, String> {
+        Dataplane::activity(self, id).map_err(|e| e.to_string())
+    }
+}
+
 /// Indices a joined job may take (the dataplane holds at most this many jobs).
 const MAX_INDEX: u16 = 256;
 /// Nonces handed out and not yet spent, at most: a client asking for more pushes the
@@ -171,7 +231,7 @@ fn refused(reason: impl Into<String>) -> JoinReply {
 impl Joins {
     /// Reads the credentials' keys and the state file, keeping the joined jobs the
     /// dataplane still has (and the pending ones, their timers started again).
-    pub fn new(cfg: &Config, switch: SocketAddrV4, dp: &Dataplane) -> Result<Self, String> {
+    pub fn new(cfg: &Config, switch: SocketAddrV4, dp: &impl JobTable) -> Result<Self, String> {
         let mut credentials = Vec::new();
         for c in &cfg.credentials {
             credentials.push((c.name.clone(), c.key()?, c.slot_quota));
@@ -187,12 +247,7 @@ impl Joins {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Saved::default(),
             Err(e) => return Err(format!("reading {}: {e}", state_file.display())),
         };
-        let present: Vec<u32> = dp
-            .jobs()
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|(id, _)| id)
-            .collect();
+        let present: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
         let mut jobs = BTreeMap::new();
         for mut j in saved.jobs {
             if j.active_unix_s == 0 {
@@ -297,18 +352,24 @@ impl Joins {
     }
 
     /// Handles a join; nothing changes unless it is valid.
-    pub fn join(&mut self, dp: &mut Dataplane, req: &JoinRequest) -> JoinReply {
+    pub fn join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
+        let existed = self.jobs.contains_key(&req.key);
         let r = self.try_join(dp, req);
         if let JoinReply::Refused { reason } = &r {
             warn!(
                 "join of rank {} to job {} refused: {reason}",
                 req.rank, req.key
             );
+            // A job this join created goes with its refusal (e.g. its hello came from a
+            // port that is not the switch's).
+            if !existed && self.jobs.remove(&req.key).is_some() {
+                self.save();
+            }
         }
         r
     }
 
-    fn try_join(&mut self, dp: &mut Dataplane, req: &JoinRequest) -> JoinReply {
+    fn try_join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
         if let Err(e) = req.shape.job_shape() {
             return refused(format!("the job's shape: {e}"));
         }
@@ -377,22 +438,23 @@ impl Joins {
             ));
         }
         let j = self.jobs.get_mut(&req.key).expect("exists");
+        // The dataplane first: a refusal changes nothing.
+        if j.ready {
+            if let Err(e) = dp.update_member(j.id, rank, addr) {
+                return refused(e);
+            }
+        }
         j.members[rank] = Some(Member {
             addr: addr.into(),
             hello: req.hello,
             left: false,
         });
         let reply = if j.ready {
-            match dp.update_member(j.id, rank, addr) {
-                Ok(()) => {
-                    info!(
-                        "job {} ({}): rank {rank} joined again, behind {port}",
-                        j.id, j.key
-                    );
-                    ready(j, req.rank, dp)
-                }
-                Err(e) => refused(e.to_string()),
-            }
+            info!(
+                "job {} ({}): rank {rank} joined again, behind {port}",
+                j.id, j.key
+            );
+            ready(j, req.rank, dp)
         } else if j.missing().is_empty() {
             let j = j.clone();
             match activate(dp, &j) {
@@ -426,7 +488,7 @@ impl Joins {
 
     /// Creates the job a join names, if it may: its admission proves a credential, whose
     /// quota and the switch's free slots and job indices must have room.
-    fn create(&mut self, dp: &Dataplane, req: &JoinRequest) -> Result<(), String> {
+    fn create(&mut self, dp: &impl JobTable, req: &JoinRequest) -> Result<(), String> {
         let Some(a) = &req.admission else {
             return Err("no job has this key, and the join carries no admission to create one (the first rank to join needs the admission credential)".into());
         };
@@ -455,7 +517,7 @@ impl Joins {
                 req.shape.slots
             ));
         }
-        let free = dp.free_slots().map_err(|e| e.to_string())? as usize;
+        let free = dp.free_slots()? as usize;
         let reserved: usize = self
             .jobs
             .values()
@@ -470,8 +532,7 @@ impl Joins {
             ));
         }
         let taken: Vec<u16> = dp
-            .jobs()
-            .map_err(|e| e.to_string())?
+            .jobs()?
             .iter()
             .map(|(id, _)| *id as u16)
             .chain(self.jobs.values().map(|j| j.id as u16))
@@ -509,7 +570,12 @@ impl Joins {
     }
 
     /// A member leaving, or asking for its job's state (`action`: "leave", "status").
-    pub fn member(&mut self, dp: &mut Dataplane, action: &str, req: &MemberRequest) -> MemberReply {
+    pub fn member(
+        &mut self,
+        dp: &mut impl JobTable,
+        action: &str,
+        req: &MemberRequest,
+    ) -> MemberReply {
         let no = |reason: String| MemberReply::Refused { reason };
         if let Err(e) = self.spend(&req.nonce) {
             return no(e);
@@ -529,14 +595,7 @@ impl Joins {
         }
         if action == "status" {
             let waiting = if j.ready {
-                dp.job_status(j.id)
-                    .map(|s| {
-                        s.into_iter()
-                            .filter(|s| !s.missing.is_empty())
-                            .map(|s| (s.slot, s.message, s.segment, s.missing))
-                            .collect()
-                    })
-                    .unwrap_or_default()
+                dp.waiting(j.id)
             } else {
                 Vec::new()
             };
@@ -564,7 +623,7 @@ impl Joins {
         MemberReply::Left
     }
 
-    fn remove(&mut self, dp: &mut Dataplane, key: &JobKey, id: Option<u32>, why: &str) {
+    fn remove(&mut self, dp: &mut impl JobTable, key: &JobKey, id: Option<u32>, why: &str) {
         if let Some(id) = id {
             if let Err(e) = dp.remove_job(id) {
                 warn!("removing job {id}: {e}");
@@ -577,7 +636,7 @@ impl Joins {
 
     /// Once a second: pending jobs past the join timeout fail, idle jobs and jobs removed
     /// by hand go.
-    pub fn tick(&mut self, dp: &mut Dataplane) {
+    pub fn tick(&mut self, dp: &mut impl JobTable) {
         let now = Instant::now();
         self.expired
             .retain(|_, (_, t)| now.duration_since(*t) < EXPIRED_KEPT);
@@ -664,12 +723,12 @@ fn hex_secret(s: &Secret) -> String {
     s.0.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn ready(j: &Joined, rank: u8, dp: &Dataplane) -> JoinReply {
+fn ready(j: &Joined, rank: u8, dp: &impl JobTable) -> JoinReply {
     let base = dp
         .jobs()
         .ok()
         .and_then(|jobs| jobs.into_iter().find(|(id, _)| *id == j.id))
-        .map_or(0, |(_, job)| job.slot_base);
+        .map_or(0, |(_, base)| base);
     JoinReply::Ready {
         job: j.id,
         member: rank,
@@ -679,7 +738,7 @@ fn ready(j: &Joined, rank: u8, dp: &Dataplane) -> JoinReply {
 }
 
 /// Adds a job whose ranks are all in to the dataplane.
-fn activate(dp: &mut Dataplane, j: &Joined) -> Result<(), String> {
+fn activate(dp: &mut impl JobTable, j: &Joined) -> Result<(), String> {
     let members = j
         .members
         .iter()
@@ -703,5 +762,5 @@ fn activate(dp: &mut Dataplane, j: &Joined) -> Result<(), String> {
         members,
         slot_base: None,
     };
-    dp.add_job(&spec).map(drop).map_err(|e| e.to_string())
+    dp.add_job(&spec)
 }

@@ -14,6 +14,9 @@ fuzz_target!(|data: &[u8]| {
         let n = wire::encode(&p.header, p.payload, &mut out).expect("room");
         // Padding is zero when encoded; a received packet may carry any padding bytes.
         assert_eq!(n, data.len());
-        assert_eq!(&out[..HEADER_LEN + p.payload.len()], &data[..HEADER_LEN + p.payload.len()]);
+        assert_eq!(
+            &out[..HEADER_LEN + p.payload.len()],
+            &data[..HEADER_LEN + p.payload.len()]
+        );
     }
 });
