@@ -118,3 +118,32 @@ fn xdp_parser_matches_vectors() {
         .copy_from_slice(&[11i32, 18, 0x0102_0304 + 30].map(i32::to_le_bytes).concat());
     assert_eq!(&r.out[PAYLOAD_OFFSET - HEADER_LEN..], &want[..]);
 }
+
+/// Vector 4: a hello, against the encoder, the decoder and the switch program (which
+/// records it under its token).
+#[test]
+fn hello_matches_its_vector() {
+    let token = 0x0102_0304_0506_0708u64;
+    let mut out = [0u8; HEADER_LEN + xagg_common::wire::STATUS_PAYLOAD];
+    let n = xagg_common::wire::finish(
+        &xagg_common::wire::hello(token),
+        xagg_common::wire::STATUS_PAYLOAD,
+        &mut out,
+    )
+    .unwrap();
+    assert_eq!(out[..n].to_vec(), vector("hello"));
+    let bytes = vector("hello");
+    let p = xagg_common::wire::decode(&bytes).expect("a hello decodes");
+    assert_eq!(p.header.kind, Kind::Hello as u8);
+    assert_eq!(xagg_common::wire::hello_token(&p.header), token);
+    if !require_root("hello_matches_its_vector") {
+        return;
+    }
+    let mut sw = load_switch();
+    assert_eq!(
+        sw.run(&frame(&member(1), PORT, &vector("hello"))).action,
+        XDP_DROP
+    );
+    assert_eq!(sw.counter(Counter::Hello), 1);
+    assert_eq!(sw.hellos.get(&token, 0).unwrap().ip, member(1).ip);
+}
