@@ -194,32 +194,23 @@ pub fn test(extra: &[String]) -> Result<()> {
             "--locked",
         ]))?;
     }
-    eprintln!("fuzzing the packet decoder for 30 s (a long run: docs/testing.md)");
-    run(cargo()
-        .current_dir(root().join("tests/fuzz"))
-        .env("RUSTC_BOOTSTRAP", "1")
-        .args([
-            "fuzz",
-            "run",
-            "decode",
-            "--",
-            "-max_total_time=30",
-            "-print_final_stats=1",
-        ]))?;
-    eprintln!(
-        "fuzzing the daemon's API for 20 s (requests and joins against a dataplane stand-in)"
-    );
-    run(cargo()
-        .current_dir(root().join("tests/fuzz"))
-        .env("RUSTC_BOOTSTRAP", "1")
-        .args([
-            "fuzz",
-            "run",
+    // Short coverage-guided runs (long ones: docs/testing.md).
+    for (target, seconds, what) in [
+        ("decode", 30, "the packet decoder"),
+        (
             "api",
-            "--",
-            "-max_total_time=20",
-            "-print_final_stats=1",
-        ]))?;
+            20,
+            "the daemon's API (requests and joins against a dataplane stand-in)",
+        ),
+    ] {
+        eprintln!("fuzzing {what} for {seconds} s");
+        run(cargo()
+            .current_dir(root().join("tests/fuzz"))
+            .env("RUSTC_BOOTSTRAP", "1")
+            .args(["fuzz", "run", target, "--"])
+            .arg(format!("-max_total_time={seconds}"))
+            .arg("-print_final_stats=1"))?;
+    }
     // The benchmark, quick (for breakage, not figures): every path of it runs, both systems
     // verified.
     eprintln!("cargo xtask bench --quick (2 workers, small sizes)");
