@@ -2,12 +2,19 @@
  * data as the switch runs (member m's element i = (int32) splitmix64(seed ^ m << 40 ^ i)),
  * timed the same way: from a common start (a barrier) until the rank's result is in its
  * buffer; the run's time is the slowest rank's. Verification runs after the clock stops.
- * Usage: allreduce BYTES ITERATIONS SEED. Rank 0 prints one JSON object. */
+ * With a fourth argument `cpu`, each rank also reads the machine's CPU counters right before
+ * and right after its timed part, and rank 0 prints each allreduce's window: from the
+ * earliest start to the latest end over the ranks (the counters only grow, so the minimum
+ * of the starts and the maximum of the ends), the same way the bench merges the switch
+ * workers' windows.
+ * Usage: allreduce BYTES ITERATIONS SEED [cpu]. Rank 0 prints one JSON object. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static uint64_t mix(uint64_t z) {
     z += 0x9e3779b97f4a7c15ULL;
@@ -33,6 +40,25 @@ static double busy_seconds(void) {
     return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / 100.0;
 }
 
+/* One reading for a CPU window: wall clock (ns since the epoch, the same clock in every
+ * namespace), then /proc/stat's user+nice, system, irq+softirq (clock ticks). */
+enum { WALL, USER, SYSTEM, SOFTIRQ, FIELDS };
+static void cpu_sample(unsigned long long out[FIELDS]) {
+    unsigned long long v[8] = {0};
+    FILE *f = fopen("/proc/stat", "r");
+    if (f) {
+        if (fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 8)
+            memset(v, 0, sizeof v);
+        fclose(f);
+    }
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    out[WALL] = (unsigned long long)ts.tv_sec * 1000000000ULL + (unsigned long long)ts.tv_nsec;
+    out[USER] = v[0] + v[1];
+    out[SYSTEM] = v[2];
+    out[SOFTIRQ] = v[5] + v[6];
+}
+
 /* Bytes this rank's network namespace sent on eth0. */
 static unsigned long long tx_bytes(void) {
     unsigned long long b = 0;
@@ -49,8 +75,8 @@ int main(int argc, char **argv) {
     int rank, size;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
-    if (argc != 4) {
-        if (rank == 0) fprintf(stderr, "usage: %s BYTES ITERATIONS SEED\n", argv[0]);
+    if (argc != 4 && !(argc == 5 && strcmp(argv[4], "cpu") == 0)) {
+        if (rank == 0) fprintf(stderr, "usage: %s BYTES ITERATIONS SEED [cpu]\n", argv[0]);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
     size_t n = strtoull(argv[1], 0, 10) / 4;
@@ -59,16 +85,27 @@ int main(int argc, char **argv) {
     int32_t *data = malloc(n * 4), *buf = malloc(n * 4), *first = malloc(n * 4);
     for (size_t i = 0; i < n; i++) data[i] = element(seed, rank, i);
     double *times = calloc(iters, sizeof(double));
+    int cpu = argc == 5;
+    unsigned long long (*starts)[FIELDS] = calloc(iters, sizeof *starts);
+    unsigned long long (*ends)[FIELDS] = calloc(iters, sizeof *ends);
     int ok = 1;
     MPI_Barrier(MPI_COMM_WORLD);
     double busy0 = busy_seconds();
     unsigned long long tx0 = tx_bytes();
     for (int it = 0; it < iters; it++) {
         memcpy(buf, data, n * 4);
+        unsigned long long start[FIELDS], end[FIELDS];
         MPI_Barrier(MPI_COMM_WORLD);
+        /* Read before the clock starts and after it stops: the readings are outside. */
+        if (cpu) cpu_sample(start);
         double t0 = MPI_Wtime();
         MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
         double t = MPI_Wtime() - t0;
+        if (cpu) {
+            cpu_sample(end);
+            MPI_Reduce(start, starts[it], FIELDS, MPI_UNSIGNED_LONG_LONG, MPI_MIN, 0, MPI_COMM_WORLD);
+            MPI_Reduce(end, ends[it], FIELDS, MPI_UNSIGNED_LONG_LONG, MPI_MAX, 0, MPI_COMM_WORLD);
+        }
         double slowest;
         MPI_Reduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         times[it] = slowest;
@@ -90,7 +127,22 @@ int main(int argc, char **argv) {
         printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"busy_seconds\":%.3f,\"tx_bytes_per_rank\":%.0f,\"seconds\":[",
                size, n * 4, all_ok ? "true" : "false", busy, tx_sum / size);
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", times[it]);
-        printf("]}\n");
+        printf("]");
+        if (cpu) {
+            /* The switch workers' report format (CpuWindow): counters in seconds. */
+            double tick = (double)sysconf(_SC_CLK_TCK);
+            printf(",\"cpu_windows\":[");
+            for (int it = 0; it < iters; it++) {
+                unsigned long long *w[2] = {starts[it], ends[it]};
+                printf("%s{", it ? "," : "");
+                for (int e = 0; e < 2; e++)
+                    printf("%s\"%s\":{\"wall_ns\":%llu,\"user\":%.2f,\"system\":%.2f,\"softirq\":%.2f}", e ? "," : "",
+                           e ? "end" : "start", w[e][WALL], w[e][USER] / tick, w[e][SYSTEM] / tick, w[e][SOFTIRQ] / tick);
+                printf("}");
+            }
+            printf("]");
+        }
+        printf("}\n");
     }
     MPI_Finalize();
     return 0;

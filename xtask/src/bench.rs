@@ -24,6 +24,7 @@ use xagg_lab::{
     testrun::{contribution, frame, job, member, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT},
     workers::AllreduceRun,
 };
+use xagg_worker::report::CpuWindow;
 
 use crate::build::{ebpf_object, target_dir};
 
@@ -113,11 +114,13 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
             run.first_message = (round * it) as u32;
             run.afxdp = afxdp;
             run.flags = extra.iter().map(|f| f.to_string()).collect();
+            run.flags.push("--cpu-windows".into());
             let r = switch_point(&sw.lab, &run)?;
             anyhow::ensure!(r.verified, "lever {lever} {setting}: result wrong");
             eprintln!(
                 "round {round} lever {lever:>8} {setting:>13}: {:.2} Gbit/s, {:.2} CPU s/GiB",
-                r.goodput_gbps, r.cpu_s_per_gib
+                r.goodput_gbps,
+                r.cpu_total()
             );
             samples[k].push(r);
         }
@@ -129,7 +132,7 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
             lever,
             setting: setting.into(),
             goodput_gbps: median(runs.iter().map(|r| r.goodput_gbps).collect()),
-            cpu_s_per_gib: median(runs.iter().map(|r| r.cpu_s_per_gib).collect()),
+            cpu_s_per_gib: median(runs.iter().map(RunPoint::cpu_total).collect()),
         };
         println!(
             "lever {lever:>8} {setting:>13}: {:.2} Gbit/s, {:.2} CPU s/GiB (median of {rounds})",
@@ -459,34 +462,44 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     if !runs.is_empty() {
         println!();
-        println!("allreduce, i32 sum, same lab, same data (goodput Gbit/s | latency µs | bytes sent per worker / S | CPU s per GiB):");
+        println!("allreduce, i32 sum, same lab, same data (goodput Gbit/s | latency µs | bytes sent per worker / S):");
         println!(
-            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6} | {:>6} {:>6}",
-            "n",
-            "bytes",
-            "switch",
-            "openmpi",
-            "x",
-            "switch",
-            "openmpi",
-            "x",
-            "switch",
-            "ompi",
-            "switch",
-            "ompi"
+            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
+            "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
         );
-        for r in runs.iter().filter(|r| r.system == "switch") {
-            if let Some(m) = runs
-                .iter()
-                .find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes)
-            {
-                println!(
-                    "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3} | {:>6.2} {:>6.2}{}",
-                    r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps, r.latency_us, m.latency_us,
-                    r.latency_us / m.latency_us, r.wire_ratio, m.wire_ratio, r.cpu_s_per_gib, m.cpu_s_per_gib,
-                    if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
-                );
-            }
+        let pairs: Vec<(&RunPoint, &RunPoint)> = runs
+            .iter()
+            .filter(|r| r.system == "switch")
+            .filter_map(|r| {
+                runs.iter()
+                    .find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes)
+                    .map(|m| (r, m))
+            })
+            .collect();
+        for &(r, m) in &pairs {
+            println!(
+                "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3}{}",
+                r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps, r.latency_us, m.latency_us,
+                r.latency_us / m.latency_us, r.wire_ratio, m.wire_ratio,
+                if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
+            );
+        }
+        println!();
+        println!("CPU s per GiB over exactly the timed windows, machine-wide (total = process + softirq | busy CPUs):");
+        println!(
+            "{:>3} {:>9} | {:>22} | {:>22} | {:>6} | {:>5} {:>5}",
+            "n", "bytes", "switch", "openmpi", "x", "busy", "busy"
+        );
+        for &(r, m) in &pairs {
+            let (Some(c), Some(d)) = (&r.cpu, &m.cpu) else {
+                continue;
+            };
+            println!(
+                "{:>3} {:>9} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} | {:>5.2} {:>5.2}",
+                r.workers, r.bytes, c.total_s_per_gib, c.process_s_per_gib, c.softirq_s_per_gib,
+                d.total_s_per_gib, d.process_s_per_gib, d.softirq_s_per_gib,
+                c.total_s_per_gib / d.total_s_per_gib, c.busy_cpus, d.busy_cpus
+            );
         }
         let plot = a
             .plot
@@ -528,10 +541,79 @@ pub struct RunPoint {
     pub latency_us: f64,
     /// Bytes each worker sent (interface tx counters) / S.
     pub wire_ratio: f64,
-    /// Machine-wide busy CPU seconds / (GiB reduced = S x allreduces).
-    pub cpu_s_per_gib: f64,
+    /// CPU over exactly the timed windows (runs of 1 MiB and more).
+    pub cpu: Option<CpuFigures>,
     pub iterations: usize,
     pub verified: bool,
+}
+
+/// Machine-wide CPU seconds per GiB reduced (S x allreduces), counted over exactly the
+/// timed windows: each allreduce from the earliest member's start to the latest member's
+/// result, summed over the allreduces.
+#[derive(Serialize, Clone, Debug)]
+pub struct CpuFigures {
+    /// Everything: the workers' processes and the kernel's network work.
+    pub total_s_per_gib: f64,
+    /// Process context (user and kernel mode): the workers, their system calls and the
+    /// send path that runs inside them.
+    pub process_s_per_gib: f64,
+    /// Interrupt and softirq context: receive processing, where the switch's XDP
+    /// programs run (and, for Open MPI, the bridge and TCP receive).
+    pub softirq_s_per_gib: f64,
+    /// Busy CPUs on average over the windows (at most the machine's CPU count).
+    pub busy_cpus: f64,
+    /// The windows' total length, seconds.
+    pub window_s: f64,
+}
+
+impl CpuFigures {
+    fn new(windows: &[CpuWindow], bytes: usize) -> Option<Self> {
+        if windows.is_empty() {
+            return None;
+        }
+        let gib = bytes as f64 * windows.len() as f64 / (1u64 << 30) as f64;
+        let (mut user, mut system, mut softirq, mut secs) = (0.0, 0.0, 0.0, 0.0);
+        for w in windows {
+            let (u, s, q) = w.cpu();
+            user += u;
+            system += s;
+            softirq += q;
+            secs += w.seconds();
+        }
+        Some(Self {
+            total_s_per_gib: (user + system + softirq) / gib,
+            process_s_per_gib: (user + system) / gib,
+            softirq_s_per_gib: softirq / gib,
+            busy_cpus: (user + system + softirq) / secs,
+            window_s: secs,
+        })
+    }
+}
+
+/// The per-allreduce windows of several members merged: allreduce k's window runs from
+/// the earliest member's start to the latest member's end.
+fn merge_windows(members: &[&[CpuWindow]]) -> Vec<CpuWindow> {
+    let k = members.iter().map(|w| w.len()).min().unwrap_or(0);
+    (0..k)
+        .map(|i| {
+            members
+                .iter()
+                .map(|w| w[i])
+                .reduce(CpuWindow::union)
+                .expect("at least one member")
+        })
+        .collect()
+}
+
+/// Sizes whose runs record CPU windows: the readings delay the next allreduce by some µs,
+/// which would show in small-message latency.
+const CPU_WINDOWS_FROM: usize = 1 << 20;
+
+impl RunPoint {
+    /// Total CPU s per GiB over the timed windows (NaN where not recorded).
+    fn cpu_total(&self) -> f64 {
+        self.cpu.as_ref().map_or(f64::NAN, |c| c.total_s_per_gib)
+    }
 }
 
 fn iterations(bytes: usize, quick: bool) -> usize {
@@ -555,7 +637,7 @@ fn run_point(
     bytes: usize,
     times: Vec<f64>,
     tx_per_worker: f64,
-    busy: f64,
+    windows: &[CpuWindow],
     verified: bool,
 ) -> RunPoint {
     let iterations = times.len();
@@ -568,7 +650,7 @@ fn run_point(
         goodput_gbps: bytes as f64 * 8.0 / t / 1e9,
         latency_us: t * 1e6,
         wire_ratio: tx_per_worker / (bytes as f64 * iterations as f64),
-        cpu_s_per_gib: busy / (bytes as f64 / (1u64 << 30) as f64 * iterations as f64),
+        cpu: CpuFigures::new(windows, bytes),
         iterations,
         verified,
     }
@@ -601,9 +683,17 @@ fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
         })
         .collect();
     let tx = outs.iter().map(|w| w.tx_bytes as f64).sum::<f64>() / n as f64;
-    let busy = outs.iter().map(|w| w.busy_seconds).fold(0.0, f64::max);
+    let windows: Vec<&[CpuWindow]> = outs.iter().map(|w| &w.cpu_windows[..]).collect();
     let verified = outs.iter().all(|w| w.verified);
-    Ok(run_point("switch", n, run.bytes, times, tx, busy, verified))
+    Ok(run_point(
+        "switch",
+        n,
+        run.bytes,
+        times,
+        tx,
+        &merge_windows(&windows),
+        verified,
+    ))
 }
 
 const SLOTS: u32 = 128;
@@ -624,7 +714,8 @@ fn mpi_run(
         .collect();
     let cmd = format!(
         "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
-         --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1 {bin} {bytes} {iterations} 7",
+         --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1 {bin} {bytes} {iterations} 7{cpu}",
+        cpu = if bytes >= CPU_WINDOWS_FROM { " cpu" } else { "" },
         ns = lab.worker_ns(0),
         hosts = hosts.join(","),
         agent = agent.display(),
@@ -665,7 +756,7 @@ fn mpi_run(
         bytes,
         times,
         v["tx_bytes_per_rank"].as_f64().unwrap_or(0.0),
-        v["busy_seconds"].as_f64().unwrap_or(0.0),
+        &serde_json::from_value::<Vec<CpuWindow>>(v["cpu_windows"].clone()).unwrap_or_default(),
         v["verified"].as_bool() == Some(true),
     ))
 }
@@ -724,6 +815,9 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
             let mut run = switch_run(n, crate::demo::JOB_ID, bytes, 862, SLOTS)?;
             run.repeat = it as u32;
             run.first_message = mid;
+            if bytes >= CPU_WINDOWS_FROM {
+                run.flags.push("--cpu-windows".into());
+            }
             let r = switch_point(&sw.lab, &run)?;
             mid += it as u32;
             eprintln!(
@@ -732,7 +826,7 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
                 r.goodput_gbps,
                 r.latency_us,
                 r.wire_ratio,
-                r.cpu_s_per_gib,
+                r.cpu_total(),
                 if r.verified { "" } else { "  NOT VERIFIED" }
             );
             runs.push(r);
@@ -747,7 +841,7 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
                 r.goodput_gbps,
                 r.latency_us,
                 r.wire_ratio,
-                r.cpu_s_per_gib,
+                r.cpu_total(),
                 if r.verified { "" } else { "  NOT VERIFIED" }
             );
             runs.push(r);

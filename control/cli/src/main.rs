@@ -21,7 +21,10 @@ use xagg_daemon::{
     config::{DEFAULT_PIN_PATH, DEFAULT_SOCKET},
     job::{lane, JobSpec, MemberSpec},
 };
-use xagg_worker::{report::RunReport, Worker, WorkerParams};
+use xagg_worker::{
+    report::{CpuSample, CpuWindow, RunReport},
+    Worker, WorkerParams,
+};
 
 /// Control the in-network aggregation switch, and run allreduces through it.
 #[derive(Parser)]
@@ -232,6 +235,11 @@ struct AllreduceArgs {
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,
+    /// Record each allreduce's timed window with the machine's CPU counters at both ends
+    /// (in the JSON report). The readings fall outside the windows, but they delay the
+    /// next allreduce by some µs: leave this off when measuring small-message latency.
+    #[arg(long)]
+    cpu_windows: bool,
 }
 
 /// A `--params` file: the flags' names, each optional.
@@ -712,12 +720,16 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
                 .expect("a valid template"),
             )
         });
+    let mut windows = Vec::new();
     for r in 0..a.repeat {
         buf.copy_from_slice(&data);
-        let started = match (a.start_at, r) {
-            (Some(t), 0) => wait_until(t),
-            _ => std::time::Instant::now(),
+        let common = match (a.start_at, r) {
+            (Some(t), 0) => Some(wait_until(t)),
+            _ => None,
         };
+        // Read before the clock starts, so the reading is outside the window.
+        let window_start = a.cpu_windows.then(cpu_sample);
+        let started = common.unwrap_or_else(std::time::Instant::now);
         if r == 0 {
             busy0 = busy_seconds();
             tx0 = tx(&iface);
@@ -725,6 +737,12 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         let mut rep = w.allreduce_bytes(&mut buf)?;
         // Wall time from the common start, so the slowest worker defines the run.
         rep.seconds = started.elapsed().as_secs_f64();
+        if let Some(start) = window_start {
+            windows.push(CpuWindow {
+                start,
+                end: cpu_sample(),
+            });
+        }
         rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
         if r == 0 {
             first = buf.clone();
@@ -774,6 +792,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             dtype: dtype.to_string(),
             float_error_of_bound: worst_float_error,
             busy_seconds: busy,
+            cpu_windows: windows,
             tx_bytes,
         };
         println!("{}", serde_json::to_string(&out)?);
@@ -822,6 +841,28 @@ fn busy_seconds() -> f64 {
         + t.softirq.unwrap_or(0)
         + t.steal.unwrap_or(0);
     ticks as f64 / procfs::ticks_per_second() as f64
+}
+
+/// The machine's CPU counters and the wall clock, now.
+fn cpu_sample() -> CpuSample {
+    use procfs::CurrentSI;
+    let wall_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let Ok(stat) = procfs::KernelStats::current() else {
+        return CpuSample {
+            wall_ns,
+            ..Default::default()
+        };
+    };
+    let t = stat.total;
+    let s = |ticks: u64| ticks as f64 / procfs::ticks_per_second() as f64;
+    CpuSample {
+        wall_ns,
+        user: s(t.user + t.nice),
+        system: s(t.system),
+        softirq: s(t.irq.unwrap_or(0) + t.softirq.unwrap_or(0)),
+    }
 }
 
 /// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.

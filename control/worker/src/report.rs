@@ -62,6 +62,71 @@ pub struct RunReport {
     pub float_error_of_bound: f64,
     /// Machine-wide busy CPU seconds over the run.
     pub busy_seconds: f64,
+    /// Each allreduce's timed window with the machine's CPU counters at both ends (with
+    /// `--cpu-windows`).
+    #[serde(default)]
+    pub cpu_windows: Vec<CpuWindow>,
     /// Bytes the member's interface sent over the run.
     pub tx_bytes: u64,
+}
+
+/// The machine's CPU time counters (`/proc/stat`, all CPUs, in seconds) and the wall clock
+/// at one instant. The kernel samples them at every clock tick (10 ms here): a figure over a
+/// window is exact on average, within about two ticks per CPU for one window.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuSample {
+    /// Nanoseconds since the Unix epoch (the same clock in every namespace).
+    pub wall_ns: u64,
+    /// Process context, user mode (nice included): the workers' own code.
+    pub user: f64,
+    /// Process context, kernel mode: system calls, copies, the send path up to the queue.
+    pub system: f64,
+    /// Interrupt and softirq context: the network's receive processing, where the switch's
+    /// XDP program runs.
+    pub softirq: f64,
+}
+
+impl CpuSample {
+    /// The elementwise minimum (for a window's start) or maximum (its end): every counter
+    /// only grows, so the earliest reading has the smallest values.
+    fn pick(self, o: Self, f: fn(f64, f64) -> f64, g: fn(u64, u64) -> u64) -> Self {
+        Self {
+            wall_ns: g(self.wall_ns, o.wall_ns),
+            user: f(self.user, o.user),
+            system: f(self.system, o.system),
+            softirq: f(self.softirq, o.softirq),
+        }
+    }
+}
+
+/// One timed window: an allreduce from its start to its result, with the machine's CPU
+/// counters at both ends.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct CpuWindow {
+    pub start: CpuSample,
+    pub end: CpuSample,
+}
+
+impl CpuWindow {
+    /// The window covering both: from the earlier start to the later end (the members of
+    /// one allreduce, each timing its own part).
+    pub fn union(self, o: Self) -> Self {
+        Self {
+            start: self.start.pick(o.start, f64::min, u64::min),
+            end: self.end.pick(o.end, f64::max, u64::max),
+        }
+    }
+
+    pub fn seconds(&self) -> f64 {
+        self.end.wall_ns.saturating_sub(self.start.wall_ns) as f64 / 1e9
+    }
+
+    /// CPU seconds in (process user, process kernel, softirq) over the window.
+    pub fn cpu(&self) -> (f64, f64, f64) {
+        (
+            self.end.user - self.start.user,
+            self.end.system - self.start.system,
+            self.end.softirq - self.start.softirq,
+        )
+    }
 }
