@@ -268,8 +268,9 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
     let rounds = if quick { 8 } else { 200 };
     let calls = if quick { 3 } else { 25 };
     let mut out = Vec::new();
-    for elements in [256usize, DType::I32.max_elements()] {
+    for elements in [256usize, 512, DType::I32.max_elements()] {
         let mut sw = Switch::load(&object);
+        sw.load_program("xagg_floor");
         const JID: u32 = 1;
         sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, 4));
         let values: Vec<i32> = (0..elements as i32)
@@ -291,6 +292,18 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
             frame(&member(m), PORT, &contribution(h, &values))
         };
 
+        // The floors, each run once next to every switch run, so both see the same
+        // conditions on a VM whose speed drifts.
+        let floor_frame = |kind: Kind| {
+            let h = Header::builder(kind)
+                .op(Op::Sum)
+                .dtype(DType::I32)
+                .count(elements as u16)
+                .build();
+            frame(&member(0), PORT, &contribution(h, &values))
+        };
+        let floors = [floor_frame(Kind::Contribution), floor_frame(Kind::Result)];
+        let mut floor_ns = [Vec::new(), Vec::new()];
         let (mut first, mut acc, mut complete) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..rounds {
             let (slot, epoch) = ((r % 4) as u16, (r / 4) % 2 == 1);
@@ -314,6 +327,11 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
                         acc.push(ns)
                     }
                 }
+                for (f, ns) in floors.iter().zip(&mut floor_ns) {
+                    let run = sw.run_program("xagg_floor", f, 1);
+                    anyhow::ensure!(run.action == XDP_DROP, "the floor refused its frame");
+                    ns.push(run.duration.as_nanos() as f64);
+                }
             }
         }
         // A duplicate: member 0 again while the round (sid `rounds`) is filling.
@@ -330,6 +348,9 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
                 r.duration.as_nanos() as f64
             })
             .collect();
+        let [add, write] = floor_ns;
+        out.push(point("floor: add", elements, median(add)));
+        out.push(point("floor: add, write", elements, median(write)));
         out.push(point("pass", elements, median(passes)));
         out.push(point("first", elements, median(first)));
         out.push(point("accumulate", elements, median(acc)));
@@ -430,13 +451,27 @@ pub fn run(a: BenchArgs) -> Result<()> {
         if a.quick { "quick" } else { "full" }
     );
     println!(
-        "{:>20} {:>9} {:>12} {:>10}",
-        "path", "elements", "ns/packet", "ns/KiB"
+        "{:>20} {:>9} {:>12} {:>10} {:>8}",
+        "path", "elements", "ns/packet", "ns/KiB", "x floor"
     );
     for p in &points {
+        // Accumulate against the add alone; complete against the add that writes the frame.
+        let floor = match p.path {
+            "accumulate" => Some("floor: add"),
+            "complete" => Some("floor: add, write"),
+            _ => None,
+        }
+        .and_then(|f| {
+            points
+                .iter()
+                .find(|q| q.path == f && q.elements == p.elements)
+        })
+        .map_or(String::new(), |f| {
+            format!("{:.2}", p.ns_per_packet / f.ns_per_packet)
+        });
         println!(
-            "{:>20} {:>9} {:>12.0} {:>10.0}",
-            p.path, p.elements, p.ns_per_packet, p.ns_per_kib
+            "{:>20} {:>9} {:>12.0} {:>10.0} {:>8}",
+            p.path, p.elements, p.ns_per_packet, p.ns_per_kib, floor
         );
     }
     println!();

@@ -406,6 +406,35 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     Ok(xdp_action::XDP_PASS)
 }
 
+/// A measuring stick for the bench, never attached: the accumulate path's add alone — the
+/// same word-wide, unrolled sum of the frame's payload into the same map value (the last
+/// slot's first copy) — without parsing, job lookup, lock or counters; for a frame of kind Result,
+/// the complete path's add, which also writes the sum into the frame. The switch's
+/// per-packet cost is judged against it.
+#[xdp]
+pub fn xagg_floor(ctx: XdpContext) -> u32 {
+    let payload = ctx.data() + wire::PAYLOAD_OFFSET;
+    let end = ctx.data_end();
+    let (Some(slot), true) = (SLOTS.get_ptr_mut(MAX_SLOTS - 1), payload <= end) else {
+        return xdp_action::XDP_ABORTED;
+    };
+    // The word count from the header and checked against the frame, as the switch does.
+    let hdr = unsafe { &*((payload - wire::HEADER_LEN) as *const xagg_common::Header) };
+    let words = wire::payload_len(hdr.count() as usize, 4) / 8;
+    if payload + words * 8 != end {
+        return xdp_action::XDP_ABORTED;
+    }
+    let write = hdr.kind == Kind::Result as u8;
+    reduce::sum_32(
+        unsafe { &mut (*slot).shadow[0] },
+        payload,
+        end,
+        words,
+        write,
+    );
+    xdp_action::XDP_DROP
+}
+
 /// AF_XDP sockets of the workers on this interface, by receive queue.
 #[btf_map]
 static XSKS: XskMap<64> = XskMap::new();

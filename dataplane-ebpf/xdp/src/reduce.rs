@@ -112,7 +112,7 @@ pub fn fold(v: &mut ShadowCopy, payload: usize, end: usize, r: &Round, write: bo
     const I64_SPLIT: u8 = Lane::I64Split as u8;
     let w = r.words;
     match (r.op, r.lane) {
-        (SUM, I32 | U32) => fold_words_fast!(v, payload, end, w, write, |a, b| add_32x2(a, b)),
+        (SUM, I32 | U32) => sum_32(v, payload, end, w, write),
         // The mean of i64 travels split in two lanes whose sums cannot overflow.
         (SUM | AVG, I64) | (AVG, I64_SPLIT) => {
             fold_words!(v, payload, end, w, write, |a, b| a.wrapping_add(b))
@@ -159,6 +159,13 @@ pub fn fold(v: &mut ShadowCopy, payload: usize, end: usize, r: &Round, write: bo
         // The control plane admits no other combination.
         _ => {}
     }
+}
+
+/// The sum of 32-bit integer lanes, two per word: the commonest fold, and the bench's floor
+/// (`xagg_floor` runs it alone).
+#[inline(always)]
+pub fn sum_32(v: &mut ShadowCopy, payload: usize, end: usize, words: usize, write: bool) {
+    fold_words_fast!(v, payload, end, words, write, |a, b| add_32x2(a, b));
 }
 
 /// The first contribution of a round: copied in as it is.

@@ -151,12 +151,20 @@ impl Switch {
     }
 
     pub fn run_repeat(&mut self, frame: &[u8], repeat: u32) -> Run {
-        let p: &mut Xdp = self
-            .ebpf
-            .program_mut("xagg_switch")
-            .unwrap()
-            .try_into()
-            .unwrap();
+        self.run_program("xagg_switch", frame, repeat)
+    }
+
+    /// Loads another program of the object, sharing the switch's maps (e.g. the bench's
+    /// `xagg_floor`).
+    pub fn load_program(&mut self, name: &str) {
+        let p: &mut Xdp = self.ebpf.program_mut(name).unwrap().try_into().unwrap();
+        p.load()
+            .unwrap_or_else(|e| panic!("verifier refuses {name}: {e}"));
+    }
+
+    /// Runs program `name` (loaded) on `frame`, `repeat` times.
+    pub fn run_program(&mut self, name: &str, frame: &[u8], repeat: u32) -> Run {
+        let p: &mut Xdp = self.ebpf.program_mut(name).unwrap().try_into().unwrap();
         let mut out = vec![0u8; frame.len() + 256];
         let mut opts = TestRunOptions::new();
         opts.data_in = Some(frame);
