@@ -443,6 +443,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("figures written to {}", path.display());
         return Ok(());
     }
+    let capacity = if a.dataplane_only {
+        Vec::new()
+    } else {
+        let r = crate::capacity::run(a.quick, &a.workers);
+        crate::demo::clean_up();
+        r?
+    };
     let mut points = dataplane(a.quick)?;
     points.extend(contention(a.quick)?);
     let codec_points = codecs(a.quick);
@@ -556,7 +563,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     std::fs::write(
         &path,
         serde_json::to_string_pretty(
-            &serde_json::json!({ "runs": runs, "dataplane": points, "codecs": codec_points }),
+            &serde_json::json!({ "runs": runs, "dataplane": points, "codecs": codec_points, "capacity": capacity }),
         )?,
     )?;
     println!("figures written to {}", path.display());
@@ -886,7 +893,7 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
 }
 
 /// Adds job `id` (i32 sum) over every worker of the lab.
-fn add_job(sw: &LabSwitch, id: u32, segment: usize, slots: u32) -> Result<()> {
+pub fn add_job(sw: &LabSwitch, id: u32, segment: usize, slots: u32) -> Result<()> {
     let workers: Vec<usize> = (0..sw.lab.workers).collect();
     let spec = sw.job_spec(
         id,

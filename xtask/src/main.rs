@@ -2,6 +2,7 @@
 
 mod bench;
 mod build;
+mod capacity;
 mod demo;
 
 use anyhow::Result;

@@ -1,0 +1,374 @@
+//! The switch's capacity on its own: how many contributions one switch CPU takes per second,
+//! result delivery included, with every member's traffic made by one generator.
+//!
+//! The lab's switch ports run their NAPI in kernel threads (`/sys/class/net/<port>/threaded`)
+//! pinned to the switch CPU, so every contribution's XDP run, and the broadcast of every
+//! result into the members' interfaces, happens there, whatever CPU sent it. The generator
+//! and the members' receive side run on the other CPU. The generator sends each member's
+//! contributions from that member's address (one UDP socket per member, inside its
+//! namespace, GSO bursts of one member's consecutive rounds), varying message, segment,
+//! slot and shadow copy as the workers' schedule does. It first sends as fast as it can,
+//! then, where that loses contributions, at fixed lower rates, keeping the fastest with
+//! under 0.1 % loss.
+//!
+//! A veth figure is a lower bound for a real NIC: here every packet also costs the sending
+//! side's and the receiving side's veth work on the switch CPU.
+
+use std::{
+    collections::BTreeMap,
+    net::{SocketAddrV4, UdpSocket},
+    os::fd::AsRawFd,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use xagg_common::{
+    wire::{self, DType, Header, Kind, Op, FLAG_SHADOW},
+    Counter,
+};
+use xagg_lab::{
+    lab::{self, Lab},
+    switch::LabSwitch,
+    testrun::contribution,
+};
+
+use crate::build::ebpf_object;
+
+/// The CPU the switch's NAPI threads are pinned to; the generator and the members' side
+/// take CPU 0.
+const SWITCH_CPU: usize = 1;
+/// Slots of the measured job: rounds in flight per member.
+const SLOTS: u32 = 128;
+/// Rounds per GSO burst of one member.
+const BURST: u32 = 16;
+/// The loss a sustained rate may have.
+const MAX_LOSS: f64 = 0.001;
+
+/// One capacity figure (the JSON's `capacity`).
+#[derive(Serialize, Clone, Debug)]
+pub struct CapacityPoint {
+    pub members: usize,
+    /// Elements (i32) per contribution, and its payload bytes.
+    pub elements: usize,
+    pub segment_bytes: usize,
+    /// Contributions the switch took per second (results: this / members).
+    pub contributions_per_s: f64,
+    /// Contribution payload taken in, Gbit/s.
+    pub gbps_in: f64,
+    /// Elements reduced per second (contributions x elements).
+    pub elements_per_s: f64,
+    /// The switch CPU's busy share over the run (0..1).
+    pub switch_cpu_busy: f64,
+    /// Contributions per second of busy switch CPU: what one fully busy CPU takes, where the
+    /// generator could not keep it busy.
+    pub contributions_per_busy_s: f64,
+    /// Rounds the generator sent that the switch did not complete / rounds sent.
+    pub loss: f64,
+    /// The generator's target rate (contributions/s); None: as fast as it could.
+    pub paced_at: Option<f64>,
+    /// `xagg_switch`'s own mean ns per run, from the kernel's BPF statistics (in a run of
+    /// its own at the same rate: the statistics add clock reads).
+    pub program_ns_per_packet: Option<f64>,
+    /// `xagg_result` (the broadcast's egress program), ns per copy, same run.
+    pub egress_ns_per_copy: Option<f64>,
+}
+
+/// Capacity per member count and segment size.
+pub fn run(quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if cpus < 2 {
+        eprintln!("capacity: SKIPPED, this machine has one CPU and the measurement needs two");
+        return Ok(Vec::new());
+    }
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let seconds = if quick { 0.3 } else { 2.0 };
+    let mut out = Vec::new();
+    for &n in members {
+        let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
+        sw.lab.attach_hosts(&object)?;
+        thread_napi(&sw.lab)?;
+        for (k, elements) in [256usize, DType::I32.max_elements()]
+            .into_iter()
+            .enumerate()
+        {
+            let job = 10 + k as u32;
+            crate::bench::add_job(&sw, job, elements, SLOTS)?;
+            let mut g = Generator::new(&sw.lab, job, elements)?;
+            let mut best = measure(&sw, &mut g, seconds, None)?;
+            let mut rate = best.contributions_per_s;
+            // Slower until the loss is under the bound (at most a few steps).
+            for _ in 0..4 {
+                if best.loss < MAX_LOSS {
+                    break;
+                }
+                rate *= 0.85;
+                best = measure(&sw, &mut g, seconds, Some(rate))?;
+            }
+            let stats = with_bpf_stats(|| measure(&sw, &mut g, seconds, best.paced_at))?;
+            best.program_ns_per_packet = stats.0;
+            best.egress_ns_per_copy = stats.1;
+            eprintln!(
+                "capacity n={n} {:>4} elements: {:>9.0} contributions/s ({:.0} per busy CPU-second), {:.2} Gbit/s in, {:.2e} elements/s, switch CPU {:.0} % busy, loss {:.3} %{}, program {} ns/packet, egress {} ns/copy",
+                elements,
+                best.contributions_per_s,
+                best.contributions_per_busy_s,
+                best.gbps_in,
+                best.elements_per_s,
+                best.switch_cpu_busy * 100.0,
+                best.loss * 100.0,
+                best.paced_at.map_or(" (unpaced)".into(), |r| format!(" (paced at {r:.0}/s)")),
+                best.program_ns_per_packet.map_or("?".into(), |v| format!("{v:.0}")),
+                best.egress_ns_per_copy.map_or("?".into(), |v| format!("{v:.0}")),
+            );
+            out.push(best);
+        }
+        sw.lab.detach_hosts();
+        sw.stop()?;
+    }
+    Ok(out)
+}
+
+/// Every switch port's NAPI in a thread pinned to [`SWITCH_CPU`]; every member interface's
+/// in a thread on CPU 0. Threaded NAPI needs an XDP program on the interface (attached).
+fn thread_napi(lab: &Lab) -> Result<()> {
+    let mut ifaces: Vec<(String, String, usize)> = (0..lab.workers)
+        .map(|i| (lab.switch_ns(), Lab::port(i), SWITCH_CPU))
+        .collect();
+    ifaces.extend((0..lab.workers).map(|i| (lab.worker_ns(i), "eth0".to_string(), 0)));
+    for (ns, dev, cpu) in ifaces {
+        let before = napi_threads()?;
+        let o = std::process::Command::new("ip")
+            .args(["netns", "exec", &ns, "sh", "-c"])
+            .arg(format!("echo 1 > /sys/class/net/{dev}/threaded"))
+            .output()?;
+        anyhow::ensure!(
+            o.status.success(),
+            "threaded NAPI on {dev} in {ns}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let new: Vec<i32> = napi_threads()?
+            .into_iter()
+            .filter(|p| !before.contains(p))
+            .collect();
+        anyhow::ensure!(!new.is_empty(), "no NAPI thread appeared for {dev} in {ns}");
+        let mut set = nix::sched::CpuSet::new();
+        set.set(cpu)?;
+        for pid in new {
+            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set)
+                .with_context(|| format!("pinning NAPI thread {pid} of {dev}"))?;
+        }
+    }
+    Ok(())
+}
+
+/// The kernel's NAPI threads (`napi/<dev>-<id>`).
+fn napi_threads() -> Result<Vec<i32>> {
+    Ok(procfs::process::all_processes()?
+        .filter_map(|p| p.ok())
+        .filter(|p| {
+            p.stat()
+                .map(|s| s.comm.starts_with("napi/"))
+                .unwrap_or(false)
+        })
+        .map(|p| p.pid)
+        .collect())
+}
+
+/// Every member's socket, and where the generator is in the job's rounds.
+struct Generator {
+    sockets: Vec<UdpSocket>,
+    job: u32,
+    elements: usize,
+    values: Vec<i32>,
+    /// The next round (a segment of message 0, then of the next messages).
+    round: u64,
+}
+
+impl Generator {
+    fn new(lab: &Lab, job: u32, elements: usize) -> Result<Self> {
+        let switch = SocketAddrV4::new(lab::SWITCH_IP, wire::DEFAULT_PORT);
+        let sockets = (0..lab.workers)
+            .map(|i| {
+                lab::in_netns(&lab.worker_ns(i), || {
+                    let s =
+                        UdpSocket::bind(SocketAddrV4::new(lab::worker_ip(i), lab::WORKER_PORT))?;
+                    s.connect(switch)?;
+                    Ok(s)
+                })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Self {
+            sockets,
+            job,
+            elements,
+            values: (0..elements as i32).collect(),
+            round: 0,
+        })
+    }
+
+    /// Member `m`'s contribution to round `r`: segment `r mod 2^16` of message `r / 2^16`,
+    /// its slot and shadow copy as the workers' schedule takes them in turn.
+    fn contribution(&self, m: usize, r: u64) -> Vec<u8> {
+        let slot = (r % SLOTS as u64) as u16;
+        let shadow = (r / SLOTS as u64) % 2 == 1;
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Sum)
+            .dtype(DType::I32)
+            .job(self.job)
+            .message((r >> 16) as u32)
+            .segment((r & 0xffff) as u32)
+            .slot(slot)
+            .member(m as u8)
+            .flags(if shadow { FLAG_SHADOW } else { 0 })
+            .count(self.elements as u16)
+            .build();
+        contribution(h, &self.values)
+    }
+
+    /// Sends [`BURST`] rounds from every member; the contributions sent.
+    fn burst(&mut self) -> Result<u64> {
+        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+        let mut sent = 0;
+        for m in 0..self.sockets.len() {
+            let datagrams: Vec<Vec<u8>> = (0..BURST as u64)
+                .map(|k| self.contribution(m, self.round + k))
+                .collect();
+            let size = datagrams[0].len() as u16;
+            let buf = datagrams.concat();
+            let iov = [std::io::IoSlice::new(&buf)];
+            let cmsg = [ControlMessage::UdpGsoSegments(&size)];
+            match sendmsg::<SockaddrIn>(
+                self.sockets[m].as_raw_fd(),
+                &iov,
+                &cmsg,
+                MsgFlags::empty(),
+                None,
+            ) {
+                // ENOBUFS/EAGAIN: the interface's queue was full for a moment; the
+                // contributions it did not take count as lost.
+                Ok(_) | Err(nix::errno::Errno::ENOBUFS | nix::errno::Errno::EAGAIN) => {}
+                Err(e) => return Err(e.into()),
+            }
+            sent += BURST as u64;
+        }
+        self.round += BURST as u64;
+        Ok(sent)
+    }
+}
+
+/// Sends for `seconds` (paced at `rate` contributions/s, or as fast as possible) and
+/// measures what the switch took, its CPU, and the rounds lost.
+fn measure(
+    sw: &LabSwitch,
+    g: &mut Generator,
+    seconds: f64,
+    rate: Option<f64>,
+) -> Result<CapacityPoint> {
+    pin_self(0)?;
+    let n = g.sockets.len();
+    // Let earlier rounds finish, so the counters see only this run's.
+    std::thread::sleep(Duration::from_millis(100));
+    let c0 = sw.counters()?;
+    let cpu0 = cpu_busy(SWITCH_CPU)?;
+    let start = Instant::now();
+    let mut sent = 0u64;
+    let mut rounds = 0u64;
+    while start.elapsed().as_secs_f64() < seconds {
+        if let Some(rate) = rate {
+            // Bursts on schedule: never ahead of the target rate.
+            let due = start + Duration::from_secs_f64(sent as f64 / rate);
+            while Instant::now() < due {
+                std::hint::spin_loop();
+            }
+        }
+        sent += g.burst()?;
+        rounds += BURST as u64;
+    }
+    let elapsed = start.elapsed().as_secs_f64();
+    let cpu1 = cpu_busy(SWITCH_CPU)?;
+    std::thread::sleep(Duration::from_millis(100));
+    let c1 = sw.counters()?;
+    let d = |c: Counter| delta(&c0, &c1, c.name());
+    let taken = d(Counter::Contribution) + d(Counter::Complete);
+    let completed = d(Counter::Complete);
+    let segment_bytes = g.elements * 4;
+    let per_s = taken as f64 / elapsed;
+    let busy = ((cpu1.0 - cpu0.0) / (cpu1.1 - cpu0.1)).min(1.0);
+    Ok(CapacityPoint {
+        members: n,
+        elements: g.elements,
+        segment_bytes,
+        contributions_per_s: per_s,
+        gbps_in: per_s * segment_bytes as f64 * 8.0 / 1e9,
+        elements_per_s: per_s * g.elements as f64,
+        switch_cpu_busy: busy,
+        contributions_per_busy_s: per_s / busy.max(f64::MIN_POSITIVE),
+        loss: 1.0 - (completed as f64 / rounds as f64).min(1.0),
+        paced_at: rate,
+        program_ns_per_packet: None,
+        egress_ns_per_copy: None,
+    })
+}
+
+fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, k: &str) -> u64 {
+    b.get(k)
+        .copied()
+        .unwrap_or(0)
+        .saturating_sub(a.get(k).copied().unwrap_or(0))
+}
+
+/// CPU `cpu`'s (busy, total) seconds from /proc/stat.
+fn cpu_busy(cpu: usize) -> Result<(f64, f64)> {
+    use procfs::CurrentSI;
+    let stat = procfs::KernelStats::current()?;
+    let t = stat.cpu_time.get(cpu).context("no such CPU")?;
+    let busy = t.user
+        + t.nice
+        + t.system
+        + t.irq.unwrap_or(0)
+        + t.softirq.unwrap_or(0)
+        + t.steal.unwrap_or(0);
+    let total = busy + t.idle + t.iowait.unwrap_or(0);
+    let tick = procfs::ticks_per_second() as f64;
+    Ok((busy as f64 / tick, total as f64 / tick))
+}
+
+fn pin_self(cpu: usize) -> Result<()> {
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu)?;
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+    Ok(())
+}
+
+/// Runs `f` with the kernel's BPF statistics on, and returns the mean ns per run of
+/// `xagg_switch` and `xagg_result` over it.
+fn with_bpf_stats(f: impl FnOnce() -> Result<CapacityPoint>) -> Result<(Option<f64>, Option<f64>)> {
+    const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
+    let was = std::fs::read_to_string(SYSCTL)?.trim().to_string();
+    std::fs::write(SYSCTL, "1")?;
+    let before = prog_stats();
+    let r = f();
+    let after = prog_stats();
+    std::fs::write(SYSCTL, was)?;
+    r?;
+    let mean = |name: &str| -> Option<f64> {
+        let (t0, c0) = before.get(name).copied().unwrap_or_default();
+        let (t1, c1) = after.get(name).copied()?;
+        (c1 > c0).then(|| (t1 - t0) as f64 / (c1 - c0) as f64)
+    };
+    Ok((mean("xagg_switch"), mean("xagg_result")))
+}
+
+/// Run time (ns) and run count of every loaded program, by name (summed over programs of
+/// one name).
+fn prog_stats() -> BTreeMap<String, (u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for info in aya::programs::loaded_programs().flatten() {
+        let name = info.name_as_str().unwrap_or_default().to_string();
+        let e = out.entry(name).or_default();
+        e.0 += info.run_time().as_nanos() as u64;
+        e.1 += info.run_count();
+    }
+    out
+}
