@@ -48,6 +48,9 @@ pub struct BenchArgs {
     /// Only the switch program's per-packet costs and the conversions.
     #[arg(long)]
     pub dataplane_only: bool,
+    /// Leave out the switch's capacity (for quicker end-to-end comparisons).
+    #[arg(long)]
+    pub no_capacity: bool,
     /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
     /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
@@ -443,7 +446,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("figures written to {}", path.display());
         return Ok(());
     }
-    let capacity = if a.dataplane_only {
+    let capacity = if a.dataplane_only || a.no_capacity {
         Vec::new()
     } else {
         let r = crate::capacity::run(a.quick, &a.workers);

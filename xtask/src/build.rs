@@ -221,6 +221,7 @@ pub fn test(extra: &[String]) -> Result<()> {
         workers: vec![2],
         sizes: vec![4 << 10, 64 << 10],
         dataplane_only: false,
+        no_capacity: false,
         levers: false,
     })
 }
