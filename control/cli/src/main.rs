@@ -225,8 +225,8 @@ struct AllreduceArgs {
     /// posted buffers instead of the UDP socket.
     #[arg(long)]
     afxdp: bool,
-    /// When the whole message is in flight at once (one round trip), poll this many µs for
-    /// the results, yielding the CPU, before sleeping (0: sleep at once).
+    /// Waiting on results, poll this many µs for them, yielding the CPU, before sleeping
+    /// (0: sleep at once).
     #[arg(long, default_value_t = 100)]
     spin_us: u64,
     /// Give up after this many milliseconds without a result.

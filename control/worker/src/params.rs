@@ -39,10 +39,9 @@ pub struct WorkerParams {
     /// the UDP socket. The worker attaches `xagg_host` to the interface holding its
     /// address, which must carry no other XDP program. Needs the `afxdp` feature.
     pub afxdp: bool,
-    /// How long a worker whose whole message is in flight at once (one round trip) polls
-    /// for its results, yielding the CPU in between, before it sleeps: waking a sleeping
-    /// process costs tens of µs, more than a small allreduce's round trip. Larger messages
-    /// always sleep (polling would take CPU the switch path needs).
+    /// How long a worker waiting on results polls for them, yielding the CPU in between,
+    /// before it sleeps: waking a sleeping process costs tens of µs, more than a small
+    /// allreduce's round trip or the gap between two bursts of results of a large one.
     pub spin: Duration,
     /// Message id of the first allreduce; later ones count up. Every member of a job must
     /// use the same ids, and a job's ids must grow (ids wrap by serial-number arithmetic).
