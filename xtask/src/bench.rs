@@ -51,6 +51,13 @@ pub struct BenchArgs {
     /// Leave out the switch's capacity (for quicker end-to-end comparisons).
     #[arg(long)]
     pub no_capacity: bool,
+    /// End to end, the switch alone (no Open MPI runs): for profiles and A/B runs.
+    #[arg(long)]
+    pub switch_only: bool,
+    /// Allreduces per end-to-end point, instead of 200 up to 64 KiB, 20 up to 1 MiB and 5
+    /// above (e.g. many, to profile the steady state).
+    #[arg(long)]
+    pub iterations: Option<usize>,
     /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
     /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
@@ -501,7 +508,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } else {
             a.sizes.clone()
         };
-        let r = end_to_end(a.quick, &a.workers, &sizes);
+        let r = end_to_end(a.quick, &a.workers, &sizes, !a.switch_only, a.iterations);
         crate::demo::clean_up();
         r?
     };
@@ -847,7 +854,14 @@ fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
-pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec<RunPoint>> {
+pub fn end_to_end(
+    quick: bool,
+    workers: &[usize],
+    sizes: &[usize],
+    mpi: bool,
+    fixed: Option<usize>,
+) -> Result<Vec<RunPoint>> {
+    let iterations = |bytes, quick| fixed.unwrap_or_else(|| iterations(bytes, quick));
     let (mpi_bin, agent) = mpi_setup(*workers.iter().max().unwrap_or(&4))?;
     let mut runs = Vec::new();
     for &n in workers {
@@ -878,7 +892,7 @@ pub fn end_to_end(quick: bool, workers: &[usize], sizes: &[usize]) -> Result<Vec
         }
         // Open MPI runs over the plain bridge: the switch's programs detached.
         let lab = sw.stop()?;
-        for &bytes in sizes {
+        for &bytes in sizes.iter().filter(|_| mpi) {
             let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes, quick))?;
             eprintln!(
                 "openmpi n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",

@@ -222,6 +222,8 @@ pub fn test(extra: &[String]) -> Result<()> {
         sizes: vec![4 << 10, 64 << 10],
         dataplane_only: false,
         no_capacity: false,
+        switch_only: false,
+        iterations: None,
         levers: false,
     })
 }

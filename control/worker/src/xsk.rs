@@ -46,6 +46,8 @@ pub struct XskReceiver {
     from: ([u8; 4], [u8; 2]),
     /// Frames from any other source, dropped before their payload was read.
     pub refused: u64,
+    /// Chunks taken from the receive ring and not yet back in the fill ring.
+    unposted: Vec<u64>,
     // Fields drop in this order: the program first (no more redirects), then the rings
     // and sockets, the memory last.
     _ebpf: Ebpf,
@@ -155,6 +157,7 @@ impl XskReceiver {
         Ok(Self {
             from: (from.ip().octets(), from.port().to_be_bytes()),
             refused: 0,
+            unposted: Vec::with_capacity(BATCH as usize),
             _ebpf: ebpf,
             rx,
             fq,
@@ -179,7 +182,6 @@ impl XskReceiver {
             return 0;
         }
         let mut ring = self.rx.receive(BATCH);
-        let mut posted = [0u64; BATCH as usize];
         let mut n = 0;
         while let Some(desc) = ring.read() {
             let (addr, len) = (desc.addr as usize, desc.len as usize);
@@ -196,16 +198,32 @@ impl XskReceiver {
                     self.refused += 1;
                 }
             }
-            posted[n] = desc.addr;
+            self.unposted.push(desc.addr);
             n += 1;
         }
         ring.release();
         drop(ring);
-        // Post the chunks again (any address inside a chunk names the chunk). The fill ring
-        // holds every chunk, so there is always room for those just taken.
-        let mut fill = self.fq.fill(n as u32);
-        fill.insert(posted[..n].iter().copied());
-        fill.commit();
+        self.post();
         n
+    }
+
+    /// Posts the chunks taken back to the fill ring (any address inside a chunk names the
+    /// chunk). The ring has room for every chunk, but the kernel publishes how far it has
+    /// read the ring in batches, so a reservation can see less room than the chunks just
+    /// taken (measured: 18 of 36, with 2030 entries shown unread): whatever does not fit is
+    /// kept and posted with the next batch. A chunk dropped instead is lost for good; once
+    /// enough are, the kernel drops every frame (ENOMEM) and the job crawls on
+    /// retransmissions.
+    fn post(&mut self) {
+        while !self.unposted.is_empty() {
+            let mut fill = self.fq.fill(self.unposted.len() as u32);
+            let k = fill.insert(self.unposted.iter().copied()) as usize;
+            fill.commit();
+            if k == 0 {
+                // No room shown yet: the rest go in with the next batch.
+                break;
+            }
+            self.unposted.drain(..k);
+        }
     }
 }
