@@ -60,6 +60,9 @@ pub enum Counter {
     DropBadChecksum,
     /// A joining member's hello, recorded for the daemon.
     Hello,
+    /// A datagram to the collective port longer than one XDP buffer (a multi-buffer frame,
+    /// past 3520 bytes of frame on veth): segments take one buffer.
+    DropOversize,
 }
 
 /// Per-member counters of a job's row: contributions that were new at the switch, and
@@ -85,7 +88,7 @@ pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
 }
 
 impl Counter {
-    pub const COUNT: usize = 26;
+    pub const COUNT: usize = 27;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -114,6 +117,7 @@ impl Counter {
         Counter::DropSpoofedSource,
         Counter::DropBadChecksum,
         Counter::Hello,
+        Counter::DropOversize,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -145,6 +149,7 @@ impl Counter {
             Self::DropSpoofedSource => "drop_spoofed_source",
             Self::DropBadChecksum => "drop_bad_checksum",
             Self::Hello => "hello",
+            Self::DropOversize => "drop_oversize",
         }
     }
 }

@@ -27,4 +27,4 @@ pub use wire::{DType, Header, Kind, Op};
 /// version 6 counts per job and member (`JOB_COUNTERS`); version 7 keeps the first sender
 /// of each drop reason (`DROPS`); version 8 finds jobs by the dense index of their id in
 /// an array (`JOBS`), checking its generation (`Job::generation`).
-pub const LAYOUT_VERSION: u32 = 8;
+pub const LAYOUT_VERSION: u32 = 9;

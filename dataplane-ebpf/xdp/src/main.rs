@@ -135,7 +135,16 @@ fn faults() -> Faults {
     FAULTS.get(0).copied().unwrap_or_default()
 }
 
-#[xdp]
+/// The frame's length over all its buffers (`data_end - data` covers the first only).
+#[inline(always)]
+fn frame_len(ctx: &XdpContext) -> usize {
+    unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx.ctx) as usize }
+}
+
+/// Frags-aware, so a switch port (and its peer) may carry frames of any MTU: other
+/// traffic passes whatever its size; a multi-buffer datagram to the collective port is
+/// dropped as `drop_oversize`.
+#[xdp(frags)]
 pub fn xagg_switch(ctx: XdpContext) -> u32 {
     match try_switch(&ctx) {
         Ok((action, c)) => {
@@ -179,7 +188,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if packet::claims_switch(ctx.data(), ctx.data_end(), cfg) {
         return Err(Counter::DropSpoofedSource);
     }
-    let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), cfg)? else {
+    let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), frame_len(ctx), cfg)? else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
     let hdr = frame.header();
@@ -361,7 +370,9 @@ fn contribution(
 
 /// Devmap egress program: one run per broadcast copy, after it has been cloned for its
 /// port. Addresses the copy to the job's member behind that port.
-#[xdp(map = "devmap")]
+// Frags-aware like `xagg_switch`: the kernel refuses a devmap program whose flag differs
+// from its owner's.
+#[xdp(frags, map = "devmap")]
 pub fn xagg_result(ctx: XdpContext) -> u32 {
     match try_result(&ctx) {
         Ok(action) => action,
@@ -447,12 +458,16 @@ static XSK_PORTS: HashMap<[u8; 2], u32, 64> = HashMap::new();
 /// On a worker's interface: datagrams to a port in `XSK_PORTS` go straight to the
 /// worker's AF_XDP socket (no socket buffer, no UDP stack); everything else, and
 /// everything while no socket is registered, passes to the kernel.
-#[xdp]
+///
+/// Frags-aware, so the interface may carry frames of any MTU; a multi-buffer frame always
+/// passes (the worker's socket is bound without multi-buffer support).
+#[xdp(frags)]
 pub fn xagg_host(ctx: XdpContext) -> u32 {
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
         return xdp_action::XDP_PASS;
     };
-    if !frame.plain()
+    if frame_len(&ctx) > ctx.data_end() - ctx.data()
+        || !frame.plain()
         || frame.fragment_offset() != 0
         || frame.more_fragments()
         || unsafe { XSK_PORTS.get(frame.udp().dst) }.is_none()

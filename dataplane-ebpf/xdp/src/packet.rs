@@ -147,6 +147,7 @@ impl Frame {
     pub fn collective(
         data: usize,
         end: usize,
+        frame_len: usize,
         cfg: &SwitchConfig,
     ) -> Result<Option<Self>, Counter> {
         let Some(udp4) = Udp4::parse(data, end) else {
@@ -158,7 +159,12 @@ impl Frame {
         if udp4.dst_port() != Some(cfg.port) {
             return Ok(None);
         }
-        // Ours. A collective sender never uses IPv4 options or fragments.
+        // Ours. Segments take one buffer: the rest of a multi-buffer frame (`frame_len`
+        // counts every buffer) is out of direct reach.
+        if frame_len > end - data {
+            return Err(Counter::DropOversize);
+        }
+        // A collective sender never uses IPv4 options or fragments.
         if !udp4.plain() || udp4.more_fragments() {
             return Err(Counter::DropBadIp);
         }
