@@ -58,6 +58,10 @@ pub struct BenchArgs {
     /// above (e.g. many, to profile the steady state).
     #[arg(long)]
     pub iterations: Option<usize>,
+    /// End-to-end rounds, the systems alternating on the same lab; each figure is the
+    /// median over the rounds (the VM drifts by a fifth from one run to the next).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
     /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
     /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
@@ -508,7 +512,14 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } else {
             a.sizes.clone()
         };
-        let r = end_to_end(a.quick, &a.workers, &sizes, !a.switch_only, a.iterations);
+        let r = end_to_end(&E2e {
+            quick: a.quick,
+            workers: &a.workers,
+            sizes: &sizes,
+            mpi: !a.switch_only,
+            iterations: a.iterations,
+            rounds: a.rounds,
+        });
         crate::demo::clean_up();
         r?
     };
@@ -596,6 +607,8 @@ pub struct RunPoint {
     /// CPU over exactly the timed windows (runs of 1 MiB and more).
     pub cpu: Option<CpuFigures>,
     pub iterations: usize,
+    /// Rounds whose medians these figures are (`--rounds`).
+    pub rounds: usize,
     pub verified: bool,
 }
 
@@ -704,6 +717,7 @@ fn run_point(
         wire_ratio: tx_per_worker / (bytes as f64 * iterations as f64),
         cpu: CpuFigures::new(windows, bytes),
         iterations,
+        rounds: 1,
         verified,
     }
 }
@@ -854,59 +868,103 @@ fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
-pub fn end_to_end(
-    quick: bool,
-    workers: &[usize],
-    sizes: &[usize],
-    mpi: bool,
-    fixed: Option<usize>,
-) -> Result<Vec<RunPoint>> {
-    let iterations = |bytes, quick| fixed.unwrap_or_else(|| iterations(bytes, quick));
-    let (mpi_bin, agent) = mpi_setup(*workers.iter().max().unwrap_or(&4))?;
+/// What [`end_to_end`] runs.
+pub struct E2e<'a> {
+    pub quick: bool,
+    pub workers: &'a [usize],
+    pub sizes: &'a [usize],
+    /// Open MPI's runs besides the switch's.
+    pub mpi: bool,
+    /// Allreduces per point instead of the size's default.
+    pub iterations: Option<usize>,
+    /// Rounds, each the switch's runs then Open MPI's on the same lab: every figure is the
+    /// median over the rounds, so both systems see the VM's drift alike.
+    pub rounds: usize,
+}
+
+/// Both systems on the same lab topology, for each worker count and size.
+pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
+    let iterations = |bytes| e.iterations.unwrap_or_else(|| iterations(bytes, e.quick));
+    let (mpi_bin, agent) = mpi_setup(*e.workers.iter().max().unwrap_or(&4))?;
     let mut runs = Vec::new();
-    for &n in workers {
-        // Switch workers receive with AF_XDP: each attaches its own xagg_host.
-        let sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
-        add_job(&sw, crate::demo::JOB_ID, 862, SLOTS)?;
-        let mut mid = 0u32;
-        for &bytes in sizes {
-            let it = iterations(bytes, quick);
-            let mut run = switch_run(n, crate::demo::JOB_ID, bytes, 862, SLOTS)?;
-            run.repeat = it as u32;
-            run.first_message = mid;
-            if bytes >= CPU_WINDOWS_FROM {
-                run.flags.push("--cpu-windows".into());
+    for &n in e.workers {
+        let mut lab = Lab::create(crate::demo::PREFIX, n)?;
+        let mut rounds: Vec<Vec<RunPoint>> = Vec::new();
+        for round in 0..e.rounds.max(1) {
+            let mut this = Vec::new();
+            // Switch workers receive with AF_XDP: each attaches its own xagg_host.
+            let sw = crate::demo::start_switch(lab)?;
+            add_job(&sw, crate::demo::JOB_ID, 862, SLOTS)?;
+            let mut mid = 0u32;
+            for &bytes in e.sizes {
+                let it = iterations(bytes);
+                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, 862, SLOTS)?;
+                run.repeat = it as u32;
+                run.first_message = mid;
+                if bytes >= CPU_WINDOWS_FROM {
+                    run.flags.push("--cpu-windows".into());
+                }
+                let r = switch_point(&sw.lab, &run)?;
+                mid += it as u32;
+                report(round, &r);
+                this.push(r);
             }
-            let r = switch_point(&sw.lab, &run)?;
-            mid += it as u32;
-            eprintln!(
-                "switch  n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
-                bytes,
-                r.goodput_gbps,
-                r.latency_us,
-                r.wire_ratio,
-                r.cpu_total(),
-                if r.verified { "" } else { "  NOT VERIFIED" }
-            );
-            runs.push(r);
+            // Open MPI runs over the plain bridge: the switch's programs detached.
+            lab = sw.stop()?;
+            for &bytes in e.sizes.iter().filter(|_| e.mpi) {
+                let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes))?;
+                report(round, &r);
+                this.push(r);
+            }
+            rounds.push(this);
         }
-        // Open MPI runs over the plain bridge: the switch's programs detached.
-        let lab = sw.stop()?;
-        for &bytes in sizes.iter().filter(|_| mpi) {
-            let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes, quick))?;
-            eprintln!(
-                "openmpi n={n} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
-                bytes,
-                r.goodput_gbps,
-                r.latency_us,
-                r.wire_ratio,
-                r.cpu_total(),
-                if r.verified { "" } else { "  NOT VERIFIED" }
-            );
-            runs.push(r);
+        // Point k of every round is the same system and size.
+        for k in 0..rounds[0].len() {
+            runs.push(median_point(rounds.iter().map(|r| &r[k]).collect()));
         }
     }
     Ok(runs)
+}
+
+fn report(round: usize, r: &RunPoint) {
+    eprintln!(
+        "round {round} {:<7} n={} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
+        r.system,
+        r.workers,
+        r.bytes,
+        r.goodput_gbps,
+        r.latency_us,
+        r.wire_ratio,
+        r.cpu_total(),
+        if r.verified { "" } else { "  NOT VERIFIED" }
+    );
+}
+
+/// The rounds of one point merged: each figure the median over the rounds; verified only
+/// if every round was.
+fn median_point(points: Vec<&RunPoint>) -> RunPoint {
+    let m = |f: fn(&RunPoint) -> f64| median(points.iter().map(|p| f(p)).collect());
+    let cpu = points.iter().all(|p| p.cpu.is_some()).then(|| {
+        let c = |f: fn(&CpuFigures) -> f64| {
+            median(points.iter().filter_map(|p| p.cpu.as_ref().map(f)).collect())
+        };
+        CpuFigures {
+            total_s_per_gib: c(|c| c.total_s_per_gib),
+            process_s_per_gib: c(|c| c.process_s_per_gib),
+            softirq_s_per_gib: c(|c| c.softirq_s_per_gib),
+            busy_cpus: c(|c| c.busy_cpus),
+            window_s: c(|c| c.window_s),
+        }
+    });
+    RunPoint {
+        goodput_gbps: m(|p| p.goodput_gbps),
+        latency_us: m(|p| p.latency_us),
+        wire_ratio: m(|p| p.wire_ratio),
+        cpu,
+        rounds: points.len(),
+        verified: points.iter().all(|p| p.verified),
+        ..points[0].clone()
+    }
 }
 
 /// Adds job `id` (i32 sum) over every worker of the lab.

@@ -224,6 +224,7 @@ pub fn test(extra: &[String]) -> Result<()> {
         no_capacity: false,
         switch_only: false,
         iterations: None,
+        rounds: 1,
         levers: false,
     })
 }
