@@ -946,7 +946,12 @@ fn median_point(points: Vec<&RunPoint>) -> RunPoint {
     let m = |f: fn(&RunPoint) -> f64| median(points.iter().map(|p| f(p)).collect());
     let cpu = points.iter().all(|p| p.cpu.is_some()).then(|| {
         let c = |f: fn(&CpuFigures) -> f64| {
-            median(points.iter().filter_map(|p| p.cpu.as_ref().map(f)).collect())
+            median(
+                points
+                    .iter()
+                    .filter_map(|p| p.cpu.as_ref().map(f))
+                    .collect(),
+            )
         };
         CpuFigures {
             total_s_per_gib: c(|c| c.total_s_per_gib),
