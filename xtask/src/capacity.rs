@@ -82,11 +82,20 @@ pub fn run(quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
         return Ok(Vec::new());
     }
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    // The generator pins the calling thread to CPU 0; everything this process starts
+    // later (the end-to-end runs' workers, mpirun) would inherit that: put it back after.
+    let affinity = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let r = points(&object, quick, members);
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &affinity)?;
+    r
+}
+
+fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
     let seconds = if quick { 0.3 } else { 2.0 };
     let mut out = Vec::new();
     for &n in members {
         let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
-        sw.lab.attach_hosts(&object)?;
+        sw.lab.attach_hosts(object)?;
         thread_napi(&sw.lab)?;
         for (k, elements) in [256usize, DType::I32.max_elements()]
             .into_iter()
