@@ -318,6 +318,22 @@ fn workers_join_jobs_over_the_network() {
     allreduce(&lab, &workers);
     eprintln!("daemon restarted: job kept, allreduce verified");
 
+    // A member asks the daemon for its job's state over the network: every rank in, no
+    // slot waiting after a finished allreduce.
+    match lab.on(0, || workers[0].job_status().expect("the job's status")) {
+        xagg_worker::MemberReply::Status {
+            job,
+            ready,
+            missing,
+            waiting,
+        } => {
+            assert_eq!(job, id);
+            assert!(ready && missing.is_empty(), "{missing:?}");
+            assert!(waiting.is_empty(), "{waiting:?}");
+        }
+        r => panic!("job status: {r:?}"),
+    }
+
     // Everyone leaves: the job is removed from the dataplane.
     for (w, wk) in workers.iter().enumerate() {
         lab.on(w, || wk.leave().expect("leaving"));

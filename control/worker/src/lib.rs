@@ -88,7 +88,7 @@ use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
 use transport::Transport;
 use xagg_common::wire::{self, DType, Lane, Op, HEADER_LEN};
-pub use xagg_join::{CredentialKey, JobKey, Secret};
+pub use xagg_join::{CredentialKey, JobKey, MemberReply, Secret};
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
 pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
@@ -188,7 +188,7 @@ impl Worker {
 
     /// The joined job's state as the daemon sees it: ranks missing, slots waiting and
     /// for whom.
-    pub fn job_status(&self) -> Result<xagg_join::MemberReply, AllreduceError> {
+    pub fn job_status(&self) -> Result<MemberReply, AllreduceError> {
         match &self.inner.membership {
             Some(m) => m.status(),
             None => Err(AllreduceError::Invalid(
