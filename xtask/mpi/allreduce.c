@@ -27,19 +27,6 @@ static int32_t element(uint64_t seed, int member, size_t i) {
     return (int32_t)(uint32_t)mix(seed ^ ((uint64_t)member << 40) ^ (uint64_t)i);
 }
 
-/* Machine-wide busy time in seconds (/proc/stat: all but idle and iowait; softirq, where
- * the kernel's network work runs, included). */
-static double busy_seconds(void) {
-    unsigned long long v[8] = {0};
-    FILE *f = fopen("/proc/stat", "r");
-    if (!f || fscanf(f, "cpu %llu %llu %llu %llu %llu %llu %llu %llu", &v[0], &v[1], &v[2], &v[3], &v[4], &v[5], &v[6], &v[7]) != 8) {
-        if (f) fclose(f);
-        return 0;
-    }
-    fclose(f);
-    return (double)(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]) / 100.0;
-}
-
 /* One reading for a CPU window: wall clock (ns since the epoch, the same clock in every
  * namespace), then /proc/stat's user+nice, system, irq+softirq (clock ticks). */
 enum { WALL, USER, SYSTEM, SOFTIRQ, FIELDS };
@@ -90,7 +77,6 @@ int main(int argc, char **argv) {
     unsigned long long (*ends)[FIELDS] = calloc(iters, sizeof *ends);
     int ok = 1;
     MPI_Barrier(MPI_COMM_WORLD);
-    double busy0 = busy_seconds();
     unsigned long long tx0 = tx_bytes();
     for (int it = 0; it < iters; it++) {
         memcpy(buf, data, n * 4);
@@ -112,7 +98,6 @@ int main(int argc, char **argv) {
         if (it == 0) memcpy(first, buf, n * 4);
     }
     MPI_Barrier(MPI_COMM_WORLD);
-    double busy = busy_seconds() - busy0;
     double tx = (double)(tx_bytes() - tx0), tx_sum;
     /* Verification after every clock has stopped. */
     for (size_t i = 0; i < n && ok; i++) {
@@ -124,8 +109,8 @@ int main(int argc, char **argv) {
     MPI_Reduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, 0, MPI_COMM_WORLD);
     MPI_Reduce(&tx, &tx_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {
-        printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"busy_seconds\":%.3f,\"tx_bytes_per_rank\":%.0f,\"seconds\":[",
-               size, n * 4, all_ok ? "true" : "false", busy, tx_sum / size);
+        printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"tx_bytes_per_rank\":%.0f,\"seconds\":[",
+               size, n * 4, all_ok ? "true" : "false", tx_sum / size);
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", times[it]);
         printf("]");
         if (cpu) {

@@ -708,7 +708,6 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             .and_then(|s| s.trim().parse().ok())
             .unwrap_or(0)
     };
-    let mut busy0 = 0.0;
     let mut tx0 = 0;
     // A long run shows its progress on a terminal (never in --json output).
     let bar = (!a.json && a.repeat > 1 && std::io::IsTerminal::is_terminal(&std::io::stderr()))
@@ -731,7 +730,6 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
         let window_start = a.cpu_windows.then(cpu_sample);
         let started = common.unwrap_or_else(std::time::Instant::now);
         if r == 0 {
-            busy0 = busy_seconds();
             tx0 = tx(&iface);
         }
         let mut rep = w.allreduce_bytes(&mut buf)?;
@@ -756,7 +754,6 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
     if let Some(b) = bar {
         b.finish_and_clear();
     }
-    let busy = busy_seconds() - busy0;
     let tx_bytes = tx(&iface) - tx0;
     let mut verified = true;
     let mut worst_float_error = 0f64;
@@ -791,7 +788,6 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             op: op.to_string(),
             dtype: dtype.to_string(),
             float_error_of_bound: worst_float_error,
-            busy_seconds: busy,
             cpu_windows: windows,
             tx_bytes,
         };
@@ -825,22 +821,6 @@ fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
     p.gro = !a.no_gro;
     p.afxdp = a.afxdp;
     p.spin = Duration::from_micros(a.spin_us);
-}
-
-/// Machine-wide busy CPU seconds (/proc/stat: all but idle and iowait).
-fn busy_seconds() -> f64 {
-    use procfs::CurrentSI;
-    let Ok(stat) = procfs::KernelStats::current() else {
-        return 0.0;
-    };
-    let t = stat.total;
-    let ticks = t.user
-        + t.nice
-        + t.system
-        + t.irq.unwrap_or(0)
-        + t.softirq.unwrap_or(0)
-        + t.steal.unwrap_or(0);
-    ticks as f64 / procfs::ticks_per_second() as f64
 }
 
 /// The machine's CPU counters and the wall clock, now.

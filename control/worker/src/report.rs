@@ -60,8 +60,6 @@ pub struct RunReport {
     pub dtype: String,
     /// The largest float error relative to its bound (sums and means of floats).
     pub float_error_of_bound: f64,
-    /// Machine-wide busy CPU seconds over the run.
-    pub busy_seconds: f64,
     /// Each allreduce's timed window with the machine's CPU counters at both ends (with
     /// `--cpu-windows`).
     #[serde(default)]

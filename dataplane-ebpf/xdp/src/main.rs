@@ -188,7 +188,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if packet::claims_switch(ctx.data(), ctx.data_end(), cfg) {
         return Err(Counter::DropSpoofedSource);
     }
-    let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), frame_len(ctx), cfg)? else {
+    let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), || frame_len(ctx), cfg)? else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
     let hdr = frame.header();
@@ -466,11 +466,11 @@ pub fn xagg_host(ctx: XdpContext) -> u32 {
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
         return xdp_action::XDP_PASS;
     };
-    if frame_len(&ctx) > ctx.data_end() - ctx.data()
-        || !frame.plain()
+    if !frame.plain()
         || frame.fragment_offset() != 0
         || frame.more_fragments()
         || unsafe { XSK_PORTS.get(frame.udp().dst) }.is_none()
+        || frame_len(&ctx) > ctx.data_end() - ctx.data()
     {
         return xdp_action::XDP_PASS;
     }

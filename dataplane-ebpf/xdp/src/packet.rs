@@ -147,7 +147,7 @@ impl Frame {
     pub fn collective(
         data: usize,
         end: usize,
-        frame_len: usize,
+        frame_len: impl FnOnce() -> usize,
         cfg: &SwitchConfig,
     ) -> Result<Option<Self>, Counter> {
         let Some(udp4) = Udp4::parse(data, end) else {
@@ -160,8 +160,8 @@ impl Frame {
             return Ok(None);
         }
         // Ours. Segments take one buffer: the rest of a multi-buffer frame (`frame_len`
-        // counts every buffer) is out of direct reach.
-        if frame_len > end - data {
+        // counts every buffer; asked only for our datagrams) is out of direct reach.
+        if frame_len() > end - data {
             return Err(Counter::DropOversize);
         }
         // A collective sender never uses IPv4 options or fragments.
