@@ -511,3 +511,110 @@ fn a_stale_job_id_names_no_job() {
     );
     assert_eq!(sw.counter(Counter::Contribution), 1);
 }
+
+/// Segments past one XDP buffer (a 9000-byte MTU's full segment, which BPF_PROG_RUN splits
+/// as veth does past 3520 bytes of frame): staged out of the frame, aggregated, and the
+/// result written back over every buffer — passed to the kernel for `xagg_fanout`, or
+/// sent back to a member that asks again.
+#[test]
+fn multi_buffer_segments() {
+    if !require_root("multi_buffer_segments") {
+        return;
+    }
+    let mut sw = load_switch();
+    let n = wire::MAX_PAYLOAD / 4;
+    sw.add_job(8, job(2, Op::Sum, DType::I32, n as u16, 20, 2));
+    let contrib = |m: u8, vals: &[i32]| {
+        let mut h = hdr(m, 1, 0, vals.len() as u16);
+        h.set_job(8);
+        frame(&member(m), PORT, &contribution(h, vals))
+    };
+    let first = contrib(0, &values(0, n));
+    assert!(first.len() > 3520, "a multi-buffer frame");
+    check(
+        &mut sw,
+        &Case {
+            what: "multi-buffer, first",
+            frame: first.clone(),
+            action: XDP_DROP,
+            counter: Counter::Contribution,
+        },
+    );
+    let s = sw.slot(21);
+    assert_eq!(s.shadow[0].state, ShadowState::Filling as u32);
+    assert_eq!(s.shadow[0].count, n as u32);
+    let last_word = s.shadow[0].data[n / 2 - 1];
+    let v = values(0, n);
+    assert_eq!(
+        last_word,
+        (v[n - 2] as u32 as u64) | ((v[n - 1] as u32 as u64) << 32),
+        "the slot holds the last buffer's words"
+    );
+    let done = check(
+        &mut sw,
+        &Case {
+            what: "multi-buffer, completing",
+            frame: contrib(1, &values(1, n)),
+            action: XDP_PASS,
+            counter: Counter::Complete,
+        },
+    );
+    assert_eq!(done.out.len(), first.len());
+    assert_eq!(
+        done.out[PAYLOAD_OFFSET - wire::HEADER_LEN + 1],
+        Kind::Result as u8
+    );
+    assert_eq!(
+        &done.out[26..30],
+        &xagg_lab::testrun::SWITCH_IP.octets(),
+        "from the switch"
+    );
+    assert_eq!(payload_i32(&done.out, n), sum(2, n));
+    let replay = check(
+        &mut sw,
+        &Case {
+            what: "multi-buffer, asked again",
+            frame: first,
+            action: XDP_TX,
+            counter: Counter::ResultReplay,
+        },
+    );
+    assert_eq!(payload_i32(&replay.out, n), sum(2, n));
+    assert_eq!(&replay.out[30..34], &member(0).ip, "back to the member");
+
+    // Another fold over 64-bit lanes: the max of i64, a full segment.
+    let k = wire::MAX_PAYLOAD / 8;
+    sw.add_job(9, job(2, Op::Max, DType::I64, k as u16, 30, 1));
+    let vals = |m: u8| -> Vec<i64> {
+        (0..k as i64)
+            .map(|i| if (i + m as i64) % 2 == 0 { i << 40 } else { -i })
+            .collect()
+    };
+    let c64 = |m: u8| {
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Max)
+            .dtype(DType::I64)
+            .job(9)
+            .member(m)
+            .count(k as u16)
+            .build();
+        let bytes: Vec<u8> = vals(m).iter().flat_map(|v| v.to_le_bytes()).collect();
+        let mut p = vec![0u8; wire::HEADER_LEN + bytes.len()];
+        let len = wire::encode(&h, &bytes, &mut p).unwrap();
+        p.truncate(len);
+        frame(&member(m), PORT, &p)
+    };
+    assert_eq!(sw.run(&c64(0)).action, XDP_DROP);
+    let r = sw.run(&c64(1));
+    assert_eq!(r.action, XDP_PASS);
+    let got: Vec<i64> = r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8 * k]
+        .chunks(8)
+        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
+        .collect();
+    let want: Vec<i64> = vals(0)
+        .iter()
+        .zip(vals(1))
+        .map(|(a, b)| (*a).max(b))
+        .collect();
+    assert_eq!(got, want);
+}

@@ -381,8 +381,8 @@ fn ordinary_ip_to_the_switch_address_passes() {
 
 /// The switch's programs are frags-aware: its ports and the members' interfaces take a
 /// 9000-byte MTU (a program without the flag makes the kernel refuse more than 3506), a
-/// jumbo datagram between two members crosses the switch whole, and one to the
-/// collective port is dropped as `drop_oversize`.
+/// jumbo datagram between two members crosses the switch whole, and a jumbo datagram to
+/// the collective port that is not a collective packet is dropped and counted.
 #[test]
 fn switch_ports_carry_jumbo_frames() {
     if !require_root("switch_ports_carry_jumbo_frames") {
@@ -421,8 +421,8 @@ fn switch_ports_carry_jumbo_frames() {
     std::thread::sleep(Duration::from_millis(100));
     let after = sw.counters();
     assert_eq!(
-        after["drop_oversize"],
-        before["drop_oversize"] + 1,
+        after["drop_bad_version"],
+        before["drop_bad_version"] + 1,
         "{after:?}"
     );
 }
@@ -569,25 +569,25 @@ fn switch_refuses_forgeries_and_passes_ordinary_ip() {
     case("wrong UDP checksum", udp_sum, XDP_DROP, C::Contribution);
 
     // Multi-buffer frames (BPF_PROG_RUN puts what passes 3520 bytes of frame in further
-    // buffers, as veth does): to the collective port dropped whatever their lengths say;
-    // other traffic passes, so a switch port can carry jumbo frames.
+    // buffers, as veth does): their lengths are judged over every buffer; other traffic
+    // passes, so a switch port can carry jumbo frames.
     let mut big = contribution_bytes();
     big.resize(8000, 0);
     let jumbo = frame(&member(0), PORT, &big);
     assert!(jumbo.len() > 3520);
     case(
-        "multi-buffer contribution",
+        "multi-buffer, payload longer than its element count",
         jumbo.clone(),
         XDP_DROP,
-        C::DropOversize,
+        C::DropBadLength,
     );
     let mut cut = jumbo.clone();
     cut.truncate(5000);
     case(
-        "multi-buffer, IPv4 length past the frame",
+        "multi-buffer, a fragment cut short of the IPv4 length",
         cut,
         XDP_DROP,
-        C::DropOversize,
+        C::DropTruncated,
     );
     let mut short_ip = jumbo;
     short_ip[16..18].copy_from_slice(&3000u16.to_be_bytes());
@@ -595,6 +595,14 @@ fn switch_refuses_forgeries_and_passes_ordinary_ip() {
     case(
         "multi-buffer, IPv4 length short of the frame",
         short_ip,
+        XDP_DROP,
+        C::DropBadLength,
+    );
+    let mut huge = contribution_bytes();
+    huge.resize(xagg_common::wire::MAX_IP_PACKET, 0);
+    case(
+        "longer than the largest segment's packet",
+        frame(&member(0), PORT, &huge),
         XDP_DROP,
         C::DropOversize,
     );

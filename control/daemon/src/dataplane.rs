@@ -9,8 +9,8 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray, PerCpuValues},
-    programs::{links::FdLink, Xdp, XdpMode},
+    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray, PerCpuValues, ProgramArray},
+    programs::{links::FdLink, tc, SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
 use log::{info, warn};
@@ -21,7 +21,7 @@ use xagg_common::{
         job_generation, job_id, job_index, members_of, probability_threshold, EgressKey, Faults,
         MemberAddr, SwitchConfig, MAX_JOBS,
     },
-    slot::{ShadowState, SlotImage, MAX_SLOTS},
+    slot::{Fold, ShadowState, SlotImage, MAX_SLOTS},
     Counter, Job, LAYOUT_VERSION,
 };
 use xagg_sys::iface;
@@ -94,7 +94,7 @@ type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-const MAP_NAMES: [&str; 11] = [
+const MAP_NAMES: [&str; 12] = [
     "JOBS",
     "EGRESS",
     "SLOTS",
@@ -106,6 +106,7 @@ const MAP_NAMES: [&str; 11] = [
     "HELLOS",
     "JOB_COUNTERS",
     "DROPS",
+    "FOLDS",
 ];
 
 pub struct Dataplane {
@@ -125,6 +126,9 @@ pub struct Dataplane {
     pin: Option<PathBuf>,
     /// Links of an unpinned dataplane: dropping them detaches the programs.
     _links: Vec<aya::programs::xdp::XdpLink>,
+    _fanout_links: Vec<aya::programs::tc::SchedClassifierLink>,
+    /// The fold programs' table: its entries live as long as a descriptor of it (or its pin).
+    _folds: Option<ProgramArray<MapData>>,
     _ebpf: Option<Ebpf>,
     /// Whether the maps came from an earlier daemon's pins.
     pub adopted: bool,
@@ -238,13 +242,52 @@ impl Dataplane {
                 .map_err(|e| DataplaneError::Other(format!("PORTS[{i}] = {port}: {e}")))?;
         }
 
+        let mut folds: ProgramArray<MapData> =
+            ProgramArray::try_from(take("FOLDS")).map_err(map_err("FOLDS"))?;
+        load_folds(&mut ebpf, &mut folds)?;
+
+        // The fan-out of multi-buffer results, on each port's tc ingress.
+        let fanout: &mut SchedClassifier = ebpf
+            .program_mut("xagg_fanout")
+            .ok_or_else(|| DataplaneError::Other("object lacks program xagg_fanout".into()))?
+            .try_into()
+            .map_err(|source| DataplaneError::Program {
+                name: "xagg_fanout",
+                source,
+            })?;
+        fanout.load().map_err(|source| DataplaneError::Program {
+            name: "xagg_fanout",
+            source,
+        })?;
+        let mut fanout_links = Vec::new();
+        let mut link_pins = Vec::new();
+        for port in &cfg.switch.ports {
+            // EEXIST: the port has its clsact qdisc already.
+            let _ = tc::qdisc_add_clsact(port);
+            let err = |source| DataplaneError::Attach {
+                port: port.clone(),
+                source,
+            };
+            let id = fanout.attach(port, TcAttachType::Ingress).map_err(err)?;
+            let link = fanout.take_link(id).map_err(err)?;
+            if pin.is_some() {
+                let fd: FdLink = link.try_into().map_err(|e| {
+                    DataplaneError::Other(format!(
+                        "tc link on {port} is not a bpf_link, cannot pin it: {e}"
+                    ))
+                })?;
+                link_pins.push((format!("{port}.fanout"), fd));
+            } else {
+                fanout_links.push(link);
+            }
+        }
+
         let switch: &mut Xdp = prog(&mut ebpf, "xagg_switch")?;
         switch.load().map_err(|source| DataplaneError::Program {
             name: "xagg_switch",
             source,
         })?;
         let mut links = Vec::new();
-        let mut link_pins = Vec::new();
         for port in &cfg.switch.ports {
             let id = attach(switch, port, mode)?;
             let link = switch
@@ -286,6 +329,8 @@ impl Dataplane {
             drops: Array::try_from(take("DROPS")).map_err(map_err("DROPS"))?,
             pin,
             _links: links,
+            _fanout_links: fanout_links,
+            _folds: Some(folds),
             _ebpf: Some(ebpf),
             adopted: false,
             ports: cfg.switch.ports.clone(),
@@ -321,6 +366,8 @@ impl Dataplane {
             drops: Array::try_from(open("DROPS")?).map_err(map_err("DROPS"))?,
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
+            _fanout_links: Vec::new(),
+            _folds: None,
             _ebpf: None,
             adopted: true,
             ports: Vec::new(),
@@ -778,6 +825,22 @@ fn read_ports(dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(names)
+}
+
+/// Loads every fold program of `ebpf` and enters it in `folds` (the object's `FOLDS` map),
+/// where `xagg_switch` finds it by its `Fold`.
+pub fn load_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()> {
+    for fold in Fold::ALL {
+        let name = fold.program();
+        let p = prog(ebpf, name)?;
+        p.load()
+            .map_err(|source| DataplaneError::Program { name, source })?;
+        let fd = p
+            .fd()
+            .map_err(|source| DataplaneError::Program { name, source })?;
+        folds.set(fold as u32, fd, 0).map_err(map_err("FOLDS"))?;
+    }
+    Ok(())
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {

@@ -26,5 +26,7 @@ pub use wire::{DType, Header, Kind, Op};
 /// version 5 records joining members' hellos (the `HELLOS` map, the `hello` counter);
 /// version 6 counts per job and member (`JOB_COUNTERS`); version 7 keeps the first sender
 /// of each drop reason (`DROPS`); version 8 finds jobs by the dense index of their id in
-/// an array (`JOBS`), checking its generation (`Job::generation`).
-pub const LAYOUT_VERSION: u32 = 9;
+/// an array (`JOBS`), checking its generation (`Job::generation`); version 10 holds
+/// segments of up to 8936 bytes (multi-buffer frames: the `STAGE` and `FOLDS` maps, a fold
+/// program per op and lane, results fanned out by `xagg_fanout`).
+pub const LAYOUT_VERSION: u32 = 10;

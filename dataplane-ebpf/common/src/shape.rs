@@ -176,15 +176,16 @@ mod tests {
         assert_eq!(s.segment_elements(Lane::I32), Ok(862));
         assert_eq!(s.segment_elements(Lane::I64), Ok(431));
         assert_eq!(s.member_bits(), 0b1111);
-        let e = JobShape::with_elements(4, 1, 432, Lane::I64).unwrap_err();
+        let e = JobShape::with_elements(4, 1, 1118, Lane::I64).unwrap_err();
         assert_eq!(e.field(), "segment");
         assert_eq!(
             e,
             ShapeError::Segment {
-                elements: 432,
+                elements: 1118,
                 lane_size: 8
             }
         );
+        assert!(JobShape::with_elements(4, 1, 1117, Lane::I64).is_ok());
         let odd = JobShape::with_elements(4, 1, 5, Lane::I32).unwrap();
         assert!(odd.segment_elements(Lane::I64).is_err());
         assert_eq!(JobShape::full(64, 1).unwrap().member_bits(), u64::MAX);

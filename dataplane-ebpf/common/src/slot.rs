@@ -3,13 +3,104 @@
 //! available for a member whose copy was lost while the others have already moved on. The
 //! state machine that drives them is in the XDP crate (`dataplane-ebpf/xdp/src/slot.rs`).
 
-use crate::wire::MAX_PAYLOAD;
+use crate::wire::{Lane, Op, MAX_PAYLOAD};
 
 /// 64-bit words of aggregation data per shadow copy.
 pub const SLOT_WORDS: usize = MAX_PAYLOAD / 8;
 
 /// Slots the switch has, shared by all jobs; the control plane hands out ranges.
 pub const MAX_SLOTS: u32 = 2048;
+
+/// How a round's contributions combine: one per op and lane the switch reduces, each run by
+/// its own program (`xagg_fold_*`, reached by a tail call through the `FOLDS` map at this
+/// index), so each program's loops over a whole segment fit the verifier's budget.
+#[repr(u32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Fold {
+    /// Wrapping sum of 32-bit lanes, signed or not.
+    Sum32 = 0,
+    /// Wrapping sum of 64-bit lanes (i64, the widened mean of 32-bit integers, the split
+    /// mean of i64).
+    Sum64,
+    /// Sum of block-floating-point mantissas, aligned to the larger exponent.
+    SumBfp,
+    MinI32,
+    /// Minimum of unsigned 32-bit lanes (u32, and the order-preserving keys of floats).
+    MinU32,
+    MinI64,
+    MaxI32,
+    MaxU32,
+    MaxI64,
+    /// Wrapping product of 32-bit lanes, signed or not.
+    Prod32,
+    Prod64,
+    And,
+    Or,
+    Xor,
+}
+
+impl Fold {
+    pub const COUNT: usize = 14;
+
+    pub const ALL: [Fold; Self::COUNT] = [
+        Self::Sum32,
+        Self::Sum64,
+        Self::SumBfp,
+        Self::MinI32,
+        Self::MinU32,
+        Self::MinI64,
+        Self::MaxI32,
+        Self::MaxU32,
+        Self::MaxI64,
+        Self::Prod32,
+        Self::Prod64,
+        Self::And,
+        Self::Or,
+        Self::Xor,
+    ];
+
+    /// The fold of `op` over `lane`, if the switch reduces it.
+    pub const fn of(op: Op, lane: Lane) -> Option<Self> {
+        use Lane::*;
+        Some(match (op, lane) {
+            (Op::Sum, I32 | U32) => Self::Sum32,
+            (Op::Sum | Op::Avg, I64) | (Op::Avg, I64Split) => Self::Sum64,
+            (Op::Sum | Op::Avg, Bfp32) => Self::SumBfp,
+            (Op::Min, I32) => Self::MinI32,
+            (Op::Min, U32 | Key32) => Self::MinU32,
+            (Op::Min, I64) => Self::MinI64,
+            (Op::Max, I32) => Self::MaxI32,
+            (Op::Max, U32 | Key32) => Self::MaxU32,
+            (Op::Max, I64) => Self::MaxI64,
+            (Op::Prod, I32 | U32) => Self::Prod32,
+            (Op::Prod, I64) => Self::Prod64,
+            (Op::And, _) => Self::And,
+            (Op::Or, _) => Self::Or,
+            (Op::Xor, _) => Self::Xor,
+            _ => return None,
+        })
+    }
+
+    /// The name of the program that runs this fold.
+    pub const fn program(self) -> &'static str {
+        match self {
+            Self::Sum32 => "xagg_fold_sum32",
+            Self::Sum64 => "xagg_fold_sum64",
+            Self::SumBfp => "xagg_fold_sum_bfp",
+            Self::MinI32 => "xagg_fold_min_i32",
+            Self::MinU32 => "xagg_fold_min_u32",
+            Self::MinI64 => "xagg_fold_min_i64",
+            Self::MaxI32 => "xagg_fold_max_i32",
+            Self::MaxU32 => "xagg_fold_max_u32",
+            Self::MaxI64 => "xagg_fold_max_i64",
+            Self::Prod32 => "xagg_fold_prod32",
+            Self::Prod64 => "xagg_fold_prod64",
+            Self::And => "xagg_fold_and",
+            Self::Or => "xagg_fold_or",
+            Self::Xor => "xagg_fold_xor",
+        }
+    }
+}
 
 /// The state of one shadow copy.
 #[repr(u32)]

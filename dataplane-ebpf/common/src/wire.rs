@@ -14,9 +14,15 @@ pub const DEFAULT_PORT: u16 = 47800;
 pub const HEADER_LEN: usize = 30;
 /// Bytes in front of the payload in a frame without IPv4 options.
 pub const PAYLOAD_OFFSET: usize = 14 + 20 + 8 + HEADER_LEN;
-/// Largest payload: what one single-buffer XDP frame carries on veth (an IPv4 packet of at
-/// most 3506 bytes, the MTU a non-frags XDP program allows on its peer), rounded down to 8.
-pub const MAX_PAYLOAD: usize = 3448;
+/// Largest payload: what a 9000-byte MTU carries (the largest a real Ethernet network
+/// carries without IP fragments, which the switch drops), rounded down to 8. On veth a
+/// frame past 3520 bytes is multi-buffer: its payload past the first buffer is reached by
+/// copies.
+pub const MAX_PAYLOAD: usize = 8936;
+/// Largest payload one single-buffer XDP frame carries on veth (an IPv4 packet of at most
+/// 3506 bytes, the MTU a program without the frags flag allows on its peer), rounded
+/// down to 8: the longest segment that takes the switch's direct path there.
+pub const BUFFER_PAYLOAD: usize = 3448;
 /// Largest IPv4 packet (the MTU) a full segment needs.
 pub const MAX_IP_PACKET: usize = 20 + 8 + HEADER_LEN + MAX_PAYLOAD;
 /// Members one aggregation point can wait for: one bit each in a 64-bit bitmap.
@@ -465,7 +471,9 @@ pub struct Header {
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
 const _: () = assert!(PAYLOAD_OFFSET.is_multiple_of(8));
 const _: () = assert!(MAX_PAYLOAD.is_multiple_of(8));
-const _: () = assert!(MAX_IP_PACKET <= 3506);
+const _: () = assert!(MAX_IP_PACKET <= 9000);
+const _: () = assert!(20 + 8 + HEADER_LEN + BUFFER_PAYLOAD <= 3506);
+const _: () = assert!(BUFFER_PAYLOAD.is_multiple_of(8));
 
 /// Named-field construction of a [`Header`]: every field not set is zero, the version is
 /// [`VERSION`], the status ok.
@@ -759,7 +767,8 @@ mod tests {
         assert_eq!(payload_len(1, 4), 8);
         assert_eq!(payload_len(2, 4), 8);
         assert_eq!(payload_len(3, 4), 16);
-        assert_eq!(payload_len(862, 4), MAX_PAYLOAD);
-        assert_eq!(DType::I32.max_elements(), 862);
+        assert_eq!(payload_len(862, 4), BUFFER_PAYLOAD);
+        assert_eq!(payload_len(2234, 4), MAX_PAYLOAD);
+        assert_eq!(DType::I32.max_elements(), 2234);
     }
 }

@@ -1,10 +1,15 @@
 //! The XDP programs of the aggregation switch.
 //!
 //! - `xagg_switch`, on every switch port: takes contributions addressed to the switch,
-//!   aggregates them in slots, broadcasts each finished result to the job's members.
+//!   checks them against their job and hands each to the fold program of its op and lane.
 //!   Everything else passes to the kernel (the bridge) untouched.
+//! - `xagg_fold_*`, one per op and lane (`Fold`), reached by a tail call: aggregate the
+//!   contribution in its slot and deliver a finished result — a single-buffer one
+//!   broadcast through the devmap, a multi-buffer one passed to `xagg_fanout`.
 //! - `xagg_result`, the devmap egress program: addresses each broadcast copy to the
 //!   member behind the port it leaves through.
+//! - `xagg_fanout`, tc ingress on every switch port: sends a copy of each multi-buffer
+//!   result to every member (the devmap broadcast cannot clone one).
 //! - `xagg_host`, on a worker's interface: steers results into the worker's AF_XDP
 //!   socket when it has one, and lets everything else in (a frame redirected into a veth
 //!   is dropped unless the peer end runs an XDP program).
@@ -19,8 +24,8 @@ mod slot;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
-    btf_maps::{Array, DevMap, HashMap, LruHashMap, PerCpuArray, XskMap},
-    helpers::bpf_get_prandom_u32,
+    btf_maps::{Array, DevMap, HashMap, LruHashMap, PerCpuArray, ProgramArray, XskMap},
+    helpers::{bpf_get_prandom_u32, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -29,12 +34,15 @@ use xagg_common::{
     job::{
         job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, SwitchConfig, MAX_JOBS,
     },
-    slot::MAX_SLOTS,
-    wire::{self, Kind},
+    slot::{Fold, MAX_SLOTS, SLOT_WORDS},
+    wire::{self, Kind, PAYLOAD_OFFSET},
     Counter, Job,
 };
 
-use crate::packet::{Frame, Udp4};
+use crate::{
+    packet::{Frame, Udp4},
+    reduce::{InFrame, Staged},
+};
 
 /// Ports a switch can have: entries of the broadcast devmap.
 const MAX_PORTS: usize = 64;
@@ -76,6 +84,32 @@ static SWITCH: Array<SwitchConfig, 1> = Array::new();
 /// member of the job.
 #[btf_map]
 static PORTS: DevMap<MAX_PORTS> = DevMap::new();
+
+/// A contribution handed from `xagg_switch` to its fold program, with (for a multi-buffer
+/// frame) its payload copied out: helpers cannot run under the slot's lock, and the
+/// payload past the first buffer is reachable only through one.
+#[repr(C)]
+pub struct Stage {
+    round: slot::Round,
+    /// The job's wire id, the member's index, the slot (`SLOTS` index) and shadow copy.
+    job: u32,
+    member: u32,
+    slot: u32,
+    shadow: u32,
+    /// Whether the payload is staged in `data` rather than read in the frame.
+    staged: u32,
+    /// Whether the frame is multi-buffer.
+    multi: u32,
+    data: [u64; SLOT_WORDS],
+}
+
+/// One entry per CPU: a program runs to its end on one CPU, tail calls included.
+#[btf_map]
+static STAGE: PerCpuArray<Stage, 1> = PerCpuArray::new();
+
+/// The fold programs, by `Fold`.
+#[btf_map]
+static FOLDS: ProgramArray<{ Fold::COUNT }> = ProgramArray::new();
 
 /// Fault injection (one entry; zero = off).
 #[btf_map]
@@ -214,7 +248,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let r = if query {
         status_query(ctx, &frame, cfg, job)
     } else {
-        contribution(ctx, &frame, cfg, job, member)
+        contribution(ctx, &frame, job, member)
     };
     let (Ok((_, c)) | Err(c)) = r;
     count_job(job, member, c);
@@ -267,15 +301,21 @@ fn refuse(frame: &Frame, cfg: &SwitchConfig, c: Counter) -> Result<(u32, Counter
     Ok((xdp_action::XDP_TX, c))
 }
 
-/// The job's slot a packet names, in the job's range of the `SLOTS` map.
+/// The `SLOTS` index of the job's slot a packet names, in the job's range.
 #[inline(always)]
-fn slot_of(job: &Job, hdr: &xagg_common::Header) -> Result<*mut slot::Slot, Counter> {
+fn slot_index(job: &Job, hdr: &xagg_common::Header) -> Result<u32, Counter> {
     let index = hdr.slot() as u32;
     if index >= job.slot_count {
         return Err(Counter::DropSlotRange);
     }
+    Ok(job.slot_base + index)
+}
+
+/// The job's slot a packet names.
+#[inline(always)]
+fn slot_of(job: &Job, hdr: &xagg_common::Header) -> Result<*mut slot::Slot, Counter> {
     SLOTS
-        .get_ptr_mut(job.slot_base + index)
+        .get_ptr_mut(slot_index(job, hdr)?)
         .ok_or(Counter::DropSlotRange)
 }
 
@@ -302,20 +342,19 @@ fn status_query(
     Ok((xdp_action::XDP_TX, Counter::StatusReply))
 }
 
-/// A member's contribution to a segment: checked against the job, then handed to the
-/// slot's state machine; a completing one becomes the result and is broadcast.
+/// A member's contribution to a segment: checked against the job, then staged and handed
+/// to the fold program of its op and lane (a tail call: no return on success).
 #[inline(always)]
 fn contribution(
     ctx: &XdpContext,
     frame: &Frame,
-    cfg: &SwitchConfig,
     job: &Job,
     member: usize,
 ) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
     // Each message carries its op and type; the round's first contribution fixes them.
-    let lane = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
-        (Some(op), Some(dtype)) => wire::lane(op, dtype).ok_or(Counter::DropBadOp)?,
+    let (op, lane) = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
+        (Some(op), Some(dtype)) => (op, wire::lane(op, dtype).ok_or(Counter::DropBadOp)?),
         _ => return Err(Counter::DropBadOp),
     };
     let elems = hdr.count() as usize;
@@ -326,24 +365,121 @@ fn contribution(
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
     }
-    let slot = slot_of(job, hdr)?;
-    let round = slot::Round {
+    let fold = Fold::of(op, lane).ok_or(Counter::DropBadOp)?;
+    let index = slot_index(job, hdr)?;
+    let stage = STAGE.get_ptr_mut(0).ok_or(Counter::RedirectError)?;
+    let st = unsafe { &mut *stage };
+    st.round = slot::Round {
         message: hdr.message(),
         segment: hdr.segment(),
         bit: 1u64 << member,
         members: job.members,
         elems: elems as u32,
         words,
-        op: hdr.op,
-        dtype: hdr.dtype,
-        lane: lane as u8,
         exponent: hdr.exponent as i32,
         flags: hdr.enc_flags() as u32,
+        op: hdr.op,
+        dtype: hdr.dtype,
+        _pad: [0; 6],
     };
-    let (outcome, stored) = unsafe { slot::accept(slot, hdr.shadow(), &round, ctx) };
+    st.job = hdr.job();
+    st.member = member as u32;
+    st.slot = index;
+    st.shadow = hdr.shadow() as u32;
+    st.multi = frame.multi() as u32;
+    st.staged = (frame.multi() || words > reduce::BUFFER_WORDS) as u32;
+    unsafe { FOLDS.tail_call(ctx, fold as u32) };
+    // Only if the fold program is missing: a dataplane loaded without it.
+    Err(Counter::RedirectError)
+}
+
+/// Runs fold `F` for the contribution `xagg_switch` staged: counts what came of it like
+/// `xagg_switch` does.
+#[inline(always)]
+fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
+    let Some(stage) = STAGE.get_ptr_mut(0) else {
+        return xdp_action::XDP_DROP;
+    };
+    let st = unsafe { &mut *stage };
+    let r = match job_of(st.job) {
+        Some(job) => {
+            let member = st.member as usize;
+            let r = fold_staged::<F>(ctx, st);
+            let (Ok((_, c)) | Err(c)) = r;
+            count_job(job, member, c);
+            r
+        }
+        None => Err(Counter::DropUnknownJob),
+    };
+    match r {
+        Ok((action, c)) => {
+            count(c);
+            action
+        }
+        Err(c) => {
+            count(c);
+            note_drop(ctx, c);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+/// A member's contribution, checked by `xagg_switch`, handed to the slot's state machine
+/// with fold `F`; a completing one becomes the result and is delivered to every member.
+#[inline(always)]
+fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, Counter), Counter> {
+    let cfg = SWITCH.get(0).ok_or(Counter::RedirectError)?;
+    let slot = SLOTS.get_ptr_mut(st.slot).ok_or(Counter::DropSlotRange)?;
+    let r = st.round;
+    let shadow = st.shadow as usize;
+    let (multi, staged) = (st.multi != 0, st.staged != 0);
+    let bytes = r.words * 8;
+    let (outcome, stored) = if staged {
+        if bytes == 0 || bytes > SLOT_WORDS * 8 {
+            return Err(Counter::DropBadLength);
+        }
+        // Copied out before the lock: no helper may run under it.
+        let data = st.data.as_mut_ptr() as *mut core::ffi::c_void;
+        if unsafe { bpf_xdp_load_bytes(ctx.ctx, PAYLOAD_OFFSET as u32, data, bytes as u32) } < 0 {
+            return Err(Counter::DropTruncated);
+        }
+        unsafe { slot::accept::<F, _>(slot, shadow, &r, &Staged(&raw mut st.data)) }
+    } else {
+        // Packet pointers derived here, so the verifier sees every payload access checked
+        // against data_end inside the loops.
+        let src = InFrame {
+            payload: ctx.data() + PAYLOAD_OFFSET,
+            end: ctx.data_end(),
+        };
+        unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
+    };
+    // A result in the staging buffer goes back into the frame, after the lock.
+    let buffer = st.data.as_mut_ptr() as *mut core::ffi::c_void;
+    let store = |bytes: usize| {
+        let data = buffer;
+        if bytes == 0 || bytes > SLOT_WORDS * 8 {
+            return Err(Counter::DropBadLength);
+        }
+        match unsafe { bpf_xdp_store_bytes(ctx.ctx, PAYLOAD_OFFSET as u32, data, bytes as u32) } {
+            0 => Ok(()),
+            _ => Err(Counter::DropTruncated),
+        }
+    };
+    let frame = Frame::again(ctx.data(), ctx.data_end(), multi).ok_or(Counter::DropTruncated)?;
     match outcome {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
+        slot::Outcome::Complete if multi => {
+            store(bytes)?;
+            frame.into_result(&stored);
+            frame.from_switch(cfg);
+            // The devmap broadcast cannot clone a multi-buffer frame: the kernel hands it
+            // to `xagg_fanout` on this port's tc ingress, which copies it to each member.
+            Ok((xdp_action::XDP_PASS, Counter::Complete))
+        }
         slot::Outcome::Complete => {
+            if staged {
+                store(bytes)?;
+            }
             // Each copy is addressed to its member by `xagg_result` on the way out.
             frame.into_result(&stored);
             frame.from_switch(cfg);
@@ -356,6 +492,9 @@ fn contribution(
             if inject(faults().drop_result) {
                 return Err(Counter::InjectDropResult);
             }
+            if staged {
+                store(bytes)?;
+            }
             frame.into_result(&stored);
             frame.to_sender(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
@@ -367,6 +506,33 @@ fn contribution(
         slot::Outcome::OpMismatch => Err(Counter::DropBadOp),
     }
 }
+
+/// The fold programs, one per `Fold`, each named as `Fold::program` says.
+macro_rules! fold_programs {
+    ($($name:ident = $fold:ident),* $(,)?) => {$(
+        #[xdp(frags)]
+        pub fn $name(ctx: XdpContext) -> u32 {
+            run_fold::<{ Fold::$fold as u32 }>(&ctx)
+        }
+    )*};
+}
+
+fold_programs!(
+    xagg_fold_sum32 = Sum32,
+    xagg_fold_sum64 = Sum64,
+    xagg_fold_sum_bfp = SumBfp,
+    xagg_fold_min_i32 = MinI32,
+    xagg_fold_min_u32 = MinU32,
+    xagg_fold_min_i64 = MinI64,
+    xagg_fold_max_i32 = MaxI32,
+    xagg_fold_max_u32 = MaxU32,
+    xagg_fold_max_i64 = MaxI64,
+    xagg_fold_prod32 = Prod32,
+    xagg_fold_prod64 = Prod64,
+    xagg_fold_and = And,
+    xagg_fold_or = Or,
+    xagg_fold_xor = Xor,
+);
 
 /// Devmap egress program: one run per broadcast copy, after it has been cloned for its
 /// port. Addresses the copy to the job's member behind that port.
@@ -417,6 +583,68 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     Ok(xdp_action::XDP_PASS)
 }
 
+/// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel
+/// (from the switch's own address: a member's frame claiming it never gets past
+/// `xagg_switch`) is copied to every member of its job, each copy addressed to its member
+/// and sent out of the member's port; the original goes no further. Everything else
+/// passes.
+#[classifier]
+pub fn xagg_fanout(ctx: TcContext) -> i32 {
+    match try_fanout(&ctx) {
+        Ok(action) => action,
+        Err(c) => {
+            count(c);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+const TC_ACT_OK: i32 = 0;
+const TC_ACT_SHOT: i32 = 2;
+
+#[inline(always)]
+fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
+    let Some(cfg) = SWITCH.get(0) else {
+        return Ok(TC_ACT_OK);
+    };
+    let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()).filter(Udp4::plain) else {
+        return Ok(TC_ACT_OK);
+    };
+    if frame.ip().src_addr != cfg.ip || frame.udp().src != cfg.port {
+        return Ok(TC_ACT_OK);
+    }
+    let Some(hdr) = frame.header() else {
+        return Ok(TC_ACT_OK);
+    };
+    if hdr.kind != Kind::Result as u8 {
+        return Ok(TC_ACT_OK);
+    }
+    let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
+    // The headers, readdressed here for each member and written over the frame's own
+    // before its copy leaves: a copy shares the data, so each write unshares the headers.
+    let mut heads = [0u8; packet::HEADERS_LEN];
+    ctx.load_bytes(0, &mut heads)
+        .map_err(|_| Counter::DropTruncated)?;
+    let drop_result = faults().drop_result;
+    let mut m = 0;
+    while m < wire::MAX_MEMBERS {
+        if job.members & (1u64 << m) != 0 {
+            if inject(drop_result) {
+                count(Counter::InjectDropResult);
+            } else if let Some(addr) = job.member.get(m) {
+                packet::address_to(heads.as_mut_ptr() as usize, addr, cfg);
+                if ctx.store(0, &heads, 0).is_ok() && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
+                    count(Counter::ResultCopy);
+                } else {
+                    count(Counter::RedirectError);
+                }
+            }
+        }
+        m += 1;
+    }
+    Ok(TC_ACT_SHOT)
+}
+
 /// A measuring stick for the bench, never attached: the accumulate path's add alone — the
 /// same word-wide, unrolled sum of the frame's payload into the same map value (the last
 /// slot's first copy) — without parsing, job lookup, lock or counters; for a frame of kind Result,
@@ -438,8 +666,7 @@ pub fn xagg_floor(ctx: XdpContext) -> u32 {
     let write = hdr.kind == Kind::Result as u8;
     reduce::sum_32(
         unsafe { &mut (*slot).shadow[0] },
-        payload,
-        end,
+        &InFrame { payload, end },
         words,
         write,
     );
@@ -494,8 +721,6 @@ const IMPAIR_MARK: u32 = 0x7861_6767;
 /// fraction of the contributions the worker sends (these kernels have no netem).
 #[classifier]
 pub fn xagg_impair(ctx: TcContext) -> i32 {
-    const TC_ACT_OK: i32 = 0;
-    const TC_ACT_SHOT: i32 = 2;
     let Some(cfg) = IMPAIR.get(0) else {
         return TC_ACT_OK;
     };

@@ -7,7 +7,7 @@ use aya_ebpf::programs::XdpContext;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
 use xagg_common::{
     job::{MemberAddr, SwitchConfig},
-    wire::{Header, Kind, HEADER_LEN, PAYLOAD_OFFSET},
+    wire::{Header, Kind, HEADER_LEN, MAX_IP_PACKET, PAYLOAD_OFFSET},
     Counter,
 };
 
@@ -19,6 +19,8 @@ const IP_OFF: usize = EthHdr::LEN;
 const UDP_OFF: usize = IP_OFF + Ipv4Hdr::LEN;
 const HDR_OFF: usize = UDP_OFF + UdpHdr::LEN;
 const _: () = assert!(HDR_OFF + HEADER_LEN == PAYLOAD_OFFSET);
+/// Ethernet, IPv4 (without options) and UDP headers: what addressing a frame rewrites.
+pub const HEADERS_LEN: usize = HDR_OFF;
 /// Payload of a status query and its reply: the shadow copy's member bitmap and the job's.
 pub const STATUS_LEN: usize = 16;
 
@@ -137,6 +139,8 @@ impl Udp4 {
 pub struct Frame {
     data: usize,
     udp_len: usize,
+    /// Whether the datagram goes on past the frame's first buffer (reached only by copies).
+    multi: bool,
 }
 
 impl Frame {
@@ -159,9 +163,10 @@ impl Frame {
         if udp4.dst_port() != Some(cfg.port) {
             return Ok(None);
         }
-        // Ours. Segments take one buffer: the rest of a multi-buffer frame (`frame_len`
-        // counts every buffer; asked only for our datagrams) is out of direct reach.
-        if frame_len() > end - data {
+        // Ours. `frame_len` counts every buffer of a multi-buffer frame (asked only for our
+        // datagrams); the headers are always in the first.
+        let total = frame_len();
+        if total > IP_OFF + MAX_IP_PACKET {
             return Err(Counter::DropOversize);
         }
         // A collective sender never uses IPv4 options or fragments.
@@ -177,17 +182,41 @@ impl Frame {
         // The frame, the IPv4 total length and the UDP length must agree: a shorter frame
         // was truncated, a longer one padded.
         let ip_len = u16::from_be_bytes(udp4.ip().tot_len) as usize;
-        if data + IP_OFF + ip_len > end {
+        if IP_OFF + ip_len > total {
             return Err(Counter::DropTruncated);
         }
         let udp_len = u16::from_be_bytes(udp4.udp().len) as usize;
-        if data + IP_OFF + ip_len != end || udp_len != ip_len - Ipv4Hdr::LEN {
+        if IP_OFF + ip_len != total || udp_len != ip_len - Ipv4Hdr::LEN {
             return Err(Counter::DropBadLength);
         }
         if udp_len < UdpHdr::LEN + HEADER_LEN {
             return Err(Counter::DropTruncated);
         }
-        Ok(Some(Self { data, udp_len }))
+        Ok(Some(Self {
+            data,
+            udp_len,
+            multi: total > end - data,
+        }))
+    }
+
+    /// The frame [`Frame::collective`] accepted, found again after a tail call (`None` only
+    /// if it is not that frame).
+    #[inline(always)]
+    pub fn again(data: usize, end: usize, multi: bool) -> Option<Self> {
+        let f = Udp4::parse(data, end)?;
+        f.header()?;
+        let udp_len = u16::from_be_bytes(f.udp().len) as usize;
+        Some(Self {
+            data,
+            udp_len,
+            multi,
+        })
+    }
+
+    /// Whether the payload goes on past the frame's first buffer.
+    #[inline(always)]
+    pub fn multi(&self) -> bool {
+        self.multi
     }
 
     #[inline(always)]

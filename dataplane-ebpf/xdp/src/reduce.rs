@@ -1,14 +1,92 @@
 //! The reductions, over 64-bit words of payload: two 32-bit lanes or one 64-bit lane per
 //! word. Called with the slot's lock held, so everything is inlined and loops have
-//! constant bounds.
+//! constant bounds. The payload is read where it is ([`Words`]): in the frame's one
+//! buffer, or staged out of a multi-buffer frame.
 
 use xagg_common::{
-    slot::SLOT_WORDS,
-    wire::{Lane, Op},
+    slot::{Fold, SLOT_WORDS},
+    wire::BUFFER_PAYLOAD,
     ShadowCopy,
 };
 
 use crate::slot::Round;
+
+/// Words of the longest payload veth keeps in one buffer: the direct path's limit.
+pub const BUFFER_WORDS: usize = BUFFER_PAYLOAD / 8;
+
+/// A round's payload, word by word.
+pub trait Words {
+    /// The most words it can hold: the loops' constant bound.
+    const MAX: usize;
+    /// Whether word `i` is there: the check the verifier needs before each access.
+    fn has(&self, i: usize) -> bool;
+    /// Whether all of words `0..BUFFER_WORDS` are there: one check for a whole buffer.
+    fn has_buffer(&self) -> bool;
+    /// # Safety
+    /// `has(i)` holds, or `has_buffer()` and `i < BUFFER_WORDS`.
+    unsafe fn get(&self, i: usize) -> u64;
+    /// # Safety
+    /// As for [`Words::get`].
+    unsafe fn set(&self, i: usize, w: u64);
+}
+
+/// The payload in the frame's (first and only) buffer, at `payload..end`.
+pub struct InFrame {
+    pub payload: usize,
+    pub end: usize,
+}
+
+impl Words for InFrame {
+    // Longer payloads are staged: the direct path's loops stay short for the verifier.
+    const MAX: usize = BUFFER_WORDS;
+    #[inline(always)]
+    fn has(&self, i: usize) -> bool {
+        self.payload + i * 8 + 8 <= self.end
+    }
+
+    #[inline(always)]
+    fn has_buffer(&self) -> bool {
+        self.payload + BUFFER_WORDS * 8 <= self.end
+    }
+
+    #[inline(always)]
+    unsafe fn get(&self, i: usize) -> u64 {
+        unsafe { *((self.payload + i * 8) as *const u64) }
+    }
+
+    #[inline(always)]
+    unsafe fn set(&self, i: usize, w: u64) {
+        unsafe { *((self.payload + i * 8) as *mut u64) = w };
+    }
+}
+
+/// The payload copied out of a multi-buffer frame into a per-CPU buffer (and the result
+/// written there, to be copied back).
+pub struct Staged(pub *mut [u64; SLOT_WORDS]);
+
+impl Words for Staged {
+    const MAX: usize = SLOT_WORDS;
+    #[inline(always)]
+    fn has(&self, _i: usize) -> bool {
+        // The loops' own bound (SLOT_WORDS) keeps every index inside the buffer.
+        true
+    }
+
+    #[inline(always)]
+    fn has_buffer(&self) -> bool {
+        true
+    }
+
+    #[inline(always)]
+    unsafe fn get(&self, i: usize) -> u64 {
+        unsafe { *(*self.0).get_unchecked(i) }
+    }
+
+    #[inline(always)]
+    unsafe fn set(&self, i: usize, w: u64) {
+        unsafe { *(*self.0).get_unchecked_mut(i) = w };
+    }
+}
 
 /// Sign bits of the two i32 lanes of a word.
 const LANE_SIGN: u64 = 0x8000_0000_8000_0000;
@@ -35,128 +113,106 @@ fn sar_32x2(x: u64, s: u32) -> u64 {
     lanes(x, 0, |a, _| ((a as i32) >> s) as u32)
 }
 
-/// `v.data[i] = f(v.data[i], payload word i)`; with `write`, also the payload word =
-/// `v.data[i]`. The caller has checked the payload word's bounds.
-macro_rules! fold_word {
-    ($v:expr, $payload:expr, $i:expr, $write:expr, |$a:ident, $b:ident| $f:expr) => {{
-        let i = $i;
-        let p = $payload + i * 8;
-        let $a = unsafe { *$v.data.get_unchecked(i) };
-        let $b = unsafe { *(p as *const u64) };
-        let r = $f;
-        unsafe { *$v.data.get_unchecked_mut(i) = r };
-        if $write {
-            unsafe { *(p as *mut u64) = r };
+/// `v.data[i] = f(v.data[i], payload word i)` for each of the round's `words`; with
+/// `write`, also the payload word = `v.data[i]`.
+#[inline(always)]
+fn fold_words<W: Words>(
+    v: &mut ShadowCopy,
+    src: &W,
+    words: usize,
+    write: bool,
+    f: impl Fn(u64, u64) -> u64,
+) {
+    let mut fold_word = |i: usize| {
+        let r = f(unsafe { *v.data.get_unchecked(i) }, unsafe { src.get(i) });
+        unsafe { *v.data.get_unchecked_mut(i) = r };
+        if write {
+            unsafe { src.set(i, r) };
         }
-    }};
-}
-
-/// [`fold_word!`] for each word of the round, turning the packet into the result with
-/// `write`.
-macro_rules! fold_words {
-    ($v:expr, $payload:expr, $end:expr, $words:expr, $write:expr, |$a:ident, $b:ident| $f:expr) => {{
+    };
+    // A full buffer: one bounds check for the whole payload instead of one per word (the
+    // verifier accepts the accesses at offsets below the checked length).
+    if words == BUFFER_WORDS && src.has_buffer() {
         let mut i = 0usize;
-        while i < SLOT_WORDS {
-            if i >= $words || $payload + i * 8 + 8 > $end {
-                break;
+        // Four words per iteration: a quarter of the loop's own work per word.
+        while i + 4 <= BUFFER_WORDS {
+            let mut k = 0;
+            while k < 4 {
+                fold_word(i + k);
+                k += 1;
             }
-            fold_word!($v, $payload, i, $write, |$a, $b| $f);
+            i += 4;
+        }
+        while i < BUFFER_WORDS {
+            fold_word(i);
             i += 1;
         }
-    }};
-}
-
-/// [`fold_words!`] with a fast path for a full segment: one bounds check for the whole
-/// payload instead of one per word (the verifier accepts the word accesses at offsets below
-/// the checked length). Used for the commonest fold, the copies in and out, and nowhere
-/// else, to keep the program within the verifier's instruction budget.
-macro_rules! fold_words_fast {
-    ($v:expr, $payload:expr, $end:expr, $words:expr, $write:expr, |$a:ident, $b:ident| $f:expr) => {{
-        if $words == SLOT_WORDS && $payload + SLOT_WORDS * 8 <= $end {
-            let mut i = 0usize;
-            // Four words per iteration: a quarter of the loop's own work per word.
-            while i + 4 <= SLOT_WORDS {
-                let mut k = 0;
-                while k < 4 {
-                    fold_word!($v, $payload, i + k, $write, |$a, $b| $f);
-                    k += 1;
-                }
-                i += 4;
-            }
-            while i < SLOT_WORDS {
-                fold_word!($v, $payload, i, $write, |$a, $b| $f);
-                i += 1;
-            }
-        } else {
-            fold_words!($v, $payload, $end, $words, $write, |$a, $b| $f)
+        return;
+    }
+    let mut i = 0usize;
+    while i < W::MAX {
+        if i >= words || !src.has(i) {
+            break;
         }
-    }};
+        fold_word(i);
+        i += 1;
+    }
 }
 
-/// Folds the frame's payload into shadow copy `v` with the round's op.
+/// Folds the payload into shadow copy `v` with fold `F` (a [`Fold`]), turning the payload
+/// into the result with `write`.
 #[inline(always)]
-pub fn fold(v: &mut ShadowCopy, payload: usize, end: usize, r: &Round, write: bool) {
-    const SUM: u8 = Op::Sum as u8;
-    const MIN: u8 = Op::Min as u8;
-    const MAX: u8 = Op::Max as u8;
-    const AVG: u8 = Op::Avg as u8;
-    const PROD: u8 = Op::Prod as u8;
-    const AND: u8 = Op::And as u8;
-    const OR: u8 = Op::Or as u8;
-    const XOR: u8 = Op::Xor as u8;
-    const I32: u8 = Lane::I32 as u8;
-    const U32: u8 = Lane::U32 as u8;
-    const I64: u8 = Lane::I64 as u8;
-    const BFP: u8 = Lane::Bfp32 as u8;
-    const KEY: u8 = Lane::Key32 as u8;
-    const I64_SPLIT: u8 = Lane::I64Split as u8;
+pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, write: bool) {
+    const SUM32: u32 = Fold::Sum32 as u32;
+    const SUM64: u32 = Fold::Sum64 as u32;
+    const SUM_BFP: u32 = Fold::SumBfp as u32;
+    const MIN_I32: u32 = Fold::MinI32 as u32;
+    const MIN_U32: u32 = Fold::MinU32 as u32;
+    const MIN_I64: u32 = Fold::MinI64 as u32;
+    const MAX_I32: u32 = Fold::MaxI32 as u32;
+    const MAX_U32: u32 = Fold::MaxU32 as u32;
+    const MAX_I64: u32 = Fold::MaxI64 as u32;
+    const PROD32: u32 = Fold::Prod32 as u32;
+    const PROD64: u32 = Fold::Prod64 as u32;
+    const AND: u32 = Fold::And as u32;
+    const OR: u32 = Fold::Or as u32;
+    const XOR: u32 = Fold::Xor as u32;
     let w = r.words;
-    match (r.op, r.lane) {
-        (SUM, I32 | U32) => sum_32(v, payload, end, w, write),
-        // The mean of i64 travels split in two lanes whose sums cannot overflow.
-        (SUM | AVG, I64) | (AVG, I64_SPLIT) => {
-            fold_words!(v, payload, end, w, write, |a, b| a.wrapping_add(b))
-        }
-        (SUM | AVG, BFP) => {
+    match F {
+        SUM32 => sum_32(v, src, w, write),
+        SUM64 => fold_words(v, src, w, write, |a, b| a.wrapping_add(b)),
+        SUM_BFP => {
             // Align both blocks to the larger exponent, then add the mantissas.
             let (sa, sb) = if r.exponent > v.exponent {
                 ((r.exponent - v.exponent).min(31) as u32, 0)
             } else {
                 (0, (v.exponent - r.exponent).min(31) as u32)
             };
-            fold_words!(v, payload, end, w, write, |a, b| add_32x2(
-                sar_32x2(a, sa),
-                sar_32x2(b, sb)
-            ));
+            fold_words(v, src, w, write, |a, b| {
+                add_32x2(sar_32x2(a, sa), sar_32x2(b, sb))
+            });
             if r.exponent > v.exponent {
                 v.exponent = r.exponent;
             }
         }
-        (MIN, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(
-            a,
-            b,
-            |x, y| (x as i32).min(y as i32) as u32
-        )),
-        (MIN, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x
-            .min(y))),
-        (MIN, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).min(b as i64)
-            as u64),
-        (MAX, I32) => fold_words!(v, payload, end, w, write, |a, b| lanes(
-            a,
-            b,
-            |x, y| (x as i32).max(y as i32) as u32
-        )),
-        (MAX, U32 | KEY) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x
-            .max(y))),
-        (MAX, I64) => fold_words!(v, payload, end, w, write, |a, b| (a as i64).max(b as i64)
-            as u64),
-        (PROD, I32 | U32) => fold_words!(v, payload, end, w, write, |a, b| lanes(a, b, |x, y| x
-            .wrapping_mul(y))),
-        (PROD, I64) => fold_words!(v, payload, end, w, write, |a, b| a.wrapping_mul(b)),
-        (AND, _) => fold_words!(v, payload, end, w, write, |a, b| a & b),
-        (OR, _) => fold_words!(v, payload, end, w, write, |a, b| a | b),
-        (XOR, _) => fold_words!(v, payload, end, w, write, |a, b| a ^ b),
-        // The control plane admits no other combination.
+        MIN_I32 => fold_words(v, src, w, write, |a, b| {
+            lanes(a, b, |x, y| (x as i32).min(y as i32) as u32)
+        }),
+        MIN_U32 => fold_words(v, src, w, write, |a, b| lanes(a, b, |x, y| x.min(y))),
+        MIN_I64 => fold_words(v, src, w, write, |a, b| (a as i64).min(b as i64) as u64),
+        MAX_I32 => fold_words(v, src, w, write, |a, b| {
+            lanes(a, b, |x, y| (x as i32).max(y as i32) as u32)
+        }),
+        MAX_U32 => fold_words(v, src, w, write, |a, b| lanes(a, b, |x, y| x.max(y))),
+        MAX_I64 => fold_words(v, src, w, write, |a, b| (a as i64).max(b as i64) as u64),
+        PROD32 => fold_words(v, src, w, write, |a, b| {
+            lanes(a, b, |x, y| x.wrapping_mul(y))
+        }),
+        PROD64 => fold_words(v, src, w, write, |a, b| a.wrapping_mul(b)),
+        AND => fold_words(v, src, w, write, |a, b| a & b),
+        OR => fold_words(v, src, w, write, |a, b| a | b),
+        XOR => fold_words(v, src, w, write, |a, b| a ^ b),
+        // `Fold` has no other value.
         _ => {}
     }
 }
@@ -164,18 +220,18 @@ pub fn fold(v: &mut ShadowCopy, payload: usize, end: usize, r: &Round, write: bo
 /// The sum of 32-bit integer lanes, two per word: the commonest fold, and the bench's floor
 /// (`xagg_floor` runs it alone).
 #[inline(always)]
-pub fn sum_32(v: &mut ShadowCopy, payload: usize, end: usize, words: usize, write: bool) {
-    fold_words_fast!(v, payload, end, words, write, |a, b| add_32x2(a, b));
+pub fn sum_32<W: Words>(v: &mut ShadowCopy, src: &W, words: usize, write: bool) {
+    fold_words(v, src, words, write, add_32x2);
 }
 
 /// The first contribution of a round: copied in as it is.
 #[inline(always)]
-pub fn copy_in(v: &mut ShadowCopy, payload: usize, end: usize, words: usize) {
-    fold_words_fast!(v, payload, end, words, false, |_a, b| b);
+pub fn copy_in<W: Words>(v: &mut ShadowCopy, src: &W, words: usize) {
+    fold_words(v, src, words, false, |_a, b| b);
 }
 
-/// The stored result, copied into the frame.
+/// The stored result, copied into the payload.
 #[inline(always)]
-pub fn copy_out(v: &mut ShadowCopy, payload: usize, end: usize, words: usize) {
-    fold_words_fast!(v, payload, end, words, true, |a, _b| a);
+pub fn copy_out<W: Words>(v: &mut ShadowCopy, src: &W, words: usize) {
+    fold_words(v, src, words, true, |a, _b| a);
 }

@@ -21,10 +21,10 @@
 //!
 //! Everything between lock and unlock is inlined: the verifier allows no calls there.
 
-use aya_ebpf::{bindings::bpf_spin_lock, helpers, programs::XdpContext};
-use xagg_common::{slot::ShadowState, wire::PAYLOAD_OFFSET, ShadowCopy};
+use aya_ebpf::{bindings::bpf_spin_lock, helpers};
+use xagg_common::{slot::ShadowState, ShadowCopy};
 
-use crate::reduce;
+use crate::reduce::{self, Words};
 
 /// A `SLOTS` entry. The layout matches `xagg_common::slot::SlotImage`.
 #[repr(C)]
@@ -35,6 +35,8 @@ pub struct Slot {
 }
 
 /// A contribution, as the slot needs it.
+#[repr(C)]
+#[derive(Clone, Copy)]
 pub struct Round {
     pub message: u32,
     pub segment: u32,
@@ -45,13 +47,12 @@ pub struct Round {
     pub elems: u32,
     /// 64-bit words of payload.
     pub words: usize,
-    pub op: u8,
-    pub dtype: u8,
-    /// The wire encoding (`xagg_common::wire::Lane`).
-    pub lane: u8,
     /// The packet's block exponent and `enc_flags`.
     pub exponent: i32,
     pub flags: u32,
+    pub op: u8,
+    pub dtype: u8,
+    pub _pad: [u8; 6],
 }
 
 /// What a finished copy holds besides its data: the result header's block exponent
@@ -114,22 +115,19 @@ fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
     dm < 0 || (dm == 0 && (segment.wrapping_sub(v.segment) as i32) < 0)
 }
 
-/// Applies one contribution to shadow copy `shadow` of `slot`.
+/// Applies one contribution, its payload in `src`, to shadow copy `shadow` of `slot` with
+/// fold `F` (a `Fold`); a completed or replayed round leaves the result in `src`.
 ///
 /// # Safety
-/// `slot` must point into the `SLOTS` map, and the caller must have checked that the
-/// frame holds `r.words` words of payload.
+/// `slot` must point into the `SLOTS` map, and the caller must have checked that `src`
+/// holds `r.words` words of payload.
 #[inline(always)]
-pub unsafe fn accept(
+pub unsafe fn accept<const F: u32, W: Words>(
     slot: *mut Slot,
     shadow: usize,
     r: &Round,
-    ctx: &XdpContext,
+    src: &W,
 ) -> (Outcome, Stored) {
-    // Packet pointers are derived again here so the verifier sees each payload access
-    // checked against data_end inside the loops.
-    let payload = ctx.data() + PAYLOAD_OFFSET;
-    let end = ctx.data_end();
     unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
     let v = unsafe { &mut (*slot).shadow[shadow & 1] };
     let state = v.state;
@@ -141,19 +139,19 @@ pub unsafe fn accept(
                 Outcome::Mismatch
             } else if v.seen & r.bit != 0 {
                 if state == ShadowState::Done as u32 {
-                    reduce::copy_out(v, payload, end, r.words);
+                    reduce::copy_out(v, src, r.words);
                     Outcome::Replay
                 } else {
                     Outcome::Duplicate
                 }
             } else if v.seen | r.bit == r.members {
-                reduce::fold(v, payload, end, r, true);
+                reduce::fold::<F, W>(v, src, r, true);
                 v.flags |= r.flags;
                 v.seen |= r.bit;
                 v.state = ShadowState::Done as u32;
                 Outcome::Complete
             } else {
-                reduce::fold(v, payload, end, r, false);
+                reduce::fold::<F, W>(v, src, r, false);
                 v.flags |= r.flags;
                 v.seen |= r.bit;
                 Outcome::Added
@@ -162,7 +160,7 @@ pub unsafe fn accept(
             Outcome::Stale
         } else {
             let reclaim = state == ShadowState::Filling as u32;
-            reduce::copy_in(v, payload, end, r.words);
+            reduce::copy_in(v, src, r.words);
             v.message = r.message;
             v.segment = r.segment;
             v.count = r.elems;

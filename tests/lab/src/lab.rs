@@ -15,9 +15,10 @@ use anyhow::{bail, Context, Result};
 use aya::{programs::Xdp, Ebpf};
 use xagg_daemon::job::MemberSpec;
 
-/// MTU of every lab link: the largest a non-frags XDP program allows on a veth peer, and
-/// what a full 3448-byte segment needs.
-pub const MTU: usize = 3506;
+/// MTU of every lab link: the largest a real Ethernet network carries, and what a full
+/// segment (`wire::MAX_PAYLOAD`) needs. Past 3506 bytes veth frames are multi-buffer (the
+/// switch's programs are frags-aware).
+pub const MTU: usize = xagg_common::wire::MAX_IP_PACKET;
 pub const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const WORKER_PORT: u16 = 47801;
 

@@ -101,6 +101,8 @@ pub struct Switch {
     pub slots: Array<MapData, SlotImage>,
     pub counters: PerCpuArray<MapData, u64>,
     pub hellos: HashMap<MapData, u64, MemberAddr>,
+    /// Holds the fold programs' table (its entries go with its last descriptor).
+    _folds: aya::maps::ProgramArray<MapData>,
 }
 
 pub struct Run {
@@ -122,6 +124,9 @@ impl Switch {
             "the XDP object is not built: run `cargo xtask build` (or `cargo xtask test`)"
         );
         let mut ebpf = Ebpf::load(object).expect("loading the XDP object");
+        let mut folds = aya::maps::ProgramArray::try_from(ebpf.take_map("FOLDS").unwrap()).unwrap();
+        xagg_daemon::dataplane::load_folds(&mut ebpf, &mut folds)
+            .unwrap_or_else(|e| panic!("loading the fold programs: {e}"));
         let p: &mut Xdp = ebpf.program_mut("xagg_switch").unwrap().try_into().unwrap();
         p.load().expect("verifier accepts xagg_switch");
         let mut sw: Array<MapData, SwitchConfig> =
@@ -142,6 +147,7 @@ impl Switch {
             slots: Array::try_from(ebpf.take_map("SLOTS").unwrap()).unwrap(),
             counters: PerCpuArray::try_from(ebpf.take_map("COUNTERS").unwrap()).unwrap(),
             hellos: HashMap::try_from(ebpf.take_map("HELLOS").unwrap()).unwrap(),
+            _folds: folds,
             ebpf,
         }
     }
