@@ -210,7 +210,7 @@ impl Dataplane {
             .map_err(|e| DataplaneError::Other(format!("duplicating a program fd: {e}")))?;
 
         if let Some(dir) = &pin {
-            for sub in ["maps", "links"] {
+            for sub in ["maps", "links", "links/fanout"] {
                 fs::create_dir_all(dir.join(sub)).map_err(|e| pin_err(dir)(Box::new(e)))?;
             }
         }
@@ -276,7 +276,7 @@ impl Dataplane {
                         "tc link on {port} is not a bpf_link, cannot pin it: {e}"
                     ))
                 })?;
-                link_pins.push((format!("{port}.fanout"), fd));
+                link_pins.push((format!("fanout/{port}"), fd));
             } else {
                 fanout_links.push(link);
             }

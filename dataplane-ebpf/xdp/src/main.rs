@@ -25,7 +25,10 @@ mod slot;
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
     btf_maps::{Array, DevMap, HashMap, LruHashMap, PerCpuArray, ProgramArray, XskMap},
-    helpers::{bpf_get_prandom_u32, bpf_xdp_load_bytes, bpf_xdp_store_bytes},
+    helpers::{
+        bpf_get_prandom_u32, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_load_bytes,
+        bpf_xdp_store_bytes,
+    },
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
 };
@@ -622,9 +625,13 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
     // The headers, readdressed here for each member and written over the frame's own
     // before its copy leaves: a copy shares the data, so each write unshares the headers.
-    let mut heads = [0u8; packet::HEADERS_LEN];
-    ctx.load_bytes(0, &mut heads)
-        .map_err(|_| Counter::DropTruncated)?;
+    // Words, so zeroing it takes a few stores rather than a byte loop.
+    let mut heads = [0u64; packet::HEADERS_LEN.div_ceil(8)];
+    let at = heads.as_mut_ptr() as usize;
+    let len = packet::HEADERS_LEN as u32;
+    if unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, at as *mut _, len) } != 0 {
+        return Err(Counter::DropTruncated);
+    }
     let drop_result = faults().drop_result;
     let mut m = 0;
     while m < wire::MAX_MEMBERS {
@@ -632,8 +639,10 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
             if inject(drop_result) {
                 count(Counter::InjectDropResult);
             } else if let Some(addr) = job.member.get(m) {
-                packet::address_to(heads.as_mut_ptr() as usize, addr, cfg);
-                if ctx.store(0, &heads, 0).is_ok() && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
+                packet::address_to(at, addr, cfg);
+                let stored =
+                    unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
+                if stored && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
                     count(Counter::ResultCopy);
                 } else {
                     count(Counter::RedirectError);
