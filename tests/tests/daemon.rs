@@ -123,7 +123,7 @@ fn clear_errors() {
     let m = err(sw.add_job(1, 256, 8, &[0, 1]));
     assert!(m.contains("already exists"), "{m}");
     let m = err(sw.add_job(3, 4000, 8, &[0, 1]));
-    assert!(m.contains("segment") && m.contains("1..=862"), "{m}");
+    assert!(m.contains("segment") && m.contains("1..=2234"), "{m}");
     let m = err(sw.add_job(3, 256, 8, &[0, 0]));
     assert!(
         m.contains("members[1].interface") && m.contains("own switch port"),

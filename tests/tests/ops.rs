@@ -42,11 +42,14 @@ fn reduce(
         h.set_enc_flags(enc.flags);
         let mut udp = vec![0u8; HEADER_LEN + wire::payload_len(lanes.len(), 1)];
         wire::encode(&h, &lanes, &mut udp).unwrap();
-        let r = sw.run(&frame(&member(m as u8), PORT, &udp));
-        let want = if m + 1 == inputs.len() {
-            XDP_REDIRECT
-        } else {
-            XDP_DROP
+        let f = frame(&member(m as u8), PORT, &udp);
+        let r = sw.run(&f);
+        // A single-buffer result is broadcast through the devmap; a multi-buffer one
+        // (past 3520 bytes of frame) is passed to the kernel for `xagg_fanout`.
+        let want = match (m + 1 == inputs.len(), f.len() > 3520) {
+            (false, _) => XDP_DROP,
+            (true, false) => XDP_REDIRECT,
+            (true, true) => XDP_PASS,
         };
         assert_eq!(
             r.action,
@@ -89,7 +92,9 @@ fn every_op_and_type_through_the_switch() {
                 jid += 1;
                 sw.add_job(jid, job(members, op, dtype, max as u16, 0, 1));
                 let mut worst = 0f64;
-                for (sid, len) in [1usize, 7, 64, max].into_iter().enumerate() {
+                // The longest single-buffer segment, and the longest segment.
+                let buffer = wire::BUFFER_PAYLOAD / wire::lane(op, dtype).unwrap().size();
+                for (sid, len) in [1usize, 7, 64, buffer, max].into_iter().enumerate() {
                     let seed = jid as u64 * 1000 + sid as u64;
                     // Uniform over each type's range: sums of i64 leave i64 all the time,
                     // and their means are still exact.

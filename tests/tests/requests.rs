@@ -39,6 +39,7 @@ fn env(job: u32, w: usize, port: u16) -> Vec<(String, String)> {
         ("XAGG_MEMBER", w.to_string()),
         ("XAGG_MEMBERS", MEMBERS.to_string()),
         ("XAGG_SLOTS", "32".into()),
+        ("XAGG_SEGMENT_BYTES", "3448".into()),
         ("XAGG_GIVE_UP_MS", "1500".into()),
     ]
     .into_iter()

@@ -54,6 +54,10 @@ pub struct BenchArgs {
     /// End to end, the switch alone (no Open MPI runs): for profiles and A/B runs.
     #[arg(long)]
     pub switch_only: bool,
+    /// i32 elements per segment of the switch's end-to-end runs: 2234 fill a 9000-byte MTU
+    /// (multi-buffer frames on veth), 862 the largest single-buffer veth frame.
+    #[arg(long, default_value_t = SEGMENT)]
+    pub segment: usize,
     /// Allreduces per end-to-end point, instead of 200 up to 64 KiB, 20 up to 1 MiB and 5
     /// above (e.g. many, to profile the steady state).
     #[arg(long)]
@@ -95,13 +99,14 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
     // Receiving with the UDP socket needs the lab's host programs; with AF_XDP each worker
     // attaches its own, so in each round the socket settings run first.
-    let settings: [Lever; 10] = [
+    let settings: [Lever; 11] = [
         ("gro", "off", 862, SLOTS, false, &["--no-gro"]),
         ("gro", "on", 862, SLOTS, false, &[]),
         ("afxdp", "off (socket)", 862, SLOTS, false, &[]),
         ("afxdp", "on", 862, SLOTS, true, &[]),
         ("segment", "256 elements", 256, SLOTS, true, &[]),
         ("segment", "862 elements", 862, SLOTS, true, &[]),
+        ("segment", "2234 elements", 2234, SLOTS, true, &[]),
         ("slots", "16", 862, 16, true, &[]),
         ("slots", "128", 862, 128, true, &[]),
         ("gso", "off", 862, SLOTS, true, &["--no-gso"]),
@@ -519,6 +524,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mpi: !a.switch_only,
             iterations: a.iterations,
             rounds: a.rounds,
+            segment: a.segment,
         });
         crate::demo::clean_up();
         r?
@@ -763,6 +769,8 @@ fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
 }
 
 const SLOTS: u32 = 128;
+/// i32 elements per segment of the end-to-end runs unless `--segment` says otherwise.
+pub const SEGMENT: usize = 862;
 
 /// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached. mpirun
 /// runs in worker 0's namespace and starts the other ranks through an rsh agent that enters
@@ -880,6 +888,8 @@ pub struct E2e<'a> {
     /// Rounds, each the switch's runs then Open MPI's on the same lab: every figure is the
     /// median over the rounds, so both systems see the VM's drift alike.
     pub rounds: usize,
+    /// i32 elements per segment of the switch's runs.
+    pub segment: usize,
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
@@ -894,11 +904,11 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             let mut this = Vec::new();
             // Switch workers receive with AF_XDP: each attaches its own xagg_host.
             let sw = crate::demo::start_switch(lab)?;
-            add_job(&sw, crate::demo::JOB_ID, 862, SLOTS)?;
+            add_job(&sw, crate::demo::JOB_ID, e.segment, SLOTS)?;
             let mut mid = 0u32;
             for &bytes in e.sizes {
                 let it = iterations(bytes);
-                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, 862, SLOTS)?;
+                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, SLOTS)?;
                 run.repeat = it as u32;
                 run.first_message = mid;
                 if bytes >= CPU_WINDOWS_FROM {

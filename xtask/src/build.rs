@@ -225,6 +225,7 @@ pub fn test(extra: &[String]) -> Result<()> {
         switch_only: false,
         iterations: None,
         rounds: 1,
+        segment: crate::bench::SEGMENT,
         levers: false,
     })
 }

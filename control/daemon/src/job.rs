@@ -270,13 +270,13 @@ mod tests {
                 "{e}"
             );
         }
-        // The largest segment depends on the lane: 431 for i64 and for the mean of i32.
+        // The largest segment depends on the lane: 1117 for i64 and for the mean of i32.
         let wide = JobSpec {
             op: Op::Avg,
-            segment: 432,
+            segment: 1118,
             ..spec.clone()
         };
-        assert!(wide.to_job(0).unwrap_err().problem.contains("1..=431"));
+        assert!(wide.to_job(0).unwrap_err().problem.contains("1..=1117"));
         let none = JobSpec {
             slots: 0,
             ..spec.clone()

@@ -64,7 +64,7 @@ impl fmt::Display for ShapeError {
                 lane_size,
             } => write!(
                 f,
-                "{elements} elements: choose 1..={} ({MAX_PAYLOAD} bytes of {lane_size}-byte lanes fit one XDP frame)",
+                "{elements} elements: choose 1..={} ({MAX_PAYLOAD} bytes of {lane_size}-byte lanes fit a 9000-byte MTU)",
                 MAX_PAYLOAD / lane_size
             ),
             Self::SegmentLanes { bytes, lane_size } => write!(
