@@ -2,11 +2,12 @@
 //! bit-exact, and the counters show both that the impairment happened and that the
 //! recovery did.
 
+use xagg_common::wire;
 use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
 
 const WORKERS: [usize; 3] = [0, 1, 2];
-const ELEMS: usize = (2 << 20) / 4; // 2 MiB per worker, 609 segments
+const ELEMS: usize = (2 << 20) / 4; // 2 MiB per worker: 609 segments of 862, 235 of 2234
 
 fn delta(
     a: &std::collections::BTreeMap<String, u64>,
@@ -21,16 +22,30 @@ fn loss_duplicates_and_reordering_recover() {
     if !require_root("loss_duplicates_and_reordering_recover") {
         return;
     }
-    let mut sw = TestSwitch::start("xtl", 3, |_| {});
+    recover("xtl", 862);
+}
+
+/// The same with segments of a 9000-byte MTU: multi-buffer contributions, results fanned
+/// out by `xagg_fanout`, replays of multi-buffer results.
+#[test]
+fn loss_duplicates_and_reordering_recover_with_multi_buffer_segments() {
+    if !require_root("loss_duplicates_and_reordering_recover_with_multi_buffer_segments") {
+        return;
+    }
+    recover("xtj", (wire::MAX_PAYLOAD / 4) as u16);
+}
+
+fn recover(prefix: &str, segment: u16) {
+    let mut sw = TestSwitch::start(prefix, 3, |_| {});
     assert!(matches!(
-        sw.add_job(1, 862, 64, &WORKERS),
+        sw.add_job(1, segment, 64, &WORKERS),
         Response::Job { .. }
     ));
     let mut mid = 0;
     let mut run =
         |sw: &TestSwitch, what: &str, tweak: &(dyn Fn(&mut xagg_worker::WorkerParams) + Sync)| {
             let before = sw.counters();
-            let shape = i32_shape(WORKERS.len(), 64, 862);
+            let shape = i32_shape(WORKERS.len(), 64, segment as usize);
             let reps = sw.allreduce_with(
                 1,
                 mid,

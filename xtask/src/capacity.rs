@@ -97,7 +97,9 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
         let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
         sw.lab.attach_hosts(object)?;
         thread_napi(&sw.lab)?;
-        for (k, elements) in [256usize, DType::I32.max_elements()]
+        // 1 KiB, the longest single-buffer segment on veth, the longest (a 9000-byte MTU).
+        let buffer = wire::BUFFER_PAYLOAD / 4;
+        for (k, elements) in [256usize, buffer, DType::I32.max_elements()]
             .into_iter()
             .enumerate()
         {
@@ -117,7 +119,7 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
                 rate *= 0.85;
                 best = measure(&sw, &mut g, seconds, Some(rate))?;
             }
-            let stats = with_bpf_stats(|| measure(&sw, &mut g, seconds, best.paced_at))?;
+            let stats = with_bpf_stats(n, || measure(&sw, &mut g, seconds, best.paced_at))?;
             best.program_ns_per_packet = stats.0;
             best.egress_ns_per_copy = stats.1;
             eprintln!(
@@ -195,6 +197,8 @@ struct Generator {
     values: Vec<i32>,
     /// The next round (a segment of message 0, then of the next messages).
     round: u64,
+    /// Rounds per GSO burst of one member.
+    burst: u32,
 }
 
 impl Generator {
@@ -216,6 +220,8 @@ impl Generator {
             elements,
             values: (0..elements as i32).collect(),
             round: 0,
+            // As many rounds as one 64 KiB GSO super-packet holds.
+            burst: BURST.min(64_000 / (wire::PAYLOAD_OFFSET - 42 + elements * 4) as u32),
         })
     }
 
@@ -243,7 +249,7 @@ impl Generator {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
         let mut sent = 0;
         for m in 0..self.sockets.len() {
-            let datagrams: Vec<Vec<u8>> = (0..BURST as u64)
+            let datagrams: Vec<Vec<u8>> = (0..self.burst as u64)
                 .map(|k| self.contribution(m, self.round + k))
                 .collect();
             let size = datagrams[0].len() as u16;
@@ -262,9 +268,9 @@ impl Generator {
                 Ok(_) | Err(nix::errno::Errno::ENOBUFS | nix::errno::Errno::EAGAIN) => {}
                 Err(e) => return Err(e.into()),
             }
-            sent += BURST as u64;
+            sent += self.burst as u64;
         }
-        self.round += BURST as u64;
+        self.round += self.burst as u64;
         Ok(sent)
     }
 }
@@ -295,7 +301,7 @@ fn measure(
             }
         }
         sent += g.burst()?;
-        rounds += BURST as u64;
+        rounds += g.burst as u64;
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu1 = cpu_busy(SWITCH_CPU)?;
@@ -354,8 +360,12 @@ fn pin_self(cpu: usize) -> Result<()> {
 }
 
 /// Runs `f` with the kernel's BPF statistics on, and returns the mean ns per run of
-/// `xagg_switch` and `xagg_result` over it.
-fn with_bpf_stats(f: impl FnOnce() -> Result<CapacityPoint>) -> Result<(Option<f64>, Option<f64>)> {
+/// `xagg_switch` (tail calls included) and per result copy (`xagg_result`'s run, or
+/// `xagg_fanout`'s over `r_members`) over it.
+fn with_bpf_stats(
+    r_members: usize,
+    f: impl FnOnce() -> Result<CapacityPoint>,
+) -> Result<(Option<f64>, Option<f64>)> {
     const SYSCTL: &str = "/proc/sys/kernel/bpf_stats_enabled";
     let was = std::fs::read_to_string(SYSCTL)?.trim().to_string();
     std::fs::write(SYSCTL, "1")?;
@@ -369,7 +379,10 @@ fn with_bpf_stats(f: impl FnOnce() -> Result<CapacityPoint>) -> Result<(Option<f
         let (t1, c1) = after.get(name).copied()?;
         (c1 > c0).then(|| (t1 - t0) as f64 / (c1 - c0) as f64)
     };
-    Ok((mean("xagg_switch"), mean("xagg_result")))
+    // A multi-buffer result is copied by `xagg_fanout`, once per result for all members.
+    let n = r_members as f64;
+    let per_copy = mean("xagg_result").or_else(|| mean("xagg_fanout").map(|ns| ns / n));
+    Ok((mean("xagg_switch"), per_copy))
 }
 
 /// Run time (ns) and run count of every loaded program, by name (summed over programs of
