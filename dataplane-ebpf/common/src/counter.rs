@@ -9,7 +9,8 @@ pub enum Counter {
     Pass = 0,
     /// A contribution was added to its slot.
     Contribution,
-    /// A contribution completed its slot; the result was broadcast.
+    /// A contribution completed its slot; the result was broadcast (a multi-buffer one
+    /// passed to `xagg_fanout`, which copies it to each member).
     Complete,
     /// A member re-sent a contribution to a finished slot version: the stored result went
     /// back to that member only.
@@ -41,11 +42,14 @@ pub enum Counter {
     DropTruncated,
     /// IPv4 with options, or a first fragment, addressed to the collective port.
     DropBadIp,
-    /// A broadcast copy sent out of a port, rewritten for its member.
+    /// A result copy sent out of a port, addressed to its member (by `xagg_result` for a
+    /// broadcast, by `xagg_fanout` for a multi-buffer result).
     ResultCopy,
     /// A broadcast copy reached a port with no member of the job: dropped.
     EgressNoMember,
-    /// `bpf_redirect_map` failed.
+    /// The dataplane could not hand a packet on: a redirect, a copy to a member, or the
+    /// tail call into the fold program of the packet's op and lane (a dataplane loaded
+    /// without its fold programs) failed.
     RedirectError,
     /// A member asked for a slot version's state and got it back.
     StatusReply,
@@ -60,8 +64,8 @@ pub enum Counter {
     DropBadChecksum,
     /// A joining member's hello, recorded for the daemon.
     Hello,
-    /// A datagram to the collective port longer than one XDP buffer (a multi-buffer frame,
-    /// past 3520 bytes of frame on veth): segments take one buffer.
+    /// A datagram to the collective port longer than the largest segment's packet
+    /// (`wire::MAX_IP_PACKET`, 8994 bytes).
     DropOversize,
 }
 
