@@ -77,15 +77,6 @@ pub fn block_exponent(max: f64) -> i8 {
     (e + 1 - BFP_BITS).clamp(i8::MIN as i32, i8::MAX as i32) as i8
 }
 
-/// Whether [`encode`] of `op` over `dtype` copies the bytes as they are (no block exponent,
-/// no flags): the lanes are the elements themselves.
-pub fn is_copy(op: Op, dtype: DType) -> bool {
-    matches!(
-        (lane(op, dtype), dtype),
-        (Some(Lane::I32 | Lane::U32), _) | (Some(Lane::I64), DType::I64)
-    )
-}
-
 /// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op`.
 pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
     let l = lane(op, dtype).expect("the job's op and type have a lane");

@@ -408,9 +408,6 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        // Sent before any request can end below (queued datagrams may point into its
-        // buffers).
-        self.transport.flush()?;
         let now = Instant::now();
         if now >= self.next_check {
             self.next_check = now + self.window.rto() / 4;
@@ -593,25 +590,14 @@ impl Engine {
         let range = a.range(f.segment);
         let lane_bytes = usize::from(f.count) * r.lane.size();
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
-        let src = &a.input.as_ref().unwrap_or(&a.output).bytes()[range];
-        // Where the lanes are the buffer's own bytes and need no padding, the payload is
-        // sent from the buffer (a gather send) instead of copied into the send buffer.
-        let gathered = codec::is_copy(r.op, r.dtype) && lane_bytes == len - HEADER_LEN;
-        let (enc, out) = if gathered {
-            // Safety: the buffer is the request's, which cannot end before this datagram
-            // is sent: the engine flushes before it ends requests, or discards the queue.
-            let head = unsafe { self.transport.reserve_gathered(len, src)? };
-            (codec::Encoded::default(), &mut head[..])
-        } else {
-            let out = self.transport.reserve(len)?;
-            let enc = codec::encode(
-                r.op,
-                r.dtype,
-                src,
-                &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
-            );
-            (enc, out)
-        };
+        let out = self.transport.reserve(len)?;
+        let src = a.input.as_ref().unwrap_or(&a.output).bytes();
+        let enc = codec::encode(
+            r.op,
+            r.dtype,
+            &src[range],
+            &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
+        );
         let h = Header::builder(Kind::Contribution)
             .op(r.op)
             .dtype(r.dtype)
@@ -626,11 +612,7 @@ impl Engine {
             .exponent(enc.exponent)
             .enc_flags(enc.flags)
             .build();
-        if gathered {
-            h.write(out.try_into().expect("a header's room"));
-        } else {
-            wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
-        }
+        wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
         self.transport.commit(len)
     }
 
@@ -775,8 +757,6 @@ impl Engine {
 
     /// Ends every request with `e` (the socket failed).
     fn fail_all(&mut self, e: AllreduceError) {
-        // Queued datagrams may point into the buffers of the requests ended here.
-        self.transport.discard();
         for slot in 0..self.window.slots() {
             self.window.remove(slot);
         }

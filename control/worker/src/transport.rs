@@ -17,7 +17,7 @@ use std::{
 };
 
 use nix::sys::socket::{setsockopt, sockopt};
-use xagg_common::wire::{HEADER_LEN, MAX_IP_PACKET};
+use xagg_common::wire::MAX_IP_PACKET;
 
 use crate::{AllreduceError, WorkerParams};
 
@@ -145,52 +145,21 @@ impl Transport {
         } else {
             0
         };
-        self.burst.payload = None;
         Ok(&mut self.burst.data[at..at + len])
     }
 
-    /// Room for the header of the next datagram, `len` bytes long, whose payload is
-    /// `payload` where it is (a gather send: no copy into the send buffer), to be
-    /// [`Self::commit`]ted.
-    ///
-    /// # Safety
-    /// `payload` must stay valid and unchanged until the datagram is sent: the next
-    /// [`Self::flush`] (or a later `reserve*`), or [`Self::discard`].
-    pub unsafe fn reserve_gathered(
-        &mut self,
-        len: usize,
-        payload: &[u8],
-    ) -> io::Result<&mut [u8; HEADER_LEN]> {
-        debug_assert_eq!(len, HEADER_LEN + payload.len());
-        let at = if self.gso {
-            let (at, sent) = self.burst.reserve(len, &self.sock, self.to);
-            lost_or(sent, &mut self.lost_sends)?;
-            at
-        } else {
-            0
-        };
-        self.burst.payload = Some((payload.as_ptr(), payload.len()));
-        Ok((&mut self.burst.data[at..at + HEADER_LEN])
-            .try_into()
-            .expect("HEADER_LEN bytes"))
-    }
-
-    /// Queues the datagram just written in [`Self::reserve`]'s or
-    /// [`Self::reserve_gathered`]'s room (without GSO: sends it).
+    /// Queues the datagram just encoded in [`Self::reserve`]'s room (without GSO: sends it).
     pub fn commit(&mut self, len: usize) -> io::Result<()> {
-        self.burst.commit(len);
         if self.gso {
+            self.burst.commit(len);
             Ok(())
         } else {
-            let sent = self.burst.flush(&self.sock, self.to);
+            let sent = self
+                .sock
+                .send_to(&self.burst.data[..len], self.to)
+                .map(drop);
             lost_or(sent, &mut self.lost_sends)
         }
-    }
-
-    /// Forgets the datagrams queued and not sent (their requests ended: a gathered
-    /// payload may be gone).
-    pub fn discard(&mut self) {
-        self.burst.clear();
     }
 
     /// Whether datagrams wait to be sent.
@@ -342,16 +311,10 @@ fn receive_socket(
     Ok(())
 }
 
-/// Datagrams waiting to be sent as one GSO burst (`n` of them, `len` bytes in all): all
-/// `stride` bytes long but the last. Contributions are encoded in place in `data`, or their
-/// header is, their payload sent from where it is (`parts` lists the pieces in order).
+/// Datagrams waiting to be sent as one GSO burst (`data[..len]`, `n` of them): all `stride`
+/// bytes long but the last. Contributions are encoded in place.
 struct Burst {
     data: Vec<u8>,
-    /// Bytes of `data` in use.
-    used: usize,
-    parts: Vec<(*const u8, usize)>,
-    /// The payload of the datagram reserved and not yet committed, if it is gathered.
-    payload: Option<(*const u8, usize)>,
     len: usize,
     n: usize,
     stride: usize,
@@ -359,30 +322,15 @@ struct Burst {
     closed: bool,
 }
 
-// The raw parts point into `data` or into payloads `reserve_gathered`'s caller keeps alive.
-unsafe impl Send for Burst {}
-
 impl Burst {
     fn new() -> Self {
         Self {
             data: vec![0; GSO_MAX_BYTES],
-            used: 0,
-            parts: Vec::with_capacity(2 * GSO_MAX_SEGMENTS),
-            payload: None,
             len: 0,
             n: 0,
             stride: 0,
             closed: false,
         }
-    }
-
-    fn clear(&mut self) {
-        self.used = 0;
-        self.parts.clear();
-        self.payload = None;
-        self.len = 0;
-        self.n = 0;
-        self.closed = false;
     }
 
     /// Where the next datagram of `len` bytes goes: after the queued ones if it may join
@@ -401,27 +349,13 @@ impl Burst {
                 && self.len + len <= GSO_MAX_BYTES
                 && self.n < GSO_MAX_SEGMENTS);
         let sent = if fits { Ok(()) } else { self.flush(sock, to) };
-        self.payload = None;
-        (self.used, sent)
+        (self.len, sent)
     }
 
-    /// Queues the datagram of `len` bytes just written at `reserve(len)` (its header only,
-    /// if its payload is gathered).
+    /// Queues the `len` bytes just written at `reserve(len)`.
     fn commit(&mut self, len: usize) {
         if self.n == 0 {
             self.stride = len;
-        }
-        let at = self.data[self.used..].as_ptr();
-        match self.payload.take() {
-            Some(payload) => {
-                self.parts.push((at, len - payload.1));
-                self.parts.push(payload);
-                self.used += len - payload.1;
-            }
-            None => {
-                self.parts.push((at, len));
-                self.used += len;
-            }
         }
         self.len += len;
         self.n += 1;
@@ -431,29 +365,28 @@ impl Burst {
     /// Sends what is queued: one datagram, or one GSO super-packet. The queue is empty
     /// afterwards, sent or not.
     fn flush(&mut self, sock: &UdpSocket, to: SocketAddrV4) -> io::Result<()> {
-        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
-        if self.n == 0 {
-            return Ok(());
-        }
-        // Safety: each part is in `data` or a payload its caller keeps until this flush.
-        let iov: Vec<io::IoSlice> = self
-            .parts
-            .iter()
-            .map(|&(p, n)| io::IoSlice::new(unsafe { std::slice::from_raw_parts(p, n) }))
-            .collect();
-        let stride = self.stride as u16;
-        let gso = [ControlMessage::UdpGsoSegments(&stride)];
-        let cmsg: &[ControlMessage] = if self.n > 1 { &gso } else { &[] };
-        let sent = sendmsg(
-            sock.as_raw_fd(),
-            &iov,
-            cmsg,
-            MsgFlags::empty(),
-            Some(&SockaddrIn::from(to)),
-        )
-        .map(drop)
-        .map_err(io::Error::from);
-        self.clear();
+        let sent = match self.n {
+            0 => return Ok(()),
+            1 => sock.send_to(&self.data[..self.len], to).map(drop),
+            _ => {
+                use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
+                let stride = self.stride as u16;
+                let cmsg = [ControlMessage::UdpGsoSegments(&stride)];
+                let iov = [io::IoSlice::new(&self.data[..self.len])];
+                sendmsg(
+                    sock.as_raw_fd(),
+                    &iov,
+                    &cmsg,
+                    MsgFlags::empty(),
+                    Some(&SockaddrIn::from(to)),
+                )
+                .map(drop)
+                .map_err(io::Error::from)
+            }
+        };
+        self.len = 0;
+        self.n = 0;
+        self.closed = false;
         sent
     }
 }
