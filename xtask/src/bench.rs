@@ -54,10 +54,14 @@ pub struct BenchArgs {
     /// End to end, the switch alone (no Open MPI runs): for profiles and A/B runs.
     #[arg(long)]
     pub switch_only: bool,
-    /// i32 elements per segment of the switch's end-to-end runs: 2234 fill a 9000-byte MTU
-    /// (multi-buffer frames on veth), 862 the largest single-buffer veth frame.
+    /// i32 elements per segment of the switch's end-to-end runs: 2234 (the default) fill a
+    /// 9000-byte MTU (multi-buffer frames on veth), 862 the largest single-buffer veth
+    /// frame.
     #[arg(long, default_value_t = SEGMENT)]
     pub segment: usize,
+    /// Slots (segments in flight per worker) of the switch's end-to-end runs.
+    #[arg(long, default_value_t = SLOTS)]
+    pub slots: u32,
     /// Allreduces per end-to-end point, instead of 200 up to 64 KiB, 20 up to 1 MiB and 5
     /// above (e.g. many, to profile the steady state).
     #[arg(long)]
@@ -531,6 +535,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             iterations: a.iterations,
             rounds: a.rounds,
             segment: a.segment,
+            slots: a.slots,
         });
         crate::demo::clean_up();
         r?
@@ -774,9 +779,10 @@ fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
     ))
 }
 
-const SLOTS: u32 = 128;
-/// i32 elements per segment of the end-to-end runs unless `--segment` says otherwise.
-pub const SEGMENT: usize = 862;
+pub const SLOTS: u32 = 128;
+/// i32 elements per segment of the end-to-end runs unless `--segment` says otherwise: a full
+/// segment, the fastest at 4 and 8 workers (docs/bench.md).
+pub const SEGMENT: usize = xagg_common::wire::MAX_PAYLOAD / 4;
 
 /// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached. mpirun
 /// runs in worker 0's namespace and starts the other ranks through an rsh agent that enters
@@ -896,6 +902,8 @@ pub struct E2e<'a> {
     pub rounds: usize,
     /// i32 elements per segment of the switch's runs.
     pub segment: usize,
+    /// Slots of the switch's runs.
+    pub slots: u32,
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
@@ -910,11 +918,11 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             let mut this = Vec::new();
             // Switch workers receive with AF_XDP: each attaches its own xagg_host.
             let sw = crate::demo::start_switch(lab)?;
-            add_job(&sw, crate::demo::JOB_ID, e.segment, SLOTS)?;
+            add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;
             for &bytes in e.sizes {
                 let it = iterations(bytes);
-                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, SLOTS)?;
+                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
                 run.repeat = it as u32;
                 run.first_message = mid;
                 if bytes >= CPU_WINDOWS_FROM {

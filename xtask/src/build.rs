@@ -226,6 +226,7 @@ pub fn test(extra: &[String]) -> Result<()> {
         iterations: None,
         rounds: 1,
         segment: crate::bench::SEGMENT,
+        slots: crate::bench::SLOTS,
         levers: false,
     })
 }
