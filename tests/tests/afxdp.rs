@@ -73,6 +73,62 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     assert!(retx > 0, "a dropped result needs a retransmission");
 }
 
+/// UDP datagrams the kernel delivered to sockets in worker `w`'s namespace.
+fn udp_in(sw: &TestSwitch, w: usize) -> u64 {
+    xagg_lab::lab::in_netns(&sw.lab.worker_ns(w), || {
+        let snmp = std::fs::read_to_string("/proc/thread-self/net/snmp")?;
+        let mut udp = snmp.lines().filter(|l| l.starts_with("Udp:"));
+        let (names, values) = (udp.next().unwrap(), udp.next().unwrap());
+        let at = names.split_whitespace().position(|k| k == "InDatagrams");
+        Ok(values
+            .split_whitespace()
+            .nth(at.unwrap())
+            .unwrap()
+            .parse()?)
+    })
+    .unwrap()
+}
+
+/// Multi-buffer results (full segments of a 9000-byte MTU) come in through AF_XDP too, one
+/// descriptor per buffer, joined by the worker: none reaches the UDP socket.
+#[test]
+fn afxdp_receives_multi_buffer_results() {
+    if !require_root("afxdp_receives_multi_buffer_results") {
+        return;
+    }
+    let mut sw = TestSwitch::start("xtb", 3, |_| {});
+    sw.lab.detach_hosts();
+    let workers = [0, 1, 2];
+    let segment = xagg_common::wire::MAX_PAYLOAD / 4;
+    assert!(matches!(
+        sw.add_job(5, segment as u16, 64, &workers),
+        Response::Job { .. }
+    ));
+    let before: Vec<u64> = workers.iter().map(|&w| udp_in(&sw, w)).collect();
+    let elems = (4 << 20) / 4 + 3;
+    let reps = sw.allreduce_with(
+        5,
+        0,
+        i32_shape(3, 64, segment),
+        &workers,
+        47801,
+        elems,
+        9,
+        afxdp,
+    );
+    assert_eq!(reps.len(), 3);
+    let segments = elems.div_ceil(segment) as u64;
+    for (&w, b) in workers.iter().zip(before) {
+        let through_socket = udp_in(&sw, w) - b;
+        assert!(
+            through_socket < segments / 10,
+            "worker {w}: {through_socket} of {segments} results came through the UDP socket"
+        );
+    }
+    let c = sw.counters();
+    assert_eq!(c["result_copy"], 3 * c["complete"], "{c:?}");
+}
+
 #[test]
 fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
     if !require_root("afxdp_refuses_a_taken_interface_and_lets_other_traffic_in") {

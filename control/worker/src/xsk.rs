@@ -29,6 +29,10 @@ const FRAME_SIZE: u32 = 4096;
 const BATCH: u32 = 64;
 /// Ethernet + IPv4 (no options, as `xagg_host` checks) + UDP.
 const UDP_PAYLOAD_OFFSET: usize = 14 + 20 + 8;
+/// Bind flag: take multi-buffer frames, one descriptor per buffer (`XDP_USE_SG`).
+const XDP_USE_SG: u16 = 1 << 4;
+/// Descriptor option: more buffers of the same frame follow (`XDP_PKT_CONTD`).
+const XDP_PKT_CONTD: u32 = 1 << 0;
 
 /// Page-aligned memory shared with the kernel; unmapped last.
 struct Area(NonNull<[u8]>);
@@ -48,6 +52,8 @@ pub struct XskReceiver {
     pub refused: u64,
     /// Chunks taken from the receive ring and not yet back in the fill ring.
     unposted: Vec<u64>,
+    /// The buffers so far of a multi-buffer frame (a segment past one 4 KiB chunk), joined.
+    frame: Vec<u8>,
     // Fields drop in this order: the program first (no more redirects), then the rings
     // and sockets, the memory last.
     _ebpf: Ebpf,
@@ -133,7 +139,9 @@ impl XskReceiver {
                 &SocketConfig {
                     rx_size: NonZeroU32::new(FRAMES),
                     tx_size: None,
-                    bind_flags: 0,
+                    // Results past one chunk (multi-buffer frames) come as several
+                    // descriptors; without the flag the kernel drops them.
+                    bind_flags: XDP_USE_SG,
                 },
             )
             .map_err(err("AF_XDP receive ring"))?;
@@ -158,6 +166,7 @@ impl XskReceiver {
             from: (from.ip().octets(), from.port().to_be_bytes()),
             refused: 0,
             unposted: Vec::with_capacity(BATCH as usize),
+            frame: Vec::with_capacity(xagg_common::wire::MAX_IP_PACKET + 14),
             _ebpf: ebpf,
             rx,
             fq,
@@ -185,21 +194,36 @@ impl XskReceiver {
         let mut n = 0;
         while let Some(desc) = ring.read() {
             let (addr, len) = (desc.addr as usize, desc.len as usize);
-            if addr + len <= self.area.0.len() && len >= UDP_PAYLOAD_OFFSET {
-                // Safety: the kernel handed this chunk to us; it is ours until posted again.
-                let frame = unsafe {
-                    std::slice::from_raw_parts(self.area.0.cast::<u8>().as_ptr().add(addr), len)
-                };
-                // IPv4 without options (xagg_host steers no other): the source address at
-                // 26..30, the source port at 34..36.
+            self.unposted.push(desc.addr);
+            n += 1;
+            if addr + len > self.area.0.len() {
+                continue;
+            }
+            // Safety: the kernel handed this chunk to us; it is ours until posted again.
+            let part = unsafe {
+                std::slice::from_raw_parts(self.area.0.cast::<u8>().as_ptr().add(addr), len)
+            };
+            let more = desc.options & XDP_PKT_CONTD != 0;
+            let frame = if more || !self.frame.is_empty() {
+                // A buffer of a multi-buffer frame: joined until its last one.
+                self.frame.extend_from_slice(part);
+                if more {
+                    continue;
+                }
+                &self.frame[..]
+            } else {
+                part
+            };
+            // IPv4 without options (xagg_host steers no other): the source address at
+            // 26..30, the source port at 34..36.
+            if frame.len() >= UDP_PAYLOAD_OFFSET {
                 if frame[26..30] == self.from.0 && frame[34..36] == self.from.1 {
                     f(&frame[UDP_PAYLOAD_OFFSET..]);
                 } else {
                     self.refused += 1;
                 }
             }
-            self.unposted.push(desc.addr);
-            n += 1;
+            self.frame.clear();
         }
         ring.release();
         drop(ring);

@@ -695,8 +695,8 @@ static XSK_PORTS: HashMap<[u8; 2], u32, 64> = HashMap::new();
 /// worker's AF_XDP socket (no socket buffer, no UDP stack); everything else, and
 /// everything while no socket is registered, passes to the kernel.
 ///
-/// Frags-aware, so the interface may carry frames of any MTU; a multi-buffer frame always
-/// passes (the worker's socket is bound without multi-buffer support).
+/// Frags-aware, so the interface may carry frames of any MTU; the worker's socket takes
+/// multi-buffer frames too (bound with `XDP_USE_SG`: one descriptor per buffer).
 #[xdp(frags)]
 pub fn xagg_host(ctx: XdpContext) -> u32 {
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
@@ -706,7 +706,6 @@ pub fn xagg_host(ctx: XdpContext) -> u32 {
         || frame.fragment_offset() != 0
         || frame.more_fragments()
         || unsafe { XSK_PORTS.get(frame.udp().dst) }.is_none()
-        || frame_len(&ctx) > ctx.data_end() - ctx.data()
     {
         return xdp_action::XDP_PASS;
     }
