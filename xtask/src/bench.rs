@@ -104,17 +104,17 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     // Receiving with the UDP socket needs the lab's host programs; with AF_XDP each worker
     // attaches its own, so in each round the socket settings run first.
     let settings: [Lever; 11] = [
-        ("gro", "off", 862, SLOTS, false, &["--no-gro"]),
-        ("gro", "on", 862, SLOTS, false, &[]),
-        ("afxdp", "off (socket)", 862, SLOTS, false, &[]),
-        ("afxdp", "on", 862, SLOTS, true, &[]),
+        ("gro", "off", SEGMENT, SLOTS, false, &["--no-gro"]),
+        ("gro", "on", SEGMENT, SLOTS, false, &[]),
+        ("afxdp", "off (socket)", SEGMENT, SLOTS, false, &[]),
+        ("afxdp", "on", SEGMENT, SLOTS, true, &[]),
         ("segment", "256 elements", 256, SLOTS, true, &[]),
         ("segment", "862 elements", 862, SLOTS, true, &[]),
         ("segment", "2234 elements", 2234, SLOTS, true, &[]),
-        ("slots", "16", 862, 16, true, &[]),
-        ("slots", "128", 862, 128, true, &[]),
-        ("gso", "off", 862, SLOTS, true, &["--no-gso"]),
-        ("gso", "on", 862, SLOTS, true, &[]),
+        ("slots", "16", SEGMENT, 16, true, &[]),
+        ("slots", "128", SEGMENT, 128, true, &[]),
+        ("gso", "off", SEGMENT, SLOTS, true, &["--no-gso"]),
+        ("gso", "on", SEGMENT, SLOTS, true, &[]),
     ];
     for (k, &(_, _, segment, slots, _, _)) in settings.iter().enumerate() {
         add_job(&sw, 100 + k as u32, segment, slots)?;
