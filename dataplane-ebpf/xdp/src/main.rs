@@ -138,8 +138,7 @@ static LAYOUT: Array<u32, 1> = Array::new();
 
 /// Counts `c` for `job`, and a contribution's outcome for `member`.
 #[inline(always)]
-fn count_job(job: &Job, member: usize, c: Counter) {
-    let row = job.index as u32;
+fn count_job(row: u32, member: usize, c: Counter) {
     if let Some(p) = JOB_COUNTERS.get_ptr_mut(job_row(row, c)) {
         unsafe { *p += 1 };
     }
@@ -254,7 +253,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         contribution(ctx, &frame, job, member)
     };
     let (Ok((_, c)) | Err(c)) = r;
-    count_job(job, member, c);
+    count_job(job.index as u32, member, c);
     r
 }
 
@@ -404,16 +403,11 @@ fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
         return xdp_action::XDP_DROP;
     };
     let st = unsafe { &mut *stage };
-    let r = match job_of(st.job) {
-        Some(job) => {
-            let member = st.member as usize;
-            let r = fold_staged::<F>(ctx, st);
-            let (Ok((_, c)) | Err(c)) = r;
-            count_job(job, member, c);
-            r
-        }
-        None => Err(Counter::DropUnknownJob),
-    };
+    // `xagg_switch` found the job in this same program run: its row is its id's index.
+    let (row, member) = (job_index(st.job), st.member as usize);
+    let r = fold_staged::<F>(ctx, st);
+    let (Ok((_, c)) | Err(c)) = r;
+    count_job(row, member, c);
     match r {
         Ok((action, c)) => {
             count(c);
@@ -431,7 +425,6 @@ fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
 /// with fold `F`; a completing one becomes the result and is delivered to every member.
 #[inline(always)]
 fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, Counter), Counter> {
-    let cfg = SWITCH.get(0).ok_or(Counter::RedirectError)?;
     let slot = SLOTS.get_ptr_mut(st.slot).ok_or(Counter::DropSlotRange)?;
     let r = st.round;
     let shadow = st.shadow as usize;
@@ -468,11 +461,17 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             _ => Err(Counter::DropTruncated),
         }
     };
-    let frame = Frame::again(ctx.data(), ctx.data_end(), multi).ok_or(Counter::DropTruncated)?;
+    // The frame and the switch's addresses, needed only to send a result.
+    let result = || -> Result<(Frame, &SwitchConfig), Counter> {
+        let frame =
+            Frame::again(ctx.data(), ctx.data_end(), multi).ok_or(Counter::DropTruncated)?;
+        Ok((frame, SWITCH.get(0).ok_or(Counter::RedirectError)?))
+    };
     match outcome {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Complete if multi => {
             store(bytes)?;
+            let (frame, cfg) = result()?;
             frame.into_result(&stored);
             frame.from_switch(cfg);
             // The devmap broadcast cannot clone a multi-buffer frame: the kernel hands it
@@ -483,6 +482,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             if staged {
                 store(bytes)?;
             }
+            let (frame, cfg) = result()?;
             // Each copy is addressed to its member by `xagg_result` on the way out.
             frame.into_result(&stored);
             frame.from_switch(cfg);
@@ -498,6 +498,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             if staged {
                 store(bytes)?;
             }
+            let (frame, cfg) = result()?;
             frame.into_result(&stored);
             frame.to_sender(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
