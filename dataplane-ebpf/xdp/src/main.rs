@@ -89,8 +89,10 @@ static SWITCH: Array<SwitchConfig, 1> = Array::new();
 static PORTS: DevMap<MAX_PORTS> = DevMap::new();
 
 /// A contribution handed from `xagg_switch` to its fold program, with (for a multi-buffer
-/// frame) its payload copied out: helpers cannot run under the slot's lock, and the
-/// payload past the first buffer is reachable only through one.
+/// frame, or a payload longer than the direct path's loops) its payload copied out:
+/// helpers cannot run under the slot's lock, and the payload past the first buffer is
+/// reachable only through one. Nothing else runs on the CPU between the two programs
+/// (XDP runs with bottom halves off), so one entry per CPU is enough.
 #[repr(C)]
 pub struct Stage {
     round: slot::Round,
@@ -106,7 +108,6 @@ pub struct Stage {
     data: [u64; SLOT_WORDS],
 }
 
-/// One entry per CPU: a program runs to its end on one CPU, tail calls included.
 #[btf_map]
 static STAGE: PerCpuArray<Stage, 1> = PerCpuArray::new();
 
