@@ -12,6 +12,9 @@ fn has_xdp(sw: &TestSwitch, port: &str) -> bool {
     out.contains("xdp")
 }
 
+/// A full segment (multi-buffer frames, results through `xagg_fanout`), in i32.
+const FULL: u16 = (xagg_common::wire::MAX_PAYLOAD / 4) as u16;
+
 #[test]
 fn restart_adopts_the_pinned_dataplane() {
     if !require_root("restart_adopts_the_pinned_dataplane") {
@@ -19,19 +22,21 @@ fn restart_adopts_the_pinned_dataplane() {
     }
     let mut sw = TestSwitch::start("xtr", 2, |_| {});
     assert!(matches!(
-        sw.add_job(4, 512, 8, &[0, 1]),
+        sw.add_job(4, FULL, 8, &[0, 1]),
         Response::Job { .. }
     ));
-    sw.allreduce(4, 0, 512, 8, &[0, 1], 47801, 10_000, 1);
+    sw.allreduce(4, 0, FULL as usize, 8, &[0, 1], 47801, 10_000, 1);
     let before = sw.counters();
     assert!(sw.stop_daemon(Signal::SIGTERM).success());
-    // The dataplane keeps aggregating with no daemon at all.
+    // The dataplane keeps aggregating with no daemon at all: full segments need the
+    // pinned fold table and the fan-out's pinned tc links too.
     assert!(has_xdp(&sw, "swp0") && sw.pin.join("maps/JOBS").exists());
-    sw.allreduce(4, 1, 512, 8, &[0, 1], 47801, 10_000, 2);
+    assert!(sw.pin.join("maps/FOLDS").exists() && sw.pin.join("links/fanout/swp0").exists());
+    sw.allreduce(4, 1, FULL as usize, 8, &[0, 1], 47801, 10_000, 2);
     // SIGKILL leaves it running too.
     sw.start_daemon();
     assert!(sw.stop_daemon(Signal::SIGKILL).code().is_none());
-    sw.allreduce(4, 2, 512, 8, &[0, 1], 47801, 10_000, 3);
+    sw.allreduce(4, 2, FULL as usize, 8, &[0, 1], 47801, 10_000, 3);
     sw.start_daemon();
     match sw.api(Request::Status) {
         Response::Status {
@@ -52,7 +57,7 @@ fn restart_adopts_the_pinned_dataplane() {
                     jobs[0].slots,
                     jobs[0].members.len()
                 ),
-                (4, 512, 8, 2)
+                (4, FULL, 8, 2)
             );
             assert_eq!(jobs[0].members[1].interface, "swp1");
         }
