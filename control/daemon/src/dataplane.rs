@@ -124,7 +124,8 @@ pub struct Dataplane {
     hellos: HashMap<MapData, u64, MemberAddr>,
     /// The pin directory, when the dataplane outlives the daemon.
     pin: Option<PathBuf>,
-    /// Links of an unpinned dataplane: dropping them detaches the programs.
+    /// Links of an unpinned dataplane (XDP, and the fan-out's tc ingress): dropping them
+    /// detaches the programs.
     _links: Vec<aya::programs::xdp::XdpLink>,
     _fanout_links: Vec<aya::programs::tc::SchedClassifierLink>,
     /// The fold programs' table: its entries live as long as a descriptor of it (or its pin).

@@ -96,12 +96,15 @@ static PORTS: DevMap<MAX_PORTS> = DevMap::new();
 #[repr(C)]
 pub struct Stage {
     round: slot::Round,
-    /// The job's wire id, the member's index, the slot (`SLOTS` index) and shadow copy.
-    job: u32,
+    /// The job's counter row (`Job::index`), the member's index, the slot (`SLOTS` index)
+    /// and shadow copy.
+    row: u32,
     member: u32,
     slot: u32,
     shadow: u32,
-    /// Whether the payload is staged in `data` rather than read in the frame.
+    /// Whether the payload is staged in `data` rather than read in the frame. Decided
+    /// here, not derived from the word count in the fold program: there the verifier would
+    /// carry the count's range into every loop and run past its budget (measured).
     staged: u32,
     /// Whether the frame is multi-buffer.
     multi: u32,
@@ -183,14 +186,21 @@ fn frame_len(ctx: &XdpContext) -> usize {
 /// dropped as `drop_oversize`.
 #[xdp(frags)]
 pub fn xagg_switch(ctx: XdpContext) -> u32 {
-    match try_switch(&ctx) {
+    settle(&ctx, try_switch(&ctx))
+}
+
+/// Counts what came of a packet and returns its action: a dropped one with its first
+/// sender kept.
+#[inline(always)]
+fn settle(ctx: &XdpContext, r: Result<(u32, Counter), Counter>) -> u32 {
+    match r {
         Ok((action, c)) => {
             count(c);
             action
         }
         Err(c) => {
             count(c);
-            note_drop(&ctx, c);
+            note_drop(ctx, c);
             xdp_action::XDP_DROP
         }
     }
@@ -385,7 +395,7 @@ fn contribution(
         dtype: hdr.dtype,
         _pad: [0; 6],
     };
-    st.job = hdr.job();
+    st.row = job.index as u32;
     st.member = member as u32;
     st.slot = index;
     st.shadow = hdr.shadow() as u32;
@@ -404,22 +414,11 @@ fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
         return xdp_action::XDP_DROP;
     };
     let st = unsafe { &mut *stage };
-    // `xagg_switch` found the job in this same program run: its row is its id's index.
-    let (row, member) = (job_index(st.job), st.member as usize);
+    let (row, member) = (st.row, st.member as usize);
     let r = fold_staged::<F>(ctx, st);
     let (Ok((_, c)) | Err(c)) = r;
     count_job(row, member, c);
-    match r {
-        Ok((action, c)) => {
-            count(c);
-            action
-        }
-        Err(c) => {
-            count(c);
-            note_drop(ctx, c);
-            xdp_action::XDP_DROP
-        }
-    }
+    settle(ctx, r)
 }
 
 /// A member's contribution, checked by `xagg_switch`, handed to the slot's state machine
@@ -451,9 +450,9 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
     };
     // A result in the staging buffer goes back into the frame, after the lock.
-    let buffer = st.data.as_mut_ptr() as *mut core::ffi::c_void;
-    let store = |bytes: usize| {
-        let data = buffer;
+    let data = st.data.as_mut_ptr() as *mut core::ffi::c_void;
+    let store = || {
+        // Checked again next to the call: the verifier needs the bound here.
         if bytes == 0 || bytes > SLOT_WORDS * 8 {
             return Err(Counter::DropBadLength);
         }
@@ -471,7 +470,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
     match outcome {
         slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Complete if multi => {
-            store(bytes)?;
+            store()?;
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
             frame.from_switch(cfg);
@@ -481,7 +480,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         }
         slot::Outcome::Complete => {
             if staged {
-                store(bytes)?;
+                store()?;
             }
             let (frame, cfg) = result()?;
             // Each copy is addressed to its member by `xagg_result` on the way out.
@@ -497,7 +496,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
                 return Err(Counter::InjectDropResult);
             }
             if staged {
-                store(bytes)?;
+                store()?;
             }
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
