@@ -32,11 +32,16 @@ fn restart_adopts_the_pinned_dataplane() {
     // pinned fold table and the fan-out's pinned tc links too.
     assert!(has_xdp(&sw, "swp0") && sw.pin.join("maps/JOBS").exists());
     assert!(sw.pin.join("maps/FOLDS").exists() && sw.pin.join("links/fanout/swp0").exists());
-    sw.allreduce(4, 1, FULL as usize, 8, &[0, 1], 47801, 10_000, 2);
+    // Every result delivered at once: without the fan-out each would come back only as
+    // the answer to a retransmission.
+    let no_retransmission = |reps: Vec<xagg_worker::Report>| {
+        assert_eq!(reps.iter().map(|r| r.retransmissions).sum::<u64>(), 0);
+    };
+    no_retransmission(sw.allreduce(4, 1, FULL as usize, 8, &[0, 1], 47801, 10_000, 2));
     // SIGKILL leaves it running too.
     sw.start_daemon();
     assert!(sw.stop_daemon(Signal::SIGKILL).code().is_none());
-    sw.allreduce(4, 2, FULL as usize, 8, &[0, 1], 47801, 10_000, 3);
+    no_retransmission(sw.allreduce(4, 2, FULL as usize, 8, &[0, 1], 47801, 10_000, 3));
     sw.start_daemon();
     match sw.api(Request::Status) {
         Response::Status {
