@@ -24,6 +24,8 @@ fn ops_and_types_end_to_end() {
         (Op::Min, DType::F16),
         (Op::Xor, DType::U32),
         (Op::Avg, DType::F16),
+        (Op::Sum, DType::F64),
+        (Op::Min, DType::F64),
     ];
     for (j, (op, dtype)) in cases.into_iter().enumerate() {
         let id = 20 + j as u32;
@@ -117,6 +119,7 @@ fn typed_allreduce(
         DType::F32 => typed::<f32>(wk, buf),
         DType::F16 => typed::<half::f16>(wk, buf),
         DType::Bf16 => typed::<half::bf16>(wk, buf),
+        DType::F64 => typed::<f64>(wk, buf),
     }
 }
 
@@ -140,6 +143,7 @@ fn one_job_reduces_a_different_pair_each_message() {
         (Op::Min, DType::F16),
         (Op::Xor, DType::U32),
         (Op::Avg, DType::F16),
+        (Op::Avg, DType::F64),
         (Op::Sum, DType::I32),
     ];
     let n = 20_011;

@@ -38,7 +38,7 @@ fn reduce(
             .flags(if sid % 2 == 1 { 1 } else { 0 })
             .count(n as u16)
             .build();
-        h.exponent = enc.exponent;
+        h.set_exponent(enc.exponent);
         h.set_enc_flags(enc.flags);
         let mut udp = vec![0u8; HEADER_LEN + wire::payload_len(lanes.len(), 1)];
         wire::encode(&h, &lanes, &mut udp).unwrap();
@@ -68,7 +68,7 @@ fn reduce(
         dtype,
         inputs.len() as u32,
         &out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + n * lane.size()],
-        h.exponent,
+        h.exponent(),
         &mut result,
     );
     (result, h.enc_flags())
@@ -220,6 +220,58 @@ fn edge_cases() {
         let (r, _) = run(Op::Avg, DType::F32, vec![bytes(&[x]); 4]);
         assert_eq!(r, bytes(&[x]));
     }
+    // Doubles: min and max exact over the extremes, subnormals and signed zeros.
+    let (r, _) = run(
+        Op::Max,
+        DType::F64,
+        vec![
+            bytes(&[f64::NEG_INFINITY, -0.0, 5e-324, -f64::MAX]),
+            bytes(&[-f64::MAX, 0.0f64, -5e-324, f64::NEG_INFINITY]),
+        ],
+    );
+    assert_eq!(r, bytes(&[-f64::MAX, 0.0, 5e-324, -f64::MAX]));
+    let (r, _) = run(
+        Op::Min,
+        DType::F64,
+        vec![bytes(&[f64::INFINITY, -0.0]), bytes(&[f64::MAX, 0.0f64])],
+    );
+    assert_eq!(r, bytes(&[f64::MAX, -0.0]));
+    // The mean of equal doubles is the value, bit for bit, at every magnitude (a block
+    // of one magnitude keeps all 53 bits; subnormals too).
+    for x in [0.1f64, -7.25e-300, 1.0 / 3.0, 1e300, 3e-320] {
+        let (r, _) = run(Op::Avg, DType::F64, vec![bytes(&[x]); 4]);
+        assert_eq!(r, bytes(&[x]), "{x}");
+    }
+    // Segments of doubles far below f32's range (subnormal ones too) sum exactly where
+    // their bits fit one block: the exponent has 16 bits.
+    let (r, _) = run(
+        Op::Sum,
+        DType::F64,
+        vec![bytes(&[1e-310f64, -3e-310]), bytes(&[2e-310f64, 1e-310])],
+    );
+    assert_eq!(r, bytes(&[1e-310f64 + 2e-310, -2e-310]));
+    let (r, _) = run(
+        Op::Sum,
+        DType::F64,
+        vec![
+            bytes(&[2.5e-200f64, 1.0e-200]),
+            bytes(&[2.5e-200f64, -3.0e-200]),
+        ],
+    );
+    assert_eq!(r, bytes(&[5e-200f64, -2e-200]));
+    // Overflow is infinity; NaN is flagged.
+    let (r, _) = run(
+        Op::Sum,
+        DType::F64,
+        vec![bytes(&[f64::MAX]), bytes(&[f64::MAX])],
+    );
+    assert_eq!(r, bytes(&[f64::INFINITY]));
+    let (_, flags) = run(
+        Op::Sum,
+        DType::F64,
+        vec![bytes(&[1.0f64, f64::NAN]), bytes(&[1.0f64, 2.0])],
+    );
+    assert_eq!(flags & ENC_NONFINITE, ENC_NONFINITE);
     // NaN and infinities in a sum are flagged, never turned into numbers.
     let (_, flags) = run(
         Op::Sum,

@@ -147,3 +147,35 @@ fn hello_matches_its_vector() {
     assert_eq!(sw.counter(Counter::Hello), 1);
     assert_eq!(sw.hellos.get(&token, 0).unwrap().ip, member(1).ip);
 }
+
+/// Vector 5: an f64 sum, against the worker's encoding and the decoder; the 16-bit
+/// exponent decodes back to the values.
+#[test]
+fn f64_matches_its_vector() {
+    let values = [1.0f64, -0.5];
+    let src: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
+    let mut lanes = [0u8; 16];
+    let enc = xagg_worker::codec::encode(Op::Sum, DType::F64, &src, &mut lanes);
+    let mut h = Header::builder(Kind::Contribution)
+        .op(Op::Sum)
+        .dtype(DType::F64)
+        .job(7)
+        .message(1)
+        .segment(2)
+        .slot(3)
+        .member(1)
+        .flags(FLAG_SHADOW | FLAG_LAST)
+        .count(2)
+        .exponent(enc.exponent)
+        .build();
+    h.set_enc_flags(enc.flags);
+    let mut out = [0u8; HEADER_LEN + 16];
+    let n = xagg_common::wire::encode(&h, &lanes, &mut out).unwrap();
+    assert_eq!(out[..n].to_vec(), vector("f64"));
+    let v = vector("f64");
+    let p = xagg_common::wire::decode(&v).unwrap();
+    assert_eq!(p.header.exponent(), -55);
+    let mut back = [0u8; 16];
+    xagg_worker::codec::decode(Op::Sum, DType::F64, 1, p.payload, -55, &mut back);
+    assert_eq!(back.to_vec(), src);
+}

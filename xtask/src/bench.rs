@@ -410,6 +410,7 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
         (Op::Avg, DType::I32),
         (Op::Sum, DType::F32),
         (Op::Max, DType::F32),
+        (Op::Sum, DType::F64),
         (Op::Sum, DType::F16),
         (Op::Sum, DType::Bf16),
         (Op::Min, DType::Bf16),

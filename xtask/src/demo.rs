@@ -37,7 +37,7 @@ pub struct DemoArgs {
     /// Reduction: sum | min | max | avg | prod | and | or | xor.
     #[arg(long, default_value = "sum")]
     pub op: Op,
-    /// Element type: i32 | u32 | i64 | f32 | f16 | bf16.
+    /// Element type: i32 | u32 | i64 | f32 | f64 | f16 | bf16.
     #[arg(long, default_value = "i32")]
     pub dtype: DType,
     /// Elements per segment; by default as many as a 9000-byte MTU carries for the op and
@@ -260,7 +260,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         human(a.size),
         match (verified, a.dtype) {
             (false, _) => "WRONG".to_string(),
-            (true, DType::F32 | DType::F16 | DType::Bf16) if matches!(a.op, Op::Sum | Op::Avg) => format!(
+            (true, DType::F32 | DType::F16 | DType::Bf16 | DType::F64) if matches!(a.op, Op::Sum | Op::Avg) => format!(
                 "VERIFIED on every worker within the block floating point bound (largest error {:.2} of it)",
                 per_worker.iter().map(|w| w.float_error_of_bound).fold(0.0, f64::max)
             ),

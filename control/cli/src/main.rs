@@ -121,7 +121,7 @@ struct JobAddArgs {
     /// sum | min | max | avg | prod | and | or | xor
     #[arg(long)]
     op: Option<Op>,
-    /// i32 | u32 | i64 | f32 | f16 | bf16
+    /// i32 | u32 | i64 | f32 | f64 | f16 | bf16
     #[arg(long)]
     dtype: Option<DType>,
     /// Elements per segment.
@@ -177,7 +177,7 @@ struct AllreduceArgs {
     /// The job's op (default sum): sum | min | max | avg | prod | and | or | xor.
     #[arg(long)]
     op: Option<Op>,
-    /// The job's data type (default i32): i32 | u32 | i64 | f32 | f16 | bf16.
+    /// The job's data type (default i32): i32 | u32 | i64 | f32 | f64 | f16 | bf16.
     #[arg(long)]
     dtype: Option<DType>,
     /// The job's segment length in elements.

@@ -78,7 +78,7 @@ fn bad(field: impl Into<String>, problem: impl Into<String>) -> JobError {
 pub fn lane(op: Op, dtype: DType) -> Result<Lane, String> {
     wire::lane(op, dtype).ok_or_else(|| {
         format!(
-            "{op} over {dtype} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f16, bf16) take sum, min, max, avg"
+            "{op} over {dtype} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f64, f16, bf16) take sum, min, max, avg"
         )
     })
 }
@@ -222,7 +222,7 @@ mod tests {
         .to_string();
         assert!(e.contains("op") && e.contains("use one of sum, min"), "{e}");
         let e = serde_json::from_str::<JobSpec>(
-            r#"{"id":1,"dtype":"f64","segment":256,"slots":8,"members":[]}"#,
+            r#"{"id":1,"dtype":"f128","segment":256,"slots":8,"members":[]}"#,
         )
         .unwrap_err()
         .to_string();
@@ -256,6 +256,7 @@ mod tests {
             (Op::Prod, DType::F32),
             (Op::Xor, DType::Bf16),
             (Op::And, DType::F16),
+            (Op::Prod, DType::F64),
         ] {
             let bad = JobSpec {
                 op,
@@ -266,7 +267,7 @@ mod tests {
             assert_eq!(e.field, "op");
             assert!(
                 e.problem
-                    .contains("floats (f32, f16, bf16) take sum, min, max, avg"),
+                    .contains("floats (f32, f64, f16, bf16) take sum, min, max, avg"),
                 "{e}"
             );
         }

@@ -9,8 +9,9 @@
 //!   largest magnitude of the segment maps to at most 2^24. The switch aligns two blocks to
 //!   the larger exponent (an arithmetic shift of the smaller one) and adds; 2^24 x 64
 //!   members < 2^31, so the sum never overflows;
-//! - `min` and `max` of floats use an order-preserving map of the f32 bits to u32 keys:
-//!   exact, infinities included.
+//!   Doubles do the same with signed 64-bit mantissas (at most 2^56: 2^56 x 64 < 2^63);
+//! - `min` and `max` of floats use an order-preserving map of the f32 bits to u32 keys
+//!   (of the f64 bits to signed i64 keys for doubles): exact, infinities included.
 //!
 //! NaN (and, for sums, infinities) cannot be carried: the segment is flagged
 //! (`ENC_NONFINITE`), the flag comes back with the result, and the worker reports it.
@@ -21,6 +22,11 @@ use xagg_common::wire::{lane, DType, Lane, Op, ENC_NONFINITE};
 
 /// Mantissa bits of block floating point.
 pub const BFP_BITS: i32 = 24;
+/// Mantissa bits of block floating point over doubles: three more than a double has, so
+/// the elements below the segment's largest keep more of theirs.
+pub const BFP64_BITS: i32 = 56;
+/// The block exponent of a segment of zeros: below any other, so the switch shifts it away.
+pub const ZERO_EXPONENT: i16 = i16::MIN;
 
 /// Bytes one element of `dtype` takes in a buffer.
 pub const fn native_size(dtype: DType) -> usize {
@@ -30,22 +36,64 @@ pub const fn native_size(dtype: DType) -> usize {
 /// What encoding a segment produced besides its lanes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct Encoded {
-    pub exponent: i8,
+    pub exponent: i16,
     pub flags: u16,
 }
 
 /// Writes `x` rounded once (to nearest even) to `dtype`.
 fn put(dtype: DType, x: f64, b: &mut [u8]) {
     match dtype {
+        DType::F64 => b.copy_from_slice(&x.to_le_bytes()),
         DType::F32 => b.copy_from_slice(&(x as f32).to_le_bytes()),
         DType::F16 => b.copy_from_slice(&f16::from_f64(x).to_bits().to_le_bytes()),
         _ => b.copy_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes()),
     }
 }
 
-/// 2^k as an f64 (k well inside f64's range).
+/// 2^k as an f64 (k within f64's normal range, -1022..=1023).
 fn pow2(k: i32) -> f64 {
     f64::from_bits(((1023 + k) as u64) << 52)
+}
+
+/// `x * 2^k` for any `k`, as two factors within f64's normal range: for an integer `x` the
+/// first product is exact and the second rounds once (to a subnormal, zero or infinity
+/// only when the value is one).
+#[derive(Clone, Copy)]
+struct Scale(f64, f64);
+
+impl Scale {
+    fn new(k: i32) -> Self {
+        let k = k.clamp(-2000, 2000);
+        let k1 = k.clamp(-1000, 1000);
+        Self(pow2(k1), pow2(k - k1))
+    }
+    #[inline(always)]
+    fn apply(self, x: f64) -> f64 {
+        x * self.0 * self.1
+    }
+}
+
+/// floor(log2 |x|) of a finite, non-zero x, subnormals included.
+fn log2_floor(x: f64) -> i32 {
+    let bits = x.to_bits() & !(1 << 63);
+    let biased = (bits >> 52) as i32;
+    if biased == 0 {
+        // Subnormal: 2^-1074 times the fraction field.
+        -1074 + 63 - bits.leading_zeros() as i32
+    } else {
+        biased - 1023
+    }
+}
+
+/// Order-preserving key of an f64: signed order of keys = numeric order of values (the
+/// bits of a negative value with all but the sign inverted). Its own inverse.
+pub fn key64(bits: u64) -> i64 {
+    let v = bits as i64;
+    if v < 0 {
+        v ^ i64::MAX
+    } else {
+        v
+    }
 }
 
 /// Order-preserving key of an f32: unsigned order of keys = numeric order of values.
@@ -66,15 +114,22 @@ pub fn unkey(k: u32) -> f32 {
     })
 }
 
-/// Block exponent for a segment whose largest magnitude is `max`: the smallest `k` with
-/// `max / 2^k <= 2^BFP_BITS`, kept within the header's i8.
-pub fn block_exponent(max: f64) -> i8 {
+/// Block exponent for a segment whose largest magnitude is `max`, in mantissas of `bits`
+/// bits: the smallest `k` with `max / 2^k < 2^bits` ([`ZERO_EXPONENT`] for zeros).
+pub fn block_exponent(max: f64, bits: i32) -> i16 {
     if max == 0.0 {
-        return i8::MIN;
+        return ZERO_EXPONENT;
     }
-    // max = f * 2^e with f in [1, 2): max / 2^(e + 1 - BFP_BITS) < 2^BFP_BITS.
-    let e = ((max.to_bits() >> 52) & 0x7ff) as i32 - 1023;
-    (e + 1 - BFP_BITS).clamp(i8::MIN as i32, i8::MAX as i32) as i8
+    // max = f * 2^e with f in [1, 2): max / 2^(e + 1 - bits) < 2^bits.
+    (log2_floor(max) + 1 - bits) as i16
+}
+
+/// The mantissa bits of block floating point over `dtype`.
+pub const fn bfp_bits(dtype: DType) -> i32 {
+    match dtype {
+        DType::F64 => BFP64_BITS,
+        _ => BFP_BITS,
+    }
 }
 
 /// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op`.
@@ -133,6 +188,60 @@ pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
             }
             _ => enc = key_encode(src, out, 2, bf16_bytes_to_f32),
         },
+        Lane::Bfp64 => enc = bfp64_encode(src, out),
+        Lane::Key64 => {
+            let mut nan = false;
+            for (s, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+                let bits = u64::from_le_bytes(s.try_into().unwrap());
+                nan |= f64::from_bits(bits).is_nan();
+                o.copy_from_slice(&key64(bits).to_le_bytes());
+            }
+            if nan {
+                enc.flags |= ENC_NONFINITE;
+            }
+        }
+    }
+    enc
+}
+
+/// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
+fn bfp64_encode(src: &[u8], out: &mut [u8]) -> Encoded {
+    let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+    let mut enc = Encoded::default();
+    let mut max = 0f64;
+    let mut finite = true;
+    for b in src.chunks_exact(8) {
+        let x = load(b);
+        finite &= x.is_finite();
+        max = max.max(x.abs());
+    }
+    if !finite {
+        enc.flags |= ENC_NONFINITE;
+        max = src
+            .chunks_exact(8)
+            .map(load)
+            .filter(|x| x.is_finite())
+            .fold(0f64, |a, x| a.max(x.abs()));
+    }
+    enc.exponent = block_exponent(max, BFP64_BITS);
+    let scale = Scale::new(-(enc.exponent as i32));
+    for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+        let x = load(b);
+        // Scaling by a power of two is exact here (the value lands below 2^56 and above
+        // f64's subnormals); the one rounding is to the integer.
+        let m = if x.is_finite() {
+            let v = scale.apply(x);
+            // Past 2^51 a double has at most one fraction bit: truncating it errs by at
+            // most half a unit, as rounding does.
+            if v.abs() < 2f64.powi(51) {
+                round_even(v) as i64
+            } else {
+                v as i64
+            }
+        } else {
+            0
+        };
+        o.copy_from_slice(&m.to_le_bytes());
     }
     enc
 }
@@ -170,12 +279,12 @@ fn bfp_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f
             .filter(|x| x.is_finite())
             .fold(0f32, |a, x| a.max(x.abs()));
     }
-    enc.exponent = block_exponent(max as f64);
-    let scale = pow2(-(enc.exponent as i32));
+    enc.exponent = block_exponent(max as f64, BFP_BITS);
+    let scale = Scale::new(-(enc.exponent as i32));
     for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(4)) {
         let x = load(b);
         let m = if x.is_finite() {
-            round_even(x as f64 * scale) as i32
+            round_even(scale.apply(x as f64)) as i32
         } else {
             0
         };
@@ -201,7 +310,7 @@ fn key_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f
 
 /// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`. `members` is the
 /// number of contributions (for `avg`).
-pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i8, dst: &mut [u8]) {
+pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i16, dst: &mut [u8]) {
     let l = lane(op, dtype).expect("the job's op and type have a lane");
     let size = dtype.size();
     let n = dst.len() / size;
@@ -235,12 +344,29 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i8, 
                 }
             }
         }
+        Lane::Bfp64 => {
+            // The 62-bit sum rounds once to a double, scaling is exact (but into the
+            // subnormals), and avg's division rounds once more.
+            let scale = Scale::new(exponent as i32);
+            let div = if avg { members as f64 } else { 1.0 };
+            for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
+                let m = i64::from_le_bytes(p.try_into().unwrap()) as f64;
+                d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+            }
+        }
+        Lane::Key64 => {
+            for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
+                let k = i64::from_le_bytes(p.try_into().unwrap());
+                d.copy_from_slice(&(key64(k as u64) as u64).to_le_bytes());
+            }
+        }
         Lane::Bfp32 => {
-            let scale = pow2(exponent as i32) / if avg { members as f64 } else { 1.0 };
+            let scale = Scale::new(exponent as i32);
+            let div = if avg { members as f64 } else { 1.0 };
             let lanes = payload
                 .chunks_exact(4)
                 .take(n)
-                .map(|p| i32::from_le_bytes([p[0], p[1], p[2], p[3]]) as f64 * scale);
+                .map(|p| scale.apply(i32::from_le_bytes([p[0], p[1], p[2], p[3]]) as f64) / div);
             match dtype {
                 DType::F32 => lanes
                     .zip(dst.chunks_exact_mut(4))
@@ -307,15 +433,78 @@ mod tests {
     }
 
     #[test]
-    fn block_exponent_keeps_the_max_within_24_bits() {
-        for max in [1.0f64, 0.75, 3.0, 1e-30, 6e37, 1e-45] {
-            let k = block_exponent(max) as i32;
-            let m = (max * pow2(-k)).round();
+    fn block_exponent_keeps_the_max_within_its_bits() {
+        for (bits, max) in [1.0f64, 0.75, 3.0, 1e-30, 6e37, 1e-45, f32::MAX as f64]
+            .into_iter()
+            .map(|m| (BFP_BITS, m))
+            .chain(
+                [1.0, 0.75, 1e-300, 5e-324, 2.2e-308, f64::MAX, 1e300]
+                    .into_iter()
+                    .map(|m| (BFP64_BITS, m)),
+            )
+        {
+            let k = block_exponent(max, bits) as i32;
+            let m = Scale::new(-k).apply(max);
             assert!(
-                m <= (1u64 << BFP_BITS) as f64 && m >= (1u64 << (BFP_BITS - 2)) as f64
-                    || k == i8::MIN as i32,
-                "{max}: {m}"
+                m < 2f64.powi(bits) && m >= 2f64.powi(bits - 1),
+                "{max}: {m} (k = {k})"
             );
+        }
+        assert_eq!(block_exponent(0.0, BFP_BITS), ZERO_EXPONENT);
+    }
+
+    #[test]
+    fn keys64_preserve_order() {
+        let xs = [
+            f64::NEG_INFINITY,
+            -1e300,
+            -1.5,
+            -5e-324,
+            -0.0,
+            0.0,
+            5e-324,
+            2.0,
+            f64::MAX,
+            f64::INFINITY,
+        ];
+        for w in xs.windows(2) {
+            assert!(
+                key64(w[0].to_bits()) < key64(w[1].to_bits()),
+                "{} {}",
+                w[0],
+                w[1]
+            );
+        }
+        for x in xs {
+            assert_eq!(key64(key64(x.to_bits()) as u64) as u64, x.to_bits());
+        }
+    }
+
+    #[test]
+    fn double_roundtrip_one_member() {
+        let xs: Vec<f64> = vec![1.0, -2.5, 1e-3, 123.456, 0.0, 1.0 / 3.0];
+        let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
+        let mut lanes = vec![0u8; src.len()];
+        let e = encode(Op::Sum, DType::F64, &src, &mut lanes);
+        let mut dst = vec![0u8; src.len()];
+        decode(Op::Sum, DType::F64, 1, &lanes, e.exponent, &mut dst);
+        for (i, x) in xs.iter().enumerate() {
+            let y = f64::from_le_bytes(dst[i * 8..i * 8 + 8].try_into().unwrap());
+            assert!((y - x).abs() <= 123.456 * 2f64.powi(-55), "{x} -> {y}");
+        }
+        // Segments of tiny (subnormal) and huge values keep their bits too.
+        for x in [5e-324f64, 3e-310, 1.7e308] {
+            let src = [x.to_le_bytes(), (-x).to_le_bytes()].concat();
+            let e = encode(Op::Sum, DType::F64, &src, &mut lanes[..16]);
+            decode(
+                Op::Sum,
+                DType::F64,
+                1,
+                &lanes[..16],
+                e.exponent,
+                &mut dst[..16],
+            );
+            assert_eq!(dst[..16], src[..], "{x}");
         }
     }
 

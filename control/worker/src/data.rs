@@ -54,7 +54,12 @@ pub fn generate(dtype: DType, seed: u64, member: u32, n: usize) -> Vec<u8> {
                     0 => unit * 100.0,
                     1..=4 => 0.0,
                     _ => unit * 1e-3,
-                } as f32;
+                };
+                if dtype == DType::F64 {
+                    out.extend_from_slice(&x.to_le_bytes());
+                    continue;
+                }
+                let x = x as f32;
                 match dtype {
                     DType::F32 => out.extend_from_slice(&x.to_le_bytes()),
                     DType::F16 => out.extend_from_slice(&f16::from_f32(x).to_bits().to_le_bytes()),
@@ -68,15 +73,36 @@ pub fn generate(dtype: DType, seed: u64, member: u32, n: usize) -> Vec<u8> {
 
 fn as_f64(dtype: DType, b: &[u8]) -> f64 {
     match dtype {
+        DType::F64 => f64::from_le_bytes(b[..8].try_into().unwrap()),
         DType::F32 => f32::from_le_bytes(b[..4].try_into().unwrap()) as f64,
         DType::F16 => f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
         _ => bf16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f64(),
     }
 }
 
-/// Relative rounding of a value converted to `dtype`, and the smallest step near zero.
+/// The sum of `xs` rounded once: Neumaier's compensated sum, whose error (a few ulps of
+/// the ulps) is far below any bound checked here, where a plain f64 sum of doubles would
+/// err by as much as the bound itself.
+fn exact_sum(xs: &[f64]) -> f64 {
+    let (mut s, mut c) = (0f64, 0f64);
+    for &x in xs {
+        let t = s + x;
+        c += if s.abs() >= x.abs() {
+            (s - t) + x
+        } else {
+            (x - t) + s
+        };
+        s = t;
+    }
+    s + c
+}
+
+/// Relative rounding of a value converted to `dtype`, and the smallest step near zero. A
+/// double result is rounded twice (the sum of mantissas to a double, then avg's division):
+/// a whole ulp.
 fn rounding(dtype: DType) -> (f64, f64) {
     match dtype {
+        DType::F64 => (2f64.powi(-52), 2f64.powi(-1074)),
         DType::F32 => (2f64.powi(-24), 2f64.powi(-149)),
         DType::F16 => (2f64.powi(-11), 2f64.powi(-24)),
         _ => (2f64.powi(-8), 2f64.powi(-133)),
@@ -177,11 +203,11 @@ pub fn check(
                         let max = (s0..s1)
                             .map(|j| as_f64(dtype, &inputs[m][j * size..]).abs())
                             .fold(0.0, f64::max);
-                        codec::block_exponent(max) as i32
+                        codec::block_exponent(max, codec::bfp_bits(dtype)) as i32
                     })
                     .max()
                     .unwrap();
-                let mut want: f64 = vals.iter().sum();
+                let mut want = exact_sum(&vals);
                 let mut bound = (1.5 * members as f64 + 2.0) * 2f64.powi(k);
                 if op == Op::Avg {
                     want /= members as f64;

@@ -468,7 +468,7 @@ impl Engine {
                     packet.payload.len(),
                     out.len() / r.dtype.size() * r.lane.size()
                 );
-                codec::decode(r.op, r.dtype, members, packet.payload, h.exponent, out);
+                codec::decode(r.op, r.dtype, members, packet.payload, h.exponent(), out);
             }
             answered.push((a, flags));
         })

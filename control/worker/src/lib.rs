@@ -107,7 +107,7 @@ macro_rules! element {
         }
     )*};
 }
-element!(i32 => I32, u32 => U32, i64 => I64, f32 => F32, half::f16 => F16, half::bf16 => Bf16);
+element!(i32 => I32, u32 => U32, i64 => I64, f32 => F32, half::f16 => F16, half::bf16 => Bf16, f64 => F64);
 
 /// What a message reduces: its op and data type, and the lane they travel in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -28,5 +28,6 @@ pub use wire::{DType, Header, Kind, Op};
 /// of each drop reason (`DROPS`); version 8 finds jobs by the dense index of their id in
 /// an array (`JOBS`), checking its generation (`Job::generation`); version 10 holds
 /// segments of up to 8936 bytes (multi-buffer frames: the `STAGE` and `FOLDS` maps, a fold
-/// program per op and lane, results fanned out by `xagg_fanout`).
-pub const LAYOUT_VERSION: u32 = 10;
+/// program per op and lane, results fanned out by `xagg_fanout`); version 11 reads header
+/// version 2 (a 16-bit block exponent) and folds doubles (`xagg_fold_sum_bfp64`).
+pub const LAYOUT_VERSION: u32 = 11;

@@ -24,9 +24,12 @@ pub enum Fold {
     Sum64,
     /// Sum of block-floating-point mantissas, aligned to the larger exponent.
     SumBfp,
+    /// The same over 64-bit mantissas (doubles).
+    SumBfp64,
     MinI32,
     /// Minimum of unsigned 32-bit lanes (u32, and the order-preserving keys of floats).
     MinU32,
+    /// Minimum of signed 64-bit lanes (i64, and the order-preserving keys of doubles).
     MinI64,
     MaxI32,
     MaxU32,
@@ -40,12 +43,13 @@ pub enum Fold {
 }
 
 impl Fold {
-    pub const COUNT: usize = 14;
+    pub const COUNT: usize = 15;
 
     pub const ALL: [Fold; Self::COUNT] = [
         Self::Sum32,
         Self::Sum64,
         Self::SumBfp,
+        Self::SumBfp64,
         Self::MinI32,
         Self::MinU32,
         Self::MinI64,
@@ -66,12 +70,13 @@ impl Fold {
             (Op::Sum, I32 | U32) => Self::Sum32,
             (Op::Sum | Op::Avg, I64) | (Op::Avg, I64Split) => Self::Sum64,
             (Op::Sum | Op::Avg, Bfp32) => Self::SumBfp,
+            (Op::Sum | Op::Avg, Bfp64) => Self::SumBfp64,
             (Op::Min, I32) => Self::MinI32,
             (Op::Min, U32 | Key32) => Self::MinU32,
-            (Op::Min, I64) => Self::MinI64,
+            (Op::Min, I64 | Key64) => Self::MinI64,
             (Op::Max, I32) => Self::MaxI32,
             (Op::Max, U32 | Key32) => Self::MaxU32,
-            (Op::Max, I64) => Self::MaxI64,
+            (Op::Max, I64 | Key64) => Self::MaxI64,
             (Op::Prod, I32 | U32) => Self::Prod32,
             (Op::Prod, I64) => Self::Prod64,
             (Op::And, _) => Self::And,
@@ -87,6 +92,7 @@ impl Fold {
             Self::Sum32 => "xagg_fold_sum32",
             Self::Sum64 => "xagg_fold_sum64",
             Self::SumBfp => "xagg_fold_sum_bfp",
+            Self::SumBfp64 => "xagg_fold_sum_bfp64",
             Self::MinI32 => "xagg_fold_min_i32",
             Self::MinU32 => "xagg_fold_min_u32",
             Self::MinI64 => "xagg_fold_min_i64",

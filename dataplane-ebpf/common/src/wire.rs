@@ -6,7 +6,7 @@
 //! per element.
 
 /// Protocol version carried in every header.
-pub const VERSION: u8 = 1;
+pub const VERSION: u8 = 2;
 /// Default UDP port the switch listens on (configurable per switch).
 pub const DEFAULT_PORT: u16 = 47800;
 /// Length of the collective header. Ethernet (14) + IPv4 (20) + UDP (8) + 30 = 72, so the
@@ -151,7 +151,7 @@ impl UnknownName {
     };
     pub const DTYPE: Self = Self {
         what: "dtype",
-        valid: "i32, u32, i64, f32, f16, bf16",
+        valid: "i32, u32, i64, f32, f16, bf16, f64",
     };
 }
 
@@ -173,16 +173,18 @@ pub enum DType {
     F32 = 4,
     F16 = 5,
     Bf16 = 6,
+    F64 = 7,
 }
 
 impl DType {
-    pub const ALL: [DType; 6] = [
+    pub const ALL: [DType; 7] = [
         DType::I32,
         DType::U32,
         DType::I64,
         DType::F32,
         DType::F16,
         DType::Bf16,
+        DType::F64,
     ];
 
     pub const fn from_u8(v: u8) -> Option<Self> {
@@ -193,6 +195,7 @@ impl DType {
             4 => Some(Self::F32),
             5 => Some(Self::F16),
             6 => Some(Self::Bf16),
+            7 => Some(Self::F64),
             _ => None,
         }
     }
@@ -201,7 +204,7 @@ impl DType {
     pub const fn size(self) -> usize {
         match self {
             Self::I32 | Self::U32 | Self::F32 => 4,
-            Self::I64 => 8,
+            Self::I64 | Self::F64 => 8,
             Self::F16 | Self::Bf16 => 2,
         }
     }
@@ -214,6 +217,7 @@ impl DType {
             Self::F32 => "f32",
             Self::F16 => "f16",
             Self::Bf16 => "bf16",
+            Self::F64 => "f64",
         }
     }
 
@@ -260,13 +264,18 @@ pub enum Lane {
     /// and its low 32 bits (unsigned), so the switch's wrapping sums of both are exact for
     /// any 64 members and the worker divides the 128-bit sum once.
     I64Split = 6,
+    /// Block floating point of doubles: signed 64-bit mantissas scaled by 2^`exponent`.
+    Bfp64 = 7,
+    /// Order-preserving signed 64-bit keys of doubles (min and max): the switch takes the
+    /// signed min or max, as of i64.
+    Key64 = 8,
 }
 
 impl Lane {
     /// Bytes per element on the wire.
     pub const fn size(self) -> usize {
         match self {
-            Self::I64 => 8,
+            Self::I64 | Self::Bfp64 | Self::Key64 => 8,
             Self::I64Split => 16,
             _ => 4,
         }
@@ -280,6 +289,8 @@ impl Lane {
             4 => Some(Self::Bfp32),
             5 => Some(Self::Key32),
             6 => Some(Self::I64Split),
+            7 => Some(Self::Bfp64),
+            8 => Some(Self::Key64),
             _ => None,
         }
     }
@@ -294,6 +305,8 @@ pub const fn lane(op: Op, dtype: DType) -> Option<Lane> {
         (_, DType::I32) => Some(Lane::I32),
         (_, DType::U32) => Some(Lane::U32),
         (_, DType::I64) => Some(Lane::I64),
+        (Op::Sum | Op::Avg, DType::F64) => Some(Lane::Bfp64),
+        (Op::Min | Op::Max, DType::F64) => Some(Lane::Key64),
         (Op::Sum | Op::Avg, _) => Some(Lane::Bfp32),
         (Op::Min | Op::Max, _) => Some(Lane::Key32),
         _ => None,
@@ -461,11 +474,12 @@ pub struct Header {
     pub flags: u8,
     count: [u8; 2],
     pub status: u8,
-    /// Per-packet exponent for block floating point (0 for other lanes).
-    pub exponent: i8,
+    /// Per-packet exponent for block floating point (0 for other lanes): 16 bits, since a
+    /// double's range spans about 2100 binary orders of magnitude.
+    exponent: [u8; 2],
     enc_flags: [u8; 2],
     /// Must be zero when sent; ignored when received.
-    reserved: [u8; 4],
+    reserved: [u8; 3],
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
@@ -533,8 +547,8 @@ impl Builder {
         self.0.count = count.to_be_bytes();
         self
     }
-    pub const fn exponent(mut self, exponent: i8) -> Self {
-        self.0.exponent = exponent;
+    pub const fn exponent(mut self, exponent: i16) -> Self {
+        self.0.exponent = exponent.to_be_bytes();
         self
     }
     pub const fn enc_flags(mut self, flags: u16) -> Self {
@@ -562,9 +576,9 @@ impl Header {
             flags: 0,
             count: [0; 2],
             status: status::OK,
-            exponent: 0,
+            exponent: [0; 2],
             enc_flags: [0; 2],
-            reserved: [0; 4],
+            reserved: [0; 3],
         })
     }
 
@@ -592,6 +606,11 @@ impl Header {
     #[inline(always)]
     pub const fn count(&self) -> u16 {
         u16::from_be_bytes(self.count)
+    }
+    /// The block exponent (block floating point lanes).
+    #[inline(always)]
+    pub const fn exponent(&self) -> i16 {
+        i16::from_be_bytes(self.exponent)
     }
     #[inline(always)]
     pub const fn enc_flags(&self) -> u16 {
@@ -632,6 +651,10 @@ impl Header {
         self.count = count.to_be_bytes();
     }
     #[inline(always)]
+    pub const fn set_exponent(&mut self, exponent: i16) {
+        self.exponent = exponent.to_be_bytes();
+    }
+    #[inline(always)]
     pub const fn set_enc_flags(&mut self, flags: u16) {
         self.enc_flags = flags.to_be_bytes();
     }
@@ -661,9 +684,9 @@ impl Header {
         out[19] = self.flags;
         out[20..22].copy_from_slice(&self.count);
         out[22] = self.status;
-        out[23] = self.exponent as u8;
-        out[24..26].copy_from_slice(&self.enc_flags);
-        out[26..30].copy_from_slice(&self.reserved);
+        out[23..25].copy_from_slice(&self.exponent);
+        out[25..27].copy_from_slice(&self.enc_flags);
+        out[27..30].copy_from_slice(&self.reserved);
     }
 
     /// Reads a header from the start of `b`; `None` if `b` is shorter than a header.
@@ -685,9 +708,9 @@ impl Header {
             flags: b[19],
             count: [b[20], b[21]],
             status: b[22],
-            exponent: b[23] as i8,
-            enc_flags: [b[24], b[25]],
-            reserved: a4(26),
+            exponent: [b[23], b[24]],
+            enc_flags: [b[25], b[26]],
+            reserved: [b[27], b[28], b[29]],
         })
     }
 }
@@ -721,6 +744,13 @@ mod tests {
         );
         assert_eq!(h.count(), 256);
         assert_eq!(h.shadow(), 1);
+        let e = Header::builder(Kind::Result)
+            .exponent(-1100)
+            .enc_flags(ENC_NONFINITE)
+            .build();
+        let b = e.to_bytes();
+        assert_eq!(&b[23..27], &[0xfb, 0xb4, 0, 1]);
+        assert_eq!(Header::from_bytes(&b).unwrap().exponent(), -1100);
         assert!(!h.is_last());
         assert_eq!(Header::from_bytes(&b[..29]), None);
     }
@@ -745,8 +775,8 @@ mod tests {
         assert_eq!(decode(&buf[..n - 1]), Err(DecodeError::Length));
         assert_eq!(decode(&buf[..n + 8]), Err(DecodeError::Length));
         assert_eq!(decode(&buf[..10]), Err(DecodeError::Short));
-        buf[0] = 2;
-        assert_eq!(decode(&buf[..n]), Err(DecodeError::Version(2)));
+        buf[0] = 1;
+        assert_eq!(decode(&buf[..n]), Err(DecodeError::Version(1)));
     }
 
     #[test]

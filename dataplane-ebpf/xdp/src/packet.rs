@@ -266,7 +266,7 @@ impl Frame {
     pub fn into_result(&self, stored: &Stored) {
         let hdr = self.header_mut();
         hdr.set_kind(Kind::Result);
-        hdr.exponent = stored.exponent as i8;
+        hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
     }
 

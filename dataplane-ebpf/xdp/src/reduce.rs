@@ -166,6 +166,7 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
     const SUM32: u32 = Fold::Sum32 as u32;
     const SUM64: u32 = Fold::Sum64 as u32;
     const SUM_BFP: u32 = Fold::SumBfp as u32;
+    const SUM_BFP64: u32 = Fold::SumBfp64 as u32;
     const MIN_I32: u32 = Fold::MinI32 as u32;
     const MIN_U32: u32 = Fold::MinU32 as u32;
     const MIN_I64: u32 = Fold::MinI64 as u32;
@@ -190,6 +191,19 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
             };
             fold_words(v, src, w, write, |a, b| {
                 add_32x2(sar_32x2(a, sa), sar_32x2(b, sb))
+            });
+            if r.exponent > v.exponent {
+                v.exponent = r.exponent;
+            }
+        }
+        SUM_BFP64 => {
+            let (sa, sb) = if r.exponent > v.exponent {
+                ((r.exponent - v.exponent).min(63) as u32, 0)
+            } else {
+                (0, (v.exponent - r.exponent).min(63) as u32)
+            };
+            fold_words(v, src, w, write, |a, b| {
+                ((a as i64 >> sa).wrapping_add(b as i64 >> sb)) as u64
             });
             if r.exponent > v.exponent {
                 v.exponent = r.exponent;
