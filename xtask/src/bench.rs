@@ -785,44 +785,26 @@ pub const SLOTS: u32 = 128;
 /// segment, the fastest at 4 and 8 workers (docs/bench.md).
 pub const SEGMENT: usize = xagg_common::wire::MAX_PAYLOAD / 4;
 
-/// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached. mpirun
-/// runs in worker 0's namespace and starts the other ranks through an rsh agent that enters
-/// their namespaces (each with its own UTS namespace, so every rank has a host name).
+/// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached
+/// (`xagg_lab::mpi::run`: one rank per worker namespace).
 fn mpi_run(
     lab: &Lab,
     mpi_bin: &std::path::Path,
-    agent: &std::path::Path,
     bytes: usize,
     iterations: usize,
 ) -> Result<RunPoint> {
     let n = lab.workers;
-    let hosts: Vec<String> = (0..n)
-        .map(|i| xagg_lab::lab::worker_ip(i).to_string())
-        .collect();
-    let cmd = format!(
-        "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
-         --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1 {bin} {bytes} {iterations} 7{cpu}",
-        cpu = if bytes >= CPU_WINDOWS_FROM { " cpu" } else { "" },
-        ns = lab.worker_ns(0),
-        hosts = hosts.join(","),
-        agent = agent.display(),
+    let agent = xagg_lab::mpi::agent(lab, &target_dir().join("bench"))?;
+    let program = format!(
+        "{bin} {bytes} {iterations} 7{cpu}",
         bin = mpi_bin.display(),
+        cpu = if bytes >= CPU_WINDOWS_FROM {
+            " cpu"
+        } else {
+            ""
+        },
     );
-    let o = std::process::Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.worker_ns(0),
-            "unshare",
-            "--uts",
-            "sh",
-            "-c",
-            &cmd,
-        ])
-        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
-        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-        .output()
-        .context("running mpirun")?;
+    let o = xagg_lab::mpi::run(lab, &agent, n, &[], &program)?;
     let text = String::from_utf8_lossy(&o.stdout);
     let line = text.lines().find(|l| l.starts_with('{')).with_context(|| {
         format!(
@@ -848,44 +830,13 @@ fn mpi_run(
     ))
 }
 
-/// Builds the MPI baseline (installing Open MPI if needed) and writes the rsh agent.
-fn mpi_setup(workers: usize) -> Result<(PathBuf, PathBuf)> {
-    let ok =
-        |c: &mut std::process::Command| c.output().map(|o| o.status.success()).unwrap_or(false);
-    if !ok(std::process::Command::new("mpicc").arg("--version")) {
-        eprintln!("setup: installing Open MPI (openmpi-bin, libopenmpi-dev)");
-        crate::build::run(
-            std::process::Command::new("apt-get")
-                .args(["install", "-y", "-qq", "openmpi-bin", "libopenmpi-dev"])
-                .env("DEBIAN_FRONTEND", "noninteractive"),
-        )?;
-    }
+/// Builds the MPI baseline (`cargo xtask setup` installs Open MPI).
+fn mpi_setup() -> Result<PathBuf> {
     let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
     let bin = dir.join("mpi_allreduce");
-    crate::build::run(
-        std::process::Command::new("mpicc")
-            .args(["-O2", "-o"])
-            .arg(&bin)
-            .arg(crate::build::root().join("xtask/mpi/allreduce.c")),
-    )?;
-    let agent = dir.join("rsh-agent.sh");
-    let mut cases = String::new();
-    for i in 0..workers {
-        cases.push_str(&format!(
-            "  {}) ns={}-w{i};;\n",
-            xagg_lab::lab::worker_ip(i),
-            crate::demo::PREFIX
-        ));
-    }
-    std::fs::write(
-        &agent,
-        format!(
-            "#!/bin/sh\n# mpirun's rsh agent: a \"host\" is a worker's lab address; run the command in its namespace.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; $*\"\n"
-        ),
-    )?;
-    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
-    Ok((bin, agent))
+    xagg_lab::mpi::compile(&crate::build::root().join("xtask/mpi/allreduce.c"), &bin)?;
+    Ok(bin)
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
@@ -910,7 +861,7 @@ pub struct E2e<'a> {
 /// Both systems on the same lab topology, for each worker count and size.
 pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
     let iterations = |bytes| e.iterations.unwrap_or_else(|| iterations(bytes, e.quick));
-    let (mpi_bin, agent) = mpi_setup(*e.workers.iter().max().unwrap_or(&4))?;
+    let mpi_bin = mpi_setup()?;
     let mut runs = Vec::new();
     for &n in e.workers {
         let mut lab = Lab::create(crate::demo::PREFIX, n)?;
@@ -937,7 +888,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // Open MPI runs over the plain bridge: the switch's programs detached.
             lab = sw.stop()?;
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
-                let r = mpi_run(&lab, &mpi_bin, &agent, bytes, iterations(bytes))?;
+                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes))?;
                 report(round, &r);
                 this.push(r);
             }

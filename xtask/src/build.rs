@@ -47,7 +47,8 @@ fn succeeds(cmd: &mut Command) -> bool {
 }
 
 /// Installs what the eBPF build and the tests need and is missing: iproute2, iputils-ping,
-/// nftables, tmux, systemd (for systemd-analyze), LLVM 22 (Debian), the rust-src component,
+/// nftables, tmux, systemd (for systemd-analyze), Open MPI with gfortran, mpi4py and NumPy
+/// (Debian's, for /usr/bin/python3), LLVM 22 (Debian), the rust-src component,
 /// bpf-linker 0.13 built against LLVM 22. Each step is skipped when its result is already
 /// there.
 pub fn setup() -> Result<()> {
@@ -74,6 +75,16 @@ pub fn setup() -> Result<()> {
         if !analyze() {
             apt(&["systemd-analyze"])?;
         }
+    }
+    // The MPI baseline of the bench, and the tests of the MPI library: C and Fortran
+    // programs under Open MPI, and mpi4py.
+    if !succeeds(Command::new("mpicc").arg("--version"))
+        || !succeeds(Command::new("mpifort").arg("--version"))
+    {
+        apt(&["openmpi-bin", "libopenmpi-dev", "gfortran"])?;
+    }
+    if !succeeds(Command::new("/usr/bin/python3").args(["-c", "import mpi4py, numpy"])) {
+        apt(&["python3-mpi4py", "python3-numpy"])?;
     }
     let have_src = Command::new("rustup")
         .args(["component", "list", "--installed"])
@@ -152,6 +163,8 @@ pub fn build_all() -> Result<()> {
         "xagg-cli",
         "--bins",
     ]))?;
+    // The MPI library, preloaded under MPI programs.
+    run(cargo().args(["build", "--quiet", "--release", "-p", "xagg-mpi"]))?;
     // The worker library's examples, which the tests run in the lab as documented.
     run(cargo().args([
         "build",

@@ -27,7 +27,7 @@ pub struct JoinParams {
     /// This rank (its member index) and the job's shape, the same on every rank.
     pub rank: u8,
     pub shape: JobShape,
-    /// This member's data address: its IPv4 address and a UDP port.
+    /// This member's data address: its IPv4 address and a UDP port (0: any free one).
     pub bind: SocketAddrV4,
     /// An admission credential (name, key), to create the job if this rank is the first.
     pub credential: Option<(String, CredentialKey)>,
@@ -100,6 +100,15 @@ pub(crate) fn join(
     let http = agent();
     let mut n = nonce(&http, j.daemon)?;
     let sock = std::net::UdpSocket::bind(j.bind)?;
+    // Port 0 in `j.bind` lets the system choose: the member is where the socket is.
+    let bind = match sock.local_addr()? {
+        SocketAddr::V4(a) => a,
+        SocketAddr::V6(a) => {
+            return Err(AllreduceError::Invalid(format!(
+                "{a}: members are IPv4 addresses"
+            )))
+        }
+    };
     let mut token = [0u8; 8];
     getrandom::fill(&mut token).map_err(|e| AllreduceError::Join(format!("random: {e}")))?;
     let token = u64::from_le_bytes(token);
@@ -126,7 +135,7 @@ pub(crate) fn join(
         );
         match post::<JoinReply>(&http, j.daemon, "/v1/join", &req)? {
             JoinReply::Ready { job, member, .. } => {
-                let mut p = WorkerParams::new(n.switch, j.bind, job, member, j.shape);
+                let mut p = WorkerParams::new(n.switch, bind, job, member, j.shape);
                 p.first_message = None;
                 let m = Membership {
                     daemon: j.daemon,

@@ -4,6 +4,7 @@
 //! `xagg allreduce` processes with their typed reports ([`workers`]).
 
 pub mod lab;
+pub mod mpi;
 pub mod switch;
 pub mod testrun;
 pub mod workers;

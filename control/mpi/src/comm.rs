@@ -1,0 +1,292 @@
+//! A communicator as a job: made at its first served call, collectively, and left when the
+//! communicator is freed or MPI finalizes.
+//!
+//! Every decision is taken together through `PMPI_` on a private duplicate of the
+//! communicator (so these collectives never interleave with the program's own): whether
+//! the job can be made (the settings, the communicator's size), the job's key and secret
+//! (rank 0 draws them and broadcasts them), whether every rank joined, and after each
+//! allreduce whether every rank got the switch's result ([`crate::call`]).
+
+use std::{
+    collections::VecDeque,
+    ffi::{c_int, c_void},
+    net::{SocketAddr, SocketAddrV4, UdpSocket},
+    time::Duration,
+};
+
+use xagg_common::{wire::MAX_MEMBERS, JobShape};
+use xagg_worker::{CredentialKey, JobKey, JoinParams, Secret, Worker};
+
+use crate::{
+    abi::{handles, pmpi, Comm, SUCCESS},
+    call::Call,
+};
+
+/// The settings, from the environment (docs: `control/mpi/README.md`).
+pub struct Settings {
+    /// The daemon's network listener (`XAGG_DAEMON`).
+    pub daemon: SocketAddr,
+    /// The admission credential (`XAGG_CREDENTIAL=name:64 hex digits`), for the rank that
+    /// creates the job.
+    pub credential: Option<(String, CredentialKey)>,
+    /// Slots per job (`XAGG_SLOTS`, default 64).
+    pub slots: usize,
+    /// How long the ranks wait for each other to join (`XAGG_JOIN_TIMEOUT_MS`, 10 s).
+    pub join_timeout: Duration,
+    /// How long an allreduce waits for the switch (`XAGG_GIVE_UP_MS`, the library's 10 s).
+    pub give_up: Option<Duration>,
+}
+
+impl Settings {
+    pub fn from_env() -> Result<Self, String> {
+        let daemon = std::env::var("XAGG_DAEMON").map_err(|_| {
+            "XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. XAGG_DAEMON=10.77.0.1:47900 (mpirun -x XAGG_DAEMON)".to_string()
+        })?;
+        let daemon = daemon.trim().parse().map_err(|_| {
+            format!("XAGG_DAEMON={daemon} is not an address: e.g. XAGG_DAEMON=10.77.0.1:47900")
+        })?;
+        let credential = match std::env::var("XAGG_CREDENTIAL") {
+            Err(_) => None,
+            Ok(c) => {
+                let (name, key) = c.split_once(':').ok_or(
+                    "XAGG_CREDENTIAL must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)",
+                )?;
+                let key = xagg_worker::CredentialKey(xagg_join::from_hex(
+                    key.trim(),
+                    "XAGG_CREDENTIAL's key",
+                )?);
+                Some((name.to_string(), key))
+            }
+        };
+        let number = |name: &str, default: u64| -> Result<u64, String> {
+            match std::env::var(name) {
+                Err(_) => Ok(default),
+                Ok(v) => v
+                    .trim()
+                    .parse()
+                    .map_err(|_| format!("{name}={v} is not a number")),
+            }
+        };
+        Ok(Self {
+            daemon,
+            credential,
+            slots: number("XAGG_SLOTS", 64)? as usize,
+            join_timeout: Duration::from_millis(number("XAGG_JOIN_TIMEOUT_MS", 10_000)?),
+            give_up: match std::env::var("XAGG_GIVE_UP_MS") {
+                Err(_) => None,
+                Ok(_) => Some(Duration::from_millis(number("XAGG_GIVE_UP_MS", 0)?)),
+            },
+        })
+    }
+}
+
+/// How a communicator's allreduces are made.
+pub enum Path {
+    /// Through the switch, as this job.
+    Switch(Job),
+    /// By Open MPI, for the reason given (decided together when the communicator was
+    /// first used).
+    Pmpi(String),
+}
+
+/// A communicator's job.
+pub struct Job {
+    pub worker: Worker,
+    /// The private duplicate of the communicator that carries this library's own
+    /// collectives: agreements and fallbacks.
+    pub private: Comm,
+    /// Set once an allreduce failed at the switch: every later call still agrees, and is
+    /// made by Open MPI.
+    pub failed: Option<String>,
+    /// Served calls in the order they were made (the same on every rank).
+    pub calls: VecDeque<Call>,
+}
+
+// Safety: `private` is an MPI handle, used only under the library's lock.
+unsafe impl Send for Job {}
+
+/// A communicator this library has seen.
+pub struct CommState {
+    pub path: Path,
+    pub rank: c_int,
+    pub name: String,
+}
+
+fn rank_size(comm: Comm) -> (c_int, c_int) {
+    let (mut rank, mut size) = (0, 0);
+    // Safety: a communicator the program passed to a collective.
+    unsafe {
+        (pmpi().comm_rank)(comm, &mut rank);
+        (pmpi().comm_size)(comm, &mut size);
+    }
+    (rank, size)
+}
+
+/// Agrees on `local` over `comm`: `Ok` when every rank's is, else the first failing rank
+/// and its reason (every rank learns both).
+pub fn agree(comm: Comm, local: Result<(), String>) -> Result<(), (c_int, String)> {
+    let (rank, size) = rank_size(comm);
+    let h = handles();
+    let p = pmpi();
+    let mine: c_int = if local.is_err() { rank } else { size };
+    let mut first: c_int = size;
+    // Safety: one int each way over a communicator every rank passes here together.
+    unsafe {
+        (p.allreduce)(
+            (&mine as *const c_int).cast(),
+            (&mut first as *mut c_int).cast(),
+            1,
+            h.int,
+            op_min(),
+            comm,
+        )
+    };
+    if first == size {
+        return Ok(());
+    }
+    let mut text = [0u8; 512];
+    if let Err(e) = &local {
+        let b = e.as_bytes();
+        let n = b.len().min(text.len() - 1);
+        text[..n].copy_from_slice(&b[..n]);
+    }
+    // Safety: as above, a fixed-size byte buffer from the first failing rank.
+    unsafe {
+        (p.bcast)(
+            text.as_mut_ptr().cast(),
+            text.len() as c_int,
+            h.byte,
+            first,
+            comm,
+        )
+    };
+    let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
+    Err((first, String::from_utf8_lossy(&text[..end]).into_owned()))
+}
+
+/// `MPI_MIN`.
+pub fn op_min() -> crate::abi::MpiOp {
+    handles().op_min
+}
+
+/// This host's address toward the daemon: where the switch will see this rank.
+fn local_address(daemon: SocketAddr) -> Result<SocketAddrV4, String> {
+    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("a UDP socket: {e}"))?;
+    s.connect(daemon)
+        .map_err(|e| format!("no route to the daemon at {daemon}: {e}"))?;
+    match s.local_addr() {
+        Ok(SocketAddr::V4(a)) => Ok(SocketAddrV4::new(*a.ip(), 0)),
+        Ok(a) => Err(format!("{a}: the switch takes IPv4 members")),
+        Err(e) => Err(format!("this host's address toward {daemon}: {e}")),
+    }
+}
+
+/// The communicator's description in messages.
+fn describe(comm: Comm, size: c_int) -> String {
+    if comm == handles().comm_world {
+        format!("MPI_COMM_WORLD ({size} ranks)")
+    } else {
+        format!("communicator {comm:p} ({size} ranks)")
+    }
+}
+
+/// Makes `comm` a job, or decides together that Open MPI serves it. Collective: every
+/// rank of `comm` calls it at its first served call there.
+pub fn create(comm: Comm) -> CommState {
+    let p = pmpi();
+    let (rank, size) = rank_size(comm);
+    let name = describe(comm, size);
+    let mut inter = 0;
+    // Safety: a communicator the program passed to a collective.
+    unsafe { (p.comm_test_inter)(comm, &mut inter) };
+    let state = |path| CommState {
+        path,
+        rank,
+        name: name.clone(),
+    };
+    if inter != 0 {
+        // The same answer on every rank: no agreement needed.
+        return state(Path::Pmpi("an intercommunicator".into()));
+    }
+    if size < 2 || size as usize > MAX_MEMBERS {
+        return state(Path::Pmpi(format!(
+            "{size} ranks: a job has 2 to {MAX_MEMBERS} members"
+        )));
+    }
+    let mut private: Comm = std::ptr::null_mut();
+    // Safety: collective over `comm`, at the same call on every rank.
+    if unsafe { (p.comm_dup)(comm, &mut private) } != SUCCESS {
+        return state(Path::Pmpi("MPI_Comm_dup failed".into()));
+    }
+    let fail = |private: &mut Comm, why: String| {
+        // Safety: our own duplicate, freed together by every rank.
+        unsafe { (p.comm_free)(private) };
+        Path::Pmpi(why)
+    };
+    let settings = Settings::from_env();
+    let settings = match agree(private, settings.as_ref().map(|_| ()).map_err(Clone::clone)) {
+        Ok(()) => settings.expect("agreed"),
+        Err((r, why)) => return state(fail(&mut private, format!("rank {r}: {why}"))),
+    };
+    // Rank 0 draws the job's key and secret; every rank gets them.
+    let mut secrets = [0u8; 48];
+    if rank == 0 {
+        secrets[..16].copy_from_slice(&JobKey::random().0);
+        secrets[16..].copy_from_slice(&Secret::random().0);
+    }
+    // Safety: 48 bytes from rank 0 over our duplicate.
+    unsafe { (p.bcast)(secrets.as_mut_ptr().cast(), 48, handles().byte, 0, private) };
+    let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
+    let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
+    let joined = local_address(settings.daemon).and_then(|bind| {
+        let shape = JobShape::full(size as usize, settings.slots)
+            .map_err(|e| format!("XAGG_SLOTS={}: {e}", settings.slots))?;
+        let w = Worker::join_with(
+            JoinParams {
+                daemon: settings.daemon,
+                key,
+                secret,
+                rank: rank as u8,
+                shape,
+                bind,
+                credential: settings.credential.clone(),
+                timeout: settings.join_timeout,
+            },
+            |wp| {
+                if let Some(g) = settings.give_up {
+                    wp.give_up = g;
+                }
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        // Learn the job's state from the switch now: a switch that does not answer is
+        // found here, before any data waits on it.
+        match w.sync() {
+            Ok(()) => Ok(w),
+            Err(e) => {
+                let _ = w.leave();
+                Err(e.to_string())
+            }
+        }
+    });
+    let local = joined.as_ref().map(|_| ()).map_err(Clone::clone);
+    match agree(private, local) {
+        Ok(()) => state(Path::Switch(Job {
+            worker: joined.expect("agreed"),
+            private,
+            failed: None,
+            calls: VecDeque::new(),
+        })),
+        Err((r, why)) => {
+            if let Ok(w) = joined {
+                let _ = w.leave();
+            }
+            state(fail(&mut private, format!("rank {r}: {why}")))
+        }
+    }
+}
+
+/// A pointer-sized key for maps of handles.
+pub fn key(p: *const c_void) -> usize {
+    p as usize
+}

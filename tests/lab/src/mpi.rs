@@ -1,0 +1,91 @@
+//! Open MPI in the lab: `mpirun` in worker 0's namespace, starting one rank per worker
+//! namespace through an rsh agent (each rank with its own UTS namespace, so every rank has
+//! a host name of its own), over the lab's addresses only.
+
+use std::{
+    path::{Path, PathBuf},
+    process::{Command, Output},
+};
+
+use anyhow::{Context, Result};
+
+use crate::lab::{worker_ip, Lab};
+
+/// Compiles `source` (C with `mpicc`, Fortran `.f90`/`.f` with `mpifort`) into `out`.
+pub fn compile(source: &Path, out: &Path) -> Result<()> {
+    let fortran = source.extension().is_some_and(|e| e == "f90" || e == "f");
+    let compiler = if fortran { "mpifort" } else { "mpicc" };
+    let mut c = Command::new(compiler);
+    if fortran {
+        // What every mpif.h program needs with gfortran 10 and later: the MPI calls take
+        // buffers of any type.
+        c.arg("-fallow-argument-mismatch");
+    }
+    let o = c
+        .args(["-O2", "-o"])
+        .arg(out)
+        .arg(source)
+        .output()
+        .with_context(|| format!("running {compiler}"))?;
+    anyhow::ensure!(
+        o.status.success(),
+        "{compiler} {}: {}",
+        source.display(),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    Ok(())
+}
+
+/// Writes the rsh agent for `lab` into `dir`: a "host" is a worker's lab address, and the
+/// command runs in that worker's namespace.
+pub fn agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
+    let mut cases = String::new();
+    for i in 0..lab.workers {
+        cases.push_str(&format!("  {}) ns={};;\n", worker_ip(i), lab.worker_ns(i)));
+    }
+    std::fs::create_dir_all(dir)?;
+    let agent = dir.join(format!("rsh-agent-{}.sh", lab.prefix));
+    std::fs::write(
+        &agent,
+        format!(
+            "#!/bin/sh\n# mpirun's rsh agent: a \"host\" is a worker's lab address; run the command in its namespace.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; $*\"\n"
+        ),
+    )?;
+    std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
+    Ok(agent)
+}
+
+/// Runs `program` with `args` on `n` ranks (rank i in worker i's namespace) under mpirun;
+/// `env` is exported to every rank (`-x`). Open MPI talks TCP over the lab's subnet.
+pub fn run(
+    lab: &Lab,
+    agent: &Path,
+    n: usize,
+    env: &[(&str, String)],
+    program: &str,
+) -> Result<Output> {
+    let hosts: Vec<String> = (0..n).map(|i| worker_ip(i).to_string()).collect();
+    let exports: String = env.iter().map(|(k, v)| format!(" -x {k}={v}")).collect();
+    let cmd = format!(
+        "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
+         --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1{exports} {program}",
+        ns = lab.worker_ns(0),
+        hosts = hosts.join(","),
+        agent = agent.display(),
+    );
+    Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &lab.worker_ns(0),
+            "unshare",
+            "--uts",
+            "sh",
+            "-c",
+            &cmd,
+        ])
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .context("running mpirun")
+}

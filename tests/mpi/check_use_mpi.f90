@@ -1,0 +1,68 @@
+! An ordinary Fortran MPI program (`use mpi`): sums, minima and maxima of INTEGER, REAL
+! and DOUBLE PRECISION arrays, in place and not, checked against local values.
+program check_use_mpi
+  use mpi
+  implicit none
+  integer, parameter :: n = 20000
+  integer :: ierr, rank, nranks, i, r, failures, all_failures, checks
+  integer :: ia(n), ib(n), iwant(n), ixor(n)
+  real :: ra(n), rb(n)
+  double precision :: da(n), db(n), dwant(n)
+
+  call MPI_Init(ierr)
+  call MPI_Comm_rank(MPI_COMM_WORLD, rank, ierr)
+  call MPI_Comm_size(MPI_COMM_WORLD, nranks, ierr)
+  failures = 0
+  checks = 0
+
+  do i = 1, n
+    ia(i) = mod(rank * 7 + i * 13, 17) - 8
+    ra(i) = 0.25 * ia(i)
+    da(i) = 0.125d0 * ia(i)
+  end do
+  iwant = 0
+  ixor = 0
+  do r = 0, nranks - 1
+    do i = 1, n
+      iwant(i) = iwant(i) + mod(r * 7 + i * 13, 17) - 8
+      ixor(i) = ieor(ixor(i), mod(r * 7 + i * 13, 17) - 8)
+    end do
+  end do
+  dwant = 0.125d0 * iwant
+
+  call MPI_Allreduce(ia, ib, n, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call tally(all(ib == iwant))
+  call MPI_Allreduce(ra, rb, n, MPI_REAL, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call tally(all(rb == real(0.25d0 * iwant)))
+  call MPI_Allreduce(da, db, n, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call tally(all(db == dwant))
+  db = da
+  call MPI_Allreduce(MPI_IN_PLACE, db, n, MPI_DOUBLE_PRECISION, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call tally(all(db == dwant))
+  ib = ia
+  call MPI_Allreduce(MPI_IN_PLACE, ib, n, MPI_INTEGER, MPI_MAX, MPI_COMM_WORLD, ierr)
+  call tally(all(ib >= ia) .and. maxval(ib) == 8)
+  call MPI_Allreduce(ra, rb, n, MPI_REAL, MPI_MIN, MPI_COMM_WORLD, ierr)
+  call tally(all(rb <= ra) .and. minval(rb) == -2.0)
+  call MPI_Allreduce(ia, ib, n, MPI_INTEGER, MPI_BXOR, MPI_COMM_WORLD, ierr)
+  call tally(all(ib == ixor))
+  call MPI_Allreduce(1, i, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call tally(i == nranks)
+  call MPI_Barrier(MPI_COMM_WORLD, ierr)
+
+  call MPI_Reduce(failures, all_failures, 1, MPI_INTEGER, MPI_SUM, 0, MPI_COMM_WORLD, ierr)
+  if (rank == 0) print '(a,i0,a,i0)', 'checks=', checks, ' failures=', all_failures
+  call MPI_Finalize(ierr)
+  if (rank == 0 .and. all_failures /= 0) stop 1
+
+contains
+
+  subroutine tally(ok)
+    logical, intent(in) :: ok
+    checks = checks + 1
+    if (.not. ok) then
+      failures = failures + 1
+      print '(a,i0,a,i0)', 'rank ', rank, ': check failed: ', checks
+    end if
+  end subroutine tally
+end program check_use_mpi

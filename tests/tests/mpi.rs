@@ -1,0 +1,215 @@
+//! Unmodified MPI programs under `mpirun` in the netns lab, one rank per worker namespace,
+//! with `libxagg_mpi.so` preloaded: a C program (every served type and op, in place and
+//! not, derived communicators, a user-defined op, `MPI_Iallreduce` among point-to-point
+//! requests), Fortran programs through `use mpi` and `mpif.h`, and mpi4py; then the
+//! fallbacks: no switch, and the switch's dataplane detached in the middle of a run.
+
+use std::{net::SocketAddr, path::PathBuf, process::Output, time::Duration};
+
+use xagg_daemon::{api::Request, config::CredentialSection};
+use xagg_lab::lab::SWITCH_IP;
+use xagg_tests::*;
+
+const LISTEN_PORT: u16 = 47900;
+const RANKS: usize = 4;
+
+/// A lab whose daemon lets ranks join (credential "mpi"), and the programs built.
+struct MpiLab {
+    sw: TestSwitch,
+    dir: PathBuf,
+    agent: PathBuf,
+}
+
+impl MpiLab {
+    fn start(prefix: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}-mpi"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let key_file = dir.join("mpi.key");
+        std::fs::write(&key_file, "6d".repeat(32)).unwrap();
+        let sw = TestSwitch::start(prefix, RANKS, |c| {
+            c.daemon.listen = Some(SocketAddr::from((SWITCH_IP, LISTEN_PORT)));
+            c.credentials.push(CredentialSection {
+                name: "mpi".into(),
+                key_file: key_file.clone(),
+                slot_quota: 1024,
+            });
+        });
+        let agent = xagg_lab::mpi::agent(&sw.lab, &dir).unwrap();
+        Self { sw, dir, agent }
+    }
+
+    /// Compiles `tests/mpi/NAME` into the lab's directory.
+    fn program(&self, name: &str) -> PathBuf {
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("mpi")
+            .join(name);
+        let out = self.dir.join(name.split('.').next().unwrap());
+        xagg_lab::mpi::compile(&src, &out).unwrap();
+        out
+    }
+
+    /// Runs `cmd` on every rank with the library preloaded and `env` besides.
+    fn run(&self, cmd: &str, daemon: &str, env: &[(&str, String)]) -> Output {
+        let lib = xagg_lab::bin("libxagg_mpi.so");
+        assert!(
+            lib.exists(),
+            "{} is built by cargo xtask build",
+            lib.display()
+        );
+        let mut all = vec![
+            ("LD_PRELOAD", lib.display().to_string()),
+            ("XAGG_DAEMON", daemon.to_string()),
+            ("XAGG_CREDENTIAL", format!("mpi:{}", "6d".repeat(32))),
+        ];
+        all.extend(env.iter().cloned());
+        xagg_lab::mpi::run(&self.sw.lab, &self.agent, RANKS, &all, cmd).unwrap()
+    }
+
+    fn daemon(&self) -> String {
+        format!("{SWITCH_IP}:{LISTEN_PORT}")
+    }
+}
+
+/// The summary rank 0 prints at MPI_Finalize: allreduces through the switch, made by Open
+/// MPI after a failure, and passed to Open MPI.
+fn summary(stderr: &str) -> (u64, u64, u64) {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("xagg: rank 0: ") && l.contains("allreduces through the switch"))
+        .unwrap_or_else(|| panic!("no summary from rank 0:\n{stderr}"));
+    let words: Vec<&str> = line.split_whitespace().collect();
+    let number_before = |w: &str| -> u64 {
+        let i = words.iter().position(|x| *x == w).unwrap();
+        words[i - 1].parse().unwrap()
+    };
+    (
+        number_before("allreduces"),
+        number_before("made"),
+        number_before("passed"),
+    )
+}
+
+fn checked(o: &Output) -> (String, String) {
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    );
+    eprintln!("stdout:\n{out}\nstderr:\n{err}");
+    assert!(o.status.success(), "mpirun failed: {:?}", o.status);
+    (out, err)
+}
+
+#[test]
+fn unmodified_mpi_programs_reduce_through_the_switch() {
+    if !require_root("unmodified_mpi_programs_reduce_through_the_switch") {
+        return;
+    }
+    let lab = MpiLab::start("xmpi");
+    let before = lab.sw.counters();
+
+    // C: every served type and op, derived communicators, requests.
+    let check = lab.program("check.c");
+    let (out, err) = checked(&lab.run(check.to_str().unwrap(), &lab.daemon(), &[]));
+    assert!(out.contains("failures=0"), "{out}");
+    let (switch, fallback, passed) = summary(&err);
+    assert!(switch >= 250, "{switch} allreduces through the switch");
+    assert_eq!(fallback, 0);
+    // The user-defined op went to Open MPI, counted with its reason.
+    assert!(
+        passed >= 1 && err.contains("an op the switch does not take: 1"),
+        "{err}"
+    );
+    let after = lab.sw.counters();
+    let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    assert!(
+        grew("contribution") > 1000,
+        "contributions: {}",
+        grew("contribution")
+    );
+    assert!(
+        grew("complete") > 250 && grew("result_copy") > 0,
+        "{after:?}"
+    );
+    // Every job was left: the daemon removed them.
+    match lab.sw.api(Request::ListJobs) {
+        xagg_daemon::api::Response::Jobs { jobs } => assert!(jobs.is_empty(), "{jobs:?}"),
+        r => panic!("{r:?}"),
+    }
+
+    // Fortran, through `use mpi` and through `mpif.h`.
+    for name in ["check_use_mpi.f90", "check_mpif.f90"] {
+        let f = lab.program(name);
+        let (out, err) = checked(&lab.run(f.to_str().unwrap(), &lab.daemon(), &[]));
+        assert!(out.contains("failures=0"), "{name}: {out}");
+        let (switch, fallback, _) = summary(&err);
+        assert!(switch >= 8 && fallback == 0, "{name}: {switch} {fallback}");
+    }
+
+    // mpi4py's Comm.Allreduce on NumPy arrays of each served type.
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/check_mpi4py.py");
+    let (out, err) = checked(&lab.run(
+        &format!("/usr/bin/python3 {}", script.display()),
+        &lab.daemon(),
+        &[],
+    ));
+    assert!(out.contains("failures=0"), "{out}");
+    let (switch, fallback, _) = summary(&err);
+    assert!(switch >= 7 && fallback == 0, "mpi4py: {switch} {fallback}");
+}
+
+#[test]
+fn mpi_programs_fall_back_to_open_mpi() {
+    if !require_root("mpi_programs_fall_back_to_open_mpi") {
+        return;
+    }
+    let lab = MpiLab::start("xmpf");
+    let check = lab.program("check.c");
+
+    // No switch answers at this address: Open MPI serves, and rank 0 says why, once per
+    // communicator.
+    let (out, err) = checked(&lab.run(check.to_str().unwrap(), &format!("{SWITCH_IP}:1"), &[]));
+    assert!(out.contains("failures=0"), "{out}");
+    assert!(
+        err.contains("MPI_COMM_WORLD (4 ranks): allreduces go to Open MPI: rank 0: join: the daemon's network listener"),
+        "{err}"
+    );
+    assert_eq!(summary(&err).0, 0);
+
+    // The dataplane detached in the middle of a run: the allreduce in flight and every one
+    // after complete through Open MPI, with the right result, and rank 0 says why.
+    let looping = format!("{} loop 150", check.display());
+    let sw = &lab.sw;
+    let (o, ()) = std::thread::scope(|s| {
+        let run = s.spawn(|| {
+            let lib = xagg_lab::bin("libxagg_mpi.so");
+            let env = [
+                ("LD_PRELOAD", lib.display().to_string()),
+                ("XAGG_DAEMON", format!("{SWITCH_IP}:{LISTEN_PORT}")),
+                ("XAGG_CREDENTIAL", format!("mpi:{}", "6d".repeat(32))),
+                ("XAGG_GIVE_UP_MS", "2000".to_string()),
+            ];
+            xagg_lab::mpi::run(&sw.lab, &lab.agent, RANKS, &env, &looping).unwrap()
+        });
+        // Let the job form and some allreduces go through the switch first.
+        let mut waited = Duration::ZERO;
+        while sw.counters().get("contribution").copied().unwrap_or(0) < 200 {
+            std::thread::sleep(Duration::from_millis(100));
+            waited += Duration::from_millis(100);
+            assert!(waited < Duration::from_secs(30), "no traffic at the switch");
+        }
+        sw.api(Request::Detach);
+        (run.join().unwrap(), ())
+    });
+    let (out, err) = checked(&o);
+    assert!(out.contains("checks=150 failures=0"), "{out}");
+    let (switch, fallback, _) = summary(&err);
+    assert!(
+        switch > 0 && fallback > 0,
+        "{switch} through the switch, {fallback} after"
+    );
+    assert_eq!(switch + fallback, 150, "every allreduce once");
+    assert!(
+        err.contains("the switch failed, allreduces go to Open MPI from now on"),
+        "{err}"
+    );
+}
