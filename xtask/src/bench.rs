@@ -548,15 +548,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
             "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
         );
-        let pairs: Vec<(&RunPoint, &RunPoint)> = runs
-            .iter()
-            .filter(|r| r.system == "switch")
-            .filter_map(|r| {
-                runs.iter()
-                    .find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes)
-                    .map(|m| (r, m))
-            })
-            .collect();
+        let pairs = pairs_of(&runs, "switch");
         for &(r, m) in &pairs {
             println!(
                 "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3}{}",
@@ -581,6 +573,23 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 d.total_s_per_gib, d.process_s_per_gib, d.softirq_s_per_gib,
                 c.total_s_per_gib / d.total_s_per_gib, c.busy_cpus, d.busy_cpus
             );
+        }
+        let preloaded = pairs_of(&runs, "mpi+xagg");
+        if !preloaded.is_empty() {
+            println!();
+            println!("an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone (goodput Gbit/s | latency µs):");
+            println!(
+                "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6}",
+                "n", "bytes", "preload", "openmpi", "x", "preload", "openmpi", "x"
+            );
+            for &(r, m) in &preloaded {
+                println!(
+                    "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2}{}",
+                    r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps,
+                    r.latency_us, m.latency_us, r.latency_us / m.latency_us,
+                    if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
+                );
+            }
         }
         let plot = a
             .plot
@@ -607,6 +616,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
     )?;
     println!("figures written to {}", path.display());
     Ok(())
+}
+
+/// The points of `system` with Open MPI's at the same worker count and size.
+fn pairs_of<'a>(runs: &'a [RunPoint], system: &str) -> Vec<(&'a RunPoint, &'a RunPoint)> {
+    runs.iter()
+        .filter(|r| r.system == system)
+        .filter_map(|r| {
+            runs.iter()
+                .find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes)
+                .map(|m| (r, m))
+        })
+        .collect()
 }
 
 /// One end-to-end measurement (the JSON's `runs`).
@@ -787,13 +808,28 @@ pub const SEGMENT: usize = xagg_common::wire::MAX_PAYLOAD / 4;
 
 /// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached
 /// (`xagg_lab::mpi::run`: one rank per worker namespace).
+/// With `preload`, the same binary with `libxagg_mpi.so` preloaded, joining the lab's
+/// switch (system `mpi+xagg`).
 fn mpi_run(
     lab: &Lab,
     mpi_bin: &std::path::Path,
     bytes: usize,
     iterations: usize,
+    preload: bool,
 ) -> Result<RunPoint> {
     let n = lab.workers;
+    let env = if preload {
+        vec![
+            ("LD_PRELOAD", xagg_lab::bin("libxagg_mpi.so").display().to_string()),
+            ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
+            (
+                "XAGG_CREDENTIAL",
+                format!("{}:{}", crate::demo::CREDENTIAL.0, crate::demo::CREDENTIAL.1),
+            ),
+        ]
+    } else {
+        Vec::new()
+    };
     let agent = xagg_lab::mpi::agent(lab, &target_dir().join("bench"))?;
     let program = format!(
         "{bin} {bytes} {iterations} 7{cpu}",
@@ -804,7 +840,26 @@ fn mpi_run(
             ""
         },
     );
-    let o = xagg_lab::mpi::run(lab, &agent, n, &[], &program)?;
+    let o = xagg_lab::mpi::run(lab, &agent, n, &env, &program)?;
+    if preload {
+        // Every allreduce through the switch, or the figures are Open MPI's.
+        let err = String::from_utf8_lossy(&o.stderr);
+        let served = err
+            .lines()
+            .find_map(|l| {
+                let rest = l.strip_prefix("xagg: rank 0: ")?;
+                let (n, rest) = rest.split_once(" allreduces through the switch")?;
+                let failed = rest.split(", ").nth(1)?.split(' ').next()?;
+                Some((n.parse::<usize>().ok()?, failed.parse::<usize>().ok()?))
+            })
+            .with_context(|| format!("no summary from the MPI library: {err}"))?;
+        anyhow::ensure!(
+            served.0 >= iterations && served.1 == 0,
+            "the preloaded MPI program did not reduce through the switch ({} through it, {} by Open MPI after a failure): {err}",
+            served.0,
+            served.1
+        );
+    }
     let text = String::from_utf8_lossy(&o.stdout);
     let line = text.lines().find(|l| l.starts_with('{')).with_context(|| {
         format!(
@@ -820,7 +875,7 @@ fn mpi_run(
         .filter_map(|x| x.as_f64())
         .collect();
     Ok(run_point(
-        "openmpi",
+        if preload { "mpi+xagg" } else { "openmpi" },
         n,
         bytes,
         times,
@@ -885,10 +940,25 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 report(round, &r);
                 this.push(r);
             }
+            // The same MPI program as Open MPI's runs, with the MPI library preloaded:
+            // its MPI_Allreduce through the switch.
+            // Its ranks receive on plain UDP sockets, which on veth needs the host program.
+            let mut sw = sw;
+            if e.mpi {
+                let object = std::fs::read(crate::build::ebpf_object())
+                    .context("reading the XDP object")?;
+                sw.lab.attach_hosts(&object)?;
+            }
+            for &bytes in e.sizes.iter().filter(|_| e.mpi) {
+                let r = mpi_run(&sw.lab, &mpi_bin, bytes, iterations(bytes), true)?;
+                report(round, &r);
+                this.push(r);
+            }
+            sw.lab.detach_hosts();
             // Open MPI runs over the plain bridge: the switch's programs detached.
             lab = sw.stop()?;
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
-                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes))?;
+                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), false)?;
                 report(round, &r);
                 this.push(r);
             }

@@ -62,6 +62,11 @@ pub struct DemoArgs {
     /// Write the run's figures as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// Run an unmodified MPI program under mpirun instead, one rank per worker, with
+    /// libxagg_mpi.so preloaded: a C (.c) or Fortran (.f90) source, compiled here; without
+    /// a file, tests/mpi/check.c (every served type and op, checked).
+    #[arg(long, num_args = 0..=1, default_missing_value = "tests/mpi/check.c")]
+    pub mpi: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -109,8 +114,28 @@ fn pin_dir() -> std::path::PathBuf {
 static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
 
 /// Starts the daemon on `lab` (pinned under the demo's pin directory).
+/// The daemon's network listener in the lab, where ranks join jobs (the MPI library's
+/// runs in the bench).
+pub const LISTEN: std::net::SocketAddrV4 =
+    std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47900);
+/// The lab's admission credential: its name and key (64 hex digits).
+pub const CREDENTIAL: (&str, &str) = (
+    "lab",
+    "6c61626c61626c61626c61626c61626c61626c61626c61626c61626c61626c61",
+);
+
 pub fn start_switch(lab: Lab) -> Result<LabSwitch> {
-    let sw = LabSwitch::start(lab, switch_dir(), pin_dir(), |_| {})?;
+    let key_file = switch_dir().join("lab.key");
+    std::fs::create_dir_all(switch_dir())?;
+    std::fs::write(&key_file, CREDENTIAL.1)?;
+    let sw = LabSwitch::start(lab, switch_dir(), pin_dir(), |c| {
+        c.daemon.listen = Some(LISTEN.into());
+        c.credentials.push(xagg_daemon::config::CredentialSection {
+            name: CREDENTIAL.0.into(),
+            key_file,
+            slot_quota: 4096,
+        });
+    })?;
     if let Some(d) = &sw.daemon {
         DAEMON_PID.store(d.pid().as_raw(), Ordering::SeqCst);
     }
@@ -151,9 +176,59 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     }
     on_interrupt()?;
-    let r = run_inner(&a);
+    let r = match &a.mpi {
+        Some(program) => run_mpi(a.workers, program),
+        None => run_inner(&a),
+    };
     clean_up();
     r
+}
+
+/// An MPI program through the switch: the lab, the daemon listening for joins, mpirun
+/// with the library preloaded; prints the command, the program's output and the
+/// library's summary.
+fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
+    let source = crate::build::root().join(program);
+    let dir = target_dir().join("demo-mpi");
+    std::fs::create_dir_all(&dir)?;
+    let stem = source
+        .file_stem()
+        .context("--mpi: name a .c or .f90 file")?;
+    let binary = dir.join(stem);
+    xagg_lab::mpi::compile(&source, &binary)?;
+    println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
+    let mut lab = Lab::create(PREFIX, n)?;
+    // The ranks receive on plain UDP sockets: on veth that needs the host program.
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    lab.attach_hosts(&object)?;
+    let sw = start_switch(lab)?;
+    let agent = xagg_lab::mpi::agent(&sw.lab, &dir)?;
+    let lib = xagg_lab::bin("libxagg_mpi.so");
+    let env = [
+        ("LD_PRELOAD", lib.display().to_string()),
+        ("XAGG_DAEMON", LISTEN.to_string()),
+        ("XAGG_CREDENTIAL", format!("{}:{}", CREDENTIAL.0, CREDENTIAL.1)),
+    ];
+    println!(
+        "mpirun -np {n} --host <the workers' addresses> -x LD_PRELOAD={} -x XAGG_DAEMON={} -x XAGG_CREDENTIAL={}:<key> {}",
+        lib.display(),
+        LISTEN,
+        CREDENTIAL.0,
+        binary.display()
+    );
+    let before = sw.counters()?;
+    let o = xagg_lab::mpi::run(&sw.lab, &agent, n, &env, &binary.display().to_string())?;
+    print!("{}", String::from_utf8_lossy(&o.stdout));
+    eprint!("{}", String::from_utf8_lossy(&o.stderr));
+    let after = sw.counters()?;
+    let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    println!(
+        "switch: {} contributions aggregated into {} results",
+        grew("contribution"),
+        grew("complete")
+    );
+    anyhow::ensure!(o.status.success(), "the MPI program failed: {}", o.status);
+    Ok(())
 }
 
 fn run_inner(a: &DemoArgs) -> Result<()> {

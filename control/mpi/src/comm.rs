@@ -29,7 +29,7 @@ pub struct Settings {
     /// The admission credential (`XAGG_CREDENTIAL=name:64 hex digits`), for the rank that
     /// creates the job.
     pub credential: Option<(String, CredentialKey)>,
-    /// Slots per job (`XAGG_SLOTS`, default 64).
+    /// Slots per job (`XAGG_SLOTS`, default 128, as the bench's runs).
     pub slots: usize,
     /// How long the ranks wait for each other to join (`XAGG_JOIN_TIMEOUT_MS`, 10 s).
     pub join_timeout: Duration,
@@ -70,7 +70,7 @@ impl Settings {
         Ok(Self {
             daemon,
             credential,
-            slots: number("XAGG_SLOTS", 64)? as usize,
+            slots: number("XAGG_SLOTS", 128)? as usize,
             join_timeout: Duration::from_millis(number("XAGG_JOIN_TIMEOUT_MS", 10_000)?),
             give_up: match std::env::var("XAGG_GIVE_UP_MS") {
                 Err(_) => None,
