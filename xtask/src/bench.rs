@@ -585,9 +585,19 @@ pub fn run(a: BenchArgs) -> Result<()> {
             for &(r, m) in &preloaded {
                 println!(
                     "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2}{}",
-                    r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps,
-                    r.latency_us, m.latency_us, r.latency_us / m.latency_us,
-                    if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
+                    r.workers,
+                    r.bytes,
+                    r.goodput_gbps,
+                    m.goodput_gbps,
+                    r.goodput_gbps / m.goodput_gbps,
+                    r.latency_us,
+                    m.latency_us,
+                    r.latency_us / m.latency_us,
+                    if r.verified && m.verified {
+                        ""
+                    } else {
+                        "  NOT VERIFIED"
+                    }
                 );
             }
         }
@@ -820,11 +830,18 @@ fn mpi_run(
     let n = lab.workers;
     let env = if preload {
         vec![
-            ("LD_PRELOAD", xagg_lab::bin("libxagg_mpi.so").display().to_string()),
+            (
+                "LD_PRELOAD",
+                xagg_lab::bin("libxagg_mpi.so").display().to_string(),
+            ),
             ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
             (
                 "XAGG_CREDENTIAL",
-                format!("{}:{}", crate::demo::CREDENTIAL.0, crate::demo::CREDENTIAL.1),
+                format!(
+                    "{}:{}",
+                    crate::demo::CREDENTIAL.0,
+                    crate::demo::CREDENTIAL.1
+                ),
             ),
         ]
     } else {
@@ -945,8 +962,8 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // Its ranks receive on plain UDP sockets, which on veth needs the host program.
             let mut sw = sw;
             if e.mpi {
-                let object = std::fs::read(crate::build::ebpf_object())
-                    .context("reading the XDP object")?;
+                let object =
+                    std::fs::read(crate::build::ebpf_object()).context("reading the XDP object")?;
                 sw.lab.attach_hosts(&object)?;
             }
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
