@@ -43,6 +43,8 @@ pub fn i32_shape(members: usize, slots: usize, segment: usize) -> JobShape {
     JobShape::with_elements(members, slots, segment, Lane::I32).expect("a valid test shape")
 }
 
+pub use xagg_lab::switch::{credential_env, CREDENTIAL, LISTEN};
+
 /// A lab with host programs and a running daemon, removed on drop.
 pub struct TestSwitch(LabSwitch);
 
@@ -70,6 +72,16 @@ impl TestSwitch {
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}"));
         let pin = std::path::PathBuf::from(format!("/sys/fs/bpf/xagg-test-{prefix}"));
         Self(LabSwitch::start(lab, dir, pin, tweak).expect("starting the lab's daemon"))
+    }
+
+    /// [`Self::start`] with the daemon's network listener at [`LISTEN`] and the admission
+    /// credential [`CREDENTIAL`]: ranks join jobs by themselves (the MPI library, the
+    /// Python module).
+    pub fn joinable(prefix: &str, workers: usize) -> Self {
+        let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}-credential"));
+        Self::start(prefix, workers, |c| {
+            xagg_lab::switch::joinable(c, &dir).expect("writing the credential's key")
+        })
     }
 
     pub fn start_daemon(&mut self) {

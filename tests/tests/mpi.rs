@@ -4,16 +4,15 @@
 //! requests), Fortran programs through `use mpi` and `mpif.h`, and mpi4py; then the
 //! fallbacks: no switch, and the switch's dataplane detached in the middle of a run.
 
-use std::{net::SocketAddr, path::PathBuf, process::Output, time::Duration};
+use std::{path::PathBuf, process::Output, time::Duration};
 
-use xagg_daemon::{api::Request, config::CredentialSection};
+use xagg_daemon::api::Request;
 use xagg_lab::lab::SWITCH_IP;
 use xagg_tests::*;
 
-const LISTEN_PORT: u16 = 47900;
 const RANKS: usize = 4;
 
-/// A lab whose daemon lets ranks join (credential "mpi"), and the programs built.
+/// A lab whose daemon lets ranks join, and the programs built.
 struct MpiLab {
     sw: TestSwitch,
     dir: PathBuf,
@@ -24,16 +23,7 @@ impl MpiLab {
     fn start(prefix: &str) -> Self {
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}-mpi"));
         std::fs::create_dir_all(&dir).unwrap();
-        let key_file = dir.join("mpi.key");
-        std::fs::write(&key_file, "6d".repeat(32)).unwrap();
-        let sw = TestSwitch::start(prefix, RANKS, |c| {
-            c.daemon.listen = Some(SocketAddr::from((SWITCH_IP, LISTEN_PORT)));
-            c.credentials.push(CredentialSection {
-                name: "mpi".into(),
-                key_file: key_file.clone(),
-                slot_quota: 1024,
-            });
-        });
+        let sw = TestSwitch::joinable(prefix, RANKS);
         let agent = xagg_lab::mpi::agent(&sw.lab, &dir).unwrap();
         Self { sw, dir, agent }
     }
@@ -59,14 +49,14 @@ impl MpiLab {
         let mut all = vec![
             ("LD_PRELOAD", lib.display().to_string()),
             ("XAGG_DAEMON", daemon.to_string()),
-            ("XAGG_CREDENTIAL", format!("mpi:{}", "6d".repeat(32))),
+            ("XAGG_CREDENTIAL", credential_env()),
         ];
         all.extend(env.iter().cloned());
         xagg_lab::mpi::run(&self.sw.lab, &self.agent, RANKS, &all, cmd).unwrap()
     }
 
     fn daemon(&self) -> String {
-        format!("{SWITCH_IP}:{LISTEN_PORT}")
+        LISTEN.to_string()
     }
 }
 
@@ -184,8 +174,8 @@ fn mpi_programs_fall_back_to_open_mpi() {
             let lib = xagg_lab::bin("libxagg_mpi.so");
             let env = [
                 ("LD_PRELOAD", lib.display().to_string()),
-                ("XAGG_DAEMON", format!("{SWITCH_IP}:{LISTEN_PORT}")),
-                ("XAGG_CREDENTIAL", format!("mpi:{}", "6d".repeat(32))),
+                ("XAGG_DAEMON", LISTEN.to_string()),
+                ("XAGG_CREDENTIAL", credential_env()),
                 ("XAGG_GIVE_UP_MS", "2000".to_string()),
             ];
             xagg_lab::mpi::run(&sw.lab, &lab.agent, RANKS, &env, &looping).unwrap()

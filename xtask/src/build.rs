@@ -47,8 +47,9 @@ fn succeeds(cmd: &mut Command) -> bool {
 }
 
 /// Installs what the eBPF build and the tests need and is missing: iproute2, iputils-ping,
-/// nftables, tmux, systemd (for systemd-analyze), Open MPI with gfortran, mpi4py and NumPy
-/// (Debian's, for /usr/bin/python3), LLVM 22 (Debian), the rust-src component,
+/// nftables, tmux, systemd (for systemd-analyze), Open MPI with gfortran, mpi4py, NumPy and
+/// PyTorch (Debian's, for /usr/bin/python3), a virtual environment with maturin, LLVM 22
+/// (Debian), the rust-src component,
 /// bpf-linker 0.13 built against LLVM 22. Each step is skipped when its result is already
 /// there.
 pub fn setup() -> Result<()> {
@@ -85,6 +86,26 @@ pub fn setup() -> Result<()> {
     }
     if !succeeds(Command::new("/usr/bin/python3").args(["-c", "import mpi4py, numpy"])) {
         apt(&["python3-mpi4py", "python3-numpy"])?;
+    }
+    // The Python module's tests: Debian's PyTorch (1.13, CPU), and a virtual environment
+    // over Debian's Python (which holds torch, NumPy and mpi4py) with maturin in it.
+    if !succeeds(Command::new("/usr/bin/python3").args(["-c", "import torch"])) {
+        apt(&["python3-torch"])?;
+    }
+    if !succeeds(Command::new("/usr/bin/python3").args(["-c", "import ensurepip, venv"])) {
+        apt(&["python3-venv"])?;
+    }
+    let venv = venv_dir();
+    if !venv.join("bin/python").exists() {
+        eprintln!("setup: a virtual environment for the Python module in {}", venv.display());
+        run(Command::new("/usr/bin/python3")
+            .args(["-m", "venv", "--system-site-packages"])
+            .arg(&venv))?;
+    }
+    if !succeeds(Command::new(venv.join("bin/maturin")).arg("--version")) {
+        eprintln!("setup: installing maturin into the virtual environment (pip)");
+        run(Command::new(venv.join("bin/pip"))
+            .args(["install", "--quiet", "maturin>=1.16,<2"]))?;
     }
     let have_src = Command::new("rustup")
         .args(["component", "list", "--installed"])
@@ -132,6 +153,12 @@ fn apt(pkgs: &[&str]) -> Result<()> {
         .env("DEBIAN_FRONTEND", "noninteractive"))
 }
 
+/// The virtual environment the Python module is installed into (over Debian's Python,
+/// which has torch, NumPy and mpi4py).
+pub fn venv_dir() -> PathBuf {
+    target_dir().join("venv")
+}
+
 /// Builds the XDP object, then the release binaries that embed it.
 pub fn build_all() -> Result<()> {
     // Stable rustc with RUSTC_BOOTSTRAP builds core for the BPF target; --btf is needed for
@@ -165,6 +192,13 @@ pub fn build_all() -> Result<()> {
     ]))?;
     // The MPI library, preloaded under MPI programs.
     run(cargo().args(["build", "--quiet", "--release", "-p", "xagg-mpi"]))?;
+    // The Python module, installed into the virtual environment.
+    let venv = venv_dir();
+    run(Command::new(venv.join("bin/maturin"))
+        .current_dir(root())
+        .env("VIRTUAL_ENV", &venv)
+        .env("PATH", format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default()))
+        .args(["develop", "--quiet", "--release", "-m", "control/python/Cargo.toml"]))?;
     // The worker library's examples, which the tests run in the lab as documented.
     run(cargo().args([
         "build",
@@ -190,6 +224,10 @@ pub fn test(extra: &[String]) -> Result<()> {
             "--workspace",
             "--exclude",
             "xagg-ebpf",
+            // A Python extension module: it links against the interpreter that loads it,
+            // and its tests are Python's (tests/tests/python.rs runs them).
+            "--exclude",
+            "xagg-python",
             "--",
         ])
         .args(["--test-threads", "1"])

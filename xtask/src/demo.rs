@@ -114,28 +114,15 @@ fn pin_dir() -> std::path::PathBuf {
 static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
 
 /// Starts the daemon on `lab` (pinned under the demo's pin directory).
-/// The daemon's network listener in the lab, where ranks join jobs (the MPI library's
-/// runs in the bench).
-pub const LISTEN: std::net::SocketAddrV4 =
-    std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47900);
-/// The lab's admission credential: its name and key (64 hex digits).
-pub const CREDENTIAL: (&str, &str) = (
-    "lab",
-    "6c61626c61626c61626c61626c61626c61626c61626c61626c61626c61626c61",
-);
+pub use xagg_lab::switch::{credential_env, CREDENTIAL, LISTEN};
 
 pub fn start_switch(lab: Lab) -> Result<LabSwitch> {
-    let key_file = switch_dir().join("lab.key");
-    std::fs::create_dir_all(switch_dir())?;
-    std::fs::write(&key_file, CREDENTIAL.1)?;
+    // Ranks may also join jobs by themselves (the MPI library's runs).
+    let mut joinable = Ok(());
     let sw = LabSwitch::start(lab, switch_dir(), pin_dir(), |c| {
-        c.daemon.listen = Some(LISTEN.into());
-        c.credentials.push(xagg_daemon::config::CredentialSection {
-            name: CREDENTIAL.0.into(),
-            key_file,
-            slot_quota: 4096,
-        });
+        joinable = xagg_lab::switch::joinable(c, &switch_dir());
     })?;
+    joinable?;
     if let Some(d) = &sw.daemon {
         DAEMON_PID.store(d.pid().as_raw(), Ordering::SeqCst);
     }

@@ -92,6 +92,36 @@ impl Drop for Daemon {
     }
 }
 
+/// The lab daemon's network listener when ranks join jobs by themselves (the MPI
+/// library, the Python module).
+pub const LISTEN: std::net::SocketAddrV4 =
+    std::net::SocketAddrV4::new(crate::lab::SWITCH_IP, 47900);
+/// The lab's admission credential: its name and key (64 hex digits).
+pub const CREDENTIAL: (&str, &str) = (
+    "lab",
+    "6c61626c61626c61626c61626c61626c61626c61626c61626c61626c61626c61",
+);
+
+/// `XAGG_CREDENTIAL`'s value for [`CREDENTIAL`].
+pub fn credential_env() -> String {
+    format!("{}:{}", CREDENTIAL.0, CREDENTIAL.1)
+}
+
+/// Makes `c` a daemon ranks join: the listener at [`LISTEN`], the credential [`CREDENTIAL`]
+/// with its key written to `dir`.
+pub fn joinable(c: &mut Config, dir: &Path) -> Result<()> {
+    std::fs::create_dir_all(dir)?;
+    let key_file = dir.join("lab.key");
+    std::fs::write(&key_file, CREDENTIAL.1)?;
+    c.daemon.listen = Some(LISTEN.into());
+    c.credentials.push(xagg_daemon::config::CredentialSection {
+        name: CREDENTIAL.0.into(),
+        key_file,
+        slot_quota: 4096,
+    });
+    Ok(())
+}
+
 /// A lab with its switch daemon: the files it uses and the daemon while it runs. Dropping
 /// it stops the daemon, removes the pins (the dataplane detaches), then the lab.
 pub struct LabSwitch {

@@ -1,0 +1,324 @@
+"""A ``torch.distributed`` backend named ``"xagg"`` (PyTorch 1.13), and a DDP communication
+hook for programs that keep Gloo.
+
+A DDP script changes its backend name and imports this module::
+
+    import xagg.torch  # registers the backend
+    dist.init_process_group("xagg", ...)   # was "gloo"
+
+The launcher's world is the job: rank 0 draws the job's key and secret and puts them in the
+c10d store; every rank joins through the daemon's listener (``XAGG_DAEMON``), the first
+with the credential (``XAGG_CREDENTIAL``). ``allreduce`` of contiguous CPU tensors of
+int32, int64, float16, float32 and float64 goes through the switch (sum, min, max, avg;
+product and bitwise ops of integers); every other collective, and every other tensor, goes
+to an inner Gloo group made from the same store.
+
+Each allreduce returns at once; a completion thread waits for the switch (the GIL released)
+and then agrees with the other ranks, through a private Gloo group, that each got the
+result. Otherwise Gloo makes that allreduce again from the kept input, on every rank, and
+after a switch failure every later one: the replicas never diverge, and the script never
+hangs. An internal error makes the next call of the backend raise.
+"""
+
+import atexit
+import os
+import queue
+import sys
+import threading
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
+
+from . import Job, XaggError, new_key
+
+__all__ = ["ProcessGroupXagg", "HookState", "allreduce_hook"]
+
+_DTYPES = {torch.int32, torch.int64, torch.float16, torch.float32, torch.float64}
+_FLOATS = {torch.float16, torch.float32, torch.float64}
+
+# Votes of the agreement after each allreduce (the minimum wins).
+_FAILED, _AGAIN, _OK = 0, 1, 2
+
+
+def _op_name(op, dtype):
+    """The switch's op for a ReduceOp over a dtype, or None when it does not take it."""
+    names = {
+        ReduceOp.SUM: "sum",
+        ReduceOp.MIN: "min",
+        ReduceOp.MAX: "max",
+        ReduceOp.AVG: "avg",
+        ReduceOp.PRODUCT: "prod",
+        ReduceOp.BAND: "and",
+        ReduceOp.BOR: "or",
+        ReduceOp.BXOR: "xor",
+    }
+    for k, v in names.items():
+        if op == k:
+            if dtype in _FLOATS and v not in ("sum", "min", "max", "avg"):
+                return None
+            return v
+    return None
+
+
+def _say(msg):
+    sys.stderr.write(f"xagg: {msg}\n")
+    sys.stderr.flush()
+
+
+def _verbose():
+    return os.environ.get("XAGG_VERBOSE", "0") not in ("", "0")
+
+
+class _Engine:
+    """The switch side of a group: its job, the completion thread, and a private Gloo
+    group that carries the agreements and the fallbacks, in the order of the calls."""
+
+    def __init__(self, store, rank, size, timeout):
+        self.rank, self.size = rank, size
+        self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
+        self.failed = None
+        self.error = None
+        self.served = self.fallbacks = 0
+        self.pending = set()
+        self.job = None
+        try:
+            if rank == 0:
+                key, secret = new_key()
+                store.set("xagg/key", key)
+                store.set("xagg/secret", secret)
+            key = store.get("xagg/key").decode()
+            secret = store.get("xagg/secret").decode()
+            daemon = os.environ.get("XAGG_DAEMON")
+            if daemon is None:
+                raise XaggError("XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. 10.77.0.1:47900")
+            give_up = os.environ.get("XAGG_GIVE_UP_MS")
+            self.job = Job.join(
+                daemon=daemon,
+                rank=rank,
+                size=size,
+                key=key,
+                secret=secret,
+                credential=os.environ.get("XAGG_CREDENTIAL"),
+                timeout=timeout.total_seconds() if isinstance(timeout, timedelta) else 30.0,
+                give_up=int(give_up) / 1000 if give_up else None,
+            )
+            why = None
+        except (XaggError, ValueError) as e:
+            why = str(e)
+        # Every rank joined, or none uses the switch.
+        if self._agree(_OK if why is None else _FAILED) != _OK:
+            if self.job is not None:
+                try:
+                    self.job.leave()
+                except XaggError:
+                    pass
+                self.job = None
+            self.failed = why or "another rank could not join the job"
+            if rank == 0 or _verbose():
+                _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
+        elif _verbose():
+            _say(f"rank {rank}: joined the switch")
+        self.queue = queue.Queue()
+        self.thread = threading.Thread(target=self._run, name="xagg-completions", daemon=True)
+        self.thread.start()
+        atexit.register(self.close)
+
+    def _agree(self, vote):
+        v = torch.tensor([vote], dtype=torch.int32)
+        o = AllreduceOptions()
+        o.reduceOp = ReduceOp.MIN
+        self.private.allreduce([v], o).wait()
+        return int(v.item())
+
+    def check(self):
+        if self.error is not None:
+            raise XaggError(f"the xagg backend failed earlier: {self.error}")
+
+    def allreduce(self, tensor, op):
+        """Starts an allreduce of `tensor` in place; returns (future, work)."""
+        self.check()
+        fut = torch.futures.Future()
+        saved = tensor.clone()
+        req = None
+        if self.failed is None:
+            try:
+                req = self.job.submit(tensor.detach().numpy(), _op_name(op, tensor.dtype))
+            except (XaggError, ValueError, TypeError) as e:
+                req, why = None, str(e)
+                if self.failed is None:
+                    self.failed = why
+        work = _Work(fut, self)
+        self.pending.add(work)
+        self.queue.put((req, tensor, saved, op, fut, work))
+        return fut, work
+
+    def _run(self):
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            req, tensor, saved, op, fut, work = item
+            try:
+                vote, why = _OK, None
+                if req is None:
+                    vote, why = _FAILED, self.failed
+                else:
+                    try:
+                        req.wait()
+                    except XaggError:
+                        kind, why = req.status()
+                        vote = _AGAIN if kind == "nonfinite" else _FAILED
+                agreed = self._agree(vote)
+                if agreed == _OK:
+                    self.served += 1
+                else:
+                    if agreed == _FAILED and self.failed is None:
+                        self.failed = why or "another rank's allreduce through the switch failed"
+                        if self.rank == 0 or _verbose():
+                            _say(f"rank {self.rank}: the switch failed, allreduces go to Gloo from now on: {self.failed}")
+                    tensor.copy_(saved)
+                    o = AllreduceOptions()
+                    o.reduceOp = op
+                    self.private.allreduce([tensor], o).wait()
+                    self.fallbacks += 1
+            except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
+                self.error = f"{type(e).__name__}: {e}"
+            finally:
+                fut.set_result([tensor])
+                self.pending.discard(work)
+
+    def close(self):
+        """Stops the completion thread (after the calls in flight) and leaves the job."""
+        if self.thread.is_alive():
+            self.queue.put(None)
+            self.thread.join()
+        if self.job is not None:
+            try:
+                self.job.leave()
+            except XaggError:
+                pass
+            self.job = None
+        if self.rank == 0 or _verbose():
+            _say(f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed")
+
+
+class _Work(dist.Work):
+    """An allreduce in flight: its future completes from the completion thread."""
+
+    def __init__(self, fut, engine):
+        super().__init__()
+        self._fut = fut
+        self._engine = engine
+
+    def wait(self, timeout=None):
+        self._fut.wait()
+        self._engine.check()
+        return True
+
+    def is_completed(self):
+        return self._fut.done()
+
+    def is_success(self):
+        return self._fut.done() and self._engine.error is None
+
+    def get_future(self):
+        return self._fut
+
+
+class ProcessGroupXagg(dist.ProcessGroup):
+    """The ``"xagg"`` backend: allreduce through the switch, the rest through Gloo."""
+
+    def __init__(self, store, rank, size, timeout):
+        super().__init__(rank, size)
+        self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        self._engine = _Engine(store, rank, size, timeout)
+
+    def getBackendName(self):
+        return "xagg"
+
+    def allreduce(self, tensors, opts=None):
+        self._engine.check()
+        if opts is None:
+            opts = AllreduceOptions()
+        elif isinstance(opts, ReduceOp):
+            o = AllreduceOptions()
+            o.reduceOp = opts
+            opts = o
+        t = tensors[0] if len(tensors) == 1 else None
+        if (
+            t is None
+            or t.device.type != "cpu"
+            or not t.is_contiguous()
+            or t.dtype not in _DTYPES
+            or _op_name(opts.reduceOp, t.dtype) is None
+        ):
+            # Decided by the call alone, the same on every rank.
+            return self._gloo.allreduce(tensors, opts)
+        _, work = self._engine.allreduce(t, opts.reduceOp)
+        return work
+
+
+def _delegate(name):
+    def call(self, *args, **kwargs):
+        self._engine.check()
+        return getattr(self._gloo, name)(*args, **kwargs)
+
+    call.__name__ = name
+    return call
+
+
+for _name in [
+    "allgather",
+    "_allgather_base",
+    "allgather_coalesced",
+    "allreduce_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "barrier",
+    "broadcast",
+    "gather",
+    "recv",
+    "recv_anysource",
+    "reduce",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "scatter",
+    "send",
+]:
+    setattr(ProcessGroupXagg, _name, _delegate(_name))
+
+
+def _create(store, rank, size, timeout):
+    return ProcessGroupXagg(store, rank, size, timeout)
+
+
+dist.Backend.register_backend("xagg", _create)
+
+
+class HookState:
+    """The state of :func:`allreduce_hook`: a job over the default group's ranks (or
+    ``process_group``'s, which must be the default group's world)."""
+
+    def __init__(self, process_group=None):
+        from torch.distributed import distributed_c10d as c10d
+
+        store = c10d._get_default_store()
+        self.rank = dist.get_rank(process_group)
+        self.size = dist.get_world_size(process_group)
+        self.engine = _Engine(dist.PrefixStore("xagg/hook", store), self.rank, self.size, timedelta(seconds=30))
+
+
+def allreduce_hook(state, bucket):
+    """A DDP communication hook (``model.register_comm_hook(HookState(), allreduce_hook)``):
+    each bucket's gradients summed through the switch and divided by the world size."""
+    tensor = bucket.buffer()
+    fut, _work = state.engine.allreduce(tensor, ReduceOp.SUM)
+    engine = state.engine
+
+    def done(f):
+        engine.check()
+        return f.value()[0].div_(state.size)
+
+    return fut.then(done)

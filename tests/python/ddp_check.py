@@ -1,0 +1,81 @@
+"""DDP training, as a user's script would do it, on the backend named by argv:
+`ddp_check.py BACKEND STEPS OUT [compare|slow]`, launched by torchrun (one process per lab
+namespace). A small model trained STEPS steps; rank 0 saves the final parameters to OUT and
+prints whether every rank's are identical. `compare` checks each bucket's allreduce through
+the backend against Gloo's of the same gradients (a comm hook running both); `slow` sleeps
+between steps (a run to disturb). On the xagg backend it also checks that an allreduce's
+future is not complete when the call returns, and is after it is waited for."""
+import math
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+import xagg.torch  # noqa: F401 - registers the "xagg" backend
+
+backend, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+mode = sys.argv[4] if len(sys.argv) > 4 else ""
+dist.init_process_group(backend)
+rank, size = dist.get_rank(), dist.get_world_size()
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
+ddp = DDP(model, bucket_cap_mb=0.05)
+stats = {"buckets": 0, "exact": 0, "worst": 0.0}
+
+if mode == "compare":
+    gloo = dist.new_group(backend="gloo")
+
+    def compare_hook(state, bucket):
+        buf = bucket.buffer()
+        copy = buf.clone()
+        top = copy.abs().max().reshape(1)
+        dist.all_reduce(top, op=dist.ReduceOp.MAX, group=gloo)
+        work = dist.all_reduce(buf, async_op=True)  # the default group: the backend under test
+        dist.all_reduce(copy, group=gloo)
+        work.wait()
+        # docs/types.md's bound with the largest magnitude over all ranks, plus Gloo's own
+        # rounding (n - 1 additions of float32).
+        m = float(top.item())
+        k = math.floor(math.log2(m)) + 1 - 24 if m > 0 else -149
+        bound = (1.5 * size + 2) * 2.0**k + size * (size + 1) * m * 2.0**-24
+        err = float((buf - copy).abs().max().item())
+        stats["buckets"] += 1
+        stats["exact"] += int(torch.equal(buf, copy))
+        stats["worst"] = max(stats["worst"], err / bound if bound > 0 else 0.0)
+        fut = torch.futures.Future()
+        fut.set_result(buf.div_(size))
+        return fut
+
+    ddp.register_comm_hook(None, compare_hook)
+
+opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
+g = torch.Generator().manual_seed(1000 + rank)
+for step in range(steps):
+    x = torch.randn(32, 64, generator=g)
+    y = torch.randint(0, 10, (32,), generator=g)
+    loss = torch.nn.functional.cross_entropy(ddp(x), y)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    if mode == "slow":
+        time.sleep(0.05)
+
+flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+gathered = [torch.empty_like(flat) for _ in range(size)]
+dist.all_gather(gathered, flat)
+identical = all(torch.equal(gathered[0], t) for t in gathered)
+if rank == 0:
+    torch.save(flat, out)
+print(f"rank {rank}: steps={steps} identical={identical} buckets={stats['buckets']} exact={stats['exact']} worst={stats['worst']:.3f}", flush=True)
+
+if backend == "xagg":
+    big = torch.ones(4 << 20)
+    work = dist.all_reduce(big, async_op=True)
+    pending = not work.is_completed()
+    work.wait()
+    print(f"rank {rank}: pending_after_submit={pending} done_after_wait={work.is_completed()} result_ok={bool((big == size).all())}", flush=True)
+
+dist.destroy_process_group()

@@ -1,0 +1,223 @@
+//! The Python module in the netns lab, one process per worker namespace (installed by
+//! `cargo xtask build` into `target/venv`, over Debian's Python with NumPy and PyTorch
+//! 1.13): NumPy arrays of each type through the switch; a DDP model trained through the
+//! `"xagg"` backend against the same script on Gloo (launched by torchrun, one node per
+//! namespace), each bucket's allreduce checked against Gloo's; and the dataplane detached
+//! in the middle of a DDP run, which the backend serves through Gloo without the replicas
+//! diverging.
+
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+    time::Duration,
+};
+
+use xagg_daemon::api::Request;
+use xagg_lab::lab::worker_ip;
+use xagg_tests::*;
+
+const RANKS: usize = 3;
+
+fn python() -> PathBuf {
+    let p = xagg_lab::target_dir().join("venv/bin/python");
+    assert!(p.exists(), "{} is made by cargo xtask setup", p.display());
+    p
+}
+
+fn script(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("python")
+        .join(name)
+}
+
+/// Runs `args` (after the interpreter) on every rank at once, rank i in worker i's
+/// namespace, with `env`; returns each rank's output.
+fn ranks(sw: &TestSwitch, env: &[(&str, String)], args: impl Fn(usize) -> Vec<String>) -> Vec<Output> {
+    let children: Vec<_> = (0..RANKS)
+        .map(|i| {
+            Command::new("ip")
+                .args(["netns", "exec", &sw.lab.worker_ns(i)])
+                .arg(python())
+                .args(args(i))
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .env("RANK", i.to_string())
+                .env("WORLD_SIZE", RANKS.to_string())
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .expect("starting python")
+        })
+        .collect();
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect()
+}
+
+/// torchrun on every namespace (one node each, one process per node), rank 0's namespace
+/// hosting the rendezvous.
+fn torchrun(sw: &TestSwitch, env: &[(&str, String)], port: u16, script_args: &[&str]) -> Vec<Output> {
+    let args = |i: usize| {
+        let mut a: Vec<String> = [
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            &RANKS.to_string(),
+            "--nproc_per_node",
+            "1",
+            "--node_rank",
+            &i.to_string(),
+            "--master_addr",
+            &worker_ip(0).to_string(),
+            "--master_port",
+            &port.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.push(script("ddp_check.py").display().to_string());
+        a.extend(script_args.iter().map(|s| s.to_string()));
+        a
+    };
+    ranks(sw, env, args)
+}
+
+fn text(o: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&o.stdout).into_owned(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+fn all_ok(outputs: &[Output]) -> String {
+    let mut all = String::new();
+    for (i, o) in outputs.iter().enumerate() {
+        let (out, err) = text(o);
+        eprintln!("rank {i} stdout:\n{out}\nrank {i} stderr:\n{err}");
+        assert!(o.status.success(), "rank {i} failed: {:?}\n{err}", o.status);
+        all.push_str(&out);
+        all.push_str(&err);
+    }
+    all
+}
+
+fn env() -> Vec<(&'static str, String)> {
+    vec![
+        ("XAGG_DAEMON", LISTEN.to_string()),
+        ("XAGG_CREDENTIAL", credential_env()),
+        ("PYTHONUNBUFFERED", "1".into()),
+        ("OMP_NUM_THREADS", "1".into()),
+    ]
+}
+
+#[test]
+fn numpy_arrays_through_the_switch() {
+    if !require_root("numpy_arrays_through_the_switch") {
+        return;
+    }
+    let sw = TestSwitch::joinable("xpy", RANKS);
+    let (key, secret) = (
+        "00112233445566778899aabbccddeeff".to_string(),
+        "ab".repeat(32),
+    );
+    let mut e = env();
+    e.push(("XAGG_JOB_KEY", key));
+    e.push(("XAGG_JOB_SECRET", secret));
+    let before = sw.counters();
+    let out = all_ok(&ranks(&sw, &e, |_| vec![script("check_module.py").display().to_string()]));
+    for r in 0..RANKS {
+        assert!(out.contains(&format!("rank {r}: checks=27 failures=0")), "{out}");
+    }
+    let after = sw.counters();
+    assert!(after["complete"] - before.get("complete").copied().unwrap_or(0) > 1000, "{after:?}");
+}
+
+#[test]
+fn ddp_trains_through_the_backend_as_on_gloo() {
+    if !require_root("ddp_trains_through_the_backend_as_on_gloo") {
+        return;
+    }
+    let sw = TestSwitch::joinable("xdp", RANKS);
+    let dir = std::env::temp_dir().join("xagg-test-xdp-out");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (xagg, gloo) = (dir.join("xagg.pt"), dir.join("gloo.pt"));
+    let before = sw.counters();
+    let x = all_ok(&torchrun(&sw, &env(), 29500, &["xagg", "8", xagg.to_str().unwrap(), "compare"]));
+    let after = sw.counters();
+    let g = all_ok(&torchrun(&sw, &env(), 29501, &["gloo", "8", gloo.to_str().unwrap()]));
+    // The replicas agree on each backend; every bucket's allreduce through the switch is
+    // within docs/types.md's bound of Gloo's.
+    for r in 0..RANKS {
+        assert!(x.contains(&format!("rank {r}: steps=8 identical=True")), "{x}");
+        assert!(g.contains(&format!("rank {r}: steps=8 identical=True")), "{g}");
+    }
+    let line = x.lines().find(|l| l.starts_with("rank 0: steps=8")).unwrap();
+    let field = |name: &str| -> f64 {
+        line.split_whitespace()
+            .find_map(|w| w.strip_prefix(&format!("{name}=")))
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(field("buckets") >= 8.0 * 3.0, "{line}");
+    assert!(field("worst") <= 1.0, "{line}");
+    eprintln!("{line}");
+    // The futures complete after the call returned, once the switch answered.
+    for r in 0..RANKS {
+        assert!(
+            x.contains(&format!("rank {r}: pending_after_submit=True done_after_wait=True result_ok=True")),
+            "{x}"
+        );
+    }
+    assert!(after["complete"] - before.get("complete").copied().unwrap_or(0) > 100);
+    assert!(x.contains("allreduces through the switch, 0 made by Gloo"), "{x}");
+    // The final parameters against Gloo's.
+    let cmp = Command::new(python())
+        .args([
+            "-c",
+            "import sys, torch; a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2]); \
+             print(float((a - b).abs().max()), float(b.abs().max()))",
+            xagg.to_str().unwrap(),
+            gloo.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let (out, err) = text(&cmp);
+    let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert!(v.len() == 2, "{out} {err}");
+    eprintln!("final parameters: largest difference {:e}, largest parameter {}", v[0], v[1]);
+    assert!(v[0] <= 1e-5 * v[1], "the xagg run drifted from Gloo's: {} of {}", v[0], v[1]);
+}
+
+#[test]
+fn ddp_survives_the_dataplane_going() {
+    if !require_root("ddp_survives_the_dataplane_going") {
+        return;
+    }
+    let sw = TestSwitch::joinable("xdf", RANKS);
+    let out = std::env::temp_dir().join("xagg-test-xdf.pt");
+    let mut e = env();
+    e.push(("XAGG_GIVE_UP_MS", "2000".into()));
+    let outputs = std::thread::scope(|s| {
+        let run = s.spawn(|| torchrun(&sw, &e, 29502, &["xagg", "80", out.to_str().unwrap(), "slow"]));
+        let mut waited = Duration::ZERO;
+        while sw.counters().get("complete").copied().unwrap_or(0) < 200 {
+            std::thread::sleep(Duration::from_millis(100));
+            waited += Duration::from_millis(100);
+            assert!(waited < Duration::from_secs(60), "no allreduce at the switch");
+        }
+        sw.api(Request::Detach);
+        run.join().unwrap()
+    });
+    let all = all_ok(&outputs);
+    for r in 0..RANKS {
+        assert!(all.contains(&format!("rank {r}: steps=80 identical=True")), "{all}");
+    }
+    assert!(all.contains("the switch failed, allreduces go to Gloo from now on"), "{all}");
+    let summary = all
+        .lines()
+        .find(|l| l.contains("rank 0: ") && l.contains("allreduces through the switch"))
+        .unwrap();
+    eprintln!("{summary}");
+    assert!(!summary.contains(" 0 made by Gloo"), "{summary}");
+}
