@@ -1,9 +1,10 @@
 """DDP training, as a user's script would do it, on the backend named by argv:
-`ddp_check.py BACKEND STEPS OUT [compare|slow]`, launched by torchrun (one process per lab
+`ddp_check.py BACKEND STEPS OUT [compare|slow|hook]`, launched by torchrun (one process per lab
 namespace). A small model trained STEPS steps; rank 0 saves the final parameters to OUT and
 prints whether every rank's are identical. `compare` checks each bucket's allreduce through
 the backend against Gloo's of the same gradients (a comm hook running both); `slow` sleeps
-between steps (a run to disturb). On the xagg backend it also checks that an allreduce's
+between steps (a run to disturb); `hook` sends the gradients through the switch by
+xagg's DDP communication hook, the backend staying what it is. On the xagg backend it also checks that an allreduce's
 future is not complete when the call returns, and is after it is waited for."""
 import math
 import sys
@@ -13,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import xagg.torch  # noqa: F401 - registers the "xagg" backend
+import xagg.torch  # registers the "xagg" backend
 
 backend, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 mode = sys.argv[4] if len(sys.argv) > 4 else ""
@@ -21,8 +22,17 @@ dist.init_process_group(backend)
 rank, size = dist.get_rank(), dist.get_world_size()
 
 torch.manual_seed(0)
-model = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))
-ddp = DDP(model, bucket_cap_mb=0.05)
+# Layers of 1M weights: more than DDP's first bucket holds, so each step has several.
+model = torch.nn.Sequential(
+    torch.nn.Linear(64, 1024),
+    torch.nn.ReLU(),
+    torch.nn.Linear(1024, 1024),
+    torch.nn.ReLU(),
+    torch.nn.Linear(1024, 1024),
+    torch.nn.ReLU(),
+    torch.nn.Linear(1024, 10),
+)
+ddp = DDP(model, bucket_cap_mb=1)
 stats = {"buckets": 0, "exact": 0, "worst": 0.0}
 
 if mode == "compare":
@@ -50,6 +60,18 @@ if mode == "compare":
         return fut
 
     ddp.register_comm_hook(None, compare_hook)
+
+    # Exactly representable values (multiples of 1/4 far inside float32's mantissa) come
+    # out bit for bit as Gloo's.
+    a = torch.arange(100_000, dtype=torch.float32) * 0.25 * (rank + 1)
+    b = a.clone()
+    dist.all_reduce(a)
+    dist.all_reduce(b, group=gloo)
+    print(f"rank {rank}: exactly_representable_equal={torch.equal(a, b)}", flush=True)
+
+if mode == "hook":
+    # Gloo stays the backend; the gradients go through the switch by the hook.
+    ddp.register_comm_hook(xagg.torch.HookState(), xagg.torch.allreduce_hook)
 
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 g = torch.Generator().manual_seed(1000 + rank)

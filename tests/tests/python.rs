@@ -32,7 +32,11 @@ fn script(name: &str) -> PathBuf {
 
 /// Runs `args` (after the interpreter) on every rank at once, rank i in worker i's
 /// namespace, with `env`; returns each rank's output.
-fn ranks(sw: &TestSwitch, env: &[(&str, String)], args: impl Fn(usize) -> Vec<String>) -> Vec<Output> {
+fn ranks(
+    sw: &TestSwitch,
+    env: &[(&str, String)],
+    args: impl Fn(usize) -> Vec<String>,
+) -> Vec<Output> {
     let children: Vec<_> = (0..RANKS)
         .map(|i| {
             Command::new("ip")
@@ -56,7 +60,12 @@ fn ranks(sw: &TestSwitch, env: &[(&str, String)], args: impl Fn(usize) -> Vec<St
 
 /// torchrun on every namespace (one node each, one process per node), rank 0's namespace
 /// hosting the rendezvous.
-fn torchrun(sw: &TestSwitch, env: &[(&str, String)], port: u16, script_args: &[&str]) -> Vec<Output> {
+fn torchrun(
+    sw: &TestSwitch,
+    env: &[(&str, String)],
+    port: u16,
+    script_args: &[&str],
+) -> Vec<Output> {
     let args = |i: usize| {
         let mut a: Vec<String> = [
             "-m",
@@ -71,6 +80,13 @@ fn torchrun(sw: &TestSwitch, env: &[(&str, String)], port: u16, script_args: &[&
             &worker_ip(0).to_string(),
             "--master_port",
             &port.to_string(),
+            // torch 1.13's launcher on Python 3.11 parses only the redirections 1 and 2
+            // (its flag enum lost 0 and 3 in iteration): stdout to its log and, with the
+            // tee, to ours as well.
+            "--redirects",
+            "1",
+            "--tee",
+            "1",
         ]
         .iter()
         .map(|s| s.to_string())
@@ -107,6 +123,9 @@ fn env() -> Vec<(&'static str, String)> {
         ("XAGG_CREDENTIAL", credential_env()),
         ("PYTHONUNBUFFERED", "1".into()),
         ("OMP_NUM_THREADS", "1".into()),
+        // Gloo takes the address the host name resolves to (loopback in the lab's
+        // namespaces) unless told the interface.
+        ("GLOO_SOCKET_IFNAME", "eth0".into()),
     ]
 }
 
@@ -124,12 +143,20 @@ fn numpy_arrays_through_the_switch() {
     e.push(("XAGG_JOB_KEY", key));
     e.push(("XAGG_JOB_SECRET", secret));
     let before = sw.counters();
-    let out = all_ok(&ranks(&sw, &e, |_| vec![script("check_module.py").display().to_string()]));
+    let out = all_ok(&ranks(&sw, &e, |_| {
+        vec![script("check_module.py").display().to_string()]
+    }));
     for r in 0..RANKS {
-        assert!(out.contains(&format!("rank {r}: checks=27 failures=0")), "{out}");
+        assert!(
+            out.contains(&format!("rank {r}: checks=28 failures=0")),
+            "{out}"
+        );
     }
     let after = sw.counters();
-    assert!(after["complete"] - before.get("complete").copied().unwrap_or(0) > 1000, "{after:?}");
+    assert!(
+        after["complete"] - before.get("complete").copied().unwrap_or(0) > 1000,
+        "{after:?}"
+    );
 }
 
 #[test]
@@ -142,16 +169,48 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
     std::fs::create_dir_all(&dir).unwrap();
     let (xagg, gloo) = (dir.join("xagg.pt"), dir.join("gloo.pt"));
     let before = sw.counters();
-    let x = all_ok(&torchrun(&sw, &env(), 29500, &["xagg", "8", xagg.to_str().unwrap(), "compare"]));
+    let x = all_ok(&torchrun(
+        &sw,
+        &env(),
+        29500,
+        &["xagg", "8", xagg.to_str().unwrap(), "compare"],
+    ));
     let after = sw.counters();
-    let g = all_ok(&torchrun(&sw, &env(), 29501, &["gloo", "8", gloo.to_str().unwrap()]));
+    let g = all_ok(&torchrun(
+        &sw,
+        &env(),
+        29501,
+        &["gloo", "8", gloo.to_str().unwrap()],
+    ));
+    // Gloo as the backend, the gradients through the switch by the communication hook.
+    let hooked = dir.join("hook.pt");
+    let h = all_ok(&torchrun(
+        &sw,
+        &env(),
+        29503,
+        &["gloo", "8", hooked.to_str().unwrap(), "hook"],
+    ));
+    assert!(
+        h.contains("allreduces through the switch, 0 made by Gloo"),
+        "{h}"
+    );
+    assert!(
+        !h.contains("rank 0: 0 allreduces through the switch"),
+        "{h}"
+    );
     // The replicas agree on each backend; every bucket's allreduce through the switch is
     // within docs/types.md's bound of Gloo's.
     for r in 0..RANKS {
-        assert!(x.contains(&format!("rank {r}: steps=8 identical=True")), "{x}");
-        assert!(g.contains(&format!("rank {r}: steps=8 identical=True")), "{g}");
+        assert!(
+            x.contains(&format!("rank {r}: steps=8 identical=True")),
+            "{x}"
+        );
+        assert!(
+            g.contains(&format!("rank {r}: steps=8 identical=True")),
+            "{g}"
+        );
     }
-    let line = x.lines().find(|l| l.starts_with("rank 0: steps=8")).unwrap();
+    let line = x.lines().find(|l| l.contains("rank 0: steps=8")).unwrap();
     let field = |name: &str| -> f64 {
         line.split_whitespace()
             .find_map(|w| w.strip_prefix(&format!("{name}=")))
@@ -159,34 +218,41 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
             .parse()
             .unwrap()
     };
-    assert!(field("buckets") >= 8.0 * 3.0, "{line}");
+    assert!(
+        field("buckets") > 8.0,
+        "more than one bucket a step: {line}"
+    );
     assert!(field("worst") <= 1.0, "{line}");
     eprintln!("{line}");
+    for r in 0..RANKS {
+        assert!(
+            x.contains(&format!("rank {r}: exactly_representable_equal=True")),
+            "{x}"
+        );
+    }
     // The futures complete after the call returned, once the switch answered.
     for r in 0..RANKS {
         assert!(
-            x.contains(&format!("rank {r}: pending_after_submit=True done_after_wait=True result_ok=True")),
+            x.contains(&format!(
+                "rank {r}: pending_after_submit=True done_after_wait=True result_ok=True"
+            )),
             "{x}"
         );
     }
     assert!(after["complete"] - before.get("complete").copied().unwrap_or(0) > 100);
-    assert!(x.contains("allreduces through the switch, 0 made by Gloo"), "{x}");
+    assert!(
+        x.contains("allreduces through the switch, 0 made by Gloo"),
+        "{x}"
+    );
     // The final parameters against Gloo's.
-    let cmp = Command::new(python())
-        .args([
-            "-c",
-            "import sys, torch; a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2]); \
-             print(float((a - b).abs().max()), float(b.abs().max()))",
-            xagg.to_str().unwrap(),
-            gloo.to_str().unwrap(),
-        ])
-        .output()
-        .unwrap();
-    let (out, err) = text(&cmp);
-    let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
-    assert!(v.len() == 2, "{out} {err}");
-    eprintln!("final parameters: largest difference {:e}, largest parameter {}", v[0], v[1]);
-    assert!(v[0] <= 1e-5 * v[1], "the xagg run drifted from Gloo's: {} of {}", v[0], v[1]);
+    for (run, file) in [("the backend", &xagg), ("the hook", &hooked)] {
+        let (largest, scale) = difference(file, &gloo);
+        eprintln!("final parameters through {run}: largest difference from Gloo's {largest:e}, largest parameter {scale}");
+        assert!(
+            largest <= 1e-5 * scale,
+            "{run} drifted from Gloo: {largest} of {scale}"
+        );
+    }
 }
 
 #[test]
@@ -199,25 +265,67 @@ fn ddp_survives_the_dataplane_going() {
     let mut e = env();
     e.push(("XAGG_GIVE_UP_MS", "2000".into()));
     let outputs = std::thread::scope(|s| {
-        let run = s.spawn(|| torchrun(&sw, &e, 29502, &["xagg", "80", out.to_str().unwrap(), "slow"]));
+        let run = s.spawn(|| {
+            torchrun(
+                &sw,
+                &e,
+                29502,
+                &["xagg", "80", out.to_str().unwrap(), "slow"],
+            )
+        });
         let mut waited = Duration::ZERO;
-        while sw.counters().get("complete").copied().unwrap_or(0) < 200 {
+        // Some steps through the switch first (a step's buckets are ~5000 segments).
+        while sw.counters().get("complete").copied().unwrap_or(0) < 30_000 {
             std::thread::sleep(Duration::from_millis(100));
             waited += Duration::from_millis(100);
-            assert!(waited < Duration::from_secs(60), "no allreduce at the switch");
+            assert!(
+                waited < Duration::from_secs(60),
+                "no allreduce at the switch"
+            );
         }
         sw.api(Request::Detach);
         run.join().unwrap()
     });
     let all = all_ok(&outputs);
     for r in 0..RANKS {
-        assert!(all.contains(&format!("rank {r}: steps=80 identical=True")), "{all}");
+        assert!(
+            all.contains(&format!("rank {r}: steps=80 identical=True")),
+            "{all}"
+        );
     }
-    assert!(all.contains("the switch failed, allreduces go to Gloo from now on"), "{all}");
+    assert!(
+        all.contains("the switch failed, allreduces go to Gloo from now on"),
+        "{all}"
+    );
     let summary = all
         .lines()
         .find(|l| l.contains("rank 0: ") && l.contains("allreduces through the switch"))
         .unwrap();
     eprintln!("{summary}");
+    let through: u32 = summary
+        .split("rank 0: ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(through >= 5, "{summary}");
     assert!(!summary.contains(" 0 made by Gloo"), "{summary}");
+}
+
+/// The largest difference between two saved parameter vectors, and the largest parameter.
+fn difference(a: &std::path::Path, b: &std::path::Path) -> (f64, f64) {
+    let cmp = Command::new(python())
+        .args([
+            "-c",
+            "import sys, torch; a, b = torch.load(sys.argv[1]), torch.load(sys.argv[2]); \
+             print(float((a - b).abs().max()), float(b.abs().max()))",
+            a.to_str().unwrap(),
+            b.to_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
+    let (out, err) = text(&cmp);
+    let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
+    assert!(v.len() == 2, "{out} {err}");
+    (v[0], v[1])
 }

@@ -835,14 +835,7 @@ fn mpi_run(
                 xagg_lab::bin("libxagg_mpi.so").display().to_string(),
             ),
             ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
-            (
-                "XAGG_CREDENTIAL",
-                format!(
-                    "{}:{}",
-                    crate::demo::CREDENTIAL.0,
-                    crate::demo::CREDENTIAL.1
-                ),
-            ),
+            ("XAGG_CREDENTIAL", crate::demo::credential_env()),
         ]
     } else {
         Vec::new()

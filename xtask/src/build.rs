@@ -97,15 +97,17 @@ pub fn setup() -> Result<()> {
     }
     let venv = venv_dir();
     if !venv.join("bin/python").exists() {
-        eprintln!("setup: a virtual environment for the Python module in {}", venv.display());
+        eprintln!(
+            "setup: a virtual environment for the Python module in {}",
+            venv.display()
+        );
         run(Command::new("/usr/bin/python3")
             .args(["-m", "venv", "--system-site-packages"])
             .arg(&venv))?;
     }
     if !succeeds(Command::new(venv.join("bin/maturin")).arg("--version")) {
         eprintln!("setup: installing maturin into the virtual environment (pip)");
-        run(Command::new(venv.join("bin/pip"))
-            .args(["install", "--quiet", "maturin>=1.16,<2"]))?;
+        run(Command::new(venv.join("bin/pip")).args(["install", "--quiet", "maturin>=1.16,<2"]))?;
     }
     let have_src = Command::new("rustup")
         .args(["component", "list", "--installed"])
@@ -197,8 +199,21 @@ pub fn build_all() -> Result<()> {
     run(Command::new(venv.join("bin/maturin"))
         .current_dir(root())
         .env("VIRTUAL_ENV", &venv)
-        .env("PATH", format!("{}:{}", venv.join("bin").display(), std::env::var("PATH").unwrap_or_default()))
-        .args(["develop", "--quiet", "--release", "-m", "control/python/Cargo.toml"]))?;
+        .env(
+            "PATH",
+            format!(
+                "{}:{}",
+                venv.join("bin").display(),
+                std::env::var("PATH").unwrap_or_default()
+            ),
+        )
+        .args([
+            "develop",
+            "--quiet",
+            "--release",
+            "-m",
+            "control/python/Cargo.toml",
+        ]))?;
     // The worker library's examples, which the tests run in the lab as documented.
     run(cargo().args([
         "build",

@@ -194,10 +194,7 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
     let env = [
         ("LD_PRELOAD", lib.display().to_string()),
         ("XAGG_DAEMON", LISTEN.to_string()),
-        (
-            "XAGG_CREDENTIAL",
-            format!("{}:{}", CREDENTIAL.0, CREDENTIAL.1),
-        ),
+        ("XAGG_CREDENTIAL", credential_env()),
     ];
     println!(
         "mpirun -np {n} --host <the workers' addresses> -x LD_PRELOAD={} -x XAGG_DAEMON={} -x XAGG_CREDENTIAL={}:<key> {}",

@@ -8,7 +8,7 @@ use std::{
     time::Duration,
 };
 
-use numpy::{PyUntypedArray, PyUntypedArrayMethods};
+use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::{
     create_exception,
     exceptions::{PyException, PyTypeError, PyValueError},
@@ -35,16 +35,18 @@ fn error(e: AllreduceError) -> PyErr {
 fn dtype_of(array: &Bound<'_, PyUntypedArray>) -> PyResult<DType> {
     let d = array.dtype();
     let name = d.str()?.to_string();
-    Ok(match name.as_str() {
-        "<i4" | "=i4" | "|i4" => DType::I32,
-        "<u4" | "=u4" | "|u4" => DType::U32,
-        "<i8" | "=i8" | "|i8" => DType::I64,
-        "<f4" | "=f4" => DType::F32,
-        "<f8" | "=f8" => DType::F64,
-        "<f2" | "=f2" => DType::F16,
+    // Little-endian (or native, on the little-endian hosts this runs on) only.
+    let native = matches!(d.byteorder(), b'=' | b'<' | b'|');
+    Ok(match (native, d.kind(), d.itemsize()) {
+        (true, b'i', 4) => DType::I32,
+        (true, b'u', 4) => DType::U32,
+        (true, b'i', 8) => DType::I64,
+        (true, b'f', 2) => DType::F16,
+        (true, b'f', 4) => DType::F32,
+        (true, b'f', 8) => DType::F64,
         _ => {
             return Err(PyTypeError::new_err(format!(
-                "arrays of dtype {name} are not reduced by the switch: use int32, uint32, int64, float16, float32 or float64"
+                "arrays of dtype {name} are not reduced by the switch: use int32, uint32, int64, float16, float32 or float64 (little-endian)"
             )))
         }
     })
@@ -59,7 +61,7 @@ fn buffer(array: &Bound<'_, PyUntypedArray>) -> PyResult<Buffer> {
     }
     // Safety: a NumPy array object.
     let raw = unsafe { &*array.as_array_ptr() };
-    if raw.flags & numpy::npyffi::NPY_ARRAY_WRITEABLE == 0 {
+    if raw.fields.flags & numpy::npyffi::NPY_ARRAY_WRITEABLE == 0 {
         return Err(PyValueError::new_err(
             "the array is read-only: the result is written into it",
         ));
@@ -71,7 +73,7 @@ fn buffer(array: &Bound<'_, PyUntypedArray>) -> PyResult<Buffer> {
     // any in-place allreduce).
     Ok(unsafe {
         Buffer::from_raw(
-            raw.data.cast::<u8>(),
+            raw.fields.data.cast::<u8>(),
             len,
             dtype,
             array.clone().unbind().into_any(),
@@ -175,6 +177,10 @@ fn local_address(daemon: SocketAddr) -> PyResult<SocketAddrV4> {
     }
 }
 
+fn hex<const N: usize>(s: &str, what: &str) -> PyResult<[u8; N]> {
+    xagg_join::from_hex(s, what).map_err(PyValueError::new_err)
+}
+
 /// One member of a job.
 #[pyclass(module = "xagg")]
 struct Job {
@@ -203,21 +209,24 @@ impl Job {
         give_up: Option<f64>,
     ) -> PyResult<Self> {
         let daemon: SocketAddr = daemon.parse().map_err(|_| {
-            PyValueError::new_err(format!("daemon {daemon:?}: give IP:PORT, e.g. 10.77.0.1:47900"))
+            PyValueError::new_err(format!(
+                "daemon {daemon:?}: give IP:PORT, e.g. 10.77.0.1:47900"
+            ))
         })?;
-        let hex = |s: &str, what: &str| -> PyResult<_> {
-            xagg_join::from_hex(s, what).map_err(PyValueError::new_err)
-        };
         let credential = match credential {
             None => None,
             Some(c) => {
                 let (name, k) = c.split_once(':').ok_or_else(|| {
                     PyValueError::new_err("credential: give NAME:KEY (the key as 64 hex digits)")
                 })?;
-                Some((name.to_string(), CredentialKey(hex(k, "the credential's key")?)))
+                Some((
+                    name.to_string(),
+                    CredentialKey(hex(k, "the credential's key")?),
+                ))
             }
         };
-        let shape = JobShape::full(size, slots).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let shape =
+            JobShape::full(size, slots).map_err(|e| PyValueError::new_err(e.to_string()))?;
         let j = JoinParams {
             daemon,
             key: JobKey(hex(key, "the job key")?),
@@ -260,7 +269,12 @@ impl Job {
 
     /// Allreduce of `array` in place with `op`, waiting for it (the GIL released).
     #[pyo3(signature = (array, op = "sum"))]
-    fn allreduce(&self, py: Python<'_>, array: &Bound<'_, PyUntypedArray>, op: &str) -> PyResult<()> {
+    fn allreduce(
+        &self,
+        py: Python<'_>,
+        array: &Bound<'_, PyUntypedArray>,
+        op: &str,
+    ) -> PyResult<()> {
         self.submit(array, op)?.wait(py, None).map(|_| ())
     }
 
