@@ -19,9 +19,7 @@ use xagg_tests::*;
 const RANKS: usize = 3;
 
 fn python() -> PathBuf {
-    let p = xagg_lab::target_dir().join("venv/bin/python");
-    assert!(p.exists(), "{} is made by cargo xtask setup", p.display());
-    p
+    xagg_lab::python::interpreter()
 }
 
 fn script(name: &str) -> PathBuf {
@@ -30,32 +28,12 @@ fn script(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// Runs `args` (after the interpreter) on every rank at once, rank i in worker i's
-/// namespace, with `env`; returns each rank's output.
 fn ranks(
     sw: &TestSwitch,
     env: &[(&str, String)],
     args: impl Fn(usize) -> Vec<String>,
 ) -> Vec<Output> {
-    let children: Vec<_> = (0..RANKS)
-        .map(|i| {
-            Command::new("ip")
-                .args(["netns", "exec", &sw.lab.worker_ns(i)])
-                .arg(python())
-                .args(args(i))
-                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-                .env("RANK", i.to_string())
-                .env("WORLD_SIZE", RANKS.to_string())
-                .stdout(std::process::Stdio::piped())
-                .stderr(std::process::Stdio::piped())
-                .spawn()
-                .expect("starting python")
-        })
-        .collect();
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().unwrap())
-        .collect()
+    xagg_lab::python::ranks(&sw.lab, RANKS, env, args).unwrap()
 }
 
 /// torchrun on every namespace (one node each, one process per node), rank 0's namespace
@@ -118,15 +96,10 @@ fn all_ok(outputs: &[Output]) -> String {
 }
 
 fn env() -> Vec<(&'static str, String)> {
-    vec![
-        ("XAGG_DAEMON", LISTEN.to_string()),
-        ("XAGG_CREDENTIAL", credential_env()),
-        ("PYTHONUNBUFFERED", "1".into()),
-        ("OMP_NUM_THREADS", "1".into()),
-        // Gloo takes the address the host name resolves to (loopback in the lab's
-        // namespaces) unless told the interface.
-        ("GLOO_SOCKET_IFNAME", "eth0".into()),
-    ]
+    let mut e = xagg_lab::python::base_env();
+    e.push(("XAGG_DAEMON", LISTEN.to_string()));
+    e.push(("XAGG_CREDENTIAL", credential_env()));
+    e
 }
 
 #[test]

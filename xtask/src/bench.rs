@@ -548,7 +548,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
             "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
         );
-        let pairs = pairs_of(&runs, "switch");
+        let pairs = pairs_of(&runs, "switch", "openmpi");
         for &(r, m) in &pairs {
             println!(
                 "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3}{}",
@@ -574,30 +574,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
                 c.total_s_per_gib / d.total_s_per_gib, c.busy_cpus, d.busy_cpus
             );
         }
-        let preloaded = pairs_of(&runs, "mpi+xagg");
-        if !preloaded.is_empty() {
+        for (system, baseline, title, a_name, b_name) in [
+            ("mpi+xagg", "openmpi", "an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone", "preload", "openmpi"),
+            ("torch+xagg", "gloo", "PyTorch's dist.all_reduce (xtask/python/allreduce.py), the xagg backend | Gloo", "xagg", "gloo"),
+        ] {
+            let pairs = pairs_of(&runs, system, baseline);
+            if pairs.is_empty() {
+                continue;
+            }
             println!();
-            println!("an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone (goodput Gbit/s | latency µs):");
+            println!("{title} (goodput Gbit/s | latency µs):");
             println!(
                 "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6}",
-                "n", "bytes", "preload", "openmpi", "x", "preload", "openmpi", "x"
+                "n", "bytes", a_name, b_name, "x", a_name, b_name, "x"
             );
-            for &(r, m) in &preloaded {
+            for &(r, m) in &pairs {
                 println!(
                     "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2}{}",
-                    r.workers,
-                    r.bytes,
-                    r.goodput_gbps,
-                    m.goodput_gbps,
-                    r.goodput_gbps / m.goodput_gbps,
-                    r.latency_us,
-                    m.latency_us,
-                    r.latency_us / m.latency_us,
-                    if r.verified && m.verified {
-                        ""
-                    } else {
-                        "  NOT VERIFIED"
-                    }
+                    r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps,
+                    r.latency_us, m.latency_us, r.latency_us / m.latency_us,
+                    if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
                 );
             }
         }
@@ -628,13 +624,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     Ok(())
 }
 
-/// The points of `system` with Open MPI's at the same worker count and size.
-fn pairs_of<'a>(runs: &'a [RunPoint], system: &str) -> Vec<(&'a RunPoint, &'a RunPoint)> {
+/// The points of `system` with `baseline`'s at the same worker count and size.
+fn pairs_of<'a>(
+    runs: &'a [RunPoint],
+    system: &str,
+    baseline: &str,
+) -> Vec<(&'a RunPoint, &'a RunPoint)> {
     runs.iter()
         .filter(|r| r.system == system)
         .filter_map(|r| {
             runs.iter()
-                .find(|m| m.system == "openmpi" && m.workers == r.workers && m.bytes == r.bytes)
+                .find(|m| m.system == baseline && m.workers == r.workers && m.bytes == r.bytes)
                 .map(|m| (r, m))
         })
         .collect()
@@ -877,6 +877,72 @@ fn mpi_run(
             String::from_utf8_lossy(&o.stderr)
         )
     })?;
+    json_point(if preload { "mpi+xagg" } else { "openmpi" }, n, line)
+}
+
+/// PyTorch's `dist.all_reduce` through `backend` ("xagg": the switch; "gloo": PyTorch's
+/// own, on the plain bridge), every size in one run of `xtask/python/allreduce.py` per rank
+/// (system `torch+xagg` or `gloo`).
+fn torch_runs(
+    lab: &Lab,
+    backend: &str,
+    sizes: &[usize],
+    iterations: impl Fn(usize) -> usize,
+) -> Result<Vec<RunPoint>> {
+    let n = lab.workers;
+    let mut env = xagg_lab::python::base_env();
+    env.extend([
+        ("MASTER_ADDR", xagg_lab::lab::worker_ip(0).to_string()),
+        ("MASTER_PORT", "29600".to_string()),
+        ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
+        ("XAGG_CREDENTIAL", crate::demo::credential_env()),
+    ]);
+    let script = crate::build::root().join("xtask/python/allreduce.py");
+    let points: Vec<String> = sizes
+        .iter()
+        .map(|&b| format!("{b}:{}", iterations(b)))
+        .collect();
+    let outputs = xagg_lab::python::ranks(lab, n, &env, |_| {
+        let mut a = vec![
+            script.display().to_string(),
+            backend.to_string(),
+            "7".into(),
+        ];
+        a.extend(points.iter().cloned());
+        a
+    })?;
+    for (i, o) in outputs.iter().enumerate() {
+        anyhow::ensure!(
+            o.status.success(),
+            "PyTorch's allreduce on {backend}, rank {i}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let err = String::from_utf8_lossy(&outputs[0].stderr);
+    if backend == "xagg" {
+        // Every allreduce through the switch, or the figures are Gloo's.
+        anyhow::ensure!(
+            err.contains("allreduces through the switch, 0 made by Gloo")
+                && !err.contains("allreduces go to Gloo"),
+            "PyTorch's allreduce through the xagg backend did not go through the switch: {err}"
+        );
+    }
+    let system = if backend == "xagg" {
+        "torch+xagg"
+    } else {
+        "gloo"
+    };
+    String::from_utf8_lossy(&outputs[0].stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|line| json_point(system, n, line))
+        .collect()
+}
+
+/// A point from one line of JSON of the MPI program or the PyTorch script: `bytes`,
+/// `seconds` (each iteration's slowest rank), `tx_bytes_per_rank`, `verified`, and
+/// optionally `cpu_windows`.
+fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoint> {
     let v: serde_json::Value = serde_json::from_str(line)?;
     let times: Vec<f64> = v["seconds"]
         .as_array()
@@ -885,9 +951,9 @@ fn mpi_run(
         .filter_map(|x| x.as_f64())
         .collect();
     Ok(run_point(
-        if preload { "mpi+xagg" } else { "openmpi" },
-        n,
-        bytes,
+        system,
+        workers,
+        v["bytes"].as_u64().context("bytes")? as usize,
         times,
         v["tx_bytes_per_rank"].as_f64().unwrap_or(0.0),
         &serde_json::from_value::<Vec<CpuWindow>>(v["cpu_windows"].clone()).unwrap_or_default(),
@@ -964,6 +1030,12 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 report(round, &r);
                 this.push(r);
             }
+            if e.mpi {
+                for r in torch_runs(&sw.lab, "xagg", e.sizes, iterations)? {
+                    report(round, &r);
+                    this.push(r);
+                }
+            }
             sw.lab.detach_hosts();
             // Open MPI runs over the plain bridge: the switch's programs detached.
             lab = sw.stop()?;
@@ -971,6 +1043,12 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), false)?;
                 report(round, &r);
                 this.push(r);
+            }
+            if e.mpi {
+                for r in torch_runs(&lab, "gloo", e.sizes, iterations)? {
+                    report(round, &r);
+                    this.push(r);
+                }
             }
             rounds.push(this);
         }

@@ -5,6 +5,7 @@
 
 pub mod lab;
 pub mod mpi;
+pub mod python;
 pub mod switch;
 pub mod testrun;
 pub mod workers;
