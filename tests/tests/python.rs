@@ -13,7 +13,6 @@ use std::{
 };
 
 use xagg_daemon::api::Request;
-use xagg_lab::lab::worker_ip;
 use xagg_tests::*;
 
 const RANKS: usize = 3;
@@ -36,44 +35,9 @@ fn ranks(
     xagg_lab::python::ranks(&sw.lab, RANKS, env, args).unwrap()
 }
 
-/// torchrun on every namespace (one node each, one process per node), rank 0's namespace
-/// hosting the rendezvous.
-fn torchrun(
-    sw: &TestSwitch,
-    env: &[(&str, String)],
-    port: u16,
-    script_args: &[&str],
-) -> Vec<Output> {
-    let args = |i: usize| {
-        let mut a: Vec<String> = [
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            &RANKS.to_string(),
-            "--nproc_per_node",
-            "1",
-            "--node_rank",
-            &i.to_string(),
-            "--master_addr",
-            &worker_ip(0).to_string(),
-            "--master_port",
-            &port.to_string(),
-            // torch 1.13's launcher on Python 3.11 parses only the redirections 1 and 2
-            // (its flag enum lost 0 and 3 in iteration): stdout to its log and, with the
-            // tee, to ours as well.
-            "--redirects",
-            "1",
-            "--tee",
-            "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        a.push(script("ddp_check.py").display().to_string());
-        a.extend(script_args.iter().map(|s| s.to_string()));
-        a
-    };
-    ranks(sw, env, args)
+/// torchrun on every namespace: `ddp_check.py` with `args`.
+fn torchrun(sw: &TestSwitch, env: &[(&str, String)], port: u16, args: &[&str]) -> Vec<Output> {
+    xagg_lab::python::torchrun(&sw.lab, RANKS, port, env, &script("ddp_check.py"), args).unwrap()
 }
 
 fn text(o: &Output) -> (String, String) {

@@ -67,6 +67,10 @@ pub struct DemoArgs {
     /// a file, tests/mpi/check.c (every served type and op, checked).
     #[arg(long, num_args = 0..=1, default_missing_value = "tests/mpi/check.c")]
     pub mpi: Option<std::path::PathBuf>,
+    /// Train a PyTorch DDP model through the "xagg" backend instead, launched by torchrun
+    /// (one node per worker namespace): a script, by default tests/python/ddp_check.py.
+    #[arg(long, num_args = 0..=1, default_missing_value = "tests/python/ddp_check.py")]
+    pub ddp: Option<std::path::PathBuf>,
 }
 
 #[derive(Clone, Copy, Debug, Default)]
@@ -163,9 +167,10 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     }
     on_interrupt()?;
-    let r = match &a.mpi {
-        Some(program) => run_mpi(a.workers, program),
-        None => run_inner(&a),
+    let r = match (&a.mpi, &a.ddp) {
+        (Some(program), _) => run_mpi(a.workers, program),
+        (None, Some(script)) => run_ddp(a.workers, script),
+        (None, None) => run_inner(&a),
     };
     clean_up();
     r
@@ -215,6 +220,53 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
         grew("complete")
     );
     anyhow::ensure!(o.status.success(), "the MPI program failed: {}", o.status);
+    Ok(())
+}
+
+/// A DDP script through the "xagg" backend: the lab, the daemon listening for joins,
+/// torchrun on every worker namespace; prints the command, the script's output, the
+/// backend's summary and the switch's counters.
+fn run_ddp(n: usize, script: &std::path::Path) -> Result<()> {
+    let script = crate::build::root().join(script);
+    println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
+    let mut lab = Lab::create(PREFIX, n)?;
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    lab.attach_hosts(&object)?;
+    let sw = start_switch(lab)?;
+    let mut env = xagg_lab::python::base_env();
+    env.extend([
+        ("XAGG_DAEMON", LISTEN.to_string()),
+        ("XAGG_CREDENTIAL", credential_env()),
+    ]);
+    let out = target_dir().join("demo-ddp.pt");
+    let args = ["xagg", "20", out.to_str().context("a UTF-8 path")?];
+    println!(
+        "XAGG_DAEMON={LISTEN} XAGG_CREDENTIAL={}:<key> torchrun --nnodes {n} --nproc_per_node 1 --node_rank <i> --master_addr {} {} {}",
+        CREDENTIAL.0,
+        lab::worker_ip(0),
+        script.display(),
+        args.join(" ")
+    );
+    let before = sw.counters()?;
+    let outputs = xagg_lab::python::torchrun(&sw.lab, n, 29400, &env, &script, &args)?;
+    for o in &outputs {
+        print!("{}", String::from_utf8_lossy(&o.stdout));
+    }
+    eprint!("{}", String::from_utf8_lossy(&outputs[0].stderr));
+    let after = sw.counters()?;
+    let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    println!(
+        "switch: {} contributions aggregated into {} results",
+        grew("contribution"),
+        grew("complete")
+    );
+    for (i, o) in outputs.iter().enumerate() {
+        anyhow::ensure!(
+            o.status.success(),
+            "rank {i} failed: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
     Ok(())
 }
 

@@ -61,3 +61,44 @@ pub fn ranks(
         .map(|c| c.wait_with_output().context("waiting for python"))
         .collect()
 }
+
+/// torchrun on ranks 0..n, one node per worker namespace (one process each), rank 0's
+/// namespace hosting the rendezvous at `port`: `script` with `args`.
+pub fn torchrun(
+    lab: &Lab,
+    n: usize,
+    port: u16,
+    env: &[(&str, String)],
+    script: &std::path::Path,
+    args: &[&str],
+) -> Result<Vec<Output>> {
+    ranks(lab, n, env, |i| {
+        let mut a: Vec<String> = [
+            "-m",
+            "torch.distributed.run",
+            "--nnodes",
+            &n.to_string(),
+            "--nproc_per_node",
+            "1",
+            "--node_rank",
+            &i.to_string(),
+            "--master_addr",
+            &crate::lab::worker_ip(0).to_string(),
+            "--master_port",
+            &port.to_string(),
+            // torch 1.13's launcher on Python 3.11 parses only the redirections 1 and 2
+            // (its flag enum lost 0 and 3 in iteration): stdout to its log and, with the
+            // tee, to ours as well.
+            "--redirects",
+            "1",
+            "--tee",
+            "1",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        a.push(script.display().to_string());
+        a.extend(args.iter().map(|s| s.to_string()));
+        a
+    })
+}
