@@ -176,6 +176,28 @@ pub fn run(a: DemoArgs) -> Result<()> {
     r
 }
 
+/// A lab whose ranks join jobs by themselves: every worker's end running the host program
+/// (ranks receive on plain UDP sockets, which on veth needs it), the daemon listening.
+fn joinable_lab(n: usize) -> Result<LabSwitch> {
+    println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
+    let mut lab = Lab::create(PREFIX, n)?;
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    lab.attach_hosts(&object)?;
+    start_switch(lab)
+}
+
+/// Prints what the switch aggregated since `before` (its counters then).
+fn aggregated(sw: &LabSwitch, before: &std::collections::BTreeMap<String, u64>) -> Result<()> {
+    let after = sw.counters()?;
+    let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
+    println!(
+        "switch: {} contributions aggregated into {} results",
+        grew("contribution"),
+        grew("complete")
+    );
+    Ok(())
+}
+
 /// An MPI program through the switch: the lab, the daemon listening for joins, mpirun
 /// with the library preloaded; prints the command, the program's output and the
 /// library's summary.
@@ -188,12 +210,7 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
         .context("--mpi: name a .c or .f90 file")?;
     let binary = dir.join(stem);
     xagg_lab::mpi::compile(&source, &binary)?;
-    println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
-    let mut lab = Lab::create(PREFIX, n)?;
-    // The ranks receive on plain UDP sockets: on veth that needs the host program.
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    lab.attach_hosts(&object)?;
-    let sw = start_switch(lab)?;
+    let sw = joinable_lab(n)?;
     let agent = xagg_lab::mpi::agent(&sw.lab, &dir)?;
     let lib = xagg_lab::bin("libxagg_mpi.so");
     let env = [
@@ -212,13 +229,7 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
     let o = xagg_lab::mpi::run(&sw.lab, &agent, n, &env, &binary.display().to_string())?;
     print!("{}", String::from_utf8_lossy(&o.stdout));
     eprint!("{}", String::from_utf8_lossy(&o.stderr));
-    let after = sw.counters()?;
-    let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
-    println!(
-        "switch: {} contributions aggregated into {} results",
-        grew("contribution"),
-        grew("complete")
-    );
+    aggregated(&sw, &before)?;
     anyhow::ensure!(o.status.success(), "the MPI program failed: {}", o.status);
     Ok(())
 }
@@ -228,11 +239,7 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
 /// backend's summary and the switch's counters.
 fn run_ddp(n: usize, script: &std::path::Path) -> Result<()> {
     let script = crate::build::root().join(script);
-    println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
-    let mut lab = Lab::create(PREFIX, n)?;
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    lab.attach_hosts(&object)?;
-    let sw = start_switch(lab)?;
+    let sw = joinable_lab(n)?;
     let mut env = xagg_lab::python::base_env();
     env.extend([
         ("XAGG_DAEMON", LISTEN.to_string()),
@@ -253,13 +260,7 @@ fn run_ddp(n: usize, script: &std::path::Path) -> Result<()> {
         print!("{}", String::from_utf8_lossy(&o.stdout));
     }
     eprint!("{}", String::from_utf8_lossy(&outputs[0].stderr));
-    let after = sw.counters()?;
-    let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
-    println!(
-        "switch: {} contributions aggregated into {} results",
-        grew("contribution"),
-        grew("complete")
-    );
+    aggregated(&sw, &before)?;
     for (i, o) in outputs.iter().enumerate() {
         anyhow::ensure!(
             o.status.success(),
