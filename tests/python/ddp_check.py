@@ -1,4 +1,5 @@
-"""DDP training, as a user's script would do it, on the backend named by argv:
+"""DDP training, as a user's script would do it, on the backend named by argv (nothing of
+xagg imported: the installed package registers "xagg" at its first use):
 `ddp_check.py BACKEND STEPS OUT [compare|slow|hook]`, launched by torchrun (one process per lab
 namespace). A small model trained STEPS steps; rank 0 saves the final parameters to OUT and
 prints whether every rank's are identical. `compare` checks each bucket's allreduce through
@@ -14,7 +15,6 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-import xagg.torch  # registers the "xagg" backend
 
 backend, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 mode = sys.argv[4] if len(sys.argv) > 4 else ""
@@ -71,6 +71,8 @@ if mode == "compare":
 
 if mode == "hook":
     # Gloo stays the backend; the gradients go through the switch by the hook.
+    import xagg.torch
+
     ddp.register_comm_hook(xagg.torch.HookState(), xagg.torch.allreduce_hook)
 
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)

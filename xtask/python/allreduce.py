@@ -10,7 +10,6 @@ import time
 import torch
 import torch.distributed as dist
 
-import xagg.torch  # registers the "xagg" backend
 
 backend, seed = sys.argv[1], int(sys.argv[2])
 points = [tuple(int(x) for x in p.split(":")) for p in sys.argv[3:]]

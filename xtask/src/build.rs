@@ -194,26 +194,23 @@ pub fn build_all() -> Result<()> {
     ]))?;
     // The MPI library, preloaded under MPI programs.
     run(cargo().args(["build", "--quiet", "--release", "-p", "xagg-mpi"]))?;
-    // The Python module, installed into the virtual environment.
+    // The Python module: a wheel, installed into the virtual environment as a user would
+    // (with its start-up hook, which an editable install would not carry).
     let venv = venv_dir();
+    let wheels = target_dir().join("wheels");
+    let _ = std::fs::remove_dir_all(&wheels);
     run(Command::new(venv.join("bin/maturin"))
         .current_dir(root())
         .env("VIRTUAL_ENV", &venv)
-        .env(
-            "PATH",
-            format!(
-                "{}:{}",
-                venv.join("bin").display(),
-                std::env::var("PATH").unwrap_or_default()
-            ),
-        )
-        .args([
-            "develop",
-            "--quiet",
-            "--release",
-            "-m",
-            "control/python/Cargo.toml",
-        ]))?;
+        .args(["build", "--quiet", "--release", "-m", "control/python/Cargo.toml", "-o"])
+        .arg(&wheels))?;
+    let wheel = std::fs::read_dir(&wheels)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "whl"))
+        .context("maturin built no wheel")?;
+    run(Command::new(venv.join("bin/pip"))
+        .args(["install", "--quiet", "--no-deps", "--no-index", "--force-reinstall"])
+        .arg(&wheel))?;
     // The worker library's examples, which the tests run in the lab as documented.
     run(cargo().args([
         "build",

@@ -1,10 +1,12 @@
 """A ``torch.distributed`` backend named ``"xagg"`` (PyTorch 1.13), and a DDP communication
 hook for programs that keep Gloo.
 
-A DDP script changes its backend name and imports this module::
+A DDP script changes only its backend name::
 
-    import xagg.torch  # registers the backend
     dist.init_process_group("xagg", ...)   # was "gloo"
+
+(the installed package registers the backend at the first call naming it, through its
+start-up hook `_xagg_autoload`; ``import xagg.torch`` registers it explicitly).
 
 The launcher's world is the job: rank 0 draws the job's key and secret and puts them in the
 c10d store; every rank joins through the daemon's listener (``XAGG_DAEMON``), the first
