@@ -38,26 +38,33 @@ impl MpiLab {
         out
     }
 
-    /// Runs `cmd` on every rank with the library preloaded and `env` besides.
+    /// Runs `cmd` on every rank with the library preloaded, `daemon` its listener, and
+    /// `env` besides.
     fn run(&self, cmd: &str, daemon: &str, env: &[(&str, String)]) -> Output {
-        let lib = xagg_lab::bin("libxagg_mpi.so");
-        assert!(
-            lib.exists(),
-            "{} is built by cargo xtask build",
-            lib.display()
-        );
-        let mut all = vec![
-            ("LD_PRELOAD", lib.display().to_string()),
-            ("XAGG_DAEMON", daemon.to_string()),
-            ("XAGG_CREDENTIAL", credential_env()),
-        ];
-        all.extend(env.iter().cloned());
-        xagg_lab::mpi::run(&self.sw.lab, &self.agent, RANKS, &all, cmd).unwrap()
+        xagg_lab::mpi::run(&self.sw.lab, &self.agent, RANKS, &preload(daemon, env), cmd).unwrap()
     }
 
     fn daemon(&self) -> String {
         LISTEN.to_string()
     }
+}
+
+/// The environment of preloaded ranks: the library, the daemon's listener `daemon`, the
+/// credential, and `env`.
+fn preload<'a>(daemon: &str, env: &[(&'a str, String)]) -> Vec<(&'a str, String)> {
+    let lib = xagg_lab::bin("libxagg_mpi.so");
+    assert!(
+        lib.exists(),
+        "{} is built by cargo xtask build",
+        lib.display()
+    );
+    let mut all = vec![
+        ("LD_PRELOAD", lib.display().to_string()),
+        ("XAGG_DAEMON", daemon.to_string()),
+        ("XAGG_CREDENTIAL", credential_env()),
+    ];
+    all.extend(env.iter().cloned());
+    all
 }
 
 /// The summary rank 0 prints at MPI_Finalize: allreduces through the switch, made by Open
@@ -147,6 +154,35 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     assert!(switch >= 7 && fallback == 0, "mpi4py: {switch} {fallback}");
 }
 
+/// Ranks without privileges (user nobody, no capabilities; mpirun starts every one of them
+/// through the agent): the UDP path needs none.
+#[test]
+fn unprivileged_ranks_reduce_through_the_switch() {
+    if !require_root("unprivileged_ranks_reduce_through_the_switch") {
+        return;
+    }
+    let lab = MpiLab::start("xmpu");
+    let check = lab.program("check.c");
+    let agent = xagg_lab::mpi::unprivileged_agent(&lab.sw.lab, &lab.dir).unwrap();
+    let env = preload(&lab.daemon(), &[("XAGG_VERBOSE", "1".to_string())]);
+    // Each rank says who it runs as (`id -u` before the program).
+    let cmd = format!("sh -c 'echo uid=$(id -u); exec {}'", check.display());
+    let o = xagg_lab::mpi::run_from(&lab.sw.lab.switch_ns(), &agent, RANKS, &env, &cmd).unwrap();
+    let (out, err) = checked(&o);
+    assert_eq!(out.matches("uid=65534").count(), RANKS, "{out}");
+    assert!(out.contains("failures=0"), "{out}");
+    for r in 0..RANKS {
+        assert!(
+            err.contains(&format!(
+                "MPI_COMM_WORLD (4 ranks) rank {r}: joined the switch"
+            )),
+            "{err}"
+        );
+    }
+    assert_eq!(summary(&err).1, 0);
+    assert!(summary(&err).0 >= 250);
+}
+
 #[test]
 fn mpi_programs_fall_back_to_open_mpi() {
     if !require_root("mpi_programs_fall_back_to_open_mpi") {
@@ -171,14 +207,11 @@ fn mpi_programs_fall_back_to_open_mpi() {
     let sw = &lab.sw;
     let (o, ()) = std::thread::scope(|s| {
         let run = s.spawn(|| {
-            let lib = xagg_lab::bin("libxagg_mpi.so");
-            let env = [
-                ("LD_PRELOAD", lib.display().to_string()),
-                ("XAGG_DAEMON", LISTEN.to_string()),
-                ("XAGG_CREDENTIAL", credential_env()),
-                ("XAGG_GIVE_UP_MS", "2000".to_string()),
-            ];
-            xagg_lab::mpi::run(&sw.lab, &lab.agent, RANKS, &env, &looping).unwrap()
+            lab.run(
+                &looping,
+                &lab.daemon(),
+                &[("XAGG_GIVE_UP_MS", "2000".to_string())],
+            )
         });
         // Let the job form and some allreduces go through the switch first.
         let mut waited = Duration::ZERO;

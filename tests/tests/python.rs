@@ -166,6 +166,10 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
             x.contains(&format!("rank {r}: exactly_representable_equal=True")),
             "{x}"
         );
+        assert!(
+            x.contains(&format!("rank {r}: noncontiguous_ok=True")),
+            "{x}"
+        );
     }
     // The futures complete after the call returned, once the switch answered.
     for r in 0..RANKS {

@@ -202,14 +202,27 @@ pub fn build_all() -> Result<()> {
     run(Command::new(venv.join("bin/maturin"))
         .current_dir(root())
         .env("VIRTUAL_ENV", &venv)
-        .args(["build", "--quiet", "--release", "-m", "control/python/Cargo.toml", "-o"])
+        .args([
+            "build",
+            "--quiet",
+            "--release",
+            "-m",
+            "control/python/Cargo.toml",
+            "-o",
+        ])
         .arg(&wheels))?;
     let wheel = std::fs::read_dir(&wheels)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .find(|p| p.extension().is_some_and(|x| x == "whl"))
         .context("maturin built no wheel")?;
     run(Command::new(venv.join("bin/pip"))
-        .args(["install", "--quiet", "--no-deps", "--no-index", "--force-reinstall"])
+        .args([
+            "install",
+            "--quiet",
+            "--no-deps",
+            "--no-index",
+            "--force-reinstall",
+        ])
         .arg(&wheel))?;
     // The worker library's examples, which the tests run in the lab as documented.
     run(cargo().args([

@@ -39,26 +39,54 @@ pub fn compile(source: &Path, out: &Path) -> Result<()> {
 /// Writes the rsh agent for `lab` into `dir`: a "host" is a worker's lab address, and the
 /// command runs in that worker's namespace.
 pub fn agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
+    write_agent(lab, dir, "rsh-agent", "")
+}
+
+/// [`agent`], the ranks (Open MPI's daemon on each host and the processes it starts)
+/// running as the unprivileged user `nobody`, with no capabilities.
+pub fn unprivileged_agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
+    write_agent(
+        lab,
+        dir,
+        "rsh-agent-nobody",
+        "setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all ",
+    )
+}
+
+fn write_agent(lab: &Lab, dir: &Path, name: &str, wrap: &str) -> Result<PathBuf> {
     let mut cases = String::new();
     for i in 0..lab.workers {
         cases.push_str(&format!("  {}) ns={};;\n", worker_ip(i), lab.worker_ns(i)));
     }
     std::fs::create_dir_all(dir)?;
-    let agent = dir.join(format!("rsh-agent-{}.sh", lab.prefix));
+    let agent = dir.join(format!("{name}-{}.sh", lab.prefix));
     std::fs::write(
         &agent,
         format!(
-            "#!/bin/sh\n# mpirun's rsh agent: a \"host\" is a worker's lab address; run the command in its namespace.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; $*\"\n"
+            "#!/bin/sh\n# mpirun's rsh agent: a \"host\" is a worker's lab address; run the command in its namespace.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; {wrap}$*\"\n"
         ),
     )?;
     std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     Ok(agent)
 }
 
-/// Runs `program` with `args` on `n` ranks (rank i in worker i's namespace) under mpirun;
-/// `env` is exported to every rank (`-x`). Open MPI talks TCP over the lab's subnet.
+/// Runs `program` with `args` on `n` ranks (rank i in worker i's namespace) under mpirun,
+/// itself in worker 0's namespace (where it starts rank 0 itself); `env` is exported to
+/// every rank (`-x`). Open MPI talks TCP over the lab's subnet.
 pub fn run(
     lab: &Lab,
+    agent: &Path,
+    n: usize,
+    env: &[(&str, String)],
+    program: &str,
+) -> Result<Output> {
+    run_from(&lab.worker_ns(0), agent, n, env, program)
+}
+
+/// [`run`] with mpirun in namespace `ns`: from the switch's, every rank is started through
+/// the agent (as [`unprivileged_agent`] wants).
+pub fn run_from(
+    ns: &str,
     agent: &Path,
     n: usize,
     env: &[(&str, String)],
@@ -69,21 +97,11 @@ pub fn run(
     let cmd = format!(
         "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
          --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1{exports} {program}",
-        ns = lab.worker_ns(0),
         hosts = hosts.join(","),
         agent = agent.display(),
     );
     Command::new("ip")
-        .args([
-            "netns",
-            "exec",
-            &lab.worker_ns(0),
-            "unshare",
-            "--uts",
-            "sh",
-            "-c",
-            &cmd,
-        ])
+        .args(["netns", "exec", ns, "unshare", "--uts", "sh", "-c", &cmd])
         .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
         .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
         .output()

@@ -11,7 +11,8 @@ start-up hook `_xagg_autoload`; ``import xagg.torch`` registers it explicitly).
 The launcher's world is the job: rank 0 draws the job's key and secret and puts them in the
 c10d store; every rank joins through the daemon's listener (``XAGG_DAEMON``), the first
 with the credential (``XAGG_CREDENTIAL``). ``allreduce`` of contiguous CPU tensors of
-int32, int64, float16, float32 and float64 goes through the switch (sum, min, max, avg;
+int32, int64, float16, float32 and float64 goes through the switch (a strided one as a
+contiguous copy) (sum, min, max, avg;
 product and bitwise ops of integers); every other collective, and every other tensor, goes
 to an inner Gloo group made from the same store.
 
@@ -138,8 +139,9 @@ class _Engine:
         if self.error is not None:
             raise XaggError(f"the xagg backend failed earlier: {self.error}")
 
-    def allreduce(self, tensor, op):
-        """Starts an allreduce of `tensor` in place; returns (future, work)."""
+    def allreduce(self, tensor, op, target=None):
+        """Starts an allreduce of `tensor` in place (then copied into `target`, if given);
+        returns (future, work)."""
         self.check()
         fut = torch.futures.Future()
         saved = tensor.clone()
@@ -153,7 +155,7 @@ class _Engine:
                     self.failed = why
         work = _Work(fut, self)
         self.pending.add(work)
-        self.queue.put((req, tensor, saved, op, fut, work))
+        self.queue.put((req, tensor, saved, op, fut, work, target))
         return fut, work
 
     def _run(self):
@@ -161,7 +163,7 @@ class _Engine:
             item = self.queue.get()
             if item is None:
                 return
-            req, tensor, saved, op, fut, work = item
+            req, tensor, saved, op, fut, work, target = item
             try:
                 vote, why = _OK, None
                 if req is None:
@@ -188,6 +190,9 @@ class _Engine:
             except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
                 self.error = f"{type(e).__name__}: {e}"
             finally:
+                if target is not None:
+                    target.copy_(tensor)
+                    tensor = target
                 fut.set_result([tensor])
                 self.pending.discard(work)
 
@@ -252,12 +257,16 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if (
             t is None
             or t.device.type != "cpu"
-            or not t.is_contiguous()
             or t.dtype not in _DTYPES
             or _op_name(opts.reduceOp, t.dtype) is None
         ):
             # Decided by the call alone, the same on every rank.
             return self._gloo.allreduce(tensors, opts)
+        if not t.is_contiguous():
+            # A strided view: reduced as a contiguous copy, copied back (Gloo 1.13 would
+            # reduce the view's storage as if it were contiguous: wrong results).
+            _, work = self._engine.allreduce(t.contiguous(), opts.reduceOp, target=t)
+            return work
         _, work = self._engine.allreduce(t, opts.reduceOp)
         return work
 
