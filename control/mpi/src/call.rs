@@ -89,7 +89,7 @@ pub struct Args {
 
 impl Call {
     /// Starts a call on `job`: submitted to the switch unless the job failed before.
-    pub fn start(job: &Job, id: u64, request: Request, a: &Args) -> Self {
+    pub fn start(job: &mut Job, id: u64, request: Request, a: &Args) -> Self {
         let bytes = a.count as usize * a.dtype.size();
         let mut call = Self {
             id,
@@ -118,7 +118,12 @@ impl Call {
         let submitted = unsafe {
             let output = Buffer::from_raw(recv, bytes, a.dtype, ());
             if a.send == IN_PLACE {
-                call.saved = Some(std::slice::from_raw_parts(recv, bytes).to_vec());
+                // Into a buffer of an earlier call: fresh memory would cost a page fault
+                // per 4 KiB on every call.
+                let mut keep = job.spares.pop().unwrap_or_default();
+                keep.clear();
+                keep.extend_from_slice(std::slice::from_raw_parts(recv, bytes));
+                call.saved = Some(keep);
                 job.worker.submit(a.wire_op, output)
             } else {
                 let input = Buffer::from_raw(a.send as *mut u8, bytes, a.dtype, ());
@@ -254,6 +259,11 @@ impl Call {
                 flag != 0
             }
         }
+    }
+
+    /// The kept input's buffer, for a later call to reuse.
+    pub fn take_saved(&mut self) -> Option<Vec<u8>> {
+        self.saved.take()
     }
 
     /// Stops the switch request of a call that will be made by Open MPI anyway.

@@ -100,6 +100,8 @@ pub struct Job {
     pub failed: Option<String>,
     /// Served calls in the order they were made (the same on every rank).
     pub calls: VecDeque<Call>,
+    /// Buffers that kept finished calls' in-place inputs, for the next ones.
+    pub spares: Vec<Vec<u8>>,
 }
 
 // Safety: `private` is an MPI handle, used only under the library's lock.
@@ -276,6 +278,7 @@ pub fn create(comm: Comm) -> CommState {
             private,
             failed: None,
             calls: VecDeque::new(),
+            spares: Vec::new(),
         })),
         Err((r, why)) => {
             if let Ok(w) = joined {

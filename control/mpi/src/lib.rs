@@ -171,7 +171,14 @@ fn progress(st: &mut State, comm: usize, until: Option<u64>) {
             }
         }
         if phase == Phase::Done {
-            let done = job.calls.pop_front().expect("the head");
+            let mut done = job.calls.pop_front().expect("the head");
+            if let Some(spare) = done.take_saved() {
+                // Two are enough for a blocking call and the next; more in-flight calls
+                // allocate their own.
+                if job.spares.len() < 2 {
+                    job.spares.push(spare);
+                }
+            }
             match done.taken {
                 Some(Taken::Switch) => {
                     st.stats.switch_calls += 1;
