@@ -99,13 +99,8 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
     }
 }
 
-/// Why an allreduce of these arguments is not served, if it is not.
-fn unserved(
-    send: *const c_void,
-    count: c_int,
-    datatype: Datatype,
-    op: MpiOp,
-) -> Result<(DType, Op), &'static str> {
+/// The wire type and op of an allreduce the switch serves, or why it is not served.
+fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), &'static str> {
     let h = handles();
     let dtype = h
         .dtype(datatype)
@@ -117,7 +112,6 @@ fn unserved(
     if count <= 0 {
         return Err("no elements");
     }
-    let _ = send;
     Ok((dtype, wire_op))
 }
 
@@ -228,7 +222,7 @@ fn allreduce(
 ) -> Option<c_int> {
     let mut guard = state();
     let st = guard.get_or_insert_with(State::default);
-    let (dtype, wire_op) = match unserved(send, count, datatype, op) {
+    let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
             pass(st, why);
