@@ -108,7 +108,9 @@ class _Engine:
                 key=key,
                 secret=secret,
                 credential=os.environ.get("XAGG_CREDENTIAL"),
-                timeout=timeout.total_seconds() if isinstance(timeout, timedelta) else 30.0,
+                # The ranks come within seconds of each other; the group's own timeout
+                # (30 minutes by default) would hold a job with a missing rank that long.
+                timeout=float(os.environ.get("XAGG_JOIN_TIMEOUT_MS", "30000")) / 1000,
                 give_up=int(give_up) / 1000 if give_up else None,
             )
             why = None
