@@ -1,7 +1,8 @@
 /* An ordinary MPI program, unaware of any switch: allreduces of every predefined type and
  * op a program commonly uses, in place and not, on MPI_COMM_WORLD and on communicators
  * split and duplicated from it; a user-defined op; MPI_Iallreduce among point-to-point
- * requests completed by MPI_Waitall, MPI_Test, MPI_Waitany and MPI_Testall; a barrier. Every result is checked against the value computed locally.
+ * requests completed by MPI_Waitall, MPI_Test, MPI_Waitany, MPI_Testall, MPI_Wait,
+ * MPI_Waitsome, MPI_Testany and MPI_Testsome; a barrier. Every result is checked against the value computed locally.
  * Usage: check            the whole set, once
  *        check loop N     N double sums of 4096 elements, 20 ms apart (a run to disturb)
  * Rank 0 prints "checks=C failures=F"; the exit status is 1 if anything failed. */
@@ -162,6 +163,37 @@ static void check_requests(void) {
     bad = 0;
     for (int i = 0; i < N; i++) bad += c[i] != 1.5 * size || a[i] != size * size;
     expect("two Iallreduces by Testall", bad, 0);
+
+    /* MPI_Wait on one. */
+    for (int i = 0; i < N; i++) a[i] = rank;
+    MPI_Iallreduce(MPI_IN_PLACE, a, N, MPI_INT, MPI_MAX, MPI_COMM_WORLD, &r);
+    MPI_Wait(&r, MPI_STATUS_IGNORE);
+    bad = 0;
+    for (int i = 0; i < N; i++) bad += a[i] != size - 1;
+    expect("Iallreduce by Wait", bad, 0);
+
+    /* MPI_Waitsome, MPI_Testany and MPI_Testsome until each of two is done. */
+    for (int way = 0; way < 3; way++) {
+        for (int i = 0; i < N; i++) { a[i] = 1; c[i] = 0.5; }
+        MPI_Iallreduce(MPI_IN_PLACE, a, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &reqs[0]);
+        MPI_Iallreduce(MPI_IN_PLACE, c, N, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD, &reqs[1]);
+        int done = 0;
+        while (done < 2) {
+            int count = 0, indices[2], index;
+            if (way == 0) {
+                MPI_Waitsome(2, reqs, &count, indices, MPI_STATUSES_IGNORE);
+            } else if (way == 1) {
+                MPI_Testany(2, reqs, &index, &flag, MPI_STATUS_IGNORE);
+                count = flag && index != MPI_UNDEFINED;
+            } else {
+                MPI_Testsome(2, reqs, &count, indices, MPI_STATUSES_IGNORE);
+            }
+            done += count;
+        }
+        bad = 0;
+        for (int i = 0; i < N; i++) bad += a[i] != size || c[i] != 0.5 * size;
+        expect(way == 0 ? "Iallreduces by Waitsome" : way == 1 ? "Iallreduces by Testany" : "Iallreduces by Testsome", bad, 0);
+    }
     MPI_Barrier(MPI_COMM_WORLD);
     free(a);
     free(b);
