@@ -112,6 +112,8 @@ pub struct CommState {
     pub path: Path,
     pub rank: c_int,
     pub name: String,
+    /// Open MPI serves it for a reason nobody needs told (a communicator of one rank).
+    pub quiet: bool,
 }
 
 fn rank_size(comm: Comm) -> (c_int, c_int) {
@@ -205,6 +207,8 @@ pub fn create(comm: Comm) -> CommState {
         path,
         rank,
         name: name.clone(),
+        // One rank has nothing to reduce with: no news worth a line by default.
+        quiet: size < 2,
     };
     if inter != 0 {
         // The same answer on every rank: no agreement needed.

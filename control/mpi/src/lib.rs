@@ -124,7 +124,7 @@ fn comm_state(st: &mut State, comm: Comm) -> &mut CommState {
             Path::Switch(_) => None,
         };
         if let Some(why) = why {
-            if c.rank == 0 || verbose() {
+            if (c.rank == 0 && !c.quiet) || verbose() {
                 say(&format!("{}: allreduces go to Open MPI: {why}", c.name));
             }
         } else if verbose() {
