@@ -30,11 +30,16 @@ impl MpiLab {
 
     /// Compiles `tests/mpi/NAME` into the lab's directory.
     fn program(&self, name: &str) -> PathBuf {
+        self.program_as(name, name.split('.').next().unwrap(), &[])
+    }
+
+    /// Compiles `tests/mpi/NAME` with `flags` into the lab's directory as `out`.
+    fn program_as(&self, name: &str, out: &str, flags: &[&str]) -> PathBuf {
         let src = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("mpi")
             .join(name);
-        let out = self.dir.join(name.split('.').next().unwrap());
-        xagg_lab::mpi::compile(&src, &out).unwrap();
+        let out = self.dir.join(out);
+        xagg_lab::mpi::compile(&src, &out, flags).unwrap();
         out
     }
 
@@ -134,8 +139,8 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     }
 
     // Fortran, through `use mpi` and through `mpif.h`.
-    for name in ["check_use_mpi.f90", "check_mpif.f90"] {
-        let f = lab.program(name);
+    for (name, flags) in [("use mpi", &[][..]), ("mpif.h", &["-DMPIF_H"][..])] {
+        let f = lab.program_as("check.F90", &name.replace([' ', '.'], "_"), flags);
         let (out, err) = checked(&lab.run(f.to_str().unwrap(), &lab.daemon(), &[]));
         assert!(out.contains("failures=0"), "{name}: {out}");
         let (switch, fallback, _) = summary(&err);

@@ -156,18 +156,11 @@ fn f64_matches_its_vector() {
     let src: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut lanes = [0u8; 16];
     let enc = xagg_worker::codec::encode(Op::Sum, DType::F64, &src, &mut lanes);
-    let mut h = Header::builder(Kind::Contribution)
-        .op(Op::Sum)
-        .dtype(DType::F64)
-        .job(7)
-        .message(1)
-        .segment(2)
-        .slot(3)
-        .member(1)
-        .flags(FLAG_SHADOW | FLAG_LAST)
-        .count(2)
-        .exponent(enc.exponent)
-        .build();
+    // Vector 1's coordinates, with this type, count and exponent.
+    let mut h = vector1_header(Kind::Contribution);
+    h.dtype = DType::F64 as u8;
+    h.set_count(2);
+    h.set_exponent(enc.exponent);
     h.set_enc_flags(enc.flags);
     let mut out = [0u8; HEADER_LEN + 16];
     let n = xagg_common::wire::encode(&h, &lanes, &mut out).unwrap();

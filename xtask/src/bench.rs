@@ -966,7 +966,11 @@ fn mpi_setup() -> Result<PathBuf> {
     let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
     let bin = dir.join("mpi_allreduce");
-    xagg_lab::mpi::compile(&crate::build::root().join("xtask/mpi/allreduce.c"), &bin)?;
+    xagg_lab::mpi::compile(
+        &crate::build::root().join("xtask/mpi/allreduce.c"),
+        &bin,
+        &[],
+    )?;
     Ok(bin)
 }
 

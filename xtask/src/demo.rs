@@ -63,7 +63,7 @@ pub struct DemoArgs {
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
     /// Run an unmodified MPI program under mpirun instead, one rank per worker, with
-    /// libxagg_mpi.so preloaded: a C (.c) or Fortran (.f90) source, compiled here; without
+    /// libxagg_mpi.so preloaded: a C (.c) or Fortran (.f90, .F90) source, compiled here; without
     /// a file, tests/mpi/check.c (every served type and op, checked).
     #[arg(long, num_args = 0..=1, default_missing_value = "tests/mpi/check.c")]
     pub mpi: Option<std::path::PathBuf>,
@@ -207,9 +207,9 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
     std::fs::create_dir_all(&dir)?;
     let stem = source
         .file_stem()
-        .context("--mpi: name a .c or .f90 file")?;
+        .context("--mpi: name a .c, .f90 or .F90 file")?;
     let binary = dir.join(stem);
-    xagg_lab::mpi::compile(&source, &binary)?;
+    xagg_lab::mpi::compile(&source, &binary, &[])?;
     let sw = joinable_lab(n)?;
     let agent = xagg_lab::mpi::agent(&sw.lab, &dir)?;
     let lib = xagg_lab::bin("libxagg_mpi.so");

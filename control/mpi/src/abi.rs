@@ -109,7 +109,7 @@ pub struct Handles {
 unsafe impl Send for Handles {}
 unsafe impl Sync for Handles {}
 
-fn sym(handle: *mut c_void, name: &str) -> *mut c_void {
+pub fn sym(handle: *mut c_void, name: &str) -> *mut c_void {
     let c = std::ffi::CString::new(name).expect("no NUL in a symbol name");
     // Safety: dlsym with a valid handle and a NUL-terminated name.
     unsafe { libc::dlsym(handle, c.as_ptr()) }

@@ -7,15 +7,30 @@
 use std::ffi::c_void;
 
 use crate::{
-    abi::{handles, pmpi, Comm, Fint, IN_PLACE, SUCCESS},
-    allreduce, guard,
+    abi::{handles, pmpi, sym, Comm, Fint, IN_PLACE, SUCCESS},
+    guard,
 };
 
-/// The next definition of a Fortran entry point (Open MPI's `libmpi_mpifh`).
-fn next(name: &str) -> *mut c_void {
-    let c = std::ffi::CString::new(name).expect("no NUL");
-    // Safety: dlsym with a NUL-terminated name.
-    unsafe { libc::dlsym(libc::RTLD_NEXT, c.as_ptr()) }
+/// The next definition of a Fortran entry point (Open MPI's `libmpi_mpifh`), as a
+/// function of type `F`.
+fn next<F: Copy>(name: &str) -> F {
+    let p = sym(libc::RTLD_NEXT, name);
+    if p.is_null() {
+        crate::say(&format!(
+            "Open MPI's Fortran library has no {name}: this library serves Open MPI (4.1) only"
+        ));
+        std::process::abort();
+    }
+    // Safety: `F` is the type of Open MPI's entry point of that name.
+    unsafe { std::mem::transmute_copy::<*mut c_void, F>(&p) }
+}
+
+/// Writes a Fortran call's error argument.
+fn set_ierr(ierr: *mut Fint, rc: Fint) {
+    if !ierr.is_null() {
+        // Safety: the program's error argument.
+        unsafe { *ierr = rc };
+    }
 }
 
 fn comm(f: *const Fint) -> Comm {
@@ -32,35 +47,30 @@ unsafe fn fortran_allreduce(
     c: *const Fint,
     ierr: *mut Fint,
 ) {
-    let rc = guard(|| {
-        let p = pmpi();
-        let send = if send == handles().fortran_in_place {
-            IN_PLACE
-        } else {
-            send
-        };
-        // Safety: the program's Fortran handles.
-        let (dt, o) = unsafe { ((p.type_f2c)(*datatype), (p.op_f2c)(*op)) };
-        let cm = comm(c);
-        // Safety: the program's count.
-        let n = unsafe { *count };
-        allreduce(send, recv, n, dt, o, cm, None)
-            // Safety: the program's arguments, passed on.
-            .unwrap_or_else(|| unsafe { (p.allreduce)(send, recv, n, dt, o, cm) })
-    });
-    if !ierr.is_null() {
-        // Safety: the program's error argument.
-        unsafe { *ierr = rc };
-    }
+    let p = pmpi();
+    let send = if send == handles().fortran_in_place {
+        IN_PLACE
+    } else {
+        send
+    };
+    // Safety: the program's Fortran handles and count, converted to C's and passed to the
+    // C entry point.
+    let rc = unsafe {
+        crate::MPI_Allreduce(
+            send,
+            recv,
+            *count,
+            (p.type_f2c)(*datatype),
+            (p.op_f2c)(*op),
+            comm(c),
+        )
+    };
+    set_ierr(ierr, rc);
 }
 
 unsafe fn fortran_barrier(c: *const Fint, ierr: *mut Fint) {
     // Safety: the C entry point with the converted handle.
-    let rc = unsafe { crate::MPI_Barrier(comm(c)) };
-    if !ierr.is_null() {
-        // Safety: the program's error argument.
-        unsafe { *ierr = rc };
-    }
+    set_ierr(ierr, unsafe { crate::MPI_Barrier(comm(c)) });
 }
 
 unsafe fn fortran_comm_free(c: *mut Fint, ierr: *mut Fint, name: &str) {
@@ -70,10 +80,9 @@ unsafe fn fortran_comm_free(c: *mut Fint, ierr: *mut Fint, name: &str) {
         }
         SUCCESS
     });
-    type F = unsafe extern "C" fn(*mut Fint, *mut Fint);
-    let f = next(name);
+    let f: unsafe extern "C" fn(*mut Fint, *mut Fint) = next(name);
     // Safety: Open MPI's own Fortran entry point of this spelling.
-    unsafe { std::mem::transmute::<*mut c_void, F>(f)(c, ierr) };
+    unsafe { f(c, ierr) };
 }
 
 unsafe fn fortran_finalize(ierr: *mut Fint, name: &str) {
@@ -81,10 +90,9 @@ unsafe fn fortran_finalize(ierr: *mut Fint, name: &str) {
         crate::finalize();
         SUCCESS
     });
-    type F = unsafe extern "C" fn(*mut Fint);
-    let f = next(name);
+    let f: unsafe extern "C" fn(*mut Fint) = next(name);
     // Safety: Open MPI's own Fortran entry point of this spelling.
-    unsafe { std::mem::transmute::<*mut c_void, F>(f)(ierr) };
+    unsafe { f(ierr) };
 }
 
 macro_rules! allreduce_spellings {

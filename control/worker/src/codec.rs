@@ -204,13 +204,14 @@ pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
     enc
 }
 
-/// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
-fn bfp64_encode(src: &[u8], out: &mut [u8]) -> Encoded {
-    let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+/// The largest finite magnitude of the `size`-byte elements of `src`, and the encoding's
+/// flags: NaN or an infinity flagged (they do not count in the maximum).
+#[inline(always)]
+fn finite_max(src: &[u8], size: usize, load: impl Fn(&[u8]) -> f64) -> (f64, Encoded) {
     let mut enc = Encoded::default();
     let mut max = 0f64;
     let mut finite = true;
-    for b in src.chunks_exact(8) {
+    for b in src.chunks_exact(size) {
         let x = load(b);
         finite &= x.is_finite();
         max = max.max(x.abs());
@@ -218,11 +219,18 @@ fn bfp64_encode(src: &[u8], out: &mut [u8]) -> Encoded {
     if !finite {
         enc.flags |= ENC_NONFINITE;
         max = src
-            .chunks_exact(8)
-            .map(load)
+            .chunks_exact(size)
+            .map(&load)
             .filter(|x| x.is_finite())
             .fold(0f64, |a, x| a.max(x.abs()));
     }
+    (max, enc)
+}
+
+/// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
+fn bfp64_encode(src: &[u8], out: &mut [u8]) -> Encoded {
+    let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+    let (max, mut enc) = finite_max(src, 8, load);
     enc.exponent = block_exponent(max, BFP64_BITS);
     let scale = Scale::new(-(enc.exponent as i32));
     for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
@@ -263,23 +271,8 @@ fn round_even(v: f64) -> f64 {
 /// Block floating point: one exponent for the segment, 32-bit mantissas.
 #[inline(always)]
 fn bfp_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f32) -> Encoded {
-    let mut enc = Encoded::default();
-    let mut max = 0f32;
-    let mut finite = true;
-    for b in src.chunks_exact(size) {
-        let x = load(b);
-        finite &= x.is_finite();
-        max = max.max(x.abs());
-    }
-    if !finite {
-        enc.flags |= ENC_NONFINITE;
-        max = src
-            .chunks_exact(size)
-            .map(&load)
-            .filter(|x| x.is_finite())
-            .fold(0f32, |a, x| a.max(x.abs()));
-    }
-    enc.exponent = block_exponent(max as f64, BFP_BITS);
+    let (max, mut enc) = finite_max(src, size, |b| load(b) as f64);
+    enc.exponent = block_exponent(max, BFP_BITS);
     let scale = Scale::new(-(enc.exponent as i32));
     for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(4)) {
         let x = load(b);

@@ -81,8 +81,9 @@ fn as_f64(dtype: DType, b: &[u8]) -> f64 {
 }
 
 /// The sum of `xs` rounded once: Neumaier's compensated sum, whose error (a few ulps of
-/// the ulps) is far below any bound checked here, where a plain f64 sum of doubles would
-/// err by as much as the bound itself.
+/// the ulps) is far below any bound checked here; a plain f64 sum of doubles adds errors
+/// of the bound's size (as the reference in `ops.rs`, it put the largest measured error of
+/// an f64 mean at 0.93 of the bound instead of 0.35).
 fn exact_sum(xs: &[f64]) -> f64 {
     let (mut s, mut c) = (0f64, 0f64);
     for &x in xs {

@@ -183,31 +183,16 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
         SUM32 => sum_32(v, src, w, write),
         SUM64 => fold_words(v, src, w, write, |a, b| a.wrapping_add(b)),
         SUM_BFP => {
-            // Align both blocks to the larger exponent, then add the mantissas.
-            let (sa, sb) = if r.exponent > v.exponent {
-                ((r.exponent - v.exponent).min(31) as u32, 0)
-            } else {
-                (0, (v.exponent - r.exponent).min(31) as u32)
-            };
+            let (sa, sb) = align(v, r, 31);
             fold_words(v, src, w, write, |a, b| {
                 add_32x2(sar_32x2(a, sa), sar_32x2(b, sb))
             });
-            if r.exponent > v.exponent {
-                v.exponent = r.exponent;
-            }
         }
         SUM_BFP64 => {
-            let (sa, sb) = if r.exponent > v.exponent {
-                ((r.exponent - v.exponent).min(63) as u32, 0)
-            } else {
-                (0, (v.exponent - r.exponent).min(63) as u32)
-            };
+            let (sa, sb) = align(v, r, 63);
             fold_words(v, src, w, write, |a, b| {
                 ((a as i64 >> sa).wrapping_add(b as i64 >> sb)) as u64
             });
-            if r.exponent > v.exponent {
-                v.exponent = r.exponent;
-            }
         }
         MIN_I32 => fold_words(v, src, w, write, |a, b| {
             lanes(a, b, |x, y| (x as i32).min(y as i32) as u32)
@@ -228,6 +213,20 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
         XOR => fold_words(v, src, w, write, |a, b| a ^ b),
         // `Fold` has no other value.
         _ => {}
+    }
+}
+
+/// Aligns two blocks of block floating point to the larger exponent: the right shifts of
+/// the stored mantissas and of the payload's (at most `max`, a lane's bits less one), with
+/// the copy's exponent raised to the larger one.
+#[inline(always)]
+fn align(v: &mut ShadowCopy, r: &Round, max: i32) -> (u32, u32) {
+    if r.exponent > v.exponent {
+        let s = (r.exponent - v.exponent).min(max) as u32;
+        v.exponent = r.exponent;
+        (s, 0)
+    } else {
+        (0, (v.exponent - r.exponent).min(max) as u32)
     }
 }
 

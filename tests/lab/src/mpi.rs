@@ -11,9 +11,12 @@ use anyhow::{Context, Result};
 
 use crate::lab::{worker_ip, Lab};
 
-/// Compiles `source` (C with `mpicc`, Fortran `.f90`/`.f` with `mpifort`) into `out`.
-pub fn compile(source: &Path, out: &Path) -> Result<()> {
-    let fortran = source.extension().is_some_and(|e| e == "f90" || e == "f");
+/// Compiles `source` (C with `mpicc`, Fortran `.f90`/`.F90`/`.f` with `mpifort`) into
+/// `out`, with the compiler's `flags` besides.
+pub fn compile(source: &Path, out: &Path, flags: &[&str]) -> Result<()> {
+    let fortran = source
+        .extension()
+        .is_some_and(|e| e == "f90" || e == "F90" || e == "f");
     let compiler = if fortran { "mpifort" } else { "mpicc" };
     let mut c = Command::new(compiler);
     if fortran {
@@ -22,6 +25,7 @@ pub fn compile(source: &Path, out: &Path) -> Result<()> {
         c.arg("-fallow-argument-mismatch");
     }
     let o = c
+        .args(flags)
         .args(["-O2", "-o"])
         .arg(out)
         .arg(source)

@@ -118,12 +118,7 @@ class _Engine:
             why = str(e)
         # Every rank joined, or none uses the switch.
         if self._agree(_OK if why is None else _FAILED) != _OK:
-            if self.job is not None:
-                try:
-                    self.job.leave()
-                except XaggError:
-                    pass
-                self.job = None
+            self._leave()
             self.failed = why or "another rank could not join the job"
             if rank == 0 or _verbose():
                 _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
@@ -133,6 +128,15 @@ class _Engine:
         self.thread = threading.Thread(target=self._run, name="xagg-completions", daemon=True)
         self.thread.start()
         atexit.register(self.close)
+
+    def _leave(self):
+        """Leaves the job, if this rank joined one (the daemon removes it when all have)."""
+        if self.job is not None:
+            try:
+                self.job.leave()
+            except XaggError:
+                pass
+            self.job = None
 
     def _agree(self, vote):
         v = torch.tensor([vote], dtype=torch.int32)
@@ -214,12 +218,7 @@ class _Engine:
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
-        if self.job is not None:
-            try:
-                self.job.leave()
-            except XaggError:
-                pass
-            self.job = None
+        self._leave()
         if self.rank == 0 or _verbose():
             _say(f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed")
 

@@ -1,8 +1,14 @@
-! An ordinary Fortran MPI program (`use mpi`): sums, minima and maxima of INTEGER, REAL
-! and DOUBLE PRECISION arrays, in place and not, checked against local values.
-program check_use_mpi
+! An ordinary Fortran MPI program: sums, minima and maxima of INTEGER, REAL and DOUBLE
+! PRECISION arrays, in place and not, checked against local values. It takes MPI's
+! bindings from the `mpi` module, or with -DMPIF_H from `mpif.h` (the tests build both).
+program check_fortran
+#ifdef MPIF_H
+  implicit none
+  include 'mpif.h'
+#else
   use mpi
   implicit none
+#endif
   integer, parameter :: n = 20000
   integer :: ierr, rank, nranks, i, r, failures, all_failures, checks
   integer :: ia(n), ib(n), iwant(n), ixor(n)
@@ -65,4 +71,4 @@ contains
       print '(a,i0,a,i0)', 'rank ', rank, ': check failed: ', checks
     end if
   end subroutine tally
-end program check_use_mpi
+end program check_fortran
