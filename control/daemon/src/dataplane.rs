@@ -21,7 +21,7 @@ use xagg_common::{
         job_generation, job_id, job_index, members_of, probability_threshold, EgressKey, Faults,
         MemberAddr, SwitchConfig, MAX_JOBS,
     },
-    slot::{Fold, ShadowState, SlotImage, MAX_SLOTS},
+    slot::{Fold, ShadowState, SlotImage, DELIVER, DELIVER_PROGRAM, MAX_SLOTS},
     Counter, Job, LAYOUT_VERSION,
 };
 use xagg_sys::iface;
@@ -685,7 +685,7 @@ impl Dataplane {
             let s = self.slot(job.slot_base + slot)?;
             for (shadow, v) in s.shadow.iter().enumerate() {
                 let state = match ShadowState::from_u32(v.state) {
-                    Some(s @ (ShadowState::Filling | ShadowState::Done)) => s,
+                    Some(s @ (ShadowState::Filling | ShadowState::PartialSent | ShadowState::Done)) => s,
                     _ => continue,
                 };
                 out.push(SlotStatus {
@@ -829,17 +829,20 @@ fn read_ports(dir: &Path) -> Result<Vec<String>> {
 }
 
 /// Loads every fold program of `ebpf` and enters it in `folds` (the object's `FOLDS` map),
-/// where `xagg_switch` finds it by its `Fold`.
+/// where `xagg_switch` finds it by its `Fold`, and `xagg_deliver` after them.
 pub fn load_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()> {
-    for fold in Fold::ALL {
-        let name = fold.program();
+    let programs = Fold::ALL
+        .iter()
+        .map(|f| (*f as u32, f.program()))
+        .chain([(DELIVER, DELIVER_PROGRAM)]);
+    for (index, name) in programs {
         let p = prog(ebpf, name)?;
         p.load()
             .map_err(|source| DataplaneError::Program { name, source })?;
         let fd = p
             .fd()
             .map_err(|source| DataplaneError::Program { name, source })?;
-        folds.set(fold as u32, fd, 0).map_err(map_err("FOLDS"))?;
+        folds.set(index, fd, 0).map_err(map_err("FOLDS"))?;
     }
     Ok(())
 }

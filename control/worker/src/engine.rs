@@ -1002,6 +1002,12 @@ fn newer(a: (u32, u32), b: (u32, u32)) -> bool {
     dm > 0 || (dm == 0 && (a.1.wrapping_sub(b.1) as i32) > 0)
 }
 
+/// Whether a copy in state `state` holds a round still under way: filling, or (at an inner
+/// level) complete there and waiting for its parent's result.
+fn open(state: u8) -> bool {
+    state == ShadowState::Filling as u8 || state == ShadowState::PartialSent as u8
+}
+
 /// The message a new process of a job takes up, from what every slot's copies hold as
 /// (state, message, segment): the oldest message with a round still filling (the others
 /// are in it and wait for this member), but never past the one after the newest message
@@ -1024,7 +1030,7 @@ fn next_message(copies: &[[(u8, u32, u32); 2]]) -> u32 {
             (0..2).filter_map(move |i| {
                 let (c, other) = (pair[i], pair[1 - i]);
                 let abandoned = held(&other) && newer((other.1, other.2), (c.1, c.2));
-                (c.0 == ShadowState::Filling as u8 && !abandoned).then_some(c.1)
+                (open(c.0) && !abandoned).then_some(c.1)
             })
         })
         .reduce(oldest);
@@ -1127,6 +1133,12 @@ mod tests {
         // before any of the oldest: the one after the newest completed message.
         assert_eq!(
             next_message(&[[(f, 20, 12), (d, 4, 0)], [(f, 19, 14), (d, 0, 108)]]),
+            5
+        );
+        // At an inner level a round may wait for the parent: still under way.
+        let p = ShadowState::PartialSent as u8;
+        assert_eq!(
+            next_message(&[[(d, 4, 0), (p, 5, 0)], [(d, 4, 1), (e, 0, 0)]]),
             5
         );
         // A round abandoned (its slot went on to a newer one) does not count.

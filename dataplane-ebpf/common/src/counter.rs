@@ -67,6 +67,21 @@ pub enum Counter {
     /// A datagram to the collective port longer than the largest segment's packet
     /// (`wire::MAX_IP_PACKET`, 8994 bytes).
     DropOversize,
+    /// At an inner level: a contribution completed its slot, and the partial went to the
+    /// parent.
+    Partial,
+    /// At an inner level: a member re-sent a contribution while the slot waits for the
+    /// parent's result: the partial went to the parent again (recovering its loss).
+    PartialResend,
+    /// At an inner level: the parent's result for a round whose partial was sent, stored
+    /// and delivered to every member.
+    ParentResult,
+    /// A result that does not come from its job's parent, on the uplink, from the
+    /// parent's addresses (or names no job with a parent).
+    DropNotParent,
+    /// A parent's result for a round the slot is not waiting for: a duplicate, or a round
+    /// whose partial was never sent.
+    DropUnawaitedResult,
 }
 
 /// Per-member counters of a job's row: contributions that were new at the switch, and
@@ -92,7 +107,7 @@ pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
 }
 
 impl Counter {
-    pub const COUNT: usize = 27;
+    pub const COUNT: usize = 32;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -122,6 +137,11 @@ impl Counter {
         Counter::DropBadChecksum,
         Counter::Hello,
         Counter::DropOversize,
+        Counter::Partial,
+        Counter::PartialResend,
+        Counter::ParentResult,
+        Counter::DropNotParent,
+        Counter::DropUnawaitedResult,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -154,6 +174,11 @@ impl Counter {
             Self::DropBadChecksum => "drop_bad_checksum",
             Self::Hello => "hello",
             Self::DropOversize => "drop_oversize",
+            Self::Partial => "partial",
+            Self::PartialResend => "partial_resend",
+            Self::ParentResult => "parent_result",
+            Self::DropNotParent => "drop_not_parent",
+            Self::DropUnawaitedResult => "drop_unawaited_result",
         }
     }
 }

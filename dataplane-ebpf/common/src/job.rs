@@ -48,7 +48,6 @@ pub enum Role {
     Root = 0,
     /// An inner level (a host reducing its local ranks, a lower switch): send the partial
     /// result to `Job::parent` and hand the final result it gets back to the members.
-    /// Reserved: the control plane refuses it until hierarchical jobs exist.
     Inner = 1,
 }
 
@@ -76,13 +75,19 @@ pub struct Job {
     /// The generation of the job's wire id ([`job_generation`]): a packet naming the job's
     /// index with another generation names a job that is gone.
     pub generation: u16,
-    /// Where the partial result goes next when `role` is `Inner`.
+    /// When `role` is `Inner`: the job's wire id at the parent and this aggregation
+    /// point's member index there — what a partial's header carries upward.
+    pub parent_job: u32,
+    pub parent_member: u8,
+    pub _pad: [u8; 3],
+    /// When `role` is `Inner`: the parent's port (the uplink) and addresses. Partials go
+    /// there, and results are taken only from there.
     pub parent: MemberAddr,
     /// Member table, indexed by member index.
     pub member: [MemberAddr; MAX_MEMBERS],
 }
 
-const _: () = assert!(core::mem::size_of::<Job>() == 24 + 16 + 16 * MAX_MEMBERS);
+const _: () = assert!(core::mem::size_of::<Job>() == 32 + 16 + 16 * MAX_MEMBERS);
 
 impl Job {
     /// The entry of a job of `shape` whose members reduce `op` over `dtype` unless a
@@ -103,6 +108,9 @@ impl Job {
             index: 0,
             segment_bytes: shape.segment_bytes() as u16,
             generation: 0,
+            parent_job: 0,
+            parent_member: 0,
+            _pad: [0; 3],
             parent: MemberAddr {
                 ifindex: 0,
                 ip: [0; 4],

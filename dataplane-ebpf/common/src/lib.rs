@@ -29,5 +29,7 @@ pub use wire::{DType, Header, Kind, Op};
 /// an array (`JOBS`), checking its generation (`Job::generation`); version 10 holds
 /// segments of up to 8936 bytes (multi-buffer frames: the `STAGE` and `FOLDS` maps, a fold
 /// program per op and lane, results fanned out by `xagg_fanout`); version 11 reads header
-/// version 2 (a 16-bit block exponent) and folds doubles (`xagg_fold_sum_bfp64`).
-pub const LAYOUT_VERSION: u32 = 11;
+/// version 2 (a 16-bit block exponent) and folds doubles (`xagg_fold_sum_bfp64`); version
+/// 12 has inner levels (`Role::Inner`: `Job::parent_job`, the `PARENTS` map, the slot
+/// state `PartialSent` and its counters).
+pub const LAYOUT_VERSION: u32 = 12;

@@ -108,6 +108,13 @@ impl Fold {
     }
 }
 
+/// Where `xagg_deliver` (an inner level's program for its parent's results) sits in the
+/// `FOLDS` program array, after the folds.
+pub const DELIVER: u32 = Fold::COUNT as u32;
+
+/// Its program's name.
+pub const DELIVER_PROGRAM: &str = "xagg_deliver";
+
 /// The state of one shadow copy.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -118,6 +125,9 @@ pub enum ShadowState {
     Filling = 1,
     /// Every member's contribution is in; `data` holds the result.
     Done = 2,
+    /// At an inner level (`Role::Inner`): every member's contribution is in, `data` holds
+    /// their partial, sent to the parent; the parent's result will be stored over it.
+    PartialSent = 3,
 }
 
 impl ShadowState {
@@ -126,6 +136,7 @@ impl ShadowState {
             0 => Some(Self::Empty),
             1 => Some(Self::Filling),
             2 => Some(Self::Done),
+            3 => Some(Self::PartialSent),
             _ => None,
         }
     }
@@ -135,6 +146,7 @@ impl ShadowState {
             Self::Empty => "empty",
             Self::Filling => "filling",
             Self::Done => "done",
+            Self::PartialSent => "partial_sent",
         }
     }
 }

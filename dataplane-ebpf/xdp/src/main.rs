@@ -6,6 +6,9 @@
 //! - `xagg_fold_*`, one per op and lane (`Fold`), reached by a tail call: aggregate the
 //!   contribution in its slot and deliver a finished result — a single-buffer one
 //!   broadcast through the devmap, a multi-buffer one passed to `xagg_fanout`.
+//!   At an inner level (a host, a lower switch) a complete segment is a partial: it goes
+//!   to the parent as this point's contribution, and the parent's result, taken only from
+//!   the uplink, is stored and delivered to the members like a result of its own.
 //! - `xagg_result`, the devmap egress program: addresses each broadcast copy to the
 //!   member behind the port it leaves through.
 //! - `xagg_fanout`, tc ingress on every switch port: sends a copy of each multi-buffer
@@ -35,7 +38,8 @@ use aya_ebpf::{
 use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
-        job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, SwitchConfig, MAX_JOBS,
+        job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, Role, SwitchConfig,
+        MAX_JOBS,
     },
     slot::{Fold, MAX_SLOTS, SLOT_WORDS},
     wire::{self, Kind, PAYLOAD_OFFSET},
@@ -61,6 +65,11 @@ fn job_of(id: u32) -> Option<&'static Job> {
     let job = JOBS.get(job_index(id))?;
     (job.members != 0 && job.generation == job_generation(id)).then_some(job)
 }
+
+/// Jobs at an inner level by their wire id at the parent: the local wire id of the job a
+/// parent's result belongs to, written by the control plane.
+#[btf_map]
+static PARENTS: HashMap<u32, u32, MAX_JOBS> = HashMap::new();
 
 /// Which member of a job is reached through a port, for the egress program.
 #[btf_map]
@@ -114,9 +123,12 @@ pub struct Stage {
 #[btf_map]
 static STAGE: PerCpuArray<Stage, 1> = PerCpuArray::new();
 
-/// The fold programs, by `Fold`.
+/// The fold programs, by `Fold`, and `xagg_deliver` at [`DELIVER`].
 #[btf_map]
-static FOLDS: ProgramArray<{ Fold::COUNT }> = ProgramArray::new();
+static FOLDS: ProgramArray<{ Fold::COUNT + 1 }> = ProgramArray::new();
+
+/// `xagg_deliver`'s entry in `FOLDS`.
+const DELIVER: u32 = xagg_common::slot::DELIVER;
 
 /// Fault injection (one entry; zero = off).
 #[btf_map]
@@ -140,11 +152,15 @@ static JOB_COUNTERS: PerCpuArray<u64, { MAX_JOBS * JOB_ROW }> = PerCpuArray::new
 #[btf_map]
 static LAYOUT: Array<u32, 1> = Array::new();
 
-/// Counts `c` for `job`, and a contribution's outcome for `member`.
+/// Counts `c` for `job`, and a contribution's outcome for `member` ([`FROM_PARENT`] for
+/// the parent's results, which have no member row).
 #[inline(always)]
 fn count_job(row: u32, member: usize, c: Counter) {
     if let Some(p) = JOB_COUNTERS.get_ptr_mut(job_row(row, c)) {
         unsafe { *p += 1 };
+    }
+    if member >= wire::MAX_MEMBERS {
+        return;
     }
     let k = match c {
         Counter::Contribution | Counter::Complete => MEMBER_NEW,
@@ -155,6 +171,9 @@ fn count_job(row: u32, member: usize, c: Counter) {
         unsafe { *p += 1 };
     }
 }
+
+/// The "member" a parent's result counts as: none.
+const FROM_PARENT: usize = wire::MAX_MEMBERS;
 
 #[inline(always)]
 fn count(c: Counter) {
@@ -245,6 +264,9 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if hdr.kind == Kind::Hello as u8 {
         return hello(ctx, &frame);
     }
+    if hdr.kind == Kind::Result as u8 {
+        return parent_result(ctx, &frame);
+    }
     let query = hdr.kind == Kind::StatusQuery as u8;
     if hdr.kind != Kind::Contribution as u8 && !query {
         return Err(Counter::DropBadKind);
@@ -261,10 +283,31 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let r = if query {
         status_query(ctx, &frame, cfg, job)
     } else {
-        contribution(ctx, &frame, job, member)
+        stage(ctx, &frame, job, member)
     };
     let (Ok((_, c)) | Err(c)) = r;
     count_job(job.index as u32, member, c);
+    r
+}
+
+/// A result entering an inner level: its job's parent's, for a round that sent its
+/// partial — only from the uplink and the parent's addresses, so nobody below (or
+/// elsewhere) can hand the members a result of their own.
+#[inline(always)]
+fn parent_result(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
+    let hdr = frame.header();
+    let local = unsafe { PARENTS.get(hdr.job()) }.ok_or(Counter::DropNotParent)?;
+    let job = job_of(*local).ok_or(Counter::DropNotParent)?;
+    if job.role != Role::Inner as u8
+        || job.parent_job != hdr.job()
+        || job.parent.ifindex != ctx.ingress_ifindex() as u32
+        || !frame.from(&job.parent)
+    {
+        return Err(Counter::DropNotParent);
+    }
+    let r = stage(ctx, frame, job, FROM_PARENT);
+    let (Ok((_, c)) | Err(c)) = r;
+    count_job(job.index as u32, FROM_PARENT, c);
     r
 }
 
@@ -355,15 +398,11 @@ fn status_query(
     Ok((xdp_action::XDP_TX, Counter::StatusReply))
 }
 
-/// A member's contribution to a segment: checked against the job, then staged and handed
-/// to the fold program of its op and lane (a tail call: no return on success).
+/// A contribution from `member`, or the parent's result (`member` is [`FROM_PARENT`]):
+/// checked against the job, staged and handed to the fold program of its op and lane (a
+/// tail call: no return on success).
 #[inline(always)]
-fn contribution(
-    ctx: &XdpContext,
-    frame: &Frame,
-    job: &Job,
-    member: usize,
-) -> Result<(u32, Counter), Counter> {
+fn stage(ctx: &XdpContext, frame: &Frame, job: &Job, member: usize) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
     // Each message carries its op and type; the round's first contribution fixes them.
     let (op, lane) = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
@@ -385,7 +424,7 @@ fn contribution(
     st.round = slot::Round {
         message: hdr.message(),
         segment: hdr.segment(),
-        bit: 1u64 << member,
+        bit: if member < wire::MAX_MEMBERS { 1u64 << member } else { 0 },
         members: job.members,
         elems: elems as u32,
         words,
@@ -393,7 +432,8 @@ fn contribution(
         flags: hdr.enc_flags() as u32,
         op: hdr.op,
         dtype: hdr.dtype,
-        _pad: [0; 6],
+        inner: (job.role == Role::Inner as u8) as u8,
+        _pad: [0; 5],
     };
     st.row = job.index as u32;
     st.member = member as u32;
@@ -401,7 +441,12 @@ fn contribution(
     st.shadow = hdr.shadow() as u32;
     st.multi = frame.multi() as u32;
     st.staged = (frame.multi() || words > reduce::BUFFER_WORDS) as u32;
-    unsafe { FOLDS.tail_call(ctx, fold as u32) };
+    let program = if member == FROM_PARENT {
+        DELIVER
+    } else {
+        fold as u32
+    };
+    unsafe { FOLDS.tail_call(ctx, program) };
     // Only if the fold program is missing: a dataplane loaded without it.
     Err(Counter::RedirectError)
 }
@@ -439,7 +484,12 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         if unsafe { bpf_xdp_load_bytes(ctx.ctx, PAYLOAD_OFFSET as u32, data, bytes as u32) } < 0 {
             return Err(Counter::DropTruncated);
         }
-        unsafe { slot::accept::<F, _>(slot, shadow, &r, &Staged(&raw mut st.data)) }
+        let src = Staged(&raw mut st.data);
+        if F == DELIVER {
+            unsafe { slot::deliver(slot, shadow, &r, &src) }
+        } else {
+            unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
+        }
     } else {
         // Packet pointers derived here, so the verifier sees every payload access checked
         // against data_end inside the loops.
@@ -447,7 +497,11 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             payload: ctx.data() + PAYLOAD_OFFSET,
             end: ctx.data_end(),
         };
-        unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
+        if F == DELIVER {
+            unsafe { slot::deliver(slot, shadow, &r, &src) }
+        } else {
+            unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
+        }
     };
     // A result in the staging buffer goes back into the frame, after the lock.
     let data = st.data.as_mut_ptr() as *mut core::ffi::c_void;
@@ -491,6 +545,33 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
                 Err(_) => Err(Counter::RedirectError),
             }
         }
+        slot::Outcome::Partial | slot::Outcome::PartialAgain => {
+            if staged {
+                store()?;
+            }
+            let (frame, cfg) = result()?;
+            let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
+            frame.into_partial(job, &stored, cfg);
+            let counter = match outcome {
+                slot::Outcome::Partial => Counter::Partial,
+                _ => Counter::PartialResend,
+            };
+            Ok((up(ctx, job)?, counter))
+        }
+        slot::Outcome::Delivered => {
+            let (frame, cfg) = result()?;
+            frame.into_result(&stored);
+            frame.from_switch(cfg);
+            if multi {
+                // To `xagg_fanout` on the uplink's tc ingress, as a result of our own.
+                return Ok((xdp_action::XDP_PASS, Counter::ParentResult));
+            }
+            match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
+                Ok(action) => Ok((action, Counter::ParentResult)),
+                Err(_) => Err(Counter::RedirectError),
+            }
+        }
+        slot::Outcome::Unawaited => Err(Counter::DropUnawaitedResult),
         slot::Outcome::Replay => {
             if inject(faults().drop_result) {
                 return Err(Counter::InjectDropResult);
@@ -508,6 +589,20 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         slot::Outcome::Stale => Err(Counter::DropStale),
         slot::Outcome::Mismatch => Err(Counter::DropBadCount),
         slot::Outcome::OpMismatch => Err(Counter::DropBadOp),
+    }
+}
+
+/// Sends the frame (a partial, addressed) out of the job's uplink: back out of the port it
+/// came in on, or redirected to the uplink.
+#[inline(always)]
+fn up(ctx: &XdpContext, job: &Job) -> Result<u32, Counter> {
+    let uplink = job.parent.ifindex;
+    if uplink == ctx.ingress_ifindex() as u32 {
+        return Ok(xdp_action::XDP_TX);
+    }
+    match unsafe { aya_ebpf::helpers::bpf_redirect(uplink, 0) } as u32 {
+        xdp_action::XDP_REDIRECT => Ok(xdp_action::XDP_REDIRECT),
+        _ => Err(Counter::RedirectError),
     }
 }
 
@@ -538,6 +633,13 @@ fold_programs!(
     xagg_fold_or = Or,
     xagg_fold_xor = Xor,
 );
+
+/// At an inner level: stores the parent's result (checked and staged by `xagg_switch`)
+/// over the partial it answers and delivers it to the members.
+#[xdp(frags)]
+pub fn xagg_deliver(ctx: XdpContext) -> u32 {
+    run_fold::<DELIVER>(&ctx)
+}
 
 /// Devmap egress program: one run per broadcast copy, after it has been cloned for its
 /// port. Addresses the copy to the job's member behind that port.

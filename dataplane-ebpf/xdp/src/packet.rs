@@ -6,7 +6,7 @@
 use aya_ebpf::programs::XdpContext;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
 use xagg_common::{
-    job::{MemberAddr, SwitchConfig},
+    job::{Job, MemberAddr, SwitchConfig},
     wire::{Header, Kind, HEADER_LEN, MAX_IP_PACKET, PAYLOAD_OFFSET},
     Counter,
 };
@@ -268,6 +268,21 @@ impl Frame {
         hdr.set_kind(Kind::Result);
         hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
+    }
+
+    /// Turns the contribution whose payload now holds its round's partial (at an inner
+    /// level) into this aggregation point's contribution to the parent: the job's wire id
+    /// and member index there, the stored block exponent and flags, from this point to the
+    /// parent. Slot, shadow bit, message, segment and count pass through unchanged.
+    #[inline(always)]
+    pub fn into_partial(&self, job: &Job, stored: &Stored, cfg: &SwitchConfig) {
+        let hdr = self.header_mut();
+        hdr.set_job(job.parent_job);
+        hdr.member = job.parent_member;
+        hdr.set_exponent(stored.exponent as i16);
+        hdr.set_enc_flags(stored.flags as u16);
+        from_switch(self.data, cfg);
+        address_to(self.data, &job.parent, cfg);
     }
 
     /// Makes the packet come from the switch (see [`from_switch`]); its link addresses and

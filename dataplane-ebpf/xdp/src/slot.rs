@@ -14,6 +14,23 @@
 //! | Done with an older round      | everyone has moved on: start m's round | Added / Complete |
 //! | Empty                         | start m's round                        | Added / Complete |
 //!
+//! At an inner level (`Role::Inner`: a host reducing its ranks, a lower switch) a copy
+//! with every member in holds their *partial*, which goes to the parent, not to the
+//! members: the copy moves Filling -> PartialSent -> Done, the parent's result stored over
+//! the partial. The rows that differ:
+//!
+//! | the copy holds                     | packet                                  | outcome   |
+//! |------------------------------------|-----------------------------------------|-----------|
+//! | same round, m not in, m the last   | contribution from member m              | Partial: send it up |
+//! | PartialSent, same round, m in      | contribution from member m (a resend)   | PartialAgain: the stored partial up again |
+//! | PartialSent, same round            | the parent's result                     | Delivered: stored, sent to every member |
+//! | anything else                      | the parent's result                     | Unawaited |
+//! | PartialSent with an older round    | contribution from member m              | Reclaimed (abandoned, like Filling) |
+//!
+//! A partial is never handed to a member: only Done answers a member with `data`. The
+//! invariant below holds across levels: a rank's round k+2 needs its result of round
+//! k+1, which exists only once every level has delivered round k.
+//!
 //! A member sends round k+2 of a slot (same shadow copy as round k) only after it has the
 //! result of round k+1, which exists only once every member has the result of round k:
 //! so when a copy's next round starts, nobody can still need its stored result — and a
@@ -52,7 +69,9 @@ pub struct Round {
     pub flags: u32,
     pub op: u8,
     pub dtype: u8,
-    pub _pad: [u8; 6],
+    /// Whether the job is at an inner level: a complete copy holds a partial.
+    pub inner: u8,
+    pub _pad: [u8; 5],
 }
 
 /// What a finished copy holds besides its data: the result header's block exponent
@@ -68,6 +87,17 @@ pub enum Outcome {
     Added,
     /// Added and complete: the frame's payload is the result.
     Complete,
+    /// Added and complete at an inner level: the frame's payload is the partial, for the
+    /// parent.
+    Partial,
+    /// Retransmission to a copy waiting for its parent: the frame's payload is the stored
+    /// partial, for the parent again.
+    PartialAgain,
+    /// The parent's result, stored over the partial: the frame's payload is the result,
+    /// for every member.
+    Delivered,
+    /// A parent's result for a round the copy is not waiting for.
+    Unawaited,
     /// Retransmission to a finished copy: the frame's payload is the stored result.
     Replay,
     /// Started a new round over an abandoned one.
@@ -115,6 +145,21 @@ fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
     dm < 0 || (dm == 0 && (segment.wrapping_sub(v.segment) as i32) < 0)
 }
 
+/// Closes a copy with every member in: it holds the result, or at an inner level a
+/// partial. Decided here, after the fold's loops, not before them: a value that differs
+/// by role and lives through the loops doubles the states the verifier walks (measured:
+/// past its budget).
+#[inline(always)]
+fn complete(v: &mut ShadowCopy, r: &Round) -> Outcome {
+    if r.inner != 0 {
+        v.state = ShadowState::PartialSent as u32;
+        Outcome::Partial
+    } else {
+        v.state = ShadowState::Done as u32;
+        Outcome::Complete
+    }
+}
+
 /// Applies one contribution, its payload in `src`, to shadow copy `shadow` of `slot` with
 /// fold `F` (a `Fold`); a completed or replayed round leaves the result in `src`.
 ///
@@ -131,25 +176,29 @@ pub unsafe fn accept<const F: u32, W: Words>(
     unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
     let v = unsafe { &mut (*slot).shadow[shadow & 1] };
     let state = v.state;
-    let outcome =
-        if state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment {
+    let same = state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment;
+    let outcome = if same {
             if v.op != r.op || v.dtype != r.dtype {
                 Outcome::OpMismatch
             } else if v.count != r.elems {
                 Outcome::Mismatch
             } else if v.seen & r.bit != 0 {
-                if state == ShadowState::Done as u32 {
-                    reduce::copy_out(v, src, r.words);
-                    Outcome::Replay
-                } else {
+                if state == ShadowState::Filling as u32 {
                     Outcome::Duplicate
+                } else {
+                    // One copy for both answers: the verifier walks each loop once.
+                    reduce::copy_out(v, src, r.words);
+                    if state == ShadowState::Done as u32 {
+                        Outcome::Replay
+                    } else {
+                        Outcome::PartialAgain
+                    }
                 }
             } else if v.seen | r.bit == r.members {
                 reduce::fold::<F, W>(v, src, r, true);
                 v.flags |= r.flags;
                 v.seen |= r.bit;
-                v.state = ShadowState::Done as u32;
-                Outcome::Complete
+                complete(v, r)
             } else {
                 reduce::fold::<F, W>(v, src, r, false);
                 v.flags |= r.flags;
@@ -159,7 +208,9 @@ pub unsafe fn accept<const F: u32, W: Words>(
         } else if state != ShadowState::Empty as u32 && older(r.message, r.segment, v) {
             Outcome::Stale
         } else {
-            let reclaim = state == ShadowState::Filling as u32;
+            // A round still open (filling, or waiting for its parent) was abandoned.
+            let reclaim =
+                state == ShadowState::Filling as u32 || state == ShadowState::PartialSent as u32;
             reduce::copy_in(v, src, r.words);
             v.message = r.message;
             v.segment = r.segment;
@@ -170,8 +221,7 @@ pub unsafe fn accept<const F: u32, W: Words>(
             v.flags = r.flags;
             v.seen = r.bit;
             if r.bit == r.members {
-                v.state = ShadowState::Done as u32;
-                Outcome::Complete
+                complete(v, r)
             } else {
                 v.state = ShadowState::Filling as u32;
                 if reclaim {
@@ -181,6 +231,45 @@ pub unsafe fn accept<const F: u32, W: Words>(
                 }
             }
         };
+    let stored = Stored {
+        exponent: v.exponent,
+        flags: v.flags,
+    };
+    unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
+    (outcome, stored)
+}
+
+/// Applies the parent's result, its payload in `src`, to shadow copy `shadow` of `slot`
+/// at an inner level: stored over the partial if the copy sent that round's partial.
+/// Its own program (`xagg_deliver`), apart from the folds: their loops fill the
+/// verifier's budget.
+///
+/// # Safety
+/// As for [`accept`].
+#[inline(always)]
+pub unsafe fn deliver<W: Words>(
+    slot: *mut Slot,
+    shadow: usize,
+    r: &Round,
+    src: &W,
+) -> (Outcome, Stored) {
+    unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
+    let v = unsafe { &mut (*slot).shadow[shadow & 1] };
+    let outcome = if v.state == ShadowState::PartialSent as u32
+        && v.message == r.message
+        && v.segment == r.segment
+        && v.op == r.op
+        && v.dtype == r.dtype
+        && v.count == r.elems
+    {
+        reduce::copy_in(v, src, r.words);
+        v.exponent = r.exponent;
+        v.flags = r.flags;
+        v.state = ShadowState::Done as u32;
+        Outcome::Delivered
+    } else {
+        Outcome::Unawaited
+    };
     let stored = Stored {
         exponent: v.exponent,
         flags: v.flags,
