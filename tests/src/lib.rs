@@ -9,8 +9,8 @@ use std::{
 
 pub use nix::sys::signal::Signal;
 use xagg_common::{
-    wire::{DType, Lane, Op},
-    JobShape,
+    wire::{DType, Lane, Op, PAYLOAD_OFFSET},
+    Counter, JobShape,
 };
 use xagg_daemon::{
     api::{Request, Response},
@@ -145,4 +145,40 @@ impl TestSwitch {
         self.0
             .allreduce_with(job, message, shape, workers, port, elems, seed, |_| {})
     }
+}
+
+/// The first `n` i32 of a frame's payload.
+pub fn payload_i32(frame: &[u8], n: usize) -> Vec<i32> {
+    frame[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4 * n]
+        .chunks(4)
+        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
+        .collect()
+}
+
+/// A row of a BPF_PROG_RUN table: a description, an input frame, the expected action and
+/// the one counter it must bump.
+pub struct Case {
+    pub what: &'static str,
+    pub frame: Vec<u8>,
+    pub action: u32,
+    pub counter: Counter,
+}
+
+/// Runs a row: its action, and exactly its counter bumped (every other unchanged).
+pub fn check(sw: &mut Switch, c: &Case) -> Run {
+    let before = sw.counters();
+    let r = sw.run(&c.frame);
+    assert_eq!(r.action, c.action, "{}: action", c.what);
+    let after = sw.counters();
+    for (i, k) in Counter::ALL.iter().enumerate() {
+        let want = if *k == c.counter { 1 } else { 0 };
+        assert_eq!(
+            after[i] - before[i],
+            want,
+            "{}: counter {}",
+            c.what,
+            k.name()
+        );
+    }
+    r
 }

@@ -41,38 +41,6 @@ fn sum(members: u8, n: usize) -> Vec<i32> {
     s
 }
 
-fn payload_i32(frame: &[u8], n: usize) -> Vec<i32> {
-    frame[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4 * n]
-        .chunks(4)
-        .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
-        .collect()
-}
-
-struct Case {
-    what: &'static str,
-    frame: Vec<u8>,
-    action: u32,
-    counter: Counter,
-}
-
-fn check(sw: &mut Switch, c: &Case) -> Run {
-    let before = sw.counters();
-    let r = sw.run(&c.frame);
-    assert_eq!(r.action, c.action, "{}: action", c.what);
-    let after = sw.counters();
-    for (i, k) in Counter::ALL.iter().enumerate() {
-        let want = if *k == c.counter { 1 } else { 0 };
-        assert_eq!(
-            after[i] - before[i],
-            want,
-            "{}: counter {}",
-            c.what,
-            k.name()
-        );
-    }
-    r
-}
-
 #[test]
 fn switch_program_table() {
     if !require_root("switch_program_table") {

@@ -685,7 +685,9 @@ impl Dataplane {
             let s = self.slot(job.slot_base + slot)?;
             for (shadow, v) in s.shadow.iter().enumerate() {
                 let state = match ShadowState::from_u32(v.state) {
-                    Some(s @ (ShadowState::Filling | ShadowState::PartialSent | ShadowState::Done)) => s,
+                    Some(
+                        s @ (ShadowState::Filling | ShadowState::PartialSent | ShadowState::Done),
+                    ) => s,
                     _ => continue,
                 };
                 out.push(SlotStatus {

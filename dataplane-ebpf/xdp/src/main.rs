@@ -402,7 +402,12 @@ fn status_query(
 /// checked against the job, staged and handed to the fold program of its op and lane (a
 /// tail call: no return on success).
 #[inline(always)]
-fn stage(ctx: &XdpContext, frame: &Frame, job: &Job, member: usize) -> Result<(u32, Counter), Counter> {
+fn stage(
+    ctx: &XdpContext,
+    frame: &Frame,
+    job: &Job,
+    member: usize,
+) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
     // Each message carries its op and type; the round's first contribution fixes them.
     let (op, lane) = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
@@ -424,7 +429,11 @@ fn stage(ctx: &XdpContext, frame: &Frame, job: &Job, member: usize) -> Result<(u
     st.round = slot::Round {
         message: hdr.message(),
         segment: hdr.segment(),
-        bit: if member < wire::MAX_MEMBERS { 1u64 << member } else { 0 },
+        bit: if member < wire::MAX_MEMBERS {
+            1u64 << member
+        } else {
+            0
+        },
         members: job.members,
         elems: elems as u32,
         words,

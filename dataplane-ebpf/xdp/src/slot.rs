@@ -176,61 +176,62 @@ pub unsafe fn accept<const F: u32, W: Words>(
     unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
     let v = unsafe { &mut (*slot).shadow[shadow & 1] };
     let state = v.state;
-    let same = state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment;
+    let same =
+        state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment;
     let outcome = if same {
-            if v.op != r.op || v.dtype != r.dtype {
-                Outcome::OpMismatch
-            } else if v.count != r.elems {
-                Outcome::Mismatch
-            } else if v.seen & r.bit != 0 {
-                if state == ShadowState::Filling as u32 {
-                    Outcome::Duplicate
-                } else {
-                    // One copy for both answers: the verifier walks each loop once.
-                    reduce::copy_out(v, src, r.words);
-                    if state == ShadowState::Done as u32 {
-                        Outcome::Replay
-                    } else {
-                        Outcome::PartialAgain
-                    }
-                }
-            } else if v.seen | r.bit == r.members {
-                reduce::fold::<F, W>(v, src, r, true);
-                v.flags |= r.flags;
-                v.seen |= r.bit;
-                complete(v, r)
+        if v.op != r.op || v.dtype != r.dtype {
+            Outcome::OpMismatch
+        } else if v.count != r.elems {
+            Outcome::Mismatch
+        } else if v.seen & r.bit != 0 {
+            if state == ShadowState::Filling as u32 {
+                Outcome::Duplicate
             } else {
-                reduce::fold::<F, W>(v, src, r, false);
-                v.flags |= r.flags;
-                v.seen |= r.bit;
+                // One copy for both answers: the verifier walks each loop once.
+                reduce::copy_out(v, src, r.words);
+                if state == ShadowState::Done as u32 {
+                    Outcome::Replay
+                } else {
+                    Outcome::PartialAgain
+                }
+            }
+        } else if v.seen | r.bit == r.members {
+            reduce::fold::<F, W>(v, src, r, true);
+            v.flags |= r.flags;
+            v.seen |= r.bit;
+            complete(v, r)
+        } else {
+            reduce::fold::<F, W>(v, src, r, false);
+            v.flags |= r.flags;
+            v.seen |= r.bit;
+            Outcome::Added
+        }
+    } else if state != ShadowState::Empty as u32 && older(r.message, r.segment, v) {
+        Outcome::Stale
+    } else {
+        // A round still open (filling, or waiting for its parent) was abandoned.
+        let reclaim =
+            state == ShadowState::Filling as u32 || state == ShadowState::PartialSent as u32;
+        reduce::copy_in(v, src, r.words);
+        v.message = r.message;
+        v.segment = r.segment;
+        v.count = r.elems;
+        v.op = r.op;
+        v.dtype = r.dtype;
+        v.exponent = r.exponent;
+        v.flags = r.flags;
+        v.seen = r.bit;
+        if r.bit == r.members {
+            complete(v, r)
+        } else {
+            v.state = ShadowState::Filling as u32;
+            if reclaim {
+                Outcome::Reclaimed
+            } else {
                 Outcome::Added
             }
-        } else if state != ShadowState::Empty as u32 && older(r.message, r.segment, v) {
-            Outcome::Stale
-        } else {
-            // A round still open (filling, or waiting for its parent) was abandoned.
-            let reclaim =
-                state == ShadowState::Filling as u32 || state == ShadowState::PartialSent as u32;
-            reduce::copy_in(v, src, r.words);
-            v.message = r.message;
-            v.segment = r.segment;
-            v.count = r.elems;
-            v.op = r.op;
-            v.dtype = r.dtype;
-            v.exponent = r.exponent;
-            v.flags = r.flags;
-            v.seen = r.bit;
-            if r.bit == r.members {
-                complete(v, r)
-            } else {
-                v.state = ShadowState::Filling as u32;
-                if reclaim {
-                    Outcome::Reclaimed
-                } else {
-                    Outcome::Added
-                }
-            }
-        };
+        }
+    };
     let stored = Stored {
         exponent: v.exponent,
         flags: v.flags,

@@ -101,6 +101,8 @@ pub struct Switch {
     pub slots: Array<MapData, SlotImage>,
     pub counters: PerCpuArray<MapData, u64>,
     pub hellos: HashMap<MapData, u64, MemberAddr>,
+    /// Inner-level jobs by their wire id at the parent.
+    pub parents: HashMap<MapData, u32, u32>,
     /// Holds the fold programs' table (its entries go with its last descriptor).
     _folds: aya::maps::ProgramArray<MapData>,
 }
@@ -147,6 +149,7 @@ impl Switch {
             slots: Array::try_from(ebpf.take_map("SLOTS").unwrap()).unwrap(),
             counters: PerCpuArray::try_from(ebpf.take_map("COUNTERS").unwrap()).unwrap(),
             hellos: HashMap::try_from(ebpf.take_map("HELLOS").unwrap()).unwrap(),
+            parents: HashMap::try_from(ebpf.take_map("PARENTS").unwrap()).unwrap(),
             _folds: folds,
             ebpf,
         }
@@ -197,6 +200,27 @@ impl Switch {
         self.jobs
             .set(xagg_common::job::job_index(jid), job, 0)
             .expect("adding a job");
+    }
+
+    /// Adds job `jid` at an inner level: its partials go to `parent` (behind BPF_PROG_RUN's
+    /// ingress port, so they leave by `XDP_TX`) as member `parent_member` of the parent's
+    /// job `parent_job`, as the daemon does.
+    pub fn add_inner_job(
+        &mut self,
+        jid: u32,
+        mut job: Job,
+        parent: MemberAddr,
+        parent_job: u32,
+        parent_member: u8,
+    ) {
+        job.role = xagg_common::Role::Inner as u8;
+        job.parent = parent;
+        job.parent_job = parent_job;
+        job.parent_member = parent_member;
+        self.add_job(jid, job);
+        self.parents
+            .insert(parent_job, jid, 0)
+            .expect("entering the parent's job id");
     }
 
     /// Job `jid`'s entry (whatever generation its index holds).
