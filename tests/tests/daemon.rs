@@ -150,6 +150,7 @@ fn clear_errors() {
             slots: 8,
             members: bad,
             slot_base: None,
+            parent: None,
         },
     }));
     assert!(
@@ -348,6 +349,7 @@ fn operators_are_told_what_is_wrong() {
             slots: 8,
             members,
             slot_base: None,
+            parent: None,
         },
     });
     match r {

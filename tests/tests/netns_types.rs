@@ -42,6 +42,7 @@ fn ops_and_types_end_to_end() {
             slots: 32,
             members,
             slot_base: None,
+            parent: None,
         };
         assert!(matches!(
             sw.api(Request::AddJob { job: spec }),

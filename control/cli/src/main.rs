@@ -539,6 +539,7 @@ fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
             slots: a.slots.context("--slots is required (or --file)")?,
             members: Vec::new(),
             slot_base: None,
+            parent: None,
         },
     };
     if let Some(v) = a.id {

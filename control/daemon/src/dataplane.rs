@@ -22,7 +22,7 @@ use xagg_common::{
         MemberAddr, SwitchConfig, MAX_JOBS,
     },
     slot::{Fold, ShadowState, SlotImage, DELIVER, DELIVER_PROGRAM, MAX_SLOTS},
-    Counter, Job, LAYOUT_VERSION,
+    Counter, Job, Role, LAYOUT_VERSION,
 };
 use xagg_sys::iface;
 
@@ -94,7 +94,7 @@ type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-const MAP_NAMES: [&str; 12] = [
+const MAP_NAMES: [&str; 13] = [
     "JOBS",
     "EGRESS",
     "SLOTS",
@@ -107,6 +107,7 @@ const MAP_NAMES: [&str; 12] = [
     "JOB_COUNTERS",
     "DROPS",
     "FOLDS",
+    "PARENTS",
 ];
 
 pub struct Dataplane {
@@ -122,6 +123,8 @@ pub struct Dataplane {
     job_counters: PerCpuArray<MapData, u64>,
     /// Joining members' hellos by token (an LRU hash the switch program fills).
     hellos: HashMap<MapData, u64, MemberAddr>,
+    /// Inner-level jobs by their id at the parent: where the parent's results go.
+    parents: HashMap<MapData, u32, u32>,
     /// The pin directory, when the dataplane outlives the daemon.
     pin: Option<PathBuf>,
     /// Links of an unpinned dataplane (XDP, and the fan-out's tc ingress): dropping them
@@ -325,6 +328,7 @@ impl Dataplane {
             faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
+            parents: HashMap::try_from(take("PARENTS")).map_err(map_err("PARENTS"))?,
             job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
                 .map_err(map_err("JOB_COUNTERS"))?,
             drops: Array::try_from(take("DROPS")).map_err(map_err("DROPS"))?,
@@ -362,6 +366,7 @@ impl Dataplane {
             faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
+            parents: HashMap::try_from(open("PARENTS")?).map_err(map_err("PARENTS"))?,
             job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
                 .map_err(map_err("JOB_COUNTERS"))?,
             drops: Array::try_from(open("DROPS")?).map_err(map_err("DROPS"))?,
@@ -483,6 +488,31 @@ impl Dataplane {
                 .into());
             }
         }
+        if let Some(p) = &spec.parent {
+            if !self.ports.contains(&p.interface) {
+                return Err(JobError {
+                    field: "parent.interface".into(),
+                    problem: format!(
+                        "`{}` is not a port of this switch (its ports: {}): name the uplink the parent is behind",
+                        p.interface,
+                        self.ports.join(", ")
+                    ),
+                }
+                .into());
+            }
+            if let Ok(other) = self.parents.get(&p.job, 0) {
+                if self.job(other).is_ok() {
+                    return Err(JobError {
+                        field: "parent.job".into(),
+                        problem: format!(
+                            "job {other} is already the parent's job {}: one job here per job at the parent",
+                            p.job
+                        ),
+                    }
+                    .into());
+                }
+            }
+        }
         let jobs = self.jobs()?;
         let used: Vec<(u32, u32)> = jobs
             .iter()
@@ -513,6 +543,11 @@ impl Dataplane {
                 .insert(key, idx as u32, 0)
                 .map_err(map_err("EGRESS"))?;
         }
+        if job.role == Role::Inner as u8 {
+            self.parents
+                .insert(job.parent_job, spec.id, 0)
+                .map_err(map_err("PARENTS"))?;
+        }
         self.jobs.set(index, job, 0).map_err(map_err("JOBS"))?;
         Ok(JobSpec::from_job(spec.id, &job))
     }
@@ -529,6 +564,9 @@ impl Dataplane {
                 job: id,
                 ifindex: m.ifindex,
             });
+        }
+        if job.role == Role::Inner as u8 && self.parents.get(&job.parent_job, 0).ok() == Some(id) {
+            let _ = self.parents.remove(&job.parent_job);
         }
         self.reset_slots(job.slot_base, job.slot_count)
     }

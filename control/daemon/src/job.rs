@@ -7,7 +7,7 @@ use std::net::{Ipv4Addr, SocketAddrV4};
 
 use serde::{Deserialize, Serialize};
 use xagg_common::{
-    job::MemberAddr,
+    job::{MemberAddr, Role},
     wire::{self, DType, Lane, Op},
     Job, JobShape,
 };
@@ -47,6 +47,28 @@ pub struct JobSpec {
     /// Slot range given by the switch; ignored when adding.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub slot_base: Option<u32>,
+    /// Where this aggregation point sends its partials, if it is an inner level of the
+    /// job's tree (a host reducing its ranks, a lower switch); none at the root.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentSpec>,
+}
+
+/// An inner level's parent: the aggregation point above it, and the job there that this
+/// point is a member of. Segment length and slots must be the parent job's: slot indices
+/// pass through the levels unchanged.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct ParentSpec {
+    /// This point's uplink: the port the parent is behind. Results are taken only from it.
+    pub interface: String,
+    /// The parent's MAC address (partials are addressed to it).
+    pub mac: String,
+    /// The parent's collective IPv4 address and UDP port.
+    pub addr: SocketAddrV4,
+    /// The job's id at the parent.
+    pub job: u32,
+    /// This point's member index in the parent's job.
+    pub member: u8,
 }
 
 fn default_op() -> Op {
@@ -140,6 +162,53 @@ impl JobSpec {
                 port: m.addr.port().to_be_bytes(),
             };
         }
+        if let Some(p) = &self.parent {
+            let ifindex = iface::ifindex(&p.interface).map_err(|e| {
+                bad(
+                    "parent.interface",
+                    format!("{e:#}: name the port of this switch the parent is behind"),
+                )
+            })?;
+            let mac = iface::parse_mac(&p.mac).map_err(|e| bad("parent.mac", e))?;
+            if p.addr.ip().is_unspecified() || p.addr.port() == 0 {
+                return Err(bad(
+                    "parent.addr",
+                    format!(
+                        "`{}`: give the parent's collective IPv4 address and UDP port",
+                        p.addr
+                    ),
+                ));
+            }
+            // The uplink tells results coming down from contributions coming up.
+            if let Some(i) = self.members.iter().position(|m| m.interface == p.interface) {
+                return Err(bad(
+                    "parent.interface",
+                    format!(
+                        "`{}` is also members[{i}]'s port: the parent must be behind a port of its own (the uplink)",
+                        p.interface
+                    ),
+                ));
+            }
+            if usize::from(p.member) >= wire::MAX_MEMBERS {
+                return Err(bad(
+                    "parent.member",
+                    format!(
+                        "{}: a member index is below {}",
+                        p.member,
+                        wire::MAX_MEMBERS
+                    ),
+                ));
+            }
+            job.role = Role::Inner as u8;
+            job.parent = MemberAddr {
+                ifindex,
+                ip: p.addr.ip().octets(),
+                mac,
+                port: p.addr.port().to_be_bytes(),
+            };
+            job.parent_job = p.job;
+            job.parent_member = p.member;
+        }
         Ok(job)
     }
 
@@ -152,9 +221,7 @@ impl JobSpec {
         let members = job.member[..job.member_count()]
             .iter()
             .map(|m| MemberSpec {
-                interface: nix::net::if_::if_indextoname(m.ifindex)
-                    .map(|s| s.to_string_lossy().into_owned())
-                    .unwrap_or_else(|_| format!("ifindex {}", m.ifindex)),
+                interface: port_name(m.ifindex),
                 mac: iface::fmt_mac(&m.mac),
                 addr: SocketAddrV4::new(Ipv4Addr::from(m.ip), u16::from_be_bytes(m.port)),
             })
@@ -167,8 +234,25 @@ impl JobSpec {
             slots: job.slot_count,
             members,
             slot_base: Some(job.slot_base),
+            parent: (job.role == Role::Inner as u8).then(|| ParentSpec {
+                interface: port_name(job.parent.ifindex),
+                mac: iface::fmt_mac(&job.parent.mac),
+                addr: SocketAddrV4::new(
+                    Ipv4Addr::from(job.parent.ip),
+                    u16::from_be_bytes(job.parent.port),
+                ),
+                job: job.parent_job,
+                member: job.parent_member,
+            }),
         }
     }
+}
+
+/// A port's name in this namespace (its index if it has none).
+fn port_name(ifindex: u32) -> String {
+    nix::net::if_::if_indextoname(ifindex)
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_else(|_| format!("ifindex {ifindex}"))
 }
 
 /// First free range of `want` slots in `0..total`, given the ranges in use.
@@ -235,6 +319,7 @@ mod tests {
             slots: 8,
             members: vec![],
             slot_base: None,
+            parent: None,
         };
         assert_eq!(spec.to_job(0).unwrap_err().field, "segment");
         let spec = JobSpec {

@@ -761,6 +761,7 @@ fn activate(dp: &mut impl JobTable, j: &Joined) -> Result<(), String> {
         slots: j.shape.slots as u32,
         members,
         slot_base: None,
+        parent: None,
     };
     dp.add_job(&spec)
 }

@@ -1,13 +1,15 @@
 //! The lab and the test harness, shared by `xtask` (demo, bench) and the tests, never
 //! shipped: the netns lab ([`lab`]), the BPF_PROG_RUN harness around the switch program
 //! ([`testrun`]), the lab's switch daemon and its API ([`switch`]), and workers run as
-//! `xagg allreduce` processes with their typed reports ([`workers`]).
+//! `xagg allreduce` processes with their typed reports ([`workers`]), and labs of
+//! aggregation trees — hosts reducing their ranks below the switch ([`tree`]).
 
 pub mod lab;
 pub mod mpi;
 pub mod python;
 pub mod switch;
 pub mod testrun;
+pub mod tree;
 pub mod workers;
 
 use std::path::{Path, PathBuf};

@@ -275,6 +275,7 @@ impl LabSwitch {
             slots,
             members,
             slot_base: None,
+            parent: None,
         })
     }
 

@@ -1,0 +1,505 @@
+//! Labs of aggregation trees: every aggregation point (a switch, or a host reducing its
+//! own ranks) is a network namespace with a bridge of its ports and its own `xaggd`; every
+//! rank is a namespace behind its host, like a container behind its host's veth.
+//!
+//! ```text
+//!   {p}-r0: eth0 10.77.1.10 ─veth─ p0 ┐
+//!   {p}-r1: eth0 10.77.1.11 ─veth─ p1 ├ br0 10.77.0.2 ({p}-a1, a host) up0 ─veth─ p0 ┐
+//!   {p}-r2: ...                    p0 ┐                                              ├ br0 10.77.0.1 ({p}-a0, the switch)
+//!   {p}-r3: ...                    p1 ├ br0 10.77.0.3 ({p}-a2, a host) up0 ─veth─ p1 ┘
+//! ```
+//! One layer-2 network (10.77.0.0/16) spans the bridges; the XDP programs take every
+//! collective packet before the bridges see it. Each point's job names its children as
+//! members and (below the root) its parent; ranks address their host. Every port that a
+//! redirect or `XDP_TX` enters has an XDP program on its peer (the child's `up0`, the
+//! rank's `xagg_host`). Everything is removed on drop.
+
+use std::{collections::BTreeMap, net::Ipv4Addr, net::SocketAddrV4, path::PathBuf};
+
+use anyhow::{bail, Context, Result};
+use aya::{programs::Xdp, Ebpf};
+use xagg_common::{wire::DEFAULT_PORT, JobShape};
+use xagg_daemon::{
+    api::{self, Request, Response},
+    config::{Config, DaemonSection, SwitchSection},
+    job::{JobSpec, MemberSpec, ParentSpec},
+};
+use xagg_worker::{Report, Worker, WorkerParams};
+
+use crate::{
+    lab::{in_netns, ip, MTU, WORKER_PORT},
+    switch::Daemon,
+};
+
+/// The lab topologies with aggregation below the switch.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Topology {
+    /// `hosts` hosts of `ranks` ranks each under one switch (seed 000's Fig. 8 is 4 x 4).
+    Hosts { hosts: usize, ranks: usize },
+    /// A spine over `leaves` leaf switches, each over `hosts` hosts of `ranks` ranks.
+    Tree {
+        leaves: usize,
+        hosts: usize,
+        ranks: usize,
+    },
+}
+
+impl Topology {
+    /// Ranks in all.
+    pub fn ranks(self) -> usize {
+        match self {
+            Self::Hosts { hosts, ranks } => hosts * ranks,
+            Self::Tree {
+                leaves,
+                hosts,
+                ranks,
+            } => leaves * hosts * ranks,
+        }
+    }
+}
+
+/// What an aggregation point's member is.
+#[derive(Clone, Copy, Debug)]
+pub enum Child {
+    Point(usize),
+    Rank(usize),
+}
+
+/// An aggregation point: its namespace, address, children (its job's members, in member
+/// order) and, below the root, its parent and its member index there.
+pub struct Point {
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub children: Vec<Child>,
+    pub parent: Option<(usize, u8)>,
+    pub daemon: Option<Daemon>,
+    pub dir: PathBuf,
+    pub pin: PathBuf,
+}
+
+impl Point {
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("xaggd.sock")
+    }
+
+    pub fn level(&self, points: &[Point]) -> usize {
+        match self.parent {
+            None => 0,
+            Some((p, _)) => points[p].level(points) + 1,
+        }
+    }
+}
+
+/// A rank: its namespace, address, host (a point) and member index there.
+pub struct Rank {
+    pub ns: String,
+    pub ip: Ipv4Addr,
+    pub host: usize,
+    pub local: u8,
+}
+
+pub struct TreeLab {
+    pub prefix: String,
+    pub topology: Topology,
+    pub points: Vec<Point>,
+    pub ranks: Vec<Rank>,
+    /// `xagg_host` on every rank's interface; dropping detaches.
+    rank_programs: Vec<Ebpf>,
+}
+
+/// The port of a point facing its child `k`.
+pub fn child_port(k: usize) -> String {
+    format!("p{k}")
+}
+
+/// A point's port facing its parent.
+pub const UPLINK: &str = "up0";
+
+impl TreeLab {
+    /// Builds the namespaces and links of `topology` (removing any leftover lab of this
+    /// prefix first); no daemon runs yet.
+    pub fn create(prefix: &str, topology: Topology, object: &[u8]) -> Result<Self> {
+        destroy(prefix);
+        let mut lab = TreeLab {
+            prefix: prefix.into(),
+            topology,
+            points: Vec::new(),
+            ranks: Vec::new(),
+            rank_programs: Vec::new(),
+        };
+        let root = lab.add_point(None)?;
+        match topology {
+            Topology::Hosts { hosts, ranks } => {
+                for _ in 0..hosts {
+                    let h = lab.add_point(Some(root))?;
+                    for _ in 0..ranks {
+                        lab.add_rank(h)?;
+                    }
+                }
+            }
+            Topology::Tree {
+                leaves,
+                hosts,
+                ranks,
+            } => {
+                for _ in 0..leaves {
+                    let l = lab.add_point(Some(root))?;
+                    for _ in 0..hosts {
+                        let h = lab.add_point(Some(l))?;
+                        for _ in 0..ranks {
+                            lab.add_rank(h)?;
+                        }
+                    }
+                }
+            }
+        }
+        for p in &lab.points {
+            ip(&["-n", &p.ns, "link", "set", "br0", "up"])?;
+        }
+        lab.attach_ranks(object)?;
+        Ok(lab)
+    }
+
+    fn add_point(&mut self, parent: Option<usize>) -> Result<usize> {
+        let i = self.points.len();
+        let ns = format!("{}-a{i}", self.prefix);
+        let addr = Ipv4Addr::new(10, 77, 0, 1 + i as u8);
+        let mtu = MTU.to_string();
+        ip(&["netns", "add", &ns])?;
+        ip(&[
+            "-n", &ns, "link", "add", "br0", "mtu", &mtu, "type", "bridge",
+        ])?;
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/16"),
+            "dev",
+            "br0",
+        ])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        let parent = match parent {
+            None => None,
+            Some(p) => {
+                let k = self.points[p].children.len();
+                let pns = self.points[p].ns.clone();
+                let port = child_port(k);
+                ip(&[
+                    "link", "add", &port, "netns", &pns, "mtu", &mtu, "type", "veth", "peer",
+                    "name", UPLINK, "netns", &ns, "mtu", &mtu,
+                ])?;
+                ip(&["-n", &pns, "link", "set", &port, "master", "br0", "up"])?;
+                ip(&["-n", &ns, "link", "set", UPLINK, "master", "br0", "up"])?;
+                self.points[p].children.push(Child::Point(i));
+                Some((p, k as u8))
+            }
+        };
+        let dir = std::env::temp_dir()
+            .join(format!("xagg-{}", self.prefix))
+            .join(format!("a{i}"));
+        std::fs::create_dir_all(&dir)?;
+        self.points.push(Point {
+            ns,
+            ip: addr,
+            children: Vec::new(),
+            parent,
+            daemon: None,
+            dir,
+            pin: PathBuf::from(format!("/sys/fs/bpf/xagg-{}-a{i}", self.prefix)),
+        });
+        Ok(i)
+    }
+
+    fn add_rank(&mut self, host: usize) -> Result<()> {
+        let r = self.ranks.len();
+        let ns = format!("{}-r{r}", self.prefix);
+        let addr = Ipv4Addr::new(10, 77, 1, 10 + r as u8);
+        let mtu = MTU.to_string();
+        let k = self.points[host].children.len();
+        let hns = self.points[host].ns.clone();
+        let port = child_port(k);
+        ip(&["netns", "add", &ns])?;
+        ip(&[
+            "link", "add", &port, "netns", &hns, "mtu", &mtu, "type", "veth", "peer", "name",
+            "eth0", "netns", &ns, "mtu", &mtu,
+        ])?;
+        ip(&["-n", &hns, "link", "set", &port, "master", "br0", "up"])?;
+        ip(&[
+            "-n",
+            &ns,
+            "addr",
+            "add",
+            &format!("{addr}/16"),
+            "dev",
+            "eth0",
+        ])?;
+        ip(&["-n", &ns, "link", "set", "eth0", "up"])?;
+        ip(&["-n", &ns, "link", "set", "lo", "up"])?;
+        self.points[host].children.push(Child::Rank(r));
+        self.ranks.push(Rank {
+            ns,
+            ip: addr,
+            host,
+            local: k as u8,
+        });
+        Ok(())
+    }
+
+    /// `xagg_host` on every rank's eth0: results redirected into a veth need an XDP
+    /// program on its peer.
+    fn attach_ranks(&mut self, object: &[u8]) -> Result<()> {
+        if object.is_empty() {
+            bail!("the XDP object is empty: run `cargo xtask build`");
+        }
+        for r in &self.ranks {
+            let ebpf = in_netns(&r.ns, || {
+                let mut ebpf = Ebpf::load(object)?;
+                let p: &mut Xdp = ebpf
+                    .program_mut("xagg_host")
+                    .context("no xagg_host")?
+                    .try_into()?;
+                p.load()?;
+                p.attach("eth0", aya::programs::XdpMode::Driver)
+                    .context("attaching xagg_host to a rank's eth0")?;
+                Ok(ebpf)
+            })?;
+            self.rank_programs.push(ebpf);
+        }
+        Ok(())
+    }
+
+    /// Starts every point's daemon: its ports are its children's and its uplink.
+    pub fn start_daemons(&mut self) -> Result<()> {
+        for p in &mut self.points {
+            let _ = xagg_daemon::dataplane::unpin(&p.pin);
+            let mut ports: Vec<String> = (0..p.children.len()).map(child_port).collect();
+            if p.parent.is_some() {
+                ports.push(UPLINK.into());
+            }
+            let cfg = Config {
+                switch: SwitchSection {
+                    ports,
+                    address: p.ip,
+                    udp_port: DEFAULT_PORT,
+                    mac: None,
+                    xdp_mode: "native".into(),
+                    netns: Some(p.ns.clone()),
+                },
+                daemon: DaemonSection {
+                    socket: p.socket(),
+                    pin_path: p.pin.clone(),
+                    detach_on_exit: false,
+                    state_dir: p.dir.join("state"),
+                    ..DaemonSection::default()
+                },
+                jobs: Vec::new(),
+                credentials: Vec::new(),
+            };
+            let config = p.dir.join("xaggd.toml");
+            std::fs::write(&config, cfg.to_toml())?;
+            let log = p.dir.join("xaggd.log");
+            let _ = std::fs::remove_file(&log);
+            p.daemon = Some(Daemon::start(&config, &log, &p.socket())?);
+        }
+        Ok(())
+    }
+
+    fn mac(ns: &str, dev: &str) -> Result<String> {
+        Ok(xagg_sys::iface::fmt_mac(&in_netns(ns, || {
+            xagg_sys::iface::mac(dev)
+        })?))
+    }
+
+    /// The job `id` (sum of i32, `segment` elements, `slots` slots) at every point: each
+    /// point's members are its children, each point below the root names its parent.
+    pub fn add_job(&self, id: u32, segment: u16, slots: u32) -> Result<()> {
+        for (i, p) in self.points.iter().enumerate() {
+            let members = p
+                .children
+                .iter()
+                .enumerate()
+                .map(|(k, c)| {
+                    let (mac, addr) = match *c {
+                        Child::Point(q) => (
+                            Self::mac(&self.points[q].ns, "br0")?,
+                            SocketAddrV4::new(self.points[q].ip, DEFAULT_PORT),
+                        ),
+                        Child::Rank(r) => (
+                            Self::mac(&self.ranks[r].ns, "eth0")?,
+                            SocketAddrV4::new(self.ranks[r].ip, WORKER_PORT),
+                        ),
+                    };
+                    Ok(MemberSpec {
+                        interface: child_port(k),
+                        mac,
+                        addr,
+                    })
+                })
+                .collect::<Result<Vec<_>>>()?;
+            let parent = match p.parent {
+                None => None,
+                Some((q, member)) => Some(ParentSpec {
+                    interface: UPLINK.into(),
+                    mac: Self::mac(&self.points[q].ns, "br0")?,
+                    addr: SocketAddrV4::new(self.points[q].ip, DEFAULT_PORT),
+                    job: id,
+                    member,
+                }),
+            };
+            let spec = JobSpec {
+                id,
+                op: xagg_common::Op::Sum,
+                dtype: xagg_common::DType::I32,
+                segment,
+                slots,
+                members,
+                slot_base: None,
+                parent,
+            };
+            match api::call(&p.socket(), &Request::AddJob { job: spec })? {
+                Response::Job { .. } => {}
+                r => bail!("adding job {id} at point {i} ({}): {r:?}", p.ns),
+            }
+        }
+        Ok(())
+    }
+
+    /// Every point's counters, by point.
+    pub fn counters(&self) -> Vec<BTreeMap<String, u64>> {
+        self.points
+            .iter()
+            .map(|p| match api::call(&p.socket(), &Request::Counters) {
+                Ok(Response::Counters { counters }) => counters,
+                _ => BTreeMap::new(),
+            })
+            .collect()
+    }
+
+    /// One allreduce of `elems` i32 (sum) on every rank at once: rank r fills its buffer
+    /// as member r of `N` would, and every result must be the sum over all N ranks. Each
+    /// rank's parameters are adjusted by `tweak`.
+    pub fn allreduce(
+        &self,
+        job: u32,
+        message: u32,
+        segment: usize,
+        slots: usize,
+        elems: usize,
+        seed: u64,
+        tweak: impl Fn(&mut WorkerParams) + Sync,
+    ) -> Result<Vec<Report>> {
+        let n = self.ranks.len();
+        let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter()
+                .enumerate()
+                .map(|(g, r)| {
+                    let host = &self.points[r.host];
+                    let local = host.children.len();
+                    let (expected, tweak) = (&expected, &tweak);
+                    s.spawn(move || -> Result<Report> {
+                        xagg_sys::iface::enter_netns(&r.ns)?;
+                        let shape = JobShape::with_elements(
+                            local,
+                            slots,
+                            segment,
+                            xagg_common::wire::Lane::I32,
+                        )?;
+                        let mut p = WorkerParams::new(
+                            SocketAddrV4::new(host.ip, DEFAULT_PORT),
+                            SocketAddrV4::new(r.ip, WORKER_PORT),
+                            job,
+                            r.local,
+                            shape,
+                        );
+                        p.first_message = Some(message);
+                        tweak(&mut p);
+                        let wk = Worker::new(p)?;
+                        let mut buf = vec![0i32; elems];
+                        xagg_worker::data::fill(seed, g as u32, &mut buf);
+                        let rep = wk
+                            .allreduce(&mut buf)
+                            .with_context(|| format!("rank {g} (in {})", r.ns))?;
+                        if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
+                            bail!(
+                                "rank {g}: element {i} is {} but the sum over {n} ranks is {}",
+                                buf[i],
+                                expected[i]
+                            );
+                        }
+                        Ok(rep)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| bail!("rank thread panicked")))
+                .collect()
+        })
+    }
+
+    /// Bytes each link has carried so far, (up, down) from the child's side: every
+    /// rank's eth0 and every point's uplink, named `rank r` and `point i (level l)`.
+    pub fn link_bytes(&self) -> Result<Vec<(String, u64, u64)>> {
+        let mut out = Vec::new();
+        for (r, rank) in self.ranks.iter().enumerate() {
+            let (tx, rx) = stats(&rank.ns, "eth0")?;
+            out.push((format!("rank {r} -> point {}", rank.host), tx, rx));
+        }
+        for (i, p) in self.points.iter().enumerate() {
+            if let Some((q, _)) = p.parent {
+                let (tx, rx) = stats(&p.ns, UPLINK)?;
+                out.push((format!("point {i} -> point {q}"), tx, rx));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// An interface's (tx, rx) byte counters, from `ip -s -j` in its namespace.
+fn stats(ns: &str, dev: &str) -> Result<(u64, u64)> {
+    let out = ip(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])?;
+    let v: serde_json::Value =
+        serde_json::from_str(&out).with_context(|| format!("statistics of {dev} in {ns}"))?;
+    let bytes = |key: &str| {
+        v[0]["stats64"][key]["bytes"]
+            .as_u64()
+            .with_context(|| format!("no {key} bytes for {dev} in {ns}"))
+    };
+    Ok((bytes("tx")?, bytes("rx")?))
+}
+
+impl Drop for TreeLab {
+    fn drop(&mut self) {
+        for p in &mut self.points {
+            p.daemon.take();
+            let _ = xagg_daemon::dataplane::unpin(&p.pin);
+        }
+        self.rank_programs.clear();
+        destroy(&self.prefix);
+    }
+}
+
+/// Removes the namespaces of the tree lab `prefix`. Idempotent.
+pub fn destroy(prefix: &str) {
+    let Ok(list) = ip(&["netns", "list"]) else {
+        return;
+    };
+    for line in list.lines() {
+        let name = line.split_whitespace().next().unwrap_or("");
+        let ours = name
+            .strip_prefix(&format!("{prefix}-"))
+            .is_some_and(|rest| {
+                let digits = rest.get(1..).unwrap_or("");
+                (rest.starts_with('a') || rest.starts_with('r'))
+                    && !digits.is_empty()
+                    && digits.chars().all(|c| c.is_ascii_digit())
+            });
+        if ours {
+            let _ = ip(&["netns", "del", name]);
+        }
+    }
+}
