@@ -1,44 +1,96 @@
 //! Aggregation trees end to end: hosts reduce their ranks (namespaces behind the host,
 //! like containers) and send one partial per segment to the switch, which delivers the
 //! result back down; a spine over leaf switches does the same one level higher. Every
-//! result is checked against the sum over all ranks.
+//! result is checked against the sum over all ranks, every link's bytes against S.
 
+use std::{collections::BTreeMap, time::Duration};
+
+use xagg_daemon::api::Request;
 use xagg_lab::tree::{Topology, TreeLab};
 use xagg_tests::*;
 
-fn run(prefix: &str, topology: Topology, sizes: &[usize], segment: usize) {
+const JOB: u32 = 1;
+const SLOTS: usize = 16;
+
+fn lab(prefix: &str, topology: Topology, segment: usize) -> TreeLab {
     let mut lab = TreeLab::create(prefix, topology, xagg_sys::EBPF_OBJECT).expect("the tree lab");
     lab.start_daemons().expect("a daemon per aggregation point");
-    let slots = 16;
-    lab.add_job(1, segment as u16, slots as u32)
+    lab.add_job(JOB, segment as u16, SLOTS as u32)
         .expect("the job at every point");
-    let before = lab.link_bytes().unwrap();
-    let mut total = 0usize;
+    lab
+}
+
+/// More ranks than cores: no busy polling (it would starve the others for milliseconds).
+fn no_spin(p: &mut xagg_worker::WorkerParams) {
+    p.spin = Duration::ZERO;
+}
+
+/// Runs allreduces of `sizes` elements (messages from `first`), each exact on every rank.
+fn exact(lab: &TreeLab, first: u32, segment: usize, sizes: &[usize]) {
     for (m, &elems) in sizes.iter().enumerate() {
-        lab.allreduce(1, m as u32, segment, slots, elems, 7 + m as u64, |p| {
-            // More ranks than cores: no busy polling.
-            p.spin = std::time::Duration::ZERO;
-        })
+        lab.allreduce(
+            JOB,
+            first + m as u32,
+            segment,
+            SLOTS,
+            elems,
+            7 + m as u64,
+            no_spin,
+        )
         .unwrap_or_else(|e| {
             panic!(
-                "{topology:?}, {elems} elements: {e:#}; counters {:?}",
+                "{:?}, {elems} elements: {e:#}; counters {:?}",
+                lab.topology,
                 lab.counters()
             )
         });
-        total += elems * 4;
     }
+}
+
+/// One allreduce of `elems` i32 (S = 4·elems bytes) and the bytes each link carried, each
+/// way, over S: every link must carry at most 1.05·S each way.
+fn bytes_per_link(lab: &TreeLab, message: u32, segment: usize, elems: usize) {
+    let before = lab.link_bytes().unwrap();
+    exact(lab, message, segment, &[elems]);
     let after = lab.link_bytes().unwrap();
+    let s = (elems * 4) as f64;
     for ((name, tx0, rx0), (_, tx1, rx1)) in before.iter().zip(&after) {
-        let (up, down) = (
-            (tx1 - tx0) as f64 / total as f64,
-            (rx1 - rx0) as f64 / total as f64,
-        );
+        let (up, down) = ((tx1 - tx0) as f64 / s, (rx1 - rx0) as f64 / s);
         eprintln!("{name}: up {up:.3}·S, down {down:.3}·S");
+        assert!(
+            (1.0..=1.05).contains(&up) && (1.0..=1.05).contains(&down),
+            "{name}: up {up:.3}·S, down {down:.3}·S (each way must be within 1.0..=1.05·S)"
+        );
     }
-    let counters = lab.counters();
-    for (i, c) in counters.iter().enumerate() {
-        eprintln!("point {i}: {c:?}");
+}
+
+fn sum(counters: &[BTreeMap<String, u64>], points: &[usize], name: &str) -> u64 {
+    points.iter().map(|&i| counters[i][name]).sum()
+}
+
+/// Every point below the root sent each segment's partial once and delivered its parent's
+/// result once; the root completed each segment once; nothing was dropped.
+fn clean_counters(lab: &TreeLab) {
+    let c = lab.counters();
+    let inner: Vec<usize> = (1..lab.points.len()).collect();
+    for (i, p) in c.iter().enumerate() {
+        for (k, v) in p {
+            if k.starts_with("drop_") || k == "redirect_error" {
+                assert_eq!(*v, 0, "point {i}: {k}");
+            }
+        }
     }
+    let segments = c[0]["complete"];
+    assert!(segments > 0);
+    for &i in &inner {
+        assert_eq!(c[i]["partial"], c[i]["parent_result"], "point {i}");
+        assert_eq!(
+            c[i]["complete"], 0,
+            "point {i} never completes a result itself"
+        );
+    }
+    // Each point sends one partial per segment: every point of a level as many as the root.
+    assert_eq!(sum(&c, &inner, "partial"), segments * inner.len() as u64);
 }
 
 #[test]
@@ -46,10 +98,132 @@ fn hosts_under_a_switch() {
     if !require_root("hosts_under_a_switch") {
         return;
     }
-    run(
-        "th",
-        Topology::Hosts { hosts: 2, ranks: 2 },
-        &[1, 1000, 70_000],
-        862,
+    let lab = lab("th", Topology::Hosts { hosts: 2, ranks: 2 }, 862);
+    // One element, one segment, a short last segment, many windows.
+    exact(&lab, 0, 862, &[1, 862, 1000, 70_001]);
+    bytes_per_link(&lab, 4, 862, 1 << 18);
+    clean_counters(&lab);
+}
+
+/// Seed 000's example: 4 hosts of 4 ranks under one switch; full segments (multi-buffer
+/// frames at every level).
+#[test]
+fn four_hosts_of_four_ranks() {
+    if !require_root("four_hosts_of_four_ranks") {
+        return;
+    }
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    let lab = lab("tf", Topology::Hosts { hosts: 4, ranks: 4 }, seg);
+    exact(&lab, 0, seg, &[1, seg + 1, 50_000]);
+    bytes_per_link(&lab, 3, seg, 1 << 17);
+    clean_counters(&lab);
+}
+
+/// A spine over 2 leaf switches, each over 2 hosts of 2 ranks: three levels of
+/// aggregation.
+#[test]
+fn two_level_tree() {
+    if !require_root("two_level_tree") {
+        return;
+    }
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    let lab = lab(
+        "tt",
+        Topology::Tree {
+            leaves: 2,
+            hosts: 2,
+            ranks: 2,
+        },
+        seg,
     );
+    exact(&lab, 0, seg, &[1, 3 * seg - 1, 40_000]);
+    bytes_per_link(&lab, 3, seg, 1 << 17);
+    clean_counters(&lab);
+}
+
+/// Loss at each level, alone and combined: contributions (partials, at the switch) and
+/// result copies dropped at 1, 5 and 20 %; every allreduce stays exact, recovered by the
+/// ranks' retransmissions climbing the levels.
+#[test]
+fn loss_at_every_level() {
+    if !require_root("loss_at_every_level") {
+        return;
+    }
+    let lab = lab("tl", Topology::Hosts { hosts: 2, ranks: 2 }, 862);
+    let mut message = 0;
+    for p in [0.01, 0.05, 0.2] {
+        for levels in [&[0][..], &[1], &[0, 1]] {
+            for &l in levels {
+                lab.inject(l, p, p).unwrap();
+            }
+            exact(&lab, message, 862, &[20_000]);
+            message += 1;
+            for &l in levels {
+                lab.inject(l, 0.0, 0.0).unwrap();
+            }
+        }
+    }
+    let c = lab.counters();
+    eprintln!("switch: {:?}", c[0]);
+    let injected = |name: &str| c.iter().map(|p| p[name]).sum::<u64>();
+    assert!(injected("inject_drop_contribution") > 0 && injected("inject_drop_result") > 0);
+    // Lost partials and results were recovered through the levels.
+    assert!(sum(&c, &[1, 2], "partial_resend") > 0, "partials re-sent");
+    assert!(
+        c[0]["result_replay"] > 0,
+        "the switch answered a host's resend"
+    );
+    // Reordered segments too.
+    exact(&lab, message, 862, &[20_000]);
+    lab.allreduce(JOB, message + 1, 862, SLOTS, 30_000, 3, |p| {
+        no_spin(p);
+        p.reorder = true;
+    })
+    .expect("reordered segments");
+}
+
+/// A rank forges its host's result (kind Result, the switch's job id, from its own
+/// addresses): dropped and counted, and the next allreduce is exact.
+#[test]
+fn a_rank_cannot_forge_results() {
+    if !require_root("a_rank_cannot_forge_results") {
+        return;
+    }
+    let lab = lab("ts", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
+    exact(&lab, 0, 862, &[1000]);
+    let host = &lab.points[1];
+    let rank = &lab.ranks[0];
+    let h = xagg_common::Header::builder(xagg_common::Kind::Result)
+        .op(xagg_common::Op::Sum)
+        .dtype(xagg_common::DType::I32)
+        .job(JOB)
+        .message(1)
+        .count(4)
+        .build();
+    let forged = contribution(h, &[7, 7, 7, 7]);
+    let before = lab.counters();
+    xagg_lab::lab::in_netns(&rank.ns, || {
+        let s = std::net::UdpSocket::bind((rank.ip, 47999))?;
+        for _ in 0..5 {
+            s.send_to(&forged, (host.ip, xagg_common::wire::DEFAULT_PORT))?;
+        }
+        Ok(())
+    })
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    let c = lab.counters();
+    assert_eq!(c[1]["drop_not_parent"], 5, "host: {:?}", c[1]);
+    assert_eq!(
+        c[1]["parent_result"], before[1]["parent_result"],
+        "none of them taken"
+    );
+    exact(&lab, 1, 862, &[1000]);
+    // The host's job, as the daemon lists it, names its parent.
+    match lab.api(1, &Request::ListJobs).unwrap() {
+        xagg_daemon::api::Response::Jobs { jobs } => {
+            let p = jobs[0].parent.as_ref().expect("an inner job");
+            assert_eq!((p.interface.as_str(), p.job, p.member), ("up0", JOB, 0));
+        }
+        r => panic!("{r:?}"),
+    }
 }

@@ -365,6 +365,30 @@ impl TreeLab {
         Ok(())
     }
 
+    /// Point `i`'s daemon API.
+    pub fn api(&self, i: usize, req: &Request) -> Result<Response> {
+        api::call(&self.points[i].socket(), req)
+    }
+
+    /// Fault injection at every point of level `level` (0 = the root): contributions
+    /// (from ranks, or partials from the level below) and result copies (to ranks, or to
+    /// the level below) dropped with these probabilities.
+    pub fn inject(&self, level: usize, drop_contribution: f64, drop_result: f64) -> Result<()> {
+        for (i, p) in self.points.iter().enumerate() {
+            if p.level(&self.points) == level {
+                let req = Request::Inject {
+                    drop_contribution,
+                    drop_result,
+                };
+                match self.api(i, &req)? {
+                    Response::Ok => {}
+                    r => bail!("fault injection at point {i}: {r:?}"),
+                }
+            }
+        }
+        Ok(())
+    }
+
     /// Every point's counters, by point.
     pub fn counters(&self) -> Vec<BTreeMap<String, u64>> {
         self.points
