@@ -151,6 +151,7 @@ fn clear_errors() {
             members: bad,
             slot_base: None,
             parent: None,
+            ring: None,
         },
     }));
     assert!(
@@ -350,6 +351,7 @@ fn operators_are_told_what_is_wrong() {
             members,
             slot_base: None,
             parent: None,
+            ring: None,
         },
     });
     match r {

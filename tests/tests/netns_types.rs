@@ -43,6 +43,7 @@ fn ops_and_types_end_to_end() {
             members,
             slot_base: None,
             parent: None,
+            ring: None,
         };
         assert!(matches!(
             sw.api(Request::AddJob { job: spec }),

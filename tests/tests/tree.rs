@@ -11,6 +11,8 @@ use xagg_tests::*;
 
 const JOB: u32 = 1;
 const SLOTS: usize = 16;
+/// What a tree's uplink carries each way, over S.
+const TREE_LINK: (f64, f64) = (1.0, 1.05);
 
 fn lab(prefix: &str, topology: Topology, segment: usize) -> TreeLab {
     let mut lab = TreeLab::create(prefix, topology, xagg_sys::EBPF_OBJECT).expect("the tree lab");
@@ -20,9 +22,16 @@ fn lab(prefix: &str, topology: Topology, segment: usize) -> TreeLab {
     lab
 }
 
-/// More ranks than cores: no busy polling (it would starve the others for milliseconds).
-fn no_spin(p: &mut xagg_worker::WorkerParams) {
-    p.spin = Duration::ZERO;
+/// The ranks' settings for `topology`: more ranks than cores, so no busy polling (it
+/// would starve the others for milliseconds); in a ring a round crosses 2(h-1) hops, so
+/// the first retransmission waits 2h times as long.
+fn tuned(topology: Topology) -> impl Fn(&mut xagg_worker::WorkerParams) + Sync {
+    move |p| {
+        p.spin = Duration::ZERO;
+        if let Topology::Ring { hosts, .. } = topology {
+            p.timeout *= 2 * hosts as u32;
+        }
+    }
 }
 
 /// Runs allreduces of `sizes` elements (messages from `first`), each exact on every rank.
@@ -35,7 +44,7 @@ fn exact(lab: &TreeLab, first: u32, segment: usize, sizes: &[usize]) {
             SLOTS,
             elems,
             7 + m as u64,
-            no_spin,
+            tuned(lab.topology),
         )
         .unwrap_or_else(|e| {
             panic!(
@@ -48,8 +57,9 @@ fn exact(lab: &TreeLab, first: u32, segment: usize, sizes: &[usize]) {
 }
 
 /// One allreduce of `elems` i32 (S = 4·elems bytes) and the bytes each link carried, each
-/// way, over S: every link must carry at most 1.05·S each way.
-fn bytes_per_link(lab: &TreeLab, message: u32, segment: usize, elems: usize) {
+/// way, over S: a rank's link S to 1.05·S each way, a point's uplink `uplink` (a tree:
+/// S to 1.05·S; a ring: 2(h-1)/h·S ± 5 %).
+fn bytes_per_link(lab: &TreeLab, message: u32, segment: usize, elems: usize, uplink: (f64, f64)) {
     let before = lab.link_bytes().unwrap();
     exact(lab, message, segment, &[elems]);
     let after = lab.link_bytes().unwrap();
@@ -57,9 +67,14 @@ fn bytes_per_link(lab: &TreeLab, message: u32, segment: usize, elems: usize) {
     for ((name, tx0, rx0), (_, tx1, rx1)) in before.iter().zip(&after) {
         let (up, down) = ((tx1 - tx0) as f64 / s, (rx1 - rx0) as f64 / s);
         eprintln!("{name}: up {up:.3}·S, down {down:.3}·S");
+        let (lo, hi) = if name.starts_with("rank") {
+            (1.0, 1.05)
+        } else {
+            uplink
+        };
         assert!(
-            (1.0..=1.05).contains(&up) && (1.0..=1.05).contains(&down),
-            "{name}: up {up:.3}·S, down {down:.3}·S (each way must be within 1.0..=1.05·S)"
+            (lo..=hi).contains(&up) && (lo..=hi).contains(&down),
+            "{name}: up {up:.3}·S, down {down:.3}·S (each way must be within {lo:.3}..={hi:.3}·S)"
         );
     }
 }
@@ -68,18 +83,28 @@ fn sum(counters: &[BTreeMap<String, u64>], points: &[usize], name: &str) -> u64 
     points.iter().map(|&i| counters[i][name]).sum()
 }
 
+/// No point refused or failed to send a packet. Drops that follow from a rank's
+/// retransmission (a duplicate, a stale round, a result that came twice) are the
+/// protocol at work, not refusals: a loaded 2-core VM makes a few.
+fn no_refusals(c: &[BTreeMap<String, u64>]) {
+    const RETRANSMISSION: [&str; 3] = ["drop_duplicate", "drop_stale", "drop_unawaited_result"];
+    for (i, p) in c.iter().enumerate() {
+        for (k, v) in p {
+            if (k.starts_with("drop_") && !RETRANSMISSION.contains(&k.as_str()))
+                || k == "redirect_error"
+            {
+                assert_eq!(*v, 0, "point {i}: {k}: {p:?}");
+            }
+        }
+    }
+}
+
 /// Every point below the root sent each segment's partial once and delivered its parent's
 /// result once; the root completed each segment once; nothing was dropped.
 fn clean_counters(lab: &TreeLab) {
     let c = lab.counters();
     let inner: Vec<usize> = (1..lab.points.len()).collect();
-    for (i, p) in c.iter().enumerate() {
-        for (k, v) in p {
-            if k.starts_with("drop_") || k == "redirect_error" {
-                assert_eq!(*v, 0, "point {i}: {k}");
-            }
-        }
-    }
+    no_refusals(&c);
     let segments = c[0]["complete"];
     assert!(segments > 0);
     for &i in &inner {
@@ -101,7 +126,7 @@ fn hosts_under_a_switch() {
     let lab = lab("th", Topology::Hosts { hosts: 2, ranks: 2 }, 862);
     // One element, one segment, a short last segment, many windows.
     exact(&lab, 0, 862, &[1, 862, 1000, 70_001]);
-    bytes_per_link(&lab, 4, 862, 1 << 18);
+    bytes_per_link(&lab, 4, 862, 1 << 18, TREE_LINK);
     clean_counters(&lab);
 }
 
@@ -115,7 +140,7 @@ fn four_hosts_of_four_ranks() {
     let seg = xagg_common::wire::MAX_PAYLOAD / 4;
     let lab = lab("tf", Topology::Hosts { hosts: 4, ranks: 4 }, seg);
     exact(&lab, 0, seg, &[1, seg + 1, 50_000]);
-    bytes_per_link(&lab, 3, seg, 1 << 17);
+    bytes_per_link(&lab, 3, seg, 1 << 17, TREE_LINK);
     clean_counters(&lab);
 }
 
@@ -137,7 +162,7 @@ fn two_level_tree() {
         seg,
     );
     exact(&lab, 0, seg, &[1, 3 * seg - 1, 40_000]);
-    bytes_per_link(&lab, 3, seg, 1 << 17);
+    bytes_per_link(&lab, 3, seg, 1 << 17, TREE_LINK);
     clean_counters(&lab);
 }
 
@@ -176,7 +201,7 @@ fn loss_at_every_level() {
     // Reordered segments too.
     exact(&lab, message, 862, &[20_000]);
     lab.allreduce(JOB, message + 1, 862, SLOTS, 30_000, 3, |p| {
-        no_spin(p);
+        tuned(lab.topology)(p);
         p.reorder = true;
     })
     .expect("reordered segments");
@@ -226,4 +251,48 @@ fn a_rank_cannot_forge_results() {
         }
         r => panic!("{r:?}"),
     }
+}
+
+/// 4 hosts of 2 ranks in a ring on a plain bridge (no aggregating switch), full
+/// (multi-buffer) segments: exact, and each host's link carries 2(h-1)/h·S = 1.5·S each
+/// way (± 5 %), the chain's start rotating per segment.
+#[test]
+fn ring_of_hosts() {
+    if !require_root("ring_of_hosts") {
+        return;
+    }
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    let lab = lab("tr", Topology::Ring { hosts: 4, ranks: 2 }, seg);
+    exact(&lab, 0, seg, &[1, 4 * seg + 1, 50_000]);
+    let h = 4.0;
+    let ring = 2.0 * (h - 1.0) / h;
+    bytes_per_link(&lab, 3, seg, 1 << 18, (ring * 0.95, ring * 1.05));
+    let c = lab.counters();
+    no_refusals(&c);
+    // Per segment, the chain's last host completes it and the others each send one
+    // partial and take one result.
+    let hosts = 1..c.len();
+    let complete: u64 = hosts.clone().map(|i| c[i]["complete"]).sum();
+    let partial: u64 = hosts.clone().map(|i| c[i]["partial"]).sum();
+    let delivered: u64 = hosts.map(|i| c[i]["parent_result"]).sum();
+    assert_eq!(partial, 3 * complete);
+    assert_eq!(delivered, 3 * complete);
+}
+
+/// A ring with loss on every link: partials and results dropped at 5 %, every allreduce
+/// exact.
+#[test]
+fn ring_with_loss() {
+    if !require_root("ring_with_loss") {
+        return;
+    }
+    let lab = lab("tq", Topology::Ring { hosts: 3, ranks: 1 }, 862);
+    for (m, p) in [0.01, 0.05, 0.2].into_iter().enumerate() {
+        lab.inject(1, p, p).unwrap();
+        exact(&lab, m as u32, 862, &[20_000]);
+    }
+    let c = lab.counters();
+    let sum = |name: &str| (1..c.len()).map(|i| c[i][name]).sum::<u64>();
+    assert!(sum("inject_drop_contribution") > 0 && sum("inject_drop_result") > 0);
+    assert!(sum("partial_resend") > 0, "partials re-sent");
 }

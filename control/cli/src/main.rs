@@ -540,6 +540,7 @@ fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
             members: Vec::new(),
             slot_base: None,
             parent: None,
+            ring: None,
         },
     };
     if let Some(v) = a.id {

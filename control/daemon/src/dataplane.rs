@@ -19,7 +19,7 @@ use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
         job_generation, job_id, job_index, members_of, probability_threshold, EgressKey, Faults,
-        MemberAddr, SwitchConfig, MAX_JOBS,
+        MemberAddr, SwitchConfig, EGRESS_SUCCESSOR, MAX_JOBS,
     },
     slot::{Fold, ShadowState, SlotImage, DELIVER, DELIVER_PROGRAM, MAX_SLOTS},
     Counter, Job, Role, LAYOUT_VERSION,
@@ -488,25 +488,29 @@ impl Dataplane {
                 .into());
             }
         }
-        if let Some(p) = &spec.parent {
-            if !self.ports.contains(&p.interface) {
+        // An inner level's or a ring host's uplink, and the job id results carry on it.
+        let uplink = match (&spec.parent, &spec.ring) {
+            (Some(p), _) => Some(("parent", &p.interface, p.job)),
+            (None, Some(r)) => Some(("ring", &r.interface, spec.id)),
+            (None, None) => None,
+        };
+        if let Some((field, interface, upstream)) = uplink {
+            if !self.ports.contains(interface) {
                 return Err(JobError {
-                    field: "parent.interface".into(),
+                    field: format!("{field}.interface"),
                     problem: format!(
-                        "`{}` is not a port of this switch (its ports: {}): name the uplink the parent is behind",
-                        p.interface,
+                        "`{interface}` is not a port of this switch (its ports: {}): name the uplink",
                         self.ports.join(", ")
                     ),
                 }
                 .into());
             }
-            if let Ok(other) = self.parents.get(&p.job, 0) {
+            if let Ok(other) = self.parents.get(&upstream, 0) {
                 if self.job(other).is_ok() {
                     return Err(JobError {
-                        field: "parent.job".into(),
+                        field: format!("{field}.job"),
                         problem: format!(
-                            "job {other} is already the parent's job {}: one job here per job at the parent",
-                            p.job
+                            "job {other} already takes the results of job {upstream} upstream: one job here per job there"
                         ),
                     }
                     .into());
@@ -543,10 +547,20 @@ impl Dataplane {
                 .insert(key, idx as u32, 0)
                 .map_err(map_err("EGRESS"))?;
         }
-        if job.role == Role::Inner as u8 {
+        if job.role == Role::Inner as u8 || job.role == Role::Ring as u8 {
             self.parents
                 .insert(job.parent_job, spec.id, 0)
                 .map_err(map_err("PARENTS"))?;
+        }
+        if job.role == Role::Ring as u8 {
+            // Result copies leaving through the uplink go on to the successor.
+            let key = EgressKey {
+                job: spec.id,
+                ifindex: job.parent.ifindex,
+            };
+            self.egress
+                .insert(key, EGRESS_SUCCESSOR, 0)
+                .map_err(map_err("EGRESS"))?;
         }
         self.jobs.set(index, job, 0).map_err(map_err("JOBS"))?;
         Ok(JobSpec::from_job(spec.id, &job))
@@ -565,7 +579,13 @@ impl Dataplane {
                 ifindex: m.ifindex,
             });
         }
-        if job.role == Role::Inner as u8 && self.parents.get(&job.parent_job, 0).ok() == Some(id) {
+        if job.role == Role::Ring as u8 {
+            let _ = self.egress.remove(&EgressKey {
+                job: id,
+                ifindex: job.parent.ifindex,
+            });
+        }
+        if job.role != Role::Root as u8 && self.parents.get(&job.parent_job, 0).ok() == Some(id) {
             let _ = self.parents.remove(&job.parent_job);
         }
         self.reset_slots(job.slot_base, job.slot_count)

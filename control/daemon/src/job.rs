@@ -51,6 +51,39 @@ pub struct JobSpec {
     /// job's tree (a host reducing its ranks, a lower switch); none at the root.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentSpec>,
+    /// This host's place in a ring of hosts, if the job runs without an aggregating
+    /// switch; none otherwise. A ring's hosts all use the job's one id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ring: Option<RingSpec>,
+}
+
+/// A host's place in a ring: its neighbours, reached through one port. Each segment's
+/// chain of partials starts at host `segment mod size`, so each host sends about
+/// 2(size-1)/size of the data each way.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RingSpec {
+    /// The port both neighbours are behind.
+    pub interface: String,
+    /// Hosts in the ring, and this host's place (0..size).
+    pub size: u8,
+    pub position: u8,
+    /// The host before this one: its partials arrive as member `members.len()` here.
+    pub predecessor: Neighbour,
+    /// The host after this one: partials go there, as its member `member`.
+    pub successor: Neighbour,
+}
+
+/// A ring neighbour's collective addresses.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Neighbour {
+    pub mac: String,
+    pub addr: SocketAddrV4,
+    /// This host's member index at the successor (the successor's own rank count);
+    /// ignored for the predecessor.
+    #[serde(default)]
+    pub member: u8,
 }
 
 /// An inner level's parent: the aggregation point above it, and the job there that this
@@ -209,6 +242,75 @@ impl JobSpec {
             job.parent_job = p.job;
             job.parent_member = p.member;
         }
+        if let Some(r) = &self.ring {
+            if self.parent.is_some() {
+                return Err(bad(
+                    "ring",
+                    "a job has a parent or a ring, not both: drop one of them",
+                ));
+            }
+            if r.size == 0 || r.position >= r.size {
+                return Err(bad(
+                    "ring.position",
+                    format!(
+                        "{} of {}: a ring has 1 or more hosts, each at a place below its size",
+                        r.position, r.size
+                    ),
+                ));
+            }
+            let ifindex = iface::ifindex(&r.interface).map_err(|e| {
+                bad(
+                    "ring.interface",
+                    format!("{e:#}: name the port of this host the ring's neighbours are behind"),
+                )
+            })?;
+            if let Some(i) = self.members.iter().position(|m| m.interface == r.interface) {
+                return Err(bad(
+                    "ring.interface",
+                    format!(
+                        "`{}` is also members[{i}]'s port: the neighbours must be behind a port of their own",
+                        r.interface
+                    ),
+                ));
+            }
+            let predecessor = self.members.len();
+            if predecessor >= wire::MAX_MEMBERS {
+                return Err(bad(
+                    "members",
+                    format!(
+                        "a ring host takes at most {} ranks: its predecessor needs a member index too",
+                        wire::MAX_MEMBERS - 1
+                    ),
+                ));
+            }
+            let neighbour = |n: &Neighbour, field: &str| -> Result<MemberAddr, JobError> {
+                let mac =
+                    iface::parse_mac(&n.mac).map_err(|e| bad(format!("ring.{field}.mac"), e))?;
+                if n.addr.ip().is_unspecified() || n.addr.port() == 0 {
+                    return Err(bad(
+                        format!("ring.{field}.addr"),
+                        format!(
+                            "`{}`: give the neighbour's collective IPv4 address and UDP port",
+                            n.addr
+                        ),
+                    ));
+                }
+                Ok(MemberAddr {
+                    ifindex,
+                    ip: n.addr.ip().octets(),
+                    mac,
+                    port: n.addr.port().to_be_bytes(),
+                })
+            };
+            job.role = Role::Ring as u8;
+            job.parent = neighbour(&r.successor, "successor")?;
+            job.parent_job = self.id;
+            job.parent_member = r.successor.member;
+            job.member[predecessor] = neighbour(&r.predecessor, "predecessor")?;
+            job.predecessor = predecessor as u8;
+            job.ring_size = r.size;
+            job.ring_position = r.position;
+        }
         Ok(job)
     }
 
@@ -234,6 +336,20 @@ impl JobSpec {
             slots: job.slot_count,
             members,
             slot_base: Some(job.slot_base),
+            ring: (job.role == Role::Ring as u8).then(|| {
+                let neighbour = |m: &MemberAddr, member: u8| Neighbour {
+                    mac: iface::fmt_mac(&m.mac),
+                    addr: SocketAddrV4::new(Ipv4Addr::from(m.ip), u16::from_be_bytes(m.port)),
+                    member,
+                };
+                RingSpec {
+                    interface: port_name(job.parent.ifindex),
+                    size: job.ring_size,
+                    position: job.ring_position,
+                    predecessor: neighbour(&job.member[usize::from(job.predecessor) & 63], 0),
+                    successor: neighbour(&job.parent, job.parent_member),
+                }
+            }),
             parent: (job.role == Role::Inner as u8).then(|| ParentSpec {
                 interface: port_name(job.parent.ifindex),
                 mac: iface::fmt_mac(&job.parent.mac),
@@ -320,6 +436,7 @@ mod tests {
             members: vec![],
             slot_base: None,
             parent: None,
+            ring: None,
         };
         assert_eq!(spec.to_job(0).unwrap_err().field, "segment");
         let spec = JobSpec {

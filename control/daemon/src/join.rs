@@ -762,6 +762,7 @@ fn activate(dp: &mut impl JobTable, j: &Joined) -> Result<(), String> {
         members,
         slot_base: None,
         parent: None,
+        ring: None,
     };
     dp.add_job(&spec)
 }

@@ -158,8 +158,10 @@ impl Window {
     pub fn rto(&self) -> Duration {
         match self.srtt {
             None => self.timeout,
-            // The floor absorbs scheduling delays when workers outnumber cores.
-            Some(s) => (s * 4).clamp(Duration::from_millis(10), self.max_timeout),
+            // The floor, half the first timeout (10 ms by default), absorbs scheduling
+            // delays when workers outnumber cores, and rounds whose time varies with the
+            // segment (a ring's chain starts at a different host for each).
+            Some(s) => (s * 4).clamp((self.timeout / 2).min(self.max_timeout), self.max_timeout),
         }
     }
 

@@ -49,6 +49,11 @@ pub enum Role {
     /// An inner level (a host reducing its local ranks, a lower switch): send the partial
     /// result to `Job::parent` and hand the final result it gets back to the members.
     Inner = 1,
+    /// A host in a ring of hosts (no aggregating switch): each segment's chain starts at
+    /// host `segment mod ring_size`; a host adds its ranks' partial to its predecessor's
+    /// and passes it to its successor (`Job::parent`); the chain's last host holds the
+    /// result, and the result goes round once more so every host delivers it.
+    Ring = 2,
 }
 
 /// The `JOBS` map value.
@@ -79,7 +84,12 @@ pub struct Job {
     /// point's member index there — what a partial's header carries upward.
     pub parent_job: u32,
     pub parent_member: u8,
-    pub _pad: [u8; 3],
+    /// When `role` is `Ring`: the hosts in the ring, this host's place in it, and the
+    /// member index its predecessor's partials carry here (its entry in `member`, not a
+    /// bit of `members`: results go to the ranks only).
+    pub ring_size: u8,
+    pub ring_position: u8,
+    pub predecessor: u8,
     /// When `role` is `Inner`: the parent's port (the uplink) and addresses. Partials go
     /// there, and results are taken only from there.
     pub parent: MemberAddr,
@@ -110,7 +120,9 @@ impl Job {
             generation: 0,
             parent_job: 0,
             parent_member: 0,
-            _pad: [0; 3],
+            ring_size: 0,
+            ring_position: 0,
+            predecessor: 0,
             parent: MemberAddr {
                 ifindex: 0,
                 ip: [0; 4],
@@ -130,12 +142,39 @@ impl Job {
     pub const fn member_count(&self) -> usize {
         self.members.count_ones() as usize
     }
+
+    /// Where a ring job's chain for `segment` starts and ends: (first host, last host).
+    pub const fn ring_chain(&self, segment: u32) -> (u8, u8) {
+        let h = if self.ring_size == 0 {
+            1
+        } else {
+            self.ring_size as u32
+        };
+        let start = segment % h;
+        (start as u8, ((start + h - 1) % h) as u8)
+    }
+
+    /// Whether this ring host passes `segment`'s result on to its successor: every host
+    /// but the one before the chain's end (which already has it).
+    pub const fn ring_forwards(&self, segment: u32) -> bool {
+        let h = if self.ring_size == 0 {
+            1
+        } else {
+            self.ring_size as u32
+        };
+        let (_, end) = self.ring_chain(segment);
+        (self.ring_position as u32 + 1) % h != end as u32
+    }
 }
 
 /// The member indices whose bits are set in a membership bitmap, in order.
 pub fn members_of(bits: u64) -> impl Iterator<Item = u8> {
     (0..64u8).filter(move |i| bits & (1u64 << i) != 0)
 }
+
+/// The `EGRESS` value of a ring host's uplink: a result copy leaving there goes to the
+/// successor (`Job::parent`) when [`Job::ring_forwards`] says so.
+pub const EGRESS_SUCCESSOR: u32 = u32::MAX;
 
 /// Key of the `EGRESS` map: which member of job `job` is reached through port `ifindex`.
 /// The devmap egress program uses it to address each broadcast copy.

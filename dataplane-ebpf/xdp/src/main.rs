@@ -39,7 +39,7 @@ use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
         job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, Role, SwitchConfig,
-        MAX_JOBS,
+        EGRESS_SUCCESSOR, MAX_JOBS,
     },
     slot::{Fold, MAX_SLOTS, SLOT_WORDS},
     wire::{self, Kind, PAYLOAD_OFFSET},
@@ -298,11 +298,17 @@ fn parent_result(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Coun
     let hdr = frame.header();
     let local = unsafe { PARENTS.get(hdr.job()) }.ok_or(Counter::DropNotParent)?;
     let job = job_of(*local).ok_or(Counter::DropNotParent)?;
-    if job.role != Role::Inner as u8
-        || job.parent_job != hdr.job()
-        || job.parent.ifindex != ctx.ingress_ifindex() as u32
-        || !frame.from(&job.parent)
-    {
+    // A ring host takes results from either neighbour: its predecessor passes them on,
+    // its successor answers a re-sent partial with one.
+    let neighbour = job.role == Role::Ring as u8
+        && job
+            .member
+            .get(job.predecessor as usize)
+            .is_some_and(|p| p.ifindex == ctx.ingress_ifindex() as u32 && frame.from(p));
+    let parent = (job.role == Role::Inner as u8 || job.role == Role::Ring as u8)
+        && job.parent.ifindex == ctx.ingress_ifindex() as u32
+        && frame.from(&job.parent);
+    if job.parent_job != hdr.job() || !(parent || neighbour) {
         return Err(Counter::DropNotParent);
     }
     let r = stage(ctx, frame, job, FROM_PARENT);
@@ -318,7 +324,9 @@ fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Count
     let hdr = frame.header();
     let job = job_of(hdr.job()).ok_or(Counter::DropUnknownJob)?;
     let member = hdr.member as usize;
-    if member >= wire::MAX_MEMBERS || job.members & (1u64 << member) == 0 {
+    // A ring host's predecessor is in the member table without a bit in `members`.
+    let predecessor = job.role == Role::Ring as u8 && member == job.predecessor as usize;
+    if member >= wire::MAX_MEMBERS || (job.members & (1u64 << member) == 0 && !predecessor) {
         return Err(Counter::DropNotMember);
     }
     let addr = &job.member[member];
@@ -424,6 +432,23 @@ fn stage(
     }
     let fold = Fold::of(op, lane).ok_or(Counter::DropBadOp)?;
     let index = slot_index(job, hdr)?;
+    // Who the round waits for, and whether its sum is a partial for the next hop.
+    let (members, inner) = if job.role == Role::Ring as u8 {
+        let (start, end) = job.ring_chain(hdr.segment());
+        let first = job.ring_position == start;
+        if first && member == job.predecessor as usize {
+            // The chain starts here: nothing comes from the predecessor.
+            return Err(Counter::DropNotMember);
+        }
+        let from_predecessor = if first {
+            0
+        } else {
+            1u64 << (job.predecessor & 63)
+        };
+        (job.members | from_predecessor, job.ring_position != end)
+    } else {
+        (job.members, job.role == Role::Inner as u8)
+    };
     let stage = STAGE.get_ptr_mut(0).ok_or(Counter::RedirectError)?;
     let st = unsafe { &mut *stage };
     st.round = slot::Round {
@@ -434,14 +459,14 @@ fn stage(
         } else {
             0
         },
-        members: job.members,
+        members,
         elems: elems as u32,
         words,
         exponent: hdr.exponent() as i32,
         flags: hdr.enc_flags() as u32,
         op: hdr.op,
         dtype: hdr.dtype,
-        inner: (job.role == Role::Inner as u8) as u8,
+        inner: inner as u8,
         _pad: [0; 5],
     };
     st.row = job.index as u32;
@@ -690,10 +715,17 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;
     let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
-    let addr = job
-        .member
-        .get(member as usize)
-        .ok_or(Counter::EgressNoMember)?;
+    let addr = if member == EGRESS_SUCCESSOR {
+        // A ring host's uplink: the result goes on round the ring, or no further.
+        if !job.ring_forwards(hdr.segment()) {
+            return Err(Counter::EgressNoMember);
+        }
+        &job.parent
+    } else {
+        job.member
+            .get(member as usize)
+            .ok_or(Counter::EgressNoMember)?
+    };
     packet::address_to(frame.data(), addr, cfg);
     count(Counter::ResultCopy);
     Ok(xdp_action::XDP_PASS)
@@ -736,6 +768,8 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         return Ok(TC_ACT_OK);
     }
     let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
+    // Read now: storing into the packet invalidates pointers into it.
+    let forward = job.role == Role::Ring as u8 && job.ring_forwards(hdr.segment());
     // The headers, readdressed here for each member and written over the frame's own
     // before its copy leaves: a copy shares the data, so each write unshares the headers.
     // Words, so zeroing it takes a few stores rather than a byte loop.
@@ -763,6 +797,20 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
             }
         }
         m += 1;
+    }
+    // A ring host passes the result on to its successor.
+    if forward {
+        if inject(drop_result) {
+            count(Counter::InjectDropResult);
+            return Ok(TC_ACT_SHOT);
+        }
+        packet::address_to(at, &job.parent, cfg);
+        let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
+        if stored && ctx.clone_redirect(job.parent.ifindex, 0).is_ok() {
+            count(Counter::ResultCopy);
+        } else {
+            count(Counter::RedirectError);
+        }
     }
     Ok(TC_ACT_SHOT)
 }

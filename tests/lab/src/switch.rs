@@ -276,6 +276,7 @@ impl LabSwitch {
             members,
             slot_base: None,
             parent: None,
+            ring: None,
         })
     }
 

@@ -22,7 +22,7 @@ use xagg_common::{wire::DEFAULT_PORT, JobShape};
 use xagg_daemon::{
     api::{self, Request, Response},
     config::{Config, DaemonSection, SwitchSection},
-    job::{JobSpec, MemberSpec, ParentSpec},
+    job::{JobSpec, MemberSpec, Neighbour, ParentSpec, RingSpec},
 };
 use xagg_worker::{Report, Worker, WorkerParams};
 
@@ -42,13 +42,16 @@ pub enum Topology {
         hosts: usize,
         ranks: usize,
     },
+    /// `hosts` hosts of `ranks` ranks each in a ring, on a plain bridge (no aggregating
+    /// switch).
+    Ring { hosts: usize, ranks: usize },
 }
 
 impl Topology {
     /// Ranks in all.
     pub fn ranks(self) -> usize {
         match self {
-            Self::Hosts { hosts, ranks } => hosts * ranks,
+            Self::Hosts { hosts, ranks } | Self::Ring { hosts, ranks } => hosts * ranks,
             Self::Tree {
                 leaves,
                 hosts,
@@ -72,6 +75,8 @@ pub struct Point {
     pub ip: Ipv4Addr,
     pub children: Vec<Child>,
     pub parent: Option<(usize, u8)>,
+    /// Whether an `xaggd` aggregates here (not for the ring's plain bridge).
+    pub aggregates: bool,
     pub daemon: Option<Daemon>,
     pub dir: PathBuf,
     pub pin: PathBuf,
@@ -103,7 +108,8 @@ pub struct TreeLab {
     pub topology: Topology,
     pub points: Vec<Point>,
     pub ranks: Vec<Rank>,
-    /// `xagg_host` on every rank's interface; dropping detaches.
+    /// `xagg_host` on every rank's interface and the plain bridge's ports; dropping
+    /// detaches.
     rank_programs: Vec<Ebpf>,
 }
 
@@ -129,6 +135,15 @@ impl TreeLab {
         };
         let root = lab.add_point(None)?;
         match topology {
+            Topology::Ring { hosts, ranks } => {
+                lab.points[root].aggregates = false;
+                for _ in 0..hosts {
+                    let h = lab.add_point(Some(root))?;
+                    for _ in 0..ranks {
+                        lab.add_rank(h)?;
+                    }
+                }
+            }
             Topology::Hosts { hosts, ranks } => {
                 for _ in 0..hosts {
                     let h = lab.add_point(Some(root))?;
@@ -204,6 +219,7 @@ impl TreeLab {
             ip: addr,
             children: Vec::new(),
             parent,
+            aggregates: true,
             daemon: None,
             dir,
             pin: PathBuf::from(format!("/sys/fs/bpf/xagg-{}-a{i}", self.prefix)),
@@ -246,22 +262,30 @@ impl TreeLab {
         Ok(())
     }
 
-    /// `xagg_host` on every rank's eth0: results redirected into a veth need an XDP
-    /// program on its peer.
+    /// `xagg_host` on every rank's eth0 and on the ports of a plain bridge (the ring's):
+    /// a frame redirected into a veth is dropped unless its peer runs an XDP program.
     fn attach_ranks(&mut self, object: &[u8]) -> Result<()> {
         if object.is_empty() {
             bail!("the XDP object is empty: run `cargo xtask build`");
         }
-        for r in &self.ranks {
-            let ebpf = in_netns(&r.ns, || {
+        let mut ends: Vec<(String, String)> = self
+            .ranks
+            .iter()
+            .map(|r| (r.ns.clone(), "eth0".into()))
+            .collect();
+        for p in self.points.iter().filter(|p| !p.aggregates) {
+            ends.extend((0..p.children.len()).map(|k| (p.ns.clone(), child_port(k))));
+        }
+        for (ns, dev) in ends {
+            let ebpf = in_netns(&ns, || {
                 let mut ebpf = Ebpf::load(object)?;
                 let p: &mut Xdp = ebpf
                     .program_mut("xagg_host")
                     .context("no xagg_host")?
                     .try_into()?;
                 p.load()?;
-                p.attach("eth0", aya::programs::XdpMode::Driver)
-                    .context("attaching xagg_host to a rank's eth0")?;
+                p.attach(&dev, aya::programs::XdpMode::Driver)
+                    .with_context(|| format!("attaching xagg_host to {dev} in {ns}"))?;
                 Ok(ebpf)
             })?;
             self.rank_programs.push(ebpf);
@@ -271,7 +295,7 @@ impl TreeLab {
 
     /// Starts every point's daemon: its ports are its children's and its uplink.
     pub fn start_daemons(&mut self) -> Result<()> {
-        for p in &mut self.points {
+        for p in self.points.iter_mut().filter(|p| p.aggregates) {
             let _ = xagg_daemon::dataplane::unpin(&p.pin);
             let mut ports: Vec<String> = (0..p.children.len()).map(child_port).collect();
             if p.parent.is_some() {
@@ -315,6 +339,9 @@ impl TreeLab {
     /// point's members are its children, each point below the root names its parent.
     pub fn add_job(&self, id: u32, segment: u16, slots: u32) -> Result<()> {
         for (i, p) in self.points.iter().enumerate() {
+            if !p.aggregates {
+                continue;
+            }
             let members = p
                 .children
                 .iter()
@@ -337,15 +364,19 @@ impl TreeLab {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            let parent = match p.parent {
-                None => None,
-                Some((q, member)) => Some(ParentSpec {
-                    interface: UPLINK.into(),
-                    mac: Self::mac(&self.points[q].ns, "br0")?,
-                    addr: SocketAddrV4::new(self.points[q].ip, DEFAULT_PORT),
-                    job: id,
-                    member,
-                }),
+            let (parent, ring) = match p.parent {
+                None => (None, None),
+                Some((q, _)) if !self.points[q].aggregates => (None, Some(self.ring_spec(i)?)),
+                Some((q, member)) => (
+                    Some(ParentSpec {
+                        interface: UPLINK.into(),
+                        mac: Self::mac(&self.points[q].ns, "br0")?,
+                        addr: SocketAddrV4::new(self.points[q].ip, DEFAULT_PORT),
+                        job: id,
+                        member,
+                    }),
+                    None,
+                ),
             };
             let spec = JobSpec {
                 id,
@@ -356,6 +387,7 @@ impl TreeLab {
                 members,
                 slot_base: None,
                 parent,
+                ring,
             };
             match api::call(&p.socket(), &Request::AddJob { job: spec })? {
                 Response::Job { .. } => {}
@@ -363,6 +395,32 @@ impl TreeLab {
             }
         }
         Ok(())
+    }
+
+    /// Host `i`'s place in the ring of all hosts (the points under the plain bridge), in
+    /// host order.
+    fn ring_spec(&self, i: usize) -> Result<RingSpec> {
+        let hosts: Vec<usize> = (0..self.points.len())
+            .filter(|&q| self.points[q].parent.is_some())
+            .collect();
+        let h = hosts.len();
+        let at = hosts.iter().position(|&q| q == i).context("a ring host")?;
+        let neighbour = |q: usize, member: usize| -> Result<Neighbour> {
+            Ok(Neighbour {
+                mac: Self::mac(&self.points[q].ns, "br0")?,
+                addr: SocketAddrV4::new(self.points[q].ip, DEFAULT_PORT),
+                member: member as u8,
+            })
+        };
+        let successor = hosts[(at + 1) % h];
+        Ok(RingSpec {
+            interface: UPLINK.into(),
+            size: h as u8,
+            position: at as u8,
+            predecessor: neighbour(hosts[(at + h - 1) % h], 0)?,
+            // Its predecessor's member index there is after its ranks.
+            successor: neighbour(successor, self.points[successor].children.len())?,
+        })
     }
 
     /// Point `i`'s daemon API.
@@ -375,7 +433,7 @@ impl TreeLab {
     /// the level below) dropped with these probabilities.
     pub fn inject(&self, level: usize, drop_contribution: f64, drop_result: f64) -> Result<()> {
         for (i, p) in self.points.iter().enumerate() {
-            if p.level(&self.points) == level {
+            if p.aggregates && p.level(&self.points) == level {
                 let req = Request::Inject {
                     drop_contribution,
                     drop_result,
@@ -498,7 +556,7 @@ fn stats(ns: &str, dev: &str) -> Result<(u64, u64)> {
 
 impl Drop for TreeLab {
     fn drop(&mut self) {
-        for p in &mut self.points {
+        for p in self.points.iter_mut().filter(|p| p.aggregates) {
             p.daemon.take();
             let _ = xagg_daemon::dataplane::unpin(&p.pin);
         }
