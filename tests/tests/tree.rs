@@ -22,46 +22,26 @@ fn lab(prefix: &str, topology: Topology, segment: usize) -> TreeLab {
     lab
 }
 
-/// The ranks' settings for `topology`: more ranks than cores, so no busy polling (it
-/// would starve the others for milliseconds); in a ring a round crosses 2(h-1) hops, so
-/// the first retransmission waits 2h times as long.
-fn tuned(topology: Topology) -> impl Fn(&mut xagg_worker::WorkerParams) + Sync {
-    move |p| {
-        p.spin = Duration::ZERO;
-        if let Topology::Ring { hosts, .. } = topology {
-            p.timeout *= 2 * hosts as u32;
-        }
-    }
-}
-
 /// Runs allreduces of `sizes` elements (messages from `first`), each exact on every rank.
-fn exact(lab: &TreeLab, first: u32, segment: usize, sizes: &[usize]) {
+fn exact(lab: &TreeLab, first: u32, sizes: &[usize]) {
     for (m, &elems) in sizes.iter().enumerate() {
-        lab.allreduce(
-            JOB,
-            first + m as u32,
-            segment,
-            SLOTS,
-            elems,
-            7 + m as u64,
-            tuned(lab.topology),
-        )
-        .unwrap_or_else(|e| {
-            panic!(
-                "{:?}, {elems} elements: {e:#}; counters {:?}",
-                lab.topology,
-                lab.counters()
-            )
-        });
+        lab.allreduce(first + m as u32, elems, 7 + m as u64, |_| {})
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{:?}, {elems} elements: {e:#}; counters {:?}",
+                    lab.topology,
+                    lab.counters()
+                )
+            });
     }
 }
 
 /// One allreduce of `elems` i32 (S = 4·elems bytes) and the bytes each link carried, each
 /// way, over S: a rank's link S to 1.05·S each way, a point's uplink `uplink` (a tree:
 /// S to 1.05·S; a ring: 2(h-1)/h·S ± 5 %).
-fn bytes_per_link(lab: &TreeLab, message: u32, segment: usize, elems: usize, uplink: (f64, f64)) {
+fn bytes_per_link(lab: &TreeLab, message: u32, elems: usize, uplink: (f64, f64)) {
     let before = lab.link_bytes().unwrap();
-    exact(lab, message, segment, &[elems]);
+    exact(lab, message, &[elems]);
     let after = lab.link_bytes().unwrap();
     let s = (elems * 4) as f64;
     for ((name, tx0, rx0), (_, tx1, rx1)) in before.iter().zip(&after) {
@@ -125,8 +105,8 @@ fn hosts_under_a_switch() {
     }
     let lab = lab("th", Topology::Hosts { hosts: 2, ranks: 2 }, 862);
     // One element, one segment, a short last segment, many windows.
-    exact(&lab, 0, 862, &[1, 862, 1000, 70_001]);
-    bytes_per_link(&lab, 4, 862, 1 << 18, TREE_LINK);
+    exact(&lab, 0, &[1, 862, 1000, 70_001]);
+    bytes_per_link(&lab, 4, 1 << 18, TREE_LINK);
     clean_counters(&lab);
 }
 
@@ -139,8 +119,8 @@ fn four_hosts_of_four_ranks() {
     }
     let seg = xagg_common::wire::MAX_PAYLOAD / 4;
     let lab = lab("tf", Topology::Hosts { hosts: 4, ranks: 4 }, seg);
-    exact(&lab, 0, seg, &[1, seg + 1, 50_000]);
-    bytes_per_link(&lab, 3, seg, 1 << 17, TREE_LINK);
+    exact(&lab, 0, &[1, seg + 1, 50_000]);
+    bytes_per_link(&lab, 3, 1 << 17, TREE_LINK);
     clean_counters(&lab);
 }
 
@@ -161,8 +141,8 @@ fn two_level_tree() {
         },
         seg,
     );
-    exact(&lab, 0, seg, &[1, 3 * seg - 1, 40_000]);
-    bytes_per_link(&lab, 3, seg, 1 << 17, TREE_LINK);
+    exact(&lab, 0, &[1, 3 * seg - 1, 40_000]);
+    bytes_per_link(&lab, 3, 1 << 17, TREE_LINK);
     clean_counters(&lab);
 }
 
@@ -181,7 +161,7 @@ fn loss_at_every_level() {
             for &l in levels {
                 lab.inject(l, p, p).unwrap();
             }
-            exact(&lab, message, 862, &[20_000]);
+            exact(&lab, message, &[20_000]);
             message += 1;
             for &l in levels {
                 lab.inject(l, 0.0, 0.0).unwrap();
@@ -199,9 +179,8 @@ fn loss_at_every_level() {
         "the switch answered a host's resend"
     );
     // Reordered segments too.
-    exact(&lab, message, 862, &[20_000]);
-    lab.allreduce(JOB, message + 1, 862, SLOTS, 30_000, 3, |p| {
-        tuned(lab.topology)(p);
+    exact(&lab, message, &[20_000]);
+    lab.allreduce(message + 1, 30_000, 3, |p| {
         p.reorder = true;
     })
     .expect("reordered segments");
@@ -215,7 +194,7 @@ fn a_rank_cannot_forge_results() {
         return;
     }
     let lab = lab("ts", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
-    exact(&lab, 0, 862, &[1000]);
+    exact(&lab, 0, &[1000]);
     let host = &lab.points[1];
     let rank = &lab.ranks[0];
     let h = xagg_common::Header::builder(xagg_common::Kind::Result)
@@ -242,7 +221,7 @@ fn a_rank_cannot_forge_results() {
         c[1]["parent_result"], before[1]["parent_result"],
         "none of them taken"
     );
-    exact(&lab, 1, 862, &[1000]);
+    exact(&lab, 1, &[1000]);
     // The host's job, as the daemon lists it, names its parent.
     match lab.api(1, &Request::ListJobs).unwrap() {
         xagg_daemon::api::Response::Jobs { jobs } => {
@@ -263,10 +242,10 @@ fn ring_of_hosts() {
     }
     let seg = xagg_common::wire::MAX_PAYLOAD / 4;
     let lab = lab("tr", Topology::Ring { hosts: 4, ranks: 2 }, seg);
-    exact(&lab, 0, seg, &[1, 4 * seg + 1, 50_000]);
+    exact(&lab, 0, &[1, 4 * seg + 1, 50_000]);
     let h = 4.0;
     let ring = 2.0 * (h - 1.0) / h;
-    bytes_per_link(&lab, 3, seg, 1 << 18, (ring * 0.95, ring * 1.05));
+    bytes_per_link(&lab, 3, 1 << 18, (ring * 0.95, ring * 1.05));
     let c = lab.counters();
     no_refusals(&c);
     // Per segment, the chain's last host completes it and the others each send one
@@ -289,7 +268,7 @@ fn ring_with_loss() {
     let lab = lab("tq", Topology::Ring { hosts: 3, ranks: 1 }, 862);
     for (m, p) in [0.01, 0.05, 0.2].into_iter().enumerate() {
         lab.inject(1, p, p).unwrap();
-        exact(&lab, m as u32, 862, &[20_000]);
+        exact(&lab, m as u32, &[20_000]);
     }
     let c = lab.counters();
     let sum = |name: &str| (1..c.len()).map(|i| c[i][name]).sum::<u64>();

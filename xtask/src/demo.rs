@@ -67,6 +67,10 @@ pub struct DemoArgs {
     /// a file, tests/mpi/check.c (every served type and op, checked).
     #[arg(long, num_args = 0..=1, default_missing_value = "tests/mpi/check.c")]
     pub mpi: Option<std::path::PathBuf>,
+    /// The lab's shape. Every shape but flat runs a daemon per aggregation point and
+    /// reports the bytes each link carried.
+    #[arg(long, value_enum, default_value_t = crate::topology::TopologyName::Flat)]
+    pub topology: crate::topology::TopologyName,
     /// Train a PyTorch DDP model through the "xagg" backend instead, launched by torchrun
     /// (one node per worker namespace): a script, by default tests/python/ddp_check.py.
     #[arg(long, num_args = 0..=1, default_missing_value = "tests/python/ddp_check.py")]
@@ -145,6 +149,7 @@ pub fn clean_up() {
     }
     let _ = xagg_daemon::dataplane::unpin(&pin_dir());
     lab::destroy(PREFIX);
+    crate::topology::clean_up();
 }
 
 /// Removes the lab on Ctrl-C.
@@ -167,10 +172,14 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     }
     on_interrupt()?;
-    let r = match (&a.mpi, &a.ddp) {
-        (Some(program), _) => run_mpi(a.workers, program),
-        (None, Some(script)) => run_ddp(a.workers, script),
-        (None, None) => run_inner(&a),
+    let r = match (&a.mpi, &a.ddp, a.topology.topology()) {
+        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => Err(anyhow::anyhow!(
+            "--mpi and --ddp run on the flat lab: drop --topology"
+        )),
+        (Some(program), _, _) => run_mpi(a.workers, program),
+        (None, Some(script), _) => run_ddp(a.workers, script),
+        (None, None, Some(t)) => crate::topology::run(&a, t),
+        (None, None, None) => run_inner(&a),
     };
     clean_up();
     r

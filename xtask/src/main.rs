@@ -4,6 +4,7 @@ mod bench;
 mod build;
 mod capacity;
 mod demo;
+mod topology;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};

@@ -108,6 +108,8 @@ pub struct TreeLab {
     pub topology: Topology,
     pub points: Vec<Point>,
     pub ranks: Vec<Rank>,
+    /// The job [`TreeLab::add_job`] added: its id, segment length and slots.
+    pub job: (u32, usize, usize),
     /// `xagg_host` on every rank's interface and the plain bridge's ports; dropping
     /// detaches.
     rank_programs: Vec<Ebpf>,
@@ -131,6 +133,7 @@ impl TreeLab {
             topology,
             points: Vec::new(),
             ranks: Vec::new(),
+            job: (0, 0, 0),
             rank_programs: Vec::new(),
         };
         let root = lab.add_point(None)?;
@@ -337,7 +340,8 @@ impl TreeLab {
 
     /// The job `id` (sum of i32, `segment` elements, `slots` slots) at every point: each
     /// point's members are its children, each point below the root names its parent.
-    pub fn add_job(&self, id: u32, segment: u16, slots: u32) -> Result<()> {
+    pub fn add_job(&mut self, id: u32, segment: u16, slots: u32) -> Result<()> {
+        self.job = (id, segment.into(), slots as usize);
         for (i, p) in self.points.iter().enumerate() {
             if !p.aggregates {
                 continue;
@@ -458,20 +462,31 @@ impl TreeLab {
             .collect()
     }
 
-    /// One allreduce of `elems` i32 (sum) on every rank at once: rank r fills its buffer
+    /// The ranks' settings here: more ranks than cores, so no busy polling (it would
+    /// starve the others for milliseconds); in a ring a round crosses 2(h-1) hops, so the
+    /// first retransmission waits 2h times as long.
+    pub fn tune(&self, p: &mut WorkerParams) {
+        if self.ranks.len() >= std::thread::available_parallelism().map_or(1, |n| n.get()) {
+            p.spin = std::time::Duration::ZERO;
+        }
+        if let Topology::Ring { hosts, .. } = self.topology {
+            p.timeout *= 2 * hosts as u32;
+        }
+    }
+
+    /// One allreduce (message `message`) of the job of `elems` i32 (sum) on every rank at
+    /// once: rank r fills its buffer
     /// as member r of `N` would, and every result must be the sum over all N ranks. Each
-    /// rank's parameters are adjusted by `tweak`.
+    /// rank's parameters are [`TreeLab::tune`]d, then adjusted by `tweak`.
     pub fn allreduce(
         &self,
-        job: u32,
         message: u32,
-        segment: usize,
-        slots: usize,
         elems: usize,
         seed: u64,
         tweak: impl Fn(&mut WorkerParams) + Sync,
     ) -> Result<Vec<Report>> {
         let n = self.ranks.len();
+        let (job, segment, slots) = self.job;
         let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
         std::thread::scope(|s| {
             let handles: Vec<_> = self
@@ -498,6 +513,7 @@ impl TreeLab {
                             shape,
                         );
                         p.first_message = Some(message);
+                        self.tune(&mut p);
                         tweak(&mut p);
                         let wk = Worker::new(p)?;
                         let mut buf = vec![0i32; elems];
