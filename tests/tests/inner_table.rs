@@ -429,3 +429,170 @@ fn inner_level_multi_buffer() {
         "the stored result"
     );
 }
+
+/// A ring host (position 1 of 3, one rank): for each segment the chain starts at host
+/// `segment mod 3`. Where it starts here, the rank's contribution is the partial and the
+/// predecessor has no say; where it ends here, the predecessor's partial completes the
+/// result; in between, the partial goes on. Results come from either neighbour.
+#[test]
+fn ring_host_table() {
+    if !require_root("ring_host_table") {
+        return;
+    }
+    let mut sw = load_switch();
+    let n = 16;
+    let pred = member(1);
+    let succ = parent();
+    sw.add_ring_job(
+        JID,
+        job(1, Op::Sum, DType::I32, SEG, 0, 4),
+        (pred, succ),
+        (3, 1),
+        5,
+    );
+    let rank = |slot: u16, segment: u32| contrib(0, slot, segment, &values(0, n));
+    // The predecessor's partial: member index 1 here (after the one rank).
+    let from_pred = |slot: u16, segment: u32| {
+        let h = header(Kind::Contribution, JID, 1, slot, segment, n as u16);
+        frame(&pred, PORT, &contribution(h, &values(1, n)))
+    };
+    let to_succ = |out: &[u8], vals: &[i32], what: &str| {
+        let h = Header::from_bytes(&out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
+        assert_eq!(
+            (h.kind, h.job(), h.member),
+            (Kind::Contribution as u8, JID, 5),
+            "{what}: a partial, as the successor's member 5"
+        );
+        assert_eq!(&out[30..34], &succ.ip, "{what}: to the successor");
+        assert_eq!(payload_i32(out, n), vals, "{what}");
+    };
+
+    // Segment 1 starts here: the rank's contribution is the whole partial.
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "chain start: the rank",
+            frame: rank(1, 1),
+            action: XDP_TX,
+            counter: Counter::Partial,
+        },
+    );
+    to_succ(&r.out, &values(0, n), "chain start");
+    check(
+        &mut sw,
+        &Case {
+            what: "chain start: nothing from the predecessor",
+            frame: from_pred(1, 1),
+            action: XDP_DROP,
+            counter: Counter::DropNotMember,
+        },
+    );
+
+    // Segment 2 ends here (starts at host 2): the predecessor's partial completes it.
+    check(
+        &mut sw,
+        &Case {
+            what: "chain end: the rank",
+            frame: rank(2, 2),
+            action: XDP_DROP,
+            counter: Counter::Contribution,
+        },
+    );
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "chain end: the predecessor's partial",
+            frame: from_pred(2, 2),
+            action: XDP_REDIRECT,
+            counter: Counter::Complete,
+        },
+    );
+    assert_eq!(payload_i32(&r.out, n), partial(2, n), "the result");
+    assert_eq!(
+        ShadowState::from_u32(sw.slot(2).shadow[0].state),
+        Some(ShadowState::Done)
+    );
+    // The predecessor asks again (its partial or our result was lost): the result, to it.
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "chain end: the predecessor's resend",
+            frame: from_pred(2, 2),
+            action: XDP_TX,
+            counter: Counter::ResultReplay,
+        },
+    );
+    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
+    assert_eq!(h.kind, Kind::Result as u8);
+    assert_eq!(&r.out[30..34], &pred.ip, "back to the predecessor");
+    assert_eq!(payload_i32(&r.out, n), partial(2, n));
+
+    // Segment 0 passes through (starts at host 0, ends at host 2).
+    check(
+        &mut sw,
+        &Case {
+            what: "middle: the predecessor's partial",
+            frame: from_pred(0, 0),
+            action: XDP_DROP,
+            counter: Counter::Contribution,
+        },
+    );
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "middle: the rank completes the partial",
+            frame: rank(0, 0),
+            action: XDP_TX,
+            counter: Counter::Partial,
+        },
+    );
+    to_succ(&r.out, &partial(2, n), "middle");
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "middle: the predecessor's resend goes on",
+            frame: from_pred(0, 0),
+            action: XDP_TX,
+            counter: Counter::PartialResend,
+        },
+    );
+    to_succ(&r.out, &partial(2, n), "middle, again");
+    let result = |from: &MemberAddr| from_parent(from, JID, 0, 0, &final_result(n)[..n]);
+    check(
+        &mut sw,
+        &Case {
+            what: "a result from a stranger",
+            frame: result(&member(3)),
+            action: XDP_DROP,
+            counter: Counter::DropNotParent,
+        },
+    );
+    check(
+        &mut sw,
+        &Case {
+            what: "the result from the successor (answering a resend)",
+            frame: result(&succ),
+            action: XDP_REDIRECT,
+            counter: Counter::ParentResult,
+        },
+    );
+    check(
+        &mut sw,
+        &Case {
+            what: "the result from the predecessor, later",
+            frame: result(&pred),
+            action: XDP_DROP,
+            counter: Counter::DropUnawaitedResult,
+        },
+    );
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "the rank's resend: the result",
+            frame: rank(0, 0),
+            action: XDP_TX,
+            counter: Counter::ResultReplay,
+        },
+    );
+    assert_eq!(payload_i32(&r.out, n), final_result(n)[..n].to_vec());
+}

@@ -223,6 +223,32 @@ impl Switch {
             .expect("entering the parent's job id");
     }
 
+    /// Adds job `jid` as a ring host at `position` of `size` with `job`'s members as its
+    /// ranks: partials go to `successor` (as its member `successor_member`), the
+    /// predecessor's arrive as member `job.member_count()`, as the daemon does.
+    pub fn add_ring_job(
+        &mut self,
+        jid: u32,
+        mut job: Job,
+        (predecessor, successor): (MemberAddr, MemberAddr),
+        (size, position): (u8, u8),
+        successor_member: u8,
+    ) {
+        let pred = job.member_count();
+        job.role = xagg_common::Role::Ring as u8;
+        job.parent = successor;
+        job.parent_job = jid;
+        job.parent_member = successor_member;
+        job.member[pred] = predecessor;
+        job.predecessor = pred as u8;
+        job.ring_size = size;
+        job.ring_position = position;
+        self.add_job(jid, job);
+        self.parents
+            .insert(jid, jid, 0)
+            .expect("entering the ring's job id");
+    }
+
     /// Job `jid`'s entry (whatever generation its index holds).
     pub fn job(&self, jid: u32) -> Job {
         self.jobs
