@@ -26,7 +26,7 @@ fn reduce(
     let mut last = None;
     for (m, src) in inputs.iter().enumerate() {
         let mut lanes = vec![0u8; n * lane.size()];
-        let enc = codec::encode(op, dtype, src, &mut lanes);
+        let enc = codec::encode(op, dtype, inputs.len(), src, &mut lanes);
         let mut h = Header::builder(Kind::Contribution)
             .op(op)
             .dtype(dtype)

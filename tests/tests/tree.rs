@@ -275,3 +275,59 @@ fn ring_with_loss() {
     assert!(sum("inject_drop_contribution") > 0 && sum("inject_drop_result") > 0);
     assert!(sum("partial_resend") > 0, "partials re-sent");
 }
+
+/// Ops and types through three levels (a spine over leaves over hosts: 7 aggregation
+/// points) and through a ring (4 hosts): integers bit-exact, float sums within the bound
+/// for N ranks and P points (docs/types.md), avg divided once, every rank the same bits.
+#[test]
+fn ops_and_types_at_every_level() {
+    if !require_root("ops_and_types_at_every_level") {
+        return;
+    }
+    use xagg_common::wire::{DType, Op};
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    let cases = [
+        (Op::Sum, DType::F32),
+        (Op::Avg, DType::F32),
+        (Op::Sum, DType::F64),
+        (Op::Avg, DType::Bf16),
+        (Op::Max, DType::F16),
+        (Op::Avg, DType::I64),
+        (Op::Xor, DType::U32),
+        (Op::Min, DType::I32),
+    ];
+    let topologies = [
+        (
+            "tx",
+            Topology::Tree {
+                leaves: 2,
+                hosts: 2,
+                ranks: 2,
+            },
+            7,
+        ),
+        ("ty", Topology::Ring { hosts: 4, ranks: 2 }, 4),
+    ];
+    for (prefix, topology, points) in topologies {
+        let lab = lab(prefix, topology, seg);
+        for (m, (op, dtype)) in cases.into_iter().enumerate() {
+            let n = 9_001;
+            let inputs: Vec<Vec<u8>> = (0..lab.ranks.len())
+                .map(|r| xagg_worker::data::generate(dtype, m as u64, r as u32, n))
+                .collect();
+            let results = lab
+                .allreduce_as(m as u32, op, dtype, &inputs)
+                .unwrap_or_else(|e| panic!("{topology:?}, {op} over {dtype}: {e:#}"));
+            assert!(
+                results.iter().all(|r| r == &results[0]),
+                "{topology:?}, {op} over {dtype}: ranks differ"
+            );
+            let lane = xagg_common::wire::lane(op, dtype).unwrap();
+            let segment = xagg_common::wire::MAX_PAYLOAD / lane.size();
+            let worst =
+                xagg_worker::data::check_levels(op, dtype, segment, &inputs, &results[0], points)
+                    .unwrap_or_else(|e| panic!("{topology:?}, {op} over {dtype}: {e}"));
+            eprintln!("{topology:?}: {op} over {dtype} ok (float error {worst:.3} of the bound)");
+        }
+    }
+}

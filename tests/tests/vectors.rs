@@ -155,7 +155,7 @@ fn f64_matches_its_vector() {
     let values = [1.0f64, -0.5];
     let src: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut lanes = [0u8; 16];
-    let enc = xagg_worker::codec::encode(Op::Sum, DType::F64, &src, &mut lanes);
+    let enc = xagg_worker::codec::encode(Op::Sum, DType::F64, 2, &src, &mut lanes);
     // Vector 1's coordinates, with this type, count and exponent.
     let mut h = vector1_header(Kind::Contribution);
     h.dtype = DType::F64 as u8;

@@ -435,7 +435,7 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
         let encode_gbps = time(&mut || {
             for chunk in src.chunks(seg_bytes) {
                 let n = chunk.len() / dtype.size() * lane.size();
-                std::hint::black_box(codec::encode(op, dtype, chunk, &mut lanes[..n]));
+                std::hint::black_box(codec::encode(op, dtype, 4, chunk, &mut lanes[..n]));
             }
         });
         let decode_gbps = time(&mut || {

@@ -8,7 +8,8 @@
 //!   exponent `k` and signed 32-bit mantissas `m = round(x / 2^k)`, with `k` chosen so the
 //!   largest magnitude of the segment maps to at most 2^24. The switch aligns two blocks to
 //!   the larger exponent (an arithmetic shift of the smaller one) and adds; 2^24 x 64
-//!   members < 2^31, so the sum never overflows;
+//!   members < 2^31, so the sum never overflows; a job of more than 64 ranks (a tree)
+//!   keeps a bit less per doubling ([`bfp_bits`]), so no level can overflow either.
 //!   Doubles do the same with signed 64-bit mantissas (at most 2^56: 2^56 x 64 < 2^63);
 //! - `min` and `max` of floats use an order-preserving map of the f32 bits to u32 keys
 //!   (of the f64 bits to signed i64 keys for doubles): exact, infinities included.
@@ -124,16 +125,31 @@ pub fn block_exponent(max: f64, bits: i32) -> i16 {
     (log2_floor(max) + 1 - bits) as i16
 }
 
-/// The mantissa bits of block floating point over `dtype`.
-pub const fn bfp_bits(dtype: DType) -> i32 {
-    match dtype {
-        DType::F64 => BFP64_BITS,
-        _ => BFP_BITS,
+/// Ranks a job may have for its float sums to keep at least 12 mantissa bits (f32, f16,
+/// bf16; doubles keep 44).
+pub const MAX_RANKS: usize = 1 << 18;
+
+/// The mantissa bits of block floating point over `dtype` in a job of `ranks` ranks (all
+/// its levels together): [`BFP_BITS`] ([`BFP64_BITS`] for doubles) up to 64 ranks, one
+/// less per doubling beyond, so `ranks` mantissas add below 2^30 (2^62) wherever in a tree
+/// they meet: no aggregation point ever rounds a sum, only aligns blocks.
+pub const fn bfp_bits(dtype: DType, ranks: usize) -> i32 {
+    let (base, lane) = match dtype {
+        DType::F64 => (BFP64_BITS, 62),
+        _ => (BFP_BITS, 30),
+    };
+    let headroom = usize::BITS - ranks.saturating_sub(1).leading_zeros();
+    let bits = lane - headroom as i32;
+    if bits < base {
+        bits
+    } else {
+        base
     }
 }
 
-/// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op`.
-pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
+/// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op`, in
+/// a job of `ranks` ranks.
+pub fn encode(op: Op, dtype: DType, ranks: usize, src: &[u8], out: &mut [u8]) -> Encoded {
     let l = lane(op, dtype).expect("the job's op and type have a lane");
     let mut enc = Encoded::default();
     match l {
@@ -164,16 +180,16 @@ pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
         },
         Lane::Bfp32 => match dtype {
             DType::F32 => {
-                enc = bfp_encode(src, out, 4, |b| {
+                enc = bfp_encode(src, out, bfp_bits(dtype, ranks), 4, |b| {
                     f32::from_le_bytes([b[0], b[1], b[2], b[3]])
                 })
             }
             DType::F16 => {
-                enc = bfp_encode(src, out, 2, |b| {
+                enc = bfp_encode(src, out, bfp_bits(dtype, ranks), 2, |b| {
                     f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
                 })
             }
-            _ => enc = bfp_encode(src, out, 2, bf16_bytes_to_f32),
+            _ => enc = bfp_encode(src, out, bfp_bits(dtype, ranks), 2, bf16_bytes_to_f32),
         },
         Lane::Key32 => match dtype {
             DType::F32 => {
@@ -188,7 +204,7 @@ pub fn encode(op: Op, dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
             }
             _ => enc = key_encode(src, out, 2, bf16_bytes_to_f32),
         },
-        Lane::Bfp64 => enc = bfp64_encode(src, out),
+        Lane::Bfp64 => enc = bfp64_encode(src, out, bfp_bits(dtype, ranks)),
         Lane::Key64 => {
             let mut nan = false;
             for (s, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
@@ -228,10 +244,10 @@ fn finite_max(src: &[u8], size: usize, load: impl Fn(&[u8]) -> f64) -> (f64, Enc
 }
 
 /// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
-fn bfp64_encode(src: &[u8], out: &mut [u8]) -> Encoded {
+fn bfp64_encode(src: &[u8], out: &mut [u8], bits: i32) -> Encoded {
     let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
     let (max, mut enc) = finite_max(src, 8, load);
-    enc.exponent = block_exponent(max, BFP64_BITS);
+    enc.exponent = block_exponent(max, bits);
     let scale = Scale::new(-(enc.exponent as i32));
     for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
         let x = load(b);
@@ -270,9 +286,15 @@ fn round_even(v: f64) -> f64 {
 
 /// Block floating point: one exponent for the segment, 32-bit mantissas.
 #[inline(always)]
-fn bfp_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f32) -> Encoded {
+fn bfp_encode(
+    src: &[u8],
+    out: &mut [u8],
+    bits: i32,
+    size: usize,
+    load: impl Fn(&[u8]) -> f32,
+) -> Encoded {
     let (max, mut enc) = finite_max(src, size, |b| load(b) as f64);
-    enc.exponent = block_exponent(max, BFP_BITS);
+    enc.exponent = block_exponent(max, bits);
     let scale = Scale::new(-(enc.exponent as i32));
     for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(4)) {
         let x = load(b);
@@ -301,9 +323,9 @@ fn key_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f
     }
 }
 
-/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`. `members` is the
-/// number of contributions (for `avg`).
-pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i16, dst: &mut [u8]) {
+/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`. `ranks` is the
+/// number of contributions in all levels (for `avg`, divided once, here).
+pub fn decode(op: Op, dtype: DType, ranks: u32, payload: &[u8], exponent: i16, dst: &mut [u8]) {
     let l = lane(op, dtype).expect("the job's op and type have a lane");
     let size = dtype.size();
     let n = dst.len() / size;
@@ -312,7 +334,7 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i16,
         Lane::I32 | Lane::U32 => dst.copy_from_slice(&payload[..dst.len()]),
         Lane::I64 if !avg => dst.copy_from_slice(&payload[..dst.len()]),
         Lane::I64Split => {
-            // high * 2^32 + low, summed over at most 64 members, fits an i128 exactly; the
+            // high * 2^32 + low, summed over at most MAX_RANKS ranks, fits an i128 exactly; the
             // mean of i64 values is an i64.
             for (p, d) in payload
                 .chunks_exact(16)
@@ -321,14 +343,14 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i16,
             {
                 let high = i64::from_le_bytes(p[..8].try_into().unwrap()) as i128;
                 let low = i64::from_le_bytes(p[8..].try_into().unwrap()) as i128;
-                let mean = ((high << 32) + low).div_euclid(members as i128);
+                let mean = ((high << 32) + low).div_euclid(ranks as i128);
                 d.copy_from_slice(&(mean as i64).to_le_bytes());
             }
         }
         Lane::I64 => {
             // Mean, rounded toward negative infinity (floor).
             for (i, p) in payload.chunks_exact(8).take(n).enumerate() {
-                let mean = i64::from_le_bytes(p.try_into().unwrap()).div_euclid(members as i64);
+                let mean = i64::from_le_bytes(p.try_into().unwrap()).div_euclid(ranks as i64);
                 let d = &mut dst[i * size..i * size + size];
                 match dtype {
                     DType::I64 => d.copy_from_slice(&mean.to_le_bytes()),
@@ -341,7 +363,7 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i16,
             // The 62-bit sum rounds once to a double, scaling is exact (but into the
             // subnormals), and avg's division rounds once more.
             let scale = Scale::new(exponent as i32);
-            let div = if avg { members as f64 } else { 1.0 };
+            let div = if avg { ranks as f64 } else { 1.0 };
             for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
                 let m = i64::from_le_bytes(p.try_into().unwrap()) as f64;
                 d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
@@ -355,7 +377,7 @@ pub fn decode(op: Op, dtype: DType, members: u32, payload: &[u8], exponent: i16,
         }
         Lane::Bfp32 => {
             let scale = Scale::new(exponent as i32);
-            let div = if avg { members as f64 } else { 1.0 };
+            let div = if avg { ranks as f64 } else { 1.0 };
             let lanes = payload
                 .chunks_exact(4)
                 .take(n)
@@ -403,6 +425,27 @@ pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Up to 64 ranks keep 24 (56) mantissa bits; beyond, one less per doubling, so the
+    /// sum of every rank's largest mantissa stays below 2^30 (2^62) at any level.
+    #[test]
+    fn mantissa_bits_leave_room_for_every_rank() {
+        for (ranks, f32_bits, f64_bits) in [
+            (1, 24, 56),
+            (2, 24, 56),
+            (64, 24, 56),
+            (65, 23, 55),
+            (128, 23, 55),
+            (4096, 18, 50),
+        ] {
+            assert_eq!(bfp_bits(DType::F32, ranks), f32_bits, "{ranks} ranks");
+            assert_eq!(bfp_bits(DType::Bf16, ranks), f32_bits, "{ranks} ranks");
+            assert_eq!(bfp_bits(DType::F64, ranks), f64_bits, "{ranks} ranks");
+            assert!((ranks as u128) << f32_bits <= 1 << 30);
+            assert!((ranks as u128) << f64_bits <= 1 << 62);
+        }
+        assert_eq!(bfp_bits(DType::F32, MAX_RANKS), 12);
+    }
 
     #[test]
     fn keys_preserve_order() {
@@ -478,7 +521,7 @@ mod tests {
         let xs: Vec<f64> = vec![1.0, -2.5, 1e-3, 123.456, 0.0, 1.0 / 3.0];
         let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut lanes = vec![0u8; src.len()];
-        let e = encode(Op::Sum, DType::F64, &src, &mut lanes);
+        let e = encode(Op::Sum, DType::F64, 2, &src, &mut lanes);
         let mut dst = vec![0u8; src.len()];
         decode(Op::Sum, DType::F64, 1, &lanes, e.exponent, &mut dst);
         for (i, x) in xs.iter().enumerate() {
@@ -488,7 +531,7 @@ mod tests {
         // Segments of tiny (subnormal) and huge values keep their bits too.
         for x in [5e-324f64, 3e-310, 1.7e308] {
             let src = [x.to_le_bytes(), (-x).to_le_bytes()].concat();
-            let e = encode(Op::Sum, DType::F64, &src, &mut lanes[..16]);
+            let e = encode(Op::Sum, DType::F64, 2, &src, &mut lanes[..16]);
             decode(
                 Op::Sum,
                 DType::F64,
@@ -506,7 +549,7 @@ mod tests {
         let xs: Vec<f32> = vec![1.0, -2.5, 1e-3, 123.456, 0.0];
         let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut lanes = vec![0u8; xs.len() * 4];
-        let e = encode(Op::Sum, DType::F32, &src, &mut lanes);
+        let e = encode(Op::Sum, DType::F32, 2, &src, &mut lanes);
         let mut dst = vec![0u8; src.len()];
         decode(Op::Sum, DType::F32, 1, &lanes, e.exponent, &mut dst);
         for (i, x) in xs.iter().enumerate() {
@@ -523,11 +566,11 @@ mod tests {
             .collect();
         let mut lanes = vec![0u8; 8];
         assert_eq!(
-            encode(Op::Sum, DType::F32, &src, &mut lanes).flags,
+            encode(Op::Sum, DType::F32, 2, &src, &mut lanes).flags,
             ENC_NONFINITE
         );
         assert_eq!(
-            encode(Op::Max, DType::F32, &src, &mut lanes).flags,
+            encode(Op::Max, DType::F32, 2, &src, &mut lanes).flags,
             ENC_NONFINITE
         );
         let src: Vec<u8> = [1.0f32, f32::INFINITY]
@@ -535,11 +578,11 @@ mod tests {
             .flat_map(|x| x.to_le_bytes())
             .collect();
         assert_eq!(
-            encode(Op::Sum, DType::F32, &src, &mut lanes).flags,
+            encode(Op::Sum, DType::F32, 2, &src, &mut lanes).flags,
             ENC_NONFINITE
         );
         assert_eq!(
-            encode(Op::Max, DType::F32, &src, &mut lanes).flags,
+            encode(Op::Max, DType::F32, 2, &src, &mut lanes).flags,
             0,
             "max carries infinities exactly"
         );

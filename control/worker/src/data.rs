@@ -122,6 +122,20 @@ pub fn check(
     inputs: &[Vec<u8>],
     result: &[u8],
 ) -> Result<f64, String> {
+    check_levels(op, dtype, segment, inputs, result, 1)
+}
+
+/// [`check`] for a job whose `inputs.len()` ranks are reduced by `points` aggregation
+/// points (a tree: every host and switch; a ring: every host): the float bound grows by
+/// three blocks' worth per point (docs/types.md).
+pub fn check_levels(
+    op: Op,
+    dtype: DType,
+    segment: usize,
+    inputs: &[Vec<u8>],
+    result: &[u8],
+    points: usize,
+) -> Result<f64, String> {
     let size = dtype.size();
     let n = result.len() / size;
     let members = inputs.len();
@@ -204,12 +218,12 @@ pub fn check(
                         let max = (s0..s1)
                             .map(|j| as_f64(dtype, &inputs[m][j * size..]).abs())
                             .fold(0.0, f64::max);
-                        codec::block_exponent(max, codec::bfp_bits(dtype)) as i32
+                        codec::block_exponent(max, codec::bfp_bits(dtype, members)) as i32
                     })
                     .max()
                     .unwrap();
                 let mut want = exact_sum(&vals);
-                let mut bound = (1.5 * members as f64 + 2.0) * 2f64.powi(k);
+                let mut bound = (1.5 * members as f64 + 3.0 * points as f64 - 1.0) * 2f64.powi(k);
                 if op == Op::Avg {
                     want /= members as f64;
                     bound /= members as f64;

@@ -437,7 +437,7 @@ impl Engine {
             p,
             ..
         } = self;
-        let (job, members) = (p.job, p.shape.members() as u32);
+        let (job, ranks) = (p.job, p.ranks() as u32);
         transport.receive(nonblocking, spin, &mut |d: &[u8]| {
             let Ok(packet) = wire::decode(d) else { return };
             let h = packet.header;
@@ -468,7 +468,7 @@ impl Engine {
                     packet.payload.len(),
                     out.len() / r.dtype.size() * r.lane.size()
                 );
-                codec::decode(r.op, r.dtype, members, packet.payload, h.exponent(), out);
+                codec::decode(r.op, r.dtype, ranks, packet.payload, h.exponent(), out);
             }
             answered.push((a, flags));
         })
@@ -595,6 +595,7 @@ impl Engine {
         let enc = codec::encode(
             r.op,
             r.dtype,
+            self.p.ranks(),
             &src[range],
             &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
         );

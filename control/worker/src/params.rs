@@ -22,6 +22,10 @@ pub struct WorkerParams {
     pub dtype: DType,
     /// The job's members, slots and segment length.
     pub shape: JobShape,
+    /// Ranks in the whole job, every level of its tree (or ring) together; `None`: the
+    /// job's members (a flat job). Float sums scale their mantissas for it, and `avg`
+    /// divides by it.
+    pub ranks: Option<usize>,
     /// First retransmission timeout; adapted to the measured round trip.
     pub timeout: Duration,
     /// Upper bound of the retransmission timeout.
@@ -68,6 +72,7 @@ impl WorkerParams {
             op: Op::Sum,
             dtype: DType::I32,
             shape,
+            ranks: None,
             timeout: Duration::from_millis(20),
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
@@ -149,6 +154,19 @@ impl WorkerParams {
                 self.shape.members()
             )));
         }
+        let ranks = self.ranks();
+        if ranks < self.shape.members() || ranks > crate::codec::MAX_RANKS {
+            return Err(AllreduceError::Invalid(format!(
+                "{ranks} ranks in a job of {} members here: a job has at least its members and at most {} ranks",
+                self.shape.members(),
+                crate::codec::MAX_RANKS
+            )));
+        }
         Ok(lane)
+    }
+
+    /// Ranks in the whole job ([`WorkerParams::ranks`], or the members).
+    pub fn ranks(&self) -> usize {
+        self.ranks.unwrap_or(self.shape.members())
     }
 }

@@ -486,8 +486,52 @@ impl TreeLab {
         tweak: impl Fn(&mut WorkerParams) + Sync,
     ) -> Result<Vec<Report>> {
         let n = self.ranks.len();
-        let (job, segment, slots) = self.job;
         let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
+        self.on_ranks(message, tweak, |g, wk| {
+            let mut buf = vec![0i32; elems];
+            xagg_worker::data::fill(seed, g as u32, &mut buf);
+            let rep = wk.allreduce(&mut buf)?;
+            if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
+                bail!(
+                    "element {i} is {} but the sum over {n} ranks is {}",
+                    buf[i],
+                    expected[i]
+                );
+            }
+            Ok(rep)
+        })
+    }
+
+    /// One allreduce (message `message`) of `op` over `dtype` on every rank at once, rank
+    /// r starting from `inputs[r]` (the elements' bytes): every rank's result.
+    pub fn allreduce_as(
+        &self,
+        message: u32,
+        op: xagg_common::Op,
+        dtype: xagg_common::DType,
+        inputs: &[Vec<u8>],
+    ) -> Result<Vec<Vec<u8>>> {
+        self.on_ranks(
+            message,
+            |_| {},
+            |g, wk| {
+                let mut buf = inputs[g].clone();
+                wk.allreduce_bytes_as(op, dtype, &mut buf)?;
+                Ok(buf)
+            },
+        )
+    }
+
+    /// Runs `work` on every rank at once, each in its namespace with a worker of the job
+    /// (its host as its aggregation point, all ranks as the job's ranks, [`Self::tune`]d,
+    /// then adjusted by `tweak`): what each returned, in rank order.
+    fn on_ranks<T: Send>(
+        &self,
+        message: u32,
+        tweak: impl Fn(&mut WorkerParams) + Sync,
+        work: impl Fn(usize, &Worker) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
+        let (job, segment, slots) = self.job;
         std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .ranks
@@ -496,8 +540,8 @@ impl TreeLab {
                 .map(|(g, r)| {
                     let host = &self.points[r.host];
                     let local = host.children.len();
-                    let (expected, tweak) = (&expected, &tweak);
-                    s.spawn(move || -> Result<Report> {
+                    let (work, tweak) = (&work, &tweak);
+                    s.spawn(move || -> Result<T> {
                         xagg_sys::iface::enter_netns(&r.ns)?;
                         let shape = JobShape::with_elements(
                             local,
@@ -512,23 +556,12 @@ impl TreeLab {
                             r.local,
                             shape,
                         );
+                        p.ranks = Some(self.ranks.len());
                         p.first_message = Some(message);
                         self.tune(&mut p);
                         tweak(&mut p);
                         let wk = Worker::new(p)?;
-                        let mut buf = vec![0i32; elems];
-                        xagg_worker::data::fill(seed, g as u32, &mut buf);
-                        let rep = wk
-                            .allreduce(&mut buf)
-                            .with_context(|| format!("rank {g} (in {})", r.ns))?;
-                        if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
-                            bail!(
-                                "rank {g}: element {i} is {} but the sum over {n} ranks is {}",
-                                buf[i],
-                                expected[i]
-                            );
-                        }
-                        Ok(rep)
+                        work(g, &wk).with_context(|| format!("rank {g} (in {})", r.ns))
                     })
                 })
                 .collect();
