@@ -89,6 +89,7 @@ impl Lab {
             bind: SocketAddrV4::new(worker_ip(worker), port),
             credential: Some(("lab".into(), self.cred)),
             timeout: Duration::from_secs(10),
+            levels: None,
         }
     }
 

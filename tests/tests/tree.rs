@@ -331,3 +331,33 @@ fn ops_and_types_at_every_level() {
         }
     }
 }
+
+/// Ranks join by themselves: each asks its host's daemon, stating the job's 4 ranks and
+/// its own; once a host's ranks are in, the host's daemon joins the switch's (named in its
+/// configuration, nothing per job) as one member standing for them; the switch's level is
+/// complete when its members stand for all 4 ranks. Then the allreduce is exact.
+#[test]
+fn ranks_and_hosts_join_by_themselves() {
+    if !require_root("ranks_and_hosts_join_by_themselves") {
+        return;
+    }
+    let mut lab = TreeLab::create(
+        "tj",
+        Topology::Hosts { hosts: 2, ranks: 2 },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    lab.join_and_allreduce(xagg_worker::JobKey([3; 16]), (seg, SLOTS), 100_000, 5)
+        .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    let c = lab.counters();
+    assert!(
+        c[1]["partial"] > 0 && c[2]["partial"] > 0,
+        "the hosts sent partials"
+    );
+    assert_eq!(
+        c[0]["complete"], c[1]["partial"],
+        "the switch completed each segment"
+    );
+}

@@ -665,6 +665,7 @@ fn allreduce(a: AllreduceArgs) -> Result<()> {
             bind,
             credential,
             timeout: Duration::from_secs(a.join_timeout_s),
+            levels: None,
         };
         let w = Worker::join_with(j, |p| settings(p, &a, op, dtype))?;
         let p = w.params().clone();

@@ -27,6 +27,24 @@ pub struct Config {
     /// Admission credentials: who may create jobs over the network, and how many slots.
     #[serde(default, rename = "credential", skip_serializing_if = "Vec::is_empty")]
     pub credentials: Vec<CredentialSection>,
+    /// This aggregation point's parent, if it is a host or a lower switch: jobs joined
+    /// here with ranks beyond this point's members join the parent's daemon as one member.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent: Option<ParentSection>,
+}
+
+/// The aggregation point above this one (`[parent]`): nothing is configured per job.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ParentSection {
+    /// The uplink: the port of this switch the parent is behind.
+    pub interface: String,
+    /// The parent daemon's network listener (its `daemon.listen`).
+    pub daemon: std::net::SocketAddr,
+    /// The admission credential this daemon gives the parent to create jobs there: its
+    /// name at the parent and a file holding its key.
+    pub credential: String,
+    pub key_file: PathBuf,
 }
 
 /// An admission credential (`[[credential]]`): its key stays in a file of its own, never

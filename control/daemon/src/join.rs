@@ -4,6 +4,14 @@
 //! addresses), the pending jobs and their timeout, leaving, idle jobs, and the state file
 //! that carries all of it across a restart of the daemon.
 //!
+//! **Levels.** A join carrying `Levels` belongs to a job with levels. At a host, the
+//! job's members are the host's ranks (`shape.members` is the host's local size); once
+//! they are all in, if the job has more ranks than that, the daemon joins its parent's
+//! daemon (`[parent]` in its configuration) as one member standing for them, and adds the
+//! job as an inner level when the parent's job runs. At the parent (a join with a shape
+//! of 0 members) the level is *open*: members are whoever joins, ordered by the first rank
+//! each stands for, and the job runs when their weights add up to the job's ranks.
+//!
 //! A joined job's wire id is a dense index (its low 16 bits, below 256) and a generation
 //! (its high 16 bits), counted up each time the index is given again, so a stale id
 //! never names a newer job. A job added by hand (`xagg job add --id N`) has index
@@ -14,6 +22,7 @@ use std::{
     collections::{BTreeMap, HashMap},
     net::SocketAddrV4,
     path::PathBuf,
+    sync::{Arc, Mutex},
     time::{Duration, Instant, SystemTime},
 };
 
@@ -21,14 +30,14 @@ use log::{info, warn};
 use serde::{Deserialize, Serialize};
 use xagg_common::job::MemberAddr;
 use xagg_join::{
-    unseal, CredentialKey, JobKey, JoinReply, JoinRequest, MemberReply, MemberRequest, Nonce,
-    NonceReply, Proof, Secret, Shape, NONCE_TTL_S,
+    unseal, CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest,
+    Nonce, NonceReply, Proof, Secret, Shape, NONCE_TTL_S,
 };
 
 use crate::{
     config::Config,
     dataplane::Dataplane,
-    job::{JobSpec, MemberSpec},
+    job::{JobSpec, MemberSpec, ParentSpec},
 };
 
 /// What the join registry needs of the dataplane: the daemon's [`Dataplane`], or a
@@ -164,6 +173,19 @@ struct Joined {
     /// The job's slots as last seen (`Dataplane::activity`).
     #[serde(skip)]
     activity: Option<u64>,
+    /// With levels: the job's ranks in all.
+    #[serde(default)]
+    ranks: Option<u32>,
+    /// With levels, per member: the first rank it stands for and how many.
+    #[serde(default)]
+    stands_for: Vec<Option<(u32, u32)>>,
+    /// An open level (a parent's): members are whoever joins, complete when their weights
+    /// add up to `ranks`.
+    #[serde(default)]
+    open: bool,
+    /// Where this level's partials go, once its parent's job runs.
+    #[serde(default)]
+    parent: Option<ParentSpec>,
 }
 
 fn unix_now() -> u64 {
@@ -178,10 +200,65 @@ impl Joined {
     }
 
     fn missing(&self) -> Vec<u8> {
-        (0..self.shape.members as u8)
+        (0..self.members.len() as u8)
             .filter(|&r| self.members[usize::from(r)].is_none_or(|m| m.left))
             .collect()
     }
+
+    /// Ranks the members present stand for (with levels).
+    fn weight_in(&self) -> u32 {
+        self.members
+            .iter()
+            .zip(&self.stands_for)
+            .filter(|(m, _)| m.is_some_and(|m| !m.left))
+            .filter_map(|(_, s)| s.map(|s| s.1))
+            .sum()
+    }
+
+    /// Whether every member is in: every rank of this level, or (open) members standing
+    /// for all the job's ranks.
+    fn complete(&self) -> bool {
+        if self.open {
+            self.ranks.is_some_and(|n| self.weight_in() == n)
+        } else {
+            self.missing().is_empty()
+        }
+    }
+
+    /// Whether this level's members stand for fewer ranks than the job has: it needs its
+    /// parent.
+    fn needs_parent(&self) -> bool {
+        !self.open && self.ranks.is_some_and(|n| n as usize > self.members.len())
+    }
+
+    /// What a pending job waits for, beyond the ranks `missing` names.
+    fn waiting(&self) -> Option<String> {
+        if self.open {
+            let n = self.ranks.unwrap_or(0);
+            Some(format!(
+                "members standing for {} more of the job's {n} ranks",
+                n - self.weight_in()
+            ))
+        } else if self.needs_parent() && self.missing().is_empty() {
+            Some("this level's parent (its job there gathers the other hosts)".into())
+        } else {
+            None
+        }
+    }
+}
+
+/// The parent a daemon joins its jobs' levels to (`[parent]`).
+#[derive(Clone)]
+struct ParentLink {
+    interface: String,
+    daemon: std::net::SocketAddr,
+    credential: (String, CredentialKey),
+}
+
+/// A job's join at its parent, made on a thread of its own: running, or its outcome.
+enum Upstream {
+    Joining,
+    Done(Result<ParentSpec, String>),
 }
 
 /// A joined job as `xagg job status` and `GET /v1/joins` show it (no secret).
@@ -212,14 +289,19 @@ pub struct Joins {
     nonces: HashMap<Nonce, Instant>,
     credentials: Vec<(String, CredentialKey, u32)>,
     generations: BTreeMap<u16, u16>,
-    /// Pending jobs that timed out: the ranks they waited for, and when.
-    expired: HashMap<JobKey, (Vec<u8>, Instant)>,
+    /// Pending jobs that failed (timed out, or their parent refused them): why, and when.
+    expired: HashMap<JobKey, (String, Instant)>,
     state_file: PathBuf,
     /// When the state file was last written.
     saved: Instant,
     join_timeout: Duration,
     idle_timeout: Duration,
     switch: SocketAddrV4,
+    /// The switch's MAC, told with nonces (a child addresses its partials to it).
+    mac: Option<String>,
+    parent: Option<ParentLink>,
+    /// Joins at the parent under way or done, by job key.
+    upstream: Arc<Mutex<HashMap<JobKey, Upstream>>>,
 }
 
 fn refused(reason: impl Into<String>) -> JoinReply {
@@ -280,9 +362,31 @@ impl Joins {
             join_timeout: Duration::from_secs(cfg.daemon.join_timeout_s),
             idle_timeout: Duration::from_secs(cfg.daemon.idle_timeout_s),
             switch,
+            mac: None,
+            parent: None,
+            upstream: Arc::default(),
         };
+        if let Some(p) = &cfg.parent {
+            let key = crate::config::CredentialSection {
+                name: p.credential.clone(),
+                key_file: p.key_file.clone(),
+                slot_quota: 0,
+            }
+            .key()?;
+            joins.parent = Some(ParentLink {
+                interface: p.interface.clone(),
+                daemon: p.daemon,
+                credential: (p.credential.clone(), key),
+            });
+        }
         joins.save();
         Ok(joins)
+    }
+
+    /// The switch's MAC, told with each nonce.
+    pub fn with_mac(mut self, mac: [u8; 6]) -> Self {
+        self.mac = Some(xagg_sys::iface::fmt_mac(&mac));
+        self
     }
 
     /// Writes the state file now (the daemon stops: the idle timers as they are).
@@ -338,6 +442,7 @@ impl Joins {
         NonceReply {
             nonce,
             switch: self.switch,
+            mac: self.mac.clone(),
         }
     }
 
@@ -370,8 +475,25 @@ impl Joins {
     }
 
     fn try_join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
-        if let Err(e) = req.shape.job_shape() {
+        // A level of the job gathered by its children: its members are counted by weight.
+        let open = req.levels.is_some() && req.shape.members == 0;
+        let checked = Shape {
+            members: req.shape.members.max(usize::from(open)),
+            ..req.shape
+        };
+        if let Err(e) = checked.job_shape() {
             return refused(format!("the job's shape: {e}"));
+        }
+        if let Some(l) = req.levels {
+            if l.weight == 0
+                || l.ranks < l.weight
+                || (!open && (l.ranks as usize) < req.shape.members)
+            {
+                return refused(format!(
+                    "levels: {} ranks in all, this member standing for {} from rank {}, {} members here: a member stands for 1 or more of the job's ranks, and the job has at least its members",
+                    l.ranks, l.weight, l.first, req.shape.members
+                ));
+            }
         }
         if !req.shape.segment_bytes.is_multiple_of(4) {
             return refused(format!(
@@ -379,7 +501,7 @@ impl Joins {
                 req.shape.segment_bytes
             ));
         }
-        if usize::from(req.rank) >= req.shape.members {
+        if !open && usize::from(req.rank) >= req.shape.members {
             return refused(format!(
                 "rank {} of a job of {} members: ranks are 0..{}",
                 req.rank, req.shape.members, req.shape.members
@@ -389,10 +511,9 @@ impl Joins {
             return refused(e);
         }
         if !self.jobs.contains_key(&req.key) {
-            if let Some((missing, _)) = self.expired.get(&req.key) {
+            if let Some((why, _)) = self.expired.get(&req.key) {
                 return refused(format!(
-                    "the job timed out after {} s waiting for ranks {missing:?} and was removed (its slots are free): start all ranks again, with a new key",
-                    self.join_timeout.as_secs()
+                    "the job {why} and was removed (its slots are free): start all ranks again, with a new key"
                 ));
             }
             if let Err(e) = self.create(dp, req) {
@@ -403,18 +524,43 @@ impl Joins {
         if !Proof::join(&j.secret(), req).matches(&req.proof) {
             return refused("the join's proof does not match the job's secret");
         }
-        if j.shape != req.shape {
+        if j.shape != req.shape || j.ranks != req.levels.map(|l| l.ranks) {
             return refused(format!(
-                "the job has {} members, {} slots and {}-byte segments; this join says {}, {} and {}: every rank must give the same shape",
+                "the job has {} members, {} slots, {}-byte segments and {:?} ranks in all; this join says {}, {}, {} and {:?}: every rank must give the same shape",
                 j.shape.members,
                 j.shape.slots,
                 j.shape.segment_bytes,
+                j.ranks,
                 req.shape.members,
                 req.shape.slots,
-                req.shape.segment_bytes
+                req.shape.segment_bytes,
+                req.levels.map(|l| l.ranks)
             ));
         }
-        let rank = usize::from(req.rank);
+        // An open level's member is found by the first rank it stands for.
+        let rank = match req.levels.filter(|_| j.open) {
+            Some(l) => match j
+                .stands_for
+                .iter()
+                .position(|s| s.is_some_and(|s| s.0 == l.first))
+            {
+                Some(i) => i,
+                None if j.ready => {
+                    return refused(format!(
+                        "the job runs without a member standing for rank {}",
+                        l.first
+                    ))
+                }
+                None => {
+                    let j = self.jobs.get_mut(&req.key).expect("exists");
+                    j.members.push(None);
+                    j.stands_for.push(None);
+                    j.members.len() - 1
+                }
+            },
+            None => usize::from(req.rank),
+        };
+        let j = self.jobs.get(&req.key).expect("exists");
         // The member's port and addresses, from its hello (or the one it already gave).
         let known = j.members[rank].filter(|m| m.hello == req.hello);
         let addr: MemberAddr = match known {
@@ -449,13 +595,53 @@ impl Joins {
             hello: req.hello,
             left: false,
         });
+        if let Some(l) = req.levels {
+            if j.stands_for.len() < j.members.len() {
+                j.stands_for.resize(j.members.len(), None);
+            }
+            j.stands_for[rank] = Some((l.first, l.weight));
+            if j.open && j.weight_in() > l.ranks {
+                j.members[rank] = None;
+                j.stands_for[rank] = None;
+                return refused(format!(
+                    "members here already stand for {} of the job's {} ranks: this one's {} would be too many",
+                    j.weight_in(),
+                    l.ranks,
+                    l.weight
+                ));
+            }
+        }
         let reply = if j.ready {
             info!(
                 "job {} ({}): rank {rank} joined again, behind {port}",
                 j.id, j.key
             );
-            ready(j, req.rank, dp)
-        } else if j.missing().is_empty() {
+            ready(j, rank as u8, dp)
+        } else if j.complete() && j.needs_parent() {
+            let waiting = j.waiting();
+            let since = j.since;
+            self.join_parent(req.key);
+            JoinReply::Pending {
+                missing: Vec::new(),
+                waited_s: since.elapsed().as_secs_f64(),
+                waiting,
+            }
+        } else if j.complete() {
+            if j.open {
+                // Members in the order of the ranks they stand for: their indices.
+                let mut order: Vec<usize> = (0..j.members.len()).collect();
+                order.sort_by_key(|&i| j.stands_for[i].map_or(u32::MAX, |s| s.0));
+                j.members = order.iter().map(|&i| j.members[i]).collect();
+                j.stands_for = order.iter().map(|&i| j.stands_for[i]).collect();
+            }
+            let rank = match req.levels.filter(|_| j.open) {
+                Some(l) => j
+                    .stands_for
+                    .iter()
+                    .position(|s| s.is_some_and(|s| s.0 == l.first))
+                    .unwrap_or(rank),
+                None => rank,
+            };
             let j = j.clone();
             match activate(dp, &j) {
                 Ok(()) => {
@@ -464,10 +650,12 @@ impl Joins {
                     jm.activity = None;
                     jm.active_unix_s = unix_now();
                     info!(
-                        "job {} ({}): all {} ranks in, running",
-                        jm.id, jm.key, jm.shape.members
+                        "job {} ({}): all {} members in, running",
+                        jm.id,
+                        jm.key,
+                        jm.members.len()
                     );
-                    ready(jm, req.rank, dp)
+                    ready(jm, rank as u8, dp)
                 }
                 Err(e) => {
                     self.jobs.remove(&req.key);
@@ -480,6 +668,7 @@ impl Joins {
             JoinReply::Pending {
                 missing: j.missing(),
                 waited_s: j.since.elapsed().as_secs_f64(),
+                waiting: j.waiting(),
             }
         };
         self.save();
@@ -552,6 +741,10 @@ impl Joins {
             shape: req.shape,
             id,
             members: vec![None; req.shape.members],
+            stands_for: vec![None; req.shape.members],
+            ranks: req.levels.map(|l| l.ranks),
+            open: req.levels.is_some() && req.shape.members == 0,
+            parent: None,
             ready: false,
             created_unix_s: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -634,9 +827,107 @@ impl Joins {
         }
     }
 
+    /// Joins the parent's daemon for job `key`, whose ranks here are all in, on a thread
+    /// of its own (once); [`Joins::tick`] adds the job when the parent's job runs.
+    fn join_parent(&mut self, key: JobKey) {
+        let mut up = self.upstream.lock().unwrap_or_else(|e| e.into_inner());
+        if up.contains_key(&key) {
+            return;
+        }
+        let Some(j) = self.jobs.get(&key) else { return };
+        let Some(link) = self.parent.clone() else {
+            up.insert(
+                key,
+                Upstream::Done(Err(format!(
+                    "has {} ranks but this daemon has {} of them and no [parent] to join for the rest",
+                    j.ranks.unwrap_or(0),
+                    j.members.len()
+                ))),
+            );
+            return;
+        };
+        let levels = Levels {
+            ranks: j.ranks.unwrap_or(0),
+            first: j
+                .stands_for
+                .iter()
+                .flatten()
+                .map(|s| s.0)
+                .min()
+                .unwrap_or(0),
+            weight: j.stands_for.iter().flatten().map(|s| s.1).sum(),
+        };
+        let shape = Shape {
+            members: 0,
+            ..j.shape
+        };
+        let (secret, local, timeout) = (j.secret(), self.switch, self.join_timeout);
+        info!(
+            "job {} ({key}): its {} ranks are in; joining the parent at {}",
+            j.id, levels.weight, link.daemon
+        );
+        up.insert(key, Upstream::Joining);
+        let upstream = self.upstream.clone();
+        std::thread::spawn(move || {
+            let r = join_upstream(&link, local, key, &secret, shape, levels, timeout);
+            upstream
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .insert(key, Upstream::Done(r));
+        });
+    }
+
+    /// Adds the jobs whose parents took them, and drops those refused there.
+    fn settle_upstream(&mut self, dp: &mut impl JobTable) {
+        let done: Vec<(JobKey, Result<ParentSpec, String>)> = {
+            let mut up = self.upstream.lock().unwrap_or_else(|e| e.into_inner());
+            let keys: Vec<JobKey> = up
+                .iter()
+                .filter(|(_, u)| matches!(u, Upstream::Done(_)))
+                .map(|(k, _)| *k)
+                .collect();
+            keys.into_iter()
+                .filter_map(|k| match up.remove(&k) {
+                    Some(Upstream::Done(r)) => Some((k, r)),
+                    _ => None,
+                })
+                .collect()
+        };
+        for (key, r) in done {
+            let Some(j) = self.jobs.get_mut(&key) else {
+                continue;
+            };
+            let r = r.and_then(|p| {
+                j.parent = Some(p);
+                activate(dp, j)
+            });
+            match r {
+                Ok(()) => {
+                    j.ready = true;
+                    j.activity = None;
+                    j.active_unix_s = unix_now();
+                    info!(
+                        "job {} ({key}): running, member {} of job {} at the parent",
+                        j.id,
+                        j.parent.as_ref().map_or(0, |p| p.member),
+                        j.parent.as_ref().map_or(0, |p| p.job)
+                    );
+                }
+                Err(e) => {
+                    warn!("job {} ({key}) cannot run: {e}", j.id);
+                    self.expired
+                        .insert(key, (format!("failed at its parent: {e}"), Instant::now()));
+                    self.remove(dp, &key, None, "its parent did not take it");
+                }
+            }
+            self.save();
+        }
+    }
+
     /// Once a second: pending jobs past the join timeout fail, idle jobs and jobs removed
-    /// by hand go.
+    /// by hand go, jobs whose parents took them run.
     pub fn tick(&mut self, dp: &mut impl JobTable) {
+        self.settle_upstream(dp);
         let now = Instant::now();
         self.expired
             .retain(|_, (_, t)| now.duration_since(*t) < EXPIRED_KEPT);
@@ -656,7 +947,16 @@ impl Joins {
                         None,
                         format!("timed out waiting for ranks {missing:?}"),
                     ));
-                    self.expired.insert(j.key, (missing, now));
+                    self.expired.insert(
+                        j.key,
+                        (
+                            format!(
+                                "timed out after {} s waiting for ranks {missing:?}",
+                                self.join_timeout.as_secs()
+                            ),
+                            now,
+                        ),
+                    );
                 }
                 continue;
             }
@@ -719,6 +1019,71 @@ impl Joins {
     }
 }
 
+/// A level's join at its parent's daemon: hellos from this point's collective address
+/// (they leave through the uplink, so the parent records the port it is behind), then
+/// joins until the parent's job runs. Where this level's partials go.
+fn join_upstream(
+    link: &ParentLink,
+    local: SocketAddrV4,
+    key: JobKey,
+    secret: &Secret,
+    shape: Shape,
+    levels: Levels,
+    timeout: Duration,
+) -> Result<ParentSpec, String> {
+    let sock = hello_socket(local)?;
+    let client = xagg_join::client::Client::new(link.daemon);
+    let (name, cred) = (&link.credential.0, &link.credential.1);
+    let joined = client.join(&sock, timeout, |nonce, token| {
+        JoinRequest::new(
+            key,
+            secret,
+            shape,
+            0,
+            token,
+            nonce,
+            Some((name, cred)),
+            Some(levels),
+        )
+    })?;
+    let mac = joined
+        .at
+        .mac
+        .ok_or("the parent's daemon does not tell its MAC (an older xaggd)")?;
+    Ok(ParentSpec {
+        interface: link.interface.clone(),
+        mac,
+        addr: joined.at.switch,
+        job: joined.job,
+        member: joined.member,
+    })
+}
+
+/// A UDP socket on this point's collective address, for hellos to the parent: shared
+/// (SO_REUSEADDR, SO_REUSEPORT) by the jobs joining at once. Nothing arrives on it:
+/// collective packets are taken by the XDP programs at the ports.
+fn hello_socket(local: SocketAddrV4) -> Result<std::net::UdpSocket, String> {
+    use nix::sys::socket::{
+        bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
+    };
+    let fail = |e: nix::Error| format!("a socket on {local} for hellos to the parent: {e}");
+    let fd = socket(
+        AddressFamily::Inet,
+        SockType::Datagram,
+        SockFlag::SOCK_CLOEXEC,
+        None,
+    )
+    .map_err(fail)?;
+    setsockopt(&fd, sockopt::ReuseAddr, &true).map_err(fail)?;
+    setsockopt(&fd, sockopt::ReusePort, &true).map_err(fail)?;
+    bind(
+        std::os::fd::AsRawFd::as_raw_fd(&fd),
+        &SockaddrIn::from(local),
+    )
+    .map_err(fail)?;
+    Ok(std::net::UdpSocket::from(fd))
+}
+
 fn hex_secret(s: &Secret) -> String {
     s.0.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -761,7 +1126,7 @@ fn activate(dp: &mut impl JobTable, j: &Joined) -> Result<(), String> {
         slots: j.shape.slots as u32,
         members,
         slot_base: None,
-        parent: None,
+        parent: j.parent.clone(),
         ring: None,
     };
     dp.add_job(&spec)

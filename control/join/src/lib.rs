@@ -23,6 +23,16 @@
 //! Proofs are HMAC-SHA256 over a domain string and every field of the request, so a
 //! captured request can be neither replayed (the nonce is spent) nor altered. Answers are
 //! not authenticated: someone on the path can make a join fail, not join.
+//!
+//! **Levels.** A join may carry [`Levels`]: the job's ranks in all (N), the first rank the
+//! member stands for and how many it stands for. A rank joining its host states N and its
+//! global rank (weight 1); a host whose ranks are all in joins its parent's daemon (named
+//! in the host daemon's configuration) as one member standing for its ranks, with a shape
+//! of 0 members: the parent's level is complete when its members' weights add up to N,
+//! and orders them by their first rank.
+
+#[cfg(feature = "client")]
+pub mod client;
 
 use std::{fmt, net::SocketAddrV4};
 
@@ -188,6 +198,31 @@ pub struct NonceReply {
     pub nonce: Nonce,
     /// The switch's data address and collective port: where hellos and contributions go.
     pub switch: SocketAddrV4,
+    /// The switch's MAC (a child aggregation point addresses its partials to it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+}
+
+/// Where a member of a job with levels stands (see the module's "Levels").
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Levels {
+    /// Ranks in the whole job.
+    pub ranks: u32,
+    /// The first (lowest) rank this member stands for: a rank's own, a host's lowest.
+    pub first: u32,
+    /// Ranks this member stands for: 1 for a rank, its ranks for a host.
+    pub weight: u32,
+}
+
+impl Levels {
+    fn bytes(&self) -> [u8; 12] {
+        let mut b = [0u8; 12];
+        b[..4].copy_from_slice(&self.ranks.to_le_bytes());
+        b[4..8].copy_from_slice(&self.first.to_le_bytes());
+        b[8..].copy_from_slice(&self.weight.to_le_bytes());
+        b
+    }
 }
 
 /// What creating a job adds to a join.
@@ -216,6 +251,9 @@ pub struct JoinRequest {
     /// Present to create the job if it does not exist yet.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub admission: Option<Admission>,
+    /// Present in a job with levels (hosts, switches above them).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub levels: Option<Levels>,
 }
 
 /// What a join request's answer says.
@@ -225,8 +263,14 @@ pub enum JoinReply {
     /// The switch has seen no hello with the request's token: send hellos again, then
     /// join again.
     NoHello,
-    /// This member is in; the job waits for the ranks named.
-    Pending { missing: Vec<u8>, waited_s: f64 },
+    /// This member is in; the job waits for the ranks named (or, with levels, for what
+    /// `waiting` says: ranks still to join elsewhere, or this level's parent).
+    Pending {
+        missing: Vec<u8>,
+        waited_s: f64,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        waiting: Option<String>,
+    },
     /// Every rank is in: the job runs.
     Ready {
         job: u32,
@@ -288,17 +332,16 @@ fn shape_bytes(s: &Shape) -> [u8; 24] {
 impl Proof {
     /// Proves knowledge of the job's secret for this join: every field of it.
     pub fn join(secret: &Secret, r: &JoinRequest) -> Self {
-        Self(hmac(
-            &secret.0,
-            &[
-                b"xagg join v1",
-                &r.nonce.0,
-                &r.key.0,
-                &shape_bytes(&r.shape),
-                &[r.rank],
-                &r.hello.to_le_bytes(),
-            ],
-        ))
+        let levels = r.levels.map(|l| l.bytes());
+        let mut parts: Vec<&[u8]> = vec![b"xagg join v1", &r.nonce.0, &r.key.0];
+        let shape = shape_bytes(&r.shape);
+        let hello = r.hello.to_le_bytes();
+        let rank = [r.rank];
+        parts.extend([&shape[..], &rank, &hello]);
+        if let Some(l) = &levels {
+            parts.push(l);
+        }
+        Self(hmac(&secret.0, &parts))
     }
 
     /// Proves the credential for creating job `key` of `shape` with this nonce.
@@ -350,6 +393,10 @@ pub fn unseal(sealed: &Sealed, cred: &CredentialKey, nonce: &Nonce, key: &JobKey
 impl JoinRequest {
     /// A join of member `rank`, proven with `secret`; with `admission` (a credential's
     /// name and key) it may create the job.
+    #[expect(
+        clippy::too_many_arguments,
+        reason = "every field of the join is proven"
+    )]
     pub fn new(
         key: JobKey,
         secret: &Secret,
@@ -358,6 +405,7 @@ impl JoinRequest {
         hello: u64,
         nonce: Nonce,
         admission: Option<(&str, &CredentialKey)>,
+        levels: Option<Levels>,
     ) -> Self {
         let mut r = Self {
             key,
@@ -367,6 +415,7 @@ impl JoinRequest {
             nonce,
             proof: Proof([0; 32]),
             admission: None,
+            levels,
         };
         r.proof = Proof::join(secret, &r);
         r.admission = admission.map(|(name, cred)| Admission {
@@ -402,7 +451,7 @@ mod tests {
             segment_bytes: 3448,
         };
         let nonce = Nonce::random();
-        let r = JoinRequest::new(key, &secret, shape, 2, 99, nonce, Some(("a", &cred)));
+        let r = JoinRequest::new(key, &secret, shape, 2, 99, nonce, Some(("a", &cred)), None);
         assert!(Proof::join(&secret, &r).matches(&r.proof));
         // Any field changed, or another secret: the proof no longer holds.
         for changed in [

@@ -257,6 +257,7 @@ pub fn create(comm: Comm) -> CommState {
                 bind,
                 credential: settings.credential.clone(),
                 timeout: settings.join_timeout,
+                levels: None,
             },
             |wp| {
                 if let Some(g) = settings.give_up {

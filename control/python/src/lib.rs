@@ -236,6 +236,7 @@ impl Job {
             bind: local_address(daemon)?,
             credential,
             timeout: Duration::from_secs_f64(timeout),
+            levels: None,
         };
         let worker = py
             .detach(move || {

@@ -88,7 +88,7 @@ use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
 use transport::Transport;
 use xagg_common::wire::{self, DType, Lane, Op, HEADER_LEN};
-pub use xagg_join::{CredentialKey, JobKey, MemberReply, Secret};
+pub use xagg_join::{CredentialKey, JobKey, Levels, MemberReply, Secret};
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
 pub trait Element: Copy + Send + Sync + 'static + private::Sealed {

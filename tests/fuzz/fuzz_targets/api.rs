@@ -26,8 +26,8 @@ use xagg_daemon::{
     join::{JobTable, Joins},
 };
 use xagg_join::{
-    CredentialKey, JobKey, JoinReply, JoinRequest, MemberReply, MemberRequest, Nonce, NonceReply,
-    Secret, Shape,
+    CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, Nonce,
+    NonceReply, Secret, Shape,
 };
 
 const SLOTS: u32 = 2048;
@@ -317,7 +317,15 @@ fuzz_target!(|data: &[u8]| {
                     CredentialKey([b; 32])
                 };
                 let admission = (b & 0x80 != 0).then_some(("fuzz", &cred));
-                let req = JoinRequest::new(keys[k], &secret, shape, rank, token, nonce, admission);
+                // Jobs with levels too: a rank's join at its host, a host's at an open level.
+                let levels = (token & 3 == 1).then(|| Levels {
+                    ranks: u32::from(input.byte() % 9),
+                    first: u32::from(rank),
+                    weight: u32::from(input.byte() % 3),
+                });
+                let req = JoinRequest::new(
+                    keys[k], &secret, shape, rank, token, nonce, admission, levels,
+                );
                 if op % 8 == 5 {
                     let action = if b & 1 == 0 { "leave" } else { "status" };
                     let m =

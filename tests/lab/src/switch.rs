@@ -198,6 +198,7 @@ impl LabSwitch {
             },
             jobs: Vec::new(),
             credentials: Vec::new(),
+            parent: None,
         }
     }
 

@@ -123,6 +123,9 @@ pub fn child_port(k: usize) -> String {
 /// A point's port facing its parent.
 pub const UPLINK: &str = "up0";
 
+/// Where each point's daemon listens for joins (at the point's address).
+pub const JOIN_PORT: u16 = 47900;
+
 impl TreeLab {
     /// Builds the namespaces and links of `topology` (removing any leftover lab of this
     /// prefix first); no daemon runs yet.
@@ -298,6 +301,22 @@ impl TreeLab {
 
     /// Starts every point's daemon: its ports are its children's and its uplink.
     pub fn start_daemons(&mut self) -> Result<()> {
+        self.start_daemons_with(false)
+    }
+
+    /// [`Self::start_daemons`] with every daemon listening for joins at its address, port
+    /// [`JOIN_PORT`], taking the lab's credential, and naming its parent's daemon in its
+    /// configuration: ranks join jobs by themselves, hosts join their parents.
+    pub fn start_joinable(&mut self) -> Result<()> {
+        self.start_daemons_with(true)
+    }
+
+    fn start_daemons_with(&mut self, joinable: bool) -> Result<()> {
+        let key_file = std::env::temp_dir()
+            .join(format!("xagg-{}", self.prefix))
+            .join("lab.key");
+        std::fs::write(&key_file, crate::switch::CREDENTIAL.1)?;
+        let addresses: Vec<Ipv4Addr> = self.points.iter().map(|p| p.ip).collect();
         for p in self.points.iter_mut().filter(|p| p.aggregates) {
             let _ = xagg_daemon::dataplane::unpin(&p.pin);
             let mut ports: Vec<String> = (0..p.children.len()).map(child_port).collect();
@@ -322,7 +341,24 @@ impl TreeLab {
                 },
                 jobs: Vec::new(),
                 credentials: Vec::new(),
+                parent: None,
             };
+            let mut cfg = cfg;
+            if joinable {
+                cfg.daemon.listen = Some(SocketAddrV4::new(p.ip, JOIN_PORT).into());
+                cfg.credentials
+                    .push(xagg_daemon::config::CredentialSection {
+                        name: crate::switch::CREDENTIAL.0.into(),
+                        key_file: key_file.clone(),
+                        slot_quota: 4096,
+                    });
+                cfg.parent = p.parent.map(|(q, _)| xagg_daemon::config::ParentSection {
+                    interface: UPLINK.into(),
+                    daemon: SocketAddrV4::new(addresses[q], JOIN_PORT).into(),
+                    credential: crate::switch::CREDENTIAL.0.into(),
+                    key_file: key_file.clone(),
+                });
+            }
             let config = p.dir.join("xaggd.toml");
             std::fs::write(&config, cfg.to_toml())?;
             let log = p.dir.join("xaggd.log");
@@ -520,6 +556,82 @@ impl TreeLab {
                 Ok(buf)
             },
         )
+    }
+
+    /// Every rank joins job `key` at its host's daemon by itself (stating the job's ranks
+    /// and its own global rank), the hosts join their parents, then one allreduce of `elems`
+    /// i32 (sum) runs, each result checked against the sum over all ranks.
+    pub fn join_and_allreduce(
+        &self,
+        key: xagg_join::JobKey,
+        (segment, slots): (usize, usize),
+        elems: usize,
+        seed: u64,
+    ) -> Result<Vec<Report>> {
+        let n = self.ranks.len();
+        let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
+        let secret = xagg_join::Secret([7; 32]);
+        let cred: xagg_join::CredentialKey = crate::switch::CREDENTIAL
+            .1
+            .parse()
+            .map_err(anyhow::Error::msg)?;
+        std::thread::scope(|s| {
+            let handles: Vec<_> = self
+                .ranks
+                .iter()
+                .enumerate()
+                .map(|(g, r)| {
+                    let host = &self.points[r.host];
+                    let expected = &expected;
+                    s.spawn(move || -> Result<Report> {
+                        xagg_sys::iface::enter_netns(&r.ns)?;
+                        let shape = JobShape::with_elements(
+                            host.children.len(),
+                            slots,
+                            segment,
+                            xagg_common::wire::Lane::I32,
+                        )?;
+                        let wk = Worker::join_with(
+                            xagg_worker::JoinParams {
+                                daemon: SocketAddrV4::new(host.ip, JOIN_PORT).into(),
+                                key,
+                                secret,
+                                rank: r.local,
+                                shape,
+                                bind: SocketAddrV4::new(r.ip, WORKER_PORT),
+                                credential: Some((crate::switch::CREDENTIAL.0.into(), cred)),
+                                timeout: std::time::Duration::from_secs(20),
+                                levels: Some(xagg_join::Levels {
+                                    ranks: n as u32,
+                                    first: g as u32,
+                                    weight: 1,
+                                }),
+                            },
+                            |p| self.tune(p),
+                        )
+                        .with_context(|| format!("rank {g} joining"))?;
+                        let mut buf = vec![0i32; elems];
+                        xagg_worker::data::fill(seed, g as u32, &mut buf);
+                        let rep = wk
+                            .allreduce(&mut buf)
+                            .with_context(|| format!("rank {g} (in {})", r.ns))?;
+                        if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
+                            bail!(
+                                "rank {g}: element {i} is {} but the sum over {n} ranks is {}",
+                                buf[i],
+                                expected[i]
+                            );
+                        }
+                        let _ = wk.leave();
+                        Ok(rep)
+                    })
+                })
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap_or_else(|_| bail!("rank thread panicked")))
+                .collect()
+        })
     }
 
     /// Runs `work` on every rank at once, each in its namespace with a worker of the job

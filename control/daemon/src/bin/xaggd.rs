@@ -145,7 +145,10 @@ fn main() -> Result<()> {
         );
     }
     let switch = std::net::SocketAddrV4::new(cfg.switch.address, cfg.switch.udp_port);
-    let joins = Joins::new(&cfg, switch, &dp).map_err(anyhow::Error::msg)?;
+    let mac = dp.switch_config()?.mac;
+    let joins = Joins::new(&cfg, switch, &dp)
+        .map_err(anyhow::Error::msg)?
+        .with_mac(mac);
     let state = Arc::new(Mutex::new(State {
         dp,
         cfg: cfg.clone(),
