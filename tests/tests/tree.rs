@@ -349,8 +349,12 @@ fn ranks_and_hosts_join_by_themselves() {
     .expect("the tree lab");
     lab.start_joinable().expect("joinable daemons");
     let seg = xagg_common::wire::MAX_PAYLOAD / 4;
-    lab.join_and_allreduce(xagg_worker::JobKey([3; 16]), (seg, SLOTS), 100_000, 5)
+    let reports = lab
+        .join_and_allreduce(xagg_worker::JobKey([3; 16]), (seg, SLOTS), 100_000, 5)
         .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    assert!(reports
+        .iter()
+        .all(|r| r.path == xagg_worker::Path::Tree && r.why.is_none()));
     let c = lab.counters();
     assert!(
         c[1]["partial"] > 0 && c[2]["partial"] > 0,
@@ -360,4 +364,76 @@ fn ranks_and_hosts_join_by_themselves() {
         c[0]["complete"], c[1]["partial"],
         "the switch completed each segment"
     );
+}
+
+/// Ranks join, and their job goes round a ring of hosts: with no aggregating switch
+/// configured above the hosts, when the switch is full, and when the switch's daemon does
+/// not answer (within 2 s). Every allreduce says which way it went and why, and is exact.
+#[test]
+fn the_ring_when_the_switch_cannot_aggregate() {
+    if !require_root("the_ring_when_the_switch_cannot_aggregate") {
+        return;
+    }
+    use xagg_worker::{JobKey, Path};
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    let ring = |lab: &TreeLab, key: u8, why: &str| {
+        let reports = lab
+            .join_and_allreduce(JobKey([key; 16]), (seg, SLOTS), 60_000, key.into())
+            .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+        for r in &reports {
+            assert_eq!(r.path, Path::Ring, "{r:?}");
+            let said = r.why.as_deref().unwrap_or("");
+            assert!(said.contains(why), "{said:?} should say {why:?}");
+        }
+        eprintln!("ring: {}", reports[0].why.as_deref().unwrap_or(""));
+    };
+
+    // No aggregating switch: hosts on a plain bridge.
+    let mut lab = TreeLab::create(
+        "tg",
+        Topology::Ring { hosts: 3, ranks: 2 },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the ring lab");
+    lab.start_joinable().expect("joinable daemons");
+    ring(&lab, 1, "no aggregating switch");
+    drop(lab);
+
+    // The switch is full: a job holds every slot.
+    let mut lab = TreeLab::create(
+        "tk",
+        Topology::Hosts { hosts: 2, ranks: 2 },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    let hog = xagg_daemon::job::JobSpec {
+        id: 200,
+        op: xagg_common::Op::Sum,
+        dtype: xagg_common::DType::I32,
+        segment: 862,
+        slots: xagg_common::slot::MAX_SLOTS,
+        members: vec![xagg_daemon::job::MemberSpec {
+            interface: "p0".into(),
+            mac: "02:00:00:00:09:09".into(),
+            addr: "10.77.9.9:1".parse().unwrap(),
+        }],
+        slot_base: None,
+        parent: None,
+        ring: None,
+    };
+    assert!(matches!(
+        lab.api(0, &Request::AddJob { job: hog }).unwrap(),
+        xagg_daemon::api::Response::Job { .. }
+    ));
+    ring(&lab, 2, "the switch is full");
+
+    // The switch's daemon is gone (its dataplane stays, passing what is not its own).
+    lab.points[0]
+        .daemon
+        .take()
+        .expect("the switch's daemon")
+        .stop(Signal::SIGKILL)
+        .unwrap();
+    ring(&lab, 3, "did not answer");
 }

@@ -19,7 +19,9 @@ use axum::{
     Json, Router,
 };
 use serde::{Deserialize, Serialize};
-use xagg_join::{JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply};
+use xagg_join::{
+    JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply, RingReply, RingRequest,
+};
 
 use crate::job::JobSpec;
 
@@ -199,6 +201,8 @@ pub trait Handler: Clone + Send + Sync + 'static {
     fn join(&self, req: JoinRequest) -> JoinReply;
     /// A member's `action` ("leave" or "status") on its job.
     fn member(&self, action: &'static str, req: MemberRequest) -> MemberReply;
+    /// A host's word to this daemon as its job's ring coordinator.
+    fn ring(&self, req: RingRequest) -> RingReply;
 }
 
 /// A join protocol answer with its HTTP status: a refusal is 403.
@@ -217,7 +221,7 @@ pub fn network_router<H: Handler>(h: H) -> Router {
         .fallback(|method: Method, uri: Uri| async move {
             let r = Response::Error {
                 message: format!(
-                    "no route {method} {uri} on the network listener: it serves only the join protocol (GET /v1/nonce, POST /v1/join, /v1/leave, /v1/joined/status); everything else is on the daemon's local socket"
+                    "no route {method} {uri} on the network listener: it serves only the join protocol (GET /v1/nonce, POST /v1/join, /v1/leave, /v1/joined/status, /v1/ring); everything else is on the daemon's local socket"
                 ),
             };
             (StatusCode::NOT_FOUND, Json(r))
@@ -264,6 +268,18 @@ fn join_routes<H: Handler>(h: H) -> Router {
                     body(r).map(|r| {
                         let reply = h.member("leave", r);
                         join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
+                    })
+                }
+            }),
+        )
+        .route(
+            "/v1/ring",
+            post({
+                let h = h.clone();
+                move |r: Result<Json<RingRequest>, JsonRejection>| async move {
+                    body(r).map(|r| {
+                        let reply = h.ring(r);
+                        join_answer(matches!(reply, RingReply::Refused { .. }), reply)
                     })
                 }
             }),

@@ -37,14 +37,26 @@ pub struct Config {
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct ParentSection {
-    /// The uplink: the port of this switch the parent is behind.
+    /// The uplink: the port of this switch the parent (or a ring's other hosts) is behind.
     pub interface: String,
-    /// The parent daemon's network listener (its `daemon.listen`).
-    pub daemon: std::net::SocketAddr,
+    /// The parent daemon's network listener (its `daemon.listen`); none: no aggregating
+    /// switch above, jobs with more ranks than this host's go round a ring of hosts.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<std::net::SocketAddr>,
     /// The admission credential this daemon gives the parent to create jobs there: its
     /// name at the parent and a file holding its key.
-    pub credential: String,
-    pub key_file: PathBuf,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub key_file: Option<PathBuf>,
+    /// How long the parent may not answer before a job goes round the ring instead (when
+    /// its ranks named a coordinator), in milliseconds.
+    #[serde(default = "default_ring_after")]
+    pub ring_after_ms: u64,
+}
+
+fn default_ring_after() -> u64 {
+    2000
 }
 
 /// An admission credential (`[[credential]]`): its key stays in a file of its own, never

@@ -31,13 +31,13 @@ use serde::{Deserialize, Serialize};
 use xagg_common::job::MemberAddr;
 use xagg_join::{
     unseal, CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest,
-    Nonce, NonceReply, Proof, Secret, Shape, NONCE_TTL_S,
+    Nonce, NonceReply, Path, Proof, RingHost, RingReply, RingRequest, Secret, Shape, NONCE_TTL_S,
 };
 
 use crate::{
     config::Config,
     dataplane::Dataplane,
-    job::{JobSpec, MemberSpec, ParentSpec},
+    job::{JobSpec, MemberSpec, Neighbour, ParentSpec, RingSpec},
 };
 
 /// What the join registry needs of the dataplane: the daemon's [`Dataplane`], or a
@@ -186,6 +186,15 @@ struct Joined {
     /// Where this level's partials go, once its parent's job runs.
     #[serde(default)]
     parent: Option<ParentSpec>,
+    /// Or this host's place in a ring of the job's hosts.
+    #[serde(default)]
+    ring: Option<RingSpec>,
+    /// Which way the job runs (with levels).
+    #[serde(default)]
+    path: Option<Path>,
+    /// The daemon that places the job's hosts in a ring (its ranks named it).
+    #[serde(default)]
+    coordinator: Option<SocketAddrV4>,
 }
 
 fn unix_now() -> u64 {
@@ -247,18 +256,33 @@ impl Joined {
     }
 }
 
-/// The parent a daemon joins its jobs' levels to (`[parent]`).
+/// The uplink a daemon joins its jobs' levels through (`[parent]`): the parent's daemon
+/// and a credential there, unless no aggregating switch is above.
 #[derive(Clone)]
 struct ParentLink {
     interface: String,
-    daemon: std::net::SocketAddr,
-    credential: (String, CredentialKey),
+    daemon: Option<(std::net::SocketAddr, String, CredentialKey)>,
+    ring_after: Duration,
+}
+
+/// Where a level's job goes: its parent's job, or a ring of the job's hosts.
+enum Route {
+    Parent(ParentSpec),
+    Ring(RingSpec, String),
 }
 
 /// A job's join at its parent, made on a thread of its own: running, or its outcome.
 enum Upstream {
     Joining,
-    Done(Result<ParentSpec, String>),
+    Done(Result<Route, String>),
+}
+
+/// A coordinator's view of a job's hosts: where each is, and why the tree failed (once
+/// one host says so, the job goes round the ring).
+#[derive(Default)]
+struct RingState {
+    hosts: Vec<RingHost>,
+    failed: Option<String>,
 }
 
 /// A joined job as `xagg job status` and `GET /v1/joins` show it (no secret).
@@ -302,6 +326,8 @@ pub struct Joins {
     parent: Option<ParentLink>,
     /// Joins at the parent under way or done, by job key.
     upstream: Arc<Mutex<HashMap<JobKey, Upstream>>>,
+    /// Jobs this daemon coordinates, by key.
+    rings: HashMap<JobKey, RingState>,
 }
 
 fn refused(reason: impl Into<String>) -> JoinReply {
@@ -365,18 +391,30 @@ impl Joins {
             mac: None,
             parent: None,
             upstream: Arc::default(),
+            rings: HashMap::new(),
         };
         if let Some(p) = &cfg.parent {
-            let key = crate::config::CredentialSection {
-                name: p.credential.clone(),
-                key_file: p.key_file.clone(),
-                slot_quota: 0,
-            }
-            .key()?;
+            let daemon = match (p.daemon, &p.credential, &p.key_file) {
+                (None, _, _) => None,
+                (Some(d), Some(name), Some(key_file)) => {
+                    let key = crate::config::CredentialSection {
+                        name: name.clone(),
+                        key_file: key_file.clone(),
+                        slot_quota: 0,
+                    }
+                    .key()?;
+                    Some((d, name.clone(), key))
+                }
+                (Some(d), _, _) => {
+                    return Err(format!(
+                        "[parent] daemon = {d} needs credential and key_file: the admission credential this daemon creates jobs with there"
+                    ))
+                }
+            };
             joins.parent = Some(ParentLink {
                 interface: p.interface.clone(),
-                daemon: p.daemon,
-                credential: (p.credential.clone(), key),
+                daemon,
+                ring_after: Duration::from_millis(p.ring_after_ms),
             });
         }
         joins.save();
@@ -596,6 +634,9 @@ impl Joins {
             left: false,
         });
         if let Some(l) = req.levels {
+            if j.coordinator.is_none() {
+                j.coordinator = l.coordinator;
+            }
             if j.stands_for.len() < j.members.len() {
                 j.stands_for.resize(j.members.len(), None);
             }
@@ -745,6 +786,9 @@ impl Joins {
             ranks: req.levels.map(|l| l.ranks),
             open: req.levels.is_some() && req.shape.members == 0,
             parent: None,
+            ring: None,
+            path: None,
+            coordinator: None,
             ready: false,
             created_unix_s: SystemTime::now()
                 .duration_since(SystemTime::UNIX_EPOCH)
@@ -828,7 +872,9 @@ impl Joins {
     }
 
     /// Joins the parent's daemon for job `key`, whose ranks here are all in, on a thread
-    /// of its own (once); [`Joins::tick`] adds the job when the parent's job runs.
+    /// of its own (once) — or, if the parent cannot take it and the ranks named a
+    /// coordinator, the ring the coordinator places the hosts in; [`Joins::tick`] adds the
+    /// job when either is settled.
     fn join_parent(&mut self, key: JobKey) {
         let mut up = self.upstream.lock().unwrap_or_else(|e| e.into_inner());
         if up.contains_key(&key) {
@@ -856,20 +902,35 @@ impl Joins {
                 .min()
                 .unwrap_or(0),
             weight: j.stands_for.iter().flatten().map(|s| s.1).sum(),
+            coordinator: None,
         };
-        let shape = Shape {
-            members: 0,
-            ..j.shape
+        let up_job = Upward {
+            link,
+            local: self.switch,
+            mac: self.mac.clone().unwrap_or_default(),
+            key,
+            secret: j.secret(),
+            shape: Shape {
+                members: 0,
+                ..j.shape
+            },
+            levels,
+            coordinator: j.coordinator,
+            timeout: self.join_timeout,
         };
-        let (secret, local, timeout) = (j.secret(), self.switch, self.join_timeout);
         info!(
-            "job {} ({key}): its {} ranks are in; joining the parent at {}",
-            j.id, levels.weight, link.daemon
+            "job {} ({key}): its {} ranks are in; joining {}",
+            j.id,
+            levels.weight,
+            match &up_job.link.daemon {
+                Some((d, ..)) => format!("the parent at {d}"),
+                None => "a ring of hosts (no parent configured)".into(),
+            }
         );
         up.insert(key, Upstream::Joining);
         let upstream = self.upstream.clone();
         std::thread::spawn(move || {
-            let r = join_upstream(&link, local, key, &secret, shape, levels, timeout);
+            let r = up_job.run();
             upstream
                 .lock()
                 .unwrap_or_else(|e| e.into_inner())
@@ -877,9 +938,68 @@ impl Joins {
         });
     }
 
+    /// A host's word to this daemon as its job's coordinator: where the host is, and
+    /// whether its parent failed it. Once a host's tree failed and every host is known,
+    /// each is placed in a ring, in the order of the ranks they stand for.
+    pub fn ring(&mut self, req: &RingRequest) -> RingReply {
+        let no = |reason: String| RingReply::Refused { reason };
+        if let Err(e) = self.spend(&req.nonce) {
+            return no(e);
+        }
+        let Some(j) = self.jobs.get(&req.key) else {
+            return RingReply::Pending {
+                why: "the coordinator has not seen the job yet (its own ranks are still joining)"
+                    .into(),
+            };
+        };
+        if !Proof::ring(&j.secret(), req).matches(&req.proof) {
+            return no("the proof does not match the job's secret".into());
+        }
+        let Some(ranks) = j.ranks else {
+            return no("the job has no levels here".into());
+        };
+        let st = self.rings.entry(req.key).or_default();
+        match st.hosts.iter_mut().find(|h| h.first == req.host.first) {
+            Some(h) => *h = req.host.clone(),
+            None => st.hosts.push(req.host.clone()),
+        }
+        if st.failed.is_none() {
+            st.failed = req.failed.clone();
+        }
+        let Some(why) = st.failed.clone() else {
+            return RingReply::Tree;
+        };
+        let weight: u32 = st.hosts.iter().map(|h| h.weight).sum();
+        if weight < ranks {
+            return RingReply::Pending {
+                why: format!(
+                    "the ring waits for hosts standing for {} more of {ranks} ranks",
+                    ranks - weight
+                ),
+            };
+        }
+        st.hosts.sort_by_key(|h| h.first);
+        let h = st.hosts.len();
+        let at = st
+            .hosts
+            .iter()
+            .position(|x| x.first == req.host.first)
+            .expect("registered above");
+        let successor = st.hosts[(at + 1) % h].clone();
+        RingReply::Ring {
+            size: h as u8,
+            position: at as u8,
+            predecessor: st.hosts[(at + h - 1) % h].clone(),
+            // This host's partials arrive there after the successor's own ranks.
+            member: successor.weight as u8,
+            successor,
+            why,
+        }
+    }
+
     /// Adds the jobs whose parents took them, and drops those refused there.
     fn settle_upstream(&mut self, dp: &mut impl JobTable) {
-        let done: Vec<(JobKey, Result<ParentSpec, String>)> = {
+        let done: Vec<(JobKey, Result<Route, String>)> = {
             let mut up = self.upstream.lock().unwrap_or_else(|e| e.into_inner());
             let keys: Vec<JobKey> = up
                 .iter()
@@ -897,8 +1017,17 @@ impl Joins {
             let Some(j) = self.jobs.get_mut(&key) else {
                 continue;
             };
-            let r = r.and_then(|p| {
-                j.parent = Some(p);
+            let r = r.and_then(|route| {
+                match route {
+                    Route::Parent(p) => {
+                        j.parent = Some(p);
+                        j.path = Some(Path::Tree);
+                    }
+                    Route::Ring(ring, why) => {
+                        j.ring = Some(ring);
+                        j.path = Some(Path::Ring { why });
+                    }
+                }
                 activate(dp, j)
             });
             match r {
@@ -906,12 +1035,17 @@ impl Joins {
                     j.ready = true;
                     j.activity = None;
                     j.active_unix_s = unix_now();
-                    info!(
-                        "job {} ({key}): running, member {} of job {} at the parent",
-                        j.id,
-                        j.parent.as_ref().map_or(0, |p| p.member),
-                        j.parent.as_ref().map_or(0, |p| p.job)
-                    );
+                    match (&j.parent, &j.ring) {
+                        (Some(p), _) => info!(
+                            "job {} ({key}): running, member {} of job {} at the parent",
+                            j.id, p.member, p.job
+                        ),
+                        (None, Some(r)) => info!(
+                            "job {} ({key}): running round a ring of {} hosts, at place {} ({:?})",
+                            j.id, r.size, r.position, j.path
+                        ),
+                        (None, None) => {}
+                    }
                 }
                 Err(e) => {
                     warn!("job {} ({key}) cannot run: {e}", j.id);
@@ -1019,44 +1153,146 @@ impl Joins {
     }
 }
 
-/// A level's join at its parent's daemon: hellos from this point's collective address
-/// (they leave through the uplink, so the parent records the port it is behind), then
-/// joins until the parent's job runs. Where this level's partials go.
-fn join_upstream(
-    link: &ParentLink,
+/// A level's way up, tried on a thread of its own.
+struct Upward {
+    link: ParentLink,
+    /// This point's collective address and MAC.
     local: SocketAddrV4,
+    mac: String,
     key: JobKey,
-    secret: &Secret,
+    secret: Secret,
     shape: Shape,
     levels: Levels,
+    coordinator: Option<SocketAddrV4>,
     timeout: Duration,
-) -> Result<ParentSpec, String> {
-    let sock = hello_socket(local)?;
-    let client = xagg_join::client::Client::new(link.daemon);
-    let (name, cred) = (&link.credential.0, &link.credential.1);
-    let joined = client.join(&sock, timeout, |nonce, token| {
-        JoinRequest::new(
-            key,
-            secret,
-            shape,
-            0,
-            token,
-            nonce,
-            Some((name, cred)),
-            Some(levels),
-        )
-    })?;
-    let mac = joined
-        .at
-        .mac
-        .ok_or("the parent's daemon does not tell its MAC (an older xaggd)")?;
-    Ok(ParentSpec {
-        interface: link.interface.clone(),
-        mac,
-        addr: joined.at.switch,
-        job: joined.job,
-        member: joined.member,
-    })
+}
+
+impl Upward {
+    /// Joins the parent's daemon: hellos from this point's collective address (they leave
+    /// through the uplink, so the parent records the port it is behind), then joins until
+    /// the parent's job runs. Meanwhile, with a coordinator, tells it where this host is
+    /// and whether the parent failed it (refused the job, or no answer for `ring_after`,
+    /// or none configured); when the coordinator says ring, the ring it is.
+    fn run(&self) -> Result<Route, String> {
+        let sock = hello_socket(self.local)?;
+        let hello = xagg_join::client::Hello::new()?;
+        let coordinator = self
+            .coordinator
+            .map(|c| xagg_join::client::Client::new(c.into()));
+        let parent = self
+            .link
+            .daemon
+            .as_ref()
+            .map(|(d, name, cred)| (xagg_join::client::Client::new(*d), name, cred));
+        let mut failed = match (&parent, &coordinator) {
+            (None, Some(_)) => {
+                Some("no aggregating switch is configured above the hosts".to_string())
+            }
+            (None, None) => {
+                return Err("no [parent] daemon to join, and no coordinator for a ring".into())
+            }
+            _ => None,
+        };
+        let start = Instant::now();
+        let mut unanswered: Option<Instant> = None;
+        loop {
+            if let (Some((client, name, cred)), None) = (&parent, &failed) {
+                let request = |nonce, token| {
+                    JoinRequest::new(
+                        self.key,
+                        &self.secret,
+                        self.shape,
+                        0,
+                        token,
+                        nonce,
+                        Some((name.as_str(), cred)),
+                        Some(self.levels),
+                    )
+                };
+                match client.join_once(&sock, &hello, request) {
+                    Ok((JoinReply::Ready { job, member, .. }, at)) => {
+                        let mac = at
+                            .mac
+                            .ok_or("the parent's daemon does not tell its MAC (an older xaggd)")?;
+                        return Ok(Route::Parent(ParentSpec {
+                            interface: self.link.interface.clone(),
+                            mac,
+                            addr: at.switch,
+                            job,
+                            member,
+                        }));
+                    }
+                    Ok((JoinReply::Refused { reason }, _)) => {
+                        if coordinator.is_none() {
+                            return Err(format!("the parent refused it: {reason}"));
+                        }
+                        failed = Some(format!("the parent refused the job: {reason}"));
+                    }
+                    Ok(_) => unanswered = None,
+                    Err(e) => {
+                        let since = *unanswered.get_or_insert_with(Instant::now);
+                        if coordinator.is_some() && since.elapsed() >= self.link.ring_after {
+                            failed = Some(format!(
+                                "the parent did not answer for {:?}: {e}",
+                                self.link.ring_after
+                            ));
+                        }
+                    }
+                }
+            }
+            if let Some(c) = &coordinator {
+                let host = RingHost {
+                    addr: self.local,
+                    mac: self.mac.clone(),
+                    first: self.levels.first,
+                    weight: self.levels.weight,
+                };
+                let reply = c.nonce().and_then(|n| {
+                    let req =
+                        RingRequest::new(self.key, &self.secret, n.nonce, host, failed.clone());
+                    c.post::<RingReply>("/v1/ring", &req)
+                });
+                match reply {
+                    Ok(RingReply::Ring {
+                        size,
+                        position,
+                        predecessor,
+                        successor,
+                        member,
+                        why,
+                    }) => {
+                        let neighbour = |h: RingHost, member: u8| Neighbour {
+                            mac: h.mac,
+                            addr: h.addr,
+                            member,
+                        };
+                        return Ok(Route::Ring(
+                            RingSpec {
+                                interface: self.link.interface.clone(),
+                                size,
+                                position,
+                                predecessor: neighbour(predecessor, 0),
+                                successor: neighbour(successor, member),
+                            },
+                            why,
+                        ));
+                    }
+                    Ok(RingReply::Refused { reason }) => {
+                        return Err(format!("the coordinator refused the ring: {reason}"))
+                    }
+                    Ok(RingReply::Tree | RingReply::Pending { .. }) => {}
+                    Err(e) => warn!("job {}: the coordinator: {e}", self.key),
+                }
+            }
+            if start.elapsed() > self.timeout {
+                return Err(match failed {
+                    Some(why) => format!("the ring did not form within {:?} ({why})", self.timeout),
+                    None => format!("the parent's job did not run within {:?}", self.timeout),
+                });
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
 }
 
 /// A UDP socket on this point's collective address, for hellos to the parent: shared
@@ -1099,6 +1335,7 @@ fn ready(j: &Joined, rank: u8, dp: &impl JobTable) -> JoinReply {
         member: rank,
         slot_base: base,
         slots: j.shape.slots as u32,
+        path: j.path.clone(),
     }
 }
 
@@ -1127,7 +1364,7 @@ fn activate(dp: &mut impl JobTable, j: &Joined) -> Result<(), String> {
         members,
         slot_base: None,
         parent: j.parent.clone(),
-        ring: None,
+        ring: j.ring.clone(),
     };
     dp.add_job(&spec)
 }

@@ -17,15 +17,35 @@ pub struct Client {
     pub daemon: SocketAddr,
 }
 
-/// A joined member's place: its job's wire id, its member index and slot range, and
-/// the aggregation point's data address (and MAC, when the daemon says it).
+/// A joined member's place: its job's wire id, its member index and slot range, which way
+/// the job runs (with levels), and the aggregation point's data address (and MAC, when the
+/// daemon says it).
 #[derive(Clone, Debug)]
 pub struct Joined {
     pub job: u32,
     pub member: u8,
     pub slot_base: u32,
     pub slots: u32,
+    pub path: Option<crate::Path>,
     pub at: NonceReply,
+}
+
+/// A join hello from the member's data socket, with its token.
+pub struct Hello {
+    pub token: u64,
+    bytes: [u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD],
+}
+
+impl Hello {
+    pub fn new() -> Result<Self, String> {
+        let mut token = [0u8; 8];
+        getrandom::fill(&mut token).map_err(|e| format!("random: {e}"))?;
+        let token = u64::from_le_bytes(token);
+        let mut bytes = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
+        wire::finish(&wire::hello(token), wire::STATUS_PAYLOAD, &mut bytes)
+            .expect("room for a hello");
+        Ok(Self { token, bytes })
+    }
 }
 
 impl Client {
@@ -76,45 +96,33 @@ impl Client {
             .map_err(|_| format!("the daemon answered {route} with {}: {text}", r.status()))
     }
 
-    /// Joins a job until it runs: hellos from `sock` (the member's data socket) to the
-    /// switch, then the join `request` makes for a nonce and a hello token, again until
-    /// every member is in or `timeout` has passed.
+    /// Joins a job until it runs: each round [`Client::join_once`], again until every
+    /// member is in or `timeout` has passed.
     pub fn join(
         &self,
         sock: &UdpSocket,
         timeout: Duration,
         request: impl Fn(Nonce, u64) -> JoinRequest,
     ) -> Result<Joined, String> {
-        let mut token = [0u8; 8];
-        getrandom::fill(&mut token).map_err(|e| format!("random: {e}"))?;
-        let token = u64::from_le_bytes(token);
-        let mut hello = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
-        wire::finish(&wire::hello(token), wire::STATUS_PAYLOAD, &mut hello)
-            .expect("room for a hello");
+        let hello = Hello::new()?;
         let start = Instant::now();
-        let mut waiting = String::new();
         loop {
-            let n = self.nonce()?;
-            // Hellos from the data socket first: the switch records where they came from.
-            for _ in 0..3 {
-                sock.send_to(&hello, n.switch)
-                    .map_err(|e| format!("sending hellos to {}: {e}", n.switch))?;
-            }
-            std::thread::sleep(Duration::from_millis(2));
-            let req = request(n.nonce, token);
-            match self.post::<JoinReply>("/v1/join", &req)? {
+            let (reply, at) = self.join_once(sock, &hello, &request)?;
+            match reply {
                 JoinReply::Ready {
                     job,
                     member,
                     slot_base,
                     slots,
+                    path,
                 } => {
                     return Ok(Joined {
                         job,
                         member,
                         slot_base,
                         slots,
-                        at: n,
+                        path,
+                        at,
                     })
                 }
                 JoinReply::Refused { reason } => {
@@ -122,20 +130,34 @@ impl Client {
                 }
                 JoinReply::NoHello => {}
                 JoinReply::Pending {
-                    missing,
-                    waiting: w,
-                    ..
+                    missing, waiting, ..
                 } => {
-                    waiting = w.unwrap_or_else(|| format!("ranks {missing:?}"));
+                    if start.elapsed() > timeout {
+                        let waiting = waiting.unwrap_or_else(|| format!("ranks {missing:?}"));
+                        return Err(format!("{waiting} did not join within {timeout:?}"));
+                    }
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
-            if start.elapsed() > timeout {
-                return Err(format!(
-                    "job {}: {waiting} did not join within {timeout:?}",
-                    req.key
-                ));
-            }
         }
+    }
+
+    /// One round of a join: a nonce, hellos from the member's data socket (the switch
+    /// records where they came from), the join request; its answer, and the nonce reply
+    /// (the aggregation point's addresses).
+    pub fn join_once(
+        &self,
+        sock: &UdpSocket,
+        hello: &Hello,
+        request: impl Fn(Nonce, u64) -> JoinRequest,
+    ) -> Result<(JoinReply, NonceReply), String> {
+        let n = self.nonce()?;
+        for _ in 0..3 {
+            sock.send_to(&hello.bytes, n.switch)
+                .map_err(|e| format!("sending hellos to {}: {e}", n.switch))?;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+        let req = request(n.nonce, hello.token);
+        Ok((self.post::<JoinReply>("/v1/join", &req)?, n))
     }
 }

@@ -30,6 +30,13 @@
 //! in the host daemon's configuration) as one member standing for its ranks, with a shape
 //! of 0 members: the parent's level is complete when its members' weights add up to N,
 //! and orders them by their first rank.
+//!
+//! **The ring.** A job's ranks may name a coordinator (the daemon of rank 0's host). Each
+//! host whose ranks are in tells it where it is ([`RingRequest`]) while it joins its
+//! parent; a host whose parent refuses the job, or does not answer within its
+//! configured time, or that has no parent, says so, and the coordinator then places
+//! every host in a ring ([`RingReply::Ring`]) once they are all known: the job runs
+//! without the switch.
 
 #[cfg(feature = "client")]
 pub mod client;
@@ -213,15 +220,103 @@ pub struct Levels {
     pub first: u32,
     /// Ranks this member stands for: 1 for a rank, its ranks for a host.
     pub weight: u32,
+    /// The daemon that places the job's hosts in a ring when the switch cannot take it
+    /// (rank 0's host's network listener).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub coordinator: Option<SocketAddrV4>,
 }
 
 impl Levels {
-    fn bytes(&self) -> [u8; 12] {
-        let mut b = [0u8; 12];
-        b[..4].copy_from_slice(&self.ranks.to_le_bytes());
-        b[4..8].copy_from_slice(&self.first.to_le_bytes());
-        b[8..].copy_from_slice(&self.weight.to_le_bytes());
+    fn bytes(&self) -> Vec<u8> {
+        let mut b = Vec::with_capacity(18);
+        b.extend(self.ranks.to_le_bytes());
+        b.extend(self.first.to_le_bytes());
+        b.extend(self.weight.to_le_bytes());
+        if let Some(c) = self.coordinator {
+            b.extend(c.ip().octets());
+            b.extend(c.port().to_le_bytes());
+        }
         b
+    }
+}
+
+/// Which way a job with levels runs.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "path", rename_all = "snake_case")]
+pub enum Path {
+    /// Through this host's parent (the switch).
+    Tree,
+    /// Round a ring of the job's hosts, and why.
+    Ring { why: String },
+}
+
+/// A host of a job, as the ring needs it: its collective address and MAC, and the ranks
+/// it stands for.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RingHost {
+    pub addr: SocketAddrV4,
+    pub mac: String,
+    pub first: u32,
+    pub weight: u32,
+}
+
+/// A host to its job's coordinator: where it is, and whether the tree failed it.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RingRequest {
+    pub key: JobKey,
+    pub nonce: Nonce,
+    pub host: RingHost,
+    /// Why this host's parent cannot take the job (refused, no answer, no parent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed: Option<String>,
+    /// [`Proof::ring`] under the job's secret.
+    pub proof: Proof,
+}
+
+/// The coordinator's answer.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum RingReply {
+    /// No host's tree failed: go on joining the parent.
+    Tree,
+    /// The ring, waiting for hosts still to come.
+    Pending {
+        why: String,
+    },
+    /// This host's place in the ring: its neighbours, and its member index at its
+    /// successor.
+    Ring {
+        size: u8,
+        position: u8,
+        predecessor: RingHost,
+        successor: RingHost,
+        member: u8,
+        why: String,
+    },
+    Refused {
+        reason: String,
+    },
+}
+
+impl RingRequest {
+    pub fn new(
+        key: JobKey,
+        secret: &Secret,
+        nonce: Nonce,
+        host: RingHost,
+        failed: Option<String>,
+    ) -> Self {
+        let mut r = Self {
+            key,
+            nonce,
+            host,
+            failed,
+            proof: Proof([0; 32]),
+        };
+        r.proof = Proof::ring(secret, &r);
+        r
     }
 }
 
@@ -277,6 +372,9 @@ pub enum JoinReply {
         member: u8,
         slot_base: u32,
         slots: u32,
+        /// With levels: which way the job runs.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        path: Option<Path>,
     },
     /// Refused, and why (nothing changed).
     Refused { reason: String },
@@ -342,6 +440,27 @@ impl Proof {
             parts.push(l);
         }
         Self(hmac(&secret.0, &parts))
+    }
+
+    /// Proves knowledge of the job's secret for a host's word to the coordinator.
+    pub fn ring(secret: &Secret, r: &RingRequest) -> Self {
+        let h = &r.host;
+        let mut addr = [0u8; 6];
+        addr[..4].copy_from_slice(&h.addr.ip().octets());
+        addr[4..].copy_from_slice(&h.addr.port().to_le_bytes());
+        Self(hmac(
+            &secret.0,
+            &[
+                b"xagg ring v1",
+                &r.nonce.0,
+                &r.key.0,
+                &addr,
+                h.mac.as_bytes(),
+                &h.first.to_le_bytes(),
+                &h.weight.to_le_bytes(),
+                r.failed.as_deref().unwrap_or("").as_bytes(),
+            ],
+        ))
     }
 
     /// Proves the credential for creating job `key` of `shape` with this nonce.

@@ -32,7 +32,6 @@ use xagg_common::{
 
 use crate::{
     codec, data,
-    report::Path,
     request::{lock, Buffer, Completion, Shared},
     transport::Transport,
     window::{Answered, InFlight, Window},
@@ -289,6 +288,8 @@ impl Engine {
                 report: Report {
                     bytes: len,
                     segments: len.div_ceil(segment_bytes),
+                    path: self.p.path,
+                    why: self.p.path_why.clone(),
                     ..Report::default()
                 },
                 started: None,
@@ -965,7 +966,6 @@ fn deliver(mut a: Active, status: Result<(), AllreduceError>, transport: &Transp
         }
         rep.refused = transport.refused() - a.refused0;
         rep.lost_sends = transport.lost_sends() - a.lost0;
-        rep.path = Path::Switch;
         let message = message.unwrap_or(0);
         if !a.nonfinite.is_empty() {
             a.nonfinite.sort();

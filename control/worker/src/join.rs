@@ -86,6 +86,11 @@ pub(crate) fn join(
     let mut p = WorkerParams::new(joined.at.switch, bind, joined.job, joined.member, j.shape);
     p.first_message = None;
     p.ranks = j.levels.map(|l| l.ranks as usize);
+    (p.path, p.path_why) = match joined.path {
+        None => (crate::Path::Switch, None),
+        Some(xagg_join::Path::Tree) => (crate::Path::Tree, None),
+        Some(xagg_join::Path::Ring { why }) => (crate::Path::Ring, Some(why)),
+    };
     let m = Membership {
         daemon: j.daemon,
         key: j.key,

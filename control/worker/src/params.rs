@@ -26,6 +26,10 @@ pub struct WorkerParams {
     /// job's members (a flat job). Float sums scale their mantissas for it, and `avg`
     /// divides by it.
     pub ranks: Option<usize>,
+    /// Which way the job's results are made (told by the join), and why: reported with
+    /// every completion.
+    pub path: crate::Path,
+    pub path_why: Option<String>,
     /// First retransmission timeout; adapted to the measured round trip.
     pub timeout: Duration,
     /// Upper bound of the retransmission timeout.
@@ -73,6 +77,8 @@ impl WorkerParams {
             dtype: DType::I32,
             shape,
             ranks: None,
+            path: crate::Path::Switch,
+            path_why: None,
             timeout: Duration::from_millis(20),
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),

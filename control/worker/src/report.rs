@@ -11,6 +11,10 @@ pub enum Path {
     /// Aggregated by the switch.
     #[default]
     Switch,
+    /// Aggregated by this rank's host and the switches above it.
+    Tree,
+    /// Aggregated round a ring of the job's hosts (no aggregating switch): see `why`.
+    Ring,
 }
 
 /// What one allreduce did.
@@ -19,6 +23,10 @@ pub struct Report {
     /// How the result was made.
     #[serde(default)]
     pub path: Path,
+    /// Why, when it is not the switch's doing (the ring: the switch refused the job, did
+    /// not answer, or none is configured).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
     pub bytes: usize,
     pub seconds: f64,
     pub goodput_gbps: f64,

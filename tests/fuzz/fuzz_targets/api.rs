@@ -27,7 +27,7 @@ use xagg_daemon::{
 };
 use xagg_join::{
     CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, Nonce,
-    NonceReply, Secret, Shape,
+    NonceReply, RingReply, RingRequest, Secret, Shape,
 };
 
 const SLOTS: u32 = 2048;
@@ -144,6 +144,9 @@ impl Handler for StandIn {
     fn member(&self, action: &'static str, req: MemberRequest) -> MemberReply {
         let st = &mut *self.0.lock().unwrap();
         st.joins.member(&mut st.table, action, &req)
+    }
+    fn ring(&self, req: RingRequest) -> RingReply {
+        self.0.lock().unwrap().joins.ring(&req)
     }
 }
 
@@ -322,6 +325,7 @@ fuzz_target!(|data: &[u8]| {
                     ranks: u32::from(input.byte() % 9),
                     first: u32::from(rank),
                     weight: u32::from(input.byte() % 3),
+                    coordinator: None,
                 });
                 let req = JoinRequest::new(
                     keys[k], &secret, shape, rank, token, nonce, admission, levels,

@@ -126,6 +126,9 @@ pub const UPLINK: &str = "up0";
 /// Where each point's daemon listens for joins (at the point's address).
 pub const JOIN_PORT: u16 = 47900;
 
+/// How long a host waits for its parent's answer before its job goes round the ring.
+pub const RING_AFTER_MS: u64 = 2000;
+
 impl TreeLab {
     /// Builds the namespaces and links of `topology` (removing any leftover lab of this
     /// prefix first); no daemon runs yet.
@@ -316,7 +319,15 @@ impl TreeLab {
             .join(format!("xagg-{}", self.prefix))
             .join("lab.key");
         std::fs::write(&key_file, crate::switch::CREDENTIAL.1)?;
-        let addresses: Vec<Ipv4Addr> = self.points.iter().map(|p| p.ip).collect();
+        // A parent's listener, where an aggregating point is above (not the ring's bridge).
+        let listeners: Vec<Option<std::net::SocketAddr>> = self
+            .points
+            .iter()
+            .map(|p| {
+                p.aggregates
+                    .then(|| SocketAddrV4::new(p.ip, JOIN_PORT).into())
+            })
+            .collect();
         for p in self.points.iter_mut().filter(|p| p.aggregates) {
             let _ = xagg_daemon::dataplane::unpin(&p.pin);
             let mut ports: Vec<String> = (0..p.children.len()).map(child_port).collect();
@@ -354,9 +365,10 @@ impl TreeLab {
                     });
                 cfg.parent = p.parent.map(|(q, _)| xagg_daemon::config::ParentSection {
                     interface: UPLINK.into(),
-                    daemon: SocketAddrV4::new(addresses[q], JOIN_PORT).into(),
-                    credential: crate::switch::CREDENTIAL.0.into(),
-                    key_file: key_file.clone(),
+                    daemon: listeners[q],
+                    credential: Some(crate::switch::CREDENTIAL.0.into()),
+                    key_file: Some(key_file.clone()),
+                    ring_after_ms: RING_AFTER_MS,
                 });
             }
             let config = p.dir.join("xaggd.toml");
@@ -571,6 +583,8 @@ impl TreeLab {
         let n = self.ranks.len();
         let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
         let secret = xagg_join::Secret([7; 32]);
+        // Rank 0's host coordinates a ring, should the switch not take the job.
+        let coordinator = SocketAddrV4::new(self.points[self.ranks[0].host].ip, JOIN_PORT);
         let cred: xagg_join::CredentialKey = crate::switch::CREDENTIAL
             .1
             .parse()
@@ -605,6 +619,7 @@ impl TreeLab {
                                     ranks: n as u32,
                                     first: g as u32,
                                     weight: 1,
+                                    coordinator: Some(coordinator),
                                 }),
                             },
                             |p| self.tune(p),

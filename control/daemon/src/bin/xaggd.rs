@@ -22,7 +22,9 @@ use xagg_daemon::{
     job::JobSpec,
     join::Joins,
 };
-use xagg_join::{JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply};
+use xagg_join::{
+    JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply, RingReply, RingRequest,
+};
 
 /// The in-network aggregation switch daemon.
 ///
@@ -89,6 +91,11 @@ impl Handler for Daemon {
         let _span = info_span!("member", key = %req.key, rank = req.rank, action).entered();
         let st = &mut *self.state();
         st.joins.member(&mut st.dp, action, &req)
+    }
+
+    fn ring(&self, req: RingRequest) -> RingReply {
+        let _span = info_span!("ring", key = %req.key, first = req.host.first).entered();
+        self.state().joins.ring(&req)
     }
 }
 
