@@ -437,3 +437,31 @@ fn the_ring_when_the_switch_cannot_aggregate() {
         .unwrap();
     ring(&lab, 3, "did not answer");
 }
+
+/// A level that disappears: with the switch's dataplane gone (its daemon detached it),
+/// the ranks' allreduce fails within their give-up time, saying their host sent the
+/// partial up and the level above did not answer.
+#[test]
+fn a_level_that_disappears_fails_within_give_up() {
+    if !require_root("a_level_that_disappears_fails_within_give_up") {
+        return;
+    }
+    let lab = lab("tz", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
+    exact(&lab, 0, &[5000]);
+    lab.api(0, &Request::Detach).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let give_up = Duration::from_secs(2);
+    let start = std::time::Instant::now();
+    let r = lab.allreduce(1, 5000, 1, |p| p.give_up = give_up);
+    let took = start.elapsed();
+    let e = format!("{:#}", r.expect_err("the allreduce must fail"));
+    eprintln!("after {took:?}: {e}");
+    assert!(
+        took < give_up + Duration::from_secs(3),
+        "failed after {took:?}"
+    );
+    assert!(
+        e.contains("sent its partial up; the level above has not answered"),
+        "{e}"
+    );
+}

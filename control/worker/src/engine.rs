@@ -850,6 +850,7 @@ impl Engine {
                 segment: f.segment as u32,
                 members: None,
                 answered: false,
+                above: false,
             });
         }
         self.active[i].diagnosis = Some(Diagnosis {
@@ -893,6 +894,7 @@ impl Engine {
             let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
             let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
             m.members = Some(members_of(all & !seen).collect());
+            m.above = h.status == ShadowState::PartialSent as u8;
         }
     }
 

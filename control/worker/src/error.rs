@@ -13,12 +13,19 @@ pub struct Missing {
     pub members: Option<Vec<u8>>,
     /// Whether the switch answered the status query at all.
     pub answered: bool,
+    /// Whether the aggregation point (a host, a lower switch) has every member's
+    /// contribution and sent its partial up: the level above has not answered.
+    pub above: bool,
 }
 
 impl std::fmt::Display for Missing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (slot, segment) = (self.slot, self.segment);
         match (&self.members, self.answered) {
+            (Some(m), _) if m.is_empty() && self.above => write!(
+                f,
+                "slot {slot} segment {segment}: this rank's aggregation point has every member's contribution and sent its partial up; the level above has not answered (a member missing there, or the parent gone)"
+            ),
             (Some(m), _) if m.is_empty() => write!(
                 f,
                 "slot {slot} segment {segment}: the switch completed it and sent the result, which never arrived here (a packet filter on this host? on veth, this host's end of the link must run an XDP program: the lab's xagg_host, or receive with --afxdp)"
