@@ -108,6 +108,25 @@ fn hosts_under_a_switch() {
     exact(&lab, 0, &[1, 862, 1000, 70_001]);
     bytes_per_link(&lab, 4, 1 << 18, TREE_LINK);
     clean_counters(&lab);
+    // `xagg job tree` at a host: its level, its members, its way up, its counters.
+    let out = std::process::Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(lab.points[2].socket())
+        .args(["job", "tree", "1"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    eprintln!("{text}");
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    for want in [
+        "level: inner: member 1 of job 1 at 10.77.0.1:47800",
+        "member 1: 10.77.1.13:47801 on port p1",
+        "partials go up through port up0 to 10.77.0.1:47800",
+        "this level's counters:",
+        "partial ",
+    ] {
+        assert!(text.contains(want), "{want:?} in\n{text}");
+    }
 }
 
 /// Seed 000's example: 4 hosts of 4 ranks under one switch; full segments (multi-buffer

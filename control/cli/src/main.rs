@@ -109,6 +109,10 @@ enum JobCmd {
         #[arg(long)]
         json: bool,
     },
+    /// A job's place in its tree or ring as this daemon sees it: its role, its members,
+    /// the aggregation point above it (or its ring neighbours) and how it reaches them,
+    /// and this level's counters.
+    Tree { id: u32 },
 }
 
 #[derive(clap::Args)]
@@ -315,25 +319,27 @@ fn run(cli: Cli) -> Result<()> {
             }
             Response::Jobs { jobs } => {
                 println!(
-                    "{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}",
+                    "{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}  level",
                     "job", "op", "dtype", "segment", "slots", "members"
                 );
                 for j in jobs {
                     let base = j.slot_base.unwrap_or(0);
                     println!(
-                        "{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}",
+                        "{:>6} {:>4} {:>5} {:>8} {:>11} {:>7}  {}",
                         j.id,
                         j.op,
                         j.dtype,
                         j.segment,
                         format!("{}..{}", base, base + j.slots),
-                        j.members.len()
+                        j.members.len(),
+                        level(&j)
                     );
                 }
                 Ok(())
             }
             r => answer(r),
         },
+        Cmd::Job(JobCmd::Tree { id }) => tree(&cli.socket, id),
         Cmd::Job(JobCmd::Status { id: None, json }) => match call(&cli.socket, &Request::Joins)? {
             Response::Joins { joins } if json => {
                 println!("{}", serde_json::to_string_pretty(&joins)?);
@@ -866,4 +872,61 @@ fn wait_until(ns: u64) -> std::time::Instant {
         late.as_secs_f64() * 1e3
     );
     std::time::Instant::now() - late
+}
+
+/// A job's level in a few words: root, an inner level and its parent, or a ring host.
+fn level(j: &xagg_daemon::job::JobSpec) -> String {
+    match (&j.parent, &j.ring) {
+        (Some(p), _) => format!("inner: member {} of job {} at {}", p.member, p.job, p.addr),
+        (None, Some(r)) => format!("ring: place {} of {}", r.position, r.size),
+        (None, None) => "root".into(),
+    }
+}
+
+/// `xagg job tree ID`: the job's place in its tree or ring, from this daemon.
+fn tree(socket: &std::path::Path, id: u32) -> Result<()> {
+    let Response::Jobs { jobs } = call(socket, &Request::ListJobs)? else {
+        bail!("the daemon did not list its jobs");
+    };
+    let Some(j) = jobs.into_iter().find(|j| j.id == id) else {
+        bail!("no job {id} on this daemon: `xagg job list` shows its jobs");
+    };
+    let here = match call(socket, &Request::Status)? {
+        Response::Status {
+            address, udp_port, ..
+        } => format!("{address}:{udp_port}"),
+        _ => "this switch".into(),
+    };
+    println!(
+        "job {id}, answered by the daemon at {} (aggregation point {here})",
+        socket.display()
+    );
+    println!("  level: {}", level(&j));
+    for (i, m) in j.members.iter().enumerate() {
+        println!(
+            "  member {i}: {} on port {} ({})",
+            m.addr, m.interface, m.mac
+        );
+    }
+    match (&j.parent, &j.ring) {
+        (Some(p), _) => println!(
+            "  partials go up through port {} to {} ({}), as member {} of its job {}; its daemon shows that level (`xagg job tree {}` there)",
+            p.interface, p.addr, p.mac, p.member, p.job, p.job
+        ),
+        (None, Some(r)) => println!(
+            "  ring of {} hosts through port {}: predecessor {} ({}), successor {} ({}, where this host is member {}); each segment's chain starts at host segment mod {}",
+            r.size, r.interface, r.predecessor.addr, r.predecessor.mac, r.successor.addr,
+            r.successor.mac, r.successor.member, r.size
+        ),
+        (None, None) => println!("  the root: results go to the members"),
+    }
+    if let Response::JobCounters { job } = call(socket, &Request::JobCounters { id })? {
+        let c: Vec<String> = job
+            .counters
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        println!("  this level's counters: {}", c.join(", "));
+    }
+    Ok(())
 }
