@@ -117,7 +117,11 @@ fn hosts_under_a_switch() {
         .unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
     eprintln!("{text}");
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     for want in [
         "level: inner: member 1 of job 1 at 10.77.0.1:47800",
         "member 1: 10.77.1.13:47801 on port p1",
