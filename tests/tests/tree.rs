@@ -488,3 +488,29 @@ fn a_level_that_disappears_fails_within_give_up() {
         "{e}"
     );
 }
+
+/// Ranks that are processes on a host (which the host's XDP cannot see) join the switch
+/// directly, as members of its job beside the host aggregators: 2 hosts of 2 ranks and 2
+/// ranks on the switch's own ports, exact, every link within 1.05·S each way.
+#[test]
+fn ranks_on_the_switch_beside_hosts() {
+    if !require_root("ranks_on_the_switch_beside_hosts") {
+        return;
+    }
+    let lab = lab(
+        "tm",
+        Topology::Mixed {
+            hosts: 2,
+            ranks: 2,
+            direct: 2,
+        },
+        862,
+    );
+    exact(&lab, 0, &[1, 9_000]);
+    bytes_per_link(&lab, 2, 1 << 17, TREE_LINK);
+    let c = lab.counters();
+    no_refusals(&c);
+    // The switch's job: 2 hosts and 2 ranks; each segment completed once.
+    assert_eq!(c[0]["complete"], c[1]["partial"]);
+    assert_eq!(c[0]["complete"], c[2]["partial"]);
+}

@@ -29,6 +29,9 @@ pub enum TopologyName {
     Tree,
     /// 4 hosts of 2 ranks in a ring on a plain bridge: no aggregating switch.
     Ring,
+    /// 2 hosts of 2 ranks under one switch, and 2 ranks on the switch's own ports beside
+    /// them (processes their host's XDP cannot see join the switch directly).
+    Mixed,
 }
 
 impl TopologyName {
@@ -42,6 +45,11 @@ impl TopologyName {
                 ranks: 2,
             }),
             Self::Ring => Some(Topology::Ring { hosts: 4, ranks: 2 }),
+            Self::Mixed => Some(Topology::Mixed {
+                hosts: 2,
+                ranks: 2,
+                direct: 2,
+            }),
         }
     }
 }

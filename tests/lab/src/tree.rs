@@ -45,6 +45,13 @@ pub enum Topology {
     /// `hosts` hosts of `ranks` ranks each in a ring, on a plain bridge (no aggregating
     /// switch).
     Ring { hosts: usize, ranks: usize },
+    /// `hosts` hosts of `ranks` ranks under one switch, and `direct` ranks on the switch's
+    /// own ports beside them (processes a host's XDP cannot see join the switch directly).
+    Mixed {
+        hosts: usize,
+        ranks: usize,
+        direct: usize,
+    },
 }
 
 impl Topology {
@@ -52,6 +59,11 @@ impl Topology {
     pub fn ranks(self) -> usize {
         match self {
             Self::Hosts { hosts, ranks } | Self::Ring { hosts, ranks } => hosts * ranks,
+            Self::Mixed {
+                hosts,
+                ranks,
+                direct,
+            } => hosts * ranks + direct,
             Self::Tree {
                 leaves,
                 hosts,
@@ -159,6 +171,21 @@ impl TreeLab {
                     for _ in 0..ranks {
                         lab.add_rank(h)?;
                     }
+                }
+            }
+            Topology::Mixed {
+                hosts,
+                ranks,
+                direct,
+            } => {
+                for _ in 0..hosts {
+                    let h = lab.add_point(Some(root))?;
+                    for _ in 0..ranks {
+                        lab.add_rank(h)?;
+                    }
+                }
+                for _ in 0..direct {
+                    lab.add_rank(root)?;
                 }
             }
             Topology::Tree {
