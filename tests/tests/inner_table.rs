@@ -346,6 +346,78 @@ fn inner_level_table() {
     );
     let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
     assert_eq!(h.status, ShadowState::PartialSent as u8);
+
+    // The same query, forwardable: it goes to the parent as this level's, the asker kept.
+    let mut q = header(Kind::StatusQuery, JID, 1, 1, 0, 0);
+    q.flags |= wire::FLAG_FORWARD;
+    p[..wire::HEADER_LEN].copy_from_slice(&q.to_bytes());
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "forwardable status query while PartialSent",
+            frame: frame(&member(1), PORT, &p),
+            action: XDP_TX,
+            counter: Counter::StatusForward,
+        },
+    );
+    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
+    assert_eq!(
+        (h.kind, h.job(), h.member, h.relay),
+        (Kind::StatusQuery as u8, PARENT_JOB, PARENT_MEMBER, 2),
+        "this level's query to the parent, for member 1"
+    );
+    assert_eq!(&r.out[30..34], &parent().ip, "to the parent");
+    // The parent's answer (it waits for its member 3): handed to member 1 as the level
+    // above's.
+    let mut reply = header(Kind::StatusReply, PARENT_JOB, PARENT_MEMBER, 1, 0, 0);
+    reply.relay = 2;
+    reply.status = ShadowState::Filling as u8;
+    p[..wire::HEADER_LEN].copy_from_slice(&reply.to_bytes());
+    p[wire::HEADER_LEN..wire::HEADER_LEN + 8].copy_from_slice(&0b0111_u64.to_le_bytes());
+    p[wire::HEADER_LEN + 8..].copy_from_slice(&0b1111_u64.to_le_bytes());
+    let r = check(
+        &mut sw,
+        &Case {
+            what: "the parent's answer, relayed",
+            frame: frame(&parent(), PORT, &p),
+            action: XDP_REDIRECT,
+            counter: Counter::StatusRelay,
+        },
+    );
+    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
+    assert_eq!(
+        (h.kind, h.job(), h.member, h.relay, h.above),
+        (Kind::StatusReply as u8, JID, 1, 0, 1),
+        "member 1's job here, marked as the level above's"
+    );
+    assert_eq!(&r.out[30..34], &member(1).ip, "to member 1");
+    assert_eq!(
+        &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 16],
+        &p[wire::HEADER_LEN..],
+        "the parent's view, unchanged"
+    );
+    // The same from anyone but the parent, or for a member not in the job: dropped.
+    check(
+        &mut sw,
+        &Case {
+            what: "a relayed answer from a member",
+            frame: frame(&member(0), PORT, &p),
+            action: XDP_DROP,
+            counter: Counter::DropNotParent,
+        },
+    );
+    let mut bad = reply;
+    bad.relay = 9;
+    p[..wire::HEADER_LEN].copy_from_slice(&bad.to_bytes());
+    check(
+        &mut sw,
+        &Case {
+            what: "a relayed answer for a member not in the job",
+            frame: frame(&parent(), PORT, &p),
+            action: XDP_DROP,
+            counter: Counter::DropNotMember,
+        },
+    );
 }
 
 /// A level with one member (a host with one rank) sends its partial at once; a result

@@ -514,3 +514,30 @@ fn ranks_on_the_switch_beside_hosts() {
     assert_eq!(c[0]["complete"], c[1]["partial"]);
     assert_eq!(c[0]["complete"], c[2]["partial"]);
 }
+
+/// A host that disappears: the ranks of the other host give up saying what the level
+/// above waits for — their host forwards their status queries to the switch, which names
+/// the missing host.
+#[test]
+fn the_level_above_names_its_missing_member() {
+    if !require_root("the_level_above_names_its_missing_member") {
+        return;
+    }
+    let lab = lab("tn", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
+    exact(&lab, 0, &[5000]);
+    lab.api(2, &Request::Detach).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    let r = lab.allreduce(1, 5000, 1, |p| p.give_up = Duration::from_secs(2));
+    let e = format!("{:#}", r.expect_err("the allreduce must fail"));
+    eprintln!("{e}");
+    assert!(
+        e.contains("rank 0") && e.contains("the level above waits for its members [1]"),
+        "{e}"
+    );
+    let c = lab.counters();
+    assert!(
+        c[1]["status_forward"] > 0 && c[1]["status_relay"] > 0,
+        "{:?}",
+        c[1]
+    );
+}

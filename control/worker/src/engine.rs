@@ -621,7 +621,20 @@ impl Engine {
     /// Asks the switch for the state of `shadow` of `slot` (the round given is the one the
     /// worker has in mind; the reply carries the copy's own).
     fn query(&mut self, message: u32, segment: u32, slot: usize, shadow: u8) -> io::Result<()> {
-        let h = Header::builder(Kind::StatusQuery)
+        self.query_as(message, segment, slot, shadow, false)
+    }
+
+    /// [`Self::query`], `forward`: an aggregation point waiting on its parent for the
+    /// round may pass the query up, and the level above answers.
+    fn query_as(
+        &mut self,
+        message: u32,
+        segment: u32,
+        slot: usize,
+        shadow: u8,
+        forward: bool,
+    ) -> io::Result<()> {
+        let mut h = Header::builder(Kind::StatusQuery)
             .op(self.p.op)
             .dtype(self.p.dtype)
             .job(self.p.job)
@@ -631,6 +644,9 @@ impl Engine {
             .member(self.p.member)
             .shadow(shadow)
             .build();
+        if forward {
+            h.flags |= wire::FLAG_FORWARD;
+        }
         let mut q = [0u8; HEADER_LEN + wire::STATUS_PAYLOAD];
         let n = wire::finish(&h, wire::STATUS_PAYLOAD, &mut q).expect("room for a query");
         self.transport.send_now(&q[..n])
@@ -796,7 +812,7 @@ impl Engine {
         while i < self.active.len() {
             let a = &self.active[i];
             if let Some(d) = &a.diagnosis {
-                let answered = d.missing.iter().all(|m| m.answered);
+                let answered = d.missing.iter().all(Missing::complete);
                 if now >= d.until || answered || d.refusal.is_some() {
                     let e = self.diagnosed(i);
                     self.end(i, Err(e));
@@ -844,13 +860,17 @@ impl Engine {
         let freed = self.withdraw(i);
         let mut missing = Vec::new();
         for (slot, f) in flights {
+            // Asked twice: what this rank's aggregation point waits for, and (where that
+            // is the level above) what the level above waits for.
             self.query(message, f.segment as u32, slot, f.shadow)?;
+            self.query_as(message, f.segment as u32, slot, f.shadow, true)?;
             missing.push(Missing {
                 slot,
                 segment: f.segment as u32,
                 members: None,
                 answered: false,
                 above: false,
+                above_members: None,
             });
         }
         self.active[i].diagnosis = Some(Diagnosis {
@@ -866,13 +886,19 @@ impl Engine {
     /// A status reply to a diagnosis: which members the slot waits for.
     fn diagnosis_reply(&mut self, h: &Header, payload: &[u8; wire::STATUS_PAYLOAD]) {
         let slot = usize::from(h.slot());
-        // The diagnosis asking for this round, else any asking about the slot.
+        // The diagnosis asking for this round, else any asking about the slot; the level
+        // above's answer goes to the round whatever came first.
+        let above = h.above != 0;
         let find = |exact: bool| {
             self.active.iter().enumerate().find_map(|(i, a)| {
                 let message = a.message?;
                 let at = a.diagnosis.as_ref()?.missing.iter().position(|m| {
                     m.slot == slot
-                        && !m.answered
+                        && (if above {
+                            m.above_members.is_none()
+                        } else {
+                            !m.answered
+                        })
                         && (!exact || (h.message() == message && h.segment() == m.segment))
                 })?;
                 Some((i, at))
@@ -885,10 +911,21 @@ impl Engine {
         let message = a.message.expect("running");
         let d = a.diagnosis.as_mut().expect("diagnosing");
         if wire::status::is_refusal(h.status) {
-            d.refusal = Some((h.status, h.slot()));
+            // The level above refusing this level's query says nothing of this rank's.
+            if !above {
+                d.refusal = Some((h.status, h.slot()));
+            }
             return;
         }
         let m = &mut d.missing[at];
+        if above {
+            if h.message() == message && h.segment() == m.segment {
+                let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
+                m.above_members = Some(members_of(all & !seen).collect());
+            }
+            return;
+        }
         m.answered = true;
         if h.message() == message && h.segment() == m.segment {
             let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());

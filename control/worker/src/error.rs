@@ -16,16 +16,38 @@ pub struct Missing {
     /// Whether the aggregation point (a host, a lower switch) has every member's
     /// contribution and sent its partial up: the level above has not answered.
     pub above: bool,
+    /// What the level above waits for in this round, when it answered the query the
+    /// aggregation point forwarded: its members still missing (empty: it completed the
+    /// round, and its result did not come down).
+    pub above_members: Option<Vec<u8>>,
+}
+
+impl Missing {
+    /// Whether everything there is to learn about this segment is in: the aggregation
+    /// point's answer, and for a round it sent up, the level above's.
+    pub fn complete(&self) -> bool {
+        self.answered && (!self.above || self.above_members.is_some())
+    }
 }
 
 impl std::fmt::Display for Missing {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (slot, segment) = (self.slot, self.segment);
         match (&self.members, self.answered) {
-            (Some(m), _) if m.is_empty() && self.above => write!(
+            (Some(m), _) if m.is_empty() && self.above => match &self.above_members {
+                Some(up) if up.is_empty() => write!(
+                    f,
+                    "slot {slot} segment {segment}: the level above completed it, and its result did not come down to this rank's aggregation point"
+                ),
+                Some(up) => write!(
+                    f,
+                    "slot {slot} segment {segment}: this rank's aggregation point sent its partial up; the level above waits for its members {up:?}"
+                ),
+                None => write!(
                 f,
-                "slot {slot} segment {segment}: this rank's aggregation point has every member's contribution and sent its partial up; the level above has not answered (a member missing there, or the parent gone)"
-            ),
+                    "slot {slot} segment {segment}: this rank's aggregation point has every member's contribution and sent its partial up; the level above has not answered (a member missing there, or the parent gone)"
+                ),
+            },
             (Some(m), _) if m.is_empty() => write!(
                 f,
                 "slot {slot} segment {segment}: the switch completed it and sent the result, which never arrived here (a packet filter on this host? on veth, this host's end of the link must run an XDP program: the lab's xagg_host, or receive with --afxdp)"

@@ -82,6 +82,12 @@ pub enum Counter {
     /// A parent's result for a round the slot is not waiting for: a duplicate, or a round
     /// whose partial was never sent.
     DropUnawaitedResult,
+    /// At an inner level: a member's status query for a round waiting on the parent,
+    /// forwarded to the parent.
+    StatusForward,
+    /// At an inner level: the parent's answer to a forwarded status query, handed to the
+    /// member that asked.
+    StatusRelay,
 }
 
 /// Per-member counters of a job's row: contributions that were new at the switch, and
@@ -107,7 +113,7 @@ pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
 }
 
 impl Counter {
-    pub const COUNT: usize = 32;
+    pub const COUNT: usize = 34;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -142,6 +148,8 @@ impl Counter {
         Counter::ParentResult,
         Counter::DropNotParent,
         Counter::DropUnawaitedResult,
+        Counter::StatusForward,
+        Counter::StatusRelay,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -179,6 +187,8 @@ impl Counter {
             Self::ParentResult => "parent_result",
             Self::DropNotParent => "drop_not_parent",
             Self::DropUnawaitedResult => "drop_unawaited_result",
+            Self::StatusForward => "status_forward",
+            Self::StatusRelay => "status_relay",
         }
     }
 }

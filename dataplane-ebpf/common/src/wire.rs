@@ -32,6 +32,9 @@ pub const MAX_MEMBERS: usize = 64;
 pub const FLAG_SHADOW: u8 = 1 << 0;
 /// Flag bit: the last segment of a message (it may be short).
 pub const FLAG_LAST: u8 = 1 << 1;
+/// Flag bit of a status query: an inner level waiting on its parent for the round may
+/// forward the query upward, so the member learns what the level above waits for.
+pub const FLAG_FORWARD: u8 = 1 << 2;
 
 /// Packet kinds.
 #[repr(u8)]
@@ -478,8 +481,15 @@ pub struct Header {
     /// double's range spans about 2100 binary orders of magnitude.
     exponent: [u8; 2],
     enc_flags: [u8; 2],
+    /// In a status query an inner level forwarded upward: 1 + the asking member's index at
+    /// that level, echoed in the parent's reply, which the level hands back to that
+    /// member. 0 otherwise.
+    pub relay: u8,
+    /// In a status reply: 1 when it is the answer of the level above the member's own
+    /// aggregation point (to a forwarded query). 0 otherwise.
+    pub above: u8,
     /// Must be zero when sent; ignored when received.
-    reserved: [u8; 3],
+    reserved: u8,
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
@@ -578,7 +588,9 @@ impl Header {
             status: status::OK,
             exponent: [0; 2],
             enc_flags: [0; 2],
-            reserved: [0; 3],
+            relay: 0,
+            above: 0,
+            reserved: 0,
         })
     }
 
@@ -686,7 +698,9 @@ impl Header {
         out[22] = self.status;
         out[23..25].copy_from_slice(&self.exponent);
         out[25..27].copy_from_slice(&self.enc_flags);
-        out[27..30].copy_from_slice(&self.reserved);
+        out[27] = self.relay;
+        out[28] = self.above;
+        out[29] = self.reserved;
     }
 
     /// Reads a header from the start of `b`; `None` if `b` is shorter than a header.
@@ -710,7 +724,9 @@ impl Header {
             status: b[22],
             exponent: [b[23], b[24]],
             enc_flags: [b[25], b[26]],
-            reserved: [b[27], b[28], b[29]],
+            relay: b[27],
+            above: b[28],
+            reserved: b[29],
         })
     }
 }

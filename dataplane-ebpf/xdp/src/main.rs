@@ -41,7 +41,7 @@ use xagg_common::{
         job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, Role, SwitchConfig,
         EGRESS_SUCCESSOR, MAX_JOBS,
     },
-    slot::{Fold, MAX_SLOTS, SLOT_WORDS},
+    slot::{Fold, ShadowState, MAX_SLOTS, SLOT_WORDS},
     wire::{self, Kind, PAYLOAD_OFFSET},
     Counter, Job,
 };
@@ -267,6 +267,9 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if hdr.kind == Kind::Result as u8 {
         return parent_result(ctx, &frame);
     }
+    if hdr.kind == Kind::StatusReply as u8 {
+        return relay_status(ctx, &frame, cfg);
+    }
     let query = hdr.kind == Kind::StatusQuery as u8;
     if hdr.kind != Kind::Contribution as u8 && !query {
         return Err(Counter::DropBadKind);
@@ -281,7 +284,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
         Err(c) => return Err(c),
     };
     let r = if query {
-        status_query(ctx, &frame, cfg, job)
+        status_query(ctx, &frame, cfg, job, member)
     } else {
         stage(ctx, &frame, job, member)
     };
@@ -315,6 +318,35 @@ fn parent_result(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Coun
     let (Ok((_, c)) | Err(c)) = r;
     count_job(job.index as u32, FROM_PARENT, c);
     r
+}
+
+/// The parent's answer to a status query this level forwarded: handed to the member that
+/// asked, as its own job's — only from the parent, on the uplink.
+#[inline(always)]
+fn relay_status(
+    ctx: &XdpContext,
+    frame: &Frame,
+    cfg: &SwitchConfig,
+) -> Result<(u32, Counter), Counter> {
+    let hdr = frame.header();
+    let local = *unsafe { PARENTS.get(hdr.job()) }.ok_or(Counter::DropNotParent)?;
+    let job = job_of(local).ok_or(Counter::DropNotParent)?;
+    if job.role != Role::Inner as u8
+        || job.parent.ifindex != ctx.ingress_ifindex() as u32
+        || !frame.from(&job.parent)
+    {
+        return Err(Counter::DropNotParent);
+    }
+    let asker = (hdr.relay as usize).wrapping_sub(1);
+    if asker >= wire::MAX_MEMBERS || job.members & (1u64 << asker) == 0 {
+        return Err(Counter::DropNotMember);
+    }
+    let to = job.member.get(asker).ok_or(Counter::DropNotMember)?;
+    frame.into_relayed_reply(local, asker as u8, to, cfg);
+    match unsafe { aya_ebpf::helpers::bpf_redirect(to.ifindex, 0) } as u32 {
+        xdp_action::XDP_REDIRECT => Ok((xdp_action::XDP_REDIRECT, Counter::StatusRelay)),
+        _ => Err(Counter::RedirectError),
+    }
 }
 
 /// The job and member a packet is from, if it is: the header only claims who sent it, so
@@ -390,6 +422,7 @@ fn status_query(
     frame: &Frame,
     cfg: &SwitchConfig,
     job: &Job,
+    member: usize,
 ) -> Result<(u32, Counter), Counter> {
     let slot = match slot_of(job, frame.header()) {
         Ok(slot) => slot,
@@ -399,6 +432,17 @@ fn status_query(
         return Err(Counter::DropBadLength);
     }
     let st = unsafe { slot::status(slot, frame.header().shadow()) };
+    let hdr = frame.header();
+    // Waiting on the parent: the member may ask what the level above waits for (once: a
+    // query forwarded already is answered where it arrives).
+    if job.role == Role::Inner as u8
+        && st.state == ShadowState::PartialSent as u32
+        && hdr.flags & wire::FLAG_FORWARD != 0
+        && hdr.relay == 0
+    {
+        frame.into_forwarded_query(job, member as u8, cfg);
+        return Ok((up(ctx, job)?, Counter::StatusForward));
+    }
     if !frame.into_status_reply(ctx, &st, job.members) {
         return Err(Counter::DropTruncated);
     }

@@ -285,6 +285,32 @@ impl Frame {
         address_to(self.data, &job.parent, cfg);
     }
 
+    /// Turns member `asker`'s status query, for a round this inner level waits on its
+    /// parent for, into this level's query to the parent: the parent's job id and this
+    /// level's member index there, the asker remembered in `relay`.
+    #[inline(always)]
+    pub fn into_forwarded_query(&self, job: &Job, asker: u8, cfg: &SwitchConfig) {
+        let hdr = self.header_mut();
+        hdr.set_job(job.parent_job);
+        hdr.member = job.parent_member;
+        hdr.relay = asker + 1;
+        from_switch(self.data, cfg);
+        address_to(self.data, &job.parent, cfg);
+    }
+
+    /// Turns the parent's reply to a forwarded query into member `asker`'s answer: its
+    /// job's id here (`job`), marked as the level above's, from this level to `to`.
+    #[inline(always)]
+    pub fn into_relayed_reply(&self, job: u32, asker: u8, to: &MemberAddr, cfg: &SwitchConfig) {
+        let hdr = self.header_mut();
+        hdr.set_job(job);
+        hdr.member = asker;
+        hdr.relay = 0;
+        hdr.above = 1;
+        from_switch(self.data, cfg);
+        address_to(self.data, to, cfg);
+    }
+
     /// Makes the packet come from the switch (see [`from_switch`]); its link addresses and
     /// destination are written per copy by `xagg_result`.
     #[inline(always)]
