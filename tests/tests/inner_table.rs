@@ -639,7 +639,7 @@ fn ring_host_table() {
             counter: Counter::DropNotParent,
         },
     );
-    check(
+    let r = check(
         &mut sw,
         &Case {
             what: "the result from the successor (answering a resend)",
@@ -648,6 +648,9 @@ fn ring_host_table() {
             counter: Counter::ParentResult,
         },
     );
+    // Marked to go back to the predecessor, which may lack it too, not on.
+    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
+    assert_eq!(h.flags & wire::FLAG_BACKWARD, wire::FLAG_BACKWARD);
     check(
         &mut sw,
         &Case {

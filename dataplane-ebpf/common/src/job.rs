@@ -154,6 +154,18 @@ impl Job {
         (start as u8, ((start + h - 1) % h) as u8)
     }
 
+    /// Whether this ring host passes a result of `segment` it got from its successor back
+    /// to its predecessor: unless the predecessor is the chain's end, which made it.
+    pub const fn ring_passes_back(&self, segment: u32) -> bool {
+        let h = if self.ring_size == 0 {
+            1
+        } else {
+            self.ring_size as u32
+        };
+        let (_, end) = self.ring_chain(segment);
+        (self.ring_position as u32 + h - 1) % h != end as u32
+    }
+
     /// Whether this ring host passes `segment`'s result on to its successor: every host
     /// but the one before the chain's end (which already has it).
     pub const fn ring_forwards(&self, segment: u32) -> bool {

@@ -35,6 +35,10 @@ pub const FLAG_LAST: u8 = 1 << 1;
 /// Flag bit of a status query: an inner level waiting on its parent for the round may
 /// forward the query upward, so the member learns what the level above waits for.
 pub const FLAG_FORWARD: u8 = 1 << 2;
+/// Flag bit of a ring host's result that came from its successor (an answer to a re-sent
+/// partial: the pass round the ring was lost before it): the host passes it back to its
+/// predecessor, which may lack it too, rather than on.
+pub const FLAG_BACKWARD: u8 = 1 << 3;
 
 /// Packet kinds.
 #[repr(u8)]

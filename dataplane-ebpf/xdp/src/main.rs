@@ -174,6 +174,8 @@ fn count_job(row: u32, member: usize, c: Counter) {
 
 /// The "member" a parent's result counts as: none.
 const FROM_PARENT: usize = wire::MAX_MEMBERS;
+/// The same for a ring host's result from its successor (passed back, not on).
+const FROM_SUCCESSOR: usize = wire::MAX_MEMBERS + 1;
 
 #[inline(always)]
 fn count(c: Counter) {
@@ -314,9 +316,14 @@ fn parent_result(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Coun
     if job.parent_job != hdr.job() || !(parent || neighbour) {
         return Err(Counter::DropNotParent);
     }
-    let r = stage(ctx, frame, job, FROM_PARENT);
+    let from = if job.role == Role::Ring as u8 && parent && !neighbour {
+        FROM_SUCCESSOR
+    } else {
+        FROM_PARENT
+    };
+    let r = stage(ctx, frame, job, from);
     let (Ok((_, c)) | Err(c)) = r;
-    count_job(job.index as u32, FROM_PARENT, c);
+    count_job(job.index as u32, from, c);
     r
 }
 
@@ -519,7 +526,7 @@ fn stage(
     st.shadow = hdr.shadow() as u32;
     st.multi = frame.multi() as u32;
     st.staged = (frame.multi() || words > reduce::BUFFER_WORDS) as u32;
-    let program = if member == FROM_PARENT {
+    let program = if member >= wire::MAX_MEMBERS {
         DELIVER
     } else {
         fold as u32
@@ -640,6 +647,8 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
             frame.from_switch(cfg);
+            // From a ring host's successor: the copy on the uplink goes back, not on.
+            frame.set_backward(st.member as usize == FROM_SUCCESSOR);
             if multi {
                 // To `xagg_fanout` on the uplink's tc ingress, as a result of our own.
                 return Ok((xdp_action::XDP_PASS, Counter::ParentResult));
@@ -760,11 +769,9 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;
     let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
     let addr = if member == EGRESS_SUCCESSOR {
-        // A ring host's uplink: the result goes on round the ring, or no further.
-        if !job.ring_forwards(hdr.segment()) {
-            return Err(Counter::EgressNoMember);
-        }
-        &job.parent
+        // A ring host's uplink: the result goes on round the ring (back, if it came from
+        // the successor), or no further.
+        ring_next(job, hdr).ok_or(Counter::EgressNoMember)?
     } else {
         job.member
             .get(member as usize)
@@ -773,6 +780,22 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     packet::address_to(frame.data(), addr, cfg);
     count(Counter::ResultCopy);
     Ok(xdp_action::XDP_PASS)
+}
+
+/// Where a ring host's result goes next on the uplink, if anywhere: on to the successor,
+/// or (one that came from the successor) back to the predecessor.
+#[inline(always)]
+fn ring_next<'a>(job: &'a Job, hdr: &xagg_common::Header) -> Option<&'a MemberAddr> {
+    if job.role != Role::Ring as u8 {
+        return None;
+    }
+    if hdr.flags & wire::FLAG_BACKWARD != 0 {
+        if !job.ring_passes_back(hdr.segment()) {
+            return None;
+        }
+        return job.member.get(job.predecessor as usize);
+    }
+    job.ring_forwards(hdr.segment()).then_some(&job.parent)
 }
 
 /// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel
@@ -813,7 +836,7 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     }
     let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
     // Read now: storing into the packet invalidates pointers into it.
-    let forward = job.role == Role::Ring as u8 && job.ring_forwards(hdr.segment());
+    let next = ring_next(job, hdr).copied();
     // The headers, readdressed here for each member and written over the frame's own
     // before its copy leaves: a copy shares the data, so each write unshares the headers.
     // Words, so zeroing it takes a few stores rather than a byte loop.
@@ -843,14 +866,14 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         m += 1;
     }
     // A ring host passes the result on to its successor.
-    if forward {
+    if let Some(next) = next {
         if inject(drop_result) {
             count(Counter::InjectDropResult);
             return Ok(TC_ACT_SHOT);
         }
-        packet::address_to(at, &job.parent, cfg);
+        packet::address_to(at, &next, cfg);
         let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
-        if stored && ctx.clone_redirect(job.parent.ifindex, 0).is_ok() {
+        if stored && ctx.clone_redirect(next.ifindex, 0).is_ok() {
             count(Counter::ResultCopy);
         } else {
             count(Counter::RedirectError);

@@ -7,7 +7,7 @@ use aya_ebpf::programs::XdpContext;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
 use xagg_common::{
     job::{Job, MemberAddr, SwitchConfig},
-    wire::{Header, Kind, HEADER_LEN, MAX_IP_PACKET, PAYLOAD_OFFSET},
+    wire::{Header, Kind, FLAG_BACKWARD, HEADER_LEN, MAX_IP_PACKET, PAYLOAD_OFFSET},
     Counter,
 };
 
@@ -309,6 +309,16 @@ impl Frame {
         hdr.above = 1;
         from_switch(self.data, cfg);
         address_to(self.data, to, cfg);
+    }
+
+    /// Marks a ring result as passed back along the chain (`FLAG_BACKWARD`), or not.
+    #[inline(always)]
+    pub fn set_backward(&self, back: bool) {
+        let hdr = self.header_mut();
+        hdr.flags &= !FLAG_BACKWARD;
+        if back {
+            hdr.flags |= FLAG_BACKWARD;
+        }
     }
 
     /// Makes the packet come from the switch (see [`from_switch`]); its link addresses and
