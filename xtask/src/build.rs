@@ -287,6 +287,24 @@ pub fn test(extra: &[String]) -> Result<()> {
             .arg(format!("-max_total_time={seconds}"))
             .arg("-print_final_stats=1"))?;
     }
+    // Every lab topology through the demo itself, small (each rank verified; the tests in
+    // tests/tests/tree.rs assert the bytes per link).
+    for t in [
+        crate::topology::TopologyName::Hosts,
+        crate::topology::TopologyName::Tree,
+        crate::topology::TopologyName::Ring,
+        crate::topology::TopologyName::Mixed,
+    ] {
+        eprintln!("cargo xtask demo --topology {t:?} --size 1MiB");
+        let args = crate::demo::DemoArgs {
+            size: 1 << 20,
+            topology: t,
+            ..crate::demo::DemoArgs::default()
+        };
+        let r = crate::topology::run(&args, t.topology().expect("not flat"));
+        crate::topology::clean_up();
+        r?;
+    }
     // The benchmark, quick (for breakage, not figures): every path of it runs, both systems
     // verified.
     eprintln!("cargo xtask bench --quick (2 workers, small sizes)");

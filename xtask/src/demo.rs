@@ -77,6 +77,27 @@ pub struct DemoArgs {
     pub ddp: Option<std::path::PathBuf>,
 }
 
+impl Default for DemoArgs {
+    /// The command line's defaults.
+    fn default() -> Self {
+        Self {
+            workers: 4,
+            size: 64 << 20,
+            op: Op::Sum,
+            dtype: DType::I32,
+            segment: None,
+            slots: 128,
+            inject: None,
+            reorder: false,
+            no_afxdp: false,
+            json: None,
+            topology: crate::topology::TopologyName::Flat,
+            mpi: None,
+            ddp: None,
+        }
+    }
+}
+
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Inject {
     pub drop_contrib: f64,
@@ -445,5 +466,49 @@ pub fn human(b: usize) -> String {
         b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
         b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::DemoArgs;
+
+    #[derive(Parser)]
+    struct Demo {
+        #[command(flatten)]
+        args: DemoArgs,
+    }
+
+    /// `DemoArgs::default()` is what the command line gives without flags.
+    #[test]
+    fn the_default_is_the_command_lines() {
+        let p = Demo::parse_from(["demo"]).args;
+        let d = DemoArgs::default();
+        assert_eq!(
+            (p.workers, p.size, p.op, p.dtype, p.segment, p.slots),
+            (d.workers, d.size, d.op, d.dtype, d.segment, d.slots)
+        );
+        assert_eq!(
+            (
+                p.reorder,
+                p.no_afxdp,
+                p.topology,
+                p.inject.is_none(),
+                p.json,
+                p.mpi,
+                p.ddp
+            ),
+            (
+                d.reorder,
+                d.no_afxdp,
+                d.topology,
+                d.inject.is_none(),
+                d.json,
+                d.mpi,
+                d.ddp
+            )
+        );
     }
 }
