@@ -82,6 +82,17 @@ pub struct Stored {
     pub flags: u32,
 }
 
+impl Stored {
+    /// What copy `v` holds besides its data, read under the lock.
+    #[inline(always)]
+    fn of(v: &ShadowCopy) -> Self {
+        Self {
+            exponent: v.exponent,
+            flags: v.flags,
+        }
+    }
+}
+
 pub enum Outcome {
     /// Added; the slot waits for more members.
     Added,
@@ -232,10 +243,7 @@ pub unsafe fn accept<const F: u32, W: Words>(
             }
         }
     };
-    let stored = Stored {
-        exponent: v.exponent,
-        flags: v.flags,
-    };
+    let stored = Stored::of(v);
     unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
     (outcome, stored)
 }
@@ -271,10 +279,7 @@ pub unsafe fn deliver<W: Words>(
     } else {
         Outcome::Unawaited
     };
-    let stored = Stored {
-        exponent: v.exponent,
-        flags: v.flags,
-    };
+    let stored = Stored::of(v);
     unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
     (outcome, stored)
 }

@@ -236,15 +236,26 @@ impl Drop for Lab {
 
 /// Removes the namespaces of the lab `prefix` (their veths go with them). Idempotent.
 pub fn destroy(prefix: &str) {
+    remove_namespaces(prefix, &["w"], &["sw"]);
+}
+
+/// Removes the network namespaces named `{prefix}-{k}N` (N digits) for each `k` in
+/// `numbered`, and `{prefix}-{n}` for each `n` in `named`. Idempotent.
+pub fn remove_namespaces(prefix: &str, numbered: &[&str], named: &[&str]) {
     let Ok(list) = ip(&["netns", "list"]) else {
         return;
     };
+    let head = format!("{prefix}-");
     for line in list.lines() {
         let name = line.split_whitespace().next().unwrap_or("");
-        let ours = name == format!("{prefix}-sw")
-            || name
-                .strip_prefix(&format!("{prefix}-w"))
-                .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()));
+        let Some(rest) = name.strip_prefix(&head) else {
+            continue;
+        };
+        let ours = named.contains(&rest)
+            || numbered.iter().any(|k| {
+                rest.strip_prefix(k)
+                    .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
+            });
         if ours {
             let _ = ip(&["netns", "del", name]);
         }

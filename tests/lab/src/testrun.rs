@@ -217,10 +217,17 @@ impl Switch {
         job.parent = parent;
         job.parent_job = parent_job;
         job.parent_member = parent_member;
+        self.add_upstream_job(jid, job);
+    }
+
+    /// Adds job `jid`, whose results come from upstream (`job.parent_job` names it there),
+    /// and enters it in `PARENTS`.
+    fn add_upstream_job(&mut self, jid: u32, job: Job) {
+        let upstream = job.parent_job;
         self.add_job(jid, job);
         self.parents
-            .insert(parent_job, jid, 0)
-            .expect("entering the parent's job id");
+            .insert(upstream, jid, 0)
+            .expect("entering the job's id upstream");
     }
 
     /// Adds job `jid` as a ring host at `position` of `size` with `job`'s members as its
@@ -243,10 +250,7 @@ impl Switch {
         job.predecessor = pred as u8;
         job.ring_size = size;
         job.ring_position = position;
-        self.add_job(jid, job);
-        self.parents
-            .insert(jid, jid, 0)
-            .expect("entering the ring's job id");
+        self.add_upstream_job(jid, job);
     }
 
     /// Job `jid`'s entry (whatever generation its index holds).

@@ -158,32 +158,15 @@ impl TreeLab {
         match topology {
             Topology::Ring { hosts, ranks } => {
                 lab.points[root].aggregates = false;
-                for _ in 0..hosts {
-                    let h = lab.add_point(Some(root))?;
-                    for _ in 0..ranks {
-                        lab.add_rank(h)?;
-                    }
-                }
+                lab.add_hosts(root, hosts, ranks)?;
             }
-            Topology::Hosts { hosts, ranks } => {
-                for _ in 0..hosts {
-                    let h = lab.add_point(Some(root))?;
-                    for _ in 0..ranks {
-                        lab.add_rank(h)?;
-                    }
-                }
-            }
+            Topology::Hosts { hosts, ranks } => lab.add_hosts(root, hosts, ranks)?,
             Topology::Mixed {
                 hosts,
                 ranks,
                 direct,
             } => {
-                for _ in 0..hosts {
-                    let h = lab.add_point(Some(root))?;
-                    for _ in 0..ranks {
-                        lab.add_rank(h)?;
-                    }
-                }
+                lab.add_hosts(root, hosts, ranks)?;
                 for _ in 0..direct {
                     lab.add_rank(root)?;
                 }
@@ -195,12 +178,7 @@ impl TreeLab {
             } => {
                 for _ in 0..leaves {
                     let l = lab.add_point(Some(root))?;
-                    for _ in 0..hosts {
-                        let h = lab.add_point(Some(l))?;
-                        for _ in 0..ranks {
-                            lab.add_rank(h)?;
-                        }
-                    }
+                    lab.add_hosts(l, hosts, ranks)?;
                 }
             }
         }
@@ -209,6 +187,17 @@ impl TreeLab {
         }
         lab.attach_ranks(object)?;
         Ok(lab)
+    }
+
+    /// `hosts` hosts of `ranks` ranks each under point `parent`.
+    fn add_hosts(&mut self, parent: usize, hosts: usize, ranks: usize) -> Result<()> {
+        for _ in 0..hosts {
+            let h = self.add_point(Some(parent))?;
+            for _ in 0..ranks {
+                self.add_rank(h)?;
+            }
+        }
+        Ok(())
     }
 
     fn add_point(&mut self, parent: Option<usize>) -> Result<usize> {
@@ -550,9 +539,9 @@ impl TreeLab {
     }
 
     /// One allreduce (message `message`) of the job of `elems` i32 (sum) on every rank at
-    /// once: rank r fills its buffer
-    /// as member r of `N` would, and every result must be the sum over all N ranks. Each
-    /// rank's parameters are [`TreeLab::tune`]d, then adjusted by `tweak`.
+    /// once: rank r fills its buffer as member r of `N` would, and every result must be the
+    /// sum over all N ranks. Each rank's parameters are [`TreeLab::tune`]d, then adjusted
+    /// by `tweak`.
     pub fn allreduce(
         &self,
         message: u32,
@@ -560,21 +549,8 @@ impl TreeLab {
         seed: u64,
         tweak: impl Fn(&mut WorkerParams) + Sync,
     ) -> Result<Vec<Report>> {
-        let n = self.ranks.len();
-        let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
-        self.on_ranks(message, tweak, |g, wk| {
-            let mut buf = vec![0i32; elems];
-            xagg_worker::data::fill(seed, g as u32, &mut buf);
-            let rep = wk.allreduce(&mut buf)?;
-            if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
-                bail!(
-                    "element {i} is {} but the sum over {n} ranks is {}",
-                    buf[i],
-                    expected[i]
-                );
-            }
-            Ok(rep)
-        })
+        let sum = self.exact_sum(elems, seed);
+        self.on_ranks(|_, r, host| self.configured(message, r, host, &tweak), sum)
     }
 
     /// One allreduce (message `message`) of `op` over `dtype` on every rank at once, rank
@@ -587,8 +563,7 @@ impl TreeLab {
         inputs: &[Vec<u8>],
     ) -> Result<Vec<Vec<u8>>> {
         self.on_ranks(
-            message,
-            |_| {},
+            |_, r, host| self.configured(message, r, host, &|_| {}),
             |g, wk| {
                 let mut buf = inputs[g].clone();
                 wk.allreduce_bytes_as(op, dtype, &mut buf)?;
@@ -599,7 +574,7 @@ impl TreeLab {
 
     /// Every rank joins job `key` at its host's daemon by itself (stating the job's ranks
     /// and its own global rank), the hosts join their parents, then one allreduce of `elems`
-    /// i32 (sum) runs, each result checked against the sum over all ranks.
+    /// i32 (sum) runs, each result checked against the sum over all ranks; then each leaves.
     pub fn join_and_allreduce(
         &self,
         key: xagg_join::JobKey,
@@ -608,7 +583,6 @@ impl TreeLab {
         seed: u64,
     ) -> Result<Vec<Report>> {
         let n = self.ranks.len();
-        let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
         let secret = xagg_join::Secret([7; 32]);
         // Rank 0's host coordinates a ring, should the switch not take the job.
         let coordinator = SocketAddrV4::new(self.points[self.ranks[0].host].ip, JOIN_PORT);
@@ -616,106 +590,111 @@ impl TreeLab {
             .1
             .parse()
             .map_err(anyhow::Error::msg)?;
-        std::thread::scope(|s| {
-            let handles: Vec<_> = self
-                .ranks
-                .iter()
-                .enumerate()
-                .map(|(g, r)| {
-                    let host = &self.points[r.host];
-                    let expected = &expected;
-                    s.spawn(move || -> Result<Report> {
-                        xagg_sys::iface::enter_netns(&r.ns)?;
-                        let shape = JobShape::with_elements(
-                            host.children.len(),
-                            slots,
-                            segment,
-                            xagg_common::wire::Lane::I32,
-                        )?;
-                        let wk = Worker::join_with(
-                            xagg_worker::JoinParams {
-                                daemon: SocketAddrV4::new(host.ip, JOIN_PORT).into(),
-                                key,
-                                secret,
-                                rank: r.local,
-                                shape,
-                                bind: SocketAddrV4::new(r.ip, WORKER_PORT),
-                                credential: Some((crate::switch::CREDENTIAL.0.into(), cred)),
-                                timeout: std::time::Duration::from_secs(20),
-                                levels: Some(xagg_join::Levels {
-                                    ranks: n as u32,
-                                    first: g as u32,
-                                    weight: 1,
-                                    coordinator: Some(coordinator),
-                                }),
-                            },
-                            |p| self.tune(p),
-                        )
-                        .with_context(|| format!("rank {g} joining"))?;
-                        let mut buf = vec![0i32; elems];
-                        xagg_worker::data::fill(seed, g as u32, &mut buf);
-                        let rep = wk
-                            .allreduce(&mut buf)
-                            .with_context(|| format!("rank {g} (in {})", r.ns))?;
-                        if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
-                            bail!(
-                                "rank {g}: element {i} is {} but the sum over {n} ranks is {}",
-                                buf[i],
-                                expected[i]
-                            );
-                        }
-                        let _ = wk.leave();
-                        Ok(rep)
-                    })
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| h.join().unwrap_or_else(|_| bail!("rank thread panicked")))
-                .collect()
+        let join = |g: usize, r: &Rank, host: &Point| -> Result<Worker> {
+            let shape = JobShape::with_elements(
+                host.children.len(),
+                slots,
+                segment,
+                xagg_common::wire::Lane::I32,
+            )?;
+            let params = xagg_worker::JoinParams {
+                daemon: SocketAddrV4::new(host.ip, JOIN_PORT).into(),
+                key,
+                secret,
+                rank: r.local,
+                shape,
+                bind: SocketAddrV4::new(r.ip, WORKER_PORT),
+                credential: Some((crate::switch::CREDENTIAL.0.into(), cred)),
+                timeout: std::time::Duration::from_secs(20),
+                levels: Some(xagg_join::Levels {
+                    ranks: n as u32,
+                    first: g as u32,
+                    weight: 1,
+                    coordinator: Some(coordinator),
+                }),
+            };
+            Ok(Worker::join_with(params, |p| self.tune(p)).context("joining")?)
+        };
+        let sum = self.exact_sum(elems, seed);
+        self.on_ranks(join, |g, wk| {
+            let rep = sum(g, wk)?;
+            let _ = wk.leave();
+            Ok(rep)
         })
     }
 
-    /// Runs `work` on every rank at once, each in its namespace with a worker of the job
-    /// (its host as its aggregation point, all ranks as the job's ranks, [`Self::tune`]d,
-    /// then adjusted by `tweak`): what each returned, in rank order.
-    fn on_ranks<T: Send>(
+    /// Rank `r`'s worker of the job [`TreeLab::add_job`] added: its host as its aggregation
+    /// point, all ranks as the job's ranks, [`Self::tune`]d, then adjusted by `tweak`.
+    fn configured(
         &self,
         message: u32,
-        tweak: impl Fn(&mut WorkerParams) + Sync,
+        r: &Rank,
+        host: &Point,
+        tweak: &(impl Fn(&mut WorkerParams) + Sync),
+    ) -> Result<Worker> {
+        let (job, segment, slots) = self.job;
+        let shape = JobShape::with_elements(
+            host.children.len(),
+            slots,
+            segment,
+            xagg_common::wire::Lane::I32,
+        )?;
+        let mut p = WorkerParams::new(
+            SocketAddrV4::new(host.ip, DEFAULT_PORT),
+            SocketAddrV4::new(r.ip, WORKER_PORT),
+            job,
+            r.local,
+            shape,
+        );
+        p.ranks = Some(self.ranks.len());
+        p.first_message = Some(message);
+        self.tune(&mut p);
+        tweak(&mut p);
+        Ok(Worker::new(p)?)
+    }
+
+    /// An allreduce of `elems` i32 for rank g: filled as member g of all the ranks would,
+    /// its result checked against the sum over all of them.
+    fn exact_sum(
+        &self,
+        elems: usize,
+        seed: u64,
+    ) -> impl Fn(usize, &Worker) -> Result<Report> + Sync {
+        let n = self.ranks.len();
+        let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
+        move |g, wk| {
+            let mut buf = vec![0i32; elems];
+            xagg_worker::data::fill(seed, g as u32, &mut buf);
+            let rep = wk.allreduce(&mut buf)?;
+            if let Some(i) = buf.iter().zip(expected.iter()).position(|(a, b)| a != b) {
+                bail!(
+                    "element {i} is {} but the sum over {n} ranks is {}",
+                    buf[i],
+                    expected[i]
+                );
+            }
+            Ok(rep)
+        }
+    }
+
+    /// Runs `work` on every rank at once, each on a thread in its namespace with the
+    /// worker `worker` makes for it: what each returned, in rank order.
+    fn on_ranks<T: Send>(
+        &self,
+        worker: impl Fn(usize, &Rank, &Point) -> Result<Worker> + Sync,
         work: impl Fn(usize, &Worker) -> Result<T> + Sync,
     ) -> Result<Vec<T>> {
-        let (job, segment, slots) = self.job;
         std::thread::scope(|s| {
             let handles: Vec<_> = self
                 .ranks
                 .iter()
                 .enumerate()
                 .map(|(g, r)| {
-                    let host = &self.points[r.host];
-                    let local = host.children.len();
-                    let (work, tweak) = (&work, &tweak);
+                    let (worker, work) = (&worker, &work);
                     s.spawn(move || -> Result<T> {
                         xagg_sys::iface::enter_netns(&r.ns)?;
-                        let shape = JobShape::with_elements(
-                            local,
-                            slots,
-                            segment,
-                            xagg_common::wire::Lane::I32,
-                        )?;
-                        let mut p = WorkerParams::new(
-                            SocketAddrV4::new(host.ip, DEFAULT_PORT),
-                            SocketAddrV4::new(r.ip, WORKER_PORT),
-                            job,
-                            r.local,
-                            shape,
-                        );
-                        p.ranks = Some(self.ranks.len());
-                        p.first_message = Some(message);
-                        self.tune(&mut p);
-                        tweak(&mut p);
-                        let wk = Worker::new(p)?;
-                        work(g, &wk).with_context(|| format!("rank {g} (in {})", r.ns))
+                        let wk = worker(g, r, &self.points[r.host]).and_then(|wk| work(g, &wk));
+                        wk.with_context(|| format!("rank {g} (in {})", r.ns))
                     })
                 })
                 .collect();
@@ -770,21 +749,5 @@ impl Drop for TreeLab {
 
 /// Removes the namespaces of the tree lab `prefix`. Idempotent.
 pub fn destroy(prefix: &str) {
-    let Ok(list) = ip(&["netns", "list"]) else {
-        return;
-    };
-    for line in list.lines() {
-        let name = line.split_whitespace().next().unwrap_or("");
-        let ours = name
-            .strip_prefix(&format!("{prefix}-"))
-            .is_some_and(|rest| {
-                let digits = rest.get(1..).unwrap_or("");
-                (rest.starts_with('a') || rest.starts_with('r'))
-                    && !digits.is_empty()
-                    && digits.chars().all(|c| c.is_ascii_digit())
-            });
-        if ours {
-            let _ = ip(&["netns", "del", name]);
-        }
-    }
+    crate::lab::remove_namespaces(prefix, &["a", "r"], &[]);
 }
