@@ -99,6 +99,17 @@ impl Point {
         self.dir.join("xaggd.sock")
     }
 
+    /// The job's shape as this point's ranks see it: its members, `slots` slots,
+    /// segments of `segment` i32.
+    pub fn shape(&self, segment: usize, slots: usize) -> Result<JobShape> {
+        Ok(JobShape::with_elements(
+            self.children.len(),
+            slots,
+            segment,
+            xagg_common::wire::Lane::I32,
+        )?)
+    }
+
     pub fn level(&self, points: &[Point]) -> usize {
         match self.parent {
             None => 0,
@@ -591,12 +602,7 @@ impl TreeLab {
             .parse()
             .map_err(anyhow::Error::msg)?;
         let join = |g: usize, r: &Rank, host: &Point| -> Result<Worker> {
-            let shape = JobShape::with_elements(
-                host.children.len(),
-                slots,
-                segment,
-                xagg_common::wire::Lane::I32,
-            )?;
+            let shape = host.shape(segment, slots)?;
             let params = xagg_worker::JoinParams {
                 daemon: SocketAddrV4::new(host.ip, JOIN_PORT).into(),
                 key,
@@ -613,7 +619,7 @@ impl TreeLab {
                     coordinator: Some(coordinator),
                 }),
             };
-            Ok(Worker::join_with(params, |p| self.tune(p)).context("joining")?)
+            Worker::join_with(params, |p| self.tune(p)).context("joining")
         };
         let sum = self.exact_sum(elems, seed);
         self.on_ranks(join, |g, wk| {
@@ -633,12 +639,7 @@ impl TreeLab {
         tweak: &(impl Fn(&mut WorkerParams) + Sync),
     ) -> Result<Worker> {
         let (job, segment, slots) = self.job;
-        let shape = JobShape::with_elements(
-            host.children.len(),
-            slots,
-            segment,
-            xagg_common::wire::Lane::I32,
-        )?;
+        let shape = host.shape(segment, slots)?;
         let mut p = WorkerParams::new(
             SocketAddrV4::new(host.ip, DEFAULT_PORT),
             SocketAddrV4::new(r.ip, WORKER_PORT),
