@@ -387,6 +387,45 @@ fn ranks_and_hosts_join_by_themselves() {
         c[0]["complete"], c[1]["partial"],
         "the switch completed each segment"
     );
+    drop(lab);
+
+    // Two levels of switches: a leaf cannot know how many hosts will join it, so it joins
+    // the spine at once and says so again as each host comes; the spine's level is
+    // complete when its leaves stand for all 8 ranks.
+    let mut lab = TreeLab::create(
+        "tl",
+        Topology::Tree {
+            leaves: 2,
+            hosts: 2,
+            ranks: 2,
+        },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    let reports = lab
+        .join_and_allreduce(xagg_worker::JobKey([4; 16]), (seg, SLOTS), 100_000, 6)
+        .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    assert!(reports
+        .iter()
+        .all(|r| r.path == xagg_worker::Path::Tree && r.why.is_none()));
+    let c = lab.counters();
+    let level = |l: usize| -> Vec<usize> {
+        (0..lab.points.len())
+            .filter(|&i| lab.points[i].level(&lab.points) == l)
+            .collect()
+    };
+    let (leaves, hosts) = (level(1), level(2));
+    assert_eq!((leaves.len(), hosts.len()), (2, 4));
+    let segments = c[0]["complete"];
+    assert!(segments > 0, "the spine completed the segments");
+    for i in leaves.iter().chain(&hosts) {
+        assert_eq!(
+            c[*i]["partial"], segments,
+            "point {i} sent one partial per segment"
+        );
+        assert_eq!(c[*i]["complete"], 0, "point {i} completes nothing itself");
+    }
 }
 
 /// Ranks join, and their job goes round a ring of hosts: with no aggregating switch

@@ -10,7 +10,12 @@
 //! daemon (`[parent]` in its configuration) as one member standing for them, and adds the
 //! job as an inner level when the parent's job runs. At the parent (a join with a shape
 //! of 0 members) the level is *open*: members are whoever joins, ordered by the first rank
-//! each stands for, and the job runs when their weights add up to the job's ranks.
+//! each stands for, and the job runs when their weights add up to the job's ranks. An open
+//! level whose daemon has a parent (a leaf switch under a spine) cannot know how many
+//! members it will have: unless its first members already stand for every rank, it joins
+//! its parent at once, standing for the ranks its members do so far, and says so again
+//! whenever a member joins; it runs when its parent's job does (the parent's weights then
+//! add up to the job's ranks, so no member can be missing below).
 //!
 //! A joined job's wire id is a dense index (its low 16 bits, below 256) and a generation
 //! (its high 16 bits), counted up each time the index is given again, so a stale id
@@ -240,9 +245,38 @@ impl Joined {
         !self.open && self.ranks.is_some_and(|n| n as usize > self.members.len())
     }
 
-    /// What a pending job waits for, beyond the ranks `missing` names.
-    fn waiting(&self) -> Option<String> {
-        if self.open {
+    /// What this level stands for at its parent: the lowest first rank and the weights of
+    /// its members present.
+    fn stand(&self) -> Levels {
+        let present = || {
+            self.members
+                .iter()
+                .zip(&self.stands_for)
+                .filter(|(m, _)| m.is_some_and(|m| !m.left))
+                .filter_map(|(_, s)| *s)
+        };
+        Levels {
+            ranks: self.ranks.unwrap_or(0),
+            first: present().map(|s| s.0).min().unwrap_or(0),
+            weight: present().map(|s| s.1).sum(),
+            coordinator: None,
+        }
+    }
+
+    /// An open level's members in the order of the ranks they stand for: their indices.
+    fn order_by_first(&mut self) {
+        let mut order: Vec<usize> = (0..self.members.len()).collect();
+        order.sort_by_key(|&i| self.stands_for[i].map_or(u32::MAX, |s| s.0));
+        self.members = order.iter().map(|&i| self.members[i]).collect();
+        self.stands_for = order.iter().map(|&i| self.stands_for[i]).collect();
+    }
+
+    /// What a pending job waits for, beyond the ranks `missing` names (`up`: an open level
+    /// joining its parent).
+    fn waiting(&self, up: bool) -> Option<String> {
+        if up {
+            Some("this level's parent (its job there gathers the job's other ranks)".into())
+        } else if self.open {
             let n = self.ranks.unwrap_or(0);
             Some(format!(
                 "members standing for {} more of the job's {n} ranks",
@@ -271,9 +305,10 @@ enum Route {
     Ring(RingSpec, String),
 }
 
-/// A job's join at its parent, made on a thread of its own: running, or its outcome.
+/// A job's join at its parent, made on a thread of its own: running (with what the level
+/// stands for, which an open level's new members change), or its outcome.
 enum Upstream {
-    Joining,
+    Joining(Arc<Mutex<Levels>>),
     Done(Result<Route, String>),
 }
 
@@ -575,13 +610,25 @@ impl Joins {
                 req.levels.map(|l| l.ranks)
             ));
         }
-        // An open level's member is found by the first rank it stands for.
+        // An open level's member is found by the first rank it stands for, or by its
+        // hellos' token (a level below that says again what it stands for).
         let rank = match req.levels.filter(|_| j.open) {
             Some(l) => match j
                 .stands_for
                 .iter()
                 .position(|s| s.is_some_and(|s| s.0 == l.first))
-            {
+                .or_else(|| {
+                    j.members
+                        .iter()
+                        .position(|m| m.is_some_and(|m| m.hello == req.hello && !m.left))
+                }) {
+                Some(i) if j.ready && j.stands_for[i] != Some((l.first, l.weight)) => {
+                    return refused(format!(
+                        "the job runs with this member standing for {:?} (first rank, ranks), not {:?}",
+                        j.stands_for[i],
+                        (l.first, l.weight)
+                    ))
+                }
                 Some(i) => i,
                 None if j.ready => {
                     return refused(format!(
@@ -621,6 +668,8 @@ impl Joins {
                 "rank {other} of this job is already behind port {port}: one member per switch port (several ranks behind one port need host-level aggregation)"
             ));
         }
+        let gone_up = self.going_up(&req.key);
+        let has_parent = self.parent.as_ref().is_some_and(|p| p.daemon.is_some());
         let j = self.jobs.get_mut(&req.key).expect("exists");
         // The dataplane first: a refusal changes nothing.
         if j.ready {
@@ -652,14 +701,17 @@ impl Joins {
                 ));
             }
         }
+        // An open level below a parent goes up unless its first members stand for every
+        // rank (or it has gone up already).
+        let up = !j.ready && j.open && has_parent && (!j.complete() || gone_up);
         let reply = if j.ready {
             info!(
                 "job {} ({}): rank {rank} joined again, behind {port}",
                 j.id, j.key
             );
             ready(j, rank as u8, dp)
-        } else if j.complete() && j.needs_parent() {
-            let waiting = j.waiting();
+        } else if up || (j.complete() && j.needs_parent()) {
+            let waiting = j.waiting(up);
             let since = j.since;
             self.join_parent(req.key);
             JoinReply::Pending {
@@ -669,11 +721,7 @@ impl Joins {
             }
         } else if j.complete() {
             if j.open {
-                // Members in the order of the ranks they stand for: their indices.
-                let mut order: Vec<usize> = (0..j.members.len()).collect();
-                order.sort_by_key(|&i| j.stands_for[i].map_or(u32::MAX, |s| s.0));
-                j.members = order.iter().map(|&i| j.members[i]).collect();
-                j.stands_for = order.iter().map(|&i| j.stands_for[i]).collect();
+                j.order_by_first();
             }
             let rank = match req.levels.filter(|_| j.open) {
                 Some(l) => j
@@ -709,7 +757,7 @@ impl Joins {
             JoinReply::Pending {
                 missing: j.missing(),
                 waited_s: j.since.elapsed().as_secs_f64(),
-                waiting: j.waiting(),
+                waiting: j.waiting(up),
             }
         };
         self.save();
@@ -871,16 +919,30 @@ impl Joins {
         }
     }
 
+    /// Whether job `key`'s level has joined its parent (or tried to).
+    fn going_up(&self, key: &JobKey) -> bool {
+        self.upstream
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .contains_key(key)
+    }
+
     /// Joins the parent's daemon for job `key`, whose ranks here are all in, on a thread
     /// of its own (once) — or, if the parent cannot take it and the ranks named a
     /// coordinator, the ring the coordinator places the hosts in; [`Joins::tick`] adds the
     /// job when either is settled.
     fn join_parent(&mut self, key: JobKey) {
         let mut up = self.upstream.lock().unwrap_or_else(|e| e.into_inner());
-        if up.contains_key(&key) {
-            return;
-        }
         let Some(j) = self.jobs.get(&key) else { return };
+        match up.get(&key) {
+            // An open level's new member: the join under way says so from its next round.
+            Some(Upstream::Joining(stand)) => {
+                *stand.lock().unwrap_or_else(|e| e.into_inner()) = j.stand();
+                return;
+            }
+            Some(Upstream::Done(_)) => return,
+            None => {}
+        }
         let Some(link) = self.parent.clone() else {
             up.insert(
                 key,
@@ -892,18 +954,8 @@ impl Joins {
             );
             return;
         };
-        let levels = Levels {
-            ranks: j.ranks.unwrap_or(0),
-            first: j
-                .stands_for
-                .iter()
-                .flatten()
-                .map(|s| s.0)
-                .min()
-                .unwrap_or(0),
-            weight: j.stands_for.iter().flatten().map(|s| s.1).sum(),
-            coordinator: None,
-        };
+        let levels = j.stand();
+        let stand = Arc::new(Mutex::new(levels));
         let up_job = Upward {
             link,
             local: self.switch,
@@ -914,12 +966,12 @@ impl Joins {
                 members: 0,
                 ..j.shape
             },
-            levels,
+            stand: stand.clone(),
             coordinator: j.coordinator,
             timeout: self.join_timeout,
         };
         info!(
-            "job {} ({key}): its {} ranks are in; joining {}",
+            "job {} ({key}): {} of its ranks are in here; joining {}",
             j.id,
             levels.weight,
             match &up_job.link.daemon {
@@ -927,7 +979,7 @@ impl Joins {
                 None => "a ring of hosts (no parent configured)".into(),
             }
         );
-        up.insert(key, Upstream::Joining);
+        up.insert(key, Upstream::Joining(stand));
         let upstream = self.upstream.clone();
         std::thread::spawn(move || {
             let r = up_job.run();
@@ -1017,6 +1069,9 @@ impl Joins {
             let Some(j) = self.jobs.get_mut(&key) else {
                 continue;
             };
+            if j.open {
+                j.order_by_first();
+            }
             let r = r.and_then(|route| {
                 match route {
                     Route::Parent(p) => {
@@ -1162,7 +1217,8 @@ struct Upward {
     key: JobKey,
     secret: Secret,
     shape: Shape,
-    levels: Levels,
+    /// What the level stands for, as of now.
+    stand: Arc<Mutex<Levels>>,
     coordinator: Option<SocketAddrV4>,
     timeout: Duration,
 }
@@ -1196,6 +1252,7 @@ impl Upward {
         let start = Instant::now();
         let mut unanswered: Option<Instant> = None;
         loop {
+            let levels = *self.stand.lock().unwrap_or_else(|e| e.into_inner());
             if let (Some((client, name, cred)), None) = (&parent, &failed) {
                 let request = |nonce, token| {
                     JoinRequest::new(
@@ -1206,7 +1263,7 @@ impl Upward {
                         token,
                         nonce,
                         Some((name.as_str(), cred)),
-                        Some(self.levels),
+                        Some(levels),
                     )
                 };
                 match client.join_once(&sock, &hello, request) {
@@ -1231,11 +1288,15 @@ impl Upward {
                     Ok(_) => unanswered = None,
                     Err(e) => {
                         let since = *unanswered.get_or_insert_with(Instant::now);
-                        if coordinator.is_some() && since.elapsed() >= self.link.ring_after {
-                            failed = Some(format!(
+                        if since.elapsed() >= self.link.ring_after {
+                            let why = format!(
                                 "the parent did not answer for {:?}: {e}",
                                 self.link.ring_after
-                            ));
+                            );
+                            if coordinator.is_none() {
+                                return Err(why);
+                            }
+                            failed = Some(why);
                         }
                     }
                 }
@@ -1244,8 +1305,8 @@ impl Upward {
                 let host = RingHost {
                     addr: self.local,
                     mac: self.mac.clone(),
-                    first: self.levels.first,
-                    weight: self.levels.weight,
+                    first: levels.first,
+                    weight: levels.weight,
                 };
                 let reply = c.nonce().and_then(|n| {
                     let req =
