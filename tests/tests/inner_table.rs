@@ -15,6 +15,9 @@ use xagg_tests::*;
 
 /// This level's job, and its id and member index at the parent.
 const JID: u32 = 3;
+/// A ring host's neighbours' ids of its job: each host numbers its jobs itself.
+const PRED_JOB: u32 = 0x0004_0008;
+const SUCC_JOB: u32 = 0x0003_0007;
 const PARENT_JOB: u32 = 0x0002_0005;
 const PARENT_MEMBER: u8 = 6;
 const SEG: u16 = 128;
@@ -235,6 +238,8 @@ fn inner_level_table() {
     );
     let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
     assert_eq!(h.kind, Kind::Result as u8);
+    // Named by this level's id, which the members and the egress program know it by.
+    assert_eq!(h.job(), JID, "the job renamed on its way down");
     assert_eq!(&r.out[26..30], &SWITCH_IP.octets(), "from this level");
     assert_eq!(payload_i32(&r.out, n), final_result(n));
     assert_eq!(state(&sw), (ShadowState::Done, 0b11));
@@ -519,6 +524,7 @@ fn ring_host_table() {
         JID,
         job(1, Op::Sum, DType::I32, SEG, 0, 4),
         (pred, succ),
+        (PRED_JOB, SUCC_JOB),
         (3, 1),
         5,
     );
@@ -532,8 +538,8 @@ fn ring_host_table() {
         let h = Header::from_bytes(&out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
         assert_eq!(
             (h.kind, h.job(), h.member),
-            (Kind::Contribution as u8, JID, 5),
-            "{what}: a partial, as the successor's member 5"
+            (Kind::Contribution as u8, SUCC_JOB, 5),
+            "{what}: a partial, as the successor's member 5, in its id of the job"
         );
         assert_eq!(&out[30..34], &succ.ip, "{what}: to the successor");
         assert_eq!(payload_i32(out, n), vals, "{what}");
@@ -595,7 +601,11 @@ fn ring_host_table() {
         },
     );
     let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
-    assert_eq!(h.kind, Kind::Result as u8);
+    assert_eq!(
+        (h.kind, h.job()),
+        (Kind::Result as u8, PRED_JOB),
+        "in the predecessor's id"
+    );
     assert_eq!(&r.out[30..34], &pred.ip, "back to the predecessor");
     assert_eq!(payload_i32(&r.out, n), partial(2, n));
 
@@ -651,6 +661,11 @@ fn ring_host_table() {
     // Marked to go back to the predecessor, which may lack it too, not on.
     let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
     assert_eq!(h.flags & wire::FLAG_BACKWARD, wire::FLAG_BACKWARD);
+    assert_eq!(
+        h.job(),
+        JID,
+        "named by this host's id until the egress renames it"
+    );
     check(
         &mut sw,
         &Case {

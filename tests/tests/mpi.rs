@@ -2,7 +2,8 @@
 //! with `libxagg_mpi.so` preloaded: a C program (every served type and op, in place and
 //! not, derived communicators, a user-defined op, `MPI_Iallreduce` among point-to-point
 //! requests), Fortran programs through `use mpi` and `mpif.h`, and mpi4py; then the
-//! fallbacks: no switch, and the switch's dataplane detached in the middle of a run.
+//! fallbacks: no switch, and the switch's dataplane detached in the middle of a run; and
+//! ranks on hosts that reduce them first, each host's ranks told their own daemon.
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
@@ -46,7 +47,14 @@ impl MpiLab {
     /// Runs `cmd` on every rank with the library preloaded, `daemon` its listener, and
     /// `env` besides.
     fn run(&self, cmd: &str, daemon: &str, env: &[(&str, String)]) -> Output {
-        xagg_lab::mpi::run(&self.sw.lab, &self.agent, RANKS, &preload(daemon, env), cmd).unwrap()
+        xagg_lab::mpi::run(
+            &self.sw.lab,
+            &self.agent,
+            RANKS,
+            &preload(Some(daemon), env),
+            cmd,
+        )
+        .unwrap()
     }
 
     fn daemon(&self) -> String {
@@ -54,9 +62,9 @@ impl MpiLab {
     }
 }
 
-/// The environment of preloaded ranks: the library, the daemon's listener `daemon`, the
-/// credential, and `env`.
-fn preload<'a>(daemon: &str, env: &[(&'a str, String)]) -> Vec<(&'a str, String)> {
+/// The environment of preloaded ranks: the library, the daemon's listener `daemon` (or
+/// none: each host gives its ranks their own), the credential, and `env`.
+fn preload<'a>(daemon: Option<&str>, env: &[(&'a str, String)]) -> Vec<(&'a str, String)> {
     let lib = xagg_lab::bin("libxagg_mpi.so");
     assert!(
         lib.exists(),
@@ -65,9 +73,11 @@ fn preload<'a>(daemon: &str, env: &[(&'a str, String)]) -> Vec<(&'a str, String)
     );
     let mut all = vec![
         ("LD_PRELOAD", lib.display().to_string()),
-        ("XAGG_DAEMON", daemon.to_string()),
         ("XAGG_CREDENTIAL", credential_env()),
     ];
+    if let Some(d) = daemon {
+        all.push(("XAGG_DAEMON", d.to_string()));
+    }
     all.extend(env.iter().cloned());
     all
 }
@@ -169,7 +179,7 @@ fn unprivileged_ranks_reduce_through_the_switch() {
     let lab = MpiLab::start("xmpu");
     let check = lab.program("check.c");
     let agent = xagg_lab::mpi::unprivileged_agent(&lab.sw.lab, &lab.dir).unwrap();
-    let env = preload(&lab.daemon(), &[("XAGG_VERBOSE", "1".to_string())]);
+    let env = preload(Some(&lab.daemon()), &[("XAGG_VERBOSE", "1".to_string())]);
     // Each rank says who it runs as (`id -u` before the program).
     let cmd = format!("sh -c 'echo uid=$(id -u); exec {}'", check.display());
     let o = xagg_lab::mpi::run_from(&lab.sw.lab.switch_ns(), &agent, RANKS, &env, &cmd).unwrap();
@@ -240,4 +250,50 @@ fn mpi_programs_fall_back_to_open_mpi() {
         err.contains("the switch failed, allreduces go to Open MPI from now on"),
         "{err}"
     );
+}
+
+/// Two hosts of two ranks under a switch, each host's ranks told their host's daemon (as
+/// each machine of a cluster sets `XAGG_DAEMON` to its own): the library finds which ranks
+/// share a host from the daemons they name, each host reduces its ranks and joins the
+/// switch for them, and every served call of the C program goes through both levels.
+#[test]
+fn mpi_ranks_on_hosts_reduce_at_every_level() {
+    if !require_root("mpi_ranks_on_hosts_reduce_at_every_level") {
+        return;
+    }
+    use xagg_lab::tree::{Topology, TreeLab};
+    let dir = std::env::temp_dir().join("xagg-test-xmph-mpi");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut lab = TreeLab::create(
+        "xmph",
+        Topology::Hosts { hosts: 2, ranks: 2 },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    let hosts = xagg_lab::mpi::tree_hosts(&lab);
+    let agent = xagg_lab::mpi::hosts_agent(&hosts, &dir, "rsh-agent-xmph").unwrap();
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/check.c");
+    let check = dir.join("check");
+    xagg_lab::mpi::compile(&src, &check, &[]).unwrap();
+    let env = preload(None, &[("XAGG_VERBOSE", "1".to_string())]);
+    let o = xagg_lab::mpi::run_on_hosts(&hosts, &agent, &env, check.to_str().unwrap()).unwrap();
+    let (out, err) = checked(&o);
+    assert!(out.contains("failures=0"), "{out}");
+    let (switch, fallback, _) = summary(&err);
+    assert!(switch >= 250 && fallback == 0, "{switch} {fallback}");
+    for r in 0..4 {
+        assert!(
+            err.contains(&format!(
+                "MPI_COMM_WORLD (4 ranks) rank {r}: joined through its host"
+            )),
+            "{err}"
+        );
+    }
+    let c = lab.counters();
+    assert!(
+        c[1]["partial"] > 250 && c[2]["partial"] > 250,
+        "each host sent its partials up: {c:?}"
+    );
+    assert!(c[0]["complete"] > 250, "the switch completed them: {c:?}");
 }

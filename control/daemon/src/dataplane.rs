@@ -549,7 +549,7 @@ impl Dataplane {
         }
         if job.role == Role::Inner as u8 || job.role == Role::Ring as u8 {
             self.parents
-                .insert(job.parent_job, spec.id, 0)
+                .insert(job.upstream_job(), spec.id, 0)
                 .map_err(map_err("PARENTS"))?;
         }
         if job.role == Role::Ring as u8 {
@@ -585,8 +585,9 @@ impl Dataplane {
                 ifindex: job.parent.ifindex,
             });
         }
-        if job.role != Role::Root as u8 && self.parents.get(&job.parent_job, 0).ok() == Some(id) {
-            let _ = self.parents.remove(&job.parent_job);
+        let upstream = job.upstream_job();
+        if job.role != Role::Root as u8 && self.parents.get(&upstream, 0).ok() == Some(id) {
+            let _ = self.parents.remove(&upstream);
         }
         self.reset_slots(job.slot_base, job.slot_count)
     }

@@ -52,7 +52,7 @@ pub struct JobSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentSpec>,
     /// This host's place in a ring of hosts, if the job runs without an aggregating
-    /// switch; none otherwise. A ring's hosts all use the job's one id.
+    /// switch; none otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ring: Option<RingSpec>,
 }
@@ -84,6 +84,10 @@ pub struct Neighbour {
     /// ignored for the predecessor.
     #[serde(default)]
     pub member: u8,
+    /// The neighbour's wire id of the job, which frames sent to it carry: each host
+    /// numbers its jobs itself. None: this job's own id (every host configured with one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub job: Option<u32>,
 }
 
 /// An inner level's parent: the aggregation point above it, and the job there that this
@@ -304,7 +308,8 @@ impl JobSpec {
             };
             job.role = Role::Ring as u8;
             job.parent = neighbour(&r.successor, "successor")?;
-            job.parent_job = self.id;
+            job.parent_job = r.successor.job.unwrap_or(self.id);
+            job.predecessor_job = r.predecessor.job.unwrap_or(self.id);
             job.parent_member = r.successor.member;
             job.member[predecessor] = neighbour(&r.predecessor, "predecessor")?;
             job.predecessor = predecessor as u8;
@@ -337,17 +342,22 @@ impl JobSpec {
             members,
             slot_base: Some(job.slot_base),
             ring: (job.role == Role::Ring as u8).then(|| {
-                let neighbour = |m: &MemberAddr, member: u8| Neighbour {
+                let neighbour = |m: &MemberAddr, member: u8, job: u32| Neighbour {
                     mac: iface::fmt_mac(&m.mac),
                     addr: SocketAddrV4::new(Ipv4Addr::from(m.ip), u16::from_be_bytes(m.port)),
                     member,
+                    job: (job != id).then_some(job),
                 };
                 RingSpec {
                     interface: port_name(job.parent.ifindex),
                     size: job.ring_size,
                     position: job.ring_position,
-                    predecessor: neighbour(&job.member[usize::from(job.predecessor) & 63], 0),
-                    successor: neighbour(&job.parent, job.parent_member),
+                    predecessor: neighbour(
+                        &job.member[usize::from(job.predecessor) & 63],
+                        0,
+                        job.predecessor_job,
+                    ),
+                    successor: neighbour(&job.parent, job.parent_member, job.parent_job),
                 }
             }),
             parent: (job.role == Role::Inner as u8).then(|| ParentSpec {

@@ -958,6 +958,7 @@ impl Joins {
         let stand = Arc::new(Mutex::new(levels));
         let up_job = Upward {
             link,
+            id: j.id,
             local: self.switch,
             mac: self.mac.clone().unwrap_or_default(),
             key,
@@ -1211,6 +1212,8 @@ impl Joins {
 /// A level's way up, tried on a thread of its own.
 struct Upward {
     link: ParentLink,
+    /// The job's wire id here.
+    id: u32,
     /// This point's collective address and MAC.
     local: SocketAddrV4,
     mac: String,
@@ -1307,6 +1310,7 @@ impl Upward {
                     mac: self.mac.clone(),
                     first: levels.first,
                     weight: levels.weight,
+                    job: self.id,
                 };
                 let reply = c.nonce().and_then(|n| {
                     let req =
@@ -1326,6 +1330,7 @@ impl Upward {
                             mac: h.mac,
                             addr: h.addr,
                             member,
+                            job: Some(h.job),
                         };
                         return Ok(Route::Ring(
                             RingSpec {

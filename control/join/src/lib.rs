@@ -250,8 +250,9 @@ pub enum Path {
     Ring { why: String },
 }
 
-/// A host of a job, as the ring needs it: its collective address and MAC, and the ranks
-/// it stands for.
+/// A host of a job, as the ring needs it: its collective address and MAC, the ranks it
+/// stands for, and its own wire id of the job (each host numbers its jobs itself; its
+/// neighbours' frames to it carry this one).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct RingHost {
@@ -259,6 +260,7 @@ pub struct RingHost {
     pub mac: String,
     pub first: u32,
     pub weight: u32,
+    pub job: u32,
 }
 
 /// A host to its job's coordinator: where it is, and whether the tree failed it.
@@ -451,13 +453,14 @@ impl Proof {
         Self(hmac(
             &secret.0,
             &[
-                b"xagg ring v1",
+                b"xagg ring v2",
                 &r.nonce.0,
                 &r.key.0,
                 &addr,
                 h.mac.as_bytes(),
                 &h.first.to_le_bytes(),
                 &h.weight.to_le_bytes(),
+                &h.job.to_le_bytes(),
                 r.failed.as_deref().unwrap_or("").as_bytes(),
             ],
         ))

@@ -14,8 +14,8 @@ use std::{
     time::Duration,
 };
 
-use xagg_common::{wire::MAX_MEMBERS, JobShape};
-use xagg_worker::{CredentialKey, JobKey, JoinParams, Secret, Worker};
+use xagg_common::JobShape;
+use xagg_worker::{CredentialKey, JobKey, JoinParams, Placement, Secret, Worker};
 
 use crate::{
     abi::{handles, pmpi, Comm, SUCCESS},
@@ -214,9 +214,9 @@ pub fn create(comm: Comm) -> CommState {
         // The same answer on every rank: no agreement needed.
         return state(Path::Pmpi("an intercommunicator".into()));
     }
-    if size < 2 || size as usize > MAX_MEMBERS {
+    if size < 2 {
         return state(Path::Pmpi(format!(
-            "{size} ranks: a job has 2 to {MAX_MEMBERS} members"
+            "{size} ranks: a job has 2 ranks or more"
         )));
     }
     let mut private: Comm = std::ptr::null_mut();
@@ -244,20 +244,22 @@ pub fn create(comm: Comm) -> CommState {
     unsafe { (p.bcast)(secrets.as_mut_ptr().cast(), 48, handles().byte, 0, private) };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
+    let daemons = daemons(private, settings.daemon, size);
     let joined = local_address(settings.daemon).and_then(|bind| {
-        let shape = JobShape::full(size as usize, settings.slots)
+        let placed = Placement::by_daemon(&daemons?, rank as usize)?;
+        let shape = JobShape::full(placed.members, settings.slots)
             .map_err(|e| format!("XAGG_SLOTS={}: {e}", settings.slots))?;
         let w = Worker::join_with(
             JoinParams {
                 daemon: settings.daemon,
                 key,
                 secret,
-                rank: rank as u8,
+                rank: placed.member,
                 shape,
                 bind,
                 credential: settings.credential.clone(),
                 timeout: settings.join_timeout,
-                levels: None,
+                levels: placed.levels,
             },
             |wp| {
                 if let Some(g) = settings.give_up {
@@ -292,6 +294,39 @@ pub fn create(comm: Comm) -> CommState {
             state(fail(&mut private, format!("rank {r}: {why}")))
         }
     }
+}
+
+/// Every rank's daemon (`XAGG_DAEMON`, which each host sets to its own), in rank order:
+/// ranks at one daemon are one host's, reduced there first ([`Placement::by_daemon`]).
+/// Collective over `comm`.
+fn daemons(comm: Comm, mine: SocketAddr, size: c_int) -> Result<Vec<SocketAddr>, String> {
+    const LEN: usize = 64;
+    let mut text = [0u8; LEN];
+    let s = mine.to_string();
+    text[..s.len()].copy_from_slice(s.as_bytes());
+    let mut all = vec![0u8; LEN * size as usize];
+    // Safety: LEN bytes from each rank into LEN·size, over our duplicate, every rank here.
+    unsafe {
+        (pmpi().allgather)(
+            text.as_ptr().cast(),
+            LEN as c_int,
+            handles().byte,
+            all.as_mut_ptr().cast(),
+            LEN as c_int,
+            handles().byte,
+            comm,
+        )
+    };
+    all.chunks(LEN)
+        .enumerate()
+        .map(|(r, c)| {
+            let end = c.iter().position(|&b| b == 0).unwrap_or(LEN);
+            std::str::from_utf8(&c[..end])
+                .ok()
+                .and_then(|t| t.parse().ok())
+                .ok_or_else(|| format!("rank {r}'s daemon address did not arrive whole"))
+        })
+        .collect()
 }
 
 /// A pointer-sized key for maps of handles.

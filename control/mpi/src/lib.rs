@@ -119,16 +119,19 @@ fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), &'
 fn comm_state(st: &mut State, comm: Comm) -> &mut CommState {
     st.comms.entry(key(comm)).or_insert_with(|| {
         let c = comm::create(comm);
-        let why = match &c.path {
-            Path::Pmpi(why) => Some(why.clone()),
-            Path::Switch(_) => None,
-        };
-        if let Some(why) = why {
-            if (c.rank == 0 && !c.quiet) || verbose() {
-                say(&format!("{}: allreduces go to Open MPI: {why}", c.name));
+        match &c.path {
+            Path::Pmpi(why) => {
+                if (c.rank == 0 && !c.quiet) || verbose() {
+                    say(&format!("{}: allreduces go to Open MPI: {why}", c.name));
+                }
             }
-        } else if verbose() {
-            say(&format!("{} rank {}: joined the switch", c.name, c.rank));
+            Path::Switch(job) => {
+                if verbose() {
+                    let p = job.worker.params();
+                    let how = p.path.joined(p.path_why.as_deref());
+                    say(&format!("{} rank {}: {how}", c.name, c.rank));
+                }
+            }
         }
         c
     })

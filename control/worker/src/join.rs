@@ -38,6 +38,97 @@ pub struct JoinParams {
     pub levels: Option<Levels>,
 }
 
+/// Where a rank stands in its job: its member index and the members of the job at the
+/// daemon it joins, and, when the job's ranks join several daemons (one per host, each
+/// reducing its own ranks), the job's levels.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Placement {
+    pub member: u8,
+    pub members: usize,
+    pub levels: Option<Levels>,
+}
+
+impl Placement {
+    /// Rank `rank` of `size`, every rank at one daemon: a job of one level.
+    pub fn flat(rank: usize, size: usize) -> Result<Self, String> {
+        Self::check(rank, size)?;
+        if size > xagg_common::wire::MAX_MEMBERS {
+            return Err(format!(
+                "{size} ranks at one daemon: a job has at most {} members there (hosts of fewer ranks, each with its daemon, take more)",
+                xagg_common::wire::MAX_MEMBERS
+            ));
+        }
+        Ok(Self {
+            member: rank as u8,
+            members: size,
+            levels: None,
+        })
+    }
+
+    /// From every rank's daemon, in rank order (the same list on every rank, e.g.
+    /// gathered by the launcher's own collective): the ranks that join one daemon are one
+    /// host's, numbered there in rank order; rank 0's daemon coordinates a ring, should
+    /// no switch take the job. All at one daemon: [`Placement::flat`].
+    pub fn by_daemon(daemons: &[SocketAddr], rank: usize) -> Result<Self, String> {
+        let size = daemons.len();
+        Self::check(rank, size)?;
+        let mine = daemons[rank];
+        if daemons.iter().all(|d| *d == mine) {
+            return Self::flat(rank, size);
+        }
+        let local = |r: usize| daemons[..r].iter().filter(|d| **d == mine).count();
+        let coordinator = match daemons[0] {
+            SocketAddr::V4(a) => a,
+            SocketAddr::V6(a) => {
+                return Err(format!("rank 0's daemon {a}: daemons listen on IPv4"))
+            }
+        };
+        Self::local(rank, size, local(rank), local(size), Some(coordinator))
+    }
+
+    /// From the launcher's local rank and size (this host's ranks: `LOCAL_RANK` and
+    /// `LOCAL_WORLD_SIZE` under torchrun, `OMPI_COMM_WORLD_LOCAL_RANK` and
+    /// `OMPI_COMM_WORLD_LOCAL_SIZE` under Open MPI), and the daemon that coordinates a ring
+    /// (rank 0's host's). A host of every rank: [`Placement::flat`].
+    pub fn local(
+        rank: usize,
+        size: usize,
+        local_rank: usize,
+        local_size: usize,
+        coordinator: Option<SocketAddrV4>,
+    ) -> Result<Self, String> {
+        Self::check(rank, size)?;
+        if local_size == 0 || local_rank >= local_size || local_size > size {
+            return Err(format!(
+                "local rank {local_rank} of {local_size} on this host, in a job of {size} ranks: the local rank is below the local size, which is 1 to the job's size"
+            ));
+        }
+        if local_size == size {
+            return Self::flat(local_rank, size);
+        }
+        let placed = Self::flat(local_rank, local_size)?;
+        Ok(Self {
+            levels: Some(Levels {
+                ranks: size as u32,
+                first: rank as u32,
+                weight: 1,
+                coordinator,
+            }),
+            ..placed
+        })
+    }
+
+    fn check(rank: usize, size: usize) -> Result<(), String> {
+        if rank >= size || size > crate::codec::MAX_RANKS {
+            return Err(format!(
+                "rank {rank} of {size}: a job has 1 to {} ranks, numbered from 0",
+                crate::codec::MAX_RANKS
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// What a joined worker keeps to leave its job.
 #[derive(Clone, Debug)]
 pub(crate) struct Membership {
@@ -124,5 +215,64 @@ impl Membership {
         let n = client.nonce().map_err(join_error)?;
         let req = MemberRequest::new(self.key, &self.secret, "status", self.rank, n.nonce);
         client.post("/v1/joined/status", &req).map_err(join_error)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(s: &str) -> SocketAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ranks_at_one_daemon_make_a_job_of_one_level() {
+        let all = [d("10.0.0.1:47900"); 4];
+        for r in 0..4 {
+            assert_eq!(
+                Placement::by_daemon(&all, r).unwrap(),
+                Placement {
+                    member: r as u8,
+                    members: 4,
+                    levels: None
+                }
+            );
+        }
+    }
+
+    #[test]
+    fn ranks_are_grouped_by_their_daemon_in_rank_order() {
+        let (a, b) = (d("10.0.0.2:47900"), d("10.0.0.3:47900"));
+        // Hosts need not hold consecutive ranks.
+        let daemons = [a, b, a, b, b];
+        let placed: Vec<Placement> = (0..5)
+            .map(|r| Placement::by_daemon(&daemons, r).unwrap())
+            .collect();
+        let members: Vec<(u8, usize)> = placed.iter().map(|p| (p.member, p.members)).collect();
+        assert_eq!(members, [(0, 2), (0, 3), (1, 2), (1, 3), (2, 3)]);
+        for (r, p) in placed.iter().enumerate() {
+            let l = p.levels.unwrap();
+            assert_eq!((l.ranks, l.first, l.weight), (5, r as u32, 1));
+            assert_eq!(l.coordinator, Some("10.0.0.2:47900".parse().unwrap()));
+        }
+    }
+
+    #[test]
+    fn a_launchers_local_rank_and_size() {
+        let c = Some("10.0.0.2:47900".parse().unwrap());
+        let p = Placement::local(5, 8, 1, 4, c).unwrap();
+        assert_eq!((p.member, p.members), (1, 4));
+        assert_eq!(p.levels.unwrap().first, 5);
+        // One host of every rank: no levels.
+        assert_eq!(Placement::local(2, 4, 2, 4, c).unwrap().levels, None);
+        for (rank, size, lr, ls) in [(4, 4, 0, 1), (0, 4, 2, 2), (0, 4, 0, 0), (0, 4, 0, 5)] {
+            let e = Placement::local(rank, size, lr, ls, c).unwrap_err();
+            assert!(e.contains("rank"), "{e}");
+        }
+        // More ranks than a host (or a one-level job) can have at its daemon.
+        let e = Placement::flat(0, 300).unwrap_err();
+        assert!(e.contains("at most"), "{e}");
+        assert!(Placement::local(0, 1000, 0, 10, c).is_ok());
     }
 }

@@ -81,7 +81,7 @@ use std::{sync::Arc, time::Duration};
 
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Missing};
-pub use join::JoinParams;
+pub use join::{JoinParams, Placement};
 pub use params::WorkerParams;
 pub use report::{Path, Report};
 use request::Shared;

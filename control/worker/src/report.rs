@@ -17,6 +17,17 @@ pub enum Path {
     Ring,
 }
 
+impl Path {
+    /// How a joined rank's allreduces go, for a line of news (`why`: the ring's reason).
+    pub fn joined(&self, why: Option<&str>) -> String {
+        match self {
+            Self::Switch => "joined the switch".into(),
+            Self::Tree => "joined through its host, which joined the switch (a tree)".into(),
+            Self::Ring => format!("joined a ring of hosts ({})", why.unwrap_or("no switch")),
+        }
+    }
+}
+
 /// What one allreduce did.
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 pub struct Report {

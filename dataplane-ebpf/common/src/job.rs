@@ -81,7 +81,8 @@ pub struct Job {
     /// index with another generation names a job that is gone.
     pub generation: u16,
     /// When `role` is `Inner`: the job's wire id at the parent and this aggregation
-    /// point's member index there — what a partial's header carries upward.
+    /// point's member index there — what a partial's header carries upward. When `Ring`:
+    /// the successor's wire id and this host's member index there.
     pub parent_job: u32,
     pub parent_member: u8,
     /// When `role` is `Ring`: the hosts in the ring, this host's place in it, and the
@@ -90,6 +91,12 @@ pub struct Job {
     pub ring_size: u8,
     pub ring_position: u8,
     pub predecessor: u8,
+    /// When `role` is `Ring`: the predecessor's wire id of the job (what a result passed
+    /// back to it carries), as `parent_job` is the successor's. Each level numbers its
+    /// jobs itself: a frame leaving for another point carries that point's id.
+    pub predecessor_job: u32,
+    /// Zero: keeps the entry free of padding (a map value is copied byte for byte).
+    pub reserved: u32,
     /// When `role` is `Inner`: the parent's port (the uplink) and addresses. Partials go
     /// there, and results are taken only from there.
     pub parent: MemberAddr,
@@ -97,7 +104,7 @@ pub struct Job {
     pub member: [MemberAddr; MAX_MEMBERS],
 }
 
-const _: () = assert!(core::mem::size_of::<Job>() == 32 + 16 + 16 * MAX_MEMBERS);
+const _: () = assert!(core::mem::size_of::<Job>() == 40 + 16 + 16 * MAX_MEMBERS);
 
 impl Job {
     /// The entry of a job of `shape` whose members reduce `op` over `dtype` unless a
@@ -123,6 +130,8 @@ impl Job {
             ring_size: 0,
             ring_position: 0,
             predecessor: 0,
+            predecessor_job: 0,
+            reserved: 0,
             parent: MemberAddr {
                 ifindex: 0,
                 ip: [0; 4],
@@ -136,6 +145,21 @@ impl Job {
                 port: [0; 2],
             }; MAX_MEMBERS],
         })
+    }
+
+    /// The job's wire id here.
+    pub const fn wire_id(&self) -> u32 {
+        job_id(self.index as u32, self.generation)
+    }
+
+    /// The wire id results for this job arrive with: the parent's job's at an inner
+    /// level; at a ring host its own (its neighbours address it by its id).
+    pub const fn upstream_job(&self) -> u32 {
+        if self.role == Role::Ring as u8 {
+            self.wire_id()
+        } else {
+            self.parent_job
+        }
     }
 
     /// Members in the job.

@@ -32,4 +32,4 @@ pub use wire::{DType, Header, Kind, Op};
 /// version 2 (a 16-bit block exponent) and folds doubles (`xagg_fold_sum_bfp64`); version
 /// 12 has inner levels (`Role::Inner`: `Job::parent_job`, the `PARENTS` map, the slot
 /// state `PartialSent` and its counters).
-pub const LAYOUT_VERSION: u32 = 12;
+pub const LAYOUT_VERSION: u32 = 13;

@@ -12,6 +12,10 @@ pub const DEFAULT_PORT: u16 = 47800;
 /// Length of the collective header. Ethernet (14) + IPv4 (20) + UDP (8) + 30 = 72, so the
 /// payload starts 8-byte aligned in the frame and the switch adds with aligned word loads.
 pub const HEADER_LEN: usize = 30;
+/// Where the job's wire id sits in the header (big-endian): a copy rewritten for another
+/// point stores just these bytes.
+pub const JOB_OFFSET: usize = 4;
+const _: () = assert!(core::mem::offset_of!(Header, job) == JOB_OFFSET);
 /// Bytes in front of the payload in a frame without IPv4 options.
 pub const PAYLOAD_OFFSET: usize = 14 + 20 + 8 + HEADER_LEN;
 /// Largest payload: what a 9000-byte MTU carries (the largest a real Ethernet network

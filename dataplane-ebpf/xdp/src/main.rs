@@ -313,7 +313,7 @@ fn parent_result(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Coun
     let parent = (job.role == Role::Inner as u8 || job.role == Role::Ring as u8)
         && job.parent.ifindex == ctx.ingress_ifindex() as u32
         && frame.from(&job.parent);
-    if job.parent_job != hdr.job() || !(parent || neighbour) {
+    if job.upstream_job() != hdr.job() || !(parent || neighbour) {
         return Err(Counter::DropNotParent);
     }
     let from = if job.role == Role::Ring as u8 && parent && !neighbour {
@@ -645,7 +645,11 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         }
         slot::Outcome::Delivered => {
             let (frame, cfg) = result()?;
+            let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
             frame.into_result(&stored);
+            // The parent (or a ring neighbour) named the job by its own id: members and
+            // the egress program know it by this level's.
+            frame.set_job(job.wire_id());
             frame.from_switch(cfg);
             // From a ring host's successor: the copy on the uplink goes back, not on.
             frame.set_backward(st.member as usize == FROM_SUCCESSOR);
@@ -668,6 +672,11 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             }
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
+            // A ring predecessor's resent partial: answered in its own job id.
+            let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
+            if job.role == Role::Ring as u8 && st.member == u32::from(job.predecessor) {
+                frame.set_job(job.predecessor_job);
+            }
             frame.to_sender(cfg);
             Ok((xdp_action::XDP_TX, Counter::ResultReplay))
         }
@@ -771,7 +780,9 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     let addr = if member == EGRESS_SUCCESSOR {
         // A ring host's uplink: the result goes on round the ring (back, if it came from
         // the successor), or no further.
-        ring_next(job, hdr).ok_or(Counter::EgressNoMember)?
+        let (addr, id) = ring_next(job, hdr).ok_or(Counter::EgressNoMember)?;
+        frame.set_job(id);
+        addr
     } else {
         job.member
             .get(member as usize)
@@ -782,10 +793,11 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     Ok(xdp_action::XDP_PASS)
 }
 
-/// Where a ring host's result goes next on the uplink, if anywhere: on to the successor,
-/// or (one that came from the successor) back to the predecessor.
+/// Where a ring host's result goes next on the uplink, if anywhere, and the job's id
+/// there: on to the successor, or (one that came from the successor) back to the
+/// predecessor.
 #[inline(always)]
-fn ring_next<'a>(job: &'a Job, hdr: &xagg_common::Header) -> Option<&'a MemberAddr> {
+fn ring_next<'a>(job: &'a Job, hdr: &xagg_common::Header) -> Option<(&'a MemberAddr, u32)> {
     if job.role != Role::Ring as u8 {
         return None;
     }
@@ -793,9 +805,13 @@ fn ring_next<'a>(job: &'a Job, hdr: &xagg_common::Header) -> Option<&'a MemberAd
         if !job.ring_passes_back(hdr.segment()) {
             return None;
         }
-        return job.member.get(job.predecessor as usize);
+        return Some((
+            job.member.get(job.predecessor as usize)?,
+            job.predecessor_job,
+        ));
     }
-    job.ring_forwards(hdr.segment()).then_some(&job.parent)
+    job.ring_forwards(hdr.segment())
+        .then_some((&job.parent, job.parent_job))
 }
 
 /// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel
@@ -836,7 +852,7 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     }
     let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
     // Read now: storing into the packet invalidates pointers into it.
-    let next = ring_next(job, hdr).copied();
+    let next = ring_next(job, hdr).map(|(a, id)| (*a, id));
     // The headers, readdressed here for each member and written over the frame's own
     // before its copy leaves: a copy shares the data, so each write unshares the headers.
     // Words, so zeroing it takes a few stores rather than a byte loop.
@@ -866,13 +882,24 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         m += 1;
     }
     // A ring host passes the result on to its successor.
-    if let Some(next) = next {
+    if let Some((next, id)) = next {
         if inject(drop_result) {
             count(Counter::InjectDropResult);
             return Ok(TC_ACT_SHOT);
         }
         packet::address_to(at, &next, cfg);
-        let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
+        // The neighbour's id of the job, in the header (big-endian, as on the wire).
+        let id = id.to_be_bytes();
+        let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0
+            && unsafe {
+                bpf_skb_store_bytes(
+                    ctx.skb.skb,
+                    (packet::HEADERS_LEN + wire::JOB_OFFSET) as u32,
+                    id.as_ptr() as *const _,
+                    4,
+                    0,
+                )
+            } == 0;
         if stored && ctx.clone_redirect(next.ifindex, 0).is_ok() {
             count(Counter::ResultCopy);
         } else {

@@ -124,6 +124,15 @@ impl Udp4 {
         self.data
     }
 
+    /// Names job `id` in the header (checked present), for a copy going to a point that
+    /// numbers the job so.
+    #[inline(always)]
+    pub fn set_job(&self, id: u32) {
+        if self.data + PAYLOAD_OFFSET <= self.end {
+            unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }.set_job(id);
+        }
+    }
+
     /// The collective header, if the frame is long enough to hold one after the UDP header.
     #[inline(always)]
     pub fn header(&self) -> Option<&Header> {
@@ -309,6 +318,12 @@ impl Frame {
         hdr.above = 1;
         from_switch(self.data, cfg);
         address_to(self.data, to, cfg);
+    }
+
+    /// Names job `id` in the header: the id of the point the frame goes to.
+    #[inline(always)]
+    pub fn set_job(&self, id: u32) {
+        self.header_mut().set_job(id);
     }
 
     /// Marks a ring result as passed back along the chain (`FLAG_BACKWARD`), or not.

@@ -1,6 +1,7 @@
 //! Open MPI in the lab: `mpirun` in worker 0's namespace, starting one rank per worker
 //! namespace through an rsh agent (each rank with its own UTS namespace, so every rank has
-//! a host name of its own), over the lab's addresses only.
+//! a host name of its own), over the lab's addresses only. In a tree lab, one rank per
+//! rank namespace, each told its own host's daemon.
 
 use std::{
     path::{Path, PathBuf},
@@ -9,7 +10,44 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::lab::{worker_ip, Lab};
+use crate::{
+    lab::{worker_ip, Lab},
+    tree::{TreeLab, JOIN_PORT},
+};
+
+/// A "host" mpirun starts a rank on: its lab address, the namespace the rank runs in, and
+/// the environment that host gives its processes.
+pub struct Host {
+    pub ip: std::net::Ipv4Addr,
+    pub ns: String,
+    pub env: Vec<(String, String)>,
+}
+
+fn lab_hosts(lab: &Lab) -> Vec<Host> {
+    (0..lab.workers)
+        .map(|i| Host {
+            ip: worker_ip(i),
+            ns: lab.worker_ns(i),
+            env: Vec::new(),
+        })
+        .collect()
+}
+
+/// Every rank of a tree lab as a host, in rank order, `XAGG_DAEMON` set to its own host's
+/// daemon (as each machine of a cluster would set it to its own).
+pub fn tree_hosts(lab: &TreeLab) -> Vec<Host> {
+    lab.ranks
+        .iter()
+        .map(|r| Host {
+            ip: r.ip,
+            ns: r.ns.clone(),
+            env: vec![(
+                "XAGG_DAEMON".into(),
+                format!("{}:{JOIN_PORT}", lab.points[r.host].ip),
+            )],
+        })
+        .collect()
+}
 
 /// Compiles `source` (C with `mpicc`, Fortran `.f90`/`.F90`/`.f` with `mpifort`) into
 /// `out`, with the compiler's `flags` besides.
@@ -43,27 +81,43 @@ pub fn compile(source: &Path, out: &Path, flags: &[&str]) -> Result<()> {
 /// Writes the rsh agent for `lab` into `dir`: a "host" is a worker's lab address, and the
 /// command runs in that worker's namespace.
 pub fn agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
-    write_agent(lab, dir, "rsh-agent", "")
+    write_agent(
+        &lab_hosts(lab),
+        dir,
+        &format!("rsh-agent-{}", lab.prefix),
+        "",
+    )
+}
+
+/// The rsh agent for `hosts` (e.g. [`tree_hosts`]) into `dir`, named `name`.
+pub fn hosts_agent(hosts: &[Host], dir: &Path, name: &str) -> Result<PathBuf> {
+    write_agent(hosts, dir, name, "")
 }
 
 /// [`agent`], the ranks (Open MPI's daemon on each host and the processes it starts)
 /// running as the unprivileged user `nobody`, with no capabilities.
 pub fn unprivileged_agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
     write_agent(
-        lab,
+        &lab_hosts(lab),
         dir,
-        "rsh-agent-nobody",
+        &format!("rsh-agent-nobody-{}", lab.prefix),
         "setpriv --reuid=65534 --regid=65534 --clear-groups --inh-caps=-all ",
     )
 }
 
-fn write_agent(lab: &Lab, dir: &Path, name: &str, wrap: &str) -> Result<PathBuf> {
+fn write_agent(hosts: &[Host], dir: &Path, name: &str, wrap: &str) -> Result<PathBuf> {
     let mut cases = String::new();
-    for i in 0..lab.workers {
-        cases.push_str(&format!("  {}) ns={};;\n", worker_ip(i), lab.worker_ns(i)));
+    for h in hosts {
+        let env: String = h.env.iter().map(|(k, v)| format!(" {k}={v}")).collect();
+        let export = if env.is_empty() {
+            String::new()
+        } else {
+            format!(" export{env};")
+        };
+        cases.push_str(&format!("  {}) ns={};{export};\n", h.ip, h.ns));
     }
     std::fs::create_dir_all(dir)?;
-    let agent = dir.join(format!("{name}-{}.sh", lab.prefix));
+    let agent = dir.join(format!("{name}.sh"));
     std::fs::write(
         &agent,
         format!(
@@ -87,6 +141,20 @@ pub fn run(
     run_from(&lab.worker_ns(0), agent, n, env, program)
 }
 
+/// Runs `program` on one rank per host of `hosts` under mpirun in the first host's
+/// namespace, over the tree lab's network (10.77.0.0/16); `env` is exported to every rank
+/// besides each host's own.
+pub fn run_on_hosts(
+    hosts: &[Host],
+    agent: &Path,
+    env: &[(&str, String)],
+    program: &str,
+) -> Result<Output> {
+    let ips: Vec<std::net::Ipv4Addr> = hosts.iter().map(|h| h.ip).collect();
+    // mpirun starts the first host's rank itself: that host's environment is its own.
+    mpirun(&hosts[0], agent, &ips, "10.77.0.0/16", env, program)
+}
+
 /// [`run`] with mpirun in namespace `ns`: from the switch's, every rank is started through
 /// the agent (as [`unprivileged_agent`] wants).
 pub fn run_from(
@@ -96,11 +164,35 @@ pub fn run_from(
     env: &[(&str, String)],
     program: &str,
 ) -> Result<Output> {
-    let hosts: Vec<String> = (0..n).map(|i| worker_ip(i).to_string()).collect();
+    let ips: Vec<std::net::Ipv4Addr> = (0..n).map(worker_ip).collect();
+    let here = Host {
+        ip: ips[0],
+        ns: ns.to_string(),
+        env: Vec::new(),
+    };
+    mpirun(&here, agent, &ips, "10.77.0.0/24", env, program)
+}
+
+fn mpirun(
+    here: &Host,
+    agent: &Path,
+    hosts: &[std::net::Ipv4Addr],
+    subnet: &str,
+    env: &[(&str, String)],
+    program: &str,
+) -> Result<Output> {
+    let n = hosts.len();
+    let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
+    let ns = &here.ns;
     let exports: String = env.iter().map(|(k, v)| format!(" -x {k}={v}")).collect();
+    let own: String = here
+        .env
+        .iter()
+        .map(|(k, v)| format!("export {k}={v}; "))
+        .collect();
     let cmd = format!(
-        "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
-         --mca btl_tcp_if_include 10.77.0.0/24 --mca oob_tcp_if_include 10.77.0.0/24 --bind-to none --mca mpi_yield_when_idle 1{exports} {program}",
+        "hostname {ns}; {own}mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
+         --mca btl_tcp_if_include {subnet} --mca oob_tcp_if_include {subnet} --bind-to none --mca mpi_yield_when_idle 1{exports} {program}",
         hosts = hosts.join(","),
         agent = agent.display(),
     );

@@ -223,28 +223,31 @@ impl Switch {
     /// Adds job `jid`, whose results come from upstream (`job.parent_job` names it there),
     /// and enters it in `PARENTS`.
     fn add_upstream_job(&mut self, jid: u32, job: Job) {
-        let upstream = job.parent_job;
         self.add_job(jid, job);
+        let upstream = self.job(jid).upstream_job();
         self.parents
             .insert(upstream, jid, 0)
             .expect("entering the job's id upstream");
     }
 
     /// Adds job `jid` as a ring host at `position` of `size` with `job`'s members as its
-    /// ranks: partials go to `successor` (as its member `successor_member`), the
-    /// predecessor's arrive as member `job.member_count()`, as the daemon does.
+    /// ranks: partials go to `successor` (as its member `successor_member`, naming the job
+    /// by the successor's id `successor_job`), the predecessor's (whose id of the job is
+    /// `predecessor_job`) arrive as member `job.member_count()`, as the daemon does.
     pub fn add_ring_job(
         &mut self,
         jid: u32,
         mut job: Job,
         (predecessor, successor): (MemberAddr, MemberAddr),
+        (predecessor_job, successor_job): (u32, u32),
         (size, position): (u8, u8),
         successor_member: u8,
     ) {
         let pred = job.member_count();
         job.role = xagg_common::Role::Ring as u8;
         job.parent = successor;
-        job.parent_job = jid;
+        job.parent_job = successor_job;
+        job.predecessor_job = predecessor_job;
         job.parent_member = successor_member;
         job.member[pred] = predecessor;
         job.predecessor = pred as u8;

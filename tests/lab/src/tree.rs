@@ -489,6 +489,8 @@ impl TreeLab {
                 mac: Self::mac(&self.points[q].ns, "br0")?,
                 addr: SocketAddrV4::new(self.points[q].ip, DEFAULT_PORT),
                 member: member as u8,
+                // Every point of the lab numbers the job alike.
+                job: None,
             })
         };
         let successor = hosts[(at + 1) % h];
@@ -505,6 +507,31 @@ impl TreeLab {
     /// Point `i`'s daemon API.
     pub fn api(&self, i: usize, req: &Request) -> Result<Response> {
         api::call(&self.points[i].socket(), req)
+    }
+
+    /// Adds job `id` by hand at point `i`: `slots` slots, one made-up member behind its
+    /// first port. It holds the point's slots and the job index `id` names, so jobs that
+    /// join later are numbered differently here than at the other points.
+    pub fn occupy(&self, i: usize, id: u32, slots: u32) -> Result<()> {
+        let job = JobSpec {
+            id,
+            op: xagg_common::Op::Sum,
+            dtype: xagg_common::DType::I32,
+            segment: 862,
+            slots,
+            members: vec![MemberSpec {
+                interface: child_port(0),
+                mac: "02:00:00:00:09:09".into(),
+                addr: "10.77.9.9:1".parse()?,
+            }],
+            slot_base: None,
+            parent: None,
+            ring: None,
+        };
+        match self.api(i, &Request::AddJob { job })? {
+            Response::Job { .. } => Ok(()),
+            r => bail!("adding job {id} at point {i}: {r:?}"),
+        }
     }
 
     /// Fault injection at every point of level `level` (0 = the root): contributions
