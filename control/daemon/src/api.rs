@@ -27,6 +27,10 @@ use crate::job::JobSpec;
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(tag = "cmd", rename_all = "snake_case")]
+#[expect(
+    clippy::large_enum_variant,
+    reason = "one request per API call, parsed once: its size costs nothing"
+)]
 pub enum Request {
     AddJob {
         job: JobSpec,
