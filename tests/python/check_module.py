@@ -68,6 +68,8 @@ try:
 except xagg.XaggError as e:
     check(f"prod of floats refused clearly ({e})", "not supported" in str(e))
 
+path = job.path
 job.leave()
+print(f"rank {rank}: path {path}", flush=True)
 print(f"rank {rank}: checks={checks} failures={failures}", flush=True)
 sys.exit(1 if failures else 0)

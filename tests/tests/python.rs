@@ -96,6 +96,45 @@ fn numpy_arrays_through_the_switch() {
     );
 }
 
+/// The same on 2 hosts of 2 ranks (each rank a namespace behind its host) under a switch:
+/// each rank told its host's daemon, its place on the host (as a launcher does) and the
+/// coordinator; each host reduces its ranks first, and every check holds.
+#[test]
+fn numpy_arrays_through_hosts() {
+    if !require_root("numpy_arrays_through_hosts") {
+        return;
+    }
+    use xagg_lab::tree::{Topology, TreeLab};
+    let mut lab = TreeLab::create(
+        "xpyh",
+        Topology::Hosts { hosts: 2, ranks: 2 },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    let mut e = xagg_lab::python::base_env();
+    e.push(("XAGG_CREDENTIAL", credential_env()));
+    e.push(("XAGG_JOB_KEY", "0123456789abcdef0123456789abcdef".into()));
+    e.push(("XAGG_JOB_SECRET", "cd".repeat(32)));
+    let outputs = xagg_lab::python::tree_ranks(&lab, &e, |_| {
+        vec![script("check_module.py").display().to_string()]
+    })
+    .unwrap();
+    let out = all_ok(&outputs);
+    for r in 0..lab.ranks.len() {
+        assert!(out.contains(&format!("rank {r}: path tree")), "{out}");
+        assert!(
+            out.contains(&format!("rank {r}: checks=28 failures=0")),
+            "{out}"
+        );
+    }
+    let c = lab.counters();
+    assert!(
+        c[1]["partial"] > 100 && c[2]["partial"] > 100 && c[0]["complete"] > 100,
+        "{c:?}"
+    );
+}
+
 #[test]
 fn ddp_trains_through_the_backend_as_on_gloo() {
     if !require_root("ddp_trains_through_the_backend_as_on_gloo") {

@@ -18,7 +18,9 @@ use xagg_common::{
     wire::{DType, Op},
     JobShape,
 };
-use xagg_worker::{AllreduceError, Buffer, CredentialKey, JobKey, JoinParams, Secret, Worker};
+use xagg_worker::{
+    AllreduceError, Buffer, CredentialKey, JobKey, JoinParams, Placement, Secret, Worker,
+};
 
 create_exception!(
     _xagg,
@@ -185,6 +187,9 @@ fn hex<const N: usize>(s: &str, what: &str) -> PyResult<[u8; N]> {
 #[pyclass(module = "xagg")]
 struct Job {
     worker: Worker,
+    /// This process's rank in the whole job, and the job's ranks.
+    rank: usize,
+    size: usize,
 }
 
 #[pymethods]
@@ -193,13 +198,18 @@ impl Job {
     /// member's `rank` of `size`, the job's `key` (32 hex digits) and `secret` (64), the
     /// same on every rank ([`new_key`]), and a `credential` ("NAME:KEY") to create the job.
     /// Waits until every rank is in (up to `timeout` seconds).
+    ///
+    /// Where every host runs its own daemon (reducing its ranks before the switch), give
+    /// either `daemons`, every rank's daemon in rank order (ranks naming one daemon are
+    /// one host's; rank 0's coordinates a ring), or this host's `local_rank` and
+    /// `local_size` (the launcher's) and the `coordinator` (rank 0's host's daemon).
     #[staticmethod]
-    #[pyo3(signature = (daemon, rank, size, key, secret, credential = None, slots = 128, timeout = 10.0, give_up = None))]
+    #[pyo3(signature = (daemon, rank, size, key, secret, credential = None, slots = 128, timeout = 10.0, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn join(
         py: Python<'_>,
         daemon: &str,
-        rank: u8,
+        rank: usize,
         size: usize,
         key: &str,
         secret: &str,
@@ -207,12 +217,52 @@ impl Job {
         slots: usize,
         timeout: f64,
         give_up: Option<f64>,
+        daemons: Option<Vec<String>>,
+        local_rank: Option<usize>,
+        local_size: Option<usize>,
+        coordinator: Option<&str>,
     ) -> PyResult<Self> {
-        let daemon: SocketAddr = daemon.parse().map_err(|_| {
-            PyValueError::new_err(format!(
-                "daemon {daemon:?}: give IP:PORT, e.g. 10.77.0.1:47900"
-            ))
-        })?;
+        let address = |what: &str, s: &str| -> PyResult<SocketAddr> {
+            s.parse().map_err(|_| {
+                PyValueError::new_err(format!("{what} {s:?}: give IP:PORT, e.g. 10.77.0.1:47900"))
+            })
+        };
+        let daemon = address("daemon", daemon)?;
+        let placed = match (daemons, local_rank, local_size) {
+            (Some(all), None, None) => {
+                let all = all
+                    .iter()
+                    .map(|d| address("daemons[]", d))
+                    .collect::<PyResult<Vec<_>>>()?;
+                if all.len() != size {
+                    return Err(PyValueError::new_err(format!(
+                        "daemons: {} given for {size} ranks: give every rank's, in rank order",
+                        all.len()
+                    )));
+                }
+                Placement::by_daemon(&all, rank)
+            }
+            (None, Some(lr), Some(ls)) => {
+                let coordinator = match coordinator.map(|c| address("coordinator", c)) {
+                    None => None,
+                    Some(Ok(SocketAddr::V4(a))) => Some(a),
+                    Some(Ok(a)) => {
+                        return Err(PyValueError::new_err(format!(
+                            "coordinator {a}: daemons listen on IPv4"
+                        )))
+                    }
+                    Some(Err(e)) => return Err(e),
+                };
+                Placement::local(rank, size, lr, ls, coordinator)
+            }
+            (None, None, None) => Placement::flat(rank, size),
+            _ => {
+                return Err(PyValueError::new_err(
+                    "give daemons, or local_rank and local_size together, or neither",
+                ))
+            }
+        }
+        .map_err(PyValueError::new_err)?;
         let credential = match credential {
             None => None,
             Some(c) => {
@@ -225,18 +275,18 @@ impl Job {
                 ))
             }
         };
-        let shape =
-            JobShape::full(size, slots).map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let shape = JobShape::full(placed.members, slots)
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let j = JoinParams {
             daemon,
             key: JobKey(hex(key, "the job key")?),
             secret: Secret(hex(secret, "the job secret")?),
-            rank,
+            rank: placed.member,
             shape,
             bind: local_address(daemon)?,
             credential,
             timeout: Duration::from_secs_f64(timeout),
-            levels: None,
+            levels: placed.levels,
         };
         let worker = py
             .detach(move || {
@@ -249,7 +299,7 @@ impl Job {
                 Ok::<_, AllreduceError>(w)
             })
             .map_err(error)?;
-        Ok(Self { worker })
+        Ok(Self { worker, rank, size })
     }
 
     /// Starts an allreduce of `array` in place with `op` ("sum", "min", "max", "avg",
@@ -285,14 +335,24 @@ impl Job {
         py.detach(move || w.leave()).map_err(error)
     }
 
-    /// This member's rank and the job's size.
+    /// This process's rank in the job and the job's ranks.
     #[getter]
-    fn rank(&self) -> u8 {
-        self.worker.params().member
+    fn rank(&self) -> usize {
+        self.rank
     }
     #[getter]
     fn size(&self) -> usize {
-        self.worker.params().shape.members()
+        self.size
+    }
+
+    /// How this rank's allreduces go: "switch", "tree" (through its host) or "ring".
+    #[getter]
+    fn path(&self) -> &'static str {
+        match self.worker.params().path {
+            xagg_worker::Path::Switch => "switch",
+            xagg_worker::Path::Tree => "tree",
+            xagg_worker::Path::Ring => "ring",
+        }
     }
 }
 

@@ -9,7 +9,11 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{lab::Lab, target_dir};
+use crate::{
+    lab::Lab,
+    target_dir,
+    tree::{TreeLab, JOIN_PORT},
+};
 
 /// The virtual environment's interpreter.
 pub fn interpreter() -> PathBuf {
@@ -35,19 +39,60 @@ pub fn ranks(
     env: &[(&str, String)],
     args: impl Fn(usize) -> Vec<String>,
 ) -> Result<Vec<Output>> {
+    let own = (0..n).map(|i| (lab.worker_ns(i), Vec::new())).collect();
+    spawn(own, env, args)
+}
+
+/// [`ranks`] on every rank of a tree lab, each in its namespace with, besides `env`,
+/// `XAGG_DAEMON` set to its host's daemon, `LOCAL_RANK` and `LOCAL_WORLD_SIZE` to its place
+/// on its host (as a launcher sets them), and `XAGG_COORDINATOR` to rank 0's host's daemon.
+pub fn tree_ranks(
+    lab: &TreeLab,
+    env: &[(&str, String)],
+    args: impl Fn(usize) -> Vec<String>,
+) -> Result<Vec<Output>> {
+    let daemon = |host: usize| format!("{}:{JOIN_PORT}", lab.points[host].ip);
+    let own = lab
+        .ranks
+        .iter()
+        .map(|r| {
+            let local = lab.points[r.host].children.len();
+            let e = vec![
+                ("XAGG_DAEMON".to_string(), daemon(r.host)),
+                ("XAGG_COORDINATOR".to_string(), daemon(lab.ranks[0].host)),
+                ("LOCAL_RANK".to_string(), r.local.to_string()),
+                ("LOCAL_WORLD_SIZE".to_string(), local.to_string()),
+            ];
+            (r.ns.clone(), e)
+        })
+        .collect();
+    spawn(own, env, args)
+}
+
+/// The interpreter with `args(i)` in each namespace of `ranks` at once, with `RANK`,
+/// `WORLD_SIZE`, `env` and each rank's own environment; each rank's output.
+fn spawn(
+    ranks: Vec<(String, Vec<(String, String)>)>,
+    env: &[(&str, String)],
+    args: impl Fn(usize) -> Vec<String>,
+) -> Result<Vec<Output>> {
     let python = interpreter();
     anyhow::ensure!(
         python.exists(),
         "{} is made by cargo xtask setup",
         python.display()
     );
-    let children = (0..n)
-        .map(|i| {
+    let n = ranks.len();
+    let children = ranks
+        .iter()
+        .enumerate()
+        .map(|(i, (ns, own))| {
             Command::new("ip")
-                .args(["netns", "exec", &lab.worker_ns(i)])
+                .args(["netns", "exec", ns])
                 .arg(&python)
                 .args(args(i))
                 .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .envs(own.iter().map(|(k, v)| (k.as_str(), v.as_str())))
                 .env("RANK", i.to_string())
                 .env("WORLD_SIZE", n.to_string())
                 .stdout(Stdio::piped())

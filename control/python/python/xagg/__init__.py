@@ -38,10 +38,16 @@ def from_env(**kw):
     - ``XAGG_JOB_KEY`` and ``XAGG_JOB_SECRET``: the job's key and secret (hex, from
       ``xagg.new_key()``, the same on every rank);
     - the rank and size from the launcher: ``RANK``/``WORLD_SIZE`` (torchrun),
-      ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` (Open MPI), ``PMI_RANK``/``PMI_SIZE``.
+      ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` (Open MPI), ``PMI_RANK``/``PMI_SIZE``;
+    - where every host runs its own daemon (``XAGG_DAEMON`` then names this host's), which
+      reduces its ranks before the switch: ``XAGG_COORDINATOR``, rank 0's host's daemon
+      (it places the hosts in a ring should no switch take the job), and this host's ranks
+      from the launcher: ``LOCAL_RANK``/``LOCAL_WORLD_SIZE`` (torchrun),
+      ``OMPI_COMM_WORLD_LOCAL_RANK``/``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI).
 
     Keyword arguments override them (``daemon``, ``rank``, ``size``, ``key``, ``secret``,
-    ``credential``, ``slots``, ``timeout``, ``give_up``).
+    ``credential``, ``slots``, ``timeout``, ``give_up``, ``local_rank``, ``local_size``,
+    ``coordinator``, ``daemons``).
     """
     env = {
         "daemon": os.environ.get("XAGG_DAEMON"),
@@ -51,6 +57,17 @@ def from_env(**kw):
         "rank": _first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
         "size": _first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
     }
+    coordinator = os.environ.get("XAGG_COORDINATOR")
+    if coordinator is not None:
+        env["coordinator"] = coordinator
+        env["local_rank"] = _first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
+        env["local_size"] = _first("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
+        if env["local_rank"] is None or env["local_size"] is None:
+            raise XaggError(
+                "XAGG_COORDINATOR is set but not this host's ranks: set LOCAL_RANK and LOCAL_WORLD_SIZE (torchrun and Open MPI set theirs)"
+            )
+        env["local_rank"] = int(env["local_rank"])
+        env["local_size"] = int(env["local_size"])
     env.update(kw)
     missing = [k for k in ("daemon", "key", "secret", "rank", "size") if env.get(k) is None]
     if missing:

@@ -98,8 +98,16 @@ class _Engine:
             key = store.get("xagg/key").decode()
             secret = store.get("xagg/secret").decode()
             daemon = os.environ.get("XAGG_DAEMON")
+            # Every rank's daemon: ranks naming one daemon are one host's, reduced there
+            # first (each host sets XAGG_DAEMON to its own; one daemon for all: no levels).
+            # Said by every rank, set or not, so none waits for another's.
+            store.set(f"xagg/daemon/{rank}", daemon or "")
+            daemons = [store.get(f"xagg/daemon/{r}").decode() for r in range(size)]
             if daemon is None:
                 raise XaggError("XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. 10.77.0.1:47900")
+            unset = [r for r, d in enumerate(daemons) if not d]
+            if unset:
+                raise XaggError(f"ranks {unset} have no XAGG_DAEMON")
             give_up = os.environ.get("XAGG_GIVE_UP_MS")
             self.job = Job.join(
                 daemon=daemon,
@@ -107,6 +115,7 @@ class _Engine:
                 size=size,
                 key=key,
                 secret=secret,
+                daemons=daemons,
                 credential=os.environ.get("XAGG_CREDENTIAL"),
                 # The ranks come within seconds of each other; the group's own timeout
                 # (30 minutes by default) would hold a job with a missing rank that long.
