@@ -564,16 +564,22 @@ impl TreeLab {
             .collect()
     }
 
-    /// The ranks' settings here: more ranks than cores, so no busy polling (it would
-    /// starve the others for milliseconds); in a ring a round crosses 2(h-1) hops, so the
-    /// first retransmission waits 2h times as long.
+    /// The ranks' settings here. More ranks than cores: no busy polling (it would starve
+    /// the others for milliseconds), and a first timeout (so a retransmission floor, half
+    /// of it) as many times longer as ranks share a core — a rank waits its turn behind
+    /// the others, and scheduling delays must not pass for losses. In a ring a round
+    /// crosses 2(h-1) hops: at least 2h times as long.
     pub fn tune(&self, p: &mut WorkerParams) {
-        if self.ranks.len() >= std::thread::available_parallelism().map_or(1, |n| n.get()) {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let mut longer = 1;
+        if self.ranks.len() >= cores {
             p.spin = std::time::Duration::ZERO;
+            longer = self.ranks.len().div_ceil(cores);
         }
         if let Topology::Ring { hosts, .. } = self.topology {
-            p.timeout *= 2 * hosts as u32;
+            longer = longer.max(2 * hosts);
         }
+        p.timeout *= longer as u32;
     }
 
     /// One allreduce (message `message`) of the job of `elems` i32 (sum) on every rank at
