@@ -222,7 +222,12 @@ impl Engine {
     fn new(p: WorkerParams, transport: Transport) -> Self {
         let now = Instant::now();
         Self {
-            window: Window::new(p.job, p.shape.slots(), p.timeout, p.max_timeout),
+            window: Window::new(
+                p.job,
+                p.shape.slots(),
+                p.timeout,
+                (p.min_timeout, p.max_timeout),
+            ),
             cursor: vec![(0, 0); p.shape.slots()],
             next_message: p.first_message.unwrap_or(0),
             rng: 0x9e37_79b9_7f4a_7c15 ^ (p.member as u64) << 17 ^ p.job as u64,

@@ -30,8 +30,13 @@ pub struct WorkerParams {
     /// every completion.
     pub path: crate::Path,
     pub path_why: Option<String>,
-    /// First retransmission timeout; adapted to the measured round trip.
+    /// First retransmission timeout (before any round trip is measured); then adapted to
+    /// the measured round trip.
     pub timeout: Duration,
+    /// Lower bound of the adapted timeout: absorbs scheduling delays when workers
+    /// outnumber cores, and rounds whose time varies with the segment (a ring's chain
+    /// starts at a different host for each).
+    pub min_timeout: Duration,
     /// Upper bound of the retransmission timeout.
     pub max_timeout: Duration,
     /// Fail when no result arrived for this long.
@@ -80,6 +85,7 @@ impl WorkerParams {
             path: crate::Path::Switch,
             path_why: None,
             timeout: Duration::from_millis(20),
+            min_timeout: Duration::from_millis(10),
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
             reorder: false,

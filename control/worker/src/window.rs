@@ -41,17 +41,26 @@ pub struct Window {
     /// Smoothed round trip.
     srtt: Option<Duration>,
     timeout: Duration,
+    min_timeout: Duration,
     max_timeout: Duration,
     flight: Vec<Option<InFlight>>,
 }
 
 impl Window {
-    pub fn new(job: u32, slots: usize, timeout: Duration, max_timeout: Duration) -> Self {
+    /// `timeout` until a round trip is measured, then four smoothed round trips within
+    /// `(min, max)`.
+    pub fn new(
+        job: u32,
+        slots: usize,
+        timeout: Duration,
+        (min_timeout, max_timeout): (Duration, Duration),
+    ) -> Self {
         Self {
             job,
             uses: vec![0; slots],
             srtt: None,
             timeout,
+            min_timeout,
             max_timeout,
             flight: vec![None; slots],
         }
@@ -158,10 +167,7 @@ impl Window {
     pub fn rto(&self) -> Duration {
         match self.srtt {
             None => self.timeout,
-            // The floor, half the first timeout (10 ms by default), absorbs scheduling
-            // delays when workers outnumber cores, and rounds whose time varies with the
-            // segment (a ring's chain starts at a different host for each).
-            Some(s) => (s * 4).clamp((self.timeout / 2).min(self.max_timeout), self.max_timeout),
+            Some(s) => (s * 4).clamp(self.min_timeout.min(self.max_timeout), self.max_timeout),
         }
     }
 
@@ -193,7 +199,12 @@ mod tests {
 
     #[test]
     fn results_are_checked_and_taken_once() {
-        let mut w = Window::new(3, 2, Duration::from_millis(20), Duration::from_millis(500));
+        let mut w = Window::new(
+            3,
+            2,
+            Duration::from_millis(20),
+            (Duration::from_millis(10), Duration::from_millis(500)),
+        );
         let now = Instant::now();
         for slot in 0..2 {
             let shadow = w.next_shadow(slot);

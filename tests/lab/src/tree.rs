@@ -565,21 +565,23 @@ impl TreeLab {
     }
 
     /// The ranks' settings here. More ranks than cores: no busy polling (it would starve
-    /// the others for milliseconds), and a first timeout (so a retransmission floor, half
-    /// of it) as many times longer as ranks share a core — a rank waits its turn behind
-    /// the others, and scheduling delays must not pass for losses. In a ring a round
-    /// crosses 2(h-1) hops: at least 2h times as long.
+    /// the others for milliseconds), and a first timeout as many times longer as ranks
+    /// share a core — the first results wait behind every rank's first window, and must
+    /// not pass for losses before a round trip is measured. In a ring a round crosses
+    /// 2(h-1) hops: its timeouts, first and least, at least 2h times as long.
     pub fn tune(&self, p: &mut WorkerParams) {
         let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-        let mut longer = 1;
+        let mut first = 1;
         if self.ranks.len() >= cores {
             p.spin = std::time::Duration::ZERO;
-            longer = self.ranks.len().div_ceil(cores);
+            first = self.ranks.len().div_ceil(cores);
         }
         if let Topology::Ring { hosts, .. } = self.topology {
-            longer = longer.max(2 * hosts);
+            let ring = 2 * hosts as u32;
+            p.min_timeout *= ring;
+            first = first.max(ring as usize);
         }
-        p.timeout *= longer as u32;
+        p.timeout *= first as u32;
     }
 
     /// One allreduce (message `message`) of the job of `elems` i32 (sum) on every rank at
