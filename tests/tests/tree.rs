@@ -488,6 +488,44 @@ fn the_ring_when_the_switch_cannot_aggregate() {
     ring(&lab, 3, "did not answer");
 }
 
+/// A spine whose daemon is gone, under two leaf switches: each leaf's join there gets no
+/// answer, so after `ring_after` the leaf fails its level, its hosts' joins are refused,
+/// and they go round a ring instead (through the leaves and the spine, which pass what is
+/// not theirs). Every rank's allreduce is exact and says it took the ring, and why.
+#[test]
+fn hosts_under_a_failed_leaf_go_round_the_ring() {
+    if !require_root("hosts_under_a_failed_leaf_go_round_the_ring") {
+        return;
+    }
+    let mut lab = TreeLab::create(
+        "tf",
+        Topology::Tree {
+            leaves: 2,
+            hosts: 2,
+            ranks: 2,
+        },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    lab.points[0]
+        .daemon
+        .take()
+        .expect("the spine's daemon")
+        .stop(Signal::SIGKILL)
+        .unwrap();
+    let seg = xagg_common::wire::MAX_PAYLOAD / 4;
+    let reports = lab
+        .join_and_allreduce(xagg_worker::JobKey([5; 16]), (seg, SLOTS), 60_000, 8)
+        .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    for r in &reports {
+        assert_eq!(r.path, xagg_worker::Path::Ring, "{r:?}");
+        let why = r.why.as_deref().unwrap_or("");
+        assert!(why.contains("did not answer"), "{why:?}");
+    }
+    eprintln!("ring: {}", reports[0].why.as_deref().unwrap_or(""));
+}
+
 /// A level that disappears: with the switch's dataplane gone (its daemon detached it),
 /// the ranks' allreduce fails within their give-up time, saying their host sent the
 /// partial up and the level above did not answer.
