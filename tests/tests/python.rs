@@ -135,6 +135,63 @@ fn numpy_arrays_through_hosts() {
     );
 }
 
+/// DDP through the backend on 2 hosts of 2 ranks, each host's ranks told their host's
+/// daemon: the backend gathers every rank's daemon through its store, each host reduces
+/// its ranks first, and every bucket's allreduce is checked against Gloo's.
+#[test]
+fn ddp_through_hosts() {
+    if !require_root("ddp_through_hosts") {
+        return;
+    }
+    use xagg_lab::tree::{Topology, TreeLab};
+    let mut lab = TreeLab::create(
+        "xdph",
+        Topology::Hosts { hosts: 2, ranks: 2 },
+        xagg_sys::EBPF_OBJECT,
+    )
+    .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    let dir = std::env::temp_dir().join("xagg-test-xdph-out");
+    std::fs::create_dir_all(&dir).unwrap();
+    let out = dir.join("xagg.pt");
+    let mut e = xagg_lab::python::base_env();
+    e.push(("XAGG_CREDENTIAL", credential_env()));
+    let x = all_ok(
+        &xagg_lab::python::tree_torchrun(
+            &lab,
+            29504,
+            &e,
+            &script("ddp_check.py"),
+            &["xagg", "4", out.to_str().unwrap(), "compare"],
+        )
+        .unwrap(),
+    );
+    for r in 0..lab.ranks.len() {
+        assert!(
+            x.contains(&format!("rank {r}: steps=4 identical=True")),
+            "{x}"
+        );
+    }
+    assert!(
+        x.contains("allreduces through the switch, 0 made by Gloo"),
+        "{x}"
+    );
+    let line = x.lines().find(|l| l.contains("rank 0: steps=4")).unwrap();
+    assert!(line.contains("worst="), "{line}");
+    let worst: f64 = line
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("worst="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(worst <= 1.0, "{line}");
+    let c = lab.counters();
+    assert!(
+        c[1]["partial"] > 0 && c[2]["partial"] > 0 && c[0]["complete"] > 0,
+        "the hosts reduced their ranks first: {c:?}"
+    );
+}
+
 #[test]
 fn ddp_trains_through_the_backend_as_on_gloo() {
     if !require_root("ddp_trains_through_the_backend_as_on_gloo") {

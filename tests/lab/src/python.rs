@@ -117,33 +117,70 @@ pub fn torchrun(
     script: &std::path::Path,
     args: &[&str],
 ) -> Result<Vec<Output>> {
+    let master = crate::lab::worker_ip(0);
     ranks(lab, n, env, |i| {
-        let mut a: Vec<String> = [
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            &n.to_string(),
-            "--nproc_per_node",
-            "1",
-            "--node_rank",
-            &i.to_string(),
-            "--master_addr",
-            &crate::lab::worker_ip(0).to_string(),
-            "--master_port",
-            &port.to_string(),
-            // torch 1.13's launcher on Python 3.11 parses only the redirections 1 and 2
-            // (its flag enum lost 0 and 3 in iteration): stdout to its log and, with the
-            // tee, to ours as well.
-            "--redirects",
-            "1",
-            "--tee",
-            "1",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        a.push(script.display().to_string());
-        a.extend(args.iter().map(|s| s.to_string()));
-        a
+        torchrun_args(n, i, master, port, script, args)
     })
+}
+
+/// [`torchrun`] on every rank of a tree lab, each with `XAGG_DAEMON` set to its host's
+/// daemon: the backend finds which ranks share a host from the daemons they name.
+pub fn tree_torchrun(
+    lab: &TreeLab,
+    port: u16,
+    env: &[(&str, String)],
+    script: &std::path::Path,
+    args: &[&str],
+) -> Result<Vec<Output>> {
+    let (n, master) = (lab.ranks.len(), lab.ranks[0].ip);
+    let own = lab
+        .ranks
+        .iter()
+        .map(|r| {
+            let daemon = format!("{}:{JOIN_PORT}", lab.points[r.host].ip);
+            (r.ns.clone(), vec![("XAGG_DAEMON".to_string(), daemon)])
+        })
+        .collect();
+    spawn(own, env, |i| {
+        torchrun_args(n, i, master, port, script, args)
+    })
+}
+
+/// torchrun's command line for node `i` of `n` (one process each), the rendezvous at
+/// `master`:`port`.
+fn torchrun_args(
+    n: usize,
+    i: usize,
+    master: std::net::Ipv4Addr,
+    port: u16,
+    script: &std::path::Path,
+    args: &[&str],
+) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        &n.to_string(),
+        "--nproc_per_node",
+        "1",
+        "--node_rank",
+        &i.to_string(),
+        "--master_addr",
+        &master.to_string(),
+        "--master_port",
+        &port.to_string(),
+        // torch 1.13's launcher on Python 3.11 parses only the redirections 1 and 2
+        // (its flag enum lost 0 and 3 in iteration): stdout to its log and, with the
+        // tee, to ours as well.
+        "--redirects",
+        "1",
+        "--tee",
+        "1",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    a.push(script.display().to_string());
+    a.extend(args.iter().map(|s| s.to_string()));
+    a
 }
