@@ -324,7 +324,7 @@ impl LabSwitch {
                         let mut p = WorkerParams::new(sw, bind, job, m as u8, shape);
                         p.first_message = Some(message);
                         tweak(&mut p);
-                        let wk = Worker::new(p).expect("worker socket");
+                        let wk = bind_worker(p);
                         let mut buf = vec![0i32; elems];
                         xagg_worker::data::fill(seed, m as u32, &mut buf);
                         let rep = wk.allreduce(&mut buf).unwrap_or_else(|e| {
@@ -345,5 +345,24 @@ impl LabSwitch {
                 .map(|h| h.join().expect("worker thread"))
                 .collect()
         })
+    }
+}
+
+/// A worker on its fixed lab port. A child process started meanwhile (a test's `tmux`,
+/// `xagg`) holds copies of every descriptor between its fork and its exec, so the port
+/// the previous allreduce's worker just closed can be busy for a moment: tried again for
+/// up to a second.
+fn bind_worker(p: WorkerParams) -> Worker {
+    let mut tries = 0;
+    loop {
+        match Worker::new(p.clone()) {
+            Err(xagg_worker::AllreduceError::Io(e))
+                if e.kind() == std::io::ErrorKind::AddrInUse && tries < 50 =>
+            {
+                tries += 1;
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.expect("worker socket"),
+        }
     }
 }
