@@ -444,29 +444,16 @@ impl Engine {
             ..
         } = self;
         let (job, ranks) = (p.job, p.ranks() as u32);
-        transport.receive(nonblocking, spin, &mut |pieces: &[&[u8]]| {
-            let first = pieces[0];
-            let body = pieces.iter().map(|p| p.len()).sum::<usize>();
-            let Ok((h, len)) = wire::decode_header(first, body.saturating_sub(HEADER_LEN)) else {
-                return;
-            };
+        transport.receive(nonblocking, spin, &mut |d: &[u8]| {
+            let Ok(packet) = wire::decode(d) else { return };
+            let h = packet.header;
             if h.job() != job {
                 return;
             }
-            // The payload's pieces: the first after the header, then the others whole.
-            let payload = || {
-                std::iter::once(&first[HEADER_LEN.min(first.len())..])
-                    .chain(pieces[1..].iter().copied())
-            };
             if h.kind == Kind::StatusReply as u8 {
-                let mut reply = [0u8; wire::STATUS_PAYLOAD];
-                let mut at = 0;
-                for p in payload() {
-                    let n = p.len().min(reply.len() - at);
-                    reply[at..at + n].copy_from_slice(&p[..n]);
-                    at += n;
-                }
-                replies.push((h, reply));
+                let mut payload = [0u8; wire::STATUS_PAYLOAD];
+                payload.copy_from_slice(packet.payload);
+                replies.push((h, payload));
                 return;
             }
             let Some(a) = window.check(&h) else { return };
@@ -483,27 +470,11 @@ impl Engine {
             if flags & ENC_NONFINITE != 0 {
                 codec::fill_nan(r.dtype, out);
             } else {
-                debug_assert_eq!(len, out.len() / r.dtype.size() * r.lane.size());
-                let (lane, size) = (r.lane.size(), r.dtype.size());
-                // Each piece into its elements' place, straight from the receive buffers.
-                // A piece that ends inside a lane (a 16-byte lane across 4 KiB buffers) is
-                // decoded with the rest joined.
-                let mut at = 0;
-                let mut pieces = payload().peekable();
-                while let Some(p) = pieces.next() {
-                    let p = &p[..p.len().min(len - at)];
-                    if p.len() % lane != 0 && pieces.peek().is_some() {
-                        let mut rest = p.to_vec();
-                        pieces.for_each(|q| rest.extend_from_slice(q));
-                        rest.truncate(len - at);
-                        let o = at / lane * size;
-                        codec::decode(r.op, r.dtype, ranks, &rest, h.exponent(), &mut out[o..]);
-                        break;
-                    }
-                    let (o, n) = (at / lane * size, p.len() / lane * size);
-                    codec::decode(r.op, r.dtype, ranks, p, h.exponent(), &mut out[o..o + n]);
-                    at += p.len();
-                }
+                debug_assert_eq!(
+                    packet.payload.len(),
+                    out.len() / r.dtype.size() * r.lane.size()
+                );
+                codec::decode(r.op, r.dtype, ranks, packet.payload, h.exponent(), out);
             }
             answered.push((a, flags));
         })

@@ -216,16 +216,15 @@ impl Transport {
         }
     }
 
-    /// Hands each datagram that came in to `f`, as its pieces in order: from the socket one
-    /// datagram (with UDP GRO several of the same length coalesced, each whole); from
-    /// AF_XDP a batch of frames in place, a frame of several buffers in its buffers.
+    /// Hands each datagram that came in to `f`: from the socket one datagram, or with UDP
+    /// GRO several of the same length coalesced; from AF_XDP a batch of frames, in place.
     /// Waits (polling for `spin` first, then up to the wait set) unless `nonblocking`;
     /// `WouldBlock` or `TimedOut` when nothing came.
     pub fn receive(
         &mut self,
         nonblocking: bool,
         spin: Duration,
-        f: &mut impl FnMut(&[&[u8]]),
+        f: &mut impl FnMut(&[u8]),
     ) -> io::Result<()> {
         if !nonblocking && !spin.is_zero() {
             let until = Instant::now() + spin;
@@ -283,7 +282,7 @@ fn receive_socket(
     refused: &mut u64,
     rx: &mut [u8],
     nonblocking: bool,
-    f: &mut impl FnMut(&[&[u8]]),
+    f: &mut impl FnMut(&[u8]),
 ) -> io::Result<()> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
     let flags = if nonblocking {
@@ -307,7 +306,7 @@ fn receive_socket(
         }
     }
     for d in rx[..n].chunks(stride.max(1)) {
-        f(&[d]);
+        f(d);
     }
     Ok(())
 }

@@ -33,9 +33,6 @@ const UDP_PAYLOAD_OFFSET: usize = 14 + 20 + 8;
 const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: more buffers of the same frame follow (`XDP_PKT_CONTD`).
 const XDP_PKT_CONTD: u32 = 1 << 0;
-/// Buffers of one frame handed on as they lie: a 9000-byte frame takes 3, the largest veth
-/// frame (73138 bytes) 20. A frame of more is dropped.
-const MAX_PARTS: usize = 24;
 
 /// Page-aligned memory shared with the kernel; unmapped last.
 struct Area(NonNull<[u8]>);
@@ -55,9 +52,8 @@ pub struct XskReceiver {
     pub refused: u64,
     /// Chunks taken from the receive ring and not yet back in the fill ring.
     unposted: Vec<u64>,
-    /// The buffers so far (chunk address, length) of a frame of several (a segment past
-    /// one 4 KiB chunk): handed on in place once its last one is in, never joined.
-    parts: Vec<(u64, usize)>,
+    /// The buffers so far of a multi-buffer frame (a segment past one 4 KiB chunk), joined.
+    frame: Vec<u8>,
     // Fields drop in this order: the program first (no more redirects), then the rings
     // and sockets, the memory last.
     _ebpf: Ebpf,
@@ -170,7 +166,7 @@ impl XskReceiver {
             from: (from.ip().octets(), from.port().to_be_bytes()),
             refused: 0,
             unposted: Vec::with_capacity(BATCH as usize),
-            parts: Vec::with_capacity(MAX_PARTS),
+            frame: Vec::with_capacity(xagg_common::wire::MAX_IP_PACKET + 14),
             _ebpf: ebpf,
             rx,
             fq,
@@ -188,48 +184,46 @@ impl XskReceiver {
     }
 
     /// Hands the UDP payload of each frame that came in (up to a batch) from the expected
-    /// source to `f`, in place — a frame of several buffers as its pieces, in order — then
-    /// posts the buffers again; returns how many buffers there were. A frame whose last
-    /// buffer is not in yet keeps its buffers until it is.
-    pub fn drain(&mut self, f: &mut impl FnMut(&[&[u8]])) -> usize {
+    /// source to `f`, in place, then posts the buffers again; returns how many frames
+    /// there were.
+    pub fn drain(&mut self, f: &mut impl FnMut(&[u8])) -> usize {
         if self.rx.available() == 0 {
             return 0;
         }
         let mut ring = self.rx.receive(BATCH);
         let mut n = 0;
-        let area = self.area.0.cast::<u8>();
-        let size = self.area.0.len();
         while let Some(desc) = ring.read() {
+            let (addr, len) = (desc.addr as usize, desc.len as usize);
+            self.unposted.push(desc.addr);
             n += 1;
-            self.parts.push((desc.addr, desc.len as usize));
-            if desc.options & XDP_PKT_CONTD != 0 {
+            if addr + len > self.area.0.len() {
                 continue;
             }
-            let mut pieces: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
-            let whole = self.parts.len() <= MAX_PARTS
-                && self.parts.iter().all(|&(a, l)| a as usize + l <= size);
-            if whole {
-                for (piece, &(addr, len)) in pieces.iter_mut().zip(&self.parts) {
-                    // Safety: the kernel handed this chunk to us; it is ours until posted
-                    // again, after `f` has returned.
-                    *piece = unsafe {
-                        std::slice::from_raw_parts(area.as_ptr().add(addr as usize), len)
-                    };
+            // Safety: the kernel handed this chunk to us; it is ours until posted again.
+            let part = unsafe {
+                std::slice::from_raw_parts(self.area.0.cast::<u8>().as_ptr().add(addr), len)
+            };
+            let more = desc.options & XDP_PKT_CONTD != 0;
+            let frame = if more || !self.frame.is_empty() {
+                // A buffer of a multi-buffer frame: joined until its last one.
+                self.frame.extend_from_slice(part);
+                if more {
+                    continue;
                 }
-                let pieces = &mut pieces[..self.parts.len()];
-                // IPv4 without options (xagg_host steers no other): the source address at
-                // 26..30, the source port at 34..36.
-                let first = pieces[0];
-                if first.len() >= UDP_PAYLOAD_OFFSET {
-                    if first[26..30] == self.from.0 && first[34..36] == self.from.1 {
-                        pieces[0] = &first[UDP_PAYLOAD_OFFSET..];
-                        f(pieces);
-                    } else {
-                        self.refused += 1;
-                    }
+                &self.frame[..]
+            } else {
+                part
+            };
+            // IPv4 without options (xagg_host steers no other): the source address at
+            // 26..30, the source port at 34..36.
+            if frame.len() >= UDP_PAYLOAD_OFFSET {
+                if frame[26..30] == self.from.0 && frame[34..36] == self.from.1 {
+                    f(&frame[UDP_PAYLOAD_OFFSET..]);
+                } else {
+                    self.refused += 1;
                 }
             }
-            self.unposted.extend(self.parts.drain(..).map(|(a, _)| a));
+            self.frame.clear();
         }
         ring.release();
         drop(ring);

@@ -411,27 +411,20 @@ pub fn hello(token: u64) -> Header {
 
 /// Decodes and checks a UDP payload: the user-space counterpart of the switch's parser.
 pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
-    let (header, len) = decode_header(d, d.len().saturating_sub(HEADER_LEN))?;
-    Ok(Packet {
-        header,
-        payload: &d[HEADER_LEN..HEADER_LEN + len],
-    })
-}
-
-/// Checks the header at the start of `first` for a packet whose payload, after the
-/// header, is `body` bytes long in all (a frame received in pieces); returns the header
-/// and the bytes of the payload that carry elements (no padding).
-pub fn decode_header(first: &[u8], body: usize) -> Result<(Header, usize), DecodeError> {
-    let header = Header::from_bytes(first).ok_or(DecodeError::Short)?;
+    let header = Header::from_bytes(d).ok_or(DecodeError::Short)?;
     if header.version != VERSION {
         return Err(DecodeError::Version(header.version));
     }
     let kind = Kind::from_u8(header.kind).ok_or(DecodeError::Kind(header.kind))?;
+    let body = &d[HEADER_LEN..];
     if matches!(kind, Kind::StatusQuery | Kind::StatusReply | Kind::Hello) {
-        if body != STATUS_PAYLOAD {
+        if body.len() != STATUS_PAYLOAD {
             return Err(DecodeError::Length);
         }
-        return Ok((header, body));
+        return Ok(Packet {
+            header,
+            payload: body,
+        });
     }
     let op = Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
     let dtype = DType::from_u8(header.dtype).ok_or(DecodeError::DType(header.dtype))?;
@@ -443,10 +436,13 @@ pub fn decode_header(first: &[u8], body: usize) -> Result<(Header, usize), Decod
     if count == 0 {
         return Err(DecodeError::Count);
     }
-    if body != payload_len(count, size) {
+    if body.len() != payload_len(count, size) {
         return Err(DecodeError::Length);
     }
-    Ok((header, count * size))
+    Ok(Packet {
+        header,
+        payload: &body[..count * size],
+    })
 }
 
 /// Execution status carried in results (seed 000's "execution status").
