@@ -221,12 +221,7 @@ impl Joined {
 
     /// Ranks the members present stand for (with levels).
     fn weight_in(&self) -> u32 {
-        self.members
-            .iter()
-            .zip(&self.stands_for)
-            .filter(|(m, _)| m.is_some_and(|m| !m.left))
-            .filter_map(|(_, s)| s.map(|s| s.1))
-            .sum()
+        self.stand().weight
     }
 
     /// Whether every member is in: every rank of this level, or (open) members standing
