@@ -45,6 +45,15 @@ pub fn i32_shape(members: usize, slots: usize, segment: usize) -> JobShape {
 
 pub use xagg_lab::switch::{credential_env, CREDENTIAL, LISTEN};
 
+/// A tree lab of `topology` whose daemons let ranks, hosts and leaf switches join jobs by
+/// themselves ([`xagg_lab::tree::TreeLab::start_joinable`]).
+pub fn joinable_tree(prefix: &str, topology: xagg_lab::tree::Topology) -> xagg_lab::tree::TreeLab {
+    let mut lab = xagg_lab::tree::TreeLab::create(prefix, topology, xagg_sys::EBPF_OBJECT)
+        .expect("the tree lab");
+    lab.start_joinable().expect("joinable daemons");
+    lab
+}
+
 /// A lab with host programs and a running daemon, removed on drop.
 pub struct TestSwitch(LabSwitch);
 

@@ -261,16 +261,10 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
     if !require_root("mpi_ranks_on_hosts_reduce_at_every_level") {
         return;
     }
-    use xagg_lab::tree::{Topology, TreeLab};
+    use xagg_lab::tree::Topology;
     let dir = std::env::temp_dir().join("xagg-test-xmph-mpi");
     std::fs::create_dir_all(&dir).unwrap();
-    let mut lab = TreeLab::create(
-        "xmph",
-        Topology::Hosts { hosts: 2, ranks: 2 },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
+    let lab = joinable_tree("xmph", Topology::Hosts { hosts: 2, ranks: 2 });
     let hosts = xagg_lab::mpi::tree_hosts(&lab);
     let agent = xagg_lab::mpi::hosts_agent(&hosts, &dir, "rsh-agent-xmph").unwrap();
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/check.c");

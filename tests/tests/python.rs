@@ -59,10 +59,25 @@ fn all_ok(outputs: &[Output]) -> String {
     all
 }
 
-fn env() -> Vec<(&'static str, String)> {
+/// The number `name=` gives in a line `ddp_check.py` printed.
+fn field(line: &str, name: &str) -> f64 {
+    line.split_whitespace()
+        .find_map(|w| w.strip_prefix(&format!("{name}=")))
+        .unwrap_or_else(|| panic!("no {name}= in {line}"))
+        .parse()
+        .unwrap()
+}
+
+/// The environment of ranks on hosts: each gets its host's daemon from the lab.
+fn hosts_env() -> Vec<(&'static str, String)> {
     let mut e = xagg_lab::python::base_env();
-    e.push(("XAGG_DAEMON", LISTEN.to_string()));
     e.push(("XAGG_CREDENTIAL", credential_env()));
+    e
+}
+
+fn env() -> Vec<(&'static str, String)> {
+    let mut e = hosts_env();
+    e.push(("XAGG_DAEMON", LISTEN.to_string()));
     e
 }
 
@@ -104,16 +119,9 @@ fn numpy_arrays_through_hosts() {
     if !require_root("numpy_arrays_through_hosts") {
         return;
     }
-    use xagg_lab::tree::{Topology, TreeLab};
-    let mut lab = TreeLab::create(
-        "xpyh",
-        Topology::Hosts { hosts: 2, ranks: 2 },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
-    let mut e = xagg_lab::python::base_env();
-    e.push(("XAGG_CREDENTIAL", credential_env()));
+    use xagg_lab::tree::Topology;
+    let lab = joinable_tree("xpyh", Topology::Hosts { hosts: 2, ranks: 2 });
+    let mut e = hosts_env();
     e.push(("XAGG_JOB_KEY", "0123456789abcdef0123456789abcdef".into()));
     e.push(("XAGG_JOB_SECRET", "cd".repeat(32)));
     let outputs = xagg_lab::python::tree_ranks(&lab, &e, |_| {
@@ -143,19 +151,12 @@ fn ddp_through_hosts() {
     if !require_root("ddp_through_hosts") {
         return;
     }
-    use xagg_lab::tree::{Topology, TreeLab};
-    let mut lab = TreeLab::create(
-        "xdph",
-        Topology::Hosts { hosts: 2, ranks: 2 },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
+    use xagg_lab::tree::Topology;
+    let lab = joinable_tree("xdph", Topology::Hosts { hosts: 2, ranks: 2 });
     let dir = std::env::temp_dir().join("xagg-test-xdph-out");
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("xagg.pt");
-    let mut e = xagg_lab::python::base_env();
-    e.push(("XAGG_CREDENTIAL", credential_env()));
+    let e = hosts_env();
     let x = all_ok(
         &xagg_lab::python::tree_torchrun(
             &lab,
@@ -177,14 +178,7 @@ fn ddp_through_hosts() {
         "{x}"
     );
     let line = x.lines().find(|l| l.contains("rank 0: steps=4")).unwrap();
-    assert!(line.contains("worst="), "{line}");
-    let worst: f64 = line
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("worst="))
-        .unwrap()
-        .parse()
-        .unwrap();
-    assert!(worst <= 1.0, "{line}");
+    assert!(field(line, "worst") <= 1.0, "{line}");
     let c = lab.counters();
     assert!(
         c[1]["partial"] > 0 && c[2]["partial"] > 0 && c[0]["complete"] > 0,
@@ -244,18 +238,11 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
         );
     }
     let line = x.lines().find(|l| l.contains("rank 0: steps=8")).unwrap();
-    let field = |name: &str| -> f64 {
-        line.split_whitespace()
-            .find_map(|w| w.strip_prefix(&format!("{name}=")))
-            .unwrap()
-            .parse()
-            .unwrap()
-    };
     assert!(
-        field("buckets") > 8.0,
+        field(line, "buckets") > 8.0,
         "more than one bucket a step: {line}"
     );
-    assert!(field("worst") <= 1.0, "{line}");
+    assert!(field(line, "worst") <= 1.0, "{line}");
     eprintln!("{line}");
     for r in 0..RANKS {
         assert!(

@@ -355,6 +355,22 @@ fn ops_and_types_at_every_level() {
     }
 }
 
+/// Every point below the root handed each result from above to every child as it came,
+/// named so its children take it: a copy per child per result, none refused on the way
+/// out (a result still named by the parent's id finds no member here and only reaches
+/// the ranks as the answer to their retransmissions).
+fn delivered_down(lab: &TreeLab, c: &[BTreeMap<String, u64>]) {
+    for (i, p) in lab.points.iter().enumerate().skip(1) {
+        assert!(c[i]["parent_result"] > 0, "point {i}: {:?}", c[i]);
+        assert_eq!(
+            c[i]["result_copy"],
+            c[i]["parent_result"] * p.children.len() as u64,
+            "point {i}: {:?}",
+            c[i]
+        );
+    }
+}
+
 /// Ranks join by themselves: each asks its host's daemon, stating the job's 4 ranks and
 /// its own; once a host's ranks are in, the host's daemon joins the switch's (named in its
 /// configuration, nothing per job) as one member standing for them; the switch's level is
@@ -364,13 +380,7 @@ fn ranks_and_hosts_join_by_themselves() {
     if !require_root("ranks_and_hosts_join_by_themselves") {
         return;
     }
-    let mut lab = TreeLab::create(
-        "tj",
-        Topology::Hosts { hosts: 2, ranks: 2 },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
+    let lab = joinable_tree("tj", Topology::Hosts { hosts: 2, ranks: 2 });
     // Each daemon numbers its jobs itself: with a job already at the switch, the joined
     // job's id there is not the hosts' (a result from above is renamed on its way down).
     lab.occupy(0, 1, 1).unwrap();
@@ -390,22 +400,20 @@ fn ranks_and_hosts_join_by_themselves() {
         c[0]["complete"], c[1]["partial"],
         "the switch completed each segment"
     );
+    delivered_down(&lab, &c);
     drop(lab);
 
     // Two levels of switches: a leaf cannot know how many hosts will join it, so it joins
     // the spine at once and says so again as each host comes; the spine's level is
     // complete when its leaves stand for all 8 ranks.
-    let mut lab = TreeLab::create(
+    let lab = joinable_tree(
         "tl",
         Topology::Tree {
             leaves: 2,
             hosts: 2,
             ranks: 2,
         },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
+    );
     lab.occupy(1, 1, 1).unwrap();
     let reports = lab
         .join_and_allreduce(xagg_worker::JobKey([4; 16]), (seg, SLOTS), 100_000, 6)
@@ -420,6 +428,7 @@ fn ranks_and_hosts_join_by_themselves() {
             .collect()
     };
     let (leaves, hosts) = (level(1), level(2));
+    delivered_down(&lab, &c);
     assert_eq!((leaves.len(), hosts.len()), (2, 4));
     let segments = c[0]["complete"];
     assert!(segments > 0, "the spine completed the segments");
@@ -455,26 +464,14 @@ fn the_ring_when_the_switch_cannot_aggregate() {
     };
 
     // No aggregating switch: hosts on a plain bridge.
-    let mut lab = TreeLab::create(
-        "tg",
-        Topology::Ring { hosts: 3, ranks: 2 },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the ring lab");
-    lab.start_joinable().expect("joinable daemons");
+    let lab = joinable_tree("tg", Topology::Ring { hosts: 3, ranks: 2 });
     // The first host numbers the job unlike the others: frames to a neighbour name its id.
     lab.occupy(1, 1, 1).unwrap();
     ring(&lab, 1, "no aggregating switch");
     drop(lab);
 
     // The switch is full: a job holds every slot.
-    let mut lab = TreeLab::create(
-        "tk",
-        Topology::Hosts { hosts: 2, ranks: 2 },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
+    let mut lab = joinable_tree("tk", Topology::Hosts { hosts: 2, ranks: 2 });
     lab.occupy(0, 200, xagg_common::slot::MAX_SLOTS).unwrap();
     ring(&lab, 2, "the switch is full");
 
@@ -497,17 +494,14 @@ fn hosts_under_a_failed_leaf_go_round_the_ring() {
     if !require_root("hosts_under_a_failed_leaf_go_round_the_ring") {
         return;
     }
-    let mut lab = TreeLab::create(
+    let mut lab = joinable_tree(
         "tf",
         Topology::Tree {
             leaves: 2,
             hosts: 2,
             ranks: 2,
         },
-        xagg_sys::EBPF_OBJECT,
-    )
-    .expect("the tree lab");
-    lab.start_joinable().expect("joinable daemons");
+    );
     lab.points[0]
         .daemon
         .take()

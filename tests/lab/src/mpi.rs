@@ -12,7 +12,7 @@ use anyhow::{Context, Result};
 
 use crate::{
     lab::{worker_ip, Lab},
-    tree::{TreeLab, JOIN_PORT},
+    tree::TreeLab,
 };
 
 /// A "host" mpirun starts a rank on: its lab address, the namespace the rank runs in, and
@@ -43,7 +43,7 @@ pub fn tree_hosts(lab: &TreeLab) -> Vec<Host> {
             ns: r.ns.clone(),
             env: vec![(
                 "XAGG_DAEMON".into(),
-                format!("{}:{JOIN_PORT}", lab.points[r.host].ip),
+                lab.points[r.host].listener().to_string(),
             )],
         })
         .collect()

@@ -9,11 +9,7 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{
-    lab::Lab,
-    target_dir,
-    tree::{TreeLab, JOIN_PORT},
-};
+use crate::{lab::Lab, target_dir, tree::TreeLab};
 
 /// The virtual environment's interpreter.
 pub fn interpreter() -> PathBuf {
@@ -51,7 +47,7 @@ pub fn tree_ranks(
     env: &[(&str, String)],
     args: impl Fn(usize) -> Vec<String>,
 ) -> Result<Vec<Output>> {
-    let daemon = |host: usize| format!("{}:{JOIN_PORT}", lab.points[host].ip);
+    let daemon = |host: usize| lab.points[host].listener().to_string();
     let own = lab
         .ranks
         .iter()
@@ -137,7 +133,7 @@ pub fn tree_torchrun(
         .ranks
         .iter()
         .map(|r| {
-            let daemon = format!("{}:{JOIN_PORT}", lab.points[r.host].ip);
+            let daemon = lab.points[r.host].listener().to_string();
             (r.ns.clone(), vec![("XAGG_DAEMON".to_string(), daemon)])
         })
         .collect();

@@ -99,6 +99,11 @@ impl Point {
         self.dir.join("xaggd.sock")
     }
 
+    /// Where this point's daemon listens for joins, when joinable.
+    pub fn listener(&self) -> SocketAddrV4 {
+        SocketAddrV4::new(self.ip, JOIN_PORT)
+    }
+
     /// The job's shape as this point's ranks see it: its members, `slots` slots,
     /// segments of `segment` i32.
     pub fn shape(&self, segment: usize, slots: usize) -> Result<JobShape> {
@@ -350,10 +355,7 @@ impl TreeLab {
         let listeners: Vec<Option<std::net::SocketAddr>> = self
             .points
             .iter()
-            .map(|p| {
-                p.aggregates
-                    .then(|| SocketAddrV4::new(p.ip, JOIN_PORT).into())
-            })
+            .map(|p| p.aggregates.then(|| p.listener().into()))
             .collect();
         for p in self.points.iter_mut().filter(|p| p.aggregates) {
             let _ = xagg_daemon::dataplane::unpin(&p.pin);
@@ -383,7 +385,7 @@ impl TreeLab {
             };
             let mut cfg = cfg;
             if joinable {
-                cfg.daemon.listen = Some(SocketAddrV4::new(p.ip, JOIN_PORT).into());
+                cfg.daemon.listen = Some(p.listener().into());
                 cfg.credentials
                     .push(xagg_daemon::config::CredentialSection {
                         name: crate::switch::CREDENTIAL.0.into(),
@@ -631,7 +633,7 @@ impl TreeLab {
         let n = self.ranks.len();
         let secret = xagg_join::Secret([7; 32]);
         // Rank 0's host coordinates a ring, should the switch not take the job.
-        let coordinator = SocketAddrV4::new(self.points[self.ranks[0].host].ip, JOIN_PORT);
+        let coordinator = self.points[self.ranks[0].host].listener();
         let cred: xagg_join::CredentialKey = crate::switch::CREDENTIAL
             .1
             .parse()
@@ -639,7 +641,7 @@ impl TreeLab {
         let join = |g: usize, r: &Rank, host: &Point| -> Result<Worker> {
             let shape = host.shape(segment, slots)?;
             let params = xagg_worker::JoinParams {
-                daemon: SocketAddrV4::new(host.ip, JOIN_PORT).into(),
+                daemon: host.listener().into(),
                 key,
                 secret,
                 rank: r.local,
