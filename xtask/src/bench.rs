@@ -74,6 +74,10 @@ pub struct BenchArgs {
     /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
     pub levers: bool,
+    /// Measure the send path instead: contributions sent with UDP GSO (as the workers do)
+    /// and with AF_XDP, CPU per contribution on each side (4 members, full segments).
+    #[arg(long)]
+    pub send_path: bool,
 }
 
 /// (lever, setting, segment, slots, AF_XDP receive, extra worker flags)
@@ -456,6 +460,23 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
 }
 
 pub fn run(a: BenchArgs) -> Result<()> {
+    if a.send_path {
+        let r = crate::capacity::send_path(a.quick);
+        crate::demo::clean_up();
+        let points = r?;
+        let path = a
+            .json
+            .unwrap_or_else(|| target_dir().join("bench/send_path.json"));
+        if let Some(d) = path.parent() {
+            std::fs::create_dir_all(d)?;
+        }
+        std::fs::write(
+            &path,
+            serde_json::to_string_pretty(&serde_json::json!({ "send_path": points }))?,
+        )?;
+        println!("figures written to {}", path.display());
+        return Ok(());
+    }
     if a.levers {
         let r = levers(a.quick);
         crate::demo::clean_up();

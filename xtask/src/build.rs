@@ -307,10 +307,9 @@ pub fn test(extra: &[String]) -> Result<()> {
     }
     // The benchmark, quick (for breakage, not figures): every path of it runs, both systems
     // verified.
-    eprintln!("cargo xtask bench --quick (2 workers, small sizes)");
-    crate::bench::run(crate::bench::BenchArgs {
+    let quick = |send_path: bool, json: &str| crate::bench::BenchArgs {
         quick: true,
-        json: Some(target_dir().join("bench/quick.json")),
+        json: Some(target_dir().join(json)),
         plot: Some(target_dir().join("bench/quick.svg")),
         workers: vec![2],
         sizes: vec![4 << 10, 64 << 10],
@@ -322,5 +321,11 @@ pub fn test(extra: &[String]) -> Result<()> {
         segment: crate::bench::SEGMENT,
         slots: crate::bench::SLOTS,
         levers: false,
-    })
+        send_path,
+    };
+    eprintln!("cargo xtask bench --quick (2 workers, small sizes)");
+    crate::bench::run(quick(false, "bench/quick.json"))?;
+    // The send-path measurement, quick: both ways of sending reach the switch.
+    eprintln!("cargo xtask bench --send-path --quick");
+    crate::bench::run(quick(true, "bench/send_path_quick.json"))
 }

@@ -33,7 +33,7 @@ use xagg_lab::{
     testrun::contribution,
 };
 
-use crate::build::ebpf_object;
+use crate::{build::ebpf_object, xsk_send::XskSender};
 
 /// The CPU the switch's NAPI threads are pinned to; the generator and the members' side
 /// take CPU 0.
@@ -72,6 +72,55 @@ pub struct CapacityPoint {
     pub program_ns_per_packet: Option<f64>,
     /// `xagg_result` (the broadcast's egress program), ns per copy, same run.
     pub egress_ns_per_copy: Option<f64>,
+    /// CPU seconds over the run, for the send-path measurement.
+    #[serde(skip)]
+    pub spent: Spent,
+}
+
+/// CPU seconds spent over one run.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Spent {
+    /// The generator's thread (its system calls, and the send path run inside them).
+    pub sender: f64,
+    /// The generator's CPU in all (the members' receive side too).
+    pub sending_cpu: f64,
+    /// The switch CPU.
+    pub switch_cpu: f64,
+}
+
+/// How the generator sends: UDP GSO bursts (as the workers do), or whole frames through
+/// AF_XDP.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum SendWith {
+    Gso,
+    AfXdp,
+}
+
+impl SendWith {
+    pub fn name(self) -> &'static str {
+        match self {
+            SendWith::Gso => "udp-gso",
+            SendWith::AfXdp => "af-xdp",
+        }
+    }
+}
+
+/// One run of the send-path measurement (the JSON's `send_path`).
+#[derive(Serialize, Clone, Debug)]
+pub struct SendPathPoint {
+    pub send_with: &'static str,
+    pub members: usize,
+    pub segment_bytes: usize,
+    /// The target rate (contributions/s); None: as fast as the generator could.
+    pub paced_at: Option<f64>,
+    pub contributions_per_s: f64,
+    pub loss: f64,
+    /// CPU µs per contribution: the sending thread, the sending CPU in all (the members'
+    /// receive side included), the switch CPU, and the sum of the two CPUs.
+    pub sender_us: f64,
+    pub sending_cpu_us: f64,
+    pub switch_cpu_us: f64,
+    pub total_us: f64,
 }
 
 /// Capacity per member count and segment size.
@@ -105,7 +154,7 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
         {
             let job = 10 + k as u32;
             crate::bench::add_job(&sw, job, elements, SLOTS)?;
-            let mut g = Generator::new(&sw.lab, job, elements)?;
+            let mut g = Generator::new(&sw.lab, job, elements, false)?;
             // A first short run warms the lab up (the first one after the lab came up
             // measured low); its figures are not kept.
             measure(&sw, &mut g, seconds / 4.0, None)?;
@@ -140,6 +189,93 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
         sw.lab.detach_hosts();
         sw.stop()?;
     }
+    Ok(out)
+}
+
+/// The send path on its own: the same contributions (4 members, full segments) sent with
+/// UDP GSO, as the workers do, and with AF_XDP, alternating; first as fast as the generator
+/// can, then both at one rate below either's maximum; the CPU per contribution on each
+/// side.
+pub fn send_path(quick: bool) -> Result<Vec<SendPathPoint>> {
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    anyhow::ensure!(cpus >= 2, "the send-path measurement needs two CPUs");
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let affinity = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
+    let r = send_path_points(&object, quick);
+    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &affinity)?;
+    r
+}
+
+fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
+    let (n, seconds, rounds) = (4, if quick { 0.3 } else { 2.0 }, if quick { 1 } else { 3 });
+    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
+    sw.lab.attach_hosts(object)?;
+    thread_napi(&sw.lab)?;
+    let (job, elements) = (20, DType::I32.max_elements());
+    crate::bench::add_job(&sw, job, elements, SLOTS)?;
+    let mut g = Generator::new(&sw.lab, job, elements, true)?;
+    let mut out = Vec::new();
+    let run = |g: &mut Generator, with, rate| -> Result<SendPathPoint> {
+        g.with = with;
+        let p = measure(&sw, g, seconds, rate)?;
+        let sent = p.contributions_per_s * seconds;
+        let us = |s: f64| s * 1e6 / sent.max(1.0);
+        let point = SendPathPoint {
+            send_with: with.name(),
+            members: n,
+            segment_bytes: p.segment_bytes,
+            paced_at: rate,
+            contributions_per_s: p.contributions_per_s,
+            loss: p.loss,
+            sender_us: us(p.spent.sender),
+            sending_cpu_us: us(p.spent.sending_cpu),
+            switch_cpu_us: us(p.spent.switch_cpu),
+            total_us: us(p.spent.sending_cpu + p.spent.switch_cpu),
+        };
+        // A way of sending that does not reach the switch fails the measurement.
+        anyhow::ensure!(
+            point.contributions_per_s > 0.0 && point.loss < 0.5,
+            "sending with {}: the switch took {:.0} contributions/s, {:.1} % of rounds lost",
+            point.send_with,
+            point.contributions_per_s,
+            point.loss * 100.0
+        );
+        eprintln!(
+            "send path {:>7}{}: {:>7.0} contributions/s, loss {:.3} %, CPU µs per contribution: sender {:.2}, sending CPU {:.2}, switch CPU {:.2}, both {:.2}",
+            point.send_with,
+            rate.map_or(" (unpaced)".into(), |r| format!(" (paced at {r:.0}/s)")),
+            point.contributions_per_s,
+            point.loss * 100.0,
+            point.sender_us,
+            point.sending_cpu_us,
+            point.switch_cpu_us,
+            point.total_us,
+        );
+        Ok(point)
+    };
+    // Warm up both ways; not kept.
+    for with in [SendWith::Gso, SendWith::AfXdp] {
+        g.with = with;
+        measure(&sw, &mut g, seconds / 4.0, None)?;
+    }
+    for _ in 0..rounds {
+        for with in [SendWith::Gso, SendWith::AfXdp] {
+            out.push(run(&mut g, with, None)?);
+        }
+    }
+    let slowest = out
+        .iter()
+        .map(|p| p.contributions_per_s)
+        .fold(f64::INFINITY, f64::min);
+    let rate = (slowest * 0.7).round();
+    for _ in 0..rounds {
+        for with in [SendWith::Gso, SendWith::AfXdp] {
+            out.push(run(&mut g, with, Some(rate))?);
+        }
+    }
+    drop(g);
+    sw.lab.detach_hosts();
+    sw.stop()?;
     Ok(out)
 }
 
@@ -191,7 +327,11 @@ fn napi_threads() -> Result<Vec<i32>> {
 
 /// Every member's socket, and where the generator is in the job's rounds.
 struct Generator {
+    /// Each member's UDP socket; it also takes (and never reads) the results.
     sockets: Vec<UdpSocket>,
+    /// Each member's AF_XDP socket, where the send path is measured.
+    xsks: Vec<XskSender>,
+    with: SendWith,
     job: u32,
     elements: usize,
     /// One burst of datagrams: the payloads written once, each header rewritten per round
@@ -206,7 +346,7 @@ struct Generator {
 }
 
 impl Generator {
-    fn new(lab: &Lab, job: u32, elements: usize) -> Result<Self> {
+    fn new(lab: &Lab, job: u32, elements: usize, afxdp: bool) -> Result<Self> {
         let switch = SocketAddrV4::new(lab::SWITCH_IP, wire::DEFAULT_PORT);
         let sockets = (0..lab.workers)
             .map(|i| {
@@ -220,6 +360,8 @@ impl Generator {
             .collect::<Result<_>>()?;
         let mut g = Self {
             sockets,
+            xsks: Vec::new(),
+            with: SendWith::Gso,
             job,
             elements,
             buf: Vec::new(),
@@ -232,6 +374,29 @@ impl Generator {
         let one = contribution(g.header(0, 0), &values);
         g.len = one.len();
         g.buf = one.repeat(g.burst as usize);
+        if afxdp {
+            // Frames as the member's kernel would send them: to the switch's MAC (br0's) and
+            // address.
+            let switch_mac = lab::in_netns(&lab.switch_ns(), || xagg_sys::iface::mac("br0"))?;
+            for i in 0..lab.workers {
+                let src = xagg_common::job::MemberAddr {
+                    ifindex: 0,
+                    ip: lab::worker_ip(i).octets(),
+                    mac: lab.worker_mac(i)?,
+                    port: lab::WORKER_PORT.to_be_bytes(),
+                };
+                let mut frame = xagg_lab::testrun::frame(&src, wire::DEFAULT_PORT, &one);
+                frame[..6].copy_from_slice(&switch_mac);
+                frame[30..34].copy_from_slice(&lab::SWITCH_IP.octets());
+                frame[24..26].fill(0);
+                let sum = xagg_lab::testrun::ipv4_checksum(&frame[14..34]);
+                frame[24..26].copy_from_slice(&sum.to_be_bytes());
+                let x = lab::in_netns(&lab.worker_ns(i), || {
+                    XskSender::new("eth0", &frame, 8 * g.burst as usize)
+                })?;
+                g.xsks.push(x);
+            }
+        }
         Ok(g)
     }
 
@@ -259,6 +424,22 @@ impl Generator {
         use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
         let mut sent = 0;
         for m in 0..self.sockets.len() {
+            if self.with == SendWith::AfXdp {
+                let headers: Vec<Header> = (0..self.burst as u64)
+                    .map(|k| self.header(m, self.round + k))
+                    .collect();
+                // The UDP payload starts after Ethernet, IPv4 and UDP headers.
+                let at = wire::PAYLOAD_OFFSET - wire::HEADER_LEN;
+                self.xsks[m].send(headers.len(), |k, frame| {
+                    headers[k].write(
+                        (&mut frame[at..at + wire::HEADER_LEN])
+                            .try_into()
+                            .expect("a header's bytes"),
+                    )
+                })?;
+                sent += self.burst as u64;
+                continue;
+            }
             for k in 0..self.burst as usize {
                 let h = self.header(m, self.round + k as u64);
                 let at = k * self.len;
@@ -300,15 +481,19 @@ fn measure(
     std::thread::sleep(Duration::from_millis(100));
     let c0 = sw.counters()?;
     let cpu0 = cpu_busy(SWITCH_CPU)?;
+    let sending0 = cpu_busy(0)?;
+    let thread0 = thread_cpu()?;
     let start = Instant::now();
     let mut sent = 0u64;
     let mut rounds = 0u64;
     while start.elapsed().as_secs_f64() < seconds {
         if let Some(rate) = rate {
-            // Bursts on schedule: never ahead of the target rate.
+            // Bursts on schedule: never ahead of the target rate. Sleeping, not spinning,
+            // so the generator's own CPU counts only what sending costs (a late wake-up
+            // is made up by the next bursts going at once).
             let due = start + Duration::from_secs_f64(sent as f64 / rate);
-            while Instant::now() < due {
-                std::hint::spin_loop();
+            if let Some(wait) = due.checked_duration_since(Instant::now()) {
+                std::thread::sleep(wait);
             }
         }
         sent += g.burst()?;
@@ -316,6 +501,12 @@ fn measure(
     }
     let elapsed = start.elapsed().as_secs_f64();
     let cpu1 = cpu_busy(SWITCH_CPU)?;
+    let sending1 = cpu_busy(0)?;
+    let spent = Spent {
+        sender: thread_cpu()? - thread0,
+        sending_cpu: sending1.0 - sending0.0,
+        switch_cpu: cpu1.0 - cpu0.0,
+    };
     std::thread::sleep(Duration::from_millis(100));
     let c1 = sw.counters()?;
     let d = |c: Counter| delta(&c0, &c1, c.name());
@@ -337,6 +528,7 @@ fn measure(
         paced_at: rate,
         program_ns_per_packet: None,
         egress_ns_per_copy: None,
+        spent,
     })
 }
 
@@ -361,6 +553,12 @@ fn cpu_busy(cpu: usize) -> Result<(f64, f64)> {
     let total = busy + t.idle + t.iowait.unwrap_or(0);
     let tick = procfs::ticks_per_second() as f64;
     Ok((busy as f64 / tick, total as f64 / tick))
+}
+
+/// CPU seconds the calling thread has used.
+fn thread_cpu() -> Result<f64> {
+    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)?;
+    Ok(t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
 }
 
 fn pin_self(cpu: usize) -> Result<()> {

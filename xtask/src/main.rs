@@ -5,6 +5,7 @@ mod build;
 mod capacity;
 mod demo;
 mod topology;
+mod xsk_send;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
