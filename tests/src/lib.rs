@@ -75,7 +75,17 @@ impl TestSwitch {
     /// host programs attached and the daemon started with its configuration changed by
     /// `tweak`.
     pub fn start(prefix: &str, workers: usize, tweak: impl FnOnce(&mut Config)) -> Self {
-        let mut lab = Lab::create(prefix, workers).expect("creating the lab");
+        Self::start_with_mtu(prefix, workers, xagg_lab::lab::MTU, tweak)
+    }
+
+    /// [`Self::start`] with every lab link at `mtu`.
+    pub fn start_with_mtu(
+        prefix: &str,
+        workers: usize,
+        mtu: usize,
+        tweak: impl FnOnce(&mut Config),
+    ) -> Self {
+        let mut lab = Lab::with_mtu(prefix, workers, mtu).expect("creating the lab");
         lab.attach_hosts(xagg_sys::EBPF_OBJECT)
             .expect("attaching host programs");
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}"));

@@ -66,6 +66,33 @@ fn four_workers_large_buffer() {
     }
 }
 
+/// A lab at the MTU of most Ethernet networks: the longest segment a 1500-byte packet
+/// carries goes through, one element more is refused with the largest that fits.
+#[test]
+fn standard_ethernet_mtu() {
+    if !require_root("standard_ethernet_mtu") {
+        return;
+    }
+    let sw = TestSwitch::start_with_mtu("xtm", 2, 1500, |_| {});
+    let longest = (xagg_common::wire::payload_for_mtu(1500) / 4) as u16;
+    assert_eq!(longest, 360);
+    match sw.add_job(2, longest + 1, 16, &[0, 1]) {
+        Response::Error { message } => assert!(
+            message.contains("MTU of 1500") && message.contains("at most 360 elements"),
+            "{message}"
+        ),
+        r => panic!("a segment past the MTU was taken: {r:?}"),
+    }
+    assert!(matches!(
+        sw.add_job(1, longest, 64, &[0, 1]),
+        Response::Job { .. }
+    ));
+    let elems = (1 << 20) / 4 + 3;
+    sw.allreduce(1, 0, longest as usize, 64, &[0, 1], 47801, elems, 7);
+    let c = sw.counters();
+    assert_eq!(c["complete"], elems.div_ceil(360) as u64, "{c:?}");
+}
+
 /// Ping and TCP between workers cross the switch's bridge while the programs are attached.
 #[test]
 fn ordinary_traffic_passes() {

@@ -54,11 +54,16 @@ pub struct BenchArgs {
     /// End to end, the switch alone (no Open MPI runs): for profiles and A/B runs.
     #[arg(long)]
     pub switch_only: bool,
-    /// i32 elements per segment of the switch's end-to-end runs: 2234 (the default) fill a
-    /// 9000-byte MTU (multi-buffer frames on veth), 862 the largest single-buffer veth
-    /// frame.
-    #[arg(long, default_value_t = SEGMENT)]
-    pub segment: usize,
+    /// i32 elements per segment of the switch's end-to-end runs; by default as many as the
+    /// lab's MTU carries (2234 at 9000: multi-buffer frames on veth; 862 is the largest
+    /// single-buffer veth frame).
+    #[arg(long)]
+    pub segment: Option<usize>,
+    /// MTU of the end-to-end runs' lab links (both systems): 9000, jumbo frames, by
+    /// default; 1500 as on most Ethernet networks. Segments stop at 8936 bytes (the
+    /// switch's slots) whatever the MTU.
+    #[arg(long, default_value_t = xagg_lab::lab::MTU)]
+    pub mtu: usize,
     /// Slots (segments in flight per worker) of the switch's end-to-end runs.
     #[arg(long, default_value_t = SLOTS)]
     pub slots: u32,
@@ -494,6 +499,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
         println!("figures written to {}", path.display());
         return Ok(());
     }
+    let segment = a
+        .segment
+        .unwrap_or(xagg_common::wire::payload_for_mtu(a.mtu) / 4);
     let capacity = if a.dataplane_only || a.no_capacity {
         Vec::new()
     } else {
@@ -556,7 +564,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mpi: !a.switch_only,
             iterations: a.iterations,
             rounds: a.rounds,
-            segment: a.segment,
+            segment,
+            mtu: a.mtu,
             slots: a.slots,
         });
         crate::demo::clean_up();
@@ -564,7 +573,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     if !runs.is_empty() {
         println!();
-        println!("allreduce, i32 sum, same lab, same data (goodput Gbit/s | latency µs | bytes sent per worker / S):");
+        println!("allreduce, i32 sum, same lab (MTU {}, segments of {segment} elements), same data (goodput Gbit/s | latency µs | bytes sent per worker / S):", a.mtu);
         println!(
             "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
             "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
@@ -637,9 +646,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     std::fs::write(
         &path,
-        serde_json::to_string_pretty(
-            &serde_json::json!({ "runs": runs, "dataplane": points, "codecs": codec_points, "capacity": capacity }),
-        )?,
+        serde_json::to_string_pretty(&serde_json::json!({
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots },
+            "runs": runs,
+            "dataplane": points,
+            "codecs": codec_points,
+            "capacity": capacity,
+        }))?,
     )?;
     println!("figures written to {}", path.display());
     Ok(())
@@ -1010,6 +1023,8 @@ pub struct E2e<'a> {
     pub rounds: usize,
     /// i32 elements per segment of the switch's runs.
     pub segment: usize,
+    /// The lab links' MTU.
+    pub mtu: usize,
     /// Slots of the switch's runs.
     pub slots: u32,
 }
@@ -1020,7 +1035,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
     let mpi_bin = mpi_setup()?;
     let mut runs = Vec::new();
     for &n in e.workers {
-        let mut lab = Lab::create(crate::demo::PREFIX, n)?;
+        let mut lab = Lab::with_mtu(crate::demo::PREFIX, n, e.mtu)?;
         let mut rounds: Vec<Vec<RunPoint>> = Vec::new();
         for round in 0..e.rounds.max(1) {
             let mut this = Vec::new();

@@ -40,10 +40,14 @@ pub struct DemoArgs {
     /// Element type: i32 | u32 | i64 | f32 | f64 | f16 | bf16.
     #[arg(long, default_value = "i32")]
     pub dtype: DType,
-    /// Elements per segment; by default as many as a 9000-byte MTU carries for the op and
-    /// type (2234 for i32 sum; 862 or fewer keep frames single-buffer on veth).
+    /// Elements per segment; by default as many as the lab's MTU carries for the op and
+    /// type (2234 for i32 sum at 9000; 862 or fewer keep frames single-buffer on veth).
     #[arg(long)]
     pub segment: Option<u16>,
+    /// MTU of every lab link: 9000 (jumbo frames) by default, 1500 as on most Ethernet
+    /// networks. Segments stop at 8936 bytes (the switch's slots) whatever the MTU.
+    #[arg(long, default_value_t = xagg_lab::lab::MTU)]
+    pub mtu: usize,
     /// Slots of the job: segments in flight per worker.
     #[arg(long, default_value_t = 128)]
     pub slots: u32,
@@ -86,6 +90,7 @@ impl Default for DemoArgs {
             op: Op::Sum,
             dtype: DType::I32,
             segment: None,
+            mtu: xagg_lab::lab::MTU,
             slots: 128,
             inject: None,
             reorder: false,
@@ -197,8 +202,8 @@ pub fn run(a: DemoArgs) -> Result<()> {
         (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => Err(anyhow::anyhow!(
             "--mpi and --ddp run on the flat lab: drop --topology"
         )),
-        (Some(program), _, _) => run_mpi(a.workers, program),
-        (None, Some(script), _) => run_ddp(a.workers, script),
+        (Some(program), _, _) => run_mpi(a.workers, a.mtu, program),
+        (None, Some(script), _) => run_ddp(a.workers, a.mtu, script),
         (None, None, Some(t)) => crate::topology::run(&a, t),
         (None, None, None) => run_inner(&a),
     };
@@ -208,9 +213,9 @@ pub fn run(a: DemoArgs) -> Result<()> {
 
 /// A lab whose ranks join jobs by themselves: every worker's end running the host program
 /// (ranks receive on plain UDP sockets, which on veth needs it), the daemon listening.
-fn joinable_lab(n: usize) -> Result<LabSwitch> {
+fn joinable_lab(n: usize, mtu: usize) -> Result<LabSwitch> {
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
-    let mut lab = Lab::create(PREFIX, n)?;
+    let mut lab = Lab::with_mtu(PREFIX, n, mtu)?;
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
     lab.attach_hosts(&object)?;
     start_switch(lab)
@@ -231,7 +236,7 @@ fn aggregated(sw: &LabSwitch, before: &std::collections::BTreeMap<String, u64>) 
 /// An MPI program through the switch: the lab, the daemon listening for joins, mpirun
 /// with the library preloaded; prints the command, the program's output and the
 /// library's summary.
-fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
+fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
     let source = crate::build::root().join(program);
     let dir = target_dir().join("demo-mpi");
     std::fs::create_dir_all(&dir)?;
@@ -240,7 +245,7 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
         .context("--mpi: name a .c, .f90 or .F90 file")?;
     let binary = dir.join(stem);
     xagg_lab::mpi::compile(&source, &binary, &[])?;
-    let sw = joinable_lab(n)?;
+    let sw = joinable_lab(n, mtu)?;
     let agent = xagg_lab::mpi::agent(&sw.lab, &dir)?;
     let lib = xagg_lab::bin("libxagg_mpi.so");
     let env = [
@@ -267,9 +272,9 @@ fn run_mpi(n: usize, program: &std::path::Path) -> Result<()> {
 /// A DDP script through the "xagg" backend: the lab, the daemon listening for joins,
 /// torchrun on every worker namespace; prints the command, the script's output, the
 /// backend's summary and the switch's counters.
-fn run_ddp(n: usize, script: &std::path::Path) -> Result<()> {
+fn run_ddp(n: usize, mtu: usize, script: &std::path::Path) -> Result<()> {
     let script = crate::build::root().join(script);
-    let sw = joinable_lab(n)?;
+    let sw = joinable_lab(n, mtu)?;
     let mut env = xagg_lab::python::base_env();
     env.extend([
         ("XAGG_DAEMON", LISTEN.to_string()),
@@ -306,12 +311,12 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let lane = xagg_daemon::job::lane(a.op, a.dtype).map_err(anyhow::Error::msg)?;
     let segment = a
         .segment
-        .map_or(wire::max_elements(a.op, a.dtype), usize::from);
+        .map_or(wire::payload_for_mtu(a.mtu) / lane.size(), usize::from);
     let shape = JobShape::with_elements(n, a.slots as usize, segment, lane)
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
     let (op, dtype) = (a.op.name(), a.dtype.name());
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
-    let mut lab = Lab::create(PREFIX, n)?;
+    let mut lab = Lab::with_mtu(PREFIX, n, a.mtu)?;
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
     if a.no_afxdp {
         lab.attach_hosts(&object)?;
@@ -421,6 +426,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         "op": op,
         "dtype": dtype,
         "segment_elements": segment,
+        "mtu": a.mtu,
         "slots": a.slots,
         "seconds": seconds,
         "goodput_gbps": goodput,

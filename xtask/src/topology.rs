@@ -71,12 +71,13 @@ pub fn run(a: &DemoArgs, topology: Topology) -> Result<()> {
     if a.inject.is_some_and(|i| i.dup_contrib > 0.0) || a.reorder {
         bail!("--topology takes --inject drop-contrib and drop-result (at every level), not dup-contrib or --reorder");
     }
-    let segment = a
-        .segment
-        .map_or(wire::max_elements(Op::Sum, DType::I32), usize::from);
+    let segment = a.segment.map_or(
+        wire::payload_for_mtu(a.mtu) / DType::I32.size(),
+        usize::from,
+    );
     let elems = a.size / 4;
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    let mut lab = TreeLab::create(PREFIX, topology, &object)?;
+    let mut lab = TreeLab::with_mtu(PREFIX, topology, &object, a.mtu)?;
     lab.start_daemons()?;
     lab.add_job(JOB_ID, segment as u16, a.slots)?;
     describe(&lab);

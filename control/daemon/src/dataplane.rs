@@ -463,10 +463,10 @@ impl Dataplane {
         for (i, m) in spec.members.iter().enumerate() {
             // A segment must fit the link: a full one is one IPv4 packet.
             let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
-            let need = packet_len(shape.segment_bytes());
+            let need = xagg_common::wire::ip_packet_len(shape.segment_bytes());
             if mtu < need {
                 let lane = crate::job::lane(spec.op, spec.dtype).map_err(DataplaneError::Other)?;
-                let fits = (mtu.saturating_sub(packet_len(0)) & !7) / lane.size();
+                let fits = xagg_common::wire::payload_for_mtu(mtu) / lane.size();
                 return Err(JobError {
                     field: "segment".into(),
                     problem: format!(
@@ -838,11 +838,6 @@ pub struct MemberCounters {
     pub member: u8,
     pub contributions: u64,
     pub retransmissions: u64,
-}
-
-/// Bytes of the IPv4 packet that carries `payload` bytes of a segment (padded to 8).
-pub fn packet_len(payload: usize) -> usize {
-    20 + 8 + xagg_common::wire::HEADER_LEN + xagg_common::wire::payload_len(payload, 1)
 }
 
 /// Removes a pinned dataplane: its links (so the programs detach) and maps.

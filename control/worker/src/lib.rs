@@ -87,7 +87,7 @@ pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
 use transport::Transport;
-use xagg_common::wire::{self, DType, Lane, Op, HEADER_LEN};
+use xagg_common::wire::{self, DType, Lane, Op};
 pub use xagg_join::{CredentialKey, JobKey, Levels, MemberReply, Secret};
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
@@ -369,13 +369,12 @@ fn check_mtu(p: &WorkerParams) -> Result<(), AllreduceError> {
     let Ok(mtu) = xagg_sys::iface::mtu(&iface) else {
         return Ok(());
     };
-    let packet = |payload: usize| 20 + 8 + HEADER_LEN + wire::payload_len(payload, 1);
-    let need = packet(p.shape.segment_bytes());
+    let need = wire::ip_packet_len(p.shape.segment_bytes());
     if mtu < need {
         return Err(AllreduceError::Invalid(format!(
             "the job's segments of {} bytes make {need}-byte packets, but {iface} has an MTU of {mtu}: at most {} bytes of segment fit; raise the MTU or use a job with shorter segments",
             p.shape.segment_bytes(),
-            mtu.saturating_sub(packet(0)) & !7
+            wire::payload_for_mtu(mtu)
         )));
     }
     Ok(())

@@ -28,7 +28,24 @@ pub const MAX_PAYLOAD: usize = 8936;
 /// down to 8: the longest segment that takes the switch's direct path there.
 pub const BUFFER_PAYLOAD: usize = 3448;
 /// Largest IPv4 packet (the MTU) a full segment needs.
-pub const MAX_IP_PACKET: usize = 20 + 8 + HEADER_LEN + MAX_PAYLOAD;
+pub const MAX_IP_PACKET: usize = ip_packet_len(MAX_PAYLOAD);
+
+/// Bytes of the IPv4 packet (no options) carrying a segment of `payload` bytes: the MTU a
+/// link needs for it.
+pub const fn ip_packet_len(payload: usize) -> usize {
+    20 + 8 + HEADER_LEN + payload_len(payload, 1)
+}
+
+/// Most segment bytes a link of `mtu` carries in one IPv4 packet (whole 8-byte words), at
+/// most [`MAX_PAYLOAD`] (the slots' size).
+pub const fn payload_for_mtu(mtu: usize) -> usize {
+    let room = mtu.saturating_sub(ip_packet_len(0)) & !7;
+    if room < MAX_PAYLOAD {
+        room
+    } else {
+        MAX_PAYLOAD
+    }
+}
 /// Members one aggregation point can wait for: one bit each in a 64-bit bitmap.
 pub const MAX_MEMBERS: usize = 64;
 
@@ -824,5 +841,10 @@ mod tests {
         assert_eq!(payload_len(862, 4), BUFFER_PAYLOAD);
         assert_eq!(payload_len(2234, 4), MAX_PAYLOAD);
         assert_eq!(DType::I32.max_elements(), 2234);
+        assert_eq!(payload_for_mtu(9000), MAX_PAYLOAD);
+        assert_eq!(payload_for_mtu(65535), MAX_PAYLOAD);
+        assert_eq!(payload_for_mtu(1500), 1440);
+        assert_eq!(payload_for_mtu(ip_packet_len(1440) + 7), 1440);
+        assert_eq!(payload_for_mtu(40), 0);
     }
 }

@@ -15,10 +15,13 @@ use anyhow::{bail, Context, Result};
 use aya::{programs::Xdp, Ebpf};
 use xagg_daemon::job::MemberSpec;
 
-/// MTU of every lab link: the largest a real Ethernet network carries, and what a full
-/// segment (`wire::MAX_PAYLOAD`) needs. Past 3506 bytes veth frames are multi-buffer (the
-/// switch's programs are frags-aware).
-pub const MTU: usize = xagg_common::wire::MAX_IP_PACKET;
+/// The lab links' MTU unless chosen: the jumbo frames a real Ethernet network carries, and
+/// what a full segment (`wire::MAX_PAYLOAD`) needs. Past 3506 bytes veth frames are
+/// multi-buffer (the switch's programs are frags-aware).
+pub const MTU: usize = 9000;
+const _: () = assert!(MTU >= xagg_common::wire::MAX_IP_PACKET);
+/// MTUs a lab takes: IPv4's least that every link must carry, up to veth's largest.
+pub const MTUS: std::ops::RangeInclusive<usize> = 576..=65535;
 pub const SWITCH_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
 pub const WORKER_PORT: u16 = 47801;
 
@@ -29,10 +32,24 @@ pub fn worker_ip(i: usize) -> Ipv4Addr {
 pub struct Lab {
     pub prefix: String,
     pub workers: usize,
+    /// Every link's MTU.
+    pub mtu: usize,
     /// Host-side programs; dropping them detaches.
     hosts: Vec<Ebpf>,
     /// Impairment programs (`xagg_impair` on worker egress).
     impairs: Vec<Ebpf>,
+}
+
+/// Whether a lab's links can have `mtu`.
+pub fn check_mtu(mtu: usize) -> Result<()> {
+    if !MTUS.contains(&mtu) {
+        bail!(
+            "an MTU of {mtu}: the lab's links take {} to {} bytes",
+            MTUS.start(),
+            MTUS.end()
+        );
+    }
+    Ok(())
 }
 
 /// Runs `ip` with `args`, failing with its stderr.
@@ -74,21 +91,29 @@ impl Lab {
         format!("swp{i}")
     }
 
-    /// Builds the lab (after removing any leftover of an earlier one with this prefix).
+    /// Builds the lab (after removing any leftover of an earlier one with this prefix),
+    /// its links at the default [`MTU`].
     pub fn create(prefix: &str, workers: usize) -> Result<Self> {
+        Self::with_mtu(prefix, workers, MTU)
+    }
+
+    /// Builds the lab with every link at `mtu`.
+    pub fn with_mtu(prefix: &str, workers: usize, mtu: usize) -> Result<Self> {
         if workers == 0 || workers > 64 {
             bail!("a lab has 1..=64 workers, not {workers}");
         }
+        check_mtu(mtu)?;
         destroy(prefix);
         let lab = Lab {
             prefix: prefix.into(),
             workers,
+            mtu,
             hosts: Vec::new(),
             impairs: Vec::new(),
         };
         let sw = lab.switch_ns();
         ip(&["netns", "add", &sw])?;
-        let mtu = MTU.to_string();
+        let mtu = mtu.to_string();
         ip(&[
             "-n", &sw, "link", "add", "br0", "mtu", &mtu, "type", "bridge",
         ])?;

@@ -134,6 +134,8 @@ pub struct Rank {
 pub struct TreeLab {
     pub prefix: String,
     pub topology: Topology,
+    /// Every link's MTU.
+    pub mtu: usize,
     pub points: Vec<Point>,
     pub ranks: Vec<Rank>,
     /// The job [`TreeLab::add_job`] added: its id, segment length and slots.
@@ -159,12 +161,19 @@ pub const RING_AFTER_MS: u64 = 2000;
 
 impl TreeLab {
     /// Builds the namespaces and links of `topology` (removing any leftover lab of this
-    /// prefix first); no daemon runs yet.
+    /// prefix first), at the default [`MTU`]; no daemon runs yet.
     pub fn create(prefix: &str, topology: Topology, object: &[u8]) -> Result<Self> {
+        Self::with_mtu(prefix, topology, object, MTU)
+    }
+
+    /// The same with every link at `mtu`.
+    pub fn with_mtu(prefix: &str, topology: Topology, object: &[u8], mtu: usize) -> Result<Self> {
+        crate::lab::check_mtu(mtu)?;
         destroy(prefix);
         let mut lab = TreeLab {
             prefix: prefix.into(),
             topology,
+            mtu,
             points: Vec::new(),
             ranks: Vec::new(),
             job: (0, 0, 0),
@@ -220,7 +229,7 @@ impl TreeLab {
         let i = self.points.len();
         let ns = format!("{}-a{i}", self.prefix);
         let addr = Ipv4Addr::new(10, 77, 0, 1 + i as u8);
-        let mtu = MTU.to_string();
+        let mtu = self.mtu.to_string();
         ip(&["netns", "add", &ns])?;
         ip(&[
             "-n", &ns, "link", "add", "br0", "mtu", &mtu, "type", "bridge",
@@ -272,7 +281,7 @@ impl TreeLab {
         let r = self.ranks.len();
         let ns = format!("{}-r{r}", self.prefix);
         let addr = Ipv4Addr::new(10, 77, 1, 10 + r as u8);
-        let mtu = MTU.to_string();
+        let mtu = self.mtu.to_string();
         let k = self.points[host].children.len();
         let hns = self.points[host].ns.clone();
         let port = child_port(k);
