@@ -183,6 +183,11 @@ impl XskReceiver {
         unsafe { BorrowedFd::borrow_raw(self.rx.as_raw_fd()) }
     }
 
+    /// Whether frames wait in the receive ring.
+    pub fn ready(&self) -> bool {
+        self.rx.available() > 0
+    }
+
     /// Hands the UDP payload of each frame that came in (up to a batch) from the expected
     /// source to `f`, in place, then posts the buffers again; returns how many frames
     /// there were.
