@@ -77,9 +77,11 @@ pub struct CapacityPoint {
     pub spent: Spent,
 }
 
-/// CPU seconds spent over one run.
+/// What one run took, and the CPU seconds it cost.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct Spent {
+    /// Contributions the switch took.
+    pub contributions: u64,
     /// The generator's thread (its system calls, and the send path run inside them).
     pub sender: f64,
     /// The generator's CPU in all (the members' receive side too).
@@ -218,8 +220,7 @@ fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
     let run = |g: &mut Generator, with, rate| -> Result<SendPathPoint> {
         g.with = with;
         let p = measure(&sw, g, seconds, rate)?;
-        let sent = p.contributions_per_s * seconds;
-        let us = |s: f64| s * 1e6 / sent.max(1.0);
+        let us = |s: f64| s * 1e6 / p.spent.contributions.max(1) as f64;
         let point = SendPathPoint {
             send_with: with.name(),
             members: n,
@@ -502,7 +503,8 @@ fn measure(
     let elapsed = start.elapsed().as_secs_f64();
     let cpu1 = cpu_busy(SWITCH_CPU)?;
     let sending1 = cpu_busy(0)?;
-    let spent = Spent {
+    let mut spent = Spent {
+        contributions: 0,
         sender: thread_cpu()? - thread0,
         sending_cpu: sending1.0 - sending0.0,
         switch_cpu: cpu1.0 - cpu0.0,
@@ -511,6 +513,7 @@ fn measure(
     let c1 = sw.counters()?;
     let d = |c: Counter| delta(&c0, &c1, c.name());
     let taken = d(Counter::Contribution) + d(Counter::Complete);
+    spent.contributions = taken;
     let completed = d(Counter::Complete);
     let segment_bytes = g.elements * 4;
     let per_s = taken as f64 / elapsed;

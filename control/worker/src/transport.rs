@@ -242,7 +242,7 @@ impl Transport {
             loop {
                 // With AF_XDP most turns only look at the receive ring (a memory read):
                 // asking the socket, which only stray datagrams reach, is a system call.
-                let look = turn % 16 == 0 || self.ready();
+                let look = turn.is_multiple_of(16) || self.ready();
                 turn = turn.wrapping_add(1);
                 if look {
                     match self.receive(true, Duration::ZERO, f) {
