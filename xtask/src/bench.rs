@@ -469,35 +469,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
         let r = crate::capacity::send_path(a.quick);
         crate::demo::clean_up();
         let points = r?;
-        let path = a
-            .json
-            .unwrap_or_else(|| target_dir().join("bench/send_path.json"));
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&serde_json::json!({ "send_path": points }))?,
-        )?;
-        println!("figures written to {}", path.display());
-        return Ok(());
+        return write_figures(
+            a.json,
+            "send_path",
+            serde_json::json!({ "send_path": points }),
+        );
     }
     if a.levers {
         let r = levers(a.quick);
         crate::demo::clean_up();
         let points = r?;
-        let path = a
-            .json
-            .unwrap_or_else(|| target_dir().join("bench/levers.json"));
-        if let Some(d) = path.parent() {
-            std::fs::create_dir_all(d)?;
-        }
-        std::fs::write(
-            &path,
-            serde_json::to_string_pretty(&serde_json::json!({ "levers": points }))?,
-        )?;
-        println!("figures written to {}", path.display());
-        return Ok(());
+        return write_figures(a.json, "levers", serde_json::json!({ "levers": points }));
     }
     let segment = a
         .segment
@@ -638,22 +620,26 @@ pub fn run(a: BenchArgs) -> Result<()> {
             "a run's result was wrong: its figures do not count"
         );
     }
-    let path = a
-        .json
-        .unwrap_or_else(|| target_dir().join("bench/bench.json"));
-    if let Some(d) = path.parent() {
-        std::fs::create_dir_all(d)?;
-    }
-    std::fs::write(
-        &path,
-        serde_json::to_string_pretty(&serde_json::json!({
+    write_figures(
+        a.json,
+        "bench",
+        serde_json::json!({
             "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots },
             "runs": runs,
             "dataplane": points,
             "codecs": codec_points,
             "capacity": capacity,
-        }))?,
-    )?;
+        }),
+    )
+}
+
+/// Writes `figures` to `json`, or by default to `target/bench/<name>.json`.
+fn write_figures(json: Option<PathBuf>, name: &str, figures: serde_json::Value) -> Result<()> {
+    let path = json.unwrap_or_else(|| target_dir().join(format!("bench/{name}.json")));
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&figures)?)?;
     println!("figures written to {}", path.display());
     Ok(())
 }

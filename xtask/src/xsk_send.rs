@@ -6,9 +6,10 @@
 //!
 //! Only the bench uses it; the worker sends with UDP GSO.
 
-use std::{ffi::CString, num::NonZeroU32, ptr::NonNull};
+use std::{ffi::CString, num::NonZeroU32};
 
 use anyhow::{bail, Context, Result};
+use xagg_sys::pages::Pages;
 use xdpilone::{
     xdp::XdpDesc, DeviceQueue, IfInfo, RingTx, Socket, SocketConfig, Umem, UmemConfig, User,
 };
@@ -19,16 +20,6 @@ const XDP_COPY: u16 = 1 << 1;
 const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: more buffers of the same frame follow.
 const XDP_PKT_CONTD: u32 = 1;
-
-/// Page-aligned memory shared with the kernel; unmapped last.
-struct Area(NonNull<[u8]>);
-
-impl Drop for Area {
-    fn drop(&mut self) {
-        // Safety: mapped in `XskSender::new` with this length, and nothing uses it now.
-        let _ = unsafe { nix::sys::mman::munmap(self.0.cast(), self.0.len()) };
-    }
-}
 
 pub struct XskSender {
     /// Frames that fit the memory at once (each `per_frame` chunks).
@@ -47,7 +38,7 @@ pub struct XskSender {
     _user: User,
     _sock: Socket,
     _umem: Umem,
-    area: Area,
+    area: Pages,
 }
 
 // Safety: the sender owns its socket, rings and memory outright (no other handle to them
@@ -65,19 +56,7 @@ impl XskSender {
     pub fn new(iface: &str, frame: &[u8], frames: usize) -> Result<Self> {
         let per_frame = frame.len().div_ceil(CHUNK);
         let chunks = frames * per_frame;
-        let len = chunks * CHUNK;
-        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
-        // Safety: a fresh private anonymous mapping aliases nothing.
-        let ptr = unsafe {
-            mmap_anonymous(
-                None,
-                std::num::NonZeroUsize::new(len).context("no frames")?,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE,
-            )
-        }
-        .context("mapping the AF_XDP buffers")?;
-        let area = Area(NonNull::slice_from_raw_parts(ptr.cast::<u8>(), len));
+        let area = Pages::map(chunks * CHUNK).context("the AF_XDP buffers")?;
         let ring = (chunks as u32).next_power_of_two();
         let config = UmemConfig {
             fill_size: 64,
@@ -86,9 +65,9 @@ impl XskSender {
             headroom: 0,
             flags: 0,
         };
-        // Safety: the area is page aligned, `len` long, and outlives the Umem.
-        let umem =
-            unsafe { Umem::new(config, area.0) }.map_err(err("registering AF_XDP buffers"))?;
+        // Safety: the area is page aligned, `chunks * CHUNK` long, and outlives the Umem.
+        let umem = unsafe { Umem::new(config, area.as_non_null()) }
+            .map_err(err("registering AF_XDP buffers"))?;
         let mut info = IfInfo::invalid();
         let name = CString::new(iface).context("interface name")?;
         info.from_name(&name).map_err(err("AF_XDP interface"))?;
@@ -135,9 +114,7 @@ impl XskSender {
         let at = f * self.per_frame * CHUNK;
         // Safety: within the area; frames do not overlap, and a frame handed to the kernel
         // is written again only after its completion.
-        unsafe {
-            std::slice::from_raw_parts_mut(self.area.0.cast::<u8>().as_ptr().add(at), self.len)
-        }
+        unsafe { std::slice::from_raw_parts_mut(self.area.base().add(at), self.len) }
     }
 
     /// Sends `count` frames, `edit(k, frame)` writing what differs in the k-th (into a

@@ -1,8 +1,10 @@
 //! What the daemon, the worker library and the lab take from the host they run on:
-//! interface facts and network namespaces ([`iface`]), and, with the `object` feature, the
-//! XDP object built by `cargo xtask build` ([`EBPF_OBJECT`]).
+//! interface facts and network namespaces ([`iface`]), memory shared with the kernel
+//! ([`pages`]), and, with the `object` feature, the XDP object built by `cargo xtask build`
+//! ([`EBPF_OBJECT`]).
 
 pub mod iface;
+pub mod pages;
 
 #[repr(C, align(8))]
 struct Aligned<T: ?Sized>(T);

@@ -13,13 +13,14 @@
 //! (`ethtool -L <if> combined 1`). On veth AF_XDP runs in copy mode: the kernel copies
 //! each frame into a posted buffer.
 
-use std::{ffi::CString, num::NonZeroU32, os::fd::BorrowedFd, ptr::NonNull};
+use std::{ffi::CString, num::NonZeroU32, os::fd::BorrowedFd};
 
 use aya::{
     maps::{HashMap, XskMap},
     programs::{Xdp, XdpMode},
     Ebpf,
 };
+use xagg_sys::pages::Pages;
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
 /// Posted buffers: enough for every slot's result at once, with room to spare.
@@ -33,16 +34,6 @@ const UDP_PAYLOAD_OFFSET: usize = 14 + 20 + 8;
 const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: more buffers of the same frame follow (`XDP_PKT_CONTD`).
 const XDP_PKT_CONTD: u32 = 1 << 0;
-
-/// Page-aligned memory shared with the kernel; unmapped last.
-struct Area(NonNull<[u8]>);
-
-impl Drop for Area {
-    fn drop(&mut self) {
-        // Safety: mapped in `XskReceiver::new` with this length, and nothing uses it now.
-        let _ = unsafe { nix::sys::mman::munmap(self.0.cast(), self.0.len()) };
-    }
-}
 
 pub struct XskReceiver {
     /// The only source results are taken from: the aggregation point's IPv4 address and
@@ -62,7 +53,7 @@ pub struct XskReceiver {
     _user: User,
     _sock: Socket,
     _umem: Umem,
-    area: Area,
+    area: Pages,
 }
 
 // Safety: the receiver owns its socket, rings and memory outright (no other handle to them
@@ -104,19 +95,7 @@ impl XskReceiver {
             })?;
         }
 
-        let len = (FRAMES * FRAME_SIZE) as usize;
-        use nix::sys::mman::{mmap_anonymous, MapFlags, ProtFlags};
-        // Safety: a fresh private anonymous mapping aliases nothing.
-        let ptr = unsafe {
-            mmap_anonymous(
-                None,
-                std::num::NonZeroUsize::new(len).expect("FRAMES * FRAME_SIZE > 0"),
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE,
-            )
-        }
-        .context("mapping the AF_XDP buffers")?;
-        let area = Area(NonNull::slice_from_raw_parts(ptr.cast::<u8>(), len));
+        let area = Pages::map((FRAMES * FRAME_SIZE) as usize).context("the AF_XDP buffers")?;
         let config = UmemConfig {
             fill_size: FRAMES,
             complete_size: FRAMES,
@@ -125,8 +104,8 @@ impl XskReceiver {
             flags: 0,
         };
         // Safety: the area is page aligned, FRAMES * FRAME_SIZE long, and outlives the Umem.
-        let umem =
-            unsafe { Umem::new(config, area.0) }.map_err(err("registering AF_XDP buffers"))?;
+        let umem = unsafe { Umem::new(config, area.as_non_null()) }
+            .map_err(err("registering AF_XDP buffers"))?;
         let mut info = IfInfo::invalid();
         let name = CString::new(iface).context("interface name")?;
         info.from_name(&name).map_err(err("AF_XDP interface"))?;
@@ -201,13 +180,11 @@ impl XskReceiver {
             let (addr, len) = (desc.addr as usize, desc.len as usize);
             self.unposted.push(desc.addr);
             n += 1;
-            if addr + len > self.area.0.len() {
+            if addr + len > self.area.size() {
                 continue;
             }
             // Safety: the kernel handed this chunk to us; it is ours until posted again.
-            let part = unsafe {
-                std::slice::from_raw_parts(self.area.0.cast::<u8>().as_ptr().add(addr), len)
-            };
+            let part = unsafe { std::slice::from_raw_parts(self.area.base().add(addr), len) };
             let more = desc.options & XDP_PKT_CONTD != 0;
             let frame = if more || !self.frame.is_empty() {
                 // A buffer of a multi-buffer frame: joined until its last one.
