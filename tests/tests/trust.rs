@@ -5,6 +5,7 @@
 //! own address.
 
 use std::{
+    collections::BTreeMap,
     net::{SocketAddrV4, UdpSocket},
     process::Command,
     sync::atomic::{AtomicBool, Ordering},
@@ -808,4 +809,345 @@ fn no_route_to_the_switch_ends_the_request_with_its_cause() {
     })
     .unwrap();
     assert!(e.contains("socket") && e.contains("unreachable"), "{e}");
+}
+
+/// How a forged frame is wrapped on the link: behind an 802.1Q priority tag (VID 0, which
+/// Linux takes as untagged), an 802.1Q tag of VLAN 5, or 802.1ad + 802.1Q (Q-in-Q).
+const WRAPS: [&[[u8; 2]]; 3] = [
+    &[[0x81, 0x00]],
+    &[[0x81, 0x00]],
+    &[[0x88, 0xa8], [0x81, 0x00]],
+];
+const WRAP_VIDS: [u16; 3] = [0, 5, 7];
+
+/// An Ethernet frame from `src_mac` to `dst_mac`, behind the tags `tpids` (each with VLAN
+/// `vid`), carrying a UDP datagram of `payload` from `from` to `to` (no UDP checksum).
+fn raw_frame(
+    dst_mac: [u8; 6],
+    src_mac: [u8; 6],
+    tpids: &[[u8; 2]],
+    vid: u16,
+    from: SocketAddrV4,
+    to: SocketAddrV4,
+    payload: &[u8],
+) -> Vec<u8> {
+    let mut f = Vec::with_capacity(64 + payload.len());
+    f.extend_from_slice(&dst_mac);
+    f.extend_from_slice(&src_mac);
+    for t in tpids {
+        f.extend_from_slice(t);
+        f.extend_from_slice(&vid.to_be_bytes());
+    }
+    f.extend_from_slice(&[0x08, 0x00]);
+    let ip = f.len();
+    let total = (20 + 8 + payload.len()) as u16;
+    f.extend_from_slice(&[0x45, 0, 0, 0, 0, 0, 0x40, 0, 64, 17, 0, 0]);
+    f[ip + 2..ip + 4].copy_from_slice(&total.to_be_bytes());
+    f.extend_from_slice(&from.ip().octets());
+    f.extend_from_slice(&to.ip().octets());
+    let mut sum: u32 = f[ip..ip + 20]
+        .chunks(2)
+        .map(|c| u32::from(u16::from_be_bytes([c[0], c[1]])))
+        .sum();
+    sum = (sum & 0xffff) + (sum >> 16);
+    sum = (sum & 0xffff) + (sum >> 16);
+    f[ip + 10..ip + 12].copy_from_slice(&(!(sum as u16)).to_be_bytes());
+    f.extend_from_slice(&from.port().to_be_bytes());
+    f.extend_from_slice(&to.port().to_be_bytes());
+    f.extend_from_slice(&(8 + payload.len() as u16).to_be_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(payload);
+    f
+}
+
+/// Sends `frames` out of interface `dev` of namespace `ns` with a packet socket, over and
+/// over until `stop` (at most 5 s); returns how many it sent.
+fn inject(ns: &str, dev: &str, frames: &[Vec<u8>], stop: &AtomicBool) -> u64 {
+    in_netns(ns, || {
+        let ifindex = xagg_sys::iface::ifindex(dev)?;
+        // Safety: plain socket calls on a descriptor owned here and closed at the end.
+        let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
+        anyhow::ensure!(
+            fd >= 0,
+            "packet socket: {}",
+            std::io::Error::last_os_error()
+        );
+        let mut to: libc::sockaddr_ll = unsafe { std::mem::zeroed() };
+        to.sll_family = libc::AF_PACKET as u16;
+        to.sll_ifindex = ifindex as i32;
+        to.sll_halen = 6;
+        let mut sent = 0;
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while !stop.load(Ordering::Relaxed) && Instant::now() < deadline {
+            for f in frames {
+                to.sll_addr[..6].copy_from_slice(&f[..6]);
+                let n = unsafe {
+                    libc::sendto(
+                        fd,
+                        f.as_ptr() as *const _,
+                        f.len(),
+                        0,
+                        &to as *const libc::sockaddr_ll as *const libc::sockaddr,
+                        std::mem::size_of::<libc::sockaddr_ll>() as u32,
+                    )
+                };
+                if n == f.len() as isize {
+                    sent += 1;
+                }
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        unsafe { libc::close(fd) };
+        Ok(sent)
+    })
+    .unwrap()
+}
+
+/// A forged packet of kind `kind` for job `job`, message `message`, segment `segment` on
+/// slot `segment % slots`: a result of `count` i32 of garbage, or a status reply refusing
+/// the query (`status`).
+fn forged(kind: Kind, job: u32, message: u32, segment: u32, slots: u32, count: u16) -> Vec<u8> {
+    let mut b = Header::builder(kind)
+        .op(Op::Sum)
+        .dtype(DType::I32)
+        .job(job)
+        .message(message)
+        .segment(segment)
+        .slot((segment % slots) as u16);
+    let payload = if kind == Kind::Result {
+        b = b.count(count);
+        vec![0x5au8; usize::from(count) * 4]
+    } else {
+        vec![0u8; wire::STATUS_PAYLOAD]
+    };
+    let mut h = b.build();
+    if kind == Kind::StatusReply {
+        h.status = wire::status::REFUSED_UNKNOWN_JOB;
+    }
+    let mut out = vec![0u8; wire::HEADER_LEN + payload.len() + 8];
+    let n = wire::encode(&h, &payload, &mut out).unwrap();
+    out.truncate(n);
+    out
+}
+
+/// Every forgery of `kind` for job `job`, message `message` (64 segments over 8 slots,
+/// 256 elements), to each of workers 0 and 1 from the switch's addresses and `src_mac`,
+/// once in each of `WRAPS` (or untagged if `untagged`).
+fn forgeries(
+    sw: &TestSwitch,
+    kind: Kind,
+    job: u32,
+    message: u32,
+    src_mac: [u8; 6],
+    untagged: bool,
+) -> Vec<Vec<u8>> {
+    let from = SocketAddrV4::new(SWITCH_IP, DEFAULT_PORT);
+    let mut frames = Vec::new();
+    for victim in [0, 1] {
+        let mac = sw.lab.worker_mac(victim).unwrap();
+        let to = SocketAddrV4::new(lab::worker_ip(victim), WORKER_PORT);
+        for k in 0..64 {
+            let p = forged(kind, job, message, k, 8, 256);
+            if untagged {
+                frames.push(raw_frame(mac, src_mac, &[], 0, from, to, &p));
+            }
+            for (tpids, vid) in WRAPS.iter().zip(WRAP_VIDS) {
+                frames.push(raw_frame(mac, src_mac, tpids, vid, from, to, &p));
+            }
+        }
+    }
+    frames
+}
+
+/// Members 0 and 1 of job `job` run message `message` (member 1 starts `late`) while
+/// `frames` are sent out of `dev` in namespace `ns`; both results must be exact. Returns
+/// the frames sent and the switch's counters before and after.
+#[expect(
+    clippy::too_many_arguments,
+    reason = "one argument per knob of the run"
+)]
+fn run_under_injection(
+    sw: &TestSwitch,
+    job: u32,
+    message: u32,
+    afxdp: bool,
+    late: Duration,
+    ns: &str,
+    dev: &str,
+    frames: &[Vec<u8>],
+) -> (u64, BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    let stop = AtomicBool::new(false);
+    let before = sw.counters();
+    std::thread::scope(|s| {
+        let injector = s.spawn(|| inject(ns, dev, frames, &stop));
+        std::thread::sleep(Duration::from_millis(50));
+        sw.allreduce_with(
+            job,
+            message,
+            i32_shape(2, 8, 256),
+            &[0, 1],
+            WORKER_PORT,
+            64 * 256,
+            17 + u64::from(message),
+            |p| {
+                p.afxdp = afxdp;
+                if p.member == 1 {
+                    std::thread::sleep(late);
+                }
+            },
+        );
+        stop.store(true, Ordering::Relaxed);
+        (injector.join().unwrap(), before, sw.counters())
+    })
+}
+
+/// The one lab of the tagged-forgery tests, its job 12 of workers 0 and 1, worker 2 the
+/// stranger.
+fn tagged_lab(prefix: &str) -> TestSwitch {
+    let sw = TestSwitch::start(prefix, 3, |_| {});
+    assert!(matches!(
+        sw.add_job(12, 256, 8, &[0, 1]),
+        Response::Job { .. }
+    ));
+    sw
+}
+
+/// A stranger on the switch's segment (worker 2) sends results claiming the switch's
+/// address and collective port behind a priority tag, a VLAN tag and two tags, while
+/// member 0 waits for member 1: every result stays exact on both receive paths, every
+/// forged frame is dropped as a spoofed source, and the switch copies none of them to the
+/// members (result copies: exactly two per completed round).
+#[test]
+fn tagged_forged_results_change_no_result_and_are_not_copied() {
+    if !require_root("tagged_forged_results_change_no_result_and_are_not_copied") {
+        return;
+    }
+    let mut sw = tagged_lab("xfk");
+    let stranger = sw.lab.worker_mac(2).unwrap();
+    for (message, afxdp) in [(0, false), (1, true)] {
+        if afxdp {
+            // Each worker attaches its own xagg_host, with its AF_XDP socket.
+            sw.lab.detach_hosts();
+        }
+        let frames = forgeries(&sw, Kind::Result, 12, message, stranger, false);
+        let ns = sw.lab.worker_ns(2);
+        let (sent, before, after) = run_under_injection(
+            &sw,
+            12,
+            message,
+            afxdp,
+            Duration::from_millis(300),
+            &ns,
+            "eth0",
+            &frames,
+        );
+        let d = |c: &str| after[c] - before[c];
+        eprintln!(
+            "afxdp {afxdp}: {sent} tagged forgeries sent, {} dropped as spoofed, {} result copies for {} rounds",
+            d("drop_spoofed_source"),
+            d("result_copy"),
+            d("complete")
+        );
+        assert!(sent > 0, "nothing was sent");
+        assert!(
+            d("drop_spoofed_source") >= sent,
+            "{sent} sent, {} dropped",
+            d("drop_spoofed_source")
+        );
+        assert_eq!(d("complete"), 64, "{after:?}");
+        assert_eq!(d("result_copy"), 2 * d("complete"), "{after:?}");
+    }
+}
+
+/// The same stranger sends refusals claiming the switch behind the same tags while the
+/// members' workers start (their first status queries): every member starts and runs,
+/// on both receive paths.
+#[test]
+fn tagged_forged_refusals_do_not_stop_a_job() {
+    if !require_root("tagged_forged_refusals_do_not_stop_a_job") {
+        return;
+    }
+    let mut sw = tagged_lab("xfl");
+    let stranger = sw.lab.worker_mac(2).unwrap();
+    for (message, afxdp) in [(0, false), (1, true)] {
+        if afxdp {
+            sw.lab.detach_hosts();
+        }
+        let frames = forgeries(&sw, Kind::StatusReply, 12, message, stranger, false);
+        let ns = sw.lab.worker_ns(2);
+        let (sent, before, after) = run_under_injection(
+            &sw,
+            12,
+            message,
+            afxdp,
+            Duration::ZERO,
+            &ns,
+            "eth0",
+            &frames,
+        );
+        let spoofed = after["drop_spoofed_source"] - before["drop_spoofed_source"];
+        eprintln!("afxdp {afxdp}: {sent} tagged refusals sent, {spoofed} dropped as spoofed");
+        assert!(
+            sent > 0 && spoofed >= sent,
+            "{sent} sent, {spoofed} dropped"
+        );
+    }
+}
+
+/// Results and refusals that reach a member's link with the switch's MAC, address and port
+/// but without the member's proof (as from a misconfigured port or a hub: sent here out of
+/// the member's own switch port, past every check of the switch) are ignored by the worker,
+/// untagged and tagged, on both receive paths: results exact, the job runs.
+#[test]
+fn results_and_refusals_without_the_members_proof_are_ignored() {
+    if !require_root("results_and_refusals_without_the_members_proof_are_ignored") {
+        return;
+    }
+    let mut sw = tagged_lab("xfm");
+    let switch_mac = in_netns(&sw.lab.switch_ns(), || xagg_sys::iface::mac("br0")).unwrap();
+    let ns = sw.lab.switch_ns();
+    let mut message = 0;
+    for afxdp in [false, true] {
+        if afxdp {
+            sw.lab.detach_hosts();
+        }
+        for kind in [Kind::Result, Kind::StatusReply] {
+            // Out of each member's own port, toward the member.
+            let frames = forgeries(&sw, kind, 12, message, switch_mac, true);
+            let mut refused = 0;
+            std::thread::scope(|s| {
+                let stop = AtomicBool::new(false);
+                let (f0, f1) = frames.split_at(frames.len() / 2);
+                let (stop, ns) = (&stop, &ns);
+                let a = s.spawn(move || inject(ns, &xagg_lab::lab::Lab::port(0), f0, stop));
+                let b = s.spawn(move || inject(ns, &xagg_lab::lab::Lab::port(1), f1, stop));
+                std::thread::sleep(Duration::from_millis(50));
+                let late = if kind == Kind::Result { 300 } else { 0 };
+                let reports = sw.allreduce_with(
+                    12,
+                    message,
+                    i32_shape(2, 8, 256),
+                    &[0, 1],
+                    WORKER_PORT,
+                    64 * 256,
+                    40 + u64::from(message),
+                    |p| {
+                        p.afxdp = afxdp;
+                        if p.member == 1 {
+                            std::thread::sleep(Duration::from_millis(late));
+                        }
+                    },
+                );
+                stop.store(true, Ordering::Relaxed);
+                let sent = a.join().unwrap() + b.join().unwrap();
+                refused = reports.iter().map(|r| r.refused).sum::<u64>();
+                eprintln!(
+                    "afxdp {afxdp}, {kind:?}: {sent} forgeries on the members' links, {refused} refused by the workers"
+                );
+                assert!(sent > 0);
+            });
+            assert!(refused > 0, "the workers refused nothing");
+            message += 1;
+        }
+    }
 }
