@@ -922,7 +922,7 @@ fn forged(kind: Kind, job: u32, message: u32, segment: u32, slots: u32, count: u
     };
     let mut h = b.build();
     if kind == Kind::StatusReply {
-        h.status = wire::status::REFUSED_UNKNOWN_JOB;
+        h.status = wire::status::REFUSED_NOT_MEMBER;
     }
     let mut out = vec![0u8; wire::HEADER_LEN + payload.len() + 8];
     let n = wire::encode(&h, &payload, &mut out).unwrap();
@@ -1115,8 +1115,8 @@ fn results_and_refusals_without_the_members_proof_are_ignored() {
             // Out of each member's own port, toward the member.
             let frames = forgeries(&sw, kind, 12, message, switch_mac, true);
             let mut refused = 0;
+            let stop = AtomicBool::new(false);
             std::thread::scope(|s| {
-                let stop = AtomicBool::new(false);
                 let (f0, f1) = frames.split_at(frames.len() / 2);
                 let (stop, ns) = (&stop, &ns);
                 let a = s.spawn(move || inject(ns, &xagg_lab::lab::Lab::port(0), f0, stop));
