@@ -22,15 +22,15 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     sw.lab.detach_hosts();
     let workers = [0, 1, 2];
     assert!(matches!(
-        sw.add_job(4, 862, 64, &workers),
+        sw.add_job(4, 860, 64, &workers),
         Response::Job { .. }
     ));
     let mut mid = 0;
-    for elems in [1usize, 861, 863, (4 << 20) / 4 + 3] {
+    for elems in [1usize, 859, 861, (4 << 20) / 4 + 3] {
         let reps = sw.allreduce_with(
             4,
             mid,
-            i32_shape(3, 64, 862),
+            i32_shape(3, 64, 860),
             &workers,
             47801,
             elems,
@@ -56,7 +56,7 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     let reps = sw.allreduce_with(
         4,
         mid,
-        i32_shape(3, 64, 862),
+        i32_shape(3, 64, 860),
         &workers,
         47801,
         (2 << 20) / 4,
@@ -142,7 +142,7 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
             std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(0), 47801),
             1,
             0,
-            i32_shape(2, 64, 862),
+            i32_shape(2, 64, 860),
         );
         p.afxdp = true;
         p

@@ -12,7 +12,7 @@ use xagg_common::{
 use xagg_tests::*;
 
 const ROUNDS: u32 = 3000;
-const ELEMS: usize = 862;
+const ELEMS: usize = 860;
 
 fn values(m: u32, k: u32) -> Vec<i32> {
     (0..ELEMS)

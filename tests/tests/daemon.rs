@@ -133,7 +133,7 @@ fn clear_errors() {
     let m = err(sw.add_job(1, 256, 8, &[0, 1]));
     assert!(m.contains("already exists"), "{m}");
     let m = err(sw.add_job(3, 4000, 8, &[0, 1]));
-    assert!(m.contains("segment") && m.contains("1..=2234"), "{m}");
+    assert!(m.contains("segment") && m.contains("1..=2232"), "{m}");
     let m = err(sw.add_job(3, 256, 8, &[0, 0]));
     assert!(
         m.contains("members[1].interface") && m.contains("own switch port"),
@@ -195,7 +195,7 @@ fn restart_during_an_allreduce() {
     }
     let mut sw = TestSwitch::start("xtk", 2, |_| {});
     assert!(matches!(
-        sw.add_job(6, 862, 64, &[0, 1]),
+        sw.add_job(6, 860, 64, &[0, 1]),
         Response::Job { .. }
     ));
     // Long enough (about 2 s here) for two restarts to happen while it runs.
@@ -207,7 +207,7 @@ fn restart_during_an_allreduce() {
         let sw = sw_ref;
         let run = s.spawn(|| {
             // The helper verifies the result bit-exactly.
-            sw.allreduce(6, 0, 862, 64, &[0, 1], 47801, elems, 9);
+            sw.allreduce(6, 0, 860, 64, &[0, 1], 47801, elems, 9);
         });
         // Wait until the allreduce is under way.
         while complete(sw) == 0 {
@@ -231,7 +231,7 @@ fn restart_during_an_allreduce() {
         match (mid_run, after) {
             (Response::Counters { counters: a }, Response::Counters { counters: b }) => {
                 assert!(b["complete"] > a["complete"], "counters continue");
-                assert_eq!(b["complete"], elems.div_ceil(862) as u64);
+                assert_eq!(b["complete"], elems.div_ceil(860) as u64);
             }
             r => panic!("{r:?}"),
         }
@@ -396,17 +396,17 @@ fn segments_must_fit_the_mtu() {
         "1500",
     ])
     .unwrap();
-    match sw.add_job(3, 862, 8, &[0, 1]) {
+    match sw.add_job(3, 860, 8, &[0, 1]) {
         Response::Error { message } => assert!(
             message.contains("3506-byte packets")
                 && message.contains("port swp1 has an MTU of 1500")
-                && message.contains("at most 360 elements"),
+                && message.contains("at most 358 elements"),
             "{message}"
         ),
         r => panic!("{r:?}"),
     }
     assert!(matches!(
-        sw.add_job(3, 360, 8, &[0, 1]),
+        sw.add_job(3, 358, 8, &[0, 1]),
         Response::Job { .. }
     ));
     // The worker's own link.
@@ -418,14 +418,14 @@ fn segments_must_fit_the_mtu() {
             std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(0), 47801),
             4,
             0,
-            i32_shape(2, 8, 862),
+            i32_shape(2, 8, 860),
         );
         Ok(xagg_worker::Worker::new(p).err().map(|e| e.to_string()))
     })
     .unwrap()
-    .expect("a worker on a 1500-byte link refuses 3448-byte segments");
+    .expect("a worker on a 1500-byte link refuses 3440-byte segments");
     assert!(
-        e.contains("eth0 has an MTU of 1500") && e.contains("at most 1440 bytes"),
+        e.contains("eth0 has an MTU of 1500") && e.contains("at most 1432 bytes"),
         "{e}"
     );
 }

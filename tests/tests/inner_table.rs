@@ -463,7 +463,7 @@ fn one_member_and_root_jobs() {
     );
 }
 
-/// Multi-buffer segments (a full 8936-byte payload) take the same path: the partial and
+/// Multi-buffer segments (a full 8928-byte payload) take the same path: the partial and
 /// its resend leave whole, the parent's result is stored and handed to the fan-out.
 #[test]
 fn inner_level_multi_buffer() {

@@ -422,7 +422,7 @@ fn workers_join_jobs_over_the_network() {
                     "--slots",
                     "32",
                     "--segment",
-                    "862",
+                    "860",
                     "--size",
                     "4MiB",
                 ])

@@ -24,7 +24,7 @@ fn loss_duplicates_and_reordering_recover() {
     if !require_root("loss_duplicates_and_reordering_recover") {
         return;
     }
-    recover("xtl", 862);
+    recover("xtl", 860);
 }
 
 /// The same with segments of a 9000-byte MTU: multi-buffer contributions, results fanned

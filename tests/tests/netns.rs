@@ -43,15 +43,15 @@ fn four_workers_large_buffer() {
     }
     let sw = TestSwitch::start("xt4", 4, |_| {});
     assert!(matches!(
-        sw.add_job(9, 862, 64, &[0, 1, 2, 3]),
+        sw.add_job(9, 860, 64, &[0, 1, 2, 3]),
         Response::Job { .. }
     ));
     let elems = (16 << 20) / 4 + 5; // 16 MiB and a short last segment
-    let reps = sw.allreduce(9, 0, 862, 64, &[0, 1, 2, 3], 47801, elems, 42);
+    let reps = sw.allreduce(9, 0, 860, 64, &[0, 1, 2, 3], 47801, elems, 42);
     let slowest = reps.iter().map(|r| r.seconds).fold(0.0, f64::max);
     eprintln!("4 workers x 16 MiB: slowest {slowest:.3} s");
     let c = sw.counters();
-    let segs = elems.div_ceil(862) as u64;
+    let segs = elems.div_ceil(860) as u64;
     assert_eq!(c["complete"], segs, "{c:?}");
     assert_eq!(c["result_copy"], 4 * segs, "{c:?}");
     for bad in [
@@ -75,10 +75,10 @@ fn standard_ethernet_mtu() {
     }
     let sw = TestSwitch::start_with_mtu("xtm", 2, 1500, |_| {});
     let longest = (xagg_common::wire::payload_for_mtu(1500) / 4) as u16;
-    assert_eq!(longest, 360);
+    assert_eq!(longest, 358);
     match sw.add_job(2, longest + 1, 16, &[0, 1]) {
         Response::Error { message } => assert!(
-            message.contains("MTU of 1500") && message.contains("at most 360 elements"),
+            message.contains("MTU of 1500") && message.contains("at most 358 elements"),
             "{message}"
         ),
         r => panic!("a segment past the MTU was taken: {r:?}"),
@@ -90,7 +90,7 @@ fn standard_ethernet_mtu() {
     let elems = (1 << 20) / 4 + 3;
     sw.allreduce(1, 0, longest as usize, 64, &[0, 1], 47801, elems, 7);
     let c = sw.counters();
-    assert_eq!(c["complete"], elems.div_ceil(360) as u64, "{c:?}");
+    assert_eq!(c["complete"], elems.div_ceil(358) as u64, "{c:?}");
 }
 
 /// Ping and TCP between workers cross the switch's bridge while the programs are attached.

@@ -134,7 +134,7 @@ fn one_job_reduces_a_different_pair_each_message() {
     }
     let sw = TestSwitch::start("xtp", 3, |_| {});
     assert!(matches!(
-        sw.add_job_on(40, 862, 32, &[0, 1, 2], 47840),
+        sw.add_job_on(40, 860, 32, &[0, 1, 2], 47840),
         Response::Job { .. }
     ));
     let pairs = [
@@ -171,7 +171,7 @@ fn one_job_reduces_a_different_pair_each_message() {
                         bind,
                         40,
                         w as u8,
-                        i32_shape(3, 32, 862),
+                        i32_shape(3, 32, 860),
                     );
                     let wk = worker::Worker::new(p).unwrap();
                     pairs
@@ -190,7 +190,7 @@ fn one_job_reduces_a_different_pair_each_message() {
         hs.into_iter().map(|h| h.join().unwrap()).collect()
     });
     for (k, &(op, dtype)) in pairs.iter().enumerate() {
-        // A segment holds as many lanes of the pair as fit the job's 3448 bytes.
+        // A segment holds as many lanes of the pair as fit the job's 3440 bytes.
         let segment = wire::MAX_PAYLOAD / wire::lane(op, dtype).unwrap().size();
         for (w, r) in results.iter().enumerate() {
             data::check(op, dtype, segment, &inputs[k], &r[k])

@@ -58,18 +58,18 @@ fn counters_metrics_and_the_live_view() {
         c.daemon.metrics = Some((SWITCH_IP, METRICS_PORT).into());
     });
     assert!(matches!(
-        sw.add_job(5, 862, 32, &[0, 1, 2]),
+        sw.add_job(5, 860, 32, &[0, 1, 2]),
         Response::Job { .. }
     ));
     assert!(matches!(
-        sw.add_job_on(6, 862, 32, &[0, 1], 47806),
+        sw.add_job_on(6, 860, 32, &[0, 1], 47806),
         Response::Job { .. }
     ));
 
     // Exact, without loss: every member contributes each segment once; the last of each
     // round completes it.
-    let elems = 862 * 100;
-    sw.allreduce(5, 0, 862, 32, &[0, 1, 2], 47801, elems, 1);
+    let elems = 860 * 100;
+    sw.allreduce(5, 0, 860, 32, &[0, 1, 2], 47801, elems, 1);
     let c = job_counters(&sw, 5);
     assert_eq!(c.counters.get("complete"), Some(&100), "{c:?}");
     assert_eq!(c.counters.get("contribution"), Some(&200), "{c:?}");
@@ -91,7 +91,7 @@ fn counters_metrics_and_the_live_view() {
         }),
         Response::Ok
     ));
-    sw.allreduce(5, 1, 862, 32, &[0, 1, 2], 47801, elems, 2);
+    sw.allreduce(5, 1, 860, 32, &[0, 1, 2], 47801, elems, 2);
     assert!(matches!(
         sw.api(Request::Inject {
             drop_contribution: 0.0,
@@ -118,7 +118,7 @@ fn counters_metrics_and_the_live_view() {
         let runner = s.spawn(move || {
             let mut m = 2;
             while !stop.load(Ordering::Relaxed) {
-                sw.allreduce(5, m, 862, 32, &[0, 1, 2], 47801, elems, 3);
+                sw.allreduce(5, m, 860, 32, &[0, 1, 2], 47801, elems, 3);
                 m += 1;
             }
         });
@@ -205,7 +205,7 @@ fn a_long_run_shows_its_progress() {
     }
     let sw = TestSwitch::start("xoc", 2, |_| {});
     assert!(matches!(
-        sw.add_job(6, 862, 32, &[0, 1]),
+        sw.add_job(6, 860, 32, &[0, 1]),
         Response::Job { .. }
     ));
     let session = "xagg-test-progress";
@@ -215,7 +215,7 @@ fn a_long_run_shows_its_progress() {
         .stderr(quiet())
         .status();
     let cmd = format!(
-        "ip netns exec {} {} allreduce --switch {SWITCH_IP} --bind {}:47801 --job 6 --member 0 --members 2 --segment 862 --slots 32 --size 4KiB --repeat 150000; sleep 30",
+        "ip netns exec {} {} allreduce --switch {SWITCH_IP} --bind {}:47801 --job 6 --member 0 --members 2 --segment 860 --slots 32 --size 4KiB --repeat 150000; sleep 30",
         sw.lab.worker_ns(0),
         bin("xagg").display(),
         xagg_lab::lab::worker_ip(0)
@@ -244,7 +244,7 @@ fn a_long_run_shows_its_progress() {
                 std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(1), 47801),
                 6,
                 1,
-                i32_shape(2, 32, 862),
+                i32_shape(2, 32, 860),
             );
             let w = xagg_worker::Worker::new(p).unwrap();
             let mut v = vec![0i32; 1024];

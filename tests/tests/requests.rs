@@ -26,7 +26,7 @@ fn params(job: u32, w: usize, port: u16) -> WorkerParams {
         SocketAddrV4::new(worker_ip(w), port),
         job,
         w as u8,
-        i32_shape(MEMBERS, 32, 862),
+        i32_shape(MEMBERS, 32, 860),
     )
 }
 
@@ -39,7 +39,7 @@ fn env(job: u32, w: usize, port: u16) -> Vec<(String, String)> {
         ("XAGG_MEMBER", w.to_string()),
         ("XAGG_MEMBERS", MEMBERS.to_string()),
         ("XAGG_SLOTS", "32".into()),
-        ("XAGG_SEGMENT_BYTES", "3448".into()),
+        ("XAGG_SEGMENT_BYTES", "3440".into()),
         ("XAGG_GIVE_UP_MS", "1500".into()),
     ]
     .into_iter()
@@ -106,7 +106,7 @@ fn requests_and_completions() {
     ] {
         assert!(
             matches!(
-                sw.add_job_on(job, 862, 32, &all, port),
+                sw.add_job_on(job, 860, 32, &all, port),
                 Response::Job { .. }
             ),
             "job {job}"
@@ -128,7 +128,7 @@ fn requests_and_completions() {
     }
     // The same example reads the failures: a job the switch does not have, no switch.
     for out in run_example(&sw, "statuses", 99, 47860, |_| {}) {
-        assert!(out.contains("refused: it has no job 99"), "{out}");
+        assert!(out.contains("the switch has no job 99"), "{out}");
     }
     for out in run_example(&sw, "statuses", 60, 47860, |e| {
         e[0].1 = "10.77.0.250".into();
@@ -163,7 +163,7 @@ fn many_requests_on_two_jobs(sw: &TestSwitch) {
         (Op::Max, DType::F32),
     ];
     // Lengths differ per message, so small ones can end before big ones submitted earlier.
-    let len = |k: usize| [40_000, 3, 90_001, 1, 20_011, 862, 7, 50_000][k % 8];
+    let len = |k: usize| [40_000, 3, 90_001, 1, 20_011, 860, 7, 50_000][k % 8];
     let input = |job: u32, k: usize, dtype: DType, m: u32| {
         data::generate(dtype, u64::from(job) * 100 + k as u64, m, len(k))
     };
@@ -309,7 +309,7 @@ fn killed_member(sw: &TestSwitch) {
         .args(["--job", "64", "--member", "2", "--members", "3"])
         .args([
             "--segment",
-            "862",
+            "860",
             "--slots",
             "32",
             "--size",

@@ -368,7 +368,7 @@ fn op_and_type_are_fixed_per_round() {
         return;
     }
     let mut sw = load_switch();
-    sw.add_job(4, job(2, Op::Sum, DType::I32, 862, 0, 1));
+    sw.add_job(4, job(2, Op::Sum, DType::I32, 860, 0, 1));
     let c = |m: u8, message: u32, op: Op, dtype: DType, shadow: u8, values: &[i32]| {
         let h = Header::builder(Kind::Contribution)
             .op(op)

@@ -103,9 +103,9 @@ fn hosts_under_a_switch() {
     if !require_root("hosts_under_a_switch") {
         return;
     }
-    let lab = lab("th", Topology::Hosts { hosts: 2, ranks: 2 }, 862);
+    let lab = lab("th", Topology::Hosts { hosts: 2, ranks: 2 }, 860);
     // One element, one segment, a short last segment, many windows.
-    exact(&lab, 0, &[1, 862, 1000, 70_001]);
+    exact(&lab, 0, &[1, 860, 1000, 70_001]);
     bytes_per_link(&lab, 4, 1 << 18, TREE_LINK);
     clean_counters(&lab);
     // `xagg job tree` at a host: its level, its members, its way up, its counters.
@@ -177,7 +177,7 @@ fn loss_at_every_level() {
     if !require_root("loss_at_every_level") {
         return;
     }
-    let lab = lab("tl", Topology::Hosts { hosts: 2, ranks: 2 }, 862);
+    let lab = lab("tl", Topology::Hosts { hosts: 2, ranks: 2 }, 860);
     let mut message = 0;
     for p in [0.01, 0.05, 0.2] {
         for levels in [&[0][..], &[1], &[0, 1]] {
@@ -216,7 +216,7 @@ fn a_rank_cannot_forge_results() {
     if !require_root("a_rank_cannot_forge_results") {
         return;
     }
-    let lab = lab("ts", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
+    let lab = lab("ts", Topology::Hosts { hosts: 2, ranks: 1 }, 860);
     exact(&lab, 0, &[1000]);
     let host = &lab.points[1];
     let rank = &lab.ranks[0];
@@ -288,7 +288,7 @@ fn ring_with_loss() {
     if !require_root("ring_with_loss") {
         return;
     }
-    let lab = lab("tq", Topology::Ring { hosts: 3, ranks: 1 }, 862);
+    let lab = lab("tq", Topology::Ring { hosts: 3, ranks: 1 }, 860);
     for (m, p) in [0.01, 0.05, 0.2].into_iter().enumerate() {
         lab.inject(1, p, p).unwrap();
         exact(&lab, m as u32, &[20_000]);
@@ -528,7 +528,7 @@ fn a_level_that_disappears_fails_within_give_up() {
     if !require_root("a_level_that_disappears_fails_within_give_up") {
         return;
     }
-    let lab = lab("tz", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
+    let lab = lab("tz", Topology::Hosts { hosts: 2, ranks: 1 }, 860);
     exact(&lab, 0, &[5000]);
     lab.api(0, &Request::Detach).unwrap();
     std::thread::sleep(Duration::from_millis(500));
@@ -563,7 +563,7 @@ fn ranks_on_the_switch_beside_hosts() {
             ranks: 2,
             direct: 2,
         },
-        862,
+        860,
     );
     exact(&lab, 0, &[1, 9_000]);
     bytes_per_link(&lab, 2, 1 << 17, TREE_LINK);
@@ -582,7 +582,7 @@ fn the_level_above_names_its_missing_member() {
     if !require_root("the_level_above_names_its_missing_member") {
         return;
     }
-    let lab = lab("tn", Topology::Hosts { hosts: 2, ranks: 1 }, 862);
+    let lab = lab("tn", Topology::Hosts { hosts: 2, ranks: 1 }, 860);
     exact(&lab, 0, &[5000]);
     lab.api(2, &Request::Detach).unwrap();
     std::thread::sleep(Duration::from_millis(500));

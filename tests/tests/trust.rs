@@ -193,7 +193,7 @@ fn a_packet_filter_dropping_contributions_is_a_loss_not_an_error() {
     }
     let sw = TestSwitch::start("xfc", 3, |_| {});
     assert!(matches!(
-        sw.add_job(7, 862, 64, &[0, 1, 2]),
+        sw.add_job(7, 860, 64, &[0, 1, 2]),
         Response::Job { .. }
     ));
     // Member 0's host drops 1 % of what it sends to the switch, then 5 %: sendmsg fails
@@ -211,7 +211,7 @@ fn a_packet_filter_dropping_contributions_is_a_loss_not_an_error() {
         let reps = sw.allreduce_with(
             7,
             k as u32,
-            i32_shape(3, 64, 862),
+            i32_shape(3, 64, 860),
             &[0, 1, 2],
             WORKER_PORT,
             (4 << 20) / 4,
@@ -771,7 +771,7 @@ fn a_refused_worker_is_told_why() {
         "{e}"
     );
     let e = attempt(99, 0, 4);
-    assert!(e.contains("it has no job 99"), "{e}");
+    assert!(e.contains("the switch has no job 99"), "{e}");
     let e = attempt(11, 0, 8);
     assert!(e.contains("is outside the job's slots"), "{e}");
     let after = sw.counters();

@@ -55,12 +55,12 @@ pub struct BenchArgs {
     #[arg(long)]
     pub switch_only: bool,
     /// i32 elements per segment of the switch's end-to-end runs; by default as many as the
-    /// lab's MTU carries (2234 at 9000: multi-buffer frames on veth; 862 is the largest
+    /// lab's MTU carries (2232 at 9000: multi-buffer frames on veth; 860 is the largest
     /// single-buffer veth frame).
     #[arg(long)]
     pub segment: Option<usize>,
     /// MTU of the end-to-end runs' lab links (both systems): 9000, jumbo frames, by
-    /// default; 1500 as on most Ethernet networks. Segments stop at 8936 bytes (the
+    /// default; 1500 as on most Ethernet networks. Segments stop at 8928 bytes (the
     /// switch's slots) whatever the MTU.
     #[arg(long, default_value_t = xagg_lab::lab::MTU)]
     pub mtu: usize,
@@ -118,8 +118,8 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
         ("afxdp", "off (socket)", SEGMENT, SLOTS, false, &[]),
         ("afxdp", "on", SEGMENT, SLOTS, true, &[]),
         ("segment", "256 elements", 256, SLOTS, true, &[]),
-        ("segment", "862 elements", 862, SLOTS, true, &[]),
-        ("segment", "2234 elements", 2234, SLOTS, true, &[]),
+        ("segment", "860 elements", 860, SLOTS, true, &[]),
+        ("segment", "2232 elements", 2232, SLOTS, true, &[]),
         ("slots", "16", SEGMENT, 16, true, &[]),
         ("slots", "128", SEGMENT, 128, true, &[]),
         ("gso", "off", SEGMENT, SLOTS, true, &["--no-gso"]),
@@ -193,7 +193,7 @@ fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
 }
 
 /// Two CPUs contributing at the same instant (repeat-1 runs behind a barrier, each thread
-/// pinned to its CPU), 862 i32 per packet, every slot taking two contributions (one `first`,
+/// pinned to its CPU), 860 i32 per packet, every slot taking two contributions (one `first`,
 /// one `complete`): either both CPUs on the same slot each round — its lock and its cache
 /// lines go back and forth — or each CPU on slots of its own. The difference is what keeping
 /// CPUs off each other's slots would save per packet.

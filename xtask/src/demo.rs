@@ -41,11 +41,11 @@ pub struct DemoArgs {
     #[arg(long, default_value = "i32")]
     pub dtype: DType,
     /// Elements per segment; by default as many as the lab's MTU carries for the op and
-    /// type (2234 for i32 sum at 9000; 862 or fewer keep frames single-buffer on veth).
+    /// type (2232 for i32 sum at 9000; 860 or fewer keep frames single-buffer on veth).
     #[arg(long)]
     pub segment: Option<u16>,
     /// MTU of every lab link: 9000 (jumbo frames) by default, 1500 as on most Ethernet
-    /// networks. Segments stop at 8936 bytes (the switch's slots) whatever the MTU.
+    /// networks. Segments stop at 8928 bytes (the switch's slots) whatever the MTU.
     #[arg(long, default_value_t = xagg_lab::lab::MTU)]
     pub mtu: usize,
     /// Slots of the job: segments in flight per worker.

@@ -570,7 +570,7 @@ mod tests {
         let shape = Shape {
             members: 4,
             slots: 64,
-            segment_bytes: 3448,
+            segment_bytes: 3440,
         };
         let nonce = Nonce::random();
         let r = JoinRequest::new(key, &secret, shape, 2, 99, nonce, Some(("a", &cred)), None);

@@ -596,6 +596,7 @@ impl Engine {
         let range = a.range(f.segment);
         let lane_bytes = usize::from(f.count) * r.lane.size();
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
+        let proof = self.transport.proof();
         let out = self.transport.reserve(len)?;
         let src = a.input.as_ref().unwrap_or(&a.output).bytes();
         let enc = codec::encode(
@@ -618,6 +619,7 @@ impl Engine {
             .count(f.count)
             .exponent(enc.exponent)
             .enc_flags(enc.flags)
+            .proof(proof)
             .build();
         wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
         self.transport.commit(len)
@@ -648,6 +650,7 @@ impl Engine {
             .slot(slot as u16)
             .member(self.p.member)
             .shadow(shadow)
+            .proof(self.transport.proof())
             .build();
         if forward {
             h.flags |= wire::FLAG_FORWARD;
@@ -968,11 +971,9 @@ impl Engine {
     fn refused(&self, code: u8, slot: u16) -> AllreduceError {
         let (job, member) = (self.p.job, self.p.member);
         let reason = match code {
-            wire::status::REFUSED_UNKNOWN_JOB => {
-                format!("it has no job {job}: add the job first, or check --job")
-            }
+            // The switch does not tell a stranger whether a job exists: this covers both.
             wire::status::REFUSED_NOT_MEMBER => format!(
-                "this is not member {member} of the job as registered: the member index, the switch port this host is behind, or its MAC, IPv4 address or UDP port ({}) differ from the job's; compare --member and --bind with `xagg job list --json`",
+                "this is not member {member} of job {job} as the switch holds it: the switch has no job {job}, or the member index, the switch port this host is behind, or its MAC, IPv4 address or UDP port ({}) differ from the job's; compare --job, --member and --bind with `xagg job list --json`",
                 self.p.bind
             ),
             wire::status::REFUSED_SLOT_RANGE => format!(

@@ -128,7 +128,7 @@ impl WorkerParams {
         };
         let members: usize = var("XAGG_MEMBERS", "4")?;
         let slots = optional("XAGG_SLOTS", "128")?.unwrap_or(128);
-        let shape = match optional("XAGG_SEGMENT_BYTES", "3448")? {
+        let shape = match optional("XAGG_SEGMENT_BYTES", "3440")? {
             Some(bytes) => JobShape::new(members, slots, bytes),
             None => JobShape::full(members, slots),
         }

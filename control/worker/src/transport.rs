@@ -4,8 +4,11 @@
 //! as the fallback for what the host program passes on. The worker's loop sees only this
 //! interface: reserve room, commit a datagram, flush, and receive.
 //!
-//! Datagrams are taken only from the aggregation point's address and port: anyone on the
-//! segment can send a worker a packet that reads as a result. A send refused for a moment
+//! Datagrams are taken only from the aggregation point's address and port, and only with
+//! this member's proof (a random number each transport draws, sent in every contribution
+//! and query and written by the switch into everything it sends this member): anyone on
+//! the segment can send a worker a packet that reads as a result, with the switch's
+//! addresses too. A send refused for a moment
 //! (a local packet filter, full buffers) is a lost packet, retransmitted like any other;
 //! only a lasting failure (no route, the interface gone) ends the request.
 
@@ -17,7 +20,7 @@ use std::{
 };
 
 use nix::sys::socket::{setsockopt, sockopt};
-use xagg_common::wire::MAX_IP_PACKET;
+use xagg_common::wire::{MAX_IP_PACKET, PROOF_OFFSET};
 
 use crate::{AllreduceError, WorkerParams};
 
@@ -34,7 +37,9 @@ pub struct Transport {
     gso: bool,
     burst: Burst,
     inbox: Inbox,
-    /// Datagrams from any other source, dropped.
+    /// This member's proof.
+    proof: [u8; 8],
+    /// Datagrams from any other source, or without the proof, dropped.
     refused: u64,
     /// Sends the host refused for a moment (each one a lost burst or datagram).
     lost_sends: u64,
@@ -92,8 +97,11 @@ impl Transport {
             // Results that arrive together are read together.
             let _ = setsockopt(&sock, sockopt::UdpGroSegment, &true);
         }
+        let mut proof = [0u8; 8];
+        getrandom::fill(&mut proof)
+            .map_err(|e| AllreduceError::Invalid(format!("drawing the member's proof: {e}")))?;
         let inbox = if p.afxdp {
-            Self::xsk_inbox(p)?
+            Self::xsk_inbox(p, proof)?
         } else {
             Inbox::Socket(vec![0; 65536])
         };
@@ -103,13 +111,14 @@ impl Transport {
             gso: p.gso,
             burst: Burst::new(),
             inbox,
+            proof,
             refused: 0,
             lost_sends: 0,
         })
     }
 
     #[cfg(feature = "afxdp")]
-    fn xsk_inbox(p: &WorkerParams) -> Result<Inbox, AllreduceError> {
+    fn xsk_inbox(p: &WorkerParams, proof: [u8; 8]) -> Result<Inbox, AllreduceError> {
         let ip = *p.bind.ip();
         let iface = xagg_sys::iface::holding(ip)
             .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?
@@ -120,7 +129,7 @@ impl Transport {
             })?;
         Ok(Inbox::Xsk {
             xsk: Box::new(
-                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch)
+                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch, proof)
                     .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
             ),
             rx: vec![0; 65536],
@@ -129,7 +138,7 @@ impl Transport {
     }
 
     #[cfg(not(feature = "afxdp"))]
-    fn xsk_inbox(_: &WorkerParams) -> Result<Inbox, AllreduceError> {
+    fn xsk_inbox(_: &WorkerParams, _: [u8; 8]) -> Result<Inbox, AllreduceError> {
         Err(AllreduceError::Invalid(
             "AF_XDP receive: this build of the worker library lacks the `afxdp` feature".into(),
         ))
@@ -179,7 +188,13 @@ impl Transport {
         lost_or(sent, &mut self.lost_sends)
     }
 
-    /// Datagrams dropped because they came from elsewhere than the aggregation point.
+    /// This member's proof, for the header of every packet it sends.
+    pub fn proof(&self) -> u64 {
+        u64::from_be_bytes(self.proof)
+    }
+
+    /// Datagrams dropped because they came from elsewhere than the aggregation point, or
+    /// lacked this member's proof.
     pub fn refused(&self) -> u64 {
         self.refused
             + match &self.inbox {
@@ -256,7 +271,8 @@ impl Transport {
                 std::thread::yield_now();
             }
         }
-        let (from, refused) = (self.to, &mut self.refused);
+        let from = (self.to, &self.proof);
+        let refused = &mut self.refused;
         match &mut self.inbox {
             Inbox::Socket(rx) => receive_socket(&self.sock, from, refused, rx, nonblocking, f),
             #[cfg(feature = "afxdp")]
@@ -291,11 +307,19 @@ impl Transport {
     }
 }
 
-/// [`Transport::receive`] from the UDP socket: what came from `from`, counting in
-/// `refused` what came from anywhere else.
+/// Whether datagram `d` carries this member's `proof`, compared in constant time (how much
+/// of a guess matched does not show in how long the answer takes).
+pub(crate) fn proven(d: &[u8], proof: &[u8; 8]) -> bool {
+    use subtle::ConstantTimeEq;
+    d.get(PROOF_OFFSET..PROOF_OFFSET + 8)
+        .is_some_and(|p| bool::from(p.ct_eq(proof)))
+}
+
+/// [`Transport::receive`] from the UDP socket: what came from `from`'s address with its
+/// proof, counting in `refused` everything else.
 fn receive_socket(
     sock: &UdpSocket,
-    from: SocketAddrV4,
+    (from, proof): (SocketAddrV4, &[u8; 8]),
     refused: &mut u64,
     rx: &mut [u8],
     nonblocking: bool,
@@ -323,7 +347,11 @@ fn receive_socket(
         }
     }
     for d in rx[..n].chunks(stride.max(1)) {
-        f(d);
+        if proven(d, proof) {
+            f(d);
+        } else {
+            *refused += 1;
+        }
     }
     Ok(())
 }

@@ -58,7 +58,8 @@ pub enum Counter {
     /// Fault injection: a result copy (broadcast or replay) dropped on purpose.
     InjectDropResult,
     /// A frame entering a switch port claims the switch's own MAC or IPv4 address as its
-    /// source (a forged result, or an ARP message claiming the switch's address).
+    /// source (a forged result, or an ARP message claiming the switch's address), untagged
+    /// or behind VLAN tags.
     DropSpoofedSource,
     /// An IPv4 header checksum that does not add up, on a datagram to the collective port.
     DropBadChecksum,
@@ -88,7 +89,15 @@ pub enum Counter {
     /// At an inner level: the parent's answer to a forwarded status query, handed to the
     /// member that asked.
     StatusRelay,
+    /// A VLAN-tagged frame (802.1Q or 802.1ad, up to [`MAX_TAGS`] deep) addressed to the
+    /// switch's collective address and port: members send untagged, so it is not theirs;
+    /// or a frame with more tags than the switch reads, which it cannot judge.
+    DropTagged,
 }
+
+/// VLAN tags the switch reads through to find a frame's addresses (802.1ad + 802.1Q is
+/// two); a frame with more is dropped as [`Counter::DropTagged`].
+pub const MAX_TAGS: usize = 4;
 
 /// Per-member counters of a job's row: contributions that were new at the switch, and
 /// ones that were not (retransmissions: a duplicate while the round fills, or one answered
@@ -113,7 +122,7 @@ pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
 }
 
 impl Counter {
-    pub const COUNT: usize = 34;
+    pub const COUNT: usize = 35;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -150,6 +159,7 @@ impl Counter {
         Counter::DropUnawaitedResult,
         Counter::StatusForward,
         Counter::StatusRelay,
+        Counter::DropTagged,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -189,6 +199,7 @@ impl Counter {
             Self::DropUnawaitedResult => "drop_unawaited_result",
             Self::StatusForward => "status_forward",
             Self::StatusRelay => "status_relay",
+            Self::DropTagged => "drop_tagged",
         }
     }
 }

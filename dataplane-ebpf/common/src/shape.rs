@@ -103,7 +103,7 @@ impl JobShape {
     }
 
     /// A shape whose segments carry `elements` lanes of `lane` — how people state a
-    /// segment length (`--segment 862` for i32).
+    /// segment length (`--segment 860` for i32).
     pub const fn with_elements(
         members: usize,
         slots: usize,
@@ -171,21 +171,21 @@ mod tests {
         assert_eq!(JobShape::new(2, 0, 8), Err(ShapeError::Slots(0)));
         assert_eq!(JobShape::new(2, 2049, 8), Err(ShapeError::Slots(2049)));
         assert!(JobShape::new(64, 2048, MAX_PAYLOAD).is_ok());
-        let s = JobShape::with_elements(4, 128, 862, Lane::I32).unwrap();
-        assert_eq!((s.members(), s.slots(), s.segment_bytes()), (4, 128, 3448));
-        assert_eq!(s.segment_elements(Lane::I32), Ok(862));
+        let s = JobShape::with_elements(4, 128, 860, Lane::I32).unwrap();
+        assert_eq!((s.members(), s.slots(), s.segment_bytes()), (4, 128, 3440));
+        assert_eq!(s.segment_elements(Lane::I32), Ok(860));
         assert_eq!(s.segment_elements(Lane::I64), Ok(431));
         assert_eq!(s.member_bits(), 0b1111);
-        let e = JobShape::with_elements(4, 1, 1118, Lane::I64).unwrap_err();
+        let e = JobShape::with_elements(4, 1, 1117, Lane::I64).unwrap_err();
         assert_eq!(e.field(), "segment");
         assert_eq!(
             e,
             ShapeError::Segment {
-                elements: 1118,
+                elements: 1117,
                 lane_size: 8
             }
         );
-        assert!(JobShape::with_elements(4, 1, 1117, Lane::I64).is_ok());
+        assert!(JobShape::with_elements(4, 1, 1116, Lane::I64).is_ok());
         let odd = JobShape::with_elements(4, 1, 5, Lane::I32).unwrap();
         assert!(odd.segment_elements(Lane::I64).is_err());
         assert_eq!(JobShape::full(64, 1).unwrap().member_bits(), u64::MAX);

@@ -6,27 +6,31 @@
 //! per element.
 
 /// Protocol version carried in every header.
-pub const VERSION: u8 = 2;
+pub const VERSION: u8 = 3;
 /// Default UDP port the switch listens on (configurable per switch).
 pub const DEFAULT_PORT: u16 = 47800;
-/// Length of the collective header. Ethernet (14) + IPv4 (20) + UDP (8) + 30 = 72, so the
+/// Length of the collective header. Ethernet (14) + IPv4 (20) + UDP (8) + 38 = 80, so the
 /// payload starts 8-byte aligned in the frame and the switch adds with aligned word loads.
-pub const HEADER_LEN: usize = 30;
+pub const HEADER_LEN: usize = 38;
 /// Where the job's wire id sits in the header (big-endian): a copy rewritten for another
 /// point stores just these bytes.
 pub const JOB_OFFSET: usize = 4;
 const _: () = assert!(core::mem::offset_of!(Header, job) == JOB_OFFSET);
+/// Where the member's proof sits in the header: the switch writes each member's into its
+/// copy of a result.
+pub const PROOF_OFFSET: usize = 30;
+const _: () = assert!(core::mem::offset_of!(Header, proof) == PROOF_OFFSET);
 /// Bytes in front of the payload in a frame without IPv4 options.
 pub const PAYLOAD_OFFSET: usize = 14 + 20 + 8 + HEADER_LEN;
 /// Largest payload: what a 9000-byte MTU carries (the largest a real Ethernet network
 /// carries without IP fragments, which the switch drops), rounded down to 8. On veth a
 /// frame past 3520 bytes is multi-buffer: its payload past the first buffer is reached by
 /// copies.
-pub const MAX_PAYLOAD: usize = 8936;
+pub const MAX_PAYLOAD: usize = 8928;
 /// Largest payload one single-buffer XDP frame carries on veth (an IPv4 packet of at most
 /// 3506 bytes, the MTU a program without the frags flag allows on its peer), rounded
 /// down to 8: the longest segment that takes the switch's direct path there.
-pub const BUFFER_PAYLOAD: usize = 3448;
+pub const BUFFER_PAYLOAD: usize = 3440;
 /// Largest IPv4 packet (the MTU) a full segment needs.
 pub const MAX_IP_PACKET: usize = ip_packet_len(MAX_PAYLOAD);
 
@@ -466,10 +470,9 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
 pub mod status {
     pub const OK: u8 = 0;
     /// A status reply refusing the query, so a worker learns why the switch does not take
-    /// it: the switch has no such job.
-    pub const REFUSED_UNKNOWN_JOB: u8 = 0x81;
-    /// The sender is not that member of the job: the member index, the port it came in on
-    /// or its source addresses differ from the job's.
+    /// it: the sender is not that member of the job — the switch has no such job (0x81
+    /// said so before header version 3: a stranger learnt which job ids exist), or the
+    /// member index, the port it came in on or its source addresses differ from the job's.
     pub const REFUSED_NOT_MEMBER: u8 = 0x82;
     /// The slot is outside the job's slots.
     pub const REFUSED_SLOT_RANGE: u8 = 0x83;
@@ -479,7 +482,7 @@ pub mod status {
     }
 }
 
-/// The collective header, 30 bytes, every multi-byte field big-endian. Fields are byte
+/// The collective header, 38 bytes, every multi-byte field big-endian. Fields are byte
 /// arrays so the struct has alignment 1 and no padding; accessors convert. Build one with
 /// [`Header::builder`]; the XDP programs edit headers in place with the setters.
 ///
@@ -515,6 +518,12 @@ pub struct Header {
     pub above: u8,
     /// Must be zero when sent; ignored when received.
     reserved: u8,
+    /// The member's proof (`docs/protocol.md#trust-model`): in a member's contribution and
+    /// status query, a random number its process drew; in every result, status reply and
+    /// refusal the switch sends a member, that member's latest. A worker takes nothing that
+    /// lacks its own, so a stranger who never sees the member's packets cannot forge one.
+    /// Zero in hellos and between aggregation points (which check addresses instead).
+    proof: [u8; 8],
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
@@ -590,6 +599,10 @@ impl Builder {
         self.0.enc_flags = flags.to_be_bytes();
         self
     }
+    pub const fn proof(mut self, proof: u64) -> Self {
+        self.0.proof = proof.to_be_bytes();
+        self
+    }
     pub const fn build(self) -> Header {
         self.0
     }
@@ -616,6 +629,7 @@ impl Header {
             relay: 0,
             above: 0,
             reserved: 0,
+            proof: [0; 8],
         })
     }
 
@@ -652,6 +666,11 @@ impl Header {
     #[inline(always)]
     pub const fn enc_flags(&self) -> u16 {
         u16::from_be_bytes(self.enc_flags)
+    }
+    /// The member's proof, as the bytes on the wire (compared as they are).
+    #[inline(always)]
+    pub const fn proof(&self) -> [u8; 8] {
+        self.proof
     }
     /// Which of the slot's two shadow copies (0 or 1) the segment uses.
     #[inline(always)]
@@ -696,6 +715,10 @@ impl Header {
         self.enc_flags = flags.to_be_bytes();
     }
     #[inline(always)]
+    pub const fn set_proof(&mut self, proof: [u8; 8]) {
+        self.proof = proof;
+    }
+    #[inline(always)]
     pub const fn set_shadow(&mut self, shadow: u8) {
         self.flags = (self.flags & !FLAG_SHADOW) | (shadow & FLAG_SHADOW);
     }
@@ -726,6 +749,7 @@ impl Header {
         out[27] = self.relay;
         out[28] = self.above;
         out[29] = self.reserved;
+        out[30..38].copy_from_slice(&self.proof);
     }
 
     /// Reads a header from the start of `b`; `None` if `b` is shorter than a header.
@@ -752,6 +776,7 @@ impl Header {
             relay: b[27],
             above: b[28],
             reserved: b[29],
+            proof: [b[30], b[31], b[32], b[33], b[34], b[35], b[36], b[37]],
         })
     }
 }
@@ -838,13 +863,13 @@ mod tests {
         assert_eq!(payload_len(1, 4), 8);
         assert_eq!(payload_len(2, 4), 8);
         assert_eq!(payload_len(3, 4), 16);
-        assert_eq!(payload_len(862, 4), BUFFER_PAYLOAD);
-        assert_eq!(payload_len(2234, 4), MAX_PAYLOAD);
-        assert_eq!(DType::I32.max_elements(), 2234);
+        assert_eq!(payload_len(860, 4), BUFFER_PAYLOAD);
+        assert_eq!(payload_len(2232, 4), MAX_PAYLOAD);
+        assert_eq!(DType::I32.max_elements(), 2232);
         assert_eq!(payload_for_mtu(9000), MAX_PAYLOAD);
         assert_eq!(payload_for_mtu(65535), MAX_PAYLOAD);
-        assert_eq!(payload_for_mtu(1500), 1440);
-        assert_eq!(payload_for_mtu(ip_packet_len(1440) + 7), 1440);
+        assert_eq!(payload_for_mtu(1500), 1432);
+        assert_eq!(payload_for_mtu(ip_packet_len(1432) + 7), 1432);
         assert_eq!(payload_for_mtu(40), 0);
     }
 }

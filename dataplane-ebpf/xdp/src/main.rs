@@ -29,8 +29,8 @@ use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
     btf_maps::{Array, DevMap, HashMap, LruHashMap, PerCpuArray, ProgramArray, XskMap},
     helpers::{
-        bpf_get_prandom_u32, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_load_bytes,
-        bpf_xdp_store_bytes,
+        bpf_get_prandom_u32, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_meta,
+        bpf_xdp_load_bytes, bpf_xdp_store_bytes,
     },
     macros::{btf_map, classifier, xdp},
     programs::{TcContext, XdpContext},
@@ -79,6 +79,27 @@ static EGRESS: HashMap<EgressKey, u32, { MAX_JOBS * 8 }> = HashMap::new();
 /// read (and deleted) by the daemon. Old ones are evicted first.
 #[btf_map]
 static HELLOS: LruHashMap<u64, MemberAddr, 4096> = LruHashMap::new();
+
+/// Each member's proof (`wire::Header::proof`) by job index and member index, as its
+/// latest contribution or status query carried it (admitted: from the member's port and
+/// addresses): written into the member's copy of every result.
+#[btf_map]
+static PROOFS: Array<[u8; 8], { MAX_JOBS * wire::MAX_MEMBERS }> = Array::new();
+
+/// Where member `member`'s proof of the job with index `row` is in `PROOFS`.
+#[inline(always)]
+fn proof_index(row: u32, member: usize) -> u32 {
+    row * wire::MAX_MEMBERS as u32 + member as u32
+}
+
+/// Member `member`'s latest proof for the job with index `row` (zeros if none yet).
+#[inline(always)]
+fn proof_of(row: u32, member: usize) -> [u8; 8] {
+    PROOFS
+        .get(proof_index(row, member))
+        .copied()
+        .unwrap_or_default()
+}
 
 /// The aggregation slots of all jobs; each job owns a contiguous range.
 #[btf_map]
@@ -253,8 +274,8 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let Some(cfg) = SWITCH.get(0) else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
-    if packet::claims_switch(ctx.data(), ctx.data_end(), cfg) {
-        return Err(Counter::DropSpoofedSource);
+    if let Some(c) = packet::screen(ctx.data(), ctx.data_end(), cfg) {
+        return Err(c);
     }
     let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), || frame_len(ctx), cfg)? else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
@@ -349,7 +370,8 @@ fn relay_status(
         return Err(Counter::DropNotMember);
     }
     let to = job.member.get(asker).ok_or(Counter::DropNotMember)?;
-    frame.into_relayed_reply(local, asker as u8, to, cfg);
+    let proof = proof_of(job.index as u32, asker);
+    frame.into_relayed_reply(local, asker as u8, proof, to, cfg);
     match unsafe { aya_ebpf::helpers::bpf_redirect(to.ifindex, 0) } as u32 {
         xdp_action::XDP_REDIRECT => Ok((xdp_action::XDP_REDIRECT, Counter::StatusRelay)),
         _ => Err(Counter::RedirectError),
@@ -372,6 +394,14 @@ fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Count
     if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
         return Err(Counter::DropNotMember);
     }
+    // The member's proof, kept for its copies of results; written only when it changes
+    // (a new process), so members' CPUs do not contend for the line.
+    if let Some(p) = PROOFS.get_ptr_mut(proof_index(job.index as u32, member)) {
+        let proof = hdr.proof();
+        if unsafe { *p } != proof {
+            unsafe { *p = proof };
+        }
+    }
     Ok((job, member))
 }
 
@@ -390,12 +420,12 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
 }
 
 /// Answers a status query the switch does not take with the reason, to its sender alone;
-/// the reason is counted as the drop it is.
+/// the reason is counted as the drop it is. A job the switch does not have is refused as
+/// "not a member", so a stranger learns no job ids.
 #[inline(always)]
 fn refuse(frame: &Frame, cfg: &SwitchConfig, c: Counter) -> Result<(u32, Counter), Counter> {
     let code = match c {
-        Counter::DropUnknownJob => wire::status::REFUSED_UNKNOWN_JOB,
-        Counter::DropNotMember => wire::status::REFUSED_NOT_MEMBER,
+        Counter::DropUnknownJob | Counter::DropNotMember => wire::status::REFUSED_NOT_MEMBER,
         Counter::DropSlotRange => wire::status::REFUSED_SLOT_RANGE,
         _ => return Err(c),
     };
@@ -613,8 +643,10 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
             frame.from_switch(cfg);
+            let id = frame.header().job();
             // The devmap broadcast cannot clone a multi-buffer frame: the kernel hands it
             // to `xagg_fanout` on this port's tc ingress, which copies it to each member.
+            mark_own_result(ctx, id)?;
             Ok((xdp_action::XDP_PASS, Counter::Complete))
         }
         slot::Outcome::Complete => {
@@ -655,6 +687,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             frame.set_backward(st.member as usize == FROM_SUCCESSOR);
             if multi {
                 // To `xagg_fanout` on the uplink's tc ingress, as a result of our own.
+                mark_own_result(ctx, job.wire_id())?;
                 return Ok((xdp_action::XDP_PASS, Counter::ParentResult));
             }
             match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
@@ -686,6 +719,41 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         slot::Outcome::Mismatch => Err(Counter::DropBadCount),
         slot::Outcome::OpMismatch => Err(Counter::DropBadOp),
     }
+}
+
+/// What `xagg_fanout` finds in front of a result of the switch's own: [`OWN_RESULT`] and
+/// the job's wire id. A frame from the wire carries no metadata, so nothing else that
+/// reaches tc ingress (a frame the bridge merely passes on) can look like one.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct OwnResult {
+    mark: u32,
+    job: u32,
+}
+
+const OWN_RESULT: u32 = 0x7861_7272;
+
+/// Marks the frame, in its metadata, as the switch's own multi-buffer result of job `job`
+/// for `xagg_fanout`. Last thing before the frame is passed on: the helper invalidates every
+/// packet pointer.
+#[inline(always)]
+fn mark_own_result(ctx: &XdpContext, job: u32) -> Result<(), Counter> {
+    const LEN: usize = core::mem::size_of::<OwnResult>();
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(LEN as i32)) } != 0 {
+        // A driver without XDP metadata: the members recover the result as a replay.
+        return Err(Counter::RedirectError);
+    }
+    let meta = ctx.metadata();
+    if meta + LEN > ctx.data() {
+        return Err(Counter::RedirectError);
+    }
+    unsafe {
+        *(meta as *mut OwnResult) = OwnResult {
+            mark: OWN_RESULT,
+            job,
+        }
+    };
+    Ok(())
 }
 
 /// Sends the frame (a partial, addressed) out of the job's uplink: back out of the port it
@@ -779,14 +847,18 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
     let addr = if member == EGRESS_SUCCESSOR {
         // A ring host's uplink: the result goes on round the ring (back, if it came from
-        // the successor), or no further.
+        // the successor), or no further. Its neighbour checks addresses, not proofs.
         let (addr, id) = ring_next(job, hdr).ok_or(Counter::EgressNoMember)?;
         frame.set_job(id);
+        frame.set_proof([0; 8]);
         addr
     } else {
-        job.member
+        let addr = job
+            .member
             .get(member as usize)
-            .ok_or(Counter::EgressNoMember)?
+            .ok_or(Counter::EgressNoMember)?;
+        frame.set_proof(proof_of(job.index as u32, member as usize));
+        addr
     };
     packet::address_to(frame.data(), addr, cfg);
     count(Counter::ResultCopy);
@@ -814,11 +886,12 @@ fn ring_next<'a>(job: &'a Job, hdr: &xagg_common::Header) -> Option<(&'a MemberA
         .then_some((&job.parent, job.parent_job))
 }
 
-/// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel
-/// (from the switch's own address: a member's frame claiming it never gets past
-/// `xagg_switch`) is copied to every member of its job, each copy addressed to its member
-/// and sent out of the member's port; the original goes no further. Everything else
-/// passes.
+/// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel,
+/// marked as its own in the frame's metadata (`mark_own_result`), is copied to every member
+/// of its job, each copy addressed to its member, with its proof, and sent out of the
+/// member's port; the original goes no further. A result claiming the switch's address
+/// without the mark is forged (it got past `xagg_switch` some way it does not read) and is
+/// dropped. Everything else passes.
 #[classifier]
 pub fn xagg_fanout(ctx: TcContext) -> i32 {
     match try_fanout(&ctx) {
@@ -833,11 +906,25 @@ pub fn xagg_fanout(ctx: TcContext) -> i32 {
 const TC_ACT_OK: i32 = 0;
 const TC_ACT_SHOT: i32 = 2;
 
+/// The job `xagg_switch` marked the frame in `ctx` as its own result of, if it did.
+#[inline(always)]
+fn own_result(ctx: &TcContext) -> Option<u32> {
+    const LEN: usize = core::mem::size_of::<OwnResult>();
+    let skb = ctx.skb.skb;
+    let (meta, data) = unsafe { ((*skb).data_meta as usize, (*skb).data as usize) };
+    if meta + LEN > data {
+        return None;
+    }
+    let own = unsafe { *(meta as *const OwnResult) };
+    (own.mark == OWN_RESULT).then_some(own.job)
+}
+
 #[inline(always)]
 fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     let Some(cfg) = SWITCH.get(0) else {
         return Ok(TC_ACT_OK);
     };
+    let own = own_result(ctx);
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()).filter(Udp4::plain) else {
         return Ok(TC_ACT_OK);
     };
@@ -850,18 +937,22 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     if hdr.kind != Kind::Result as u8 {
         return Ok(TC_ACT_OK);
     }
+    if own != Some(hdr.job()) {
+        return Err(Counter::DropSpoofedSource);
+    }
     let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
     // Read now: storing into the packet invalidates pointers into it.
     let next = ring_next(job, hdr).map(|(a, id)| (*a, id));
-    // The headers, readdressed here for each member and written over the frame's own
-    // before its copy leaves: a copy shares the data, so each write unshares the headers.
-    // Words, so zeroing it takes a few stores rather than a byte loop.
-    let mut heads = [0u64; packet::HEADERS_LEN.div_ceil(8)];
+    // The headers up to the payload, readdressed here for each member and written over the
+    // frame's own before its copy leaves: a copy shares the data, so each write unshares
+    // the headers. Words, so zeroing it takes a few stores rather than a byte loop.
+    let mut heads = [0u64; PAYLOAD_OFFSET / 8];
     let at = heads.as_mut_ptr() as usize;
-    let len = packet::HEADERS_LEN as u32;
+    let len = PAYLOAD_OFFSET as u32;
     if unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, at as *mut _, len) } != 0 {
         return Err(Counter::DropTruncated);
     }
+    let header = at + packet::HEADERS_LEN;
     let drop_result = faults().drop_result;
     let mut m = 0;
     while m < wire::MAX_MEMBERS {
@@ -870,6 +961,8 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
                 count(Counter::InjectDropResult);
             } else if let Some(addr) = job.member.get(m) {
                 packet::address_to(at, addr, cfg);
+                unsafe { &mut *(header as *mut xagg_common::Header) }
+                    .set_proof(proof_of(job.index as u32, m));
                 let stored =
                     unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
                 if stored && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
@@ -881,25 +974,18 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         }
         m += 1;
     }
-    // A ring host passes the result on to its successor.
+    // A ring host passes the result on to its successor, in the neighbour's id of the job;
+    // the neighbour checks addresses, not proofs.
     if let Some((next, id)) = next {
         if inject(drop_result) {
             count(Counter::InjectDropResult);
             return Ok(TC_ACT_SHOT);
         }
         packet::address_to(at, &next, cfg);
-        // The neighbour's id of the job, in the header (big-endian, as on the wire).
-        let id = id.to_be_bytes();
-        let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0
-            && unsafe {
-                bpf_skb_store_bytes(
-                    ctx.skb.skb,
-                    (packet::HEADERS_LEN + wire::JOB_OFFSET) as u32,
-                    id.as_ptr() as *const _,
-                    4,
-                    0,
-                )
-            } == 0;
+        let h = unsafe { &mut *(header as *mut xagg_common::Header) };
+        h.set_job(id);
+        h.set_proof([0; 8]);
+        let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
         if stored && ctx.clone_redirect(next.ifindex, 0).is_ok() {
             count(Counter::ResultCopy);
         } else {

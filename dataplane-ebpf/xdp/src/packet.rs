@@ -6,6 +6,7 @@
 use aya_ebpf::programs::XdpContext;
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
 use xagg_common::{
+    counter::MAX_TAGS,
     job::{Job, MemberAddr, SwitchConfig},
     wire::{Header, Kind, FLAG_BACKWARD, HEADER_LEN, MAX_IP_PACKET, PAYLOAD_OFFSET},
     Counter,
@@ -130,6 +131,15 @@ impl Udp4 {
     pub fn set_job(&self, id: u32) {
         if self.data + PAYLOAD_OFFSET <= self.end {
             unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }.set_job(id);
+        }
+    }
+
+    /// Writes `proof` in the header (checked present): the member's, for its copy of a
+    /// result; zeros for a copy to another aggregation point.
+    #[inline(always)]
+    pub fn set_proof(&self, proof: [u8; 8]) {
+        if self.data + PAYLOAD_OFFSET <= self.end {
+            unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }.set_proof(proof);
         }
     }
 
@@ -290,6 +300,8 @@ impl Frame {
         hdr.member = job.parent_member;
         hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
+        // The completing member's proof is its own: it does not leave the level.
+        hdr.set_proof([0; 8]);
         from_switch(self.data, cfg);
         address_to(self.data, &job.parent, cfg);
     }
@@ -303,19 +315,30 @@ impl Frame {
         hdr.set_job(job.parent_job);
         hdr.member = job.parent_member;
         hdr.relay = asker + 1;
+        // The asker's proof stays here: its answer gets it back on the way down.
+        hdr.set_proof([0; 8]);
         from_switch(self.data, cfg);
         address_to(self.data, &job.parent, cfg);
     }
 
     /// Turns the parent's reply to a forwarded query into member `asker`'s answer: its
-    /// job's id here (`job`), marked as the level above's, from this level to `to`.
+    /// job's id here (`job`), marked as the level above's, with the asker's `proof`, from
+    /// this level to `to`.
     #[inline(always)]
-    pub fn into_relayed_reply(&self, job: u32, asker: u8, to: &MemberAddr, cfg: &SwitchConfig) {
+    pub fn into_relayed_reply(
+        &self,
+        job: u32,
+        asker: u8,
+        proof: [u8; 8],
+        to: &MemberAddr,
+        cfg: &SwitchConfig,
+    ) {
         let hdr = self.header_mut();
         hdr.set_job(job);
         hdr.member = asker;
         hdr.relay = 0;
         hdr.above = 1;
+        hdr.set_proof(proof);
         from_switch(self.data, cfg);
         address_to(self.data, to, cfg);
     }
@@ -444,29 +467,75 @@ fn ipv4_checksum(ip: usize) -> u16 {
     !checksum_fold(ip)
 }
 
-/// Whether a frame entering a switch port claims to come from the switch: its MAC as the
-/// Ethernet source, or its IPv4 address as the source of an IPv4 packet or the sender of
-/// an ARP message. The switch sends from those itself, and never into its own ports, so
-/// such a frame is forged (a result with the switch as its source, or ARP poisoning for
-/// its address).
+/// Why a frame entering a switch port must go no further, if it must not:
+/// - it claims to come from the switch — its MAC as the Ethernet source, or its IPv4
+///   address as the source of an IPv4 packet or the sender of an ARP message — untagged or
+///   behind up to [`MAX_TAGS`] VLAN tags (802.1Q, 802.1ad and the older 0x9100 outer tag;
+///   Linux takes a priority tag, VLAN 0, as untagged). The switch sends from those itself,
+///   and never into its own ports, so such a frame is forged: a result or refusal with the
+///   switch as its source, or ARP poisoning for its address (`DropSpoofedSource`);
+/// - it is tagged and addressed to the collective port (or is a later fragment to the
+///   switch's address, whose port does not show): members send untagged, and the
+///   collective programs read untagged frames only (`DropTagged`);
+/// - it has more tags than the switch reads, so where it comes from does not show
+///   (`DropTagged`).
 #[inline(always)]
-pub fn claims_switch(data: usize, end: usize, cfg: &SwitchConfig) -> bool {
+pub fn screen(data: usize, end: usize, cfg: &SwitchConfig) -> Option<Counter> {
     const ETH_P_ARP: u16 = 0x0806;
-    /// The ARP sender's protocol address: Ethernet, 8 bytes of ARP, the sender's MAC.
-    const ARP_SPA: usize = EthHdr::LEN + 8 + 6;
-    if data + ARP_SPA + 4 > end {
-        return false;
+    const ETH_P_8021Q: u16 = 0x8100;
+    const ETH_P_8021AD: u16 = 0x88a8;
+    const ETH_P_QINQ: u16 = 0x9100;
+    if data + EthHdr::LEN > end {
+        return None;
     }
-    let eth = unsafe { &*(data as *const EthHdr) };
-    if eth.src_addr == cfg.mac {
-        return true;
+    if unsafe { &*(data as *const EthHdr) }.src_addr == cfg.mac {
+        return Some(Counter::DropSpoofedSource);
     }
-    let at = if eth.ether_type == ETH_P_IPV4.to_be() {
-        IP_OFF + 12
-    } else if eth.ether_type == ETH_P_ARP.to_be() {
-        ARP_SPA
-    } else {
-        return false;
-    };
-    unsafe { *((data + at) as *const [u8; 4]) == cfg.ip }
+    // The EtherType after the addresses, and after each tag (4 bytes: the type, then the
+    // tag's priority and VLAN id).
+    let mut at = data + 12;
+    let mut tags = 0;
+    let mut ether_type = 0;
+    while tags <= MAX_TAGS {
+        if at + 2 > end {
+            return None;
+        }
+        ether_type = u16::from_be_bytes(unsafe { *(at as *const [u8; 2]) });
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD && ether_type != ETH_P_QINQ {
+            break;
+        }
+        at += 4;
+        tags += 1;
+    }
+    if tags > MAX_TAGS {
+        return Some(Counter::DropTagged);
+    }
+    let l3 = at + 2;
+    if ether_type == ETH_P_ARP {
+        // The sender's protocol address: 8 bytes of ARP, then the sender's MAC.
+        let spa = l3 + 8 + 6;
+        if spa + 4 <= end && unsafe { *(spa as *const [u8; 4]) } == cfg.ip {
+            return Some(Counter::DropSpoofedSource);
+        }
+        return None;
+    }
+    if ether_type != ETH_P_IPV4 || l3 + Ipv4Hdr::LEN > end {
+        return None;
+    }
+    let ip = unsafe { &*(l3 as *const Ipv4Hdr) };
+    if ip.src_addr == cfg.ip {
+        return Some(Counter::DropSpoofedSource);
+    }
+    if tags == 0 || ip.dst_addr != cfg.ip || ip.proto != IPPROTO_UDP {
+        return None;
+    }
+    if u16::from_be_bytes(ip.frags) & 0x1fff != 0 {
+        return Some(Counter::DropTagged);
+    }
+    // IHL is 4 bits: the port sits within 60 + 4 bytes of the IPv4 header.
+    let port = l3 + ((ip.vihl & 0x0f) as usize) * 4 + 2;
+    if port + 2 > end || unsafe { *(port as *const [u8; 2]) } == cfg.port {
+        return Some(Counter::DropTagged);
+    }
+    None
 }

@@ -528,7 +528,7 @@ impl TreeLab {
             id,
             op: xagg_common::Op::Sum,
             dtype: xagg_common::DType::I32,
-            segment: 862,
+            segment: 860,
             slots,
             members: vec![MemberSpec {
                 interface: child_port(0),
