@@ -36,7 +36,7 @@ fn the_switch_records_the_first_hello_of_a_token() {
     let r = sw.run(&frame(&member(3), PORT, &hello));
     assert_eq!(r.action, XDP_DROP);
     assert_eq!(sw.counter(Counter::Hello), 1);
-    let got = sw.hellos.get(&0x1234_5678_9abc_def0, 0).unwrap();
+    let got = sw.hellos.get(&0x1234_5678_9abc_def0, 0).unwrap().addr;
     assert_eq!(
         (got.ip, got.mac, got.port, got.ifindex),
         (member(3).ip, member(3).mac, member(3).port, 1)
@@ -44,7 +44,7 @@ fn the_switch_records_the_first_hello_of_a_token() {
     // The same token from another host: the first hello stays.
     sw.run(&frame(&member(5), PORT, &hello));
     assert_eq!(
-        sw.hellos.get(&0x1234_5678_9abc_def0, 0).unwrap().ip,
+        sw.hellos.get(&0x1234_5678_9abc_def0, 0).unwrap().addr.ip,
         member(3).ip
     );
     // A hello of the wrong length is dropped and counted, and records nothing.
@@ -53,6 +53,35 @@ fn the_switch_records_the_first_hello_of_a_token() {
     assert_eq!(r.action, XDP_DROP);
     assert!(sw.hellos.get(&7, 0).is_err());
     assert_eq!(sw.counter(Counter::DropBadLength), 1);
+}
+
+/// A flood of hellos with new tokens from one port fills that port's share and no more:
+/// the hellos recorded before it stay (nothing is evicted), the rest are counted
+/// (`drop_hello_quota`), and a token already recorded still counts as a hello.
+#[test]
+fn a_flood_of_hellos_evicts_nothing() {
+    if !require_root("a_flood_of_hellos_evicts_nothing") {
+        return;
+    }
+    let mut sw = load_switch();
+    let hello = |token: u64| {
+        let mut b = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
+        wire::finish(&wire::hello(token), wire::STATUS_PAYLOAD, &mut b).unwrap();
+        frame(&member(3), PORT, &b)
+    };
+    let victim = 0x7e57_0000_0000_0001;
+    sw.run(&hello(victim));
+    let flood = 5000u64;
+    for t in 0..flood {
+        assert_eq!(sw.run(&hello(0xf100d_0000 + t)).action, XDP_DROP);
+    }
+    let share = u64::from(xagg_common::job::HELLOS_PER_PORT);
+    assert_eq!(sw.hellos.get(&victim, 0).unwrap().addr.ip, member(3).ip);
+    assert_eq!(sw.counter(Counter::Hello), share);
+    assert_eq!(sw.counter(Counter::DropHelloQuota), flood + 1 - share);
+    assert_eq!(sw.hellos.keys().count() as u64, share);
+    sw.run(&hello(victim));
+    assert_eq!(sw.counter(Counter::Hello), share + 1);
 }
 
 const LISTEN_PORT: u16 = 47900;
@@ -560,4 +589,71 @@ fn an_idle_joined_job_goes_and_secrets_stay_secret() {
     let e = lab.on(0, || workers[0].leave()).unwrap_err().to_string();
     assert!(e.contains("no job has this key"), "{e}");
     eprintln!("idle job removed {gone:?} after its last progress, across a daemon restart");
+}
+
+/// A stranger's port floods the switch with hellos of new tokens: it fills its own share
+/// only, so the members behind other ports still join and reduce; and the daemon sweeps
+/// the hellos nobody claimed, so the port gets its share back.
+#[test]
+fn a_hello_flood_from_one_port_keeps_no_one_else_from_joining() {
+    if !require_root("a_hello_flood_from_one_port_keeps_no_one_else_from_joining") {
+        return;
+    }
+    let dir = std::env::temp_dir().join("xagg-test-xjf");
+    std::fs::create_dir_all(&dir).unwrap();
+    let key_file = dir.join("lab.key");
+    std::fs::write(&key_file, "5a".repeat(32)).unwrap();
+    let sw = TestSwitch::start("xjf", MEMBERS + 1, |c| {
+        c.daemon.listen = Some(daemon_addr());
+        c.credentials.push(CredentialSection {
+            name: "lab".into(),
+            key_file: key_file.clone(),
+            slot_quota: 96,
+        });
+    });
+    let lab = Lab {
+        sw,
+        cred: CredentialKey([0x5a; 32]),
+    };
+    let stranger = MEMBERS;
+    let send_hellos = |tokens: std::ops::Range<u64>| {
+        lab.on(stranger, || {
+            let s = std::net::UdpSocket::bind((worker_ip(stranger), 0)).unwrap();
+            let mut b = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
+            for t in tokens {
+                wire::finish(&wire::hello(t), wire::STATUS_PAYLOAD, &mut b).unwrap();
+                s.send_to(&b, (SWITCH_IP, wire::DEFAULT_PORT)).unwrap();
+            }
+        })
+    };
+    let before = lab.sw.counters();
+    let flood = 2000;
+    send_hellos(0xf100d_0000..0xf100d_0000 + flood);
+    std::thread::sleep(Duration::from_millis(100));
+    let after = lab.sw.counters();
+    let share = u64::from(xagg_common::job::HELLOS_PER_PORT);
+    let d = |c: &str| after[c] - before[c];
+    assert_eq!(
+        (d("hello"), d("drop_hello_quota")),
+        (share, flood - share),
+        "{after:?}"
+    );
+    let (key, secret) = (JobKey::random(), Secret::random());
+    let workers: Vec<Worker> = lab
+        .join_all(key, secret, 47801)
+        .into_iter()
+        .map(|w| w.expect("a member joins"))
+        .collect();
+    allreduce(&lab, &workers);
+    drop(workers);
+    // Past the hellos' lifetime the daemon has swept the flood: the port records again.
+    std::thread::sleep(
+        Duration::from_nanos(xagg_common::job::HELLO_TTL_NS) + Duration::from_secs(2),
+    );
+    let before = lab.sw.counters();
+    send_hellos(0x5eed_0000..0x5eed_0000 + 10);
+    std::thread::sleep(Duration::from_millis(100));
+    let after = lab.sw.counters();
+    let d = |c: &str| after[c] - before[c];
+    assert_eq!((d("hello"), d("drop_hello_quota")), (10, 0), "{after:?}");
 }

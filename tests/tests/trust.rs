@@ -1095,12 +1095,12 @@ fn tagged_forged_refusals_do_not_stop_a_job() {
 }
 
 /// Results and refusals that reach a member's link with the switch's MAC, address and port
-/// but without the member's proof (as from a misconfigured port or a hub: sent here out of
+/// but without the member's cookie (as from a misconfigured port or a hub: sent here out of
 /// the member's own switch port, past every check of the switch) are ignored by the worker,
 /// untagged and tagged, on both receive paths: results exact, the job runs.
 #[test]
-fn results_and_refusals_without_the_members_proof_are_ignored() {
-    if !require_root("results_and_refusals_without_the_members_proof_are_ignored") {
+fn results_and_refusals_without_the_members_cookie_are_ignored() {
+    if !require_root("results_and_refusals_without_the_members_cookie_are_ignored") {
         return;
     }
     let mut sw = tagged_lab("xfm");

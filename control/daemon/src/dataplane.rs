@@ -19,7 +19,7 @@ use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
         job_generation, job_id, job_index, members_of, probability_threshold, EgressKey, Faults,
-        MemberAddr, SwitchConfig, EGRESS_SUCCESSOR, MAX_JOBS,
+        Hello, MemberAddr, SwitchConfig, EGRESS_SUCCESSOR, HELLO_TTL_NS, MAX_JOBS,
     },
     slot::{Fold, ShadowState, SlotImage, DELIVER, DELIVER_PROGRAM, MAX_SLOTS},
     Counter, Job, Role, LAYOUT_VERSION,
@@ -94,7 +94,7 @@ type Result<T, E = DataplaneError> = std::result::Result<T, E>;
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-const MAP_NAMES: [&str; 13] = [
+const MAP_NAMES: [&str; 14] = [
     "JOBS",
     "EGRESS",
     "SLOTS",
@@ -104,6 +104,7 @@ const MAP_NAMES: [&str; 13] = [
     "FAULTS",
     "LAYOUT",
     "HELLOS",
+    "HELLO_COUNTS",
     "JOB_COUNTERS",
     "DROPS",
     "FOLDS",
@@ -121,8 +122,11 @@ pub struct Dataplane {
     drops: Array<MapData, MemberAddr>,
     /// Per-job and per-member counters, a row per job index.
     job_counters: PerCpuArray<MapData, u64>,
-    /// Joining members' hellos by token (an LRU hash the switch program fills).
-    hellos: HashMap<MapData, u64, MemberAddr>,
+    /// Joining members' hellos by token (the switch program fills it, each port up to its
+    /// share).
+    hellos: HashMap<MapData, u64, Hello>,
+    /// Hellos waiting per port, which the sweep recounts.
+    hello_counts: HashMap<MapData, u32, u32>,
     /// Inner-level jobs by their id at the parent: where the parent's results go.
     parents: HashMap<MapData, u32, u32>,
     /// The pin directory, when the dataplane outlives the daemon.
@@ -328,6 +332,8 @@ impl Dataplane {
             faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
+            hello_counts: HashMap::try_from(take("HELLO_COUNTS"))
+                .map_err(map_err("HELLO_COUNTS"))?,
             parents: HashMap::try_from(take("PARENTS")).map_err(map_err("PARENTS"))?,
             job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
                 .map_err(map_err("JOB_COUNTERS"))?,
@@ -366,6 +372,8 @@ impl Dataplane {
             faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
+            hello_counts: HashMap::try_from(open("HELLO_COUNTS")?)
+                .map_err(map_err("HELLO_COUNTS"))?,
             parents: HashMap::try_from(open("PARENTS")?).map_err(map_err("PARENTS"))?,
             job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
                 .map_err(map_err("JOB_COUNTERS"))?,
@@ -661,9 +669,37 @@ impl Dataplane {
 
     /// Takes the hello recorded under `token`, if the switch saw one.
     pub fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
-        let addr = self.hellos.get(&token, 0).ok()?;
+        let hello = self.hellos.get(&token, 0).ok()?;
         let _ = self.hellos.remove(&token);
-        Some(addr)
+        Some(hello.addr)
+    }
+
+    /// Removes the hellos nobody claimed within `HELLO_TTL_NS` and recounts each port's
+    /// waiting ones (the switch counts them up, and may miscount when two CPUs record one
+    /// at once; taken hellos count until now). Returns how many it removed.
+    pub fn sweep_hellos(&mut self) -> usize {
+        let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else {
+            return 0;
+        };
+        let now = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
+        let mut waiting: BTreeMap<u32, u32> = BTreeMap::new();
+        let mut stale = Vec::new();
+        for (token, hello) in self.hellos.iter().filter_map(|r| r.ok()) {
+            if now.saturating_sub(hello.seen_ns) > HELLO_TTL_NS {
+                stale.push(token);
+            } else {
+                *waiting.entry(hello.addr.ifindex).or_default() += 1;
+            }
+        }
+        for token in &stale {
+            let _ = self.hellos.remove(token);
+        }
+        let ports: Vec<u32> = self.hello_counts.keys().filter_map(|k| k.ok()).collect();
+        for port in ports.iter().chain(waiting.keys()) {
+            let n = waiting.get(port).copied().unwrap_or(0);
+            let _ = self.hello_counts.insert(port, n, 0);
+        }
+        stale.len()
     }
 
     /// The switch port with interface index `ifindex`, if it is one.

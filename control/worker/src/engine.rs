@@ -596,7 +596,7 @@ impl Engine {
         let range = a.range(f.segment);
         let lane_bytes = usize::from(f.count) * r.lane.size();
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
-        let proof = self.transport.proof();
+        let cookie = self.transport.cookie();
         let out = self.transport.reserve(len)?;
         let src = a.input.as_ref().unwrap_or(&a.output).bytes();
         let enc = codec::encode(
@@ -619,7 +619,7 @@ impl Engine {
             .count(f.count)
             .exponent(enc.exponent)
             .enc_flags(enc.flags)
-            .proof(proof)
+            .cookie(cookie)
             .build();
         wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
         self.transport.commit(len)
@@ -650,7 +650,7 @@ impl Engine {
             .slot(slot as u16)
             .member(self.p.member)
             .shadow(shadow)
-            .proof(self.transport.proof())
+            .cookie(self.transport.cookie())
             .build();
         if forward {
             h.flags |= wire::FLAG_FORWARD;

@@ -5,7 +5,7 @@
 //! interface: reserve room, commit a datagram, flush, and receive.
 //!
 //! Datagrams are taken only from the aggregation point's address and port, and only with
-//! this member's proof (a random number each transport draws, sent in every contribution
+//! this member's cookie (a random number each transport draws, sent in every contribution
 //! and query and written by the switch into everything it sends this member): anyone on
 //! the segment can send a worker a packet that reads as a result, with the switch's
 //! addresses too. A send refused for a moment
@@ -20,7 +20,7 @@ use std::{
 };
 
 use nix::sys::socket::{setsockopt, sockopt};
-use xagg_common::wire::{MAX_IP_PACKET, PROOF_OFFSET};
+use xagg_common::wire::{COOKIE_OFFSET, MAX_IP_PACKET};
 
 use crate::{AllreduceError, WorkerParams};
 
@@ -37,9 +37,9 @@ pub struct Transport {
     gso: bool,
     burst: Burst,
     inbox: Inbox,
-    /// This member's proof.
-    proof: [u8; 8],
-    /// Datagrams from any other source, or without the proof, dropped.
+    /// This member's cookie.
+    cookie: [u8; 8],
+    /// Datagrams from any other source, or without the cookie, dropped.
     refused: u64,
     /// Sends the host refused for a moment (each one a lost burst or datagram).
     lost_sends: u64,
@@ -97,11 +97,11 @@ impl Transport {
             // Results that arrive together are read together.
             let _ = setsockopt(&sock, sockopt::UdpGroSegment, &true);
         }
-        let mut proof = [0u8; 8];
-        getrandom::fill(&mut proof)
-            .map_err(|e| AllreduceError::Invalid(format!("drawing the member's proof: {e}")))?;
+        let mut cookie = [0u8; 8];
+        getrandom::fill(&mut cookie)
+            .map_err(|e| AllreduceError::Invalid(format!("drawing the member's cookie: {e}")))?;
         let inbox = if p.afxdp {
-            Self::xsk_inbox(p, proof)?
+            Self::xsk_inbox(p, cookie)?
         } else {
             Inbox::Socket(vec![0; 65536])
         };
@@ -111,14 +111,14 @@ impl Transport {
             gso: p.gso,
             burst: Burst::new(),
             inbox,
-            proof,
+            cookie,
             refused: 0,
             lost_sends: 0,
         })
     }
 
     #[cfg(feature = "afxdp")]
-    fn xsk_inbox(p: &WorkerParams, proof: [u8; 8]) -> Result<Inbox, AllreduceError> {
+    fn xsk_inbox(p: &WorkerParams, cookie: [u8; 8]) -> Result<Inbox, AllreduceError> {
         let ip = *p.bind.ip();
         let iface = xagg_sys::iface::holding(ip)
             .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?
@@ -129,7 +129,7 @@ impl Transport {
             })?;
         Ok(Inbox::Xsk {
             xsk: Box::new(
-                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch, proof)
+                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch, cookie)
                     .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
             ),
             rx: vec![0; 65536],
@@ -188,13 +188,13 @@ impl Transport {
         lost_or(sent, &mut self.lost_sends)
     }
 
-    /// This member's proof, for the header of every packet it sends.
-    pub fn proof(&self) -> u64 {
-        u64::from_be_bytes(self.proof)
+    /// This member's cookie, for the header of every packet it sends.
+    pub fn cookie(&self) -> u64 {
+        u64::from_be_bytes(self.cookie)
     }
 
     /// Datagrams dropped because they came from elsewhere than the aggregation point, or
-    /// lacked this member's proof.
+    /// lacked this member's cookie.
     pub fn refused(&self) -> u64 {
         self.refused
             + match &self.inbox {
@@ -271,7 +271,7 @@ impl Transport {
                 std::thread::yield_now();
             }
         }
-        let from = (self.to, &self.proof);
+        let from = (self.to, &self.cookie);
         let refused = &mut self.refused;
         match &mut self.inbox {
             Inbox::Socket(rx) => receive_socket(&self.sock, from, refused, rx, nonblocking, f),
@@ -307,19 +307,19 @@ impl Transport {
     }
 }
 
-/// Whether datagram `d` carries this member's `proof`, compared in constant time (how much
+/// Whether datagram `d` carries this member's `cookie`, compared in constant time (how much
 /// of a guess matched does not show in how long the answer takes).
-pub(crate) fn proven(d: &[u8], proof: &[u8; 8]) -> bool {
+pub(crate) fn carries_cookie(d: &[u8], cookie: &[u8; 8]) -> bool {
     use subtle::ConstantTimeEq;
-    d.get(PROOF_OFFSET..PROOF_OFFSET + 8)
-        .is_some_and(|p| bool::from(p.ct_eq(proof)))
+    d.get(COOKIE_OFFSET..COOKIE_OFFSET + 8)
+        .is_some_and(|p| bool::from(p.ct_eq(cookie)))
 }
 
 /// [`Transport::receive`] from the UDP socket: what came from `from`'s address with its
-/// proof, counting in `refused` everything else.
+/// cookie, counting in `refused` everything else.
 fn receive_socket(
     sock: &UdpSocket,
-    (from, proof): (SocketAddrV4, &[u8; 8]),
+    (from, cookie): (SocketAddrV4, &[u8; 8]),
     refused: &mut u64,
     rx: &mut [u8],
     nonblocking: bool,
@@ -347,7 +347,7 @@ fn receive_socket(
         }
     }
     for d in rx[..n].chunks(stride.max(1)) {
-        if proven(d, proof) {
+        if carries_cookie(d, cookie) {
             f(d);
         } else {
             *refused += 1;

@@ -39,9 +39,9 @@ pub struct XskReceiver {
     /// The only source results are taken from: the aggregation point's IPv4 address and
     /// UDP port, as they appear in the frame.
     from: ([u8; 4], [u8; 2]),
-    /// This member's proof, which every datagram taken must carry.
-    proof: [u8; 8],
-    /// Frames from any other source, or without the proof, dropped before their payload
+    /// This member's cookie, which every datagram taken must carry.
+    cookie: [u8; 8],
+    /// Frames from any other source, or without the cookie, dropped before their payload
     /// was read.
     pub refused: u64,
     /// Chunks taken from the receive ring and not yet back in the fill ring.
@@ -69,13 +69,13 @@ fn err(what: &str) -> impl FnOnce(xdpilone::Errno) -> anyhow::Error + '_ {
 }
 
 impl XskReceiver {
-    /// Receives the datagrams sent from `from` with `proof` to UDP `port` on interface
+    /// Receives the datagrams sent from `from` with `cookie` to UDP `port` on interface
     /// `iface` (in the calling thread's network namespace) from now on.
     pub fn new(
         iface: &str,
         port: u16,
         from: std::net::SocketAddrV4,
-        proof: [u8; 8],
+        cookie: [u8; 8],
     ) -> anyhow::Result<Self> {
         use anyhow::{bail, Context};
         if let Some(why) = xagg_sys::object_missing() {
@@ -151,7 +151,7 @@ impl XskReceiver {
         xsks.set(0, fd, 0)?;
         Ok(Self {
             from: (from.ip().octets(), from.port().to_be_bytes()),
-            proof,
+            cookie,
             refused: 0,
             unposted: Vec::with_capacity(BATCH as usize),
             frame: Vec::with_capacity(xagg_common::wire::MAX_IP_PACKET + 14),
@@ -211,7 +211,7 @@ impl XskReceiver {
                 let d = &frame[UDP_PAYLOAD_OFFSET..];
                 if frame[26..30] == self.from.0
                     && frame[34..36] == self.from.1
-                    && crate::transport::proven(d, &self.proof)
+                    && crate::transport::carries_cookie(d, &self.cookie)
                 {
                     f(d);
                 } else {

@@ -93,6 +93,9 @@ pub enum Counter {
     /// switch's collective address and port: members send untagged, so it is not theirs;
     /// or a frame with more tags than the switch reads, which it cannot judge.
     DropTagged,
+    /// A hello with a new token from a port that already has its share of hellos waiting
+    /// (`job::HELLOS_PER_PORT`): not recorded.
+    DropHelloQuota,
 }
 
 /// VLAN tags the switch reads through to find a frame's addresses (802.1ad + 802.1Q is
@@ -122,7 +125,7 @@ pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
 }
 
 impl Counter {
-    pub const COUNT: usize = 35;
+    pub const COUNT: usize = 36;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -160,6 +163,7 @@ impl Counter {
         Counter::StatusForward,
         Counter::StatusRelay,
         Counter::DropTagged,
+        Counter::DropHelloQuota,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -200,6 +204,7 @@ impl Counter {
             Self::StatusForward => "status_forward",
             Self::StatusRelay => "status_relay",
             Self::DropTagged => "drop_tagged",
+            Self::DropHelloQuota => "drop_hello_quota",
         }
     }
 }

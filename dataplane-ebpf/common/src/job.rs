@@ -20,6 +20,28 @@ pub struct MemberAddr {
 
 const _: () = assert!(core::mem::size_of::<MemberAddr>() == 16);
 
+/// A joining member's hello as the switch recorded it (the `HELLOS` map's value, keyed by
+/// the hello's token): where it came from, and when (`bpf_ktime_get_ns`, the monotonic
+/// clock), so the daemon can sweep the ones nobody claimed.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct Hello {
+    pub addr: MemberAddr,
+    pub seen_ns: u64,
+}
+
+const _: () = assert!(core::mem::size_of::<Hello>() == 24);
+
+/// Hellos the switch keeps from one port until the daemon takes or sweeps them: a flood
+/// of tokens from one port fills its own share only, never another port's.
+pub const HELLOS_PER_PORT: u32 = 64;
+/// Hello records in all: every port's share (64 ports), with room for the few a race
+/// between CPUs lets past a share.
+pub const MAX_HELLOS: usize = 64 * HELLOS_PER_PORT as usize + 256;
+/// How long a hello nobody claimed is kept (a joining worker sends its hello just before
+/// its join, and again with each retry).
+pub const HELLO_TTL_NS: u64 = 10_000_000_000;
+
 /// Jobs an aggregation point holds at most.
 pub const MAX_JOBS: usize = 256;
 
@@ -271,6 +293,7 @@ mod pod {
     unsafe impl aya::Pod for super::Impair {}
     unsafe impl aya::Pod for super::Job {}
     unsafe impl aya::Pod for super::MemberAddr {}
+    unsafe impl aya::Pod for super::Hello {}
     unsafe impl aya::Pod for super::EgressKey {}
     unsafe impl aya::Pod for super::SwitchConfig {}
 }

@@ -27,11 +27,12 @@ pub use wire::{DType, Header, Kind, Op};
 /// version 6 counts per job and member (`JOB_COUNTERS`); version 7 keeps the first sender
 /// of each drop reason (`DROPS`); version 8 finds jobs by the dense index of their id in
 /// an array (`JOBS`), checking its generation (`Job::generation`); version 10 holds
-/// segments of up to 8928 bytes then (multi-buffer frames: the `STAGE` and `FOLDS` maps, a fold
+/// segments of up to 8936 bytes then (multi-buffer frames: the `STAGE` and `FOLDS` maps, a fold
 /// program per op and lane, results fanned out by `xagg_fanout`); version 11 reads header
 /// version 2 (a 16-bit block exponent) and folds doubles (`xagg_fold_sum_bfp64`); version
 /// 12 has inner levels (`Role::Inner`: `Job::parent_job`, the `PARENTS` map, the slot
 /// state `PartialSent` and its counters); version 14 reads header version 3 (the member's
-/// proof: 8928-byte segments), keeps each member's proof (`PROOFS`), marks its own
-/// multi-buffer results for `xagg_fanout` in their metadata, and counts `drop_tagged`.
+/// cookie: 8928-byte segments), keeps each member's cookie (`COOKIES`), marks its own
+/// multi-buffer results for `xagg_fanout` in their metadata, counts `drop_tagged`, and keeps
+/// each port's share of hellos (`Hello` values, `HELLO_COUNTS`, `drop_hello_quota`).
 pub const LAYOUT_VERSION: u32 = 14;

@@ -16,10 +16,10 @@ pub const HEADER_LEN: usize = 38;
 /// point stores just these bytes.
 pub const JOB_OFFSET: usize = 4;
 const _: () = assert!(core::mem::offset_of!(Header, job) == JOB_OFFSET);
-/// Where the member's proof sits in the header: the switch writes each member's into its
+/// Where the member's cookie sits in the header: the switch writes each member's into its
 /// copy of a result.
-pub const PROOF_OFFSET: usize = 30;
-const _: () = assert!(core::mem::offset_of!(Header, proof) == PROOF_OFFSET);
+pub const COOKIE_OFFSET: usize = 30;
+const _: () = assert!(core::mem::offset_of!(Header, cookie) == COOKIE_OFFSET);
 /// Bytes in front of the payload in a frame without IPv4 options.
 pub const PAYLOAD_OFFSET: usize = 14 + 20 + 8 + HEADER_LEN;
 /// Largest payload: what a 9000-byte MTU carries (the largest a real Ethernet network
@@ -518,12 +518,12 @@ pub struct Header {
     pub above: u8,
     /// Must be zero when sent; ignored when received.
     reserved: u8,
-    /// The member's proof (`docs/protocol.md#trust-model`): in a member's contribution and
+    /// The member's cookie (`docs/protocol.md#trust-model`): in a member's contribution and
     /// status query, a random number its process drew; in every result, status reply and
     /// refusal the switch sends a member, that member's latest. A worker takes nothing that
     /// lacks its own, so a stranger who never sees the member's packets cannot forge one.
     /// Zero in hellos and between aggregation points (which check addresses instead).
-    proof: [u8; 8],
+    cookie: [u8; 8],
 }
 
 const _: () = assert!(core::mem::size_of::<Header>() == HEADER_LEN);
@@ -599,8 +599,8 @@ impl Builder {
         self.0.enc_flags = flags.to_be_bytes();
         self
     }
-    pub const fn proof(mut self, proof: u64) -> Self {
-        self.0.proof = proof.to_be_bytes();
+    pub const fn cookie(mut self, cookie: u64) -> Self {
+        self.0.cookie = cookie.to_be_bytes();
         self
     }
     pub const fn build(self) -> Header {
@@ -629,7 +629,7 @@ impl Header {
             relay: 0,
             above: 0,
             reserved: 0,
-            proof: [0; 8],
+            cookie: [0; 8],
         })
     }
 
@@ -667,10 +667,10 @@ impl Header {
     pub const fn enc_flags(&self) -> u16 {
         u16::from_be_bytes(self.enc_flags)
     }
-    /// The member's proof, as the bytes on the wire (compared as they are).
+    /// The member's cookie, as the bytes on the wire (compared as they are).
     #[inline(always)]
-    pub const fn proof(&self) -> [u8; 8] {
-        self.proof
+    pub const fn cookie(&self) -> [u8; 8] {
+        self.cookie
     }
     /// Which of the slot's two shadow copies (0 or 1) the segment uses.
     #[inline(always)]
@@ -715,8 +715,8 @@ impl Header {
         self.enc_flags = flags.to_be_bytes();
     }
     #[inline(always)]
-    pub const fn set_proof(&mut self, proof: [u8; 8]) {
-        self.proof = proof;
+    pub const fn set_cookie(&mut self, cookie: [u8; 8]) {
+        self.cookie = cookie;
     }
     #[inline(always)]
     pub const fn set_shadow(&mut self, shadow: u8) {
@@ -749,7 +749,7 @@ impl Header {
         out[27] = self.relay;
         out[28] = self.above;
         out[29] = self.reserved;
-        out[30..38].copy_from_slice(&self.proof);
+        out[30..38].copy_from_slice(&self.cookie);
     }
 
     /// Reads a header from the start of `b`; `None` if `b` is shorter than a header.
@@ -776,7 +776,7 @@ impl Header {
             relay: b[27],
             above: b[28],
             reserved: b[29],
-            proof: [b[30], b[31], b[32], b[33], b[34], b[35], b[36], b[37]],
+            cookie: [b[30], b[31], b[32], b[33], b[34], b[35], b[36], b[37]],
         })
     }
 }

@@ -27,7 +27,7 @@ mod slot;
 
 use aya_ebpf::{
     bindings::{xdp_action, BPF_F_BROADCAST},
-    btf_maps::{Array, DevMap, HashMap, LruHashMap, PerCpuArray, ProgramArray, XskMap},
+    btf_maps::{Array, DevMap, HashMap, PerCpuArray, ProgramArray, XskMap},
     helpers::{
         bpf_get_prandom_u32, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_meta,
         bpf_xdp_load_bytes, bpf_xdp_store_bytes,
@@ -38,8 +38,8 @@ use aya_ebpf::{
 use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
-        job_generation, job_index, EgressKey, Faults, Impair, MemberAddr, Role, SwitchConfig,
-        EGRESS_SUCCESSOR, MAX_JOBS,
+        job_generation, job_index, EgressKey, Faults, Hello, Impair, MemberAddr, Role,
+        SwitchConfig, EGRESS_SUCCESSOR, HELLOS_PER_PORT, MAX_HELLOS, MAX_JOBS,
     },
     slot::{Fold, ShadowState, MAX_SLOTS, SLOT_WORDS},
     wire::{self, Kind, PAYLOAD_OFFSET},
@@ -75,28 +75,34 @@ static PARENTS: HashMap<u32, u32, MAX_JOBS> = HashMap::new();
 #[btf_map]
 static EGRESS: HashMap<EgressKey, u32, { MAX_JOBS * 8 }> = HashMap::new();
 
-/// Joining members' hellos by token: the port each came in on and its source addresses,
-/// read (and deleted) by the daemon. Old ones are evicted first.
+/// Joining members' hellos by token: the port each came in on, its source addresses and
+/// when, taken (deleted) by the daemon, which also sweeps the ones nobody claimed. Nothing
+/// is evicted: each port has a share (`HELLO_COUNTS`).
 #[btf_map]
-static HELLOS: LruHashMap<u64, MemberAddr, 4096> = LruHashMap::new();
+static HELLOS: HashMap<u64, Hello, MAX_HELLOS> = HashMap::new();
 
-/// Each member's proof (`wire::Header::proof`) by job index and member index, as its
+/// Hellos waiting per port (by interface index), against `HELLOS_PER_PORT`: counted up
+/// here, recounted by the daemon's sweep.
+#[btf_map]
+static HELLO_COUNTS: HashMap<u32, u32, 256> = HashMap::new();
+
+/// Each member's cookie (`wire::Header::cookie`) by job index and member index, as its
 /// latest contribution or status query carried it (admitted: from the member's port and
 /// addresses): written into the member's copy of every result.
 #[btf_map]
-static PROOFS: Array<[u8; 8], { MAX_JOBS * wire::MAX_MEMBERS }> = Array::new();
+static COOKIES: Array<[u8; 8], { MAX_JOBS * wire::MAX_MEMBERS }> = Array::new();
 
-/// Where member `member`'s proof of the job with index `row` is in `PROOFS`.
+/// Where member `member`'s cookie of the job with index `row` is in `COOKIES`.
 #[inline(always)]
-fn proof_index(row: u32, member: usize) -> u32 {
+fn cookie_index(row: u32, member: usize) -> u32 {
     row * wire::MAX_MEMBERS as u32 + member as u32
 }
 
-/// Member `member`'s latest proof for the job with index `row` (zeros if none yet).
+/// Member `member`'s latest cookie for the job with index `row` (zeros if none yet).
 #[inline(always)]
-fn proof_of(row: u32, member: usize) -> [u8; 8] {
-    PROOFS
-        .get(proof_index(row, member))
+fn cookie_of(row: u32, member: usize) -> [u8; 8] {
+    COOKIES
+        .get(cookie_index(row, member))
         .copied()
         .unwrap_or_default()
 }
@@ -370,8 +376,8 @@ fn relay_status(
         return Err(Counter::DropNotMember);
     }
     let to = job.member.get(asker).ok_or(Counter::DropNotMember)?;
-    let proof = proof_of(job.index as u32, asker);
-    frame.into_relayed_reply(local, asker as u8, proof, to, cfg);
+    let cookie = cookie_of(job.index as u32, asker);
+    frame.into_relayed_reply(local, asker as u8, cookie, to, cfg);
     match unsafe { aya_ebpf::helpers::bpf_redirect(to.ifindex, 0) } as u32 {
         xdp_action::XDP_REDIRECT => Ok((xdp_action::XDP_REDIRECT, Counter::StatusRelay)),
         _ => Err(Counter::RedirectError),
@@ -394,12 +400,12 @@ fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Count
     if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
         return Err(Counter::DropNotMember);
     }
-    // The member's proof, kept for its copies of results; written only when it changes
+    // The member's cookie, kept for its copies of results; written only when it changes
     // (a new process), so members' CPUs do not contend for the line.
-    if let Some(p) = PROOFS.get_ptr_mut(proof_index(job.index as u32, member)) {
-        let proof = hdr.proof();
-        if unsafe { *p } != proof {
-            unsafe { *p = proof };
+    if let Some(p) = COOKIES.get_ptr_mut(cookie_index(job.index as u32, member)) {
+        let cookie = hdr.cookie();
+        if unsafe { *p } != cookie {
+            unsafe { *p = cookie };
         }
     }
     Ok((job, member))
@@ -412,10 +418,30 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
         return Err(Counter::DropBadLength);
     }
     let token = wire::hello_token(frame.header());
-    let addr = frame.sender(ctx.ingress_ifindex() as u32);
-    // The first hello of a token wins: someone who saw it on the wire cannot take the
-    // member's place by sending the same token from elsewhere.
-    let _ = HELLOS.insert(&token, &addr, aya_ebpf::bindings::BPF_NOEXIST as u64);
+    let port = ctx.ingress_ifindex() as u32;
+    if unsafe { HELLOS.get(token) }.is_some() {
+        // Recorded already: the first hello of a token wins, so someone who saw it on the
+        // wire cannot take the member's place by sending the same token from elsewhere.
+        return Ok((xdp_action::XDP_DROP, Counter::Hello));
+    }
+    let noexist = aya_ebpf::bindings::BPF_NOEXIST as u64;
+    if unsafe { HELLO_COUNTS.get(port) }.is_none() {
+        let _ = HELLO_COUNTS.insert(port, 0, noexist);
+    }
+    let waiting = HELLO_COUNTS
+        .get_ptr_mut(port)
+        .ok_or(Counter::DropHelloQuota)?;
+    if unsafe { *waiting } >= HELLOS_PER_PORT {
+        return Err(Counter::DropHelloQuota);
+    }
+    let hello = Hello {
+        addr: frame.sender(port),
+        seen_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+    };
+    if HELLOS.insert(token, hello, noexist).is_ok() {
+        // Not atomic: two CPUs may count one; the daemon's sweep recounts.
+        unsafe { *waiting += 1 };
+    }
     Ok((xdp_action::XDP_DROP, Counter::Hello))
 }
 
@@ -847,17 +873,17 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
     let addr = if member == EGRESS_SUCCESSOR {
         // A ring host's uplink: the result goes on round the ring (back, if it came from
-        // the successor), or no further. Its neighbour checks addresses, not proofs.
+        // the successor), or no further. Its neighbour checks addresses, not cookies.
         let (addr, id) = ring_next(job, hdr).ok_or(Counter::EgressNoMember)?;
         frame.set_job(id);
-        frame.set_proof([0; 8]);
+        frame.set_cookie([0; 8]);
         addr
     } else {
         let addr = job
             .member
             .get(member as usize)
             .ok_or(Counter::EgressNoMember)?;
-        frame.set_proof(proof_of(job.index as u32, member as usize));
+        frame.set_cookie(cookie_of(job.index as u32, member as usize));
         addr
     };
     packet::address_to(frame.data(), addr, cfg);
@@ -888,7 +914,7 @@ fn ring_next<'a>(job: &'a Job, hdr: &xagg_common::Header) -> Option<(&'a MemberA
 
 /// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel,
 /// marked as its own in the frame's metadata (`mark_own_result`), is copied to every member
-/// of its job, each copy addressed to its member, with its proof, and sent out of the
+/// of its job, each copy addressed to its member, with its cookie, and sent out of the
 /// member's port; the original goes no further. A result claiming the switch's address
 /// without the mark is forged (it got past `xagg_switch` some way it does not read) and is
 /// dropped. Everything else passes.
@@ -962,7 +988,7 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
             } else if let Some(addr) = job.member.get(m) {
                 packet::address_to(at, addr, cfg);
                 unsafe { &mut *(header as *mut xagg_common::Header) }
-                    .set_proof(proof_of(job.index as u32, m));
+                    .set_cookie(cookie_of(job.index as u32, m));
                 let stored =
                     unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
                 if stored && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
@@ -975,7 +1001,7 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         m += 1;
     }
     // A ring host passes the result on to its successor, in the neighbour's id of the job;
-    // the neighbour checks addresses, not proofs.
+    // the neighbour checks addresses, not cookies.
     if let Some((next, id)) = next {
         if inject(drop_result) {
             count(Counter::InjectDropResult);
@@ -984,7 +1010,7 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         packet::address_to(at, &next, cfg);
         let h = unsafe { &mut *(header as *mut xagg_common::Header) };
         h.set_job(id);
-        h.set_proof([0; 8]);
+        h.set_cookie([0; 8]);
         let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
         if stored && ctx.clone_redirect(next.ifindex, 0).is_ok() {
             count(Counter::ResultCopy);

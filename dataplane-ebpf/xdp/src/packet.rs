@@ -134,12 +134,12 @@ impl Udp4 {
         }
     }
 
-    /// Writes `proof` in the header (checked present): the member's, for its copy of a
+    /// Writes `cookie` in the header (checked present): the member's, for its copy of a
     /// result; zeros for a copy to another aggregation point.
     #[inline(always)]
-    pub fn set_proof(&self, proof: [u8; 8]) {
+    pub fn set_cookie(&self, cookie: [u8; 8]) {
         if self.data + PAYLOAD_OFFSET <= self.end {
-            unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }.set_proof(proof);
+            unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }.set_cookie(cookie);
         }
     }
 
@@ -300,8 +300,8 @@ impl Frame {
         hdr.member = job.parent_member;
         hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
-        // The completing member's proof is its own: it does not leave the level.
-        hdr.set_proof([0; 8]);
+        // The completing member's cookie is its own: it does not leave the level.
+        hdr.set_cookie([0; 8]);
         from_switch(self.data, cfg);
         address_to(self.data, &job.parent, cfg);
     }
@@ -315,21 +315,21 @@ impl Frame {
         hdr.set_job(job.parent_job);
         hdr.member = job.parent_member;
         hdr.relay = asker + 1;
-        // The asker's proof stays here: its answer gets it back on the way down.
-        hdr.set_proof([0; 8]);
+        // The asker's cookie stays here: its answer gets it back on the way down.
+        hdr.set_cookie([0; 8]);
         from_switch(self.data, cfg);
         address_to(self.data, &job.parent, cfg);
     }
 
     /// Turns the parent's reply to a forwarded query into member `asker`'s answer: its
-    /// job's id here (`job`), marked as the level above's, with the asker's `proof`, from
+    /// job's id here (`job`), marked as the level above's, with the asker's `cookie`, from
     /// this level to `to`.
     #[inline(always)]
     pub fn into_relayed_reply(
         &self,
         job: u32,
         asker: u8,
-        proof: [u8; 8],
+        cookie: [u8; 8],
         to: &MemberAddr,
         cfg: &SwitchConfig,
     ) {
@@ -338,7 +338,7 @@ impl Frame {
         hdr.member = asker;
         hdr.relay = 0;
         hdr.above = 1;
-        hdr.set_proof(proof);
+        hdr.set_cookie(cookie);
         from_switch(self.data, cfg);
         address_to(self.data, to, cfg);
     }

@@ -100,7 +100,7 @@ pub struct Switch {
     pub egress: HashMap<MapData, EgressKey, u32>,
     pub slots: Array<MapData, SlotImage>,
     pub counters: PerCpuArray<MapData, u64>,
-    pub hellos: HashMap<MapData, u64, MemberAddr>,
+    pub hellos: HashMap<MapData, u64, xagg_common::job::Hello>,
     /// Inner-level jobs by their wire id at the parent.
     pub parents: HashMap<MapData, u32, u32>,
     /// Holds the fold programs' table (its entries go with its last descriptor).

@@ -351,6 +351,7 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
             every.tick().await;
             let st = &mut *ticking.state();
             st.joins.tick(&mut st.dp);
+            st.dp.sweep_hellos();
             log_drops(st);
         }
     });
