@@ -145,6 +145,32 @@ fn the_api_answers_every_request_clearly() {
             "length limit exceeded",
         ),
     ];
+    // Heads past the API's limit: answered, not closed on.
+    let long_line = format!(
+        "GET /v1/status?{} HTTP/1.1\r\nhost: xagg\r\n\r\n",
+        "a".repeat(1 << 20)
+    );
+    let long_headers = format!(
+        "GET /v1/status HTTP/1.1\r\nhost: xagg\r\n{}\r\n",
+        "x-pad: 0123456789abcdef\r\n".repeat(60_000)
+    );
+    let cases = cases
+        .into_iter()
+        .chain([
+            (
+                "a 1 MiB request line",
+                long_line.into_bytes(),
+                414,
+                "request line is longer than 64 KiB",
+            ),
+            (
+                "1.4 MB of headers",
+                long_headers.into_bytes(),
+                431,
+                "request line and headers are longer than 64 KiB",
+            ),
+        ])
+        .collect::<Vec<_>>();
     for (what, raw, want, says) in cases {
         let (code, body) = exchange(&sw, &raw);
         assert_eq!(code, want, "{what}: {body}");

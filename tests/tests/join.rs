@@ -73,7 +73,7 @@ fn a_flood_of_hellos_evicts_nothing() {
     sw.run(&hello(victim));
     let flood = 5000u64;
     for t in 0..flood {
-        assert_eq!(sw.run(&hello(0xf100d_0000 + t)).action, XDP_DROP);
+        assert_eq!(sw.run(&hello(0x000f_100d_0000 + t)).action, XDP_DROP);
     }
     let share = u64::from(xagg_common::job::HELLOS_PER_PORT);
     assert_eq!(sw.hellos.get(&victim, 0).unwrap().addr.ip, member(3).ip);
@@ -628,7 +628,7 @@ fn a_hello_flood_from_one_port_keeps_no_one_else_from_joining() {
     };
     let before = lab.sw.counters();
     let flood = 2000;
-    send_hellos(0xf100d_0000..0xf100d_0000 + flood);
+    send_hellos(0x000f_100d_0000..0x000f_100d_0000 + flood);
     std::thread::sleep(Duration::from_millis(100));
     let after = lab.sw.counters();
     let share = u64::from(xagg_common::job::HELLOS_PER_PORT);

@@ -145,7 +145,7 @@ fn hello_matches_its_vector() {
         XDP_DROP
     );
     assert_eq!(sw.counter(Counter::Hello), 1);
-    assert_eq!(sw.hellos.get(&token, 0).unwrap().ip, member(1).ip);
+    assert_eq!(sw.hellos.get(&token, 0).unwrap().addr.ip, member(1).ip);
 }
 
 /// Vector 5: an f64 sum, against the worker's encoding and the decoder; the 16-bit

@@ -5,6 +5,7 @@
 pub mod api;
 pub mod config;
 pub mod dataplane;
+pub mod head;
 pub mod job;
 pub mod join;
 pub mod metrics;

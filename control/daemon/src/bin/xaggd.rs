@@ -364,7 +364,7 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
         let app = xagg_daemon::api::network_router(handler.clone());
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            let r = axum::serve(tcp, app)
+            let r = axum::serve(xagg_daemon::head::Limited(tcp), app)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
@@ -423,7 +423,7 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
         let _ = stop_tx.send(true);
         let _ = why_tx.send(detach);
     };
-    axum::serve(listener, app)
+    axum::serve(xagg_daemon::head::Limited(listener), app)
         .with_graceful_shutdown(stop)
         .await
         .context("serving the API")?;
