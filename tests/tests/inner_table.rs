@@ -497,6 +497,7 @@ fn inner_level_multi_buffer() {
     let result = frame(&parent(), PORT, &contribution(h, &final_result(n)));
     let r = sw.run(&result);
     assert_eq!(r.action, XDP_PASS, "to the fan-out");
+    assert_eq!(r.meta.len(), 8, "marked as this level's own result");
     assert_eq!(&r.out[26..30], &SWITCH_IP.octets(), "from this level");
     let replay = sw.run(&c(1));
     assert_eq!(replay.action, XDP_TX);

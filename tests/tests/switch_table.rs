@@ -266,7 +266,7 @@ fn switch_program_table() {
         },
     );
     assert_eq!(payload_i32(&r.out, n), sum(3, n), "result payload");
-    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - 30..]).unwrap();
+    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
     assert_eq!(h.kind, Kind::Result as u8);
     assert_eq!(
         (h.job(), h.message(), h.segment(), h.slot(), h.count()),
@@ -527,7 +527,11 @@ fn multi_buffer_segments() {
             counter: Counter::Complete,
         },
     );
+    // In front of the frame, the metadata marking it as the switch's own result for
+    // `xagg_fanout` (BPF_PROG_RUN hands it back with the frame): the mark and the job.
     assert_eq!(done.out.len(), first.len());
+    let mark = [0x7861_7272u32.to_ne_bytes(), 8u32.to_ne_bytes()].concat();
+    assert_eq!(done.meta, mark, "marked as its own result of job 8");
     assert_eq!(
         done.out[PAYLOAD_OFFSET - wire::HEADER_LEN + 1],
         Kind::Result as u8
@@ -575,6 +579,7 @@ fn multi_buffer_segments() {
     assert_eq!(sw.run(&c64(0)).action, XDP_DROP);
     let r = sw.run(&c64(1));
     assert_eq!(r.action, XDP_PASS);
+    assert_eq!(r.meta.len(), 8, "marked as the switch's own result");
     let got: Vec<i64> = r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8 * k]
         .chunks(8)
         .map(|c| i64::from_le_bytes(c.try_into().unwrap()))

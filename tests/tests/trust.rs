@@ -504,6 +504,80 @@ fn switch_refuses_forgeries_and_passes_ordinary_ip() {
         C::DropSpoofedSource,
     );
 
+    // Behind VLAN tags (802.1Q, 802.1ad, the older 0x9100; up to four read through).
+    let tagged = |mut f: Vec<u8>, tpids: &[[u8; 2]]| {
+        for (i, t) in tpids.iter().enumerate() {
+            f.splice(12 + 4 * i..12 + 4 * i, [t[0], t[1], 0, 5 + i as u8]);
+        }
+        f
+    };
+    const Q: [u8; 2] = [0x81, 0x00];
+    const AD: [u8; 2] = [0x88, 0xa8];
+    const OLD: [u8; 2] = [0x91, 0x00];
+    let mut result = contrib(0, 3);
+    result[26..30].copy_from_slice(&SWITCH_IP_HARNESS.octets());
+    result[30..34].copy_from_slice(&member(1).ip);
+    result[42 + 1] = Kind::Result as u8;
+    fix_ip_checksum(&mut result);
+    for (what, tpids) in [
+        ("a result claiming the switch's IP behind one tag", &[Q][..]),
+        ("... behind 802.1ad + 802.1Q", &[AD, Q]),
+        ("... behind 0x9100 + 802.1Q", &[OLD, Q]),
+        ("... behind four tags", &[AD, Q, Q, Q]),
+    ] {
+        case(
+            what,
+            tagged(result.clone(), tpids),
+            XDP_DROP,
+            C::DropSpoofedSource,
+        );
+    }
+    let mut arp_tagged = vec![0xff; 6];
+    arp_tagged.extend_from_slice(&member(1).mac);
+    arp_tagged.extend_from_slice(&[0x08, 0x06, 0, 1, 0x08, 0, 6, 4, 0, 2]);
+    arp_tagged.extend_from_slice(&member(1).mac);
+    arp_tagged.extend_from_slice(&SWITCH_IP_HARNESS.octets());
+    arp_tagged.extend_from_slice(&[0; 10]);
+    case(
+        "ARP claiming the switch's IP behind a tag",
+        tagged(arp_tagged, &[Q]),
+        XDP_DROP,
+        C::DropSpoofedSource,
+    );
+    case(
+        "a member's contribution behind a tag",
+        tagged(contrib(0, 3), &[Q]),
+        XDP_DROP,
+        C::DropTagged,
+    );
+    case(
+        "ordinary traffic to the switch's address behind a tag",
+        tagged(frame(&member(0), 53, &[1, 2, 3, 4]), &[Q]),
+        XDP_PASS,
+        C::Pass,
+    );
+    case(
+        "ordinary traffic behind four tags",
+        tagged(frame(&member(0), 53, &[1, 2, 3, 4]), &[AD, Q, Q, Q]),
+        XDP_PASS,
+        C::Pass,
+    );
+    case(
+        "anything behind five tags",
+        tagged(frame(&member(0), 53, &[1, 2, 3, 4]), &[AD, Q, Q, Q, Q]),
+        XDP_DROP,
+        C::DropTagged,
+    );
+    let mut later_tagged = frame(&member(0), 53, &[0; 64]);
+    later_tagged[20..22].copy_from_slice(&(0x2000u16 | 185).to_be_bytes());
+    fix_ip_checksum(&mut later_tagged);
+    case(
+        "a later fragment to the switch's address behind a tag",
+        tagged(later_tagged, &[Q]),
+        XDP_DROP,
+        C::DropTagged,
+    );
+
     // IPv4 options: passed to another port, dropped to the collective one.
     let with_options = |port: u16| {
         let mut f = frame(&member(0), port, &contribution_bytes());

@@ -39,6 +39,7 @@ fn vector1_header(kind: Kind) -> Header {
         .member(1)
         .flags(FLAG_SHADOW | FLAG_LAST)
         .count(3)
+        .cookie(0x0123_4567_89ab_cdef)
         .build()
 }
 
@@ -105,7 +106,11 @@ fn xdp_parser_matches_vectors() {
     );
     assert_eq!(
         v.data[0],
-        u64::from_le_bytes(vector("contribution")[30..38].try_into().unwrap())
+        u64::from_le_bytes(
+            vector("contribution")[HEADER_LEN..HEADER_LEN + 8]
+                .try_into()
+                .unwrap()
+        )
     );
     // Member 0 completes it: the result frame carries vector 2's header and the sum.
     let mut h = vector1_header(Kind::Contribution);

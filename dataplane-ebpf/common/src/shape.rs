@@ -174,7 +174,7 @@ mod tests {
         let s = JobShape::with_elements(4, 128, 860, Lane::I32).unwrap();
         assert_eq!((s.members(), s.slots(), s.segment_bytes()), (4, 128, 3440));
         assert_eq!(s.segment_elements(Lane::I32), Ok(860));
-        assert_eq!(s.segment_elements(Lane::I64), Ok(431));
+        assert_eq!(s.segment_elements(Lane::I64), Ok(430));
         assert_eq!(s.member_bits(), 0b1111);
         let e = JobShape::with_elements(4, 1, 1117, Lane::I64).unwrap_err();
         assert_eq!(e.field(), "segment");

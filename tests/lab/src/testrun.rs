@@ -109,7 +109,10 @@ pub struct Switch {
 
 pub struct Run {
     pub action: u32,
+    /// The frame as the program left it.
     pub out: Vec<u8>,
+    /// The metadata the program put in front of it (`xagg_fanout`'s mark).
+    pub meta: Vec<u8>,
     pub duration: std::time::Duration,
 }
 
@@ -181,9 +184,13 @@ impl Switch {
         opts.repeat = repeat;
         let r = p.test_run(opts).expect("BPF_PROG_RUN");
         out.truncate(r.data_size_out as usize);
+        // BPF_PROG_RUN hands back the metadata a program put in front of the frame with it;
+        // the switch's programs never change a frame's length, so what is longer is that.
+        let frame = out.split_off(out.len().saturating_sub(frame.len()));
         Run {
             action: r.return_value,
-            out,
+            out: frame,
+            meta: out,
             duration: r.duration,
         }
     }
