@@ -45,7 +45,8 @@ pub struct Report {
     pub retransmissions: u64,
     /// Contributions sent after one with a higher segment index (with `reorder`).
     pub reordered: u64,
-    /// Datagrams that read as results but came from elsewhere than the switch: dropped.
+    /// Datagrams that read as results or replies but came from elsewhere than the switch, or
+    /// without this member's cookie (forgeries): dropped.
     #[serde(default)]
     pub refused: u64,
     /// Sends the host refused for a moment (a packet filter, full buffers): lost packets,
@@ -67,7 +68,8 @@ pub struct RunReport {
     pub goodput_gbps: f64,
     pub retransmissions: u64,
     pub reordered: u64,
-    /// Datagrams refused because they came from elsewhere than the switch.
+    /// Datagrams refused because they came from elsewhere than the switch, or without this
+    /// member's cookie.
     #[serde(default)]
     pub refused: u64,
     /// Sends the host refused for a moment, recovered as lost packets.
