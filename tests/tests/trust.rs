@@ -1033,30 +1033,43 @@ fn forgeries(
     frames
 }
 
-/// Members 0 and 1 of job `job` run message `message` (member 1 starts `late`) while
-/// `frames` are sent out of `dev` in namespace `ns`; both results must be exact. Returns
-/// the frames sent and the switch's counters before and after.
-#[expect(
-    clippy::too_many_arguments,
-    reason = "one argument per knob of the run"
-)]
+/// What came of a run under injected frames: how many were sent, the switch's counters
+/// before and after, and what the members' workers refused.
+struct Injected {
+    sent: u64,
+    before: BTreeMap<String, u64>,
+    after: BTreeMap<String, u64>,
+    refused: u64,
+}
+
+impl Injected {
+    /// How much counter `c` moved.
+    fn delta(&self, c: &str) -> u64 {
+        self.after[c] - self.before[c]
+    }
+}
+
+/// Members 0 and 1 of job 12 run message `message` (member 1 starts `late`) while each
+/// `(dev, frames)` of `injections` is sent out of `dev` in namespace `ns`; both results
+/// must be exact.
 fn run_under_injection(
     sw: &TestSwitch,
-    job: u32,
     message: u32,
     afxdp: bool,
     late: Duration,
     ns: &str,
-    dev: &str,
-    frames: &[Vec<u8>],
-) -> (u64, BTreeMap<String, u64>, BTreeMap<String, u64>) {
+    injections: &[(String, &[Vec<u8>])],
+) -> Injected {
     let stop = AtomicBool::new(false);
     let before = sw.counters();
     std::thread::scope(|s| {
-        let injector = s.spawn(|| inject(ns, dev, frames, &stop));
+        let injectors: Vec<_> = injections
+            .iter()
+            .map(|(dev, frames)| s.spawn(|| inject(ns, dev, frames, &stop)))
+            .collect();
         std::thread::sleep(Duration::from_millis(50));
-        sw.allreduce_with(
-            job,
+        let reports = sw.allreduce_with(
+            12,
             message,
             i32_shape(2, 8, 256),
             &[0, 1],
@@ -1071,7 +1084,12 @@ fn run_under_injection(
             },
         );
         stop.store(true, Ordering::Relaxed);
-        (injector.join().unwrap(), before, sw.counters())
+        Injected {
+            sent: injectors.into_iter().map(|i| i.join().unwrap()).sum(),
+            before,
+            after: sw.counters(),
+            refused: reports.iter().map(|r| r.refused).sum(),
+        }
     })
 }
 
@@ -1104,18 +1122,16 @@ fn tagged_forged_results_change_no_result_and_are_not_copied() {
             sw.lab.detach_hosts();
         }
         let frames = forgeries(&sw, Kind::Result, 12, message, stranger, false);
-        let ns = sw.lab.worker_ns(2);
-        let (sent, before, after) = run_under_injection(
+        let r = run_under_injection(
             &sw,
-            12,
             message,
             afxdp,
             Duration::from_millis(300),
-            &ns,
-            "eth0",
-            &frames,
+            &sw.lab.worker_ns(2),
+            &[("eth0".into(), &frames)],
         );
-        let d = |c: &str| after[c] - before[c];
+        let (sent, after) = (r.sent, &r.after);
+        let d = |c: &str| r.delta(c);
         eprintln!(
             "afxdp {afxdp}: {sent} tagged forgeries sent, {} dropped as spoofed, {} result copies for {} rounds",
             d("drop_spoofed_source"),
@@ -1148,18 +1164,15 @@ fn tagged_forged_refusals_do_not_stop_a_job() {
             sw.lab.detach_hosts();
         }
         let frames = forgeries(&sw, Kind::StatusReply, 12, message, stranger, false);
-        let ns = sw.lab.worker_ns(2);
-        let (sent, before, after) = run_under_injection(
+        let r = run_under_injection(
             &sw,
-            12,
             message,
             afxdp,
             Duration::ZERO,
-            &ns,
-            "eth0",
-            &frames,
+            &sw.lab.worker_ns(2),
+            &[("eth0".into(), &frames)],
         );
-        let spoofed = after["drop_spoofed_source"] - before["drop_spoofed_source"];
+        let (sent, spoofed) = (r.sent, r.delta("drop_spoofed_source"));
         eprintln!("afxdp {afxdp}: {sent} tagged refusals sent, {spoofed} dropped as spoofed");
         assert!(
             sent > 0 && spoofed >= sent,
@@ -1188,41 +1201,26 @@ fn results_and_refusals_without_the_members_cookie_are_ignored() {
         for kind in [Kind::Result, Kind::StatusReply] {
             // Out of each member's own port, toward the member.
             let frames = forgeries(&sw, kind, 12, message, switch_mac, true);
-            let mut refused = 0;
-            let stop = AtomicBool::new(false);
-            std::thread::scope(|s| {
-                let (f0, f1) = frames.split_at(frames.len() / 2);
-                let (stop, ns) = (&stop, &ns);
-                let a = s.spawn(move || inject(ns, &xagg_lab::lab::Lab::port(0), f0, stop));
-                let b = s.spawn(move || inject(ns, &xagg_lab::lab::Lab::port(1), f1, stop));
-                std::thread::sleep(Duration::from_millis(50));
-                // Member 1 starts late, so member 0 waits on the forgeries and member 1's
-                // first queries meet them.
-                let late = 300;
-                let reports = sw.allreduce_with(
-                    12,
-                    message,
-                    i32_shape(2, 8, 256),
-                    &[0, 1],
-                    WORKER_PORT,
-                    64 * 256,
-                    40 + u64::from(message),
-                    |p| {
-                        p.afxdp = afxdp;
-                        if p.member == 1 {
-                            std::thread::sleep(Duration::from_millis(late));
-                        }
-                    },
-                );
-                stop.store(true, Ordering::Relaxed);
-                let sent = a.join().unwrap() + b.join().unwrap();
-                refused = reports.iter().map(|r| r.refused).sum::<u64>();
-                eprintln!(
-                    "afxdp {afxdp}, {kind:?}: {sent} forgeries on the members' links, {refused} refused by the workers"
-                );
-                assert!(sent > 0);
-            });
-            assert!(refused > 0, "the workers refused nothing");
+            // Member 0's forgeries out of its port, member 1's out of its own. Member 1
+            // starts late, so member 0 waits on them and member 1's first queries meet them.
+            let (f0, f1) = frames.split_at(frames.len() / 2);
+            let r = run_under_injection(
+                &sw,
+                message,
+                afxdp,
+                Duration::from_millis(300),
+                &ns,
+                &[
+                    (xagg_lab::lab::Lab::port(0), f0),
+                    (xagg_lab::lab::Lab::port(1), f1),
+                ],
+            );
+            eprintln!(
+                "afxdp {afxdp}, {kind:?}: {} forgeries on the members' links, {} refused by the workers",
+                r.sent, r.refused
+            );
+            assert!(r.sent > 0);
+            assert!(r.refused > 0, "the workers refused nothing");
             message += 1;
         }
     }
