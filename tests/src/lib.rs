@@ -34,8 +34,29 @@ pub fn require_root(test: &str) -> bool {
     if std::env::var("CI").as_deref() == Ok("true") {
         panic!("{test}: needs root, and CI=true forbids skipping");
     }
-    eprintln!("\n*** SKIPPED {test}: needs root (BPF and network namespaces) ***\n");
+    skipped(&format!("{test}: needs root (BPF and network namespaces)"));
     false
+}
+
+/// Whether `n` CPUs are available to this process; skips loudly if not (a test of what
+/// happens on several CPUs at once proves nothing on one), and fails instead under CI=true.
+pub fn require_cpus(test: &str, n: usize) -> bool {
+    let have = std::thread::available_parallelism().map_or(1, |c| c.get());
+    if have >= n {
+        return true;
+    }
+    if std::env::var("CI").as_deref() == Ok("true") {
+        panic!("{test}: needs {n} CPUs, has {have}, and CI=true forbids skipping");
+    }
+    skipped(&format!("{test}: needs {n} CPUs, this process has {have}"));
+    false
+}
+
+/// Says a test was skipped where it shows: straight to the standard error, which the test
+/// harness captures only for `eprintln!`.
+fn skipped(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n*** SKIPPED {why} ***\n");
 }
 
 /// A job shape of i32 sums: `members` members, `slots` slots, `segment` elements.
