@@ -52,6 +52,26 @@ pub fn require_cpus(test: &str, n: usize) -> bool {
     false
 }
 
+/// Polls `check` every 20 ms until it returns `Ok`, and returns that; panics naming `what`
+/// and the last `Err` if `within` passes first. Tests wait for a state with this instead of
+/// sleeping a guessed time and asserting after.
+pub fn eventually<T, E: std::fmt::Debug>(
+    what: &str,
+    within: std::time::Duration,
+    mut check: impl FnMut() -> Result<T, E>,
+) -> T {
+    let deadline = std::time::Instant::now() + within;
+    loop {
+        match check() {
+            Ok(v) => return v,
+            Err(e) if std::time::Instant::now() >= deadline => {
+                panic!("{what}: not within {within:?}; last: {e:?}")
+            }
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(20)),
+        }
+    }
+}
+
 /// Says a test was skipped where it shows: straight to the standard error, which the test
 /// harness captures only for `eprintln!`.
 fn skipped(why: &str) {

@@ -1,6 +1,6 @@
 //! The daemon: pinning and adoption across restarts, detaching, and clear errors.
 
-use std::process::Command;
+use std::{process::Command, time::Duration};
 
 use xagg_common::wire::{DType, Op};
 use xagg_daemon::api::{Request, Response};
@@ -499,15 +499,14 @@ fn a_daemon_in_a_private_mount_namespace_warns() {
         .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
-    let mut text = String::new();
-    while std::time::Instant::now() < deadline {
-        text = std::fs::read_to_string(&log).unwrap_or_default();
+    let text = eventually("the daemon warns or exits", Duration::from_secs(10), || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
         if text.contains("mount namespace of its own") || child.try_wait().unwrap().is_some() {
-            break;
+            Ok(text)
+        } else {
+            Err(text)
         }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
+    });
     let _ = child.kill();
     let _ = child.wait();
     assert!(

@@ -6,7 +6,7 @@ use std::{
     os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt},
     path::{Path, PathBuf},
     process::{Child, Command},
-    time::{Duration, Instant},
+    time::Duration,
 };
 
 use nix::{
@@ -310,21 +310,24 @@ fn start_as_the_unit(sw: &TestSwitch) -> Started {
             .spawn()
             .expect("starting xaggd under setpriv"),
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    while api::call(&sw.socket, &Request::Status).is_err() {
-        if let Some(status) = d.0.try_wait().unwrap() {
-            panic!(
-                "xaggd with the unit's capabilities exited ({status}): {}",
-                std::fs::read_to_string(&sw.log).unwrap_or_default()
-            );
-        }
-        assert!(
-            Instant::now() < deadline,
-            "xaggd with the unit's capabilities did not come up: {}",
-            std::fs::read_to_string(&sw.log).unwrap_or_default()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    eventually(
+        "xaggd with the unit's capabilities comes up",
+        Duration::from_secs(15),
+        || {
+            if let Some(status) = d.0.try_wait().unwrap() {
+                panic!(
+                    "xaggd with the unit's capabilities exited ({status}): {}",
+                    std::fs::read_to_string(&sw.log).unwrap_or_default()
+                );
+            }
+            api::call(&sw.socket, &Request::Status).map_err(|e| {
+                format!(
+                    "{e}: {}",
+                    std::fs::read_to_string(&sw.log).unwrap_or_default()
+                )
+            })
+        },
+    );
     // The daemon holds the unit's capabilities, those of them this host grants, no more.
     let unit_caps = caps.iter().fold(0u64, |m, c| m | 1 << cap_number(&c[1..]));
     assert_eq!(

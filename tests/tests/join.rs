@@ -5,6 +5,7 @@
 //! second member behind one port, a credential's quota, a rank that never comes.
 
 use std::{
+    collections::BTreeMap,
     net::{SocketAddr, SocketAddrV4},
     time::Duration,
 };
@@ -167,6 +168,24 @@ impl Lab {
     }
 }
 
+/// The switch's counters once its hello counters stopped moving (two reads 50 ms apart
+/// agree): every hello veth delivered has been counted.
+fn settled(lab: &Lab) -> BTreeMap<String, u64> {
+    let hellos = |c: &BTreeMap<String, u64>| (c["hello"], c["drop_hello_quota"]);
+    let mut last = lab.sw.counters();
+    eventually("the hello counters settle", Duration::from_secs(5), || {
+        std::thread::sleep(Duration::from_millis(50));
+        let now = lab.sw.counters();
+        let same = hellos(&now) == hellos(&last);
+        last = now.clone();
+        if same {
+            Ok(now)
+        } else {
+            Err(hellos(&now))
+        }
+    })
+}
+
 /// One allreduce of i32 ones on every worker (each in its namespace): the sum is the
 /// member count.
 fn allreduce(lab: &Lab, workers: &[Worker]) {
@@ -217,9 +236,14 @@ fn workers_join_jobs_over_the_network() {
         let first = s.spawn(move || {
             lab_ref.on(0, || Worker::join(lab_ref.params(key, secret, 0, 0, 47801)))
         });
-        std::thread::sleep(Duration::from_millis(700));
-        let pending = lab_ref.joins();
-        assert_eq!(pending.len(), 1, "{pending:?}");
+        let pending = eventually("rank 0's job listed", Duration::from_secs(5), || {
+            let pending = lab_ref.joins();
+            if pending.len() == 1 && pending[0].present == [0] {
+                Ok(pending)
+            } else {
+                Err(pending)
+            }
+        });
         assert!(
             !pending[0].ready && pending[0].present == [0] && pending[0].missing == [1, 2],
             "{pending:?}"
@@ -509,14 +533,24 @@ fn an_idle_joined_job_goes_and_secrets_stay_secret() {
         let first = s.spawn(move || {
             lab_ref.on(0, || Worker::join(lab_ref.params(key, secret, 0, 0, 47801)))
         });
-        std::thread::sleep(Duration::from_millis(700));
-        let out = std::process::Command::new(bin("xagg"))
-            .arg("--socket")
-            .arg(&lab_ref.sw.socket)
-            .args(["job", "status"])
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
+        let text = eventually(
+            "the job listed by `xagg job status`",
+            Duration::from_secs(5),
+            || {
+                let out = std::process::Command::new(bin("xagg"))
+                    .arg("--socket")
+                    .arg(&lab_ref.sw.socket)
+                    .args(["job", "status"])
+                    .output()
+                    .unwrap();
+                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                if text.contains("pending") {
+                    Ok(text)
+                } else {
+                    Err(text)
+                }
+            },
+        );
         assert!(
             text.contains("pending") && text.contains("waiting for [1, 2]"),
             "{text}"
@@ -629,8 +663,7 @@ fn a_hello_flood_from_one_port_keeps_no_one_else_from_joining() {
     let before = lab.sw.counters();
     let flood = 2000;
     send_hellos(0x000f_100d_0000..0x000f_100d_0000 + flood);
-    std::thread::sleep(Duration::from_millis(100));
-    let after = lab.sw.counters();
+    let after = settled(&lab);
     let share = u64::from(xagg_common::job::HELLOS_PER_PORT);
     let d = |c: &str| after[c] - before[c];
     // Exactly the port's share recorded; the rest (all that veth delivered) refused.
@@ -653,8 +686,7 @@ fn a_hello_flood_from_one_port_keeps_no_one_else_from_joining() {
     );
     let before = lab.sw.counters();
     send_hellos(0x5eed_0000..0x5eed_0000 + 10);
-    std::thread::sleep(Duration::from_millis(100));
-    let after = lab.sw.counters();
+    let after = settled(&lab);
     let d = |c: &str| after[c] - before[c];
     assert_eq!((d("hello"), d("drop_hello_quota")), (10, 0), "{after:?}");
 }

@@ -171,18 +171,13 @@ fn counters_metrics_and_the_live_view() {
         .join()
         .unwrap();
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(5);
-    let logged = loop {
+    let logged = eventually("the stranger's drop logged", Duration::from_secs(5), || {
         let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
-        if let Some(l) = log.lines().find(|l| l.contains("drop_not_member")) {
-            break l.to_string();
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no drop logged:\n{log}"
-        );
-        std::thread::sleep(Duration::from_millis(200));
-    };
+        log.lines()
+            .find(|l| l.contains("drop_not_member"))
+            .map(str::to_string)
+            .ok_or(log)
+    });
     assert!(logged.contains("10.77.0.13:47899"), "{logged}");
     eprintln!("logged: {logged}");
 

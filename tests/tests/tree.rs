@@ -237,8 +237,14 @@ fn a_rank_cannot_forge_results() {
         Ok(())
     })
     .unwrap();
-    std::thread::sleep(Duration::from_millis(200));
-    let c = lab.counters();
+    let c = eventually("the forgeries counted", Duration::from_secs(5), || {
+        let c = lab.counters();
+        if c[1]["drop_not_parent"] >= 5 {
+            Ok(c)
+        } else {
+            Err(c[1].clone())
+        }
+    });
     assert_eq!(c[1]["drop_not_parent"], 5, "host: {:?}", c[1]);
     assert_eq!(
         c[1]["parent_result"], before[1]["parent_result"],
