@@ -133,7 +133,7 @@ fn hosts_under_a_switch() {
     }
 }
 
-/// Seed 000's example: 4 hosts of 4 ranks under one switch; full segments (multi-buffer
+/// 4 hosts of 4 ranks under one switch; full segments (multi-buffer
 /// frames at every level).
 #[test]
 fn four_hosts_of_four_ranks() {

@@ -22,7 +22,7 @@ use crate::{
 pub enum TopologyName {
     /// Every worker behind its own switch port (`--workers` of them).
     Flat,
-    /// Seed 000's example: 4 hosts of 4 ranks under one switch; each host reduces its
+    /// 4 hosts of 4 ranks under one switch; each host reduces its
     /// ranks and sends one partial per segment.
     Hosts,
     /// A spine over 2 leaf switches, each over 2 hosts of 2 ranks.

@@ -466,7 +466,8 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
     })
 }
 
-/// Execution status carried in results (seed 000's "execution status").
+/// The header's `status`: 0 in results; a copy's state or a refusal in status replies
+/// (`docs/protocol.md`, Status values).
 pub mod status {
     pub const OK: u8 = 0;
     /// A status reply refusing the query, so a worker learns why the switch does not take
@@ -485,9 +486,6 @@ pub mod status {
 /// The collective header, 38 bytes, every multi-byte field big-endian. Fields are byte
 /// arrays so the struct has alignment 1 and no padding; accessors convert. Build one with
 /// [`Header::builder`]; the XDP programs edit headers in place with the setters.
-///
-/// The source documents' names of the coordinates are `jid` (job), `mid` (message), `sid`
-/// (segment) and `seg` (slot); `docs/protocol.md` maps them once.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct Header {

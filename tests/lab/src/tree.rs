@@ -34,7 +34,7 @@ use crate::{
 /// The lab topologies with aggregation below the switch.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Topology {
-    /// `hosts` hosts of `ranks` ranks each under one switch (seed 000's Fig. 8 is 4 x 4).
+    /// `hosts` hosts of `ranks` ranks each under one switch.
     Hosts { hosts: usize, ranks: usize },
     /// A spine over `leaves` leaf switches, each over `hosts` hosts of `ranks` ranks.
     Tree {
