@@ -1,0 +1,374 @@
+//! Loading the programs, attaching them to the ports, pinning them with the maps, and adopting
+//! an earlier daemon's pinned dataplane.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray, ProgramArray},
+    programs::{links::FdLink, tc, SchedClassifier, TcAttachType, Xdp, XdpMode},
+    Ebpf,
+};
+use log::{info, warn};
+use xagg_common::{
+    job::SwitchConfig,
+    slot::{Fold, DELIVER, DELIVER_PROGRAM},
+    LAYOUT_VERSION,
+};
+use xagg_sys::iface;
+
+use crate::{
+    config::{Config, XdpMode as Mode},
+    dataplane::{map_err, pin_err, Dataplane, DataplaneError, Result, MAP_NAMES},
+};
+
+impl Dataplane {
+    /// Adopts the pinned dataplane if there is one (and `pin` is set), else loads and
+    /// attaches a fresh one. Must run in the ports' network namespace.
+    pub fn start(cfg: &Config, pinned: bool) -> Result<Self> {
+        let pin = pinned.then(|| cfg.daemon.pin_path.clone());
+        if let Some(dir) = &pin {
+            if dir.join("maps/JOBS").exists() {
+                let pinned = read_layout(dir)?;
+                if pinned != LAYOUT_VERSION {
+                    return Err(DataplaneError::LayoutChanged {
+                        pin: dir.clone(),
+                        pinned,
+                        ours: LAYOUT_VERSION,
+                    });
+                }
+                let mut dp = Self::adopt(dir)?;
+                let pinned_ports = read_ports(dir)?;
+                if pinned_ports != cfg.switch.ports {
+                    return Err(DataplaneError::PortsChanged {
+                        pin: dir.clone(),
+                        pinned: pinned_ports,
+                        configured: cfg.switch.ports.clone(),
+                    });
+                }
+                dp.ports = pinned_ports;
+                info!("adopted the pinned dataplane at {}", dir.display());
+                dp.configure_switch(cfg)?;
+                return Ok(dp);
+            }
+        }
+        // A start that fails half-way leaves no pins behind, unless they were there.
+        let fresh = pin.as_ref().is_some_and(|d| !d.exists());
+        let loaded = Self::load(cfg, pin.clone());
+        if let (Err(_), true, Some(dir)) = (&loaded, fresh, &pin) {
+            let _ = unpin(dir);
+        }
+        loaded
+    }
+
+    fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
+        if xagg_sys::object_missing().is_some() {
+            return Err(DataplaneError::NoObject);
+        }
+        let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
+        let mode = cfg.mode().map_err(DataplaneError::Other)?;
+
+        let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
+        result.load().map_err(|source| DataplaneError::Program {
+            name: "xagg_result",
+            source,
+        })?;
+        let result_fd = result
+            .fd()
+            .map_err(|source| DataplaneError::Program {
+                name: "xagg_result",
+                source,
+            })?
+            .try_clone()
+            .map_err(|e| DataplaneError::Other(format!("duplicating a program fd: {e}")))?;
+
+        if let Some(dir) = &pin {
+            for sub in ["maps", "links", "links/fanout"] {
+                fs::create_dir_all(dir.join(sub)).map_err(|e| pin_err(dir)(Box::new(e)))?;
+            }
+        }
+        let mut maps = BTreeMap::new();
+        for name in MAP_NAMES {
+            let map = ebpf
+                .take_map(name)
+                .ok_or_else(|| DataplaneError::Other(format!("object lacks map {name}")))?;
+            if let Some(dir) = &pin {
+                let path = dir.join("maps").join(name);
+                map.pin(&path).map_err(|e| pin_err(&path)(Box::new(e)))?;
+            }
+            maps.insert(name, map);
+        }
+        let mut take = |name: &'static str| maps.remove(name).expect("taken above");
+        let mut layout: Array<MapData, u32> =
+            Array::try_from(take("LAYOUT")).map_err(map_err("LAYOUT"))?;
+        layout
+            .set(0, LAYOUT_VERSION, 0)
+            .map_err(map_err("LAYOUT"))?;
+
+        let mut ports: DevMap<MapData> =
+            DevMap::try_from(take("PORTS")).map_err(map_err("PORTS"))?;
+        for (i, port) in cfg.switch.ports.iter().enumerate() {
+            let ifindex = iface::ifindex(port)
+                .map_err(|e| DataplaneError::Other(format!("switch.ports[{i}]: {e:#}")))?;
+            ports
+                .set(i as u32, ifindex, Some(&result_fd), 0)
+                .map_err(|e| DataplaneError::Other(format!("PORTS[{i}] = {port}: {e}")))?;
+        }
+
+        let mut folds: ProgramArray<MapData> =
+            ProgramArray::try_from(take("FOLDS")).map_err(map_err("FOLDS"))?;
+        load_folds(&mut ebpf, &mut folds)?;
+
+        // The fan-out of multi-buffer results, on each port's tc ingress.
+        let fanout: &mut SchedClassifier = ebpf
+            .program_mut("xagg_fanout")
+            .ok_or_else(|| DataplaneError::Other("object lacks program xagg_fanout".into()))?
+            .try_into()
+            .map_err(|source| DataplaneError::Program {
+                name: "xagg_fanout",
+                source,
+            })?;
+        fanout.load().map_err(|source| DataplaneError::Program {
+            name: "xagg_fanout",
+            source,
+        })?;
+        let mut fanout_links = Vec::new();
+        let mut link_pins = Vec::new();
+        for port in &cfg.switch.ports {
+            // EEXIST: the port has its clsact qdisc already.
+            let _ = tc::qdisc_add_clsact(port);
+            let err = |source| DataplaneError::Attach {
+                port: port.clone(),
+                source,
+            };
+            let id = fanout.attach(port, TcAttachType::Ingress).map_err(err)?;
+            let link = fanout.take_link(id).map_err(err)?;
+            if pin.is_some() {
+                let fd: FdLink = link.try_into().map_err(|e| {
+                    DataplaneError::Other(format!(
+                        "tc link on {port} is not a bpf_link, cannot pin it: {e}"
+                    ))
+                })?;
+                link_pins.push((format!("fanout/{port}"), fd));
+            } else {
+                fanout_links.push(link);
+            }
+        }
+
+        let switch: &mut Xdp = prog(&mut ebpf, "xagg_switch")?;
+        switch.load().map_err(|source| DataplaneError::Program {
+            name: "xagg_switch",
+            source,
+        })?;
+        let mut links = Vec::new();
+        for port in &cfg.switch.ports {
+            let id = attach(switch, port, mode)?;
+            let link = switch
+                .take_link(id)
+                .map_err(|source| DataplaneError::Program {
+                    name: "xagg_switch",
+                    source,
+                })?;
+            if pin.is_some() {
+                let fd: FdLink = link.try_into().map_err(|e| {
+                    DataplaneError::Other(format!(
+                        "link on {port} is not a bpf_link, cannot pin it: {e}"
+                    ))
+                })?;
+                link_pins.push((port.clone(), fd));
+            } else {
+                links.push(link);
+            }
+        }
+
+        if let Some(dir) = &pin {
+            for (port, fd) in link_pins {
+                let path = dir.join("links").join(&port);
+                fd.pin(&path).map_err(|e| pin_err(&path)(Box::new(e)))?;
+            }
+        }
+
+        drop(ports);
+        let mut dp = Self {
+            jobs: Array::try_from(take("JOBS")).map_err(map_err("JOBS"))?,
+            egress: HashMap::try_from(take("EGRESS")).map_err(map_err("EGRESS"))?,
+            slots: Array::try_from(take("SLOTS")).map_err(map_err("SLOTS"))?,
+            switch: Array::try_from(take("SWITCH")).map_err(map_err("SWITCH"))?,
+            faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
+            counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
+            hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
+            hello_counts: HashMap::try_from(take("HELLO_COUNTS"))
+                .map_err(map_err("HELLO_COUNTS"))?,
+            parents: HashMap::try_from(take("PARENTS")).map_err(map_err("PARENTS"))?,
+            job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
+                .map_err(map_err("JOB_COUNTERS"))?,
+            drops: Array::try_from(take("DROPS")).map_err(map_err("DROPS"))?,
+            pin,
+            _links: links,
+            _fanout_links: fanout_links,
+            _folds: Some(folds),
+            _ebpf: Some(ebpf),
+            adopted: false,
+            ports: cfg.switch.ports.clone(),
+        };
+        dp.configure_switch(cfg)?;
+        info!(
+            "dataplane attached to {} ({})",
+            cfg.switch.ports.join(", "),
+            if dp.pin.is_some() {
+                "pinned"
+            } else {
+                "detached on exit"
+            }
+        );
+        Ok(dp)
+    }
+
+    fn adopt(dir: &Path) -> Result<Self> {
+        let open = |name: &'static str| -> Result<Map> {
+            let md = MapData::from_pin(dir.join("maps").join(name)).map_err(map_err(name))?;
+            Map::from_map_data(md).map_err(map_err(name))
+        };
+        Ok(Self {
+            jobs: Array::try_from(open("JOBS")?).map_err(map_err("JOBS"))?,
+            egress: HashMap::try_from(open("EGRESS")?).map_err(map_err("EGRESS"))?,
+            slots: Array::try_from(open("SLOTS")?).map_err(map_err("SLOTS"))?,
+            switch: Array::try_from(open("SWITCH")?).map_err(map_err("SWITCH"))?,
+            faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
+            counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
+            hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
+            hello_counts: HashMap::try_from(open("HELLO_COUNTS")?)
+                .map_err(map_err("HELLO_COUNTS"))?,
+            parents: HashMap::try_from(open("PARENTS")?).map_err(map_err("PARENTS"))?,
+            job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
+                .map_err(map_err("JOB_COUNTERS"))?,
+            drops: Array::try_from(open("DROPS")?).map_err(map_err("DROPS"))?,
+            pin: Some(dir.to_owned()),
+            _links: Vec::new(),
+            _fanout_links: Vec::new(),
+            _folds: None,
+            _ebpf: None,
+            adopted: true,
+            ports: Vec::new(),
+        })
+    }
+
+    /// Writes the switch's address, port and MAC into the `SWITCH` map.
+    fn configure_switch(&mut self, cfg: &Config) -> Result<()> {
+        let mac = match &cfg.switch.mac {
+            Some(m) => iface::parse_mac(m).map_err(DataplaneError::Other)?,
+            None => {
+                let holder = iface::holding(cfg.switch.address)
+                    .map_err(|e| DataplaneError::Other(format!("{e:#}")))?
+                    .ok_or_else(|| {
+                        DataplaneError::Other(format!(
+                            "switch.address {} is on no interface here: assign it to one (e.g. the bridge of the ports) or set switch.mac",
+                            cfg.switch.address
+                        ))
+                    })?;
+                iface::mac(&holder).map_err(|e| DataplaneError::Other(format!("{e:#}")))?
+            }
+        };
+        let value = SwitchConfig {
+            ip: cfg.switch.address.octets(),
+            port: cfg.switch.udp_port.to_be_bytes(),
+            mac,
+        };
+        self.switch.set(0, value, 0).map_err(map_err("SWITCH"))
+    }
+
+    pub fn pinned(&self) -> bool {
+        self.pin.is_some()
+    }
+}
+
+/// Removes a pinned dataplane: its links (so the programs detach) and maps.
+pub fn unpin(dir: &Path) -> std::io::Result<bool> {
+    if !dir.exists() {
+        return Ok(false);
+    }
+    fs::remove_dir_all(dir)?;
+    Ok(true)
+}
+
+/// The map layout of a pinned dataplane: its `LAYOUT` map, or 1 when it has none (pinned
+/// by a build from before layouts were versioned).
+fn read_layout(dir: &Path) -> Result<u32> {
+    let path = dir.join("maps/LAYOUT");
+    if !path.exists() {
+        return Ok(1);
+    }
+    let md = MapData::from_pin(&path).map_err(map_err("LAYOUT"))?;
+    let layout: Array<MapData, u32> =
+        Array::try_from(Map::from_map_data(md).map_err(map_err("LAYOUT"))?)
+            .map_err(map_err("LAYOUT"))?;
+    layout.get(&0, 0).map_err(map_err("LAYOUT"))
+}
+
+/// The ports of a pinned dataplane, from its broadcast devmap (bpffs holds no plain
+/// files, and the devmap is what the dataplane really uses).
+fn read_ports(dir: &Path) -> Result<Vec<String>> {
+    let md = MapData::from_pin(dir.join("maps/PORTS")).map_err(map_err("PORTS"))?;
+    let ports: DevMap<MapData> =
+        DevMap::try_from(Map::from_map_data(md).map_err(map_err("PORTS"))?)
+            .map_err(map_err("PORTS"))?;
+    let mut names = Vec::new();
+    for i in 0..ports.len() {
+        match ports.get(i, 0) {
+            Ok(v) if v.if_index != 0 => names.push(
+                nix::net::if_::if_indextoname(v.if_index)
+                    .map(|s| s.to_string_lossy().into_owned())
+                    .unwrap_or_else(|_| format!("ifindex {}", v.if_index)),
+            ),
+            _ => break,
+        }
+    }
+    Ok(names)
+}
+
+/// Loads every fold program of `ebpf` and enters it in `folds` (the object's `FOLDS` map),
+/// where `xagg_switch` finds it by its `Fold`, and `xagg_deliver` after them.
+pub fn load_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()> {
+    let programs = Fold::ALL
+        .iter()
+        .map(|f| (*f as u32, f.program()))
+        .chain([(DELIVER, DELIVER_PROGRAM)]);
+    for (index, name) in programs {
+        let p = prog(ebpf, name)?;
+        p.load()
+            .map_err(|source| DataplaneError::Program { name, source })?;
+        let fd = p
+            .fd()
+            .map_err(|source| DataplaneError::Program { name, source })?;
+        folds.set(index, fd, 0).map_err(map_err("FOLDS"))?;
+    }
+    Ok(())
+}
+
+fn prog<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
+    ebpf.program_mut(name)
+        .ok_or_else(|| DataplaneError::Other(format!("object lacks program {name}")))?
+        .try_into()
+        .map_err(|source| DataplaneError::Program { name, source })
+}
+
+fn attach(prog: &mut Xdp, port: &str, mode: Mode) -> Result<aya::programs::xdp::XdpLinkId> {
+    let err = |source| DataplaneError::Attach {
+        port: port.to_owned(),
+        source,
+    };
+    match mode {
+        Mode::Native => prog.attach(port, XdpMode::Driver).map_err(err),
+        Mode::Generic => prog.attach(port, XdpMode::Skb).map_err(err),
+        Mode::Auto => match prog.attach(port, XdpMode::Driver) {
+            Ok(id) => Ok(id),
+            Err(e) => {
+                warn!("native XDP on {port} failed ({e}); falling back to generic mode, which is slower");
+                prog.attach(port, XdpMode::Skb).map_err(err)
+            }
+        },
+    }
+}

@@ -1,0 +1,151 @@
+//! Loading, attaching, pinning and adopting the XDP dataplane, and the map operations the
+//! daemon performs on it. The dataplane's maps are the single source of truth: a restarted
+//! daemon adopts the pinned maps and knows every job from them.
+
+use std::path::{Path, PathBuf};
+
+use aya::{
+    maps::{Array, HashMap, MapData, PerCpuArray, ProgramArray},
+    Ebpf,
+};
+use xagg_common::{
+    job::{EgressKey, Faults, Hello, MemberAddr, SwitchConfig},
+    slot::SlotImage,
+    Job,
+};
+
+use crate::job::JobError;
+
+mod hellos;
+mod jobs;
+mod load;
+mod observe;
+
+pub use load::{load_folds, unpin};
+pub use observe::{JobCounters, MemberCounters, SlotStatus};
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataplaneError {
+    #[error("the XDP object was not built into this binary: run `cargo xtask build` (or `cargo xtask demo`) and rebuild")]
+    NoObject,
+    #[error("loading the XDP object: {0}")]
+    Load(#[from] aya::EbpfError),
+    #[error("program {name}: {source}")]
+    Program {
+        name: &'static str,
+        source: aya::programs::ProgramError,
+    },
+    #[error(
+        "attaching to {port}: {source} (try xdp_mode = \"generic\" if the driver lacks native XDP)"
+    )]
+    Attach {
+        port: String,
+        source: aya::programs::ProgramError,
+    },
+    #[error("map {name}: {source}")]
+    Map {
+        name: &'static str,
+        source: aya::maps::MapError,
+    },
+    #[error(
+        "pinning under {path}: {source} (is a bpffs mounted there? `mount -t bpf bpf /sys/fs/bpf`)"
+    )]
+    Pin {
+        path: PathBuf,
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("{0}")]
+    Job(#[from] JobError),
+    #[error("job {0} already exists: remove it first (`xagg job remove {0}`)")]
+    JobExists(u32),
+    #[error("no job {0}")]
+    NoJob(u32),
+    #[error("job {id} needs {want} slots but the largest free range is smaller ({free} of {total} slots free in all): ask for fewer slots or remove a job")]
+    NoSlots {
+        id: u32,
+        want: u32,
+        free: u32,
+        total: u32,
+    },
+    #[error("the pinned dataplane at {pin} was started with ports {pinned:?}, the configuration names {configured:?}: run `xagg detach --pin-path {pin}` (or `xaggd --reload --config FILE`) to replace it (running jobs are dropped), or restore the configuration")]
+    PortsChanged {
+        pin: PathBuf,
+        pinned: Vec<String>,
+        configured: Vec<String>,
+    },
+    #[error("the pinned dataplane at {pin} has map layout {pinned}, this build has layout {ours}: run `xaggd --reload --config FILE` (or `xagg detach --pin-path {pin}`, then start xaggd) to replace it with this build's (running jobs are dropped), or run the build that pinned it")]
+    LayoutChanged {
+        pin: PathBuf,
+        pinned: u32,
+        ours: u32,
+    },
+    #[error("{0}")]
+    Other(String),
+}
+
+pub(crate) type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+
+/// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
+/// it existed have layout 1.
+pub(crate) const MAP_NAMES: [&str; 14] = [
+    "JOBS",
+    "EGRESS",
+    "SLOTS",
+    "SWITCH",
+    "PORTS",
+    "COUNTERS",
+    "FAULTS",
+    "LAYOUT",
+    "HELLOS",
+    "HELLO_COUNTS",
+    "JOB_COUNTERS",
+    "DROPS",
+    "FOLDS",
+    "PARENTS",
+];
+
+pub struct Dataplane {
+    jobs: Array<MapData, Job>,
+    egress: HashMap<MapData, EgressKey, u32>,
+    slots: Array<MapData, SlotImage>,
+    switch: Array<MapData, SwitchConfig>,
+    faults: Array<MapData, Faults>,
+    counters: PerCpuArray<MapData, u64>,
+    /// The first sender of each drop reason since the daemon last took them.
+    drops: Array<MapData, MemberAddr>,
+    /// Per-job and per-member counters, a row per job index.
+    job_counters: PerCpuArray<MapData, u64>,
+    /// Joining members' hellos by token (the switch program fills it, each port up to its
+    /// share).
+    hellos: HashMap<MapData, u64, Hello>,
+    /// Hellos waiting per port, which the sweep recounts.
+    hello_counts: HashMap<MapData, u32, u32>,
+    /// Inner-level jobs by their id at the parent: where the parent's results go.
+    parents: HashMap<MapData, u32, u32>,
+    /// The pin directory, when the dataplane outlives the daemon.
+    pin: Option<PathBuf>,
+    /// Links of an unpinned dataplane (XDP, and the fan-out's tc ingress): dropping them
+    /// detaches the programs.
+    _links: Vec<aya::programs::xdp::XdpLink>,
+    _fanout_links: Vec<aya::programs::tc::SchedClassifierLink>,
+    /// The fold programs' table: its entries live as long as a descriptor of it (or its pin).
+    _folds: Option<ProgramArray<MapData>>,
+    _ebpf: Option<Ebpf>,
+    /// Whether the maps came from an earlier daemon's pins.
+    pub adopted: bool,
+    /// The switch's ports, in devmap order: a job's members must be behind them.
+    ports: Vec<String>,
+}
+
+pub(crate) fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError {
+    move |source| DataplaneError::Map { name, source }
+}
+
+pub(crate) fn pin_err(
+    path: &Path,
+) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> DataplaneError + '_ {
+    move |source| DataplaneError::Pin {
+        path: path.to_owned(),
+        source,
+    }
+}
