@@ -2,7 +2,6 @@
 
 mod bench;
 mod build;
-mod capacity;
 mod demo;
 mod topology;
 mod xsk_send;

@@ -9,6 +9,8 @@
 //!   `repeat` 1 run, so every sample is a real state transition. A repeat-1 run includes the
 //!   kernel's clock reads (tens of ns).
 
+mod capacity;
+
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
@@ -466,7 +468,7 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
 
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.send_path {
-        let r = crate::capacity::send_path(a.quick);
+        let r = capacity::send_path(a.quick);
         crate::demo::clean_up();
         let points = r?;
         return write_figures(
@@ -487,7 +489,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let capacity = if a.dataplane_only || a.no_capacity {
         Vec::new()
     } else {
-        let r = crate::capacity::run(a.quick, &a.workers);
+        let r = capacity::run(a.quick, &a.workers);
         crate::demo::clean_up();
         r?
     };

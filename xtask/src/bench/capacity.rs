@@ -155,7 +155,7 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
             .enumerate()
         {
             let job = 10 + k as u32;
-            crate::bench::add_job(&sw, job, elements, SLOTS)?;
+            super::add_job(&sw, job, elements, SLOTS)?;
             let mut g = Generator::new(&sw.lab, job, elements, false)?;
             // A first short run warms the lab up (the first one after the lab came up
             // measured low); its figures are not kept.
@@ -214,7 +214,7 @@ fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
     sw.lab.attach_hosts(object)?;
     thread_napi(&sw.lab)?;
     let (job, elements) = (20, DType::I32.max_elements());
-    crate::bench::add_job(&sw, job, elements, SLOTS)?;
+    super::add_job(&sw, job, elements, SLOTS)?;
     let mut g = Generator::new(&sw.lab, job, elements, true)?;
     let mut out = Vec::new();
     let run = |g: &mut Generator, with, rate| -> Result<SendPathPoint> {
