@@ -16,32 +16,25 @@
 
 use std::{
     collections::BTreeMap,
-    net::{SocketAddrV4, UdpSocket},
-    os::fd::AsRawFd,
     time::{Duration, Instant},
 };
 
 use anyhow::{Context, Result};
 use serde::Serialize;
 use xagg_common::{
-    wire::{self, DType, Header, Kind, Op, FLAG_SHADOW},
+    wire::{self, DType},
     Counter,
 };
-use xagg_lab::{
-    lab::{self, Lab},
-    switch::LabSwitch,
-    testrun::contribution,
-};
+use xagg_lab::{lab::Lab, switch::LabSwitch};
 
-use crate::{build::ebpf_object, xsk_send::XskSender};
+use super::{end_to_end::add_job, generator::Generator};
+use crate::build::ebpf_object;
 
 /// The CPU the switch's NAPI threads are pinned to; the generator and the members' side
 /// take CPU 0.
 const SWITCH_CPU: usize = 1;
 /// Slots of the measured job: rounds in flight per member.
-const SLOTS: u32 = 128;
-/// Rounds per GSO burst of one member.
-const BURST: u32 = 16;
+pub(super) const SLOTS: u32 = 128;
 /// The loss a sustained rate may have.
 const MAX_LOSS: f64 = 0.001;
 
@@ -90,41 +83,6 @@ pub struct Spent {
     pub switch_cpu: f64,
 }
 
-/// How the generator sends: UDP GSO bursts (as the workers do), or whole frames through
-/// AF_XDP.
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub enum SendWith {
-    Gso,
-    AfXdp,
-}
-
-impl SendWith {
-    pub fn name(self) -> &'static str {
-        match self {
-            SendWith::Gso => "udp-gso",
-            SendWith::AfXdp => "af-xdp",
-        }
-    }
-}
-
-/// One run of the send-path measurement (the JSON's `send_path`).
-#[derive(Serialize, Clone, Debug)]
-pub struct SendPathPoint {
-    pub send_with: &'static str,
-    pub members: usize,
-    pub segment_bytes: usize,
-    /// The target rate (contributions/s); None: as fast as the generator could.
-    pub paced_at: Option<f64>,
-    pub contributions_per_s: f64,
-    pub loss: f64,
-    /// CPU µs per contribution: the sending thread, the sending CPU in all (the members'
-    /// receive side included), the switch CPU, and the sum of the two CPUs.
-    pub sender_us: f64,
-    pub sending_cpu_us: f64,
-    pub switch_cpu_us: f64,
-    pub total_us: f64,
-}
-
 /// Capacity per member count and segment size.
 pub fn run(quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
     let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
@@ -155,7 +113,7 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
             .enumerate()
         {
             let job = 10 + k as u32;
-            super::add_job(&sw, job, elements, SLOTS)?;
+            add_job(&sw, job, elements, SLOTS)?;
             let mut g = Generator::new(&sw.lab, job, elements, false)?;
             // A first short run warms the lab up (the first one after the lab came up
             // measured low); its figures are not kept.
@@ -194,95 +152,9 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
     Ok(out)
 }
 
-/// The send path on its own: the same contributions (4 members, full segments) sent with
-/// UDP GSO, as the workers do, and with AF_XDP, alternating; first as fast as the generator
-/// can, then both at one rate below either's maximum; the CPU per contribution on each
-/// side.
-pub fn send_path(quick: bool) -> Result<Vec<SendPathPoint>> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    anyhow::ensure!(cpus >= 2, "the send-path measurement needs two CPUs");
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    let affinity = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-    let r = send_path_points(&object, quick);
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &affinity)?;
-    r
-}
-
-fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
-    let (n, seconds, rounds) = (4, if quick { 0.3 } else { 2.0 }, if quick { 1 } else { 3 });
-    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
-    sw.lab.attach_hosts(object)?;
-    thread_napi(&sw.lab)?;
-    let (job, elements) = (20, DType::I32.max_elements());
-    super::add_job(&sw, job, elements, SLOTS)?;
-    let mut g = Generator::new(&sw.lab, job, elements, true)?;
-    let mut out = Vec::new();
-    let run = |g: &mut Generator, with, rate| -> Result<SendPathPoint> {
-        g.with = with;
-        let p = measure(&sw, g, seconds, rate)?;
-        let us = |s: f64| s * 1e6 / p.spent.contributions.max(1) as f64;
-        let point = SendPathPoint {
-            send_with: with.name(),
-            members: n,
-            segment_bytes: p.segment_bytes,
-            paced_at: rate,
-            contributions_per_s: p.contributions_per_s,
-            loss: p.loss,
-            sender_us: us(p.spent.sender),
-            sending_cpu_us: us(p.spent.sending_cpu),
-            switch_cpu_us: us(p.spent.switch_cpu),
-            total_us: us(p.spent.sending_cpu + p.spent.switch_cpu),
-        };
-        // A way of sending that does not reach the switch fails the measurement.
-        anyhow::ensure!(
-            point.contributions_per_s > 0.0 && point.loss < 0.5,
-            "sending with {}: the switch took {:.0} contributions/s, {:.1} % of rounds lost",
-            point.send_with,
-            point.contributions_per_s,
-            point.loss * 100.0
-        );
-        eprintln!(
-            "send path {:>7}{}: {:>7.0} contributions/s, loss {:.3} %, CPU µs per contribution: sender {:.2}, sending CPU {:.2}, switch CPU {:.2}, both {:.2}",
-            point.send_with,
-            rate.map_or(" (unpaced)".into(), |r| format!(" (paced at {r:.0}/s)")),
-            point.contributions_per_s,
-            point.loss * 100.0,
-            point.sender_us,
-            point.sending_cpu_us,
-            point.switch_cpu_us,
-            point.total_us,
-        );
-        Ok(point)
-    };
-    // Warm up both ways; not kept.
-    for with in [SendWith::Gso, SendWith::AfXdp] {
-        g.with = with;
-        measure(&sw, &mut g, seconds / 4.0, None)?;
-    }
-    for _ in 0..rounds {
-        for with in [SendWith::Gso, SendWith::AfXdp] {
-            out.push(run(&mut g, with, None)?);
-        }
-    }
-    let slowest = out
-        .iter()
-        .map(|p| p.contributions_per_s)
-        .fold(f64::INFINITY, f64::min);
-    let rate = (slowest * 0.7).round();
-    for _ in 0..rounds {
-        for with in [SendWith::Gso, SendWith::AfXdp] {
-            out.push(run(&mut g, with, Some(rate))?);
-        }
-    }
-    drop(g);
-    sw.lab.detach_hosts();
-    sw.stop()?;
-    Ok(out)
-}
-
 /// Every switch port's NAPI in a thread pinned to [`SWITCH_CPU`]; every member interface's
 /// in a thread on CPU 0. Threaded NAPI needs an XDP program on the interface (attached).
-fn thread_napi(lab: &Lab) -> Result<()> {
+pub(super) fn thread_napi(lab: &Lab) -> Result<()> {
     let mut ifaces: Vec<(String, String, usize)> = (0..lab.workers)
         .map(|i| (lab.switch_ns(), Lab::port(i), SWITCH_CPU))
         .collect();
@@ -326,151 +198,9 @@ fn napi_threads() -> Result<Vec<i32>> {
         .collect())
 }
 
-/// Every member's socket, and where the generator is in the job's rounds.
-struct Generator {
-    /// Each member's UDP socket; it also takes (and never reads) the results.
-    sockets: Vec<UdpSocket>,
-    /// Each member's AF_XDP socket, where the send path is measured.
-    xsks: Vec<XskSender>,
-    with: SendWith,
-    job: u32,
-    elements: usize,
-    /// One burst of datagrams: the payloads written once, each header rewritten per round
-    /// (building every datagram afresh cost the generator more CPU than the switch).
-    buf: Vec<u8>,
-    /// Bytes of one datagram.
-    len: usize,
-    /// The next round (a segment of message 0, then of the next messages).
-    round: u64,
-    /// Rounds per GSO burst of one member.
-    burst: u32,
-}
-
-impl Generator {
-    fn new(lab: &Lab, job: u32, elements: usize, afxdp: bool) -> Result<Self> {
-        let switch = SocketAddrV4::new(lab::SWITCH_IP, wire::DEFAULT_PORT);
-        let sockets = (0..lab.workers)
-            .map(|i| {
-                lab::in_netns(&lab.worker_ns(i), || {
-                    let s =
-                        UdpSocket::bind(SocketAddrV4::new(lab::worker_ip(i), lab::WORKER_PORT))?;
-                    s.connect(switch)?;
-                    Ok(s)
-                })
-            })
-            .collect::<Result<_>>()?;
-        let mut g = Self {
-            sockets,
-            xsks: Vec::new(),
-            with: SendWith::Gso,
-            job,
-            elements,
-            buf: Vec::new(),
-            len: 0,
-            round: 0,
-            // As many rounds as one 64 KiB GSO super-packet holds.
-            burst: BURST.min(64_000 / (wire::PAYLOAD_OFFSET - 42 + elements * 4) as u32),
-        };
-        let values: Vec<i32> = (0..elements as i32).collect();
-        let one = contribution(g.header(0, 0), &values);
-        g.len = one.len();
-        g.buf = one.repeat(g.burst as usize);
-        if afxdp {
-            // Frames as the member's kernel would send them: to the switch's MAC (br0's) and
-            // address.
-            let switch_mac = lab::in_netns(&lab.switch_ns(), || xagg_sys::iface::mac("br0"))?;
-            for i in 0..lab.workers {
-                let src = xagg_common::job::MemberAddr {
-                    ifindex: 0,
-                    ip: lab::worker_ip(i).octets(),
-                    mac: lab.worker_mac(i)?,
-                    port: lab::WORKER_PORT.to_be_bytes(),
-                };
-                let mut frame = xagg_lab::testrun::frame(&src, wire::DEFAULT_PORT, &one);
-                frame[..6].copy_from_slice(&switch_mac);
-                frame[30..34].copy_from_slice(&lab::SWITCH_IP.octets());
-                frame[24..26].fill(0);
-                let sum = xagg_lab::testrun::ipv4_checksum(&frame[14..34]);
-                frame[24..26].copy_from_slice(&sum.to_be_bytes());
-                let x = lab::in_netns(&lab.worker_ns(i), || {
-                    XskSender::new("eth0", &frame, 8 * g.burst as usize)
-                })?;
-                g.xsks.push(x);
-            }
-        }
-        Ok(g)
-    }
-
-    /// The header of member `m`'s contribution to round `r`: segment `r mod 2^16` of
-    /// message `r / 2^16`, its slot and shadow copy as the workers' schedule takes them in
-    /// turn.
-    fn header(&self, m: usize, r: u64) -> Header {
-        let slot = (r % SLOTS as u64) as u16;
-        let shadow = (r / SLOTS as u64) % 2 == 1;
-        Header::builder(Kind::Contribution)
-            .op(Op::Sum)
-            .dtype(DType::I32)
-            .job(self.job)
-            .message((r >> 16) as u32)
-            .segment((r & 0xffff) as u32)
-            .slot(slot)
-            .member(m as u8)
-            .flags(if shadow { FLAG_SHADOW } else { 0 })
-            .count(self.elements as u16)
-            .build()
-    }
-
-    /// Sends [`BURST`] rounds from every member; the contributions sent.
-    fn burst(&mut self) -> Result<u64> {
-        use nix::sys::socket::{sendmsg, ControlMessage, MsgFlags, SockaddrIn};
-        let mut sent = 0;
-        for m in 0..self.sockets.len() {
-            if self.with == SendWith::AfXdp {
-                let headers: Vec<Header> = (0..self.burst as u64)
-                    .map(|k| self.header(m, self.round + k))
-                    .collect();
-                // The UDP payload starts after Ethernet, IPv4 and UDP headers.
-                let at = wire::PAYLOAD_OFFSET - wire::HEADER_LEN;
-                self.xsks[m].send(headers.len(), |k, frame| {
-                    headers[k].write(
-                        (&mut frame[at..at + wire::HEADER_LEN])
-                            .try_into()
-                            .expect("a header's bytes"),
-                    )
-                })?;
-                sent += self.burst as u64;
-                continue;
-            }
-            for k in 0..self.burst as usize {
-                let h = self.header(m, self.round + k as u64);
-                let at = k * self.len;
-                h.write((&mut self.buf[at..at + wire::HEADER_LEN]).try_into()?);
-            }
-            let size = self.len as u16;
-            let iov = [std::io::IoSlice::new(&self.buf)];
-            let cmsg = [ControlMessage::UdpGsoSegments(&size)];
-            match sendmsg::<SockaddrIn>(
-                self.sockets[m].as_raw_fd(),
-                &iov,
-                &cmsg,
-                MsgFlags::empty(),
-                None,
-            ) {
-                // ENOBUFS/EAGAIN: the interface's queue was full for a moment; the
-                // contributions it did not take count as lost.
-                Ok(_) | Err(nix::errno::Errno::ENOBUFS | nix::errno::Errno::EAGAIN) => {}
-                Err(e) => return Err(e.into()),
-            }
-            sent += self.burst as u64;
-        }
-        self.round += self.burst as u64;
-        Ok(sent)
-    }
-}
-
 /// Sends for `seconds` (paced at `rate` contributions/s, or as fast as possible) and
 /// measures what the switch took, its CPU, and the rounds lost.
-fn measure(
+pub(super) fn measure(
     sw: &LabSwitch,
     g: &mut Generator,
     seconds: f64,

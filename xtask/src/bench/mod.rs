@@ -6,7 +6,8 @@
 //! - `codecs`: the worker's conversions;
 //! - `end_to_end`: allreduces through the switch on a lab, and (`frameworks`) through Open
 //!   MPI and PyTorch on the same lab, each point's figures a `run_point`;
-//! - `capacity`: what one switch CPU takes, and the send path;
+//! - `capacity`: what one switch CPU takes, from one `generator`'s traffic; `send_path`: what
+//!   that traffic costs the sending side;
 //! - `levers`: each lever of the end-to-end speed off and on;
 //! - `report`: the tables, the plot, the JSON and the medians.
 
@@ -15,15 +16,16 @@ mod codecs;
 mod dataplane;
 mod end_to_end;
 mod frameworks;
+mod generator;
 mod levers;
 mod report;
 mod run_point;
+mod send_path;
 
 use std::path::PathBuf;
 
 use anyhow::Result;
 
-pub use end_to_end::add_job;
 use end_to_end::{end_to_end, E2e};
 use report::{codecs_table, dataplane_table, draw, runs_tables, write_figures};
 
@@ -95,7 +97,7 @@ pub const SEGMENT: usize = xagg_common::wire::MAX_PAYLOAD / 4;
 /// Runs what `a` asks for, prints the tables and writes the figures.
 pub fn run(a: BenchArgs) -> Result<()> {
     if a.send_path {
-        let r = capacity::send_path(a.quick);
+        let r = send_path::send_path(a.quick);
         crate::demo::clean_up();
         let points = r?;
         return write_figures(
