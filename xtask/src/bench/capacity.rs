@@ -27,7 +27,7 @@ use xagg_common::{
 };
 use xagg_lab::{lab::Lab, switch::LabSwitch};
 
-use super::{end_to_end::add_job, generator::Generator};
+use super::{cpu, end_to_end::add_job, generator::Generator};
 use crate::build::ebpf_object;
 
 /// The CPU the switch's NAPI threads are pinned to; the generator and the members' side
@@ -85,18 +85,13 @@ pub struct Spent {
 
 /// Capacity per member count and segment size.
 pub fn run(quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus < 2 {
+    if cpu::count() < 2 {
         eprintln!("capacity: SKIPPED, this machine has one CPU and the measurement needs two");
         return Ok(Vec::new());
     }
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    // The generator pins the calling thread to CPU 0; everything this process starts
-    // later (the end-to-end runs' workers, mpirun) would inherit that: put it back after.
-    let affinity = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-    let r = points(&object, quick, members);
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &affinity)?;
-    r
+    // The generator pins the calling thread to CPU 0.
+    cpu::keeping_affinity(|| points(&object, quick, members))
 }
 
 fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
@@ -206,14 +201,14 @@ pub(super) fn measure(
     seconds: f64,
     rate: Option<f64>,
 ) -> Result<CapacityPoint> {
-    pin_self(0)?;
+    cpu::pin_self(0)?;
     let n = g.sockets.len();
     // Let earlier rounds finish, so the counters see only this run's.
     std::thread::sleep(Duration::from_millis(100));
     let c0 = sw.counters()?;
-    let cpu0 = cpu_busy(SWITCH_CPU)?;
-    let sending0 = cpu_busy(0)?;
-    let thread0 = thread_cpu()?;
+    let cpu0 = cpu::busy(SWITCH_CPU)?;
+    let sending0 = cpu::busy(0)?;
+    let thread0 = cpu::thread_seconds()?;
     let start = Instant::now();
     let mut sent = 0u64;
     let mut rounds = 0u64;
@@ -231,11 +226,11 @@ pub(super) fn measure(
         rounds += g.burst as u64;
     }
     let elapsed = start.elapsed().as_secs_f64();
-    let cpu1 = cpu_busy(SWITCH_CPU)?;
-    let sending1 = cpu_busy(0)?;
+    let cpu1 = cpu::busy(SWITCH_CPU)?;
+    let sending1 = cpu::busy(0)?;
     let mut spent = Spent {
         contributions: 0,
-        sender: thread_cpu()? - thread0,
+        sender: cpu::thread_seconds()? - thread0,
         sending_cpu: sending1.0 - sending0.0,
         switch_cpu: cpu1.0 - cpu0.0,
     };
@@ -270,35 +265,6 @@ fn delta(a: &BTreeMap<String, u64>, b: &BTreeMap<String, u64>, k: &str) -> u64 {
         .copied()
         .unwrap_or(0)
         .saturating_sub(a.get(k).copied().unwrap_or(0))
-}
-
-/// CPU `cpu`'s (busy, total) seconds from /proc/stat.
-fn cpu_busy(cpu: usize) -> Result<(f64, f64)> {
-    use procfs::CurrentSI;
-    let stat = procfs::KernelStats::current()?;
-    let t = stat.cpu_time.get(cpu).context("no such CPU")?;
-    let busy = t.user
-        + t.nice
-        + t.system
-        + t.irq.unwrap_or(0)
-        + t.softirq.unwrap_or(0)
-        + t.steal.unwrap_or(0);
-    let total = busy + t.idle + t.iowait.unwrap_or(0);
-    let tick = procfs::ticks_per_second() as f64;
-    Ok((busy as f64 / tick, total as f64 / tick))
-}
-
-/// CPU seconds the calling thread has used.
-fn thread_cpu() -> Result<f64> {
-    let t = nix::time::clock_gettime(nix::time::ClockId::CLOCK_THREAD_CPUTIME_ID)?;
-    Ok(t.tv_sec() as f64 + t.tv_nsec() as f64 / 1e9)
-}
-
-fn pin_self(cpu: usize) -> Result<()> {
-    let mut set = nix::sched::CpuSet::new();
-    set.set(cpu)?;
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
-    Ok(())
 }
 
 /// Runs `f` with the kernel's BPF statistics on, and returns the mean ns per run of

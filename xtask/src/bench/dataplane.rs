@@ -16,7 +16,7 @@ use xagg_lab::testrun::{
     contribution, frame, job, member, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
 
-use super::report::median;
+use super::{cpu, report::median};
 use crate::build::ebpf_object;
 
 #[derive(Serialize, Clone)]
@@ -148,9 +148,7 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
 /// CPUs off each other's slots would save per packet.
 pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
     use aya::programs::{TestRun, TestRunOptions, Xdp};
-    use nix::sched::{sched_setaffinity, CpuSet};
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if cpus < 2 {
+    if cpu::count() < 2 {
         eprintln!("contention: SKIPPED, this machine has one CPU and the measurement needs two");
         return Ok(Vec::new());
     }
@@ -198,9 +196,7 @@ pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
                 .map(|t| {
                     let (plan, barrier) = (&plan[t][rounds.clone()], &barrier);
                     s.spawn(move || -> Result<Vec<f64>> {
-                        let mut set = CpuSet::new();
-                        set.set(t)?;
-                        sched_setaffinity(nix::unistd::Pid::from_raw(0), &set)?;
+                        cpu::pin_self(t)?;
                         let mut out = Vec::new();
                         let mut buf = vec![0u8; 4096];
                         for round in plan {

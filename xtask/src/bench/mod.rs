@@ -13,6 +13,7 @@
 
 mod capacity;
 mod codecs;
+mod cpu;
 mod dataplane;
 mod end_to_end;
 mod frameworks;

@@ -8,6 +8,7 @@ use xagg_lab::lab::Lab;
 
 use super::{
     capacity::{measure, thread_napi, SLOTS},
+    cpu,
     end_to_end::add_job,
     generator::{Generator, SendWith},
 };
@@ -36,13 +37,12 @@ pub struct SendPathPoint {
 /// can, then both at one rate below either's maximum; the CPU per contribution on each
 /// side.
 pub fn send_path(quick: bool) -> Result<Vec<SendPathPoint>> {
-    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
-    anyhow::ensure!(cpus >= 2, "the send-path measurement needs two CPUs");
+    anyhow::ensure!(
+        cpu::count() >= 2,
+        "the send-path measurement needs two CPUs"
+    );
     let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    let affinity = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0))?;
-    let r = send_path_points(&object, quick);
-    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &affinity)?;
-    r
+    cpu::keeping_affinity(|| send_path_points(&object, quick))
 }
 
 fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
