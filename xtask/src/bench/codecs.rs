@@ -3,6 +3,8 @@
 use serde::Serialize;
 use xagg_common::wire::{DType, Op};
 
+use super::report::median;
+
 #[derive(Serialize, Clone)]
 pub struct CodecPoint {
     pub op: &'static str,
@@ -36,15 +38,14 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
         let mut dst = vec![0u8; src.len()];
         let seg_bytes = seg * dtype.size();
         let time = |f: &mut dyn FnMut()| {
-            let mut t: Vec<f64> = (0..passes)
+            let t: Vec<f64> = (0..passes)
                 .map(|_| {
                     let s = std::time::Instant::now();
                     f();
                     s.elapsed().as_secs_f64()
                 })
                 .collect();
-            t.sort_by(|a, b| a.total_cmp(b));
-            bytes as f64 / t[t.len() / 2] / 1e9
+            bytes as f64 / median(t) / 1e9
         };
         let encode_gbps = time(&mut || {
             for chunk in src.chunks(seg_bytes) {

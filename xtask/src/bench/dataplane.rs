@@ -27,6 +27,9 @@ pub struct DataplanePoint {
     pub ns_per_kib: f64,
 }
 
+/// Slots of the measured jobs.
+const SLOTS: u32 = 4;
+
 fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
     DataplanePoint {
         path,
@@ -51,25 +54,11 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
         let mut sw = Switch::load(&object);
         sw.load_program("xagg_floor");
         const JID: u32 = 1;
-        sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, 4));
+        sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, SLOTS));
         let values: Vec<i32> = (0..elements as i32)
             .map(|i| i.wrapping_mul(2_654_435_761u32 as i32))
             .collect();
-        let contrib = |m: u8, sid: u32, slot: u16, epoch: bool| {
-            let flags = if epoch { FLAG_SHADOW } else { 0 };
-            let h = Header::builder(Kind::Contribution)
-                .op(Op::Sum)
-                .dtype(DType::I32)
-                .job(JID)
-                .message(0)
-                .segment(sid)
-                .slot(slot)
-                .member(m)
-                .flags(flags)
-                .count(elements as u16)
-                .build();
-            frame(&member(m), PORT, &contribution(h, &values))
-        };
+        let contrib = |m: u8, round: u32| contribution_frame(JID, m, round, &values);
 
         // The floors, each run once next to every switch run, so both see the same
         // conditions on a VM whose speed drifts.
@@ -85,9 +74,8 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
         let mut floor_ns = [Vec::new(), Vec::new()];
         let (mut first, mut acc, mut complete) = (Vec::new(), Vec::new(), Vec::new());
         for r in 0..rounds {
-            let (slot, epoch) = ((r % 4) as u16, (r / 4) % 2 == 1);
             for m in 0..64u8 {
-                let run = sw.run(&contrib(m, r, slot, epoch));
+                let run = sw.run(&contrib(m, r));
                 let ns = run.duration.as_nanos() as f64;
                 match m {
                     0 => first.push(ns),
@@ -114,7 +102,7 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
             }
         }
         // A duplicate: member 0 again while the round (sid `rounds`) is filling.
-        let dup = contrib(0, rounds, 0, (rounds / 4) % 2 == 1);
+        let dup = contrib(0, rounds);
         sw.run(&dup);
         let dups: Vec<f64> = (0..calls)
             .map(|_| sw.run_repeat(&dup, 10_000).duration.as_nanos() as f64)
@@ -159,23 +147,12 @@ pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
     let mut sw = Switch::load(&object);
     // Job 1: both CPUs on one slot; jobs 2 and 3: a job (and its slots) per CPU.
     for (jid, base) in [(1u32, 0u32), (2, 4), (3, 8)] {
-        sw.add_job(jid, job(2, Op::Sum, DType::I32, elements as u16, base, 4));
+        sw.add_job(
+            jid,
+            job(2, Op::Sum, DType::I32, elements as u16, base, SLOTS),
+        );
     }
-    let contrib = |jid: u32, m: u8, r: u32| {
-        let flags = if (r / 4) % 2 == 1 { FLAG_SHADOW } else { 0 };
-        let h = Header::builder(Kind::Contribution)
-            .op(Op::Sum)
-            .dtype(DType::I32)
-            .job(jid)
-            .message(0)
-            .segment(r)
-            .slot((r % 4) as u16)
-            .member(m)
-            .flags(flags)
-            .count(elements as u16)
-            .build();
-        frame(&member(m), PORT, &contribution(h, &values))
-    };
+    let contrib = |jid: u32, m: u8, r: u32| contribution_frame(jid, m, r, &values);
     // For each of the two threads, per round, the frames it sends in order.
     type Plan = [Vec<Vec<Vec<u8>>>; 2];
     let shared: Plan = [0u8, 1].map(|m| (0..rounds).map(|r| vec![contrib(1, m, r)]).collect());
@@ -237,4 +214,23 @@ pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
         point("two CPUs, one slot", elements, one),
         point("two CPUs, own slots", elements, apart),
     ])
+}
+
+/// Member `m`'s contribution of `values` (i32 sum) to round `round` of job `jid`, as the
+/// frame the member sends: segment `round` of message 0, in slot `round` mod [`SLOTS`], its
+/// shadow copy every other time round the slots (as the workers' schedule takes them).
+fn contribution_frame(jid: u32, m: u8, round: u32, values: &[i32]) -> Vec<u8> {
+    let shadow = (round / SLOTS) % 2 == 1;
+    let h = Header::builder(Kind::Contribution)
+        .op(Op::Sum)
+        .dtype(DType::I32)
+        .job(jid)
+        .message(0)
+        .segment(round)
+        .slot((round % SLOTS) as u16)
+        .member(m)
+        .flags(if shadow { FLAG_SHADOW } else { 0 })
+        .count(values.len() as u16)
+        .build();
+    frame(&member(m), PORT, &contribution(h, values))
 }
