@@ -2,7 +2,6 @@
 
 mod bench;
 mod build;
-mod capacity;
 mod demo;
 mod setup;
 mod test;

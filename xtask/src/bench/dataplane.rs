@@ -1,0 +1,236 @@
+//! The switch program's cost per packet: each of its paths timed with BPF_PROG_RUN
+//! (kernel-measured, JIT-compiled), as medians over many runs.
+//!
+//! BPF_PROG_RUN reruns a frame against live map state, so each path is set up explicitly:
+//! - `pass`: a non-collective frame, `repeat` 10000 (stateless);
+//! - `duplicate`: a contribution whose member is already in the slot, `repeat` 10000;
+//! - `first`, `accumulate`, `complete`: a 64-member job; every round on a slot is one
+//!   `first` (copied into the empty version), 62 `accumulate` and one `complete`, each a
+//!   `repeat` 1 run, so every sample is a real state transition. A repeat-1 run includes the
+//!   kernel's clock reads (tens of ns).
+
+use anyhow::{Context, Result};
+use serde::Serialize;
+use xagg_common::wire::{DType, Header, Kind, Op, FLAG_SHADOW};
+use xagg_lab::testrun::{
+    contribution, frame, job, member, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+};
+
+use super::{cpu, report::median};
+use crate::build::ebpf_object;
+
+#[derive(Serialize, Clone)]
+pub struct DataplanePoint {
+    pub path: &'static str,
+    pub elements: usize,
+    pub ns_per_packet: f64,
+    pub ns_per_kib: f64,
+}
+
+/// Slots of the measured jobs.
+const SLOTS: u32 = 4;
+
+fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
+    DataplanePoint {
+        path,
+        elements,
+        ns_per_packet: ns,
+        ns_per_kib: ns / (elements as f64 * 4.0 / 1024.0),
+    }
+}
+
+/// Each path at 256, 512, the longest single-buffer and the longest segment.
+pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
+    let object =
+        std::fs::read(ebpf_object()).context("reading the XDP object (cargo xtask build)")?;
+    let rounds = if quick { 8 } else { 200 };
+    let calls = if quick { 3 } else { 25 };
+    let mut out = Vec::new();
+    // The longest single-buffer segment on veth, and the longest (multi-buffer) one, whose
+    // frame the floor cannot read (it adds from the first buffer only).
+    let buffer = xagg_common::wire::BUFFER_PAYLOAD / 4;
+    for elements in [256usize, 512, buffer, DType::I32.max_elements()] {
+        let multi = elements > buffer;
+        let mut sw = Switch::load(&object);
+        sw.load_program("xagg_floor");
+        const JID: u32 = 1;
+        sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, SLOTS));
+        let values: Vec<i32> = (0..elements as i32)
+            .map(|i| i.wrapping_mul(2_654_435_761u32 as i32))
+            .collect();
+        let contrib = |m: u8, round: u32| contribution_frame(JID, m, round, &values);
+
+        // The floors, each run once next to every switch run, so both see the same
+        // conditions on a VM whose speed drifts.
+        let floor_frame = |kind: Kind| {
+            let h = Header::builder(kind)
+                .op(Op::Sum)
+                .dtype(DType::I32)
+                .count(elements as u16)
+                .build();
+            frame(&member(0), PORT, &contribution(h, &values))
+        };
+        let floors = [floor_frame(Kind::Contribution), floor_frame(Kind::Result)];
+        let mut floor_ns = [Vec::new(), Vec::new()];
+        let (mut first, mut acc, mut complete) = (Vec::new(), Vec::new(), Vec::new());
+        for r in 0..rounds {
+            for m in 0..64u8 {
+                let run = sw.run(&contrib(m, r));
+                let ns = run.duration.as_nanos() as f64;
+                match m {
+                    0 => first.push(ns),
+                    63 => {
+                        anyhow::ensure!(
+                            run.action == if multi { XDP_PASS } else { XDP_REDIRECT },
+                            "round {r}: the last member did not complete"
+                        );
+                        complete.push(ns)
+                    }
+                    _ => {
+                        anyhow::ensure!(
+                            run.action == XDP_DROP,
+                            "round {r}: member {m} not accumulated"
+                        );
+                        acc.push(ns)
+                    }
+                }
+                for (f, ns) in floors.iter().zip(&mut floor_ns).filter(|_| !multi) {
+                    let run = sw.run_program("xagg_floor", f, 1);
+                    anyhow::ensure!(run.action == XDP_DROP, "the floor refused its frame");
+                    ns.push(run.duration.as_nanos() as f64);
+                }
+            }
+        }
+        // A duplicate: member 0 again while the round (sid `rounds`) is filling.
+        let dup = contrib(0, rounds);
+        sw.run(&dup);
+        let dups: Vec<f64> = (0..calls)
+            .map(|_| sw.run_repeat(&dup, 10_000).duration.as_nanos() as f64)
+            .collect();
+        let other = frame(&member(0), 53, &[0u8; 64]);
+        let passes: Vec<f64> = (0..calls)
+            .map(|_| {
+                let r = sw.run_repeat(&other, 10_000);
+                assert_eq!(r.action, XDP_PASS);
+                r.duration.as_nanos() as f64
+            })
+            .collect();
+        let [add, write] = floor_ns;
+        if !multi {
+            out.push(point("floor: add", elements, median(add)));
+            out.push(point("floor: add, write", elements, median(write)));
+        }
+        out.push(point("pass", elements, median(passes)));
+        out.push(point("first", elements, median(first)));
+        out.push(point("accumulate", elements, median(acc)));
+        out.push(point("complete", elements, median(complete)));
+        out.push(point("duplicate", elements, median(dups)));
+    }
+    Ok(out)
+}
+
+/// Two CPUs contributing at the same instant (repeat-1 runs behind a barrier, each thread
+/// pinned to its CPU), 860 i32 per packet, every slot taking two contributions (one `first`,
+/// one `complete`): either both CPUs on the same slot each round — its lock and its cache
+/// lines go back and forth — or each CPU on slots of its own. The difference is what keeping
+/// CPUs off each other's slots would save per packet.
+pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
+    use aya::programs::{TestRun, TestRunOptions, Xdp};
+    if cpu::count() < 2 {
+        eprintln!("contention: SKIPPED, this machine has one CPU and the measurement needs two");
+        return Ok(Vec::new());
+    }
+    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let elements = xagg_common::wire::BUFFER_PAYLOAD / 4;
+    let rounds = if quick { 50 } else { 2000 };
+    let values: Vec<i32> = (0..elements as i32).collect();
+    let mut sw = Switch::load(&object);
+    // Job 1: both CPUs on one slot; jobs 2 and 3: a job (and its slots) per CPU.
+    for (jid, base) in [(1u32, 0u32), (2, 4), (3, 8)] {
+        sw.add_job(
+            jid,
+            job(2, Op::Sum, DType::I32, elements as u16, base, SLOTS),
+        );
+    }
+    let contrib = |jid: u32, m: u8, r: u32| contribution_frame(jid, m, r, &values);
+    // For each of the two threads, per round, the frames it sends in order.
+    type Plan = [Vec<Vec<Vec<u8>>>; 2];
+    let shared: Plan = [0u8, 1].map(|m| (0..rounds).map(|r| vec![contrib(1, m, r)]).collect());
+    let own: Plan = [2u32, 3].map(|jid| {
+        (0..rounds)
+            .map(|r| vec![contrib(jid, 0, r), contrib(jid, 1, r)])
+            .collect()
+    });
+    let prog: &Xdp = sw
+        .ebpf
+        .program("xagg_switch")
+        .context("no xagg_switch")?
+        .try_into()?;
+    let run = |plan: &Plan, rounds: std::ops::Range<usize>| -> Result<Vec<f64>> {
+        let barrier = std::sync::Barrier::new(2);
+        let times: Vec<Vec<f64>> = std::thread::scope(|s| {
+            let hs: Vec<_> = (0..2usize)
+                .map(|t| {
+                    let (plan, barrier) = (&plan[t][rounds.clone()], &barrier);
+                    s.spawn(move || -> Result<Vec<f64>> {
+                        cpu::pin_self(t)?;
+                        let mut out = Vec::new();
+                        let mut buf = vec![0u8; 4096];
+                        for round in plan {
+                            barrier.wait();
+                            for f in round {
+                                let mut o = TestRunOptions::new();
+                                o.data_in = Some(f);
+                                o.data_out = Some(&mut buf);
+                                let r = prog.test_run(o)?;
+                                anyhow::ensure!(
+                                    r.return_value == XDP_DROP || r.return_value == XDP_REDIRECT,
+                                    "contention run: action {}",
+                                    r.return_value
+                                );
+                                out.push(r.duration.as_nanos() as f64);
+                            }
+                        }
+                        Ok(out)
+                    })
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("bench thread"))
+                .collect::<Result<_>>()
+        })?;
+        Ok(times.concat())
+    };
+    // Alternating blocks, so both see the same conditions on a VM whose CPUs vary.
+    let blocks = if quick { 1 } else { 10 };
+    let per = rounds as usize / blocks;
+    let (mut one, mut apart) = (Vec::new(), Vec::new());
+    for b in 0..blocks {
+        one.extend(run(&shared, b * per..(b + 1) * per)?);
+        apart.extend(run(&own, b * per..(b + 1) * per)?);
+    }
+    let (one, apart) = (median(one), median(apart));
+    Ok(vec![
+        point("two CPUs, one slot", elements, one),
+        point("two CPUs, own slots", elements, apart),
+    ])
+}
+
+/// Member `m`'s contribution of `values` (i32 sum) to round `round` of job `jid`, as the
+/// frame the member sends: segment `round` of message 0, in slot `round` mod [`SLOTS`], its
+/// shadow copy every other time round the slots (as the workers' schedule takes them).
+fn contribution_frame(jid: u32, m: u8, round: u32, values: &[i32]) -> Vec<u8> {
+    let shadow = (round / SLOTS) % 2 == 1;
+    let h = Header::builder(Kind::Contribution)
+        .op(Op::Sum)
+        .dtype(DType::I32)
+        .job(jid)
+        .message(0)
+        .segment(round)
+        .slot((round % SLOTS) as u16)
+        .member(m)
+        .flags(if shadow { FLAG_SHADOW } else { 0 })
+        .count(values.len() as u16)
+        .build();
+    frame(&member(m), PORT, &contribution(h, values))
+}

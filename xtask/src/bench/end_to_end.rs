@@ -1,0 +1,180 @@
+//! The end-to-end runs: allreduces through the switch, then through Open MPI and PyTorch,
+//! on the same lab.
+
+use anyhow::{Context, Result};
+use xagg_common::{
+    wire::{DType, Lane, Op},
+    JobShape,
+};
+use xagg_daemon::api::Response;
+use xagg_lab::{lab::Lab, switch::LabSwitch, workers::AllreduceRun};
+use xagg_worker::report::CpuWindow;
+
+use super::{
+    frameworks::{mpi_run, mpi_setup, torch_runs},
+    report::round_line,
+    run_point::{median_point, merge_windows, RunPoint},
+};
+
+/// Sizes whose runs record CPU windows: the readings delay the next allreduce by some µs,
+/// which would show in small-message latency.
+pub(super) const CPU_WINDOWS_FROM: usize = 1 << 20;
+
+/// What [`end_to_end`] runs.
+pub struct E2e<'a> {
+    pub quick: bool,
+    pub workers: &'a [usize],
+    pub sizes: &'a [usize],
+    /// Open MPI's runs besides the switch's.
+    pub mpi: bool,
+    /// Allreduces per point instead of the size's default.
+    pub iterations: Option<usize>,
+    /// Rounds, each the switch's runs then Open MPI's on the same lab: every figure is the
+    /// median over the rounds, so both systems see the VM's drift alike.
+    pub rounds: usize,
+    /// i32 elements per segment of the switch's runs.
+    pub segment: usize,
+    /// The lab links' MTU.
+    pub mtu: usize,
+    /// Slots of the switch's runs.
+    pub slots: u32,
+}
+
+/// Both systems on the same lab topology, for each worker count and size.
+pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
+    let iterations = |bytes| e.iterations.unwrap_or_else(|| iterations(bytes, e.quick));
+    let mpi_bin = mpi_setup()?;
+    let mut runs = Vec::new();
+    for &n in e.workers {
+        let mut lab = Lab::with_mtu(crate::demo::PREFIX, n, e.mtu)?;
+        let mut rounds: Vec<Vec<RunPoint>> = Vec::new();
+        for round in 0..e.rounds.max(1) {
+            let mut this = Vec::new();
+            // Switch workers receive with AF_XDP: each attaches its own xagg_host.
+            let sw = crate::demo::start_switch(lab)?;
+            add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
+            let mut mid = 0u32;
+            for &bytes in e.sizes {
+                let it = iterations(bytes);
+                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
+                run.repeat = it as u32;
+                run.first_message = mid;
+                if bytes >= CPU_WINDOWS_FROM {
+                    run.flags.push("--cpu-windows".into());
+                }
+                let r = switch_point(&sw.lab, &run)?;
+                mid += it as u32;
+                round_line(round, &r);
+                this.push(r);
+            }
+            // The same MPI program as Open MPI's runs, with the MPI library preloaded:
+            // its MPI_Allreduce through the switch.
+            // Its ranks receive on plain UDP sockets, which on veth needs the host program.
+            let mut sw = sw;
+            if e.mpi {
+                let object =
+                    std::fs::read(crate::build::ebpf_object()).context("reading the XDP object")?;
+                sw.lab.attach_hosts(&object)?;
+            }
+            for &bytes in e.sizes.iter().filter(|_| e.mpi) {
+                let r = mpi_run(&sw.lab, &mpi_bin, bytes, iterations(bytes), true)?;
+                round_line(round, &r);
+                this.push(r);
+            }
+            if e.mpi {
+                for r in torch_runs(&sw.lab, "xagg", e.sizes, iterations)? {
+                    round_line(round, &r);
+                    this.push(r);
+                }
+            }
+            sw.lab.detach_hosts();
+            // Open MPI runs over the plain bridge: the switch's programs detached.
+            lab = sw.stop()?;
+            for &bytes in e.sizes.iter().filter(|_| e.mpi) {
+                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), false)?;
+                round_line(round, &r);
+                this.push(r);
+            }
+            if e.mpi {
+                for r in torch_runs(&lab, "gloo", e.sizes, iterations)? {
+                    round_line(round, &r);
+                    this.push(r);
+                }
+            }
+            rounds.push(this);
+        }
+        // Point k of every round is the same system and size.
+        for k in 0..rounds[0].len() {
+            runs.push(median_point(rounds.iter().map(|r| &r[k]).collect()));
+        }
+    }
+    Ok(runs)
+}
+
+/// Allreduces per point of `bytes` unless `--iterations` says otherwise: fewer as the
+/// buffers grow, fewer still with `--quick`.
+pub(super) fn iterations(bytes: usize, quick: bool) -> usize {
+    match (bytes, quick) {
+        (b, false) if b <= 64 << 10 => 200,
+        (b, false) if b <= 1 << 20 => 20,
+        (_, false) => 5,
+        (b, true) if b <= 64 << 10 => 20,
+        _ => 2,
+    }
+}
+
+/// An allreduce of `bytes` of i32 (sum) on job `job` of `n` members.
+pub(super) fn switch_run(
+    n: usize,
+    job: u32,
+    bytes: usize,
+    segment: usize,
+    slots: u32,
+) -> Result<AllreduceRun> {
+    let shape = JobShape::with_elements(n, slots as usize, segment, Lane::I32)?;
+    Ok(AllreduceRun::new(job, Op::Sum, DType::I32, shape, bytes))
+}
+
+/// Runs `run` on the lab's workers: the slowest worker's time per allreduce, bytes sent
+/// per worker, machine-wide CPU, and whether every result was right.
+pub(super) fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
+    let n = lab.workers;
+    let outs = run.run(lab)?;
+    let times: Vec<f64> = (0..run.repeat as usize)
+        .map(|k| {
+            outs.iter()
+                .map(|w| w.seconds_all.get(k).copied().unwrap_or(f64::INFINITY))
+                .fold(0.0, f64::max)
+        })
+        .collect();
+    let tx = outs.iter().map(|w| w.tx_bytes as f64).sum::<f64>() / n as f64;
+    let windows: Vec<&[CpuWindow]> = outs.iter().map(|w| &w.cpu_windows[..]).collect();
+    let verified = outs.iter().all(|w| w.verified);
+    Ok(RunPoint::new(
+        "switch",
+        n,
+        run.bytes,
+        times,
+        tx,
+        &merge_windows(&windows),
+        verified,
+    ))
+}
+
+/// Adds job `id` (i32 sum) over every worker of the lab.
+pub fn add_job(sw: &LabSwitch, id: u32, segment: usize, slots: u32) -> Result<()> {
+    let workers: Vec<usize> = (0..sw.lab.workers).collect();
+    let spec = sw.job_spec(
+        id,
+        Op::Sum,
+        DType::I32,
+        segment as u16,
+        slots,
+        &workers,
+        xagg_lab::lab::WORKER_PORT,
+    )?;
+    match sw.add_job(spec)? {
+        Response::Job { .. } => Ok(()),
+        r => anyhow::bail!("adding job {id}: {r:?}"),
+    }
+}

@@ -1,0 +1,169 @@
+//! The end-to-end runs through the frameworks, on the same lab as the switch's: Open MPI's
+//! MPI_Allreduce and PyTorch's all_reduce, each alone and through the switch.
+
+use std::path::PathBuf;
+
+use anyhow::{Context, Result};
+use xagg_lab::lab::Lab;
+use xagg_worker::report::CpuWindow;
+
+use super::{end_to_end::CPU_WINDOWS_FROM, run_point::RunPoint};
+use crate::build::target_dir;
+
+/// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached
+/// (`xagg_lab::mpi::run`: one rank per worker namespace).
+/// With `preload`, the same binary with `libxagg_mpi.so` preloaded, joining the lab's
+/// switch (system `mpi+xagg`).
+pub(super) fn mpi_run(
+    lab: &Lab,
+    mpi_bin: &std::path::Path,
+    bytes: usize,
+    iterations: usize,
+    preload: bool,
+) -> Result<RunPoint> {
+    let n = lab.workers;
+    let env = if preload {
+        vec![
+            (
+                "LD_PRELOAD",
+                xagg_lab::bin("libxagg_mpi.so").display().to_string(),
+            ),
+            ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
+            ("XAGG_CREDENTIAL", crate::demo::credential_env()),
+        ]
+    } else {
+        Vec::new()
+    };
+    let agent = xagg_lab::mpi::agent(lab, &target_dir().join("bench"))?;
+    let program = format!(
+        "{bin} {bytes} {iterations} 7{cpu}",
+        bin = mpi_bin.display(),
+        cpu = if bytes >= CPU_WINDOWS_FROM {
+            " cpu"
+        } else {
+            ""
+        },
+    );
+    let o = xagg_lab::mpi::run(lab, &agent, n, &env, &program)?;
+    if preload {
+        // Every allreduce through the switch, or the figures are Open MPI's.
+        let err = String::from_utf8_lossy(&o.stderr);
+        let served = err
+            .lines()
+            .find_map(|l| {
+                let rest = l.strip_prefix("xagg: rank 0: ")?;
+                let (n, rest) = rest.split_once(" allreduces through the switch")?;
+                let failed = rest.split(", ").nth(1)?.split(' ').next()?;
+                Some((n.parse::<usize>().ok()?, failed.parse::<usize>().ok()?))
+            })
+            .with_context(|| format!("no summary from the MPI library: {err}"))?;
+        anyhow::ensure!(
+            served.0 >= iterations && served.1 == 0,
+            "the preloaded MPI program did not reduce through the switch ({} through it, {} by Open MPI after a failure): {err}",
+            served.0,
+            served.1
+        );
+    }
+    let text = String::from_utf8_lossy(&o.stdout);
+    let line = text.lines().find(|l| l.starts_with('{')).with_context(|| {
+        format!(
+            "mpirun printed no result: {text} {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    })?;
+    json_point(if preload { "mpi+xagg" } else { "openmpi" }, n, line)
+}
+
+/// PyTorch's `dist.all_reduce` through `backend` ("xagg": the switch; "gloo": PyTorch's
+/// own, on the plain bridge), every size in one run of `xtask/python/allreduce.py` per rank
+/// (system `torch+xagg` or `gloo`).
+pub(super) fn torch_runs(
+    lab: &Lab,
+    backend: &str,
+    sizes: &[usize],
+    iterations: impl Fn(usize) -> usize,
+) -> Result<Vec<RunPoint>> {
+    let n = lab.workers;
+    let mut env = xagg_lab::python::base_env();
+    env.extend([
+        ("MASTER_ADDR", xagg_lab::lab::worker_ip(0).to_string()),
+        ("MASTER_PORT", "29600".to_string()),
+        ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
+        ("XAGG_CREDENTIAL", crate::demo::credential_env()),
+    ]);
+    let script = crate::build::root().join("xtask/python/allreduce.py");
+    let points: Vec<String> = sizes
+        .iter()
+        .map(|&b| format!("{b}:{}", iterations(b)))
+        .collect();
+    let outputs = xagg_lab::python::ranks(lab, n, &env, |_| {
+        let mut a = vec![
+            script.display().to_string(),
+            backend.to_string(),
+            "7".into(),
+        ];
+        a.extend(points.iter().cloned());
+        a
+    })?;
+    for (i, o) in outputs.iter().enumerate() {
+        anyhow::ensure!(
+            o.status.success(),
+            "PyTorch's allreduce on {backend}, rank {i}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    let err = String::from_utf8_lossy(&outputs[0].stderr);
+    if backend == "xagg" {
+        // Every allreduce through the switch, or the figures are Gloo's.
+        anyhow::ensure!(
+            err.contains("allreduces through the switch, 0 made by Gloo")
+                && !err.contains("allreduces go to Gloo"),
+            "PyTorch's allreduce through the xagg backend did not go through the switch: {err}"
+        );
+    }
+    let system = if backend == "xagg" {
+        "torch+xagg"
+    } else {
+        "gloo"
+    };
+    String::from_utf8_lossy(&outputs[0].stdout)
+        .lines()
+        .filter(|l| l.starts_with('{'))
+        .map(|line| json_point(system, n, line))
+        .collect()
+}
+
+/// A point from one line of JSON of the MPI program or the PyTorch script: `bytes`,
+/// `seconds` (each iteration's slowest rank), `tx_bytes_per_rank`, `verified`, and
+/// optionally `cpu_windows`.
+fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoint> {
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    let times: Vec<f64> = v["seconds"]
+        .as_array()
+        .context("seconds")?
+        .iter()
+        .filter_map(|x| x.as_f64())
+        .collect();
+    Ok(RunPoint::new(
+        system,
+        workers,
+        v["bytes"].as_u64().context("bytes")? as usize,
+        times,
+        v["tx_bytes_per_rank"].as_f64().unwrap_or(0.0),
+        &serde_json::from_value::<Vec<CpuWindow>>(v["cpu_windows"].clone()).unwrap_or_default(),
+        v["verified"].as_bool() == Some(true),
+    ))
+}
+
+/// Builds the MPI baseline (`cargo xtask setup` installs Open MPI).
+pub(super) fn mpi_setup() -> Result<PathBuf> {
+    let dir = target_dir().join("bench");
+    std::fs::create_dir_all(&dir)?;
+    let bin = dir.join("mpi_allreduce");
+    xagg_lab::mpi::compile(
+        &crate::build::root().join("xtask/mpi/allreduce.c"),
+        &bin,
+        &[],
+    )?;
+    Ok(bin)
+}

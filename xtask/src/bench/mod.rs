@@ -1,0 +1,177 @@
+//! Benchmarks: the switch against Open MPI and PyTorch end to end, the switch program's cost
+//! per packet (BPF_PROG_RUN), the worker's conversions, the switch's capacity, and the levers
+//! of its speed.
+//!
+//! - `dataplane`: the switch program's cost per path, through BPF_PROG_RUN;
+//! - `codecs`: the worker's conversions;
+//! - `end_to_end`: allreduces through the switch on a lab, and (`frameworks`) through Open
+//!   MPI and PyTorch on the same lab, each point's figures a `run_point`;
+//! - `capacity`: what one switch CPU takes, from one `generator`'s traffic; `send_path`: what
+//!   that traffic costs the sending side;
+//! - `levers`: each lever of the end-to-end speed off and on;
+//! - `report`: the tables, the plot, the JSON and the medians.
+
+mod capacity;
+mod codecs;
+mod cpu;
+mod dataplane;
+mod end_to_end;
+mod frameworks;
+mod generator;
+mod levers;
+mod report;
+mod run_point;
+mod send_path;
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use end_to_end::{end_to_end, E2e};
+use report::{codecs_table, dataplane_table, draw, runs_tables, write_figures};
+
+use crate::build::target_dir;
+
+#[derive(clap::Args)]
+pub struct BenchArgs {
+    /// Fewer samples: checks that the benchmark runs, not for figures.
+    #[arg(long)]
+    pub quick: bool,
+    /// Where to write the figures (JSON); default target/bench/bench.json.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+    /// Where to draw goodput against size (SVG); default target/bench/goodput.svg.
+    #[arg(long)]
+    pub plot: Option<PathBuf>,
+    /// Worker counts of the end-to-end runs.
+    #[arg(long, value_delimiter = ',', default_value = "2,4,8")]
+    pub workers: Vec<usize>,
+    /// Buffer sizes of the end-to-end runs (suffixes: KiB, MiB).
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB,64MiB", value_parser = xagg_worker::parse_size)]
+    pub sizes: Vec<usize>,
+    /// Only the switch program's per-packet costs and the conversions.
+    #[arg(long)]
+    pub dataplane_only: bool,
+    /// Leave out the switch's capacity (for quicker end-to-end comparisons).
+    #[arg(long)]
+    pub no_capacity: bool,
+    /// End to end, the switch alone (no Open MPI runs): for profiles and A/B runs.
+    #[arg(long)]
+    pub switch_only: bool,
+    /// i32 elements per segment of the switch's end-to-end runs; by default as many as the
+    /// lab's MTU carries (2232 at 9000: multi-buffer frames on veth; 860 is the largest
+    /// single-buffer veth frame).
+    #[arg(long)]
+    pub segment: Option<usize>,
+    /// MTU of the end-to-end runs' lab links (both systems): 9000, jumbo frames, by
+    /// default; 1500 as on most Ethernet networks. Segments stop at 8928 bytes (the
+    /// switch's slots) whatever the MTU.
+    #[arg(long, default_value_t = xagg_lab::lab::MTU)]
+    pub mtu: usize,
+    /// Slots (segments in flight per worker) of the switch's end-to-end runs.
+    #[arg(long, default_value_t = SLOTS)]
+    pub slots: u32,
+    /// Allreduces per end-to-end point, instead of 200 up to 64 KiB, 20 up to 1 MiB and 5
+    /// above (e.g. many, to profile the steady state).
+    #[arg(long)]
+    pub iterations: Option<usize>,
+    /// End-to-end rounds, the systems alternating on the same lab; each figure is the
+    /// median over the rounds (the VM drifts by a fifth from one run to the next).
+    #[arg(long, default_value_t = 1)]
+    pub rounds: usize,
+    /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
+    /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
+    #[arg(long)]
+    pub levers: bool,
+    /// Measure the send path instead: contributions sent with UDP GSO (as the workers do)
+    /// and with AF_XDP, CPU per contribution on each side (4 members, full segments).
+    #[arg(long)]
+    pub send_path: bool,
+}
+
+/// Slots of the switch's end-to-end runs unless `--slots` says otherwise.
+pub const SLOTS: u32 = 128;
+/// i32 elements per segment of the end-to-end runs unless `--segment` says otherwise: a full
+/// segment, the fastest at 4 and 8 workers (docs/bench.md).
+pub const SEGMENT: usize = xagg_common::wire::MAX_PAYLOAD / 4;
+
+/// Runs what `a` asks for, prints the tables and writes the figures.
+pub fn run(a: BenchArgs) -> Result<()> {
+    if a.send_path {
+        let r = send_path::send_path(a.quick);
+        crate::demo::clean_up();
+        let points = r?;
+        return write_figures(
+            a.json,
+            "send_path",
+            serde_json::json!({ "send_path": points }),
+        );
+    }
+    if a.levers {
+        let r = levers::levers(a.quick);
+        crate::demo::clean_up();
+        let points = r?;
+        return write_figures(a.json, "levers", serde_json::json!({ "levers": points }));
+    }
+    let segment = a
+        .segment
+        .unwrap_or(xagg_common::wire::payload_for_mtu(a.mtu) / 4);
+    let capacity = if a.dataplane_only || a.no_capacity {
+        Vec::new()
+    } else {
+        let r = capacity::run(a.quick, &a.workers);
+        crate::demo::clean_up();
+        r?
+    };
+    let mut points = dataplane::dataplane(a.quick)?;
+    points.extend(dataplane::contention(a.quick)?);
+    let codec_points = codecs::codecs(a.quick);
+    dataplane_table(&points, a.quick);
+    codecs_table(&codec_points);
+    let runs = if a.dataplane_only {
+        Vec::new()
+    } else {
+        let sizes: Vec<usize> = if a.quick {
+            a.sizes.iter().copied().filter(|&s| s <= 1 << 20).collect()
+        } else {
+            a.sizes.clone()
+        };
+        let r = end_to_end(&E2e {
+            quick: a.quick,
+            workers: &a.workers,
+            sizes: &sizes,
+            mpi: !a.switch_only,
+            iterations: a.iterations,
+            rounds: a.rounds,
+            segment,
+            mtu: a.mtu,
+            slots: a.slots,
+        });
+        crate::demo::clean_up();
+        r?
+    };
+    if !runs.is_empty() {
+        runs_tables(&runs, a.mtu, segment);
+        let plot = a
+            .plot
+            .clone()
+            .unwrap_or_else(|| target_dir().join("bench/goodput.svg"));
+        draw(&runs, &plot)?;
+        println!("plot written to {}", plot.display());
+        anyhow::ensure!(
+            runs.iter().all(|r| r.verified),
+            "a run's result was wrong: its figures do not count"
+        );
+    }
+    write_figures(
+        a.json,
+        "bench",
+        serde_json::json!({
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots },
+            "runs": runs,
+            "dataplane": points,
+            "codecs": codec_points,
+            "capacity": capacity,
+        }),
+    )
+}

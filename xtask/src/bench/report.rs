@@ -1,0 +1,236 @@
+//! What the bench reports: the tables it prints, the goodput plot, the JSON of figures, and
+//! the medians every figure is.
+
+use std::path::PathBuf;
+
+use anyhow::Result;
+
+use super::{codecs::CodecPoint, dataplane::DataplanePoint, run_point::RunPoint};
+use crate::build::target_dir;
+
+/// The middle of `v` (the upper middle of an even count).
+pub(super) fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+/// The switch program's cost per path, each against its floor where it has one.
+pub(super) fn dataplane_table(points: &[DataplanePoint], quick: bool) {
+    println!(
+        "switch program, BPF_PROG_RUN (median ns; {}):",
+        if quick { "quick" } else { "full" }
+    );
+    println!(
+        "{:>20} {:>9} {:>12} {:>10} {:>8}",
+        "path", "elements", "ns/packet", "ns/KiB", "x floor"
+    );
+    for p in points {
+        // Accumulate against the add alone; complete against the add that writes the frame.
+        let floor = match p.path {
+            "accumulate" => Some("floor: add"),
+            "complete" => Some("floor: add, write"),
+            _ => None,
+        }
+        .and_then(|f| {
+            points
+                .iter()
+                .find(|q| q.path == f && q.elements == p.elements)
+        })
+        .map_or(String::new(), |f| {
+            format!("{:.2}", p.ns_per_packet / f.ns_per_packet)
+        });
+        println!(
+            "{:>20} {:>9} {:>12.0} {:>10.0} {:>8}",
+            p.path, p.elements, p.ns_per_packet, p.ns_per_kib, floor
+        );
+    }
+}
+
+/// The conversions' throughput per op and dtype.
+pub(super) fn codecs_table(codec_points: &[CodecPoint]) {
+    println!();
+    println!("worker conversions, one core (GB/s of buffer):");
+    println!("{:>5} {:>6} {:>8} {:>8}", "op", "dtype", "encode", "decode");
+    for c in codec_points {
+        println!(
+            "{:>5} {:>6} {:>8.2} {:>8.2}",
+            c.op, c.dtype, c.encode_gbps, c.decode_gbps
+        );
+    }
+}
+
+/// The end-to-end runs, each system beside its baseline at the same worker count and size.
+pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
+    println!();
+    println!("allreduce, i32 sum, same lab (MTU {mtu}, segments of {segment} elements), same data (goodput Gbit/s | latency µs | bytes sent per worker / S):");
+    println!(
+        "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
+        "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
+    );
+    let pairs = pairs_of(runs, "switch", "openmpi");
+    for &(r, m) in &pairs {
+        println!(
+            "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3}{}",
+            r.workers,
+            r.bytes,
+            r.goodput_gbps,
+            m.goodput_gbps,
+            r.goodput_gbps / m.goodput_gbps,
+            r.latency_us,
+            m.latency_us,
+            r.latency_us / m.latency_us,
+            r.wire_ratio,
+            m.wire_ratio,
+            if r.verified && m.verified {
+                ""
+            } else {
+                "  NOT VERIFIED"
+            }
+        );
+    }
+    println!();
+    println!("CPU s per GiB over exactly the timed windows, machine-wide (total = process + softirq | busy CPUs):");
+    println!(
+        "{:>3} {:>9} | {:>22} | {:>22} | {:>6} | {:>5} {:>5}",
+        "n", "bytes", "switch", "openmpi", "x", "busy", "busy"
+    );
+    for &(r, m) in &pairs {
+        let (Some(c), Some(d)) = (&r.cpu, &m.cpu) else {
+            continue;
+        };
+        println!(
+            "{:>3} {:>9} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} | {:>5.2} {:>5.2}",
+            r.workers, r.bytes, c.total_s_per_gib, c.process_s_per_gib, c.softirq_s_per_gib,
+            d.total_s_per_gib, d.process_s_per_gib, d.softirq_s_per_gib,
+            c.total_s_per_gib / d.total_s_per_gib, c.busy_cpus, d.busy_cpus
+        );
+    }
+    for (system, baseline, title, a_name, b_name) in [
+        ("mpi+xagg", "openmpi", "an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone", "preload", "openmpi"),
+        ("torch+xagg", "gloo", "PyTorch's dist.all_reduce (xtask/python/allreduce.py), the xagg backend | Gloo", "xagg", "gloo"),
+    ] {
+        let pairs = pairs_of(runs, system, baseline);
+        if pairs.is_empty() {
+            continue;
+        }
+        println!();
+        println!("{title} (goodput Gbit/s | latency µs):");
+        println!(
+            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6}",
+            "n", "bytes", a_name, b_name, "x", a_name, b_name, "x"
+        );
+        for &(r, m) in &pairs {
+            println!(
+                "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2}{}",
+                r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps,
+                r.latency_us, m.latency_us, r.latency_us / m.latency_us,
+                if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
+            );
+        }
+    }
+}
+
+/// One end-to-end point of one round, as it comes.
+pub(super) fn round_line(round: usize, r: &RunPoint) {
+    eprintln!(
+        "round {round} {:<7} n={} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
+        r.system,
+        r.workers,
+        r.bytes,
+        r.goodput_gbps,
+        r.latency_us,
+        r.wire_ratio,
+        r.cpu_total(),
+        if r.verified { "" } else { "  NOT VERIFIED" }
+    );
+}
+
+/// Writes `figures` to `json`, or by default to `target/bench/<name>.json`.
+pub(super) fn write_figures(
+    json: Option<PathBuf>,
+    name: &str,
+    figures: serde_json::Value,
+) -> Result<()> {
+    let path = json.unwrap_or_else(|| target_dir().join(format!("bench/{name}.json")));
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    std::fs::write(&path, serde_json::to_string_pretty(&figures)?)?;
+    println!("figures written to {}", path.display());
+    Ok(())
+}
+
+/// The points of `system` with `baseline`'s at the same worker count and size.
+fn pairs_of<'a>(
+    runs: &'a [RunPoint],
+    system: &str,
+    baseline: &str,
+) -> Vec<(&'a RunPoint, &'a RunPoint)> {
+    runs.iter()
+        .filter(|r| r.system == system)
+        .filter_map(|r| {
+            runs.iter()
+                .find(|m| m.system == baseline && m.workers == r.workers && m.bytes == r.bytes)
+                .map(|m| (r, m))
+        })
+        .collect()
+}
+
+/// Goodput against buffer size, one line per system and worker count.
+pub(super) fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
+    use plotters::prelude::*;
+    if let Some(d) = path.parent() {
+        std::fs::create_dir_all(d)?;
+    }
+    let root = SVGBackend::new(path, (900, 540)).into_drawing_area();
+    root.fill(&WHITE)?;
+    let max = runs.iter().map(|r| r.goodput_gbps).fold(0.0, f64::max) * 1.15;
+    let xs: Vec<f64> = runs.iter().map(|r| (r.bytes as f64).log2()).collect();
+    let (x0, x1) = (
+        xs.iter().cloned().fold(f64::INFINITY, f64::min),
+        xs.iter().cloned().fold(0.0, f64::max),
+    );
+    let mut chart = ChartBuilder::on(&root)
+        .caption(
+            "allreduce goodput, i32 sum, netns lab (2 cores)",
+            ("sans-serif", 22),
+        )
+        .margin(12)
+        .x_label_area_size(44)
+        .y_label_area_size(56)
+        .build_cartesian_2d(x0 - 0.3..x1 + 0.3, 0.0..max)?;
+    chart
+        .configure_mesh()
+        .x_desc("bytes per worker")
+        .y_desc("goodput, Gbit/s")
+        .x_label_formatter(&|x| crate::demo::human(2f64.powf(x.round()) as usize))
+        .draw()?;
+    let mut workers: Vec<usize> = runs.iter().map(|r| r.workers).collect();
+    workers.sort();
+    workers.dedup();
+    for (i, system) in ["switch", "openmpi"].into_iter().enumerate() {
+        for (j, &n) in workers.iter().enumerate() {
+            let color = Palette99::pick(i * 4 + j).to_rgba();
+            let pts: Vec<(f64, f64)> = runs
+                .iter()
+                .filter(|r| r.system == system && r.workers == n)
+                .map(|r| ((r.bytes as f64).log2(), r.goodput_gbps))
+                .collect();
+            chart
+                .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))?
+                .label(format!("{system}, {n} workers"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 18, y)], color.stroke_width(2))
+                });
+            chart.draw_series(pts.into_iter().map(|p| Circle::new(p, 3, color.filled())))?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()?;
+    root.present()?;
+    Ok(())
+}

@@ -1,0 +1,152 @@
+//! The figures of one end-to-end point: goodput, latency, bytes on the wire, CPU.
+
+use serde::Serialize;
+use xagg_worker::report::CpuWindow;
+
+use super::report::median;
+
+/// One end-to-end measurement (the JSON's `runs`).
+#[derive(Serialize, Clone, Debug)]
+pub struct RunPoint {
+    pub system: &'static str,
+    pub workers: usize,
+    pub bytes: usize,
+    pub dtype: &'static str,
+    /// S x 8 / t / 1e9, t the median over iterations of the slowest worker's time.
+    pub goodput_gbps: f64,
+    /// The median t, in µs (the latency at 4 KiB).
+    pub latency_us: f64,
+    /// Bytes each worker sent (interface tx counters) / S.
+    pub wire_ratio: f64,
+    /// CPU over exactly the timed windows (runs of 1 MiB and more).
+    pub cpu: Option<CpuFigures>,
+    pub iterations: usize,
+    /// Rounds whose medians these figures are (`--rounds`).
+    pub rounds: usize,
+    pub verified: bool,
+}
+
+/// Machine-wide CPU seconds per GiB reduced (S x allreduces), counted over exactly the
+/// timed windows: each allreduce from the earliest member's start to the latest member's
+/// result, summed over the allreduces.
+#[derive(Serialize, Clone, Debug)]
+pub struct CpuFigures {
+    /// Everything: the workers' processes and the kernel's network work.
+    pub total_s_per_gib: f64,
+    /// Process context (user and kernel mode): the workers, their system calls and the
+    /// send path that runs inside them.
+    pub process_s_per_gib: f64,
+    /// Interrupt and softirq context: receive processing, where the switch's XDP
+    /// programs run (and, for Open MPI, the bridge and TCP receive).
+    pub softirq_s_per_gib: f64,
+    /// Busy CPUs on average over the windows (at most the machine's CPU count).
+    pub busy_cpus: f64,
+    /// The windows' total length, seconds.
+    pub window_s: f64,
+}
+
+impl CpuFigures {
+    fn new(windows: &[CpuWindow], bytes: usize) -> Option<Self> {
+        if windows.is_empty() {
+            return None;
+        }
+        let gib = bytes as f64 * windows.len() as f64 / (1u64 << 30) as f64;
+        let (mut user, mut system, mut softirq, mut secs) = (0.0, 0.0, 0.0, 0.0);
+        for w in windows {
+            let (u, s, q) = w.cpu();
+            user += u;
+            system += s;
+            softirq += q;
+            secs += w.seconds();
+        }
+        Some(Self {
+            total_s_per_gib: (user + system + softirq) / gib,
+            process_s_per_gib: (user + system) / gib,
+            softirq_s_per_gib: softirq / gib,
+            busy_cpus: (user + system + softirq) / secs,
+            window_s: secs,
+        })
+    }
+}
+
+/// The per-allreduce windows of several members merged: allreduce k's window runs from
+/// the earliest member's start to the latest member's end.
+pub(super) fn merge_windows(members: &[&[CpuWindow]]) -> Vec<CpuWindow> {
+    let k = members.iter().map(|w| w.len()).min().unwrap_or(0);
+    (0..k)
+        .map(|i| {
+            members
+                .iter()
+                .map(|w| w[i])
+                .reduce(CpuWindow::union)
+                .expect("at least one member")
+        })
+        .collect()
+}
+
+impl RunPoint {
+    /// One round's point: `times`, each allreduce's (its slowest member's) seconds; bytes
+    /// each worker sent; the merged CPU windows.
+    pub(super) fn new(
+        system: &'static str,
+        workers: usize,
+        bytes: usize,
+        times: Vec<f64>,
+        tx_per_worker: f64,
+        windows: &[CpuWindow],
+        verified: bool,
+    ) -> Self {
+        let iterations = times.len();
+        let t = median(times);
+        Self {
+            system,
+            workers,
+            bytes,
+            dtype: "i32",
+            goodput_gbps: bytes as f64 * 8.0 / t / 1e9,
+            latency_us: t * 1e6,
+            wire_ratio: tx_per_worker / (bytes as f64 * iterations as f64),
+            cpu: CpuFigures::new(windows, bytes),
+            iterations,
+            rounds: 1,
+            verified,
+        }
+    }
+
+    /// Total CPU s per GiB over the timed windows (NaN where not recorded).
+    pub(super) fn cpu_total(&self) -> f64 {
+        self.cpu.as_ref().map_or(f64::NAN, |c| c.total_s_per_gib)
+    }
+}
+
+/// The rounds of one point merged: each figure the median over the rounds; verified only
+/// if every round was.
+pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
+    let m = |f: fn(&RunPoint) -> f64| median(points.iter().map(|p| f(p)).collect());
+    let cpu = points.iter().all(|p| p.cpu.is_some()).then(|| {
+        let c = |f: fn(&CpuFigures) -> f64| {
+            median(
+                points
+                    .iter()
+                    .filter_map(|p| p.cpu.as_ref().map(f))
+                    .collect(),
+            )
+        };
+        CpuFigures {
+            total_s_per_gib: c(|c| c.total_s_per_gib),
+            process_s_per_gib: c(|c| c.process_s_per_gib),
+            softirq_s_per_gib: c(|c| c.softirq_s_per_gib),
+            busy_cpus: c(|c| c.busy_cpus),
+            window_s: c(|c| c.window_s),
+        }
+    });
+    RunPoint {
+        goodput_gbps: m(|p| p.goodput_gbps),
+        latency_us: m(|p| p.latency_us),
+        wire_ratio: m(|p| p.wire_ratio),
+        cpu,
+        rounds: points.len(),
+        verified: points.iter().all(|p| p.verified),
+        ..points[0].clone()
+    }
+}
