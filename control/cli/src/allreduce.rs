@@ -1,23 +1,25 @@
 //! `xagg allreduce`: allreduce a buffer through the switch as one member of a job, a job
 //! added by hand or one joined over the network, and report the run.
+//!
+//! Here the arguments and the run's steps; the steps themselves in `start` (the worker),
+//! `timed` (the timed allreduces) and `report` (the check and the report).
+
+mod report;
+mod start;
+mod timed;
 
 use std::{
     net::SocketAddrV4,
-    path::PathBuf,
-    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
+    path::{Path, PathBuf},
 };
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use serde::Deserialize;
 use xagg_common::{
-    wire::{DType, Op, DEFAULT_PORT},
+    wire::{DType, Op},
     JobShape,
 };
 use xagg_daemon::job::lane;
-use xagg_worker::{
-    report::{CpuSample, CpuWindow, RunReport},
-    Worker, WorkerParams,
-};
 
 #[derive(clap::Args)]
 pub struct AllreduceArgs {
@@ -152,286 +154,90 @@ where
     xagg_daemon::names::deserialize(d).map(Some)
 }
 
-pub fn run(a: AllreduceArgs) -> Result<()> {
-    let f: ParamsFile = match &a.params {
-        Some(p) => toml::from_str(
-            &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
-        )
-        .with_context(|| format!("params file {}", p.display()))?,
-        None => ParamsFile::default(),
-    };
-    let bind = a
-        .bind
-        .or(f.bind)
-        .context("--bind is required (this member's IP:PORT as registered in the job)")?;
-    let member = a
-        .member
-        .or(f.member)
-        .context("--member is required (this worker's member index)")?;
-    let op = a.op.or(f.op).unwrap_or(Op::Sum);
-    let dtype = a.dtype.or(f.dtype).unwrap_or(DType::I32);
-    let segment = a
-        .segment
-        .or(f.segment)
-        .context("--segment is required (the job's segment length)")?;
-    let slots = a
-        .slots
-        .or(f.slots)
-        .context("--slots is required (the job's slot count)")?;
-    let members = a
-        .members
-        .or(f.members)
-        .context("--members is required (the job's member count)")?;
-    let shape = JobShape::with_elements(
-        members,
-        slots,
-        segment,
-        lane(op, dtype).map_err(anyhow::Error::msg)?,
-    )
-    .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
-    let (w, mut p) = if let Some(daemon) = a.join {
-        let read_hex = |path: &PathBuf, what: &str| -> Result<String> {
-            std::fs::read_to_string(path)
-                .with_context(|| format!("reading the {what} from {}", path.display()))
-        };
-        let secret: xagg_worker::Secret = read_hex(
-            a.secret_file
-                .as_ref()
-                .context("--secret-file is required with --join (write one with `xagg keygen`)")?,
-            "job's secret",
-        )?
-        .parse()
-        .map_err(anyhow::Error::msg)?;
-        let credential = match (&a.credential, &a.credential_file) {
-            (Some(name), Some(file)) => Some((
-                name.clone(),
-                read_hex(file, "credential's key")?
-                    .parse()
-                    .map_err(anyhow::Error::msg)?,
-            )),
-            (None, None) => None,
-            _ => bail!("--credential and --credential-file go together"),
-        };
-        let j = xagg_worker::JoinParams {
-            daemon,
-            key: a
-                .key
-                .context("--key is required with --join (from `xagg keygen`)")?,
-            secret,
-            rank: member,
-            shape,
-            bind,
-            credential,
-            timeout: Duration::from_secs(a.join_timeout_s),
-            levels: None,
-        };
-        let w = Worker::join_with(j, |p| settings(p, &a, op, dtype))?;
-        let p = w.params().clone();
-        (Some(w), p)
-    } else {
-        let switch = parse_switch(
-            &a.switch
-                .clone()
-                .or(f.switch)
-                .context("--switch is required (the switch's IP[:PORT]), or --join")?,
-        )?;
-        let job = a.job.or(f.job).context("--job is required, or --join")?;
-        (None, WorkerParams::new(switch, bind, job, member, shape))
-    };
-    settings(&mut p, &a, op, dtype);
-    let size = dtype.size();
-    if !a.size.is_multiple_of(size) {
-        bail!(
-            "--size {} is not a whole number of {dtype} elements ({size} bytes each)",
-            a.size
-        );
-    }
-    let leave = a.leave;
-    let w = match w {
-        Some(w) => w,
-        None => Worker::new(p)?,
-    };
-    // Before any clock starts: which shadow copy each slot takes next, from the switch.
-    w.sync()?;
-    let n = a.size / size;
-    // Every repeat allreduces the same data; the first result is verified once every clock
-    // has stopped, so neither the data generation nor the check counts in time or CPU.
-    let data = xagg_worker::data::generate(dtype, a.seed, member as u32, n);
-    let mut buf = data.clone();
-    let mut first = Vec::new();
-    let mut reports = Vec::new();
-    let iface = xagg_sys::iface::holding(*bind.ip()).ok().flatten();
-    let tx = |i: &Option<String>| -> u64 {
-        i.as_ref()
-            .and_then(|i| {
-                std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/tx_bytes")).ok()
-            })
-            .and_then(|s| s.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let mut tx0 = 0;
-    // A long run shows its progress on a terminal (never in --json output).
-    let bar = (!a.json && a.repeat > 1 && std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .then(|| {
-            indicatif::ProgressBar::new(u64::from(a.repeat)).with_style(
-                indicatif::ProgressStyle::with_template(
-                    "{bar:40} {pos}/{len} allreduces, {msg}, {eta} left",
-                )
-                .expect("a valid template"),
+impl ParamsFile {
+    /// The `--params` file, or no settings without one.
+    fn read(path: Option<&Path>) -> Result<Self> {
+        Ok(match path {
+            Some(p) => toml::from_str(
+                &std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
             )
-        });
-    let mut windows = Vec::new();
-    for r in 0..a.repeat {
-        buf.copy_from_slice(&data);
-        let common = match (a.start_at, r) {
-            (Some(t), 0) => Some(wait_until(t)),
-            _ => None,
-        };
-        // Read before the clock starts, so the reading is outside the window.
-        let window_start = a.cpu_windows.then(cpu_sample);
-        let started = common.unwrap_or_else(Instant::now);
-        if r == 0 {
-            tx0 = tx(&iface);
-        }
-        let mut rep = w.allreduce_bytes(&mut buf)?;
-        // Wall time from the common start, so the slowest worker defines the run.
-        rep.seconds = started.elapsed().as_secs_f64();
-        if let Some(start) = window_start {
-            windows.push(CpuWindow {
-                start,
-                end: cpu_sample(),
-            });
-        }
-        rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
-        if r == 0 {
-            first = buf.clone();
-        }
-        if let Some(b) = &bar {
-            b.set_message(format!("{:.2} Gbit/s", rep.goodput_gbps));
-            b.inc(1);
-        }
-        reports.push(rep);
+            .with_context(|| format!("params file {}", p.display()))?,
+            None => ParamsFile::default(),
+        })
     }
-    if let Some(b) = bar {
-        b.finish_and_clear();
+}
+
+/// This member of the job as the flags settle it, over the params file: its address and
+/// index, and the job's op, data type and shape.
+struct Member {
+    bind: SocketAddrV4,
+    index: u8,
+    op: Op,
+    dtype: DType,
+    segment: usize,
+    members: usize,
+    shape: JobShape,
+}
+
+impl Member {
+    /// The flags over the params file; required ones missing are errors that name them.
+    fn settle(a: &AllreduceArgs, f: &ParamsFile) -> Result<Self> {
+        let bind = a
+            .bind
+            .or(f.bind)
+            .context("--bind is required (this member's IP:PORT as registered in the job)")?;
+        let index = a
+            .member
+            .or(f.member)
+            .context("--member is required (this worker's member index)")?;
+        let op = a.op.or(f.op).unwrap_or(Op::Sum);
+        let dtype = a.dtype.or(f.dtype).unwrap_or(DType::I32);
+        let segment = a
+            .segment
+            .or(f.segment)
+            .context("--segment is required (the job's segment length)")?;
+        let slots = a
+            .slots
+            .or(f.slots)
+            .context("--slots is required (the job's slot count)")?;
+        let members = a
+            .members
+            .or(f.members)
+            .context("--members is required (the job's member count)")?;
+        let shape = JobShape::with_elements(
+            members,
+            slots,
+            segment,
+            lane(op, dtype).map_err(anyhow::Error::msg)?,
+        )
+        .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
+        Ok(Member {
+            bind,
+            index,
+            op,
+            dtype,
+            segment,
+            members,
+            shape,
+        })
     }
-    let tx_bytes = tx(&iface) - tx0;
-    let mut verified = true;
-    let mut worst_float_error = 0f64;
-    if a.verify {
-        let inputs: Vec<Vec<u8>> = (0..members as u32)
-            .map(|k| xagg_worker::data::generate(dtype, a.seed, k, n))
-            .collect();
-        match xagg_worker::data::check(op, dtype, segment, &inputs, &first) {
-            Ok(e) => worst_float_error = e,
-            Err(e) => {
-                eprintln!("member {member}: result wrong: {e}");
-                verified = false;
-            }
-        }
-    }
-    let secs: f64 = reports.iter().map(|r| r.seconds).sum();
-    let retx: u64 = reports.iter().map(|r| r.retransmissions).sum();
-    let last = reports.last().cloned().unwrap_or_default();
-    if a.json {
-        let out = RunReport {
-            member,
-            bytes: a.size,
-            repeat: a.repeat,
-            seconds: last.seconds,
-            seconds_all: reports.iter().map(|r| r.seconds).collect(),
-            goodput_gbps: last.goodput_gbps,
-            retransmissions: retx,
-            reordered: reports.iter().map(|r| r.reordered).sum(),
-            refused: reports.iter().map(|r| r.refused).sum(),
-            lost_sends: reports.iter().map(|r| r.lost_sends).sum(),
-            verified: a.verify && verified,
-            op: op.to_string(),
-            dtype: dtype.to_string(),
-            float_error_of_bound: worst_float_error,
-            cpu_windows: windows,
-            tx_bytes,
-        };
-        println!("{}", serde_json::to_string(&out)?);
-    } else {
-        println!(
-            "member {member}: {} x {} bytes in {:.3} s, last {:.3} s = {:.2} Gbit/s, {retx} retransmissions{}",
-            a.repeat, a.size, secs, last.seconds, last.goodput_gbps,
-            if a.verify { if verified { ", result verified" } else { ", RESULT WRONG" } } else { "" }
-        );
-    }
-    if leave {
+}
+
+/// Settles this member, starts the worker, runs the allreduces and reports them; a result
+/// `--verify` finds wrong ends the process with status 2.
+pub fn run(a: AllreduceArgs) -> Result<()> {
+    let file = ParamsFile::read(a.params.as_deref())?;
+    let me = Member::settle(&a, &file)?;
+    let w = start::worker(&a, file, &me)?;
+    let n = a.size / me.dtype.size();
+    let runs = timed::run(&w, &a, &me, n)?;
+    let check = report::verify(&a, &me, n, &runs.first);
+    report::print(&a, &me, runs, &check)?;
+    if a.leave {
         w.leave()?;
     }
-    if a.verify && !verified {
+    if a.verify && !check.verified {
         std::process::exit(2);
     }
     Ok(())
-}
-
-/// The worker's settings from the flags.
-fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
-    p.op = op;
-    p.dtype = dtype;
-    if a.mid.is_some() {
-        p.first_message = a.mid;
-    }
-    p.give_up = Duration::from_millis(a.give_up_ms);
-    p.reorder = a.reorder;
-    p.gso = !a.no_gso;
-    p.gro = !a.no_gro;
-    p.afxdp = a.afxdp;
-    p.spin = Duration::from_micros(a.spin_us);
-}
-
-/// The machine's CPU counters and the wall clock, now.
-fn cpu_sample() -> CpuSample {
-    use procfs::CurrentSI;
-    let wall_ns = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map_or(0, |d| d.as_nanos() as u64);
-    let Ok(stat) = procfs::KernelStats::current() else {
-        return CpuSample {
-            wall_ns,
-            ..Default::default()
-        };
-    };
-    let t = stat.total;
-    let s = |ticks: u64| ticks as f64 / procfs::ticks_per_second() as f64;
-    CpuSample {
-        wall_ns,
-        user: s(t.user + t.nice),
-        system: s(t.system),
-        softirq: s(t.irq.unwrap_or(0) + t.softirq.unwrap_or(0)),
-    }
-}
-
-/// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.
-fn wait_until(ns: u64) -> Instant {
-    let now = SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos() as u64;
-    if ns > now {
-        std::thread::sleep(Duration::from_nanos(ns - now));
-        return Instant::now();
-    }
-    // Late: the clock still runs from the common start, so the set-up that made this
-    // worker late counts against the run instead of flattering it.
-    let late = Duration::from_nanos(now - ns);
-    eprintln!(
-        "warning: ready {:.1} ms after the common start (--start-at): give the workers a longer head start",
-        late.as_secs_f64() * 1e3
-    );
-    Instant::now() - late
-}
-
-fn parse_switch(s: &str) -> Result<SocketAddrV4> {
-    if let Ok(a) = s.parse() {
-        return Ok(a);
-    }
-    let ip = s
-        .parse()
-        .map_err(|_| anyhow::anyhow!("--switch `{s}`: write IP or IP:PORT"))?;
-    Ok(SocketAddrV4::new(ip, DEFAULT_PORT))
 }
