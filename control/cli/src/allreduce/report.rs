@@ -1,0 +1,68 @@
+//! The run's check against every member's inputs, and its report.
+
+use anyhow::Result;
+use xagg_worker::report::RunReport;
+
+use super::{timed::Runs, AllreduceArgs, Member};
+
+/// The first result checked against every member's inputs, with `--verify`.
+pub(super) struct Check {
+    pub(super) verified: bool,
+    pub(super) worst_float_error: f64,
+}
+
+pub(super) fn verify(a: &AllreduceArgs, me: &Member, n: usize, first: &[u8]) -> Check {
+    let mut check = Check {
+        verified: true,
+        worst_float_error: 0.0,
+    };
+    if a.verify {
+        let inputs: Vec<Vec<u8>> = (0..me.members as u32)
+            .map(|k| xagg_worker::data::generate(me.dtype, a.seed, k, n))
+            .collect();
+        match xagg_worker::data::check(me.op, me.dtype, me.segment, &inputs, first) {
+            Ok(e) => check.worst_float_error = e,
+            Err(e) => {
+                eprintln!("member {}: result wrong: {e}", me.index);
+                check.verified = false;
+            }
+        }
+    }
+    check
+}
+
+/// The run's report: one JSON object with `--json`, else a line.
+pub(super) fn print(a: &AllreduceArgs, me: &Member, runs: Runs, check: &Check) -> Result<()> {
+    let reports = &runs.reports;
+    let secs: f64 = reports.iter().map(|r| r.seconds).sum();
+    let retx: u64 = reports.iter().map(|r| r.retransmissions).sum();
+    let last = reports.last().cloned().unwrap_or_default();
+    if a.json {
+        let out = RunReport {
+            member: me.index,
+            bytes: a.size,
+            repeat: a.repeat,
+            seconds: last.seconds,
+            seconds_all: reports.iter().map(|r| r.seconds).collect(),
+            goodput_gbps: last.goodput_gbps,
+            retransmissions: retx,
+            reordered: reports.iter().map(|r| r.reordered).sum(),
+            refused: reports.iter().map(|r| r.refused).sum(),
+            lost_sends: reports.iter().map(|r| r.lost_sends).sum(),
+            verified: a.verify && check.verified,
+            op: me.op.to_string(),
+            dtype: me.dtype.to_string(),
+            float_error_of_bound: check.worst_float_error,
+            cpu_windows: runs.windows,
+            tx_bytes: runs.tx_bytes,
+        };
+        println!("{}", serde_json::to_string(&out)?);
+    } else {
+        println!(
+            "member {}: {} x {} bytes in {:.3} s, last {:.3} s = {:.2} Gbit/s, {retx} retransmissions{}",
+            me.index, a.repeat, a.size, secs, last.seconds, last.goodput_gbps,
+            if a.verify { if check.verified { ", result verified" } else { ", RESULT WRONG" } } else { "" }
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! The timed allreduces: the clocks, the CPU windows, the interface's bytes sent and the
+//! progress shown meanwhile.
+
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use anyhow::Result;
+use xagg_worker::{
+    report::{CpuSample, CpuWindow},
+    Report, Worker,
+};
+
+use super::{AllreduceArgs, Member};
+
+/// What the timed allreduces leave: a report and (with `--cpu-windows`) a CPU window
+/// each, the first result, and the bytes the member's interface sent meanwhile.
+pub(super) struct Runs {
+    pub(super) reports: Vec<Report>,
+    pub(super) windows: Vec<CpuWindow>,
+    pub(super) first: Vec<u8>,
+    pub(super) tx_bytes: u64,
+}
+
+/// The `--repeat` allreduces of `n` elements each, timed.
+pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Result<Runs> {
+    // Every repeat allreduces the same data; the first result is verified once every clock
+    // has stopped, so neither the data generation nor the check counts in time or CPU.
+    let data = xagg_worker::data::generate(me.dtype, a.seed, me.index as u32, n);
+    let mut buf = data.clone();
+    let mut first = Vec::new();
+    let mut reports = Vec::new();
+    let iface = xagg_sys::iface::holding(*me.bind.ip()).ok().flatten();
+    let mut tx0 = 0;
+    let bar = progress_bar(a);
+    let mut windows = Vec::new();
+    for r in 0..a.repeat {
+        buf.copy_from_slice(&data);
+        let common = match (a.start_at, r) {
+            (Some(t), 0) => Some(wait_until(t)),
+            _ => None,
+        };
+        // Read before the clock starts, so the reading is outside the window.
+        let window_start = a.cpu_windows.then(cpu_sample);
+        let started = common.unwrap_or_else(Instant::now);
+        if r == 0 {
+            tx0 = tx_bytes(iface.as_deref());
+        }
+        let mut rep = w.allreduce_bytes(&mut buf)?;
+        // Wall time from the common start, so the slowest worker defines the run.
+        rep.seconds = started.elapsed().as_secs_f64();
+        if let Some(start) = window_start {
+            windows.push(CpuWindow {
+                start,
+                end: cpu_sample(),
+            });
+        }
+        rep.goodput_gbps = a.size as f64 * 8.0 / rep.seconds / 1e9;
+        if r == 0 {
+            first = buf.clone();
+        }
+        if let Some(b) = &bar {
+            b.set_message(format!("{:.2} Gbit/s", rep.goodput_gbps));
+            b.inc(1);
+        }
+        reports.push(rep);
+    }
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    Ok(Runs {
+        reports,
+        windows,
+        first,
+        tx_bytes: tx_bytes(iface.as_deref()) - tx0,
+    })
+}
+
+/// A long run shows its progress on a terminal (never in --json output).
+fn progress_bar(a: &AllreduceArgs) -> Option<indicatif::ProgressBar> {
+    (!a.json && a.repeat > 1 && std::io::IsTerminal::is_terminal(&std::io::stderr())).then(|| {
+        indicatif::ProgressBar::new(u64::from(a.repeat)).with_style(
+            indicatif::ProgressStyle::with_template(
+                "{bar:40} {pos}/{len} allreduces, {msg}, {eta} left",
+            )
+            .expect("a valid template"),
+        )
+    })
+}
+
+/// The bytes the interface has sent, 0 when unknown.
+fn tx_bytes(iface: Option<&str>) -> u64 {
+    iface
+        .and_then(|i| {
+            std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/tx_bytes")).ok()
+        })
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// The machine's CPU counters and the wall clock, now.
+fn cpu_sample() -> CpuSample {
+    use procfs::CurrentSI;
+    let wall_ns = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64);
+    let Ok(stat) = procfs::KernelStats::current() else {
+        return CpuSample {
+            wall_ns,
+            ..Default::default()
+        };
+    };
+    let t = stat.total;
+    let s = |ticks: u64| ticks as f64 / procfs::ticks_per_second() as f64;
+    CpuSample {
+        wall_ns,
+        user: s(t.user + t.nice),
+        system: s(t.system),
+        softirq: s(t.irq.unwrap_or(0) + t.softirq.unwrap_or(0)),
+    }
+}
+
+/// Sleeps until `ns` (since the Unix epoch) and returns that moment as an Instant.
+fn wait_until(ns: u64) -> Instant {
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos() as u64;
+    if ns > now {
+        std::thread::sleep(Duration::from_nanos(ns - now));
+        return Instant::now();
+    }
+    // Late: the clock still runs from the common start, so the set-up that made this
+    // worker late counts against the run instead of flattering it.
+    let late = Duration::from_nanos(now - ns);
+    eprintln!(
+        "warning: ready {:.1} ms after the common start (--start-at): give the workers a longer head start",
+        late.as_secs_f64() * 1e3
+    );
+    Instant::now() - late
+}

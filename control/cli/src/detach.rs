@@ -1,0 +1,58 @@
+//! `xagg detach`: detach the dataplane and remove its pins, through the daemon when one
+//! answers (which stops it), directly otherwise.
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Result};
+use xagg_daemon::{
+    api::{call, Request, Response},
+    config::DEFAULT_PIN_PATH,
+};
+
+use crate::daemon::answer;
+
+pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
+    match call(socket, &Request::Status) {
+        Ok(Response::Status {
+            pin_path: theirs,
+            ports,
+            ..
+        }) => {
+            if let Some(mine) = &pin_path {
+                if theirs.as_ref() != Some(mine) {
+                    bail!(
+                        "the daemon at {} pins its dataplane at {}, not {}: nothing detached. Pass the --socket of the daemon that pins at {}, or stop it and run this again",
+                        socket.display(),
+                        theirs.as_ref().map_or("nothing (it detaches on exit)".into(), |p| p.display().to_string()),
+                        mine.display(),
+                        mine.display()
+                    );
+                }
+            }
+            answer(call(socket, &Request::Detach)?)?;
+            println!(
+                "detached the dataplane on {}{} and stopped the daemon at {}",
+                ports.join(", "),
+                theirs.map_or(String::new(), |p| format!(", pinned at {}", p.display())),
+                socket.display()
+            );
+            Ok(())
+        }
+        Ok(r) => answer(r),
+        Err(_) => {
+            let pin_path = pin_path.unwrap_or_else(|| DEFAULT_PIN_PATH.into());
+            if xagg_daemon::dataplane::unpin(&pin_path)? {
+                println!(
+                    "no daemon answered; removed the pinned dataplane at {}",
+                    pin_path.display()
+                );
+            } else {
+                println!(
+                    "nothing to detach: no daemon answered and {} does not exist",
+                    pin_path.display()
+                );
+            }
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,52 @@
+//! `xagg status`: the switch's address, ports, XDP mode, pinning, jobs and slots in use.
+
+use std::path::Path;
+
+use anyhow::Result;
+use xagg_daemon::api::{call, Request, Response};
+
+use crate::daemon::answer;
+
+pub fn run(socket: &Path, json: bool) -> Result<()> {
+    match call(socket, &Request::Status)? {
+        r @ Response::Status { .. } if json => {
+            println!("{}", serde_json::to_string_pretty(&r)?);
+            Ok(())
+        }
+        Response::Status {
+            ports,
+            pinned,
+            adopted,
+            jobs,
+            slots_total,
+            slots_used,
+            address,
+            udp_port,
+            mac,
+            xdp_mode,
+            pin_path,
+        } => {
+            println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode}");
+            println!("ports: {}", ports.join(", "));
+            if let Some(p) = pin_path {
+                println!("pinned at: {}", p.display());
+            }
+            println!(
+                "dataplane: {}{}",
+                if pinned {
+                    "pinned (outlives the daemon)"
+                } else {
+                    "detached when the daemon exits"
+                },
+                if adopted {
+                    ", adopted from an earlier daemon"
+                } else {
+                    ""
+                }
+            );
+            println!("jobs: {jobs}, slots used: {slots_used} of {slots_total}");
+            Ok(())
+        }
+        r => answer(r),
+    }
+}
