@@ -7,7 +7,9 @@ use xagg_join::{JoinReply, JoinRequest, Proof, Shape};
 
 use super::{
     refused,
-    registry::{activate, unix_now, Level, Lifecycle, Member, Route},
+    registry::{
+        activate, element_bytes, unix_now, Level, Lifecycle, Member, Route, JOINED_DTYPE, JOINED_OP,
+    },
     table::JobTable,
     Joins,
 };
@@ -218,7 +220,7 @@ impl Joins {
             None => at,
         };
         let route = Route::Root;
-        if let Err(e) = activate(dp, j, &route) {
+        if let Err(e) = activate(dp, j, &route, JOINED_OP, JOINED_DTYPE) {
             self.jobs.remove(&req.key);
             self.save();
             return Err(refused(format!("the switch cannot take the job: {e}")));
@@ -237,7 +239,7 @@ impl Joins {
 }
 
 /// The checks a join passes before its nonce is spent: a valid shape (an open level's
-/// with 0 members), sensible levels, whole lanes per segment, a rank within the shape.
+/// with 0 members), sensible levels, whole elements per segment, a rank within the shape.
 fn well_formed(req: &JoinRequest) -> Result<(), String> {
     let level = Level::of(req);
     let open = level.is_open();
@@ -257,9 +259,10 @@ fn well_formed(req: &JoinRequest) -> Result<(), String> {
             ));
         }
     }
-    if !req.shape.segment_bytes.is_multiple_of(4) {
+    let element = element_bytes(JOINED_OP, JOINED_DTYPE)?;
+    if !req.shape.segment_bytes.is_multiple_of(element) {
         return Err(format!(
-            "the job's shape: segment_bytes = {} is not a multiple of 4",
+            "the job's shape: segment_bytes = {} is not a multiple of {element}",
             req.shape.segment_bytes
         ));
     }

@@ -7,11 +7,26 @@ use std::{
     time::{Instant, SystemTime},
 };
 
-use xagg_common::job::MemberAddr;
+use xagg_common::{
+    job::MemberAddr,
+    wire::{DType, Op},
+};
 use xagg_join::{JobKey, JoinReply, JoinRequest, Levels, Path, Secret, Shape};
 
 use super::table::JobTable;
 use crate::job::{JobSpec, MemberSpec, ParentSpec, RingSpec};
+
+/// The op and type a joined job's dataplane entry names. A join does not state them (its
+/// shape is members, slots and segment bytes): each message carries its own pair, which
+/// the switch takes whatever it is, so the job's pair only sets the lanes its entry counts
+/// a segment's bytes in. Once joins state a pair, it goes where these are passed.
+pub(super) const JOINED_OP: Op = Op::Sum;
+pub(super) const JOINED_DTYPE: DType = DType::I32;
+
+/// Bytes per element of `op` over `dtype` on the wire (its lane's).
+pub(super) fn element_bytes(op: Op, dtype: DType) -> Result<usize, String> {
+    crate::job::lane(op, dtype).map(|l| l.size())
+}
 
 /// A member of a joined job as its hello showed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -250,8 +265,16 @@ impl Joined {
     }
 }
 
-/// Adds a job whose ranks are all in to the dataplane, its aggregates going by `route`.
-pub(super) fn activate(dp: &mut impl JobTable, j: &Joined, route: &Route) -> Result<(), String> {
+/// Adds a job whose ranks are all in to the dataplane, reducing `op` over `dtype` (its
+/// segments of `segment_bytes` counted in their elements), its aggregates going by `route`.
+pub(super) fn activate(
+    dp: &mut impl JobTable,
+    j: &Joined,
+    route: &Route,
+    op: Op,
+    dtype: DType,
+) -> Result<(), String> {
+    let element = element_bytes(op, dtype)?;
     let members = j
         .members
         .iter()
@@ -273,9 +296,9 @@ pub(super) fn activate(dp: &mut impl JobTable, j: &Joined, route: &Route) -> Res
     };
     let spec = JobSpec {
         id: j.id,
-        op: xagg_common::wire::Op::Sum,
-        dtype: xagg_common::wire::DType::I32,
-        segment: (j.shape.segment_bytes / 4) as u16,
+        op,
+        dtype,
+        segment: (j.shape.segment_bytes / element) as u16,
         slots: j.shape.slots as u32,
         members,
         slot_base: None,

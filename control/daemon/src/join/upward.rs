@@ -19,7 +19,7 @@ use xagg_join::{
 };
 
 use super::{
-    registry::{activate, unix_now, Lifecycle, Route},
+    registry::{activate, unix_now, Lifecycle, Route, JOINED_DTYPE, JOINED_OP},
     table::JobTable,
     Joins,
 };
@@ -138,7 +138,9 @@ impl Joins {
             if j.level.is_open() {
                 j.order_by_first();
             }
-            match route.and_then(|route| activate(dp, j, &route).map(|()| route)) {
+            let activated = route
+                .and_then(|route| activate(dp, j, &route, JOINED_OP, JOINED_DTYPE).map(|()| route));
+            match activated {
                 Ok(route) => {
                     match &route {
                         Route::Parent(p) => info!(
