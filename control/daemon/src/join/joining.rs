@@ -75,9 +75,10 @@ impl Joins {
 
     /// The joining member's index: its rank, or an open level's member found by the first
     /// rank it stands for, or by its hellos' token (a level below that says again what it
-    /// stands for), or a new one.
-    fn place(&mut self, req: &JoinRequest) -> Answer<usize> {
-        let j = self.jobs.get_mut(&req.key).expect("found or created");
+    /// stands for), or a new one (the index after the last: the member is added only once
+    /// it is taken in, so a join that ends without it leaves no empty place).
+    fn place(&self, req: &JoinRequest) -> Answer<usize> {
+        let j = &self.jobs[&req.key];
         let Some(l) = req.levels.filter(|_| j.level.is_open()) else {
             return Ok(usize::from(req.rank));
         };
@@ -100,10 +101,7 @@ impl Joins {
                 "the job runs without a member standing for rank {}",
                 l.first
             ))),
-            None => {
-                j.members.push(None);
-                Ok(j.members.len() - 1)
-            }
+            None => Ok(j.members.len()),
         }
     }
 
@@ -116,7 +114,8 @@ impl Joins {
         at: usize,
     ) -> Answer<(MemberAddr, String)> {
         let j = &self.jobs[&req.key];
-        let known = j.members[at].filter(|m| m.hello == req.hello);
+        let known = j.members.get(at).copied().flatten();
+        let known = known.filter(|m| m.hello == req.hello);
         let addr = match known {
             Some(m) => m.addr,
             None => dp.take_hello(req.hello).ok_or(JoinReply::NoHello)?,
@@ -137,8 +136,9 @@ impl Joins {
         Ok((addr, port))
     }
 
-    /// Records the member at index `at` (in the dataplane first if the job runs: a
-    /// refusal there changes nothing).
+    /// Records the member at index `at`, unless an open level's members would stand for
+    /// more ranks than the job has (in the dataplane first if the job runs: a refusal
+    /// there changes nothing).
     fn take_in(
         &mut self,
         dp: &mut impl JobTable,
@@ -147,27 +147,36 @@ impl Joins {
         addr: MemberAddr,
     ) -> Answer<()> {
         let j = self.jobs.get_mut(&req.key).expect("found or created");
+        if let Some(l) = req.levels.filter(|_| j.level.is_open()) {
+            let others: u32 = (j.members.iter().enumerate())
+                .filter(|&(i, m)| i != at && m.is_some_and(|m| !m.left))
+                .filter_map(|(_, m)| m.and_then(|m| m.stands_for))
+                .map(|s| s.1)
+                .sum();
+            if others + l.weight > l.ranks {
+                return Err(refused(format!(
+                    "members here already stand for {others} of the job's {} ranks: this one's {} would be too many",
+                    l.ranks, l.weight
+                )));
+            }
+        }
         if j.running() {
             dp.update_member(j.id, at, addr).map_err(refused)?;
         }
-        j.members[at] = Some(Member {
+        let member = Some(Member {
             addr,
             hello: req.hello,
             left: false,
             stands_for: req.levels.map(|l| (l.first, l.weight)),
         });
+        if at == j.members.len() {
+            j.members.push(member);
+        } else {
+            j.members[at] = member;
+        }
         if let Some(l) = req.levels {
             if j.coordinator.is_none() {
                 j.coordinator = l.coordinator;
-            }
-            if j.level.is_open() && j.weight_in() > l.ranks {
-                j.members[at] = None;
-                return Err(refused(format!(
-                    "members here already stand for {} of the job's {} ranks: this one's {} would be too many",
-                    j.weight_in(),
-                    l.ranks,
-                    l.weight
-                )));
             }
         }
         Ok(())

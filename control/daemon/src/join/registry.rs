@@ -278,8 +278,12 @@ pub(super) fn activate(
     let members = j
         .members
         .iter()
-        .map(|m| {
-            let a = m.expect("every rank in").addr;
+        .enumerate()
+        .map(|(i, m)| {
+            // A rank that left while the level joined its parent.
+            let a = m
+                .ok_or_else(|| format!("member {i} left before the job could run"))?
+                .addr;
             Ok(MemberSpec {
                 interface: dp
                     .port_named(a.ifindex)
