@@ -29,6 +29,8 @@ mod registry;
 mod ring;
 mod state_file;
 mod table;
+#[cfg(test)]
+mod tests;
 mod timers;
 mod upward;
 
