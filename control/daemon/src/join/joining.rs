@@ -1,0 +1,285 @@
+//! A rank's join, step by step: the request's own checks, the nonce, the job (found or
+//! created), the member's place and addresses, then what the job does next.
+
+use log::info;
+use xagg_common::job::MemberAddr;
+use xagg_join::{JoinReply, JoinRequest, Proof, Shape};
+
+use super::{
+    refused,
+    registry::{
+        activate, element_bytes, unix_now, Level, Lifecycle, Member, Route, JOINED_DTYPE, JOINED_OP,
+    },
+    table::JobTable,
+    Joins,
+};
+
+/// A join's early answer: a refusal, or no hello seen.
+type Answer<T> = Result<T, JoinReply>;
+
+impl Joins {
+    pub(super) fn try_join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
+        match self.join_steps(dp, req) {
+            Ok(reply) | Err(reply) => reply,
+        }
+    }
+
+    fn join_steps(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> Answer<JoinReply> {
+        well_formed(req).map_err(refused)?;
+        self.nonces.spend(&req.nonce).map_err(refused)?;
+        self.find_or_create(dp, req).map_err(refused)?;
+        self.agrees(req).map_err(refused)?;
+        let at = self.place(req)?;
+        let (addr, port) = self.member_addr(dp, req, at)?;
+        self.take_in(dp, req, at, addr)?;
+        let reply = self.next_step(dp, req, at, &port)?;
+        self.save();
+        Ok(reply)
+    }
+
+    /// The job the join names, created if it is new (and may be).
+    fn find_or_create(&mut self, dp: &impl JobTable, req: &JoinRequest) -> Result<(), String> {
+        if self.jobs.contains_key(&req.key) {
+            return Ok(());
+        }
+        if let Some((why, _)) = self.expired.get(&req.key) {
+            return Err(format!(
+                "the job {why} and was removed (its slots are free): start all ranks again, with a new key"
+            ));
+        }
+        self.create(dp, req)
+    }
+
+    /// Whether the join proves the job's secret and states the job's shape.
+    fn agrees(&self, req: &JoinRequest) -> Result<(), String> {
+        let j = &self.jobs[&req.key];
+        if !Proof::join(&j.secret, req).matches(&req.proof) {
+            return Err("the join's proof does not match the job's secret".into());
+        }
+        let ranks = req.levels.map(|l| l.ranks);
+        if j.shape != req.shape || j.level.ranks() != ranks {
+            return Err(format!(
+                "the job has {} members, {} slots, {}-byte segments and {:?} ranks in all; this join says {}, {}, {} and {:?}: every rank must give the same shape",
+                j.shape.members,
+                j.shape.slots,
+                j.shape.segment_bytes,
+                j.level.ranks(),
+                req.shape.members,
+                req.shape.slots,
+                req.shape.segment_bytes,
+                ranks
+            ));
+        }
+        Ok(())
+    }
+
+    /// The joining member's index: its rank, or an open level's member found by the first
+    /// rank it stands for, or by its hellos' token (a level below that says again what it
+    /// stands for), or a new one (the index after the last: the member is added only once
+    /// it is taken in, so a join that ends without it leaves no empty place).
+    fn place(&self, req: &JoinRequest) -> Answer<usize> {
+        let j = &self.jobs[&req.key];
+        let Some(l) = req.levels.filter(|_| j.level.is_open()) else {
+            return Ok(usize::from(req.rank));
+        };
+        let found = j.standing_for(l.first).or_else(|| {
+            j.members
+                .iter()
+                .position(|m| m.is_some_and(|m| m.hello == req.hello && !m.left))
+        });
+        let stands_for = |i: usize| j.members[i].and_then(|m| m.stands_for);
+        match found {
+            Some(i) if j.running() && stands_for(i) != Some((l.first, l.weight)) => {
+                Err(refused(format!(
+                    "the job runs with this member standing for {:?} (first rank, ranks), not {:?}",
+                    stands_for(i),
+                    (l.first, l.weight)
+                )))
+            }
+            Some(i) => Ok(i),
+            None if j.running() => Err(refused(format!(
+                "the job runs without a member standing for rank {}",
+                l.first
+            ))),
+            None => Ok(j.members.len()),
+        }
+    }
+
+    /// The member's port and addresses, from its hello (or the one it already gave): a
+    /// port of this switch, no other member's.
+    fn member_addr(
+        &self,
+        dp: &mut impl JobTable,
+        req: &JoinRequest,
+        at: usize,
+    ) -> Answer<(MemberAddr, String)> {
+        let j = &self.jobs[&req.key];
+        let known = j.members.get(at).copied().flatten();
+        let known = known.filter(|m| m.hello == req.hello);
+        let addr = match known {
+            Some(m) => m.addr,
+            None => dp.take_hello(req.hello).ok_or(JoinReply::NoHello)?,
+        };
+        let Some(port) = dp.port_named(addr.ifindex) else {
+            return Err(refused(format!(
+                "the hello came in on interface index {}, which is not a port of this switch",
+                addr.ifindex
+            )));
+        };
+        if let Some(other) = j.members.iter().enumerate().position(|(r, m)| {
+            r != at && m.is_some_and(|m| !m.left && m.addr.ifindex == addr.ifindex)
+        }) {
+            return Err(refused(format!(
+                "rank {other} of this job is already behind port {port}: one member per switch port (several ranks behind one port need host-level aggregation)"
+            )));
+        }
+        Ok((addr, port))
+    }
+
+    /// Records the member at index `at`, unless an open level's members would stand for
+    /// more ranks than the job has (in the dataplane first if the job runs: a refusal
+    /// there changes nothing).
+    fn take_in(
+        &mut self,
+        dp: &mut impl JobTable,
+        req: &JoinRequest,
+        at: usize,
+        addr: MemberAddr,
+    ) -> Answer<()> {
+        let j = self.jobs.get_mut(&req.key).expect("found or created");
+        if let Some(l) = req.levels.filter(|_| j.level.is_open()) {
+            let others: u32 = (j.members.iter().enumerate())
+                .filter(|&(i, m)| i != at && m.is_some_and(|m| !m.left))
+                .filter_map(|(_, m)| m.and_then(|m| m.stands_for))
+                .map(|s| s.1)
+                .sum();
+            if others + l.weight > l.ranks {
+                return Err(refused(format!(
+                    "members here already stand for {others} of the job's {} ranks: this one's {} would be too many",
+                    l.ranks, l.weight
+                )));
+            }
+        }
+        if j.running() {
+            dp.update_member(j.id, at, addr).map_err(refused)?;
+        }
+        let member = Some(Member {
+            addr,
+            hello: req.hello,
+            left: false,
+            stands_for: req.levels.map(|l| (l.first, l.weight)),
+        });
+        if at == j.members.len() {
+            j.members.push(member);
+        } else {
+            j.members[at] = member;
+        }
+        if let Some(l) = req.levels {
+            if j.coordinator.is_none() {
+                j.coordinator = l.coordinator;
+            }
+        }
+        Ok(())
+    }
+
+    /// What the job does now that member `at` is in: runs (added to the dataplane once
+    /// complete), joins its parent, or waits for more members.
+    fn next_step(
+        &mut self,
+        dp: &mut impl JobTable,
+        req: &JoinRequest,
+        at: usize,
+        port: &str,
+    ) -> Answer<JoinReply> {
+        let has_parent = self.parent.as_ref().is_some_and(|p| p.daemon.is_some());
+        let j = self.jobs.get_mut(&req.key).expect("found or created");
+        if j.running() {
+            info!(
+                "job {} ({}): rank {at} joined again, behind {port}",
+                j.id, j.key
+            );
+            return Ok(j.ready(at as u8, dp));
+        }
+        let gone_up = matches!(j.state, Lifecycle::JoiningParent { .. });
+        // An open level below a parent goes up unless its first members stand for every
+        // rank (or it has gone up already).
+        let up = j.level.is_open() && has_parent && (!j.complete() || gone_up);
+        if up || (j.complete() && j.needs_parent()) {
+            let reply = JoinReply::Pending {
+                missing: Vec::new(),
+                waited_s: j.since.elapsed().as_secs_f64(),
+                waiting: j.waiting(up),
+            };
+            self.join_parent(req.key);
+            return Ok(reply);
+        }
+        if !j.complete() {
+            info!("job {} ({}): rank {at} in, behind {port}", j.id, j.key);
+            return Ok(JoinReply::Pending {
+                missing: j.missing(),
+                waited_s: j.since.elapsed().as_secs_f64(),
+                waiting: j.waiting(up),
+            });
+        }
+        if j.level.is_open() {
+            j.order_by_first();
+        }
+        let at = match req.levels.filter(|_| j.level.is_open()) {
+            Some(l) => j.standing_for(l.first).unwrap_or(at),
+            None => at,
+        };
+        let route = Route::Root;
+        if let Err(e) = activate(dp, j, &route, JOINED_OP, JOINED_DTYPE) {
+            self.jobs.remove(&req.key);
+            self.save();
+            return Err(refused(format!("the switch cannot take the job: {e}")));
+        }
+        j.state = Lifecycle::Running { route };
+        j.activity = None;
+        j.active_unix_s = unix_now();
+        info!(
+            "job {} ({}): all {} members in, running",
+            j.id,
+            j.key,
+            j.members.len()
+        );
+        Ok(j.ready(at as u8, dp))
+    }
+}
+
+/// The checks a join passes before its nonce is spent: a valid shape (an open level's
+/// with 0 members), sensible levels, whole elements per segment, a rank within the shape.
+fn well_formed(req: &JoinRequest) -> Result<(), String> {
+    let level = Level::of(req);
+    let open = level.is_open();
+    let checked = Shape {
+        members: req.shape.members.max(usize::from(open)),
+        ..req.shape
+    };
+    if let Err(e) = checked.job_shape() {
+        return Err(format!("the job's shape: {e}"));
+    }
+    if let Some(l) = req.levels {
+        if l.weight == 0 || l.ranks < l.weight || (!open && (l.ranks as usize) < req.shape.members)
+        {
+            return Err(format!(
+                "levels: {} ranks in all, this member standing for {} from rank {}, {} members here: a member stands for 1 or more of the job's ranks, and the job has at least its members",
+                l.ranks, l.weight, l.first, req.shape.members
+            ));
+        }
+    }
+    let element = element_bytes(JOINED_OP, JOINED_DTYPE)?;
+    if !req.shape.segment_bytes.is_multiple_of(element) {
+        return Err(format!(
+            "the job's shape: segment_bytes = {} is not a multiple of {element}",
+            req.shape.segment_bytes
+        ));
+    }
+    if !open && usize::from(req.rank) >= req.shape.members {
+        return Err(format!(
+            "rank {} of a job of {} members: ranks are 0..{}",
+            req.rank, req.shape.members, req.shape.members
+        ));
+    }
+    Ok(())
+}

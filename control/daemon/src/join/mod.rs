@@ -1,0 +1,325 @@
+//! Jobs workers join over the network (the protocol: `xagg_join`): nonces, the joins'
+//! checks (the job's secret, an admission credential and its slot quota to create a job,
+//! the shape every rank must agree on, the hello that names the member's port and
+//! addresses), the pending jobs and their timeout, leaving, idle jobs, and the state file
+//! that carries all of it across a restart of the daemon.
+//!
+//! **Levels.** A join carrying `Levels` belongs to a job with levels. At a host, the
+//! job's members are the host's ranks (`shape.members` is the host's local size); once
+//! they are all in, if the job has more ranks than that, the daemon joins its parent's
+//! daemon (`[parent]` in its configuration) as one member standing for them, and adds the
+//! job as an inner level when the parent's job runs. At the parent (a join with a shape
+//! of 0 members) the level is *open*: members are whoever joins, ordered by the first rank
+//! each stands for, and the job runs when their weights add up to the job's ranks. An open
+//! level whose daemon has a parent (a leaf switch under a spine) cannot know how many
+//! members it will have: unless its first members already stand for every rank, it joins
+//! its parent at once, standing for the ranks its members do so far, and says so again
+//! whenever a member joins; it runs when its parent's job does (the parent's weights then
+//! add up to the job's ranks, so no member can be missing below).
+//!
+//! The parts: `table` (what the joins need of the dataplane), `registry` (a joined
+//! job and its lifecycle), `admission` (nonces, credentials, quotas, room on the
+//! switch), `joining` (a join's steps), `upward` (a level's join at its parent),
+//! `ring` (the ring's coordinator), `timers` (the join and idle timeouts) and
+//! `state_file`.
+
+mod admission;
+mod joining;
+mod registry;
+mod ring;
+mod state_file;
+mod table;
+#[cfg(test)]
+mod tests;
+mod timers;
+mod upward;
+
+use std::{
+    collections::{BTreeMap, HashMap},
+    net::SocketAddrV4,
+    path::PathBuf,
+    time::{Duration, Instant},
+};
+
+use log::{info, warn};
+use serde::{Deserialize, Serialize};
+use xagg_join::{JobKey, JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply, Proof};
+
+pub use self::table::JobTable;
+use self::{
+    admission::{Credential, Nonces},
+    registry::{unix_now, Joined, Lifecycle},
+    ring::RingState,
+    state_file::Saved,
+    upward::{ParentLink, Upstream},
+};
+use crate::config::Config;
+
+/// A joined job as `xagg job status` and `GET /v1/joins` show it (no secret).
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct JoinListing {
+    pub key: String,
+    pub id: u32,
+    pub credential: String,
+    pub members: usize,
+    pub slots: usize,
+    pub segment_bytes: usize,
+    pub ready: bool,
+    /// Ranks in (joined and not left), and ranks the job waits for.
+    pub present: Vec<u8>,
+    pub missing: Vec<u8>,
+    pub waited_s: f64,
+}
+
+pub struct Joins {
+    jobs: BTreeMap<JobKey, Joined>,
+    nonces: Nonces,
+    credentials: Vec<Credential>,
+    generations: BTreeMap<u16, u16>,
+    /// Pending jobs that failed (timed out, or their parent refused them): why, and when.
+    expired: HashMap<JobKey, (String, Instant)>,
+    state_file: PathBuf,
+    /// When the state file was last written.
+    saved: Instant,
+    join_timeout: Duration,
+    idle_timeout: Duration,
+    switch: SocketAddrV4,
+    /// The switch's MAC, told with nonces (a child addresses its partials to it).
+    mac: Option<String>,
+    parent: Option<ParentLink>,
+    /// The joins at parents as they end.
+    upstream: Upstream,
+    /// Jobs this daemon coordinates, by key.
+    rings: HashMap<JobKey, RingState>,
+}
+
+fn refused(reason: impl Into<String>) -> JoinReply {
+    JoinReply::Refused {
+        reason: reason.into(),
+    }
+}
+
+impl Joins {
+    /// Reads the credentials' keys and the state file, keeping the joined jobs the
+    /// dataplane still has (and the pending ones, their timers started again).
+    pub fn new(cfg: &Config, switch: SocketAddrV4, dp: &impl JobTable) -> Result<Self, String> {
+        let mut credentials = Vec::new();
+        for c in &cfg.credentials {
+            credentials.push(Credential {
+                name: c.name.clone(),
+                key: c.key()?,
+                slot_quota: c.slot_quota,
+            });
+        }
+        let state_file = cfg.daemon.state_dir.join("joined.json");
+        let saved = Saved::read(&state_file)?;
+        let present: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
+        let mut jobs = BTreeMap::new();
+        for mut j in saved.jobs().map_err(|e| {
+            format!(
+                "{}: {e}: move it away to start without the joined jobs it holds",
+                state_file.display()
+            )
+        })? {
+            if j.active_unix_s == 0 {
+                j.active_unix_s = unix_now();
+            }
+            if j.running() && !present.contains(&j.id) {
+                warn!(
+                    "joined job {} ({}) is gone from the dataplane: dropped",
+                    j.id, j.key
+                );
+                continue;
+            }
+            info!(
+                "joined job {} ({}) kept from {}: {}",
+                j.id,
+                j.key,
+                state_file.display(),
+                if j.running() { "running" } else { "pending" }
+            );
+            jobs.insert(j.key, j);
+        }
+        let mut joins = Self {
+            jobs,
+            nonces: Nonces::default(),
+            credentials,
+            generations: saved.generations,
+            expired: HashMap::new(),
+            state_file,
+            saved: Instant::now(),
+            join_timeout: Duration::from_secs(cfg.daemon.join_timeout_s),
+            idle_timeout: Duration::from_secs(cfg.daemon.idle_timeout_s),
+            switch,
+            mac: None,
+            parent: None,
+            upstream: Upstream::default(),
+            rings: HashMap::new(),
+        };
+        if let Some(p) = &cfg.parent {
+            let daemon = match (p.daemon, &p.credential, &p.key_file) {
+                (None, _, _) => None,
+                (Some(d), Some(name), Some(key_file)) => {
+                    let key = crate::config::CredentialSection {
+                        name: name.clone(),
+                        key_file: key_file.clone(),
+                        slot_quota: 0,
+                    }
+                    .key()?;
+                    Some((d, name.clone(), key))
+                }
+                (Some(d), _, _) => {
+                    return Err(format!(
+                        "[parent] daemon = {d} needs credential and key_file: the admission credential this daemon creates jobs with there"
+                    ))
+                }
+            };
+            joins.parent = Some(ParentLink {
+                interface: p.interface.clone(),
+                daemon,
+                ring_after: Duration::from_millis(p.ring_after_ms),
+            });
+        }
+        joins.save();
+        Ok(joins)
+    }
+
+    /// The switch's MAC, told with each nonce.
+    pub fn with_mac(mut self, mac: [u8; 6]) -> Self {
+        self.mac = Some(xagg_sys::iface::fmt_mac(&mac));
+        self
+    }
+
+    /// Writes the state file now (the daemon stops: the idle timers as they are).
+    pub fn flush(&mut self) {
+        self.save();
+    }
+
+    /// Writes the state file, replacing it whole.
+    fn save(&mut self) {
+        self.saved = Instant::now();
+        let saved = Saved::new(self.jobs.values(), self.generations.clone());
+        if let Err(e) = saved.write(&self.state_file) {
+            warn!(
+                "cannot write {}: {e}: joined jobs will not survive a restart",
+                self.state_file.display()
+            );
+        }
+    }
+
+    /// A new single-use nonce, and where the switch takes hellos.
+    pub fn nonce(&mut self) -> NonceReply {
+        NonceReply {
+            nonce: self.nonces.issue(),
+            switch: self.switch,
+            mac: self.mac.clone(),
+        }
+    }
+
+    /// Handles a join; nothing changes unless it is valid.
+    pub fn join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
+        let existed = self.jobs.contains_key(&req.key);
+        let r = self.try_join(dp, req);
+        if let JoinReply::Refused { reason } = &r {
+            warn!(
+                "join of rank {} to job {} refused: {reason}",
+                req.rank, req.key
+            );
+            // A job this join created goes with its refusal (e.g. its hello came from a
+            // port that is not the switch's).
+            if !existed && self.jobs.remove(&req.key).is_some() {
+                self.save();
+            }
+        }
+        r
+    }
+
+    /// A member leaving, or asking for its job's state (`action`: "leave", "status").
+    pub fn member(
+        &mut self,
+        dp: &mut impl JobTable,
+        action: &str,
+        req: &MemberRequest,
+    ) -> MemberReply {
+        let no = |reason: String| MemberReply::Refused { reason };
+        if let Err(e) = self.nonces.spend(&req.nonce) {
+            return no(e);
+        }
+        let Some(j) = self.jobs.get_mut(&req.key) else {
+            return no("no job has this key".into());
+        };
+        if !Proof::member(&j.secret, action, &req.nonce, &req.key, req.rank).matches(&req.proof) {
+            return no("the proof does not match the job's secret".into());
+        }
+        let rank = usize::from(req.rank);
+        if rank >= j.shape.members {
+            return no(format!(
+                "rank {rank}: the job has {} members",
+                j.shape.members
+            ));
+        }
+        if action == "status" {
+            let waiting = if j.running() {
+                dp.waiting(j.id)
+            } else {
+                Vec::new()
+            };
+            return MemberReply::Status {
+                job: j.id,
+                ready: j.running(),
+                missing: j.missing(),
+                waiting,
+            };
+        }
+        match (&j.state, &mut j.members[rank]) {
+            (Lifecycle::Running { .. }, Some(m)) => m.left = true,
+            (Lifecycle::Running { .. }, None) => {}
+            // A pending job forgets the rank: it must join again.
+            (Lifecycle::Pending | Lifecycle::JoiningParent { .. }, m) => *m = None,
+        }
+        info!("job {} ({}): rank {rank} left", j.id, j.key);
+        if j.members.iter().all(|m| m.is_none_or(|m| m.left)) {
+            let (id, key, running) = (j.id, j.key, j.running());
+            self.remove(dp, &key, running.then_some(id), "every rank left");
+        }
+        self.save();
+        MemberReply::Left
+    }
+
+    /// Forgets job `key`, and takes it out of the dataplane if `id` says it is there.
+    fn remove(&mut self, dp: &mut impl JobTable, key: &JobKey, id: Option<u32>, why: &str) {
+        if let Some(id) = id {
+            if let Err(e) = dp.remove_job(id) {
+                warn!("removing job {id}: {e}");
+            }
+        }
+        if let Some(j) = self.jobs.remove(key) {
+            info!("job {} ({key}) removed: {why}", j.id);
+        }
+    }
+
+    /// The joined jobs, for listings.
+    pub fn listing(&self) -> Vec<JoinListing> {
+        self.jobs
+            .values()
+            .map(|j| JoinListing {
+                key: j.key.to_string(),
+                id: j.id,
+                credential: j.credential.clone(),
+                members: j.shape.members,
+                slots: j.shape.slots,
+                segment_bytes: j.shape.segment_bytes,
+                ready: j.running(),
+                present: (0..j.shape.members as u8)
+                    .filter(|r| !j.missing().contains(r))
+                    .collect(),
+                missing: j.missing(),
+                waited_s: if j.running() {
+                    0.0
+                } else {
+                    j.since.elapsed().as_secs_f64()
+                },
+            })
+            .collect()
+    }
+}

@@ -1,0 +1,66 @@
+//! What the joins need of the dataplane ([`JobTable`]), and the daemon's [`Dataplane`]
+//! giving it.
+
+use xagg_common::job::MemberAddr;
+
+use crate::{dataplane::Dataplane, job::JobSpec};
+
+/// What the join registry needs of the dataplane: the daemon's [`Dataplane`], or a
+/// stand-in (the API's fuzz target, the unit tests).
+pub trait JobTable {
+    /// Takes the hello recorded under `token`.
+    fn take_hello(&mut self, token: u64) -> Option<MemberAddr>;
+    /// The switch port with interface index `ifindex`.
+    fn port_named(&self, ifindex: u32) -> Option<String>;
+    fn free_slots(&self) -> Result<u32, String>;
+    /// The jobs' wire ids and first slots.
+    fn jobs(&self) -> Result<Vec<(u32, u32)>, String>;
+    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String>;
+    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<(), String>;
+    fn remove_job(&mut self, id: u32) -> Result<(), String>;
+    /// Job `id`'s busy slots waiting for members: (slot, message, segment, missing).
+    fn waiting(&self, id: u32) -> Vec<(u32, u32, u32, Vec<u8>)>;
+    /// A value that changes whenever a round of job `id` moves on.
+    fn activity(&self, id: u32) -> Result<u64, String>;
+}
+
+impl JobTable for Dataplane {
+    fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
+        Dataplane::take_hello(self, token)
+    }
+    fn port_named(&self, ifindex: u32) -> Option<String> {
+        Dataplane::port_named(self, ifindex)
+    }
+    fn free_slots(&self) -> Result<u32, String> {
+        Dataplane::free_slots(self).map_err(|e| e.to_string())
+    }
+    fn jobs(&self) -> Result<Vec<(u32, u32)>, String> {
+        Dataplane::jobs(self)
+            .map(|jobs| jobs.into_iter().map(|(id, j)| (id, j.slot_base)).collect())
+            .map_err(|e| e.to_string())
+    }
+    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String> {
+        Dataplane::add_job(self, spec)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<(), String> {
+        Dataplane::update_member(self, id, member, addr).map_err(|e| e.to_string())
+    }
+    fn remove_job(&mut self, id: u32) -> Result<(), String> {
+        Dataplane::remove_job(self, id).map_err(|e| e.to_string())
+    }
+    fn waiting(&self, id: u32) -> Vec<(u32, u32, u32, Vec<u8>)> {
+        Dataplane::job_status(self, id)
+            .map(|s| {
+                s.into_iter()
+                    .filter(|s| !s.missing.is_empty())
+                    .map(|s| (s.slot, s.message, s.segment, s.missing))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+    fn activity(&self, id: u32) -> Result<u64, String> {
+        Dataplane::activity(self, id).map_err(|e| e.to_string())
+    }
+}

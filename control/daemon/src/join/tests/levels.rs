@@ -1,0 +1,183 @@
+//! Jobs with levels: a host's level joining its parent, an open level.
+
+use xagg_common::wire::{DType, Op};
+use xagg_join::{JoinReply, Levels, Shape};
+
+use super::{refusal, shape, Switch, KEY};
+use crate::{
+    job::ParentSpec,
+    join::{
+        registry::{activate, Level, Lifecycle, Route},
+        upward::Settled,
+    },
+};
+
+/// A rank of a job of 4 ranks, 2 of them at this host.
+fn host_rank(s: &mut Switch, rank: u8) -> JoinReply {
+    let levels = Levels {
+        ranks: 4,
+        first: u32::from(rank),
+        weight: 1,
+        coordinator: None,
+    };
+    s.join_as(
+        KEY,
+        shape(2, 8),
+        rank,
+        1 + u64::from(rank),
+        rank,
+        rank == 0,
+        Some(levels),
+    )
+}
+
+#[test]
+fn a_host_level_joins_its_parent_then_runs_below_it() {
+    let mut s = Switch::new("host");
+    host_rank(&mut s, 0);
+    assert!(matches!(s.state(KEY), Some(Lifecycle::Pending)));
+    let r = host_rank(&mut s, 1);
+    assert!(
+        matches!(&r, JoinReply::Pending { waiting: Some(w), .. } if w.contains("parent")),
+        "{r:?}"
+    );
+    let Some(Lifecycle::JoiningParent { stand }) = s.state(KEY) else {
+        panic!("{:?}", s.state(KEY))
+    };
+    let stand = *stand.lock().unwrap();
+    assert_eq!((stand.ranks, stand.first, stand.weight), (4, 0, 2));
+    // This daemon has no [parent]: its join there has already failed, settled by the tick.
+    let id = s.joins.jobs[&KEY].id;
+    let _ = s.joins.upstream.settled.try_recv();
+    let parent = ParentSpec {
+        interface: "p3".into(),
+        mac: "02:00:00:00:00:99".into(),
+        addr: "10.0.1.1:47800".parse().unwrap(),
+        job: 7,
+        member: 1,
+    };
+    s.joins
+        .upstream
+        .done
+        .send(Settled {
+            key: KEY,
+            id,
+            route: Ok(Route::Parent(parent.clone())),
+        })
+        .unwrap();
+    s.joins.tick(&mut s.table);
+    assert_eq!(
+        s.state(KEY).map(|l| format!("{l:?}")),
+        Some(format!(
+            "{:?}",
+            Lifecycle::Running {
+                route: Route::Parent(parent.clone())
+            }
+        ))
+    );
+    assert_eq!(s.table.jobs[&id].1.parent, Some(parent));
+    assert!(matches!(
+        host_rank(&mut s, 1),
+        JoinReply::Ready {
+            path: Some(xagg_join::Path::Tree),
+            ..
+        }
+    ));
+}
+
+#[test]
+fn a_level_its_parent_does_not_take_fails() {
+    let mut s = Switch::new("no-parent");
+    host_rank(&mut s, 0);
+    host_rank(&mut s, 1);
+    assert!(matches!(
+        s.state(KEY),
+        Some(Lifecycle::JoiningParent { .. })
+    ));
+    s.joins.tick(&mut s.table);
+    assert!(s.joins.jobs.is_empty());
+    let r = host_rank(&mut s, 0);
+    assert!(refusal(&r).contains("failed at its parent"), "{r:?}");
+}
+
+#[test]
+fn a_rank_leaving_while_its_level_joins_the_parent_fails_the_job() {
+    let mut s = Switch::new("left-joining");
+    host_rank(&mut s, 0);
+    host_rank(&mut s, 1);
+    let id = s.joins.jobs[&KEY].id;
+    let _ = s.joins.upstream.settled.try_recv();
+    s.leave(KEY, 1);
+    s.joins
+        .upstream
+        .done
+        .send(Settled {
+            key: KEY,
+            id,
+            route: Ok(Route::Root),
+        })
+        .unwrap();
+    s.joins.tick(&mut s.table);
+    assert!(s.joins.jobs.is_empty());
+    assert!(s.table.jobs.is_empty());
+    let r = host_rank(&mut s, 0);
+    assert!(refusal(&r).contains("member 1 left"), "{r:?}");
+}
+
+#[test]
+fn activate_names_the_op_and_type_it_is_given() {
+    let mut s = Switch::new("op");
+    s.join(KEY, shape(2, 8), 0, true);
+    s.join(KEY, shape(2, 8), 1, true);
+    let mut j = s.joins.jobs[&KEY].clone();
+    j.id += 1;
+    activate(&mut s.table, &j, &Route::Root, Op::Max, DType::F64).unwrap();
+    let spec = &s.table.jobs[&j.id].1;
+    // 256 bytes: 32 order-preserving 8-byte keys of doubles.
+    assert_eq!(
+        (spec.op, spec.dtype, spec.segment),
+        (Op::Max, DType::F64, 32)
+    );
+    j.id += 1;
+    let e = activate(&mut s.table, &j, &Route::Root, Op::Xor, DType::F32).unwrap_err();
+    assert!(e.contains("not supported"), "{e}");
+}
+
+#[test]
+fn an_open_level_runs_when_its_members_stand_for_every_rank() {
+    let mut s = Switch::new("open");
+    let open = Shape {
+        members: 0,
+        ..shape(0, 8)
+    };
+    let host = |first: u32, weight: u32| {
+        Some(Levels {
+            ranks: 5,
+            first,
+            weight,
+            coordinator: None,
+        })
+    };
+    // Members are whoever joins; ordered by the first rank each stands for.
+    let r = s.join_as(KEY, open, 0, 1, 0, true, host(3, 2));
+    assert!(matches!(r, JoinReply::Pending { .. }), "{r:?}");
+    assert_eq!(
+        s.joins.jobs[&KEY].level,
+        Level::Open { ranks: 5 },
+        "{:?}",
+        s.joins.jobs[&KEY]
+    );
+    let r = s.join_as(KEY, open, 0, 2, 1, false, host(1, 4));
+    assert!(refusal(&r).contains("too many"), "{r:?}");
+    let r = s.join_as(KEY, open, 0, 3, 1, false, host(0, 3));
+    let JoinReply::Ready { job, member, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(member, 0, "the member from rank 0 is member 0");
+    let spec = &s.table.jobs[&job].1;
+    assert_eq!(spec.members[0].interface, "p1");
+    assert_eq!(spec.members[1].interface, "p0");
+    // The member from rank 3 says so again: still member 1.
+    let r = s.join_as(KEY, open, 0, 1, 0, false, host(3, 2));
+    assert!(matches!(r, JoinReply::Ready { member: 1, .. }), "{r:?}");
+}

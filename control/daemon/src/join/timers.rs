@@ -1,0 +1,82 @@
+//! The joins' timers, run once a second: pending jobs past the join timeout fail, idle
+//! jobs and jobs removed by hand go, jobs whose parents took them run.
+
+use std::time::{Duration, Instant};
+
+use super::{registry::unix_now, table::JobTable, Joins};
+
+/// How often the idle timers of busy jobs are written to the state file at most.
+const SAVE_IDLE_EVERY: Duration = Duration::from_secs(30);
+/// How long the reason a pending job expired is kept for the joins still polling it.
+const EXPIRED_KEPT: Duration = Duration::from_secs(600);
+
+impl Joins {
+    /// Once a second: pending jobs past the join timeout fail, idle jobs and jobs removed
+    /// by hand go, jobs whose parents took them run.
+    pub fn tick(&mut self, dp: &mut impl JobTable) {
+        self.settle_upstream(dp);
+        let now = Instant::now();
+        self.expired
+            .retain(|_, (_, t)| now.duration_since(*t) < EXPIRED_KEPT);
+        let present: Vec<u32> = match dp.jobs() {
+            Ok(j) => j.into_iter().map(|(id, _)| id).collect(),
+            Err(_) => return,
+        };
+        let mut gone = Vec::new();
+        let unix = unix_now();
+        let mut moved = false;
+        for j in self.jobs.values_mut() {
+            if !j.running() {
+                if now.duration_since(j.since) > self.join_timeout {
+                    let missing = j.missing();
+                    gone.push((
+                        j.key,
+                        None,
+                        format!("timed out waiting for ranks {missing:?}"),
+                    ));
+                    self.expired.insert(
+                        j.key,
+                        (
+                            format!(
+                                "timed out after {} s waiting for ranks {missing:?}",
+                                self.join_timeout.as_secs()
+                            ),
+                            now,
+                        ),
+                    );
+                }
+                continue;
+            }
+            if !present.contains(&j.id) {
+                gone.push((j.key, None, "removed from the dataplane by hand".into()));
+                continue;
+            }
+            let Ok(a) = dp.activity(j.id) else { continue };
+            // The first look after a start only takes the slots in: the idle timer read
+            // from the state file goes on.
+            if j.activity.is_some_and(|last| last != a) {
+                j.active_unix_s = unix;
+                moved = true;
+            }
+            j.activity = Some(a);
+            if unix.saturating_sub(j.active_unix_s) > self.idle_timeout.as_secs() {
+                gone.push((
+                    j.key,
+                    Some(j.id),
+                    format!("idle for {} s", self.idle_timeout.as_secs()),
+                ));
+            }
+        }
+        if gone.is_empty() {
+            // The idle timers are written now and then, not on every round.
+            if moved && self.saved.elapsed() > SAVE_IDLE_EVERY {
+                self.save();
+            }
+            return;
+        }
+        for (key, id, why) in gone {
+            self.remove(dp, &key, id, &why);
+        }
+        self.save();
+    }
+}
