@@ -23,9 +23,15 @@ pub fn ebpf_target_dir() -> PathBuf {
     target_dir().join("ebpf")
 }
 
-/// The XDP object `cargo xtask build` produces.
+/// The XDP object `cargo xtask build` produces: the switch's, which the daemon embeds.
 pub fn ebpf_object() -> PathBuf {
     ebpf_target_dir().join("bpfel-unknown-none/release/xagg")
+}
+
+/// The object of the bench's and the tests' programs (`xagg_floor`, `xagg_impair`), built
+/// with the switch's and never embedded.
+pub fn ebpf_test_object() -> PathBuf {
+    ebpf_target_dir().join("bpfel-unknown-none/release/xagg-test")
 }
 
 fn cargo() -> Command {
@@ -161,8 +167,9 @@ pub fn venv_dir() -> PathBuf {
     target_dir().join("venv")
 }
 
-/// Builds the XDP object, then the release binaries that embed it.
+/// Builds the XDP objects, then the release binaries that embed the switch's.
 pub fn build_all() -> Result<()> {
+    // Both objects (the switch's and the test programs'): the crate's two binaries.
     // Stable rustc with RUSTC_BOOTSTRAP builds core for the BPF target; --btf is needed for
     // the BTF maps (the slot spin lock lives in one).
     run(cargo()
