@@ -127,7 +127,9 @@ fn recover(prefix: &str, segment: u16) {
     assert!(matches!(sw.api(off), Response::Ok));
 
     // Duplicates from the worker's egress (tc, bpf_clone_redirect): never added twice.
-    sw.lab.impair(xagg_sys::EBPF_OBJECT, 0.0, 0.05).unwrap();
+    let impair = std::fs::read(xagg_lab::test_object())
+        .expect("the test programs' object (cargo xtask build)");
+    sw.lab.impair(&impair, 0.0, 0.05).unwrap();
     // (One datagram per send: the tc program sees a GSO burst as one packet.)
     let (a, b, _, _) = run(&sw, "contributions duplicated at 0.05", &|p| p.gso = false);
     let (_, duplicated) = sw.lab.impair_counts().unwrap();
@@ -138,7 +140,7 @@ fn recover(prefix: &str, segment: u16) {
     );
 
     // Drops on the worker's egress, before the switch.
-    sw.lab.impair(xagg_sys::EBPF_OBJECT, 0.05, 0.0).unwrap();
+    sw.lab.impair(&impair, 0.05, 0.0).unwrap();
     let (_, _, retx, _) = run(
         &sw,
         "contributions dropped on worker egress at 0.05",
@@ -146,7 +148,7 @@ fn recover(prefix: &str, segment: u16) {
     );
     let (dropped, _) = sw.lab.impair_counts().unwrap();
     assert!(dropped > 0 && retx > 0);
-    sw.lab.impair(xagg_sys::EBPF_OBJECT, 0.0, 0.0).unwrap();
+    sw.lab.impair(&impair, 0.0, 0.0).unwrap();
 
     // Reordered sends.
     let (_, _, _, reps) = run(&sw, "reordered", &|p| p.reorder = true);

@@ -25,9 +25,15 @@ pub fn ebpf_target_dir() -> PathBuf {
     target_dir().join("ebpf")
 }
 
-/// The XDP object `cargo xtask build` produces.
+/// The XDP object `cargo xtask build` produces: the switch's, which the daemon embeds.
 pub fn ebpf_object() -> PathBuf {
     ebpf_target_dir().join("bpfel-unknown-none/release/xagg")
+}
+
+/// The object of the bench's and the tests' programs (`xagg_floor`, `xagg_impair`), built
+/// with the switch's and never embedded.
+pub fn ebpf_test_object() -> PathBuf {
+    ebpf_target_dir().join("bpfel-unknown-none/release/xagg-test")
 }
 
 pub fn cargo() -> Command {
@@ -54,10 +60,11 @@ pub fn venv_dir() -> PathBuf {
     target_dir().join("venv")
 }
 
-/// Builds what a command uses: always the XDP object and the release binaries that embed
-/// it (`xaggd`, `xagg`); the MPI library, the Python module and the worker library's
-/// examples only where `needs` asks for them.
+/// Builds what a command uses: always the XDP objects (the switch's and the test programs')
+/// and the release binaries that embed the switch's (`xaggd`, `xagg`); the MPI library, the
+/// Python module and the worker library's examples only where `needs` asks for them.
 pub fn build(needs: Needs) -> Result<()> {
+    // Both objects: the crate's two binaries.
     // Stable rustc with RUSTC_BOOTSTRAP builds core for the BPF target; --btf is needed for
     // the BTF maps (the slot spin lock lives in one).
     run(cargo()

@@ -20,7 +20,7 @@ use xagg_lab::{
 };
 use xagg_worker::report::RunReport;
 
-use crate::build::{ebpf_object, target_dir};
+use crate::build::{ebpf_object, ebpf_test_object, target_dir};
 
 /// Names of the demo's namespaces, pins and socket start with this.
 pub const PREFIX: &str = "xagg";
@@ -322,7 +322,9 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         lab.attach_hosts(&object)?;
     }
     if let Some(i) = a.inject.filter(|i| i.dup_contrib > 0.0) {
-        lab.impair(&object, 0.0, i.dup_contrib)?;
+        let test_object = std::fs::read(ebpf_test_object())
+            .context("reading the test programs' object (cargo xtask build)")?;
+        lab.impair(&test_object, 0.0, i.dup_contrib)?;
     }
     let sw = start_switch(lab)?;
     let spec = sw.job_spec(

@@ -244,6 +244,10 @@ impl Frame {
     }
 
     #[inline(always)]
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "the header lives in the packet, not in the view"
+    )]
     fn header_mut(&self) -> &mut Header {
         unsafe { &mut *((self.data + HDR_OFF) as *mut Header) }
     }

@@ -36,7 +36,7 @@ pub struct Lab {
     pub mtu: usize,
     /// Host-side programs; dropping them detaches.
     hosts: Vec<Ebpf>,
-    /// Impairment programs (`xagg_impair` on worker egress).
+    /// Impairment programs (`xagg_impair` on worker egress, from the test programs' object).
     impairs: Vec<Ebpf>,
 }
 
@@ -176,8 +176,9 @@ impl Lab {
     }
 
     /// Drops (`drop`) and duplicates (`duplicate`) fractions of the contributions every
-    /// worker sends, with the tc program `xagg_impair` on each worker's egress. Called
-    /// again, it changes the fractions.
+    /// worker sends, with the tc program `xagg_impair` of `object` (the test programs'
+    /// object, [`crate::test_object`]) on each worker's egress. Called again, it changes
+    /// the fractions.
     pub fn impair(&mut self, object: &[u8], drop: f64, duplicate: f64) -> Result<()> {
         use xagg_common::job::{probability_threshold, Impair};
         let settings = Impair {

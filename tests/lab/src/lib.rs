@@ -32,3 +32,9 @@ pub fn bin(name: &str) -> PathBuf {
         .unwrap_or_else(|| target_dir().join("release"))
         .join(name)
 }
+
+/// The object of the bench's and the tests' programs (`xagg_floor`, `xagg_impair`), which
+/// `cargo xtask build` builds beside the switch's: in the target directory's `ebpf/`.
+pub fn test_object() -> PathBuf {
+    target_dir().join("ebpf/bpfel-unknown-none/release/xagg-test")
+}

@@ -1,5 +1,6 @@
 //! A BPF_PROG_RUN harness around the switch program: load it unattached, fill its maps,
-//! run frames through it. The test tables and the dataplane benchmark use it.
+//! run frames through it. The test tables and the dataplane benchmark use it, the
+//! benchmark also with its floor ([`Floor`]).
 
 use std::net::Ipv4Addr;
 
@@ -166,33 +167,9 @@ impl Switch {
         self.run_program("xagg_switch", frame, repeat)
     }
 
-    /// Loads another program of the object, sharing the switch's maps (e.g. the bench's
-    /// `xagg_floor`).
-    pub fn load_program(&mut self, name: &str) {
-        let p: &mut Xdp = self.ebpf.program_mut(name).unwrap().try_into().unwrap();
-        p.load()
-            .unwrap_or_else(|e| panic!("verifier refuses {name}: {e}"));
-    }
-
     /// Runs program `name` (loaded) on `frame`, `repeat` times.
     pub fn run_program(&mut self, name: &str, frame: &[u8], repeat: u32) -> Run {
-        let p: &mut Xdp = self.ebpf.program_mut(name).unwrap().try_into().unwrap();
-        let mut out = vec![0u8; frame.len() + 256];
-        let mut opts = TestRunOptions::new();
-        opts.data_in = Some(frame);
-        opts.data_out = Some(&mut out);
-        opts.repeat = repeat;
-        let r = p.test_run(opts).expect("BPF_PROG_RUN");
-        out.truncate(r.data_size_out as usize);
-        // BPF_PROG_RUN hands back the metadata a program put in front of the frame with it;
-        // the switch's programs never change a frame's length, so what is longer is that.
-        let frame = out.split_off(out.len().saturating_sub(frame.len()));
-        Run {
-            action: r.return_value,
-            out: frame,
-            meta: out,
-            duration: r.duration,
-        }
+        run_xdp(&mut self.ebpf, name, frame, repeat)
     }
 
     /// Adds job `jid` (at its index, with its generation) with its slots cleared, as the
@@ -288,5 +265,48 @@ impl Switch {
 
     pub fn slot(&self, i: u32) -> SlotImage {
         self.slots.get(&i, 0).unwrap()
+    }
+}
+
+/// The bench's `xagg_floor`, from the test programs' object (`xagg-test`), loaded (not
+/// attached) for BPF_PROG_RUN. It shares no map with the switch.
+pub struct Floor {
+    ebpf: Ebpf,
+}
+
+impl Floor {
+    /// Loads `xagg_floor` from `object` (panics with context on failure: test support).
+    pub fn load(object: &[u8]) -> Self {
+        let mut ebpf = Ebpf::load(object).expect("loading the test programs' object");
+        let p: &mut Xdp = ebpf.program_mut("xagg_floor").unwrap().try_into().unwrap();
+        p.load()
+            .unwrap_or_else(|e| panic!("verifier refuses xagg_floor: {e}"));
+        Self { ebpf }
+    }
+
+    /// Runs the floor on `frame` once.
+    pub fn run(&mut self, frame: &[u8]) -> Run {
+        run_xdp(&mut self.ebpf, "xagg_floor", frame, 1)
+    }
+}
+
+/// Runs XDP program `name` of `ebpf` (loaded) on `frame`, `repeat` times.
+fn run_xdp(ebpf: &mut Ebpf, name: &str, frame: &[u8], repeat: u32) -> Run {
+    let p: &mut Xdp = ebpf.program_mut(name).unwrap().try_into().unwrap();
+    let mut out = vec![0u8; frame.len() + 256];
+    let mut opts = TestRunOptions::new();
+    opts.data_in = Some(frame);
+    opts.data_out = Some(&mut out);
+    opts.repeat = repeat;
+    let r = p.test_run(opts).expect("BPF_PROG_RUN");
+    out.truncate(r.data_size_out as usize);
+    // BPF_PROG_RUN hands back the metadata a program put in front of the frame with it;
+    // the switch's programs never change a frame's length, so what is longer is that.
+    let frame = out.split_off(out.len().saturating_sub(frame.len()));
+    Run {
+        action: r.return_value,
+        out: frame,
+        meta: out,
+        duration: r.duration,
     }
 }

@@ -13,11 +13,11 @@ use anyhow::{Context, Result};
 use serde::Serialize;
 use xagg_common::wire::{DType, Header, Kind, Op, FLAG_SHADOW};
 use xagg_lab::testrun::{
-    contribution, frame, job, member, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
+    contribution, frame, job, member, Floor, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
 
 use super::{cpu, report::median};
-use crate::build::ebpf_object;
+use crate::build::{ebpf_object, ebpf_test_object};
 
 #[derive(Serialize, Clone)]
 pub struct DataplanePoint {
@@ -43,6 +43,9 @@ fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
 pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
     let object =
         std::fs::read(ebpf_object()).context("reading the XDP object (cargo xtask build)")?;
+    let test_object = std::fs::read(ebpf_test_object())
+        .context("reading the test programs' object (cargo xtask build)")?;
+    let mut floor = Floor::load(&test_object);
     let rounds = if quick { 8 } else { 200 };
     let calls = if quick { 3 } else { 25 };
     let mut out = Vec::new();
@@ -52,7 +55,6 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
     for elements in [256usize, 512, buffer, DType::I32.max_elements()] {
         let multi = elements > buffer;
         let mut sw = Switch::load(&object);
-        sw.load_program("xagg_floor");
         const JID: u32 = 1;
         sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, SLOTS));
         let values: Vec<i32> = (0..elements as i32)
@@ -95,7 +97,7 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
                     }
                 }
                 for (f, ns) in floors.iter().zip(&mut floor_ns).filter(|_| !multi) {
-                    let run = sw.run_program("xagg_floor", f, 1);
+                    let run = floor.run(f);
                     anyhow::ensure!(run.action == XDP_DROP, "the floor refused its frame");
                     ns.push(run.duration.as_nanos() as f64);
                 }

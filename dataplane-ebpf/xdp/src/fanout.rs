@@ -1,0 +1,164 @@
+//! Fan-out of multi-buffer results, which the devmap broadcast cannot clone:
+//! `xagg_switch` marks such a result as its own in the frame's metadata and passes it to
+//! the kernel, and `xagg_fanout` on the port's tc ingress copies it to every member.
+
+use aya_ebpf::{
+    helpers::{bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_meta},
+    macros::classifier,
+    programs::{TcContext, XdpContext},
+};
+use xagg_common::{
+    wire::{self, Kind, PAYLOAD_OFFSET},
+    Counter,
+};
+use xagg_ebpf::{
+    inject,
+    packet::{self, Udp4},
+    TC_ACT_OK, TC_ACT_SHOT,
+};
+
+use crate::{
+    egress::ring_next,
+    maps::{cookie_of, count, faults, job_of, SWITCH},
+};
+
+/// What `xagg_fanout` finds in front of a result of the switch's own: [`OWN_RESULT`] and
+/// the job's wire id. A frame from the wire carries no metadata, so nothing else that
+/// reaches tc ingress (a frame the bridge merely passes on) can look like one.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct OwnResult {
+    mark: u32,
+    job: u32,
+}
+
+const OWN_RESULT: u32 = 0x7861_7272;
+
+/// Marks the frame, in its metadata, as the switch's own multi-buffer result of job `job`
+/// for `xagg_fanout`. Last thing before the frame is passed on: the helper invalidates every
+/// packet pointer.
+#[inline(always)]
+pub fn mark_own_result(ctx: &XdpContext, job: u32) -> Result<(), Counter> {
+    const LEN: usize = core::mem::size_of::<OwnResult>();
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(LEN as i32)) } != 0 {
+        // A driver without XDP metadata: the members recover the result as a replay.
+        return Err(Counter::RedirectError);
+    }
+    let meta = ctx.metadata();
+    if meta + LEN > ctx.data() {
+        return Err(Counter::RedirectError);
+    }
+    unsafe {
+        *(meta as *mut OwnResult) = OwnResult {
+            mark: OWN_RESULT,
+            job,
+        }
+    };
+    Ok(())
+}
+
+/// tc ingress on every switch port: a multi-buffer result `xagg_switch` passed to the kernel,
+/// marked as its own in the frame's metadata (`mark_own_result`), is copied to every member
+/// of its job, each copy addressed to its member, with its cookie, and sent out of the
+/// member's port; the original goes no further. A result claiming the switch's address
+/// without the mark is forged (it got past `xagg_switch` some way it does not read) and is
+/// dropped. Everything else passes.
+#[classifier]
+pub fn xagg_fanout(ctx: TcContext) -> i32 {
+    match try_fanout(&ctx) {
+        Ok(action) => action,
+        Err(c) => {
+            count(c);
+            TC_ACT_SHOT
+        }
+    }
+}
+
+/// The job `xagg_switch` marked the frame in `ctx` as its own result of, if it did.
+#[inline(always)]
+fn own_result(ctx: &TcContext) -> Option<u32> {
+    const LEN: usize = core::mem::size_of::<OwnResult>();
+    let skb = ctx.skb.skb;
+    let (meta, data) = unsafe { ((*skb).data_meta as usize, (*skb).data as usize) };
+    if meta + LEN > data {
+        return None;
+    }
+    let own = unsafe { *(meta as *const OwnResult) };
+    (own.mark == OWN_RESULT).then_some(own.job)
+}
+
+#[inline(always)]
+fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
+    let Some(cfg) = SWITCH.get(0) else {
+        return Ok(TC_ACT_OK);
+    };
+    let own = own_result(ctx);
+    let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()).filter(Udp4::plain) else {
+        return Ok(TC_ACT_OK);
+    };
+    if frame.ip().src_addr != cfg.ip || frame.udp().src != cfg.port {
+        return Ok(TC_ACT_OK);
+    }
+    let Some(hdr) = frame.header() else {
+        return Ok(TC_ACT_OK);
+    };
+    if hdr.kind != Kind::Result as u8 {
+        return Ok(TC_ACT_OK);
+    }
+    if own != Some(hdr.job()) {
+        return Err(Counter::DropSpoofedSource);
+    }
+    let job = job_of(hdr.job()).ok_or(Counter::EgressNoMember)?;
+    // Read now: storing into the packet invalidates pointers into it.
+    let next = ring_next(job, hdr).map(|(a, id)| (*a, id));
+    // The headers up to the payload, readdressed here for each member and written over the
+    // frame's own before its copy leaves: a copy shares the data, so each write unshares
+    // the headers. Words, so zeroing it takes a few stores rather than a byte loop.
+    let mut heads = [0u64; PAYLOAD_OFFSET / 8];
+    let at = heads.as_mut_ptr() as usize;
+    let len = PAYLOAD_OFFSET as u32;
+    if unsafe { bpf_skb_load_bytes(ctx.skb.skb as *const _, 0, at as *mut _, len) } != 0 {
+        return Err(Counter::DropTruncated);
+    }
+    let header = at + packet::HEADERS_LEN;
+    let drop_result = faults().drop_result;
+    let mut m = 0;
+    while m < wire::MAX_MEMBERS {
+        if job.members & (1u64 << m) != 0 {
+            if inject(drop_result) {
+                count(Counter::InjectDropResult);
+            } else if let Some(addr) = job.member.get(m) {
+                packet::address_to(at, addr, cfg);
+                unsafe { &mut *(header as *mut xagg_common::Header) }
+                    .set_cookie(cookie_of(job.index as u32, m));
+                let stored =
+                    unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
+                if stored && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
+                    count(Counter::ResultCopy);
+                } else {
+                    count(Counter::RedirectError);
+                }
+            }
+        }
+        m += 1;
+    }
+    // A ring host passes the result on to its successor, in the neighbour's id of the job;
+    // the neighbour checks addresses, not cookies.
+    if let Some((next, id)) = next {
+        if inject(drop_result) {
+            count(Counter::InjectDropResult);
+            return Ok(TC_ACT_SHOT);
+        }
+        packet::address_to(at, &next, cfg);
+        let h = unsafe { &mut *(header as *mut xagg_common::Header) };
+        h.set_job(id);
+        h.set_cookie([0; 8]);
+        let stored = unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
+        if stored && ctx.clone_redirect(next.ifindex, 0).is_ok() {
+            count(Counter::ResultCopy);
+        } else {
+            count(Counter::RedirectError);
+        }
+    }
+    Ok(TC_ACT_SHOT)
+}

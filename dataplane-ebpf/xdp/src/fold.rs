@@ -1,0 +1,322 @@
+//! The fold dispatch: `xagg_switch` (and an inner level's parent's result) stages a
+//! contribution and tail-calls the fold program of its op and lane (`xagg_fold_*`, or
+//! `xagg_deliver` for the parent's result), which runs it through the slot's state machine
+//! and sends what comes of it: a result to every member, a partial up, a replay back.
+
+use aya_ebpf::{
+    bindings::{xdp_action, BPF_F_BROADCAST},
+    helpers::{bpf_xdp_load_bytes, bpf_xdp_store_bytes},
+    macros::xdp,
+    programs::XdpContext,
+};
+use xagg_common::{
+    job::{Role, SwitchConfig},
+    slot::{Fold, SLOT_WORDS},
+    wire::{self, PAYLOAD_OFFSET},
+    Counter, Job,
+};
+use xagg_ebpf::{
+    inject,
+    packet::Frame,
+    reduce::{self, InFrame, Staged},
+    slot,
+};
+
+use crate::{
+    fanout::mark_own_result,
+    ingress::{settle, slot_index},
+    maps::{count_job, faults, DELIVER, FOLDS, FROM_SUCCESSOR, JOBS, PORTS, SLOTS, STAGE, SWITCH},
+    upward::up,
+};
+
+/// A contribution handed from `xagg_switch` to its fold program, with (for a multi-buffer
+/// frame, or a payload longer than the direct path's loops) its payload copied out:
+/// helpers cannot run under the slot's lock, and the payload past the first buffer is
+/// reachable only through one. Nothing else runs on the CPU between the two programs
+/// (XDP runs with bottom halves off), so one entry per CPU is enough.
+#[repr(C)]
+pub struct Stage {
+    round: slot::Round,
+    /// The job's counter row (`Job::index`), the member's index, the slot (`SLOTS` index)
+    /// and shadow copy.
+    row: u32,
+    member: u32,
+    slot: u32,
+    shadow: u32,
+    /// Whether the payload is staged in `data` rather than read in the frame. Decided
+    /// here, not derived from the word count in the fold program: there the verifier would
+    /// carry the count's range into every loop and run past its budget (measured).
+    staged: u32,
+    /// Whether the frame is multi-buffer.
+    multi: u32,
+    data: [u64; SLOT_WORDS],
+}
+
+/// A contribution from `member`, or the parent's result (`member` is [`FROM_PARENT`]):
+/// checked against the job, staged and handed to the fold program of its op and lane (a
+/// tail call: no return on success).
+#[inline(always)]
+pub fn stage(
+    ctx: &XdpContext,
+    frame: &Frame,
+    job: &Job,
+    member: usize,
+) -> Result<(u32, Counter), Counter> {
+    let hdr = frame.header();
+    // Each message carries its op and type; the round's first contribution fixes them.
+    let (op, lane) = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
+        (Some(op), Some(dtype)) => (op, wire::lane(op, dtype).ok_or(Counter::DropBadOp)?),
+        _ => return Err(Counter::DropBadOp),
+    };
+    let elems = hdr.count() as usize;
+    if elems == 0 || elems * lane.size() > job.segment_bytes as usize {
+        return Err(Counter::DropBadCount);
+    }
+    let words = wire::payload_len(elems, lane.size()) / 8;
+    if frame.payload_len() != words * 8 {
+        return Err(Counter::DropBadLength);
+    }
+    let fold = Fold::of(op, lane).ok_or(Counter::DropBadOp)?;
+    let index = slot_index(job, hdr)?;
+    // Who the round waits for, and whether its sum is a partial for the next hop.
+    let (members, inner) = if job.role == Role::Ring as u8 {
+        let (start, end) = job.ring_chain(hdr.segment());
+        let first = job.ring_position == start;
+        if first && member == job.predecessor as usize {
+            // The chain starts here: nothing comes from the predecessor.
+            return Err(Counter::DropNotMember);
+        }
+        let from_predecessor = if first {
+            0
+        } else {
+            1u64 << (job.predecessor & 63)
+        };
+        (job.members | from_predecessor, job.ring_position != end)
+    } else {
+        (job.members, job.role == Role::Inner as u8)
+    };
+    let stage = STAGE.get_ptr_mut(0).ok_or(Counter::RedirectError)?;
+    let st = unsafe { &mut *stage };
+    st.round = slot::Round {
+        message: hdr.message(),
+        segment: hdr.segment(),
+        bit: if member < wire::MAX_MEMBERS {
+            1u64 << member
+        } else {
+            0
+        },
+        members,
+        elems: elems as u32,
+        words,
+        exponent: hdr.exponent() as i32,
+        flags: hdr.enc_flags() as u32,
+        op: hdr.op,
+        dtype: hdr.dtype,
+        inner: inner as u8,
+        _pad: [0; 5],
+    };
+    st.row = job.index as u32;
+    st.member = member as u32;
+    st.slot = index;
+    st.shadow = hdr.shadow() as u32;
+    st.multi = frame.multi() as u32;
+    st.staged = (frame.multi() || words > reduce::BUFFER_WORDS) as u32;
+    let program = if member >= wire::MAX_MEMBERS {
+        DELIVER
+    } else {
+        fold as u32
+    };
+    unsafe { FOLDS.tail_call(ctx, program) };
+    // Only if the fold program is missing: a dataplane loaded without it.
+    Err(Counter::RedirectError)
+}
+
+/// Runs fold `F` for the contribution `xagg_switch` staged: counts what came of it like
+/// `xagg_switch` does.
+#[inline(always)]
+fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
+    let Some(stage) = STAGE.get_ptr_mut(0) else {
+        return xdp_action::XDP_DROP;
+    };
+    let st = unsafe { &mut *stage };
+    let (row, member) = (st.row, st.member as usize);
+    let r = fold_staged::<F>(ctx, st);
+    let (Ok((_, c)) | Err(c)) = r;
+    count_job(row, member, c);
+    settle(ctx, r)
+}
+
+/// A member's contribution, checked by `xagg_switch`, handed to the slot's state machine
+/// with fold `F`; a completing one becomes the result and is delivered to every member.
+#[inline(always)]
+fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, Counter), Counter> {
+    let slot = SLOTS.get_ptr_mut(st.slot).ok_or(Counter::DropSlotRange)?;
+    let r = st.round;
+    let shadow = st.shadow as usize;
+    let (multi, staged) = (st.multi != 0, st.staged != 0);
+    let bytes = r.words * 8;
+    let (outcome, stored) = if staged {
+        if bytes == 0 || bytes > SLOT_WORDS * 8 {
+            return Err(Counter::DropBadLength);
+        }
+        // Copied out before the lock: no helper may run under it.
+        let data = st.data.as_mut_ptr() as *mut core::ffi::c_void;
+        if unsafe { bpf_xdp_load_bytes(ctx.ctx, PAYLOAD_OFFSET as u32, data, bytes as u32) } < 0 {
+            return Err(Counter::DropTruncated);
+        }
+        let src = Staged(&raw mut st.data);
+        if F == DELIVER {
+            unsafe { slot::deliver(slot, shadow, &r, &src) }
+        } else {
+            unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
+        }
+    } else {
+        // Packet pointers derived here, so the verifier sees every payload access checked
+        // against data_end inside the loops.
+        let src = InFrame {
+            payload: ctx.data() + PAYLOAD_OFFSET,
+            end: ctx.data_end(),
+        };
+        if F == DELIVER {
+            unsafe { slot::deliver(slot, shadow, &r, &src) }
+        } else {
+            unsafe { slot::accept::<F, _>(slot, shadow, &r, &src) }
+        }
+    };
+    // A result in the staging buffer goes back into the frame, after the lock.
+    let data = st.data.as_mut_ptr() as *mut core::ffi::c_void;
+    let store = || {
+        // Checked again next to the call: the verifier needs the bound here.
+        if bytes == 0 || bytes > SLOT_WORDS * 8 {
+            return Err(Counter::DropBadLength);
+        }
+        match unsafe { bpf_xdp_store_bytes(ctx.ctx, PAYLOAD_OFFSET as u32, data, bytes as u32) } {
+            0 => Ok(()),
+            _ => Err(Counter::DropTruncated),
+        }
+    };
+    // The frame and the switch's addresses, needed only to send a result.
+    let result = || -> Result<(Frame, &SwitchConfig), Counter> {
+        let frame =
+            Frame::again(ctx.data(), ctx.data_end(), multi).ok_or(Counter::DropTruncated)?;
+        Ok((frame, SWITCH.get(0).ok_or(Counter::RedirectError)?))
+    };
+    match outcome {
+        slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
+        slot::Outcome::Complete if multi => {
+            store()?;
+            let (frame, cfg) = result()?;
+            frame.into_result(&stored);
+            frame.from_switch(cfg);
+            let id = frame.header().job();
+            // The devmap broadcast cannot clone a multi-buffer frame: the kernel hands it
+            // to `xagg_fanout` on this port's tc ingress, which copies it to each member.
+            mark_own_result(ctx, id)?;
+            Ok((xdp_action::XDP_PASS, Counter::Complete))
+        }
+        slot::Outcome::Complete => {
+            if staged {
+                store()?;
+            }
+            let (frame, cfg) = result()?;
+            // Each copy is addressed to its member by `xagg_result` on the way out.
+            frame.into_result(&stored);
+            frame.from_switch(cfg);
+            match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
+                Ok(action) => Ok((action, Counter::Complete)),
+                Err(_) => Err(Counter::RedirectError),
+            }
+        }
+        slot::Outcome::Partial | slot::Outcome::PartialAgain => {
+            if staged {
+                store()?;
+            }
+            let (frame, cfg) = result()?;
+            let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
+            frame.into_partial(job, &stored, cfg);
+            let counter = match outcome {
+                slot::Outcome::Partial => Counter::Partial,
+                _ => Counter::PartialResend,
+            };
+            Ok((up(ctx, job)?, counter))
+        }
+        slot::Outcome::Delivered => {
+            let (frame, cfg) = result()?;
+            let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
+            frame.into_result(&stored);
+            // The parent (or a ring neighbour) named the job by its own id: members and
+            // the egress program know it by this level's.
+            frame.set_job(job.wire_id());
+            frame.from_switch(cfg);
+            // From a ring host's successor: the copy on the uplink goes back, not on.
+            frame.set_backward(st.member as usize == FROM_SUCCESSOR);
+            if multi {
+                // To `xagg_fanout` on the uplink's tc ingress, as a result of our own.
+                mark_own_result(ctx, job.wire_id())?;
+                return Ok((xdp_action::XDP_PASS, Counter::ParentResult));
+            }
+            match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
+                Ok(action) => Ok((action, Counter::ParentResult)),
+                Err(_) => Err(Counter::RedirectError),
+            }
+        }
+        slot::Outcome::Unawaited => Err(Counter::DropUnawaitedResult),
+        slot::Outcome::Replay => {
+            if inject(faults().drop_result) {
+                return Err(Counter::InjectDropResult);
+            }
+            if staged {
+                store()?;
+            }
+            let (frame, cfg) = result()?;
+            frame.into_result(&stored);
+            // A ring predecessor's resent partial: answered in its own job id.
+            let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
+            if job.role == Role::Ring as u8 && st.member == u32::from(job.predecessor) {
+                frame.set_job(job.predecessor_job);
+            }
+            frame.to_sender(cfg);
+            Ok((xdp_action::XDP_TX, Counter::ResultReplay))
+        }
+        slot::Outcome::Reclaimed => Ok((xdp_action::XDP_DROP, Counter::SlotReclaimed)),
+        slot::Outcome::Duplicate => Err(Counter::DropDuplicate),
+        slot::Outcome::Stale => Err(Counter::DropStale),
+        slot::Outcome::Mismatch => Err(Counter::DropBadCount),
+        slot::Outcome::OpMismatch => Err(Counter::DropBadOp),
+    }
+}
+
+/// The fold programs, one per `Fold`, each named as `Fold::program` says.
+macro_rules! fold_programs {
+    ($($name:ident = $fold:ident),* $(,)?) => {$(
+        #[xdp(frags)]
+        pub fn $name(ctx: XdpContext) -> u32 {
+            run_fold::<{ Fold::$fold as u32 }>(&ctx)
+        }
+    )*};
+}
+
+fold_programs!(
+    xagg_fold_sum32 = Sum32,
+    xagg_fold_sum64 = Sum64,
+    xagg_fold_sum_bfp = SumBfp,
+    xagg_fold_sum_bfp64 = SumBfp64,
+    xagg_fold_min_i32 = MinI32,
+    xagg_fold_min_u32 = MinU32,
+    xagg_fold_min_i64 = MinI64,
+    xagg_fold_max_i32 = MaxI32,
+    xagg_fold_max_u32 = MaxU32,
+    xagg_fold_max_i64 = MaxI64,
+    xagg_fold_prod32 = Prod32,
+    xagg_fold_prod64 = Prod64,
+    xagg_fold_and = And,
+    xagg_fold_or = Or,
+    xagg_fold_xor = Xor,
+);
+
+/// At an inner level: stores the parent's result (checked and staged by `xagg_switch`)
+/// over the partial it answers and delivers it to the members.
+#[xdp(frags)]
+pub fn xagg_deliver(ctx: XdpContext) -> u32 {
+    run_fold::<DELIVER>(&ctx)
+}

@@ -1,0 +1,255 @@
+//! Ingress, `xagg_switch` on every switch port: takes the collective protocol's frames
+//! addressed to the switch, admits a contribution or status query only from its job's
+//! member (its port and addresses), records joining members' hellos, answers status
+//! queries, and stages each contribution for its fold program. Everything else passes to
+//! the kernel (the bridge) untouched.
+
+use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use xagg_common::{
+    job::{Hello, Role, SwitchConfig, HELLOS_PER_PORT},
+    slot::ShadowState,
+    wire::{self, Kind},
+    Counter, Job,
+};
+use xagg_ebpf::{
+    inject,
+    packet::{self, Frame},
+    slot,
+};
+
+use crate::{
+    fold::stage,
+    maps::{
+        cookie_index, count, count_job, faults, job_of, COOKIES, DROPS, HELLOS, HELLO_COUNTS,
+        SLOTS, SWITCH,
+    },
+    upward::{parent_result, relay_status, up},
+};
+
+/// The frame's length over all its buffers (`data_end - data` covers the first only).
+#[inline(always)]
+fn frame_len(ctx: &XdpContext) -> usize {
+    unsafe { aya_ebpf::helpers::bpf_xdp_get_buff_len(ctx.ctx) as usize }
+}
+
+/// Frags-aware, so a switch port (and its peer) may carry frames of any MTU: other
+/// traffic passes whatever its size; a multi-buffer datagram to the collective port is
+/// dropped as `drop_oversize`.
+#[xdp(frags)]
+pub fn xagg_switch(ctx: XdpContext) -> u32 {
+    settle(&ctx, try_switch(&ctx))
+}
+
+/// Counts what came of a packet and returns its action: a dropped one with its first
+/// sender kept.
+#[inline(always)]
+pub fn settle(ctx: &XdpContext, r: Result<(u32, Counter), Counter>) -> u32 {
+    match r {
+        Ok((action, c)) => {
+            count(c);
+            action
+        }
+        Err(c) => {
+            count(c);
+            note_drop(ctx, c);
+            xdp_action::XDP_DROP
+        }
+    }
+}
+
+/// Keeps the first sender of each drop reason until the daemon has logged it.
+#[inline(always)]
+fn note_drop(ctx: &XdpContext, c: Counter) {
+    if matches!(
+        c,
+        Counter::InjectDropContribution | Counter::InjectDropResult
+    ) {
+        return;
+    }
+    // An entry with an interface is a sender kept already (a packet always came in on
+    // one): the common case costs one array lookup. Two CPUs may both write an empty one;
+    // either sender is a first one.
+    let Some(kept) = DROPS.get_ptr_mut(c as u32) else {
+        return;
+    };
+    if unsafe { (*kept).ifindex } != 0 {
+        return;
+    }
+    unsafe { *kept = packet::source(ctx.data(), ctx.data_end(), ctx.ingress_ifindex() as u32) };
+}
+
+#[inline(always)]
+fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
+    let Some(cfg) = SWITCH.get(0) else {
+        return Ok((xdp_action::XDP_PASS, Counter::Pass));
+    };
+    if let Some(c) = packet::screen(ctx.data(), ctx.data_end(), cfg) {
+        return Err(c);
+    }
+    let Some(frame) = Frame::collective(ctx.data(), ctx.data_end(), || frame_len(ctx), cfg)? else {
+        return Ok((xdp_action::XDP_PASS, Counter::Pass));
+    };
+    let hdr = frame.header();
+    if hdr.version != wire::VERSION {
+        return Err(Counter::DropBadVersion);
+    }
+    if hdr.kind == Kind::Hello as u8 {
+        return hello(ctx, &frame);
+    }
+    if hdr.kind == Kind::Result as u8 {
+        return parent_result(ctx, &frame);
+    }
+    if hdr.kind == Kind::StatusReply as u8 {
+        return relay_status(ctx, &frame, cfg);
+    }
+    let query = hdr.kind == Kind::StatusQuery as u8;
+    if hdr.kind != Kind::Contribution as u8 && !query {
+        return Err(Counter::DropBadKind);
+    }
+    if !query && inject(faults().drop_contribution) {
+        return Err(Counter::InjectDropContribution);
+    }
+    let (job, member) = match admit(ctx, &frame) {
+        Ok(admitted) => admitted,
+        // A query is answered with the reason, so its worker learns why it is refused.
+        Err(c) if query => return refuse(&frame, cfg, c),
+        Err(c) => return Err(c),
+    };
+    let r = if query {
+        status_query(ctx, &frame, cfg, job, member)
+    } else {
+        stage(ctx, &frame, job, member)
+    };
+    let (Ok((_, c)) | Err(c)) = r;
+    count_job(job.index as u32, member, c);
+    r
+}
+
+/// The job and member a packet is from, if it is: the header only claims who sent it, so
+/// the port it came in on and its source addresses must be the member's.
+#[inline(always)]
+fn admit(ctx: &XdpContext, frame: &Frame) -> Result<(&'static Job, usize), Counter> {
+    let hdr = frame.header();
+    let job = job_of(hdr.job()).ok_or(Counter::DropUnknownJob)?;
+    let member = hdr.member as usize;
+    // A ring host's predecessor is in the member table without a bit in `members`.
+    let predecessor = job.role == Role::Ring as u8 && member == job.predecessor as usize;
+    if member >= wire::MAX_MEMBERS || (job.members & (1u64 << member) == 0 && !predecessor) {
+        return Err(Counter::DropNotMember);
+    }
+    let addr = &job.member[member];
+    if addr.ifindex != ctx.ingress_ifindex() as u32 || !frame.from(addr) {
+        return Err(Counter::DropNotMember);
+    }
+    // The member's cookie, kept for its copies of results; written only when it changes
+    // (a new process), so members' CPUs do not contend for the line.
+    if let Some(p) = COOKIES.get_ptr_mut(cookie_index(job.index as u32, member)) {
+        let cookie = hdr.cookie();
+        if unsafe { *p } != cookie {
+            unsafe { *p = cookie };
+        }
+    }
+    Ok((job, member))
+}
+
+/// Records a joining member's hello: exactly what [`admit`] will check of its packets.
+#[inline(always)]
+fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
+    if frame.payload_len() != packet::STATUS_LEN {
+        return Err(Counter::DropBadLength);
+    }
+    let token = wire::hello_token(frame.header());
+    let port = ctx.ingress_ifindex() as u32;
+    if unsafe { HELLOS.get(token) }.is_some() {
+        // Recorded already: the first hello of a token wins, so someone who saw it on the
+        // wire cannot take the member's place by sending the same token from elsewhere.
+        return Ok((xdp_action::XDP_DROP, Counter::Hello));
+    }
+    let noexist = aya_ebpf::bindings::BPF_NOEXIST as u64;
+    if unsafe { HELLO_COUNTS.get(port) }.is_none() {
+        let _ = HELLO_COUNTS.insert(port, 0, noexist);
+    }
+    let waiting = HELLO_COUNTS
+        .get_ptr_mut(port)
+        .ok_or(Counter::DropHelloQuota)?;
+    if unsafe { *waiting } >= HELLOS_PER_PORT {
+        return Err(Counter::DropHelloQuota);
+    }
+    let hello = Hello {
+        addr: frame.sender(port),
+        seen_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
+    };
+    if HELLOS.insert(token, hello, noexist).is_ok() {
+        // Not atomic: two CPUs may count one; the daemon's sweep recounts.
+        unsafe { *waiting += 1 };
+    }
+    Ok((xdp_action::XDP_DROP, Counter::Hello))
+}
+
+/// Answers a status query the switch does not take with the reason, to its sender alone;
+/// the reason is counted as the drop it is. A job the switch does not have is refused as
+/// "not a member", so a stranger learns no job ids.
+#[inline(always)]
+fn refuse(frame: &Frame, cfg: &SwitchConfig, c: Counter) -> Result<(u32, Counter), Counter> {
+    let code = match c {
+        Counter::DropUnknownJob | Counter::DropNotMember => wire::status::REFUSED_NOT_MEMBER,
+        Counter::DropSlotRange => wire::status::REFUSED_SLOT_RANGE,
+        _ => return Err(c),
+    };
+    frame.into_refusal(code);
+    frame.to_sender(cfg);
+    Ok((xdp_action::XDP_TX, c))
+}
+
+/// The `SLOTS` index of the job's slot a packet names, in the job's range.
+#[inline(always)]
+pub fn slot_index(job: &Job, hdr: &xagg_common::Header) -> Result<u32, Counter> {
+    let index = hdr.slot() as u32;
+    if index >= job.slot_count {
+        return Err(Counter::DropSlotRange);
+    }
+    Ok(job.slot_base + index)
+}
+
+/// The job's slot a packet names.
+#[inline(always)]
+fn slot_of(job: &Job, hdr: &xagg_common::Header) -> Result<*mut slot::Slot, Counter> {
+    SLOTS
+        .get_ptr_mut(slot_index(job, hdr)?)
+        .ok_or(Counter::DropSlotRange)
+}
+
+/// A member asks for a shadow copy's state: the reply goes back to it alone.
+#[inline(always)]
+fn status_query(
+    ctx: &XdpContext,
+    frame: &Frame,
+    cfg: &SwitchConfig,
+    job: &Job,
+    member: usize,
+) -> Result<(u32, Counter), Counter> {
+    let slot = match slot_of(job, frame.header()) {
+        Ok(slot) => slot,
+        Err(c) => return refuse(frame, cfg, c),
+    };
+    if frame.payload_len() != packet::STATUS_LEN {
+        return Err(Counter::DropBadLength);
+    }
+    let st = unsafe { slot::status(slot, frame.header().shadow()) };
+    let hdr = frame.header();
+    // Waiting on the parent: the member may ask what the level above waits for (once: a
+    // query forwarded already is answered where it arrives).
+    if job.role == Role::Inner as u8
+        && st.state == ShadowState::PartialSent as u32
+        && hdr.flags & wire::FLAG_FORWARD != 0
+        && hdr.relay == 0
+    {
+        frame.into_forwarded_query(job, member as u8, cfg);
+        return Ok((up(ctx, job)?, Counter::StatusForward));
+    }
+    if !frame.into_status_reply(ctx, &st, job.members) {
+        return Err(Counter::DropTruncated);
+    }
+    frame.to_sender(cfg);
+    Ok((xdp_action::XDP_TX, Counter::StatusReply))
+}
