@@ -1,16 +1,19 @@
-//! Types shared by the XDP dataplane and user space: the wire header, the map layouts and
-//! the counter names. Everything here is `#[repr(C)]` with explicit padding, so the kernel
-//! and user space agree on every byte; sizes are asserted at compile time.
+//! Types shared by the XDP dataplane and user space: the wire header, the map layouts, the
+//! counter names and the order of rounds. Everything here is `#[repr(C)]` with explicit
+//! padding, so the kernel and user space agree on every byte; sizes are asserted at compile
+//! time.
 #![no_std]
 
 pub mod counter;
 pub mod job;
+pub mod round;
 pub mod shape;
 pub mod slot;
 pub mod wire;
 
 pub use counter::Counter;
 pub use job::{Job, MemberAddr, Role};
+pub use round::Round;
 pub use shape::{JobShape, ShapeError};
 pub use slot::{ShadowCopy, ShadowState};
 pub use wire::{DType, Header, Kind, Op};

@@ -152,8 +152,7 @@ pub unsafe fn status(slot: *mut Slot, shadow: usize) -> Status {
 /// so the ids may wrap).
 #[inline(always)]
 fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
-    let dm = message.wrapping_sub(v.message) as i32;
-    dm < 0 || (dm == 0 && (segment.wrapping_sub(v.segment) as i32) < 0)
+    xagg_common::Round::new(message, segment).is_before(v.round())
 }
 
 /// Closes a copy with every member in: it holds the result, or at an inner level a

@@ -1,0 +1,187 @@
+//! Giving a request up: a request without progress for the give-up time asks the switch,
+//! for each of its rounds in flight, which members the slot waits for, and ends with what
+//! the switch said — or refused, or no switch at all.
+
+use std::{
+    io,
+    time::{Duration, Instant},
+};
+
+use xagg_common::{
+    job::members_of,
+    slot::ShadowState,
+    wire::{self, Header},
+};
+
+use super::Engine;
+use crate::{window::InFlight, AllreduceError, Missing};
+
+/// How long a request's diagnosis waits for the switch's status replies.
+const DIAGNOSIS: Duration = Duration::from_millis(300);
+
+/// A request being given up: what it asked the switch, the answers so far, and until when
+/// it waits for the rest.
+pub(super) struct Diagnosis {
+    until: Instant,
+    waited: Duration,
+    missing: Vec<Missing>,
+    refusal: Option<(u8, u16)>,
+}
+
+impl Engine {
+    /// Starts the diagnosis of requests without progress for the give-up time, and ends
+    /// those whose diagnosis is complete.
+    pub(super) fn check_requests(&mut self, now: Instant) -> io::Result<()> {
+        let mut i = 0;
+        while i < self.active.len() {
+            let a = &self.active[i];
+            if let Some(d) = &a.diagnosis {
+                let answered = d.missing.iter().all(Missing::complete);
+                if now >= d.until || answered || d.refusal.is_some() {
+                    let e = self.diagnosed(i);
+                    self.end(i, Err(e));
+                    continue;
+                }
+            } else if a.running()
+                && a.in_flight > 0
+                && now.duration_since(a.last_progress) > self.p.give_up
+            {
+                let waited = now.duration_since(a.last_progress);
+                self.diagnose(i, waited)?;
+            }
+            i += 1;
+        }
+        Ok(())
+    }
+
+    /// Gives request `i` up: asks the switch, for each of its rounds in flight, which
+    /// members the slot waits for; the answers end it ([`Self::diagnosed`]). Its slots
+    /// go on with the next requests.
+    fn diagnose(&mut self, i: usize, waited: Duration) -> io::Result<()> {
+        let message = self.active[i].message.expect("running");
+        let flights: Vec<(usize, InFlight)> = self
+            .window
+            .in_flight()
+            .filter(|(_, f)| f.message == message)
+            .map(|(s, f)| (s, *f))
+            .collect();
+        let freed = self.withdraw(i);
+        let mut missing = Vec::new();
+        for (slot, f) in flights {
+            // Asked twice: what this rank's aggregation point waits for, and (where that
+            // is the level above) what the level above waits for.
+            self.query(message, f.segment as u32, slot, f.shadow)?;
+            self.query_as(message, f.segment as u32, slot, f.shadow, true)?;
+            missing.push(Missing {
+                slot,
+                segment: f.segment as u32,
+                members: None,
+                answered: false,
+                above: false,
+                above_members: None,
+            });
+        }
+        self.active[i].diagnosis = Some(Diagnosis {
+            until: Instant::now() + DIAGNOSIS,
+            waited,
+            missing,
+            refusal: None,
+        });
+        self.fill(freed);
+        Ok(())
+    }
+
+    /// A status reply to a diagnosis: which members the slot waits for.
+    pub(super) fn diagnosis_reply(&mut self, h: &Header, payload: &[u8; wire::STATUS_PAYLOAD]) {
+        let slot = usize::from(h.slot());
+        // The diagnosis asking for this round, else any asking about the slot; the level
+        // above's answer goes to the round whatever came first.
+        let above = h.above != 0;
+        let find = |exact: bool| {
+            self.active.iter().enumerate().find_map(|(i, a)| {
+                let message = a.message?;
+                let at = a.diagnosis.as_ref()?.missing.iter().position(|m| {
+                    m.slot == slot
+                        && (if above {
+                            m.above_members.is_none()
+                        } else {
+                            !m.answered
+                        })
+                        && (!exact || (h.message() == message && h.segment() == m.segment))
+                })?;
+                Some((i, at))
+            })
+        };
+        let Some((i, at)) = find(true).or_else(|| find(false)) else {
+            return;
+        };
+        let a = &mut self.active[i];
+        let message = a.message.expect("running");
+        let d = a.diagnosis.as_mut().expect("diagnosing");
+        if wire::status::is_refusal(h.status) {
+            // The level above refusing this level's query says nothing of this rank's.
+            if !above {
+                d.refusal = Some((h.status, h.slot()));
+            }
+            return;
+        }
+        let m = &mut d.missing[at];
+        if above {
+            if h.message() == message && h.segment() == m.segment {
+                let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
+                let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
+                m.above_members = Some(members_of(all & !seen).collect());
+            }
+            return;
+        }
+        m.answered = true;
+        if h.message() == message && h.segment() == m.segment {
+            let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
+            let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
+            m.members = Some(members_of(all & !seen).collect());
+            m.above = h.status == ShadowState::PartialSent as u8;
+        }
+    }
+
+    /// The error a diagnosed request ends with: refused, no switch (no reply at all), or
+    /// timed out with what the switch said per slot.
+    fn diagnosed(&mut self, i: usize) -> AllreduceError {
+        let a = &mut self.active[i];
+        let d = a.diagnosis.take().expect("diagnosed");
+        let message = a.message.expect("running");
+        if let Some((code, slot)) = d.refusal {
+            return self.refused(code, slot);
+        }
+        if !d.missing.is_empty() && d.missing.iter().all(|m| !m.answered) {
+            return AllreduceError::NoSwitch {
+                job: self.p.job,
+                switch: self.p.switch,
+                waited: d.waited,
+            };
+        }
+        AllreduceError::Timeout {
+            job: self.p.job,
+            message,
+            waited: d.waited,
+            missing: d.missing,
+        }
+    }
+
+    /// Why the switch refused this member, from a status reply's refusal `code`.
+    pub(super) fn refused(&self, code: u8, slot: u16) -> AllreduceError {
+        let (job, member) = (self.p.job, self.p.member);
+        let reason = match code {
+            // The switch does not tell a stranger whether a job exists: this covers both.
+            wire::status::REFUSED_NOT_MEMBER => format!(
+                "this is not member {member} of job {job} as the switch holds it: the switch has no job {job}, or the member index, the switch port this host is behind, or its MAC, IPv4 address or UDP port ({}) differ from the job's; compare --job, --member and --bind with `xagg job list --json`",
+                self.p.bind
+            ),
+            wire::status::REFUSED_SLOT_RANGE => format!(
+                "slot {slot} is outside the job's slots: this worker's --slots ({}) is more than the job has",
+                self.p.shape.slots()
+            ),
+            c => format!("refusal {c:#x}"),
+        };
+        AllreduceError::Refused { job, reason }
+    }
+}

@@ -1,0 +1,111 @@
+//! What a worker's handles share: the engine behind its lock, and the requests submitted
+//! since it last ran. Whichever thread gets the lock makes progress for everyone.
+
+use std::{
+    os::fd::RawFd,
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, TryLockError,
+    },
+    time::Duration,
+};
+
+use super::Engine;
+use crate::{
+    request::{lock, Buffer, Shared},
+    transport::Transport,
+    Reduction, WorkerParams,
+};
+
+/// A request handed to the worker and not yet taken up by the engine.
+pub(crate) struct Pending {
+    pub r: Reduction,
+    pub input: Option<Buffer>,
+    pub output: Buffer,
+    pub shared: Arc<Shared>,
+}
+
+/// What a worker shares between its handles: its parameters, the engine behind a lock,
+/// and the requests submitted since the engine last ran.
+pub(crate) struct WorkerInner {
+    pub p: WorkerParams,
+    engine: Mutex<Engine>,
+    inbox: Mutex<Vec<Pending>>,
+    /// How long one blocking step waits (nanoseconds), from the engine's timeout.
+    step_ns: AtomicU64,
+    fds: Vec<RawFd>,
+    /// The job this worker joined over the network, to leave it.
+    pub membership: Option<crate::join::Membership>,
+}
+
+impl WorkerInner {
+    pub fn new(p: WorkerParams, transport: Transport) -> Self {
+        let fds = transport.fds();
+        let engine = Engine::new(p.clone(), transport);
+        Self {
+            step_ns: AtomicU64::new(engine.step_wait().as_nanos() as u64),
+            engine: Mutex::new(engine),
+            inbox: Mutex::new(Vec::new()),
+            fds,
+            p,
+            membership: None,
+        }
+    }
+
+    /// Hands a request to the engine: taken up at once unless another thread is inside
+    /// the engine, else at that thread's next step.
+    pub fn enqueue(&self, pending: Pending) {
+        lock(&self.inbox).push(pending);
+        // Its first rounds go out now; what comes back is taken by whoever waits.
+        let mut e = match self.engine.try_lock() {
+            Ok(e) => e,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
+        };
+        let pending = std::mem::take(&mut *lock(&self.inbox));
+        e.admit(pending);
+        e.send_queued();
+    }
+
+    /// One step of the engine, waiting up to `wait` for something to come in; false if
+    /// another thread holds the engine (it is making progress for everyone).
+    pub fn progress(&self, wait: Duration) -> bool {
+        let mut e = match self.engine.try_lock() {
+            Ok(e) => e,
+            Err(TryLockError::Poisoned(p)) => p.into_inner(),
+            Err(TryLockError::WouldBlock) => return false,
+        };
+        let pending = std::mem::take(&mut *lock(&self.inbox));
+        e.admit(pending);
+        e.step(wait);
+        self.step_ns
+            .store(e.step_wait().as_nanos() as u64, Ordering::Relaxed);
+        true
+    }
+
+    /// How long one blocking step should wait: long enough to sleep, short enough for the
+    /// retransmission timers.
+    pub fn step(&self) -> Duration {
+        Duration::from_nanos(self.step_ns.load(Ordering::Relaxed))
+    }
+
+    /// Runs `f` on the engine, waiting for the lock.
+    pub fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
+        f(&mut lock(&self.engine))
+    }
+}
+
+/// Waits until one of the workers' sockets has something to read, or `d` passed.
+pub(crate) fn wait_readable(workers: &[Arc<WorkerInner>], d: Duration) {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    use std::os::fd::BorrowedFd;
+    let fds: Vec<RawFd> = workers.iter().flat_map(|w| w.fds.iter().copied()).collect();
+    // Safety: each worker's transport, which owns these descriptors, outlives the call
+    // (the workers are held by the caller).
+    let mut polled: Vec<PollFd> = fds
+        .iter()
+        .map(|&fd| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, PollFlags::POLLIN))
+        .collect();
+    let ms = d.as_millis().clamp(1, 1000) as u16;
+    let _ = poll(&mut polled, PollTimeout::from(ms));
+}
