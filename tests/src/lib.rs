@@ -8,14 +8,12 @@ use std::{
 };
 
 pub use nix::sys::signal::Signal;
+use xagg_api::{Request, Response};
 use xagg_common::{
     wire::{DType, Lane, Op, PAYLOAD_OFFSET},
     Counter, JobShape,
 };
-use xagg_daemon::{
-    api::{Request, Response},
-    config::Config,
-};
+use xagg_daemon::config::Config;
 pub use xagg_lab::{bin, testrun::*};
 use xagg_lab::{lab::Lab, switch::LabSwitch};
 use xagg_worker::Report;

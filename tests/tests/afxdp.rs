@@ -5,7 +5,7 @@
 
 use std::process::Command;
 
-use xagg_daemon::api::{Request, Response};
+use xagg_api::{Request, Response};
 use xagg_tests::*;
 
 fn afxdp(p: &mut xagg_worker::WorkerParams) {

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use xagg_daemon::api::{Request, Response};
+use xagg_api::{Request, Response};
 use xagg_tests::*;
 
 /// Sends `raw` bytes on a new connection and reads until the daemon closes it or 2 s pass;

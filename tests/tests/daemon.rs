@@ -2,8 +2,8 @@
 
 use std::{process::Command, time::Duration};
 
+use xagg_api::{Request, Response};
 use xagg_common::wire::{DType, Op};
-use xagg_daemon::api::{Request, Response};
 use xagg_lab::switch::Daemon;
 use xagg_tests::*;
 
@@ -142,7 +142,7 @@ fn clear_errors() {
     let mut bad = sw.lab.members().unwrap();
     bad[0].interface = "nope0".into();
     let m = err(sw.api(Request::AddJob {
-        job: xagg_daemon::job::JobSpec {
+        job: xagg_api::JobSpec {
             id: 3,
             op: Op::Sum,
             dtype: DType::I32,
@@ -216,7 +216,7 @@ fn restart_during_an_allreduce() {
         let socket = sw.socket.clone();
         let log = sw.log.clone();
         let config = sw.config.clone();
-        let mid_run = xagg_daemon::api::call(&socket, &Request::Counters).unwrap();
+        let mid_run = xagg_api::call(&socket, &Request::Counters).unwrap();
         assert!(daemon.stop(Signal::SIGTERM).unwrap().success());
         let start = |_: ()| Daemon::start(&config, &log, &socket).unwrap();
         let daemon = start(());
@@ -227,7 +227,7 @@ fn restart_during_an_allreduce() {
             "the allreduce ended before the restarts: make it longer"
         );
         run.join().expect("the allreduce completes across restarts");
-        let after = xagg_daemon::api::call(&socket, &Request::Counters).unwrap();
+        let after = xagg_api::call(&socket, &Request::Counters).unwrap();
         match (mid_run, after) {
             (Response::Counters { counters: a }, Response::Counters { counters: b }) => {
                 assert!(b["complete"] > a["complete"], "counters continue");
@@ -342,7 +342,7 @@ fn operators_are_told_what_is_wrong() {
     let mut members = sw.lab.members().unwrap();
     members[0].interface = "br0".into();
     let r = sw.api(Request::AddJob {
-        job: xagg_daemon::job::JobSpec {
+        job: xagg_api::JobSpec {
             id: 3,
             op: Op::Sum,
             dtype: DType::I32,

@@ -18,10 +18,7 @@ use nix::{
     },
     unistd::{fork, setgid, setgroups, setuid, ForkResult, Gid, Group, Uid},
 };
-use xagg_daemon::{
-    api::{self, Request, Response},
-    config::DEFAULT_SOCKET,
-};
+use xagg_api::{Request, Response, DEFAULT_SOCKET};
 use xagg_tests::*;
 
 /// The daemon's systemd unit, as shipped.
@@ -320,7 +317,7 @@ fn start_as_the_unit(sw: &TestSwitch) -> Started {
                     std::fs::read_to_string(&sw.log).unwrap_or_default()
                 );
             }
-            api::call(&sw.socket, &Request::Status).map_err(|e| {
+            xagg_api::call(&sw.socket, &Request::Status).map_err(|e| {
                 format!(
                     "{e}: {}",
                     std::fs::read_to_string(&sw.log).unwrap_or_default()

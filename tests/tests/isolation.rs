@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use xagg_daemon::api::{Request, Response};
+use xagg_api::{Request, Response};
 use xagg_tests::*;
 
 const JOBS: [&[usize]; 8] = [

@@ -10,11 +10,9 @@ use std::{
     time::Duration,
 };
 
+use xagg_api::{Request, Response};
 use xagg_common::{wire, Counter, JobShape};
-use xagg_daemon::{
-    api::{Request, Response},
-    config::CredentialSection,
-};
+use xagg_daemon::config::CredentialSection;
 use xagg_lab::lab::{worker_ip, SWITCH_IP};
 use xagg_tests::*;
 use xagg_worker::{AllreduceError, CredentialKey, JobKey, JoinParams, Secret, Worker};
@@ -160,7 +158,7 @@ impl Lab {
         })
     }
 
-    fn joins(&self) -> Vec<xagg_daemon::join::JoinListing> {
+    fn joins(&self) -> Vec<xagg_api::JoinListing> {
         match self.sw.api(Request::Joins) {
             Response::Joins { joins } => joins,
             r => panic!("{r:?}"),

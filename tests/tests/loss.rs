@@ -2,8 +2,8 @@
 //! bit-exact, and the counters show both that the impairment happened and that the
 //! recovery did.
 
+use xagg_api::{Request, Response};
 use xagg_common::wire;
-use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
 
 const WORKERS: [usize; 3] = [0, 1, 2];

@@ -7,7 +7,7 @@
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
-use xagg_daemon::api::Request;
+use xagg_api::Request;
 use xagg_lab::lab::SWITCH_IP;
 use xagg_tests::*;
 
@@ -144,7 +144,7 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     );
     // Every job was left: the daemon removed them.
     match lab.sw.api(Request::ListJobs) {
-        xagg_daemon::api::Response::Jobs { jobs } => assert!(jobs.is_empty(), "{jobs:?}"),
+        xagg_api::Response::Jobs { jobs } => assert!(jobs.is_empty(), "{jobs:?}"),
         r => panic!("{r:?}"),
     }
 

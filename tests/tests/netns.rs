@@ -7,7 +7,7 @@ use std::{
     process::Command,
 };
 
-use xagg_daemon::api::Response;
+use xagg_api::Response;
 use xagg_lab::lab;
 use xagg_tests::*;
 

@@ -1,11 +1,11 @@
 //! A representative subset of ops and types end to end in a netns lab, through the worker
 //! library's codecs and the live switch (broadcast, egress rewrite and all).
 
+use xagg_api::{Request, Response};
 use xagg_common::{
     wire::{self, DType, Op},
     JobShape,
 };
-use xagg_daemon::api::{Request, Response};
 use xagg_tests::*;
 use xagg_worker::{self as worker, data};
 
@@ -34,7 +34,7 @@ fn ops_and_types_end_to_end() {
         for m in &mut members {
             m.addr.set_port(47820 + j as u16);
         }
-        let spec = xagg_daemon::job::JobSpec {
+        let spec = xagg_api::JobSpec {
             id,
             op,
             dtype,

@@ -9,7 +9,7 @@ use std::{
     time::Duration,
 };
 
-use xagg_daemon::api::{Request, Response};
+use xagg_api::{Request, Response};
 use xagg_lab::lab::SWITCH_IP;
 use xagg_tests::*;
 
@@ -42,7 +42,7 @@ fn metric(text: &str, prefix: &str) -> Option<u64> {
         .and_then(|v| v.parse().ok())
 }
 
-fn job_counters(sw: &TestSwitch, id: u32) -> xagg_daemon::dataplane::JobCounters {
+fn job_counters(sw: &TestSwitch, id: u32) -> xagg_api::JobCounters {
     match sw.api(Request::JobCounters { id }) {
         Response::JobCounters { job } => job,
         r => panic!("{r:?}"),

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use xagg_daemon::api::Request;
+use xagg_api::Request;
 use xagg_tests::*;
 
 const RANKS: usize = 3;

@@ -11,8 +11,8 @@ use std::{
     time::Duration,
 };
 
+use xagg_api::Response;
 use xagg_common::wire::{self, DType, Op};
-use xagg_daemon::api::Response;
 use xagg_lab::lab::{worker_ip, SWITCH_IP};
 use xagg_tests::*;
 use xagg_worker::{data, AllreduceError, Buffer, CompletionQueue, Worker, WorkerParams};

@@ -5,7 +5,7 @@
 
 use std::{collections::BTreeMap, time::Duration};
 
-use xagg_daemon::api::Request;
+use xagg_api::Request;
 use xagg_lab::tree::{Topology, TreeLab};
 use xagg_tests::*;
 
@@ -253,7 +253,7 @@ fn a_rank_cannot_forge_results() {
     exact(&lab, 1, &[1000]);
     // The host's job, as the daemon lists it, names its parent.
     match lab.api(1, &Request::ListJobs).unwrap() {
-        xagg_daemon::api::Response::Jobs { jobs } => {
+        xagg_api::Response::Jobs { jobs } => {
             let p = jobs[0].parent.as_ref().expect("an inner job");
             assert_eq!((p.interface.as_str(), p.job, p.member), ("up0", JOB, 0));
         }

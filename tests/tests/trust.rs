@@ -12,8 +12,8 @@ use std::{
     time::{Duration, Instant},
 };
 
+use xagg_api::Response;
 use xagg_common::wire::{self, DType, Header, Kind, Op, DEFAULT_PORT};
-use xagg_daemon::api::Response;
 use xagg_lab::lab::{self, in_netns, SWITCH_IP, WORKER_PORT};
 use xagg_tests::*;
 

@@ -8,11 +8,11 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use serde_json::{json, Value};
+use xagg_api::Response;
 use xagg_common::{
     wire::{self, DType, Op},
     JobShape,
 };
-use xagg_daemon::api::Response;
 use xagg_lab::{
     lab::{self, Lab, SWITCH_IP},
     switch::LabSwitch,
@@ -308,7 +308,7 @@ fn run_ddp(n: usize, mtu: usize, script: &std::path::Path) -> Result<()> {
 
 fn run_inner(a: &DemoArgs) -> Result<()> {
     let n = a.workers;
-    let lane = xagg_daemon::job::lane(a.op, a.dtype).map_err(anyhow::Error::msg)?;
+    let lane = xagg_api::lane(a.op, a.dtype).map_err(anyhow::Error::msg)?;
     let segment = a
         .segment
         .map_or(wire::payload_for_mtu(a.mtu) / lane.size(), usize::from);
@@ -353,7 +353,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         r => bail!("adding the job: {r:?}"),
     }
     if let Some(i) = a.inject {
-        match sw.api(xagg_daemon::api::Request::Inject {
+        match sw.api(xagg_api::Request::Inject {
             drop_contribution: i.drop_contrib,
             drop_result: i.drop_result,
         })? {

@@ -15,11 +15,11 @@ use std::{
 
 use anyhow::{Context, Result};
 use serde::Deserialize;
+use xagg_api::lane;
 use xagg_common::{
     wire::{DType, Op},
     JobShape,
 };
-use xagg_daemon::job::lane;
 
 #[derive(clap::Args)]
 pub struct AllreduceArgs {
@@ -151,7 +151,7 @@ where
     T::Err: std::fmt::Display,
     D: serde::Deserializer<'de>,
 {
-    xagg_daemon::names::deserialize(d).map(Some)
+    xagg_api::names::deserialize(d).map(Some)
 }
 
 impl ParamsFile {

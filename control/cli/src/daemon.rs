@@ -1,7 +1,7 @@
 //! What the subcommands share in talking to the daemon.
 
 use anyhow::{bail, Result};
-use xagg_daemon::api::Response;
+use xagg_api::Response;
 
 /// A plain answer from the daemon as a result: `Ok`, or its error, or an answer that does
 /// not belong to the request.

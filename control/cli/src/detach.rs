@@ -4,10 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Result};
-use xagg_daemon::{
-    api::{call, Request, Response},
-    config::DEFAULT_PIN_PATH,
-};
+use xagg_api::{call, Request, Response, DEFAULT_PIN_PATH};
 
 use crate::daemon::answer;
 
@@ -41,7 +38,10 @@ pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
         Ok(r) => answer(r),
         Err(_) => {
             let pin_path = pin_path.unwrap_or_else(|| DEFAULT_PIN_PATH.into());
-            if xagg_daemon::dataplane::unpin(&pin_path)? {
+            // Removing the pinned links and maps detaches the programs, as the daemon's
+            // `dataplane::unpin` does (the CLI does not link the daemon).
+            if pin_path.exists() {
+                std::fs::remove_dir_all(&pin_path)?;
                 println!(
                     "no daemon answered; removed the pinned dataplane at {}",
                     pin_path.display()

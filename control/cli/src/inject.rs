@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use xagg_daemon::api::{call, Request};
+use xagg_api::{call, Request};
 
 use crate::daemon::answer;
 

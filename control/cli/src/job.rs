@@ -4,11 +4,8 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{bail, Context, Result};
 use clap::Subcommand;
+use xagg_api::{call, JobSpec, MemberSpec, Request, Response};
 use xagg_common::wire::{DType, Op};
-use xagg_daemon::{
-    api::{call, Request, Response},
-    job::{JobSpec, MemberSpec},
-};
 
 use crate::daemon::answer;
 

@@ -17,7 +17,7 @@ use std::{path::PathBuf, time::Duration};
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use xagg_daemon::config::DEFAULT_SOCKET;
+use xagg_api::DEFAULT_SOCKET;
 
 /// Control the in-network aggregation switch, and run allreduces through it.
 #[derive(Parser)]

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use xagg_daemon::api::{call, Request, Response};
+use xagg_api::{call, Request, Response};
 
 use crate::daemon::answer;
 

@@ -10,10 +10,7 @@ use std::{
 };
 
 use anyhow::{bail, Result};
-use xagg_daemon::{
-    api::{call, Request, Response},
-    dataplane::JobCounters,
-};
+use xagg_api::{call, JobCounters, Request, Response};
 
 /// One look at a job.
 struct Seen {

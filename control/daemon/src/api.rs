@@ -1,13 +1,9 @@
-//! The daemon's API, version 1: HTTP/1.1 with JSON bodies on the local Unix socket
-//! (`daemon.socket`). Each [`Request`] is one route ([`Request::route`]); every answer's
-//! body is a [`Response`] in JSON, errors with a 4xx status and `{"result": "error",
-//! "message": ...}`. The CLI and the tests are clients of it ([`call`]); anything that
-//! speaks HTTP over a Unix socket can be (`curl --unix-socket /run/xagg/xaggd.sock
-//! http://xagg/v1/status`). The routes are listed in `docs/daemon.md`.
+//! The daemon's side of its API, version 1 (the requests, answers and client are
+//! `xagg_api`'s): the routes of the local Unix socket (`daemon.socket`), each a
+//! [`Request`], and of the network listener (the join protocol), answered with a
+//! [`Response`] in JSON, errors with a 4xx status and `{"result": "error", "message":
+//! ...}`. The routes are listed in `docs/daemon.md`.
 
-use std::{collections::BTreeMap, path::Path};
-
-use anyhow::{bail, Context};
 use axum::{
     extract::{
         rejection::{JsonRejection, PathRejection},
@@ -18,150 +14,22 @@ use axum::{
     routing::{get, post, put},
     Json, Router,
 };
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
+use xagg_api::{Faults, JobSpec, Request, Response, VERSION};
 use xagg_join::{
     JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply, RingReply, RingRequest,
 };
 
-use crate::job::JobSpec;
+/// A [`Response`] as the route's answer: an error with status 400.
+struct Answer(Response);
 
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "cmd", rename_all = "snake_case")]
-#[expect(
-    clippy::large_enum_variant,
-    reason = "one request per API call, parsed once: its size costs nothing"
-)]
-pub enum Request {
-    AddJob {
-        job: JobSpec,
-    },
-    RemoveJob {
-        id: u32,
-    },
-    ListJobs,
-    Counters,
-    Status,
-    /// The state of a job's busy slot versions (which members are missing).
-    JobStatus {
-        id: u32,
-    },
-    /// Fault injection in the dataplane: probabilities 0..=1 (0 = off).
-    Inject {
-        drop_contribution: f64,
-        drop_result: f64,
-    },
-    /// Detach the dataplane, remove its pins, and stop the daemon.
-    Detach,
-    /// The jobs workers joined over the network, pending or running.
-    Joins,
-    /// What the switch did with one job's packets, per member too.
-    JobCounters {
-        id: u32,
-    },
-}
-
-#[derive(Clone, Debug, Serialize, Deserialize)]
-#[serde(tag = "result", rename_all = "snake_case")]
-pub enum Response {
-    Ok,
-    Job {
-        job: JobSpec,
-    },
-    Jobs {
-        jobs: Vec<JobSpec>,
-    },
-    Counters {
-        counters: BTreeMap<String, u64>,
-    },
-    Status {
-        ports: Vec<String>,
-        pinned: bool,
-        adopted: bool,
-        jobs: usize,
-        slots_total: u32,
-        slots_used: u32,
-        /// The switch's address, collective port and MAC, as the dataplane has them.
-        #[serde(default)]
-        address: String,
-        #[serde(default)]
-        udp_port: u16,
-        #[serde(default)]
-        mac: String,
-        /// `native`, `generic` or `auto`, as configured.
-        #[serde(default)]
-        xdp_mode: String,
-        /// Where the dataplane is pinned (none when it detaches on exit).
-        #[serde(default)]
-        pin_path: Option<std::path::PathBuf>,
-    },
-    JobStatus {
-        slots: Vec<crate::dataplane::SlotStatus>,
-    },
-    Joins {
-        joins: Vec<crate::join::JoinListing>,
-    },
-    JobCounters {
-        job: crate::dataplane::JobCounters,
-    },
-    Error {
-        message: String,
-    },
-}
-
-/// The version prefix of every route.
-pub const VERSION: &str = "/v1";
-
-/// The fault injection settings of [`Request::Inject`], as the route's body.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Faults {
-    pub drop_contribution: f64,
-    pub drop_result: f64,
-}
-
-impl Request {
-    /// The request's HTTP method, path and JSON body.
-    pub fn route(&self) -> (Method, String, Option<serde_json::Value>) {
-        let v = VERSION;
-        match self {
-            Request::AddJob { job } => (
-                Method::POST,
-                format!("{v}/jobs"),
-                Some(serde_json::to_value(job).expect("a job serializes")),
-            ),
-            Request::RemoveJob { id } => (Method::DELETE, format!("{v}/jobs/{id}"), None),
-            Request::ListJobs => (Method::GET, format!("{v}/jobs"), None),
-            Request::JobStatus { id } => (Method::GET, format!("{v}/jobs/{id}/status"), None),
-            Request::Counters => (Method::GET, format!("{v}/counters"), None),
-            Request::Status => (Method::GET, format!("{v}/status"), None),
-            Request::Inject {
-                drop_contribution,
-                drop_result,
-            } => (
-                Method::PUT,
-                format!("{v}/faults"),
-                Some(
-                    serde_json::to_value(Faults {
-                        drop_contribution: *drop_contribution,
-                        drop_result: *drop_result,
-                    })
-                    .expect("faults serialize"),
-                ),
-            ),
-            Request::Detach => (Method::POST, format!("{v}/detach"), None),
-            Request::Joins => (Method::GET, format!("{v}/joins"), None),
-            Request::JobCounters { id } => (Method::GET, format!("{v}/jobs/{id}/counters"), None),
-        }
-    }
-}
-
-impl IntoResponse for Response {
+impl IntoResponse for Answer {
     fn into_response(self) -> axum::response::Response {
-        let status = match &self {
+        let status = match &self.0 {
             Response::Error { .. } => StatusCode::BAD_REQUEST,
             _ => StatusCode::OK,
         };
-        (status, Json(self)).into_response()
+        (status, Json(self.0)).into_response()
     }
 }
 
@@ -306,7 +174,7 @@ fn join_routes<H: Handler>(h: H) -> Router {
 pub fn router<H: Handler>(handler: H) -> Router {
     let network = join_routes(handler.clone());
     let a = handler;
-    let h = move |r: Request| a.admin(r);
+    let h = move |r: Request| Answer(a.admin(r));
     Router::new()
         .route(
             "/v1/jobs",
@@ -397,41 +265,98 @@ pub fn router<H: Handler>(handler: H) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(MAX_BODY))
 }
 
-/// Sends one request to the daemon at `socket` and waits for its response (a blocking
-/// call: it runs its own short-lived runtime, so it must not be called from async code).
-pub fn call(socket: &Path, req: &Request) -> anyhow::Result<Response> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
-    rt.block_on(call_async(socket, req))
-}
+#[cfg(test)]
+mod tests {
+    use std::path::Path;
 
-async fn call_async(socket: &Path, req: &Request) -> anyhow::Result<Response> {
-    use http_body_util::{BodyExt, Full};
-    let stream = tokio::net::UnixStream::connect(socket).await.with_context(|| {
-        format!(
-            "cannot reach the daemon at {}: is xaggd running? (start it with `xaggd --config FILE`, or pass --socket)",
-            socket.display()
-        )
-    })?;
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream)).await?;
-    let driver = tokio::spawn(conn);
-    let (method, path, body) = req.route();
-    let body = body.map(|b| b.to_string()).unwrap_or_default();
-    let request = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "xagg")
-        .header("content-type", "application/json")
-        .body(Full::new(hyper::body::Bytes::from(body)))?;
-    let answer = sender.send_request(request).await?;
-    let status = answer.status();
-    let bytes = answer.into_body().collect().await?.to_bytes();
-    driver.abort();
-    if bytes.is_empty() {
-        bail!("the daemon answered {status} without a body");
+    use xagg_api::{call, JobCounters};
+
+    use super::*;
+
+    /// Answers the local socket's requests as the daemon would shape them.
+    #[derive(Clone)]
+    struct StandIn;
+
+    impl Handler for StandIn {
+        fn admin(&self, req: Request) -> Response {
+            match req {
+                Request::AddJob { job } => Response::Job { job },
+                Request::ListJobs => Response::Jobs { jobs: Vec::new() },
+                Request::JobCounters { id } => Response::JobCounters {
+                    job: JobCounters {
+                        id,
+                        ..JobCounters::default()
+                    },
+                },
+                Request::RemoveJob { id } => Response::Error {
+                    message: format!("no job {id}"),
+                },
+                _ => Response::Ok,
+            }
+        }
+        fn nonce(&self) -> NonceReply {
+            unreachable!("not asked")
+        }
+        fn join(&self, _: JoinRequest) -> JoinReply {
+            unreachable!("not asked")
+        }
+        fn member(&self, _: &'static str, _: MemberRequest) -> MemberReply {
+            unreachable!("not asked")
+        }
+        fn ring(&self, _: RingRequest) -> RingReply {
+            unreachable!("not asked")
+        }
     }
-    serde_json::from_slice(&bytes)
-        .with_context(|| format!("malformed response from the daemon ({status})"))
+
+    /// The blocking client and these routes agree on every request, errors included.
+    #[test]
+    fn the_client_and_the_routes_agree() {
+        let dir = std::env::temp_dir().join(format!("xagg-api-routes-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let socket = dir.join("api.sock");
+        let _ = std::fs::remove_file(&socket);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt.block_on(async { tokio::net::UnixListener::bind(&socket) });
+        let listener = listener.unwrap();
+        rt.spawn(async move { axum::serve(listener, router(StandIn)).await });
+        let ask = |req: Request| call(&socket, &req).unwrap();
+        let spec: JobSpec = serde_json::from_str(
+            r#"{"id":7,"segment":256,"slots":8,"members":[{"interface":"p0","mac":"02:00:00:00:00:01","addr":"10.0.0.1:47801"}]}"#,
+        )
+        .unwrap();
+        match ask(Request::AddJob { job: spec.clone() }) {
+            Response::Job { job } => assert_eq!(job, spec),
+            r => panic!("{r:?}"),
+        }
+        assert!(matches!(ask(Request::ListJobs), Response::Jobs { jobs } if jobs.is_empty()));
+        assert!(matches!(
+            ask(Request::JobCounters { id: 9 }),
+            Response::JobCounters { job } if job.id == 9
+        ));
+        // An error answer (status 400) is the daemon's word, not a failed call.
+        assert!(matches!(
+            ask(Request::RemoveJob { id: 3 }),
+            Response::Error { message } if message == "no job 3"
+        ));
+        for req in [
+            Request::Counters,
+            Request::Status,
+            Request::JobStatus { id: 1 },
+            Request::Inject {
+                drop_contribution: 0.5,
+                drop_result: 0.0,
+            },
+            Request::Joins,
+            Request::Detach,
+        ] {
+            assert!(matches!(ask(req), Response::Ok));
+        }
+        assert!(call(Path::new("/nonexistent/api.sock"), &Request::Status).is_err());
+        rt.shutdown_background();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

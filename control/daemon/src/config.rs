@@ -8,10 +8,8 @@ use std::{
 
 use serde::{Deserialize, Deserializer, Serialize};
 
-use crate::job::JobSpec;
+use xagg_api::{JobSpec, DEFAULT_PIN_PATH, DEFAULT_SOCKET};
 
-pub const DEFAULT_SOCKET: &str = "/run/xagg/xaggd.sock";
-pub const DEFAULT_PIN_PATH: &str = "/sys/fs/bpf/xagg";
 /// The API socket's permissions by default: its owner (root) and its group.
 pub const DEFAULT_SOCKET_MODE: &str = "0660";
 

@@ -17,7 +17,7 @@ use std::{
 use axum::serve::Listener;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use crate::api::Response;
+use xagg_api::Response;
 
 /// The longest request line and headers the API reads: its routes are short, its data goes
 /// in the body.

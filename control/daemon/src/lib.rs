@@ -1,6 +1,7 @@
 //! The switch daemon's library: the dataplane loader ([`dataplane`]: load, attach, pin,
-//! adopt, and the map operations), the job API ([`job`], [`api`]) and the daemon's
-//! configuration ([`config`]). `xaggd` serves it; the `xagg` CLI is a client of [`api`].
+//! adopt, and the map operations), the jobs in the dataplane ([`job`]), the API's routes
+//! ([`api`]) and the daemon's configuration ([`config`]). `xaggd` serves it; the API's
+//! requests and answers, and the client the `xagg` CLI uses, are `xagg_api`'s.
 
 pub mod api;
 pub mod config;
@@ -9,4 +10,3 @@ pub mod head;
 pub mod job;
 pub mod join;
 pub mod metrics;
-pub mod names;

@@ -18,11 +18,11 @@ use axum::{body::Body, http};
 use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
+use xagg_api::{JobSpec, Request, Response};
 use xagg_common::job::MemberAddr;
 use xagg_daemon::{
-    api::{self, Handler, Request, Response},
+    api::{self, Handler},
     config::Config,
-    job::JobSpec,
     join::{JobTable, Joins},
 };
 use xagg_join::{

@@ -13,7 +13,7 @@ use std::{net::Ipv4Addr, process::Command};
 
 use anyhow::{bail, Context, Result};
 use aya::{programs::Xdp, Ebpf};
-use xagg_daemon::job::MemberSpec;
+use xagg_api::MemberSpec;
 
 /// The lab links' MTU unless chosen: the jumbo frames a real Ethernet network carries, and
 /// what a full segment (`wire::MAX_PAYLOAD`) needs. Past 3506 bytes veth frames are

@@ -12,15 +12,12 @@ use std::{
 
 use anyhow::{bail, Context, Result};
 use nix::{sys::signal::Signal, unistd::Pid};
+use xagg_api::{JobSpec, Request, Response};
 use xagg_common::{
     wire::{DType, Op, DEFAULT_PORT},
     JobShape,
 };
-use xagg_daemon::{
-    api::{self, Request, Response},
-    config::{Config, DaemonSection, SwitchSection},
-    job::JobSpec,
-};
+use xagg_daemon::config::{Config, DaemonSection, SwitchSection};
 use xagg_worker::{Report, Worker, WorkerParams};
 
 use crate::lab::{self, Lab};
@@ -49,7 +46,7 @@ impl Daemon {
         let mut d = Self { child };
         let deadline = Instant::now() + Duration::from_secs(15);
         while Instant::now() < deadline {
-            if api::call(socket, &Request::Status).is_ok() {
+            if xagg_api::call(socket, &Request::Status).is_ok() {
                 return Ok(d);
             }
             if let Some(status) = d.child.try_wait()? {
@@ -235,7 +232,7 @@ impl LabSwitch {
     }
 
     pub fn api(&self, req: Request) -> Result<Response> {
-        api::call(&self.socket, &req)
+        Ok(xagg_api::call(&self.socket, &req)?)
     }
 
     /// Adds a job: the daemon's answer (the job with its slots, or an error).
@@ -263,7 +260,7 @@ impl LabSwitch {
         let all = self.lab.members()?;
         let members = workers
             .iter()
-            .map(|&w| xagg_daemon::job::MemberSpec {
+            .map(|&w| xagg_api::MemberSpec {
                 addr: SocketAddrV4::new(*all[w].addr.ip(), port),
                 ..all[w].clone()
             })

@@ -18,12 +18,9 @@ use std::{collections::BTreeMap, net::Ipv4Addr, net::SocketAddrV4, path::PathBuf
 
 use anyhow::{bail, Context, Result};
 use aya::{programs::Xdp, Ebpf};
+use xagg_api::{JobSpec, MemberSpec, Neighbour, ParentSpec, Request, Response, RingSpec};
 use xagg_common::{wire::DEFAULT_PORT, JobShape};
-use xagg_daemon::{
-    api::{self, Request, Response},
-    config::{Config, DaemonSection, SwitchSection},
-    job::{JobSpec, MemberSpec, Neighbour, ParentSpec, RingSpec},
-};
+use xagg_daemon::config::{Config, DaemonSection, SwitchSection};
 use xagg_worker::{Report, Worker, WorkerParams};
 
 use crate::{
@@ -479,7 +476,7 @@ impl TreeLab {
                 parent,
                 ring,
             };
-            match api::call(&p.socket(), &Request::AddJob { job: spec })? {
+            match xagg_api::call(&p.socket(), &Request::AddJob { job: spec })? {
                 Response::Job { .. } => {}
                 r => bail!("adding job {id} at point {i} ({}): {r:?}", p.ns),
             }
@@ -517,7 +514,7 @@ impl TreeLab {
 
     /// Point `i`'s daemon API.
     pub fn api(&self, i: usize, req: &Request) -> Result<Response> {
-        api::call(&self.points[i].socket(), req)
+        Ok(xagg_api::call(&self.points[i].socket(), req)?)
     }
 
     /// Adds job `id` by hand at point `i`: `slots` slots, one made-up member behind its
@@ -568,7 +565,7 @@ impl TreeLab {
     pub fn counters(&self) -> Vec<BTreeMap<String, u64>> {
         self.points
             .iter()
-            .map(|p| match api::call(&p.socket(), &Request::Counters) {
+            .map(|p| match xagg_api::call(&p.socket(), &Request::Counters) {
                 Ok(Response::Counters { counters }) => counters,
                 _ => BTreeMap::new(),
             })

@@ -2,11 +2,11 @@
 //! on the same lab.
 
 use anyhow::{Context, Result};
+use xagg_api::Response;
 use xagg_common::{
     wire::{DType, Lane, Op},
     JobShape,
 };
-use xagg_daemon::api::Response;
 use xagg_lab::{lab::Lab, switch::LabSwitch, workers::AllreduceRun};
 use xagg_worker::report::CpuWindow;
 

@@ -14,12 +14,13 @@ use tokio::{
     sync::watch,
 };
 use tracing::{info, info_span, warn};
+use xagg_api::{Request, Response};
 use xagg_common::slot::MAX_SLOTS;
 use xagg_daemon::{
-    api::{Handler, Request, Response},
+    api::Handler,
     config::{Config, DaemonSection},
     dataplane::{self, Dataplane},
-    job::JobSpec,
+    job::from_job,
     join::Joins,
 };
 use xagg_join::{
@@ -491,7 +492,7 @@ fn handle(st: &mut State, req: Request) -> Response {
         Request::ListJobs => st.dp.jobs().map(|jobs| Response::Jobs {
             jobs: jobs
                 .iter()
-                .map(|(id, j)| JobSpec::from_job(*id, j))
+                .map(|(id, j)| from_job(*id, j))
                 .collect(),
         }),
         Request::Counters => st

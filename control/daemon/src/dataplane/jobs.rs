@@ -2,6 +2,7 @@
 //! joined member's address, and the fault injection the tests and the demo set.
 
 use aya::maps::PerCpuValues;
+use xagg_api::{Error, JobSpec};
 use xagg_common::{
     counter::JOB_ROW,
     job::{
@@ -15,7 +16,7 @@ use xagg_sys::iface;
 
 use crate::{
     dataplane::{map_err, Dataplane, DataplaneError, Result},
-    job::{allocate_slots, JobError, JobSpec},
+    job::{allocate_slots, from_job, to_job},
 };
 
 impl Dataplane {
@@ -48,13 +49,13 @@ impl Dataplane {
     pub fn add_job(&mut self, spec: &JobSpec) -> Result<JobSpec> {
         let index = job_index(spec.id);
         if index >= MAX_JOBS as u32 {
-            return Err(JobError {
-                field: "id".into(),
-                problem: format!(
+            return Err(Error::job(
+                "id",
+                format!(
                     "{}: a job id is generation x 65536 + index, and the index ({index}) must be below {MAX_JOBS}",
                     spec.id
                 ),
-            }
+            )
             .into());
         }
         let held = self.jobs.get(&index, 0).map_err(map_err("JOBS"))?;
@@ -63,43 +64,43 @@ impl Dataplane {
             if other == spec.id {
                 return Err(DataplaneError::JobExists(spec.id));
             }
-            return Err(JobError {
-                field: "id".into(),
-                problem: format!(
+            return Err(Error::job(
+                "id",
+                format!(
                     "{}: its index {index} is job {other}'s; choose an id with another index (id mod 65536)",
                     spec.id
                 ),
-            }
+            )
             .into());
         }
         // Validate before allocating so a bad spec reports its real problem.
-        spec.to_job(0)?;
+        to_job(spec, 0)?;
         let shape = spec.shape()?;
         for (i, m) in spec.members.iter().enumerate() {
             // A segment must fit the link: a full one is one IPv4 packet.
             let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
             let need = xagg_common::wire::ip_packet_len(shape.segment_bytes());
             if mtu < need {
-                let lane = crate::job::lane(spec.op, spec.dtype).map_err(DataplaneError::Other)?;
+                let lane = xagg_api::lane(spec.op, spec.dtype).map_err(DataplaneError::Other)?;
                 let fits = xagg_common::wire::payload_for_mtu(mtu) / lane.size();
-                return Err(JobError {
-                    field: "segment".into(),
-                    problem: format!(
+                return Err(Error::job(
+                    "segment",
+                    format!(
                         "{} elements make {need}-byte packets, but members[{i}]'s port {} has an MTU of {mtu}: choose a segment of at most {fits} elements, or raise the MTU",
                         spec.segment, m.interface
                     ),
-                }
+                )
                 .into());
             }
             if !self.ports.contains(&m.interface) {
-                return Err(JobError {
-                    field: format!("members[{i}].interface"),
-                    problem: format!(
+                return Err(Error::job(
+                    format!("members[{i}].interface"),
+                    format!(
                         "`{}` is not a port of this switch (its ports: {}): name the port the member is behind",
                         m.interface,
                         self.ports.join(", ")
                     ),
-                }
+                )
                 .into());
             }
         }
@@ -111,23 +112,23 @@ impl Dataplane {
         };
         if let Some((field, interface, upstream)) = uplink {
             if !self.ports.contains(interface) {
-                return Err(JobError {
-                    field: format!("{field}.interface"),
-                    problem: format!(
+                return Err(Error::job(
+                    format!("{field}.interface"),
+                    format!(
                         "`{interface}` is not a port of this switch (its ports: {}): name the uplink",
                         self.ports.join(", ")
                     ),
-                }
+                )
                 .into());
             }
             if let Ok(other) = self.parents.get(&upstream, 0) {
                 if self.job(other).is_ok() {
-                    return Err(JobError {
-                        field: format!("{field}.job"),
-                        problem: format!(
+                    return Err(Error::job(
+                        format!("{field}.job"),
+                        format!(
                             "job {other} already takes the results of job {upstream} upstream: one job here per job there"
                         ),
-                    }
+                    )
                     .into());
                 }
             }
@@ -146,7 +147,7 @@ impl Dataplane {
                 total: MAX_SLOTS,
             }
         })?;
-        let mut job = spec.to_job(base)?;
+        let mut job = to_job(spec, base)?;
         job.generation = job_generation(spec.id);
         job.index = index as u8;
         // The index's row of counters, cleared of an earlier job's counts.
@@ -178,7 +179,7 @@ impl Dataplane {
                 .map_err(map_err("EGRESS"))?;
         }
         self.jobs.set(index, job, 0).map_err(map_err("JOBS"))?;
-        Ok(JobSpec::from_job(spec.id, &job))
+        Ok(from_job(spec.id, &job))
     }
 
     pub fn remove_job(&mut self, id: u32) -> Result<()> {

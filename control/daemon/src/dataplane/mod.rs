@@ -14,15 +14,12 @@ use xagg_common::{
     Job,
 };
 
-use crate::job::JobError;
-
 mod hellos;
 mod jobs;
 mod load;
 mod observe;
 
 pub use load::{load_folds, unpin};
-pub use observe::{JobCounters, MemberCounters, SlotStatus};
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
@@ -55,7 +52,7 @@ pub enum DataplaneError {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
     #[error("{0}")]
-    Job(#[from] JobError),
+    Job(#[from] xagg_api::Error),
     #[error("job {0} already exists: remove it first (`xagg job remove {0}`)")]
     JobExists(u32),
     #[error("no job {0}")]

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use xagg_api::{JobCounters, MemberCounters, SlotStatus};
 use xagg_common::{
     counter::{job_row, member_row, MEMBER_AGAIN, MEMBER_NEW},
     job::{job_index, members_of, MemberAddr, SwitchConfig},
@@ -117,39 +117,4 @@ impl Dataplane {
     pub fn switch_config(&self) -> Result<SwitchConfig> {
         self.switch.get(&0, 0).map_err(map_err("SWITCH"))
     }
-}
-
-/// A shadow copy of a job's slot, as `job_status` reports it. (The API's keys keep the
-/// names they had before the protocol's coordinates were renamed.)
-#[derive(Clone, Debug, serde::Serialize, serde::Deserialize, PartialEq, Eq)]
-pub struct SlotStatus {
-    /// Slot index within the job.
-    pub slot: u32,
-    /// Which of the slot's two shadow copies.
-    pub shadow: u8,
-    /// "filling" or "done".
-    pub state: String,
-    pub message: u32,
-    pub segment: u32,
-    pub count: u32,
-    /// Members whose contribution is not in.
-    pub missing: Vec<u8>,
-}
-
-/// What the switch did with one job's packets.
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct JobCounters {
-    pub id: u32,
-    /// By counter name (those not zero).
-    pub counters: BTreeMap<String, u64>,
-    pub members: Vec<MemberCounters>,
-}
-
-/// One member's contributions: new ones, and retransmissions the switch saw (duplicates
-/// and ones answered with a stored result).
-#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
-pub struct MemberCounters {
-    pub member: u8,
-    pub contributions: u64,
-    pub retransmissions: u64,
 }

@@ -42,7 +42,7 @@ use std::{
 };
 
 use log::{info, warn};
-use serde::{Deserialize, Serialize};
+use xagg_api::JoinListing;
 use xagg_join::{JobKey, JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply, Proof};
 
 pub use self::table::JobTable;
@@ -54,22 +54,6 @@ use self::{
     upward::{ParentLink, Upstream},
 };
 use crate::config::Config;
-
-/// A joined job as `xagg job status` and `GET /v1/joins` show it (no secret).
-#[derive(Clone, Debug, Serialize, Deserialize)]
-pub struct JoinListing {
-    pub key: String,
-    pub id: u32,
-    pub credential: String,
-    pub members: usize,
-    pub slots: usize,
-    pub segment_bytes: usize,
-    pub ready: bool,
-    /// Ranks in (joined and not left), and ranks the job waits for.
-    pub present: Vec<u8>,
-    pub missing: Vec<u8>,
-    pub waited_s: f64,
-}
 
 pub struct Joins {
     jobs: BTreeMap<JobKey, Joined>,

@@ -7,6 +7,7 @@ use std::{
     time::{Instant, SystemTime},
 };
 
+use xagg_api::{JobSpec, MemberSpec, ParentSpec, RingSpec};
 use xagg_common::{
     job::MemberAddr,
     wire::{DType, Op},
@@ -14,7 +15,6 @@ use xagg_common::{
 use xagg_join::{JobKey, JoinReply, JoinRequest, Levels, Path, Secret, Shape};
 
 use super::table::JobTable;
-use crate::job::{JobSpec, MemberSpec, ParentSpec, RingSpec};
 
 /// The op and type a joined job's dataplane entry names. A join does not state them (its
 /// shape is members, slots and segment bytes): each message carries its own pair, which
@@ -25,7 +25,7 @@ pub(super) const JOINED_DTYPE: DType = DType::I32;
 
 /// Bytes per element of `op` over `dtype` on the wire (its lane's).
 pub(super) fn element_bytes(op: Op, dtype: DType) -> Result<usize, String> {
-    crate::job::lane(op, dtype).map(|l| l.size())
+    xagg_api::lane(op, dtype).map(|l| l.size())
 }
 
 /// A member of a joined job as its hello showed it.

@@ -9,11 +9,11 @@
 use std::{collections::BTreeMap, net::SocketAddrV4, path::Path as FilePath};
 
 use serde::{Deserialize, Serialize};
+use xagg_api::{ParentSpec, RingSpec};
 use xagg_common::job::MemberAddr;
 use xagg_join::{JobKey, Path, Secret, Shape};
 
 use super::registry::{Joined, Level, Lifecycle, Member, Route};
-use crate::job::{ParentSpec, RingSpec};
 
 /// What the state file holds.
 #[derive(Default, Serialize, Deserialize)]

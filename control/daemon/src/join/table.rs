@@ -1,9 +1,10 @@
 //! What the joins need of the dataplane ([`JobTable`]), and the daemon's [`Dataplane`]
 //! giving it.
 
+use xagg_api::JobSpec;
 use xagg_common::job::MemberAddr;
 
-use crate::{dataplane::Dataplane, job::JobSpec};
+use crate::dataplane::Dataplane;
 
 /// What the join registry needs of the dataplane: the daemon's [`Dataplane`], or a
 /// stand-in (the API's fuzz target, the unit tests).

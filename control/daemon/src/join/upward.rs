@@ -13,6 +13,7 @@ use std::{
 };
 
 use log::{info, warn};
+use xagg_api::{Neighbour, ParentSpec, RingSpec};
 use xagg_join::{
     CredentialKey, JobKey, JoinReply, JoinRequest, Levels, RingHost, RingReply, RingRequest,
     Secret, Shape,
@@ -23,7 +24,6 @@ use super::{
     table::JobTable,
     Joins,
 };
-use crate::job::{Neighbour, ParentSpec, RingSpec};
 
 /// The uplink a daemon joins its jobs' levels through (`[parent]`): the parent's daemon
 /// and a credential there, unless no aggregating switch is above.

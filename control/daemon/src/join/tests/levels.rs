@@ -1,15 +1,13 @@
 //! Jobs with levels: a host's level joining its parent, an open level.
 
+use xagg_api::ParentSpec;
 use xagg_common::wire::{DType, Op};
 use xagg_join::{JoinReply, Levels, Shape};
 
 use super::{refusal, shape, Switch, KEY};
-use crate::{
-    job::ParentSpec,
-    join::{
-        registry::{activate, Level, Lifecycle, Route},
-        upward::Settled,
-    },
+use crate::join::{
+    registry::{activate, Level, Lifecycle, Route},
+    upward::Settled,
 };
 
 /// A rank of a job of 4 ranks, 2 of them at this host.

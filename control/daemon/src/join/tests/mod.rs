@@ -6,6 +6,7 @@ use std::{
     time::Duration,
 };
 
+use xagg_api::JobSpec;
 use xagg_common::job::MemberAddr;
 use xagg_join::{
     CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, Secret,
@@ -18,7 +19,7 @@ use super::{
     registry::{Lifecycle, Route},
     JobTable, Joins,
 };
-use crate::{config::Config, job::JobSpec};
+use crate::config::Config;
 
 const SLOTS: u32 = 1024;
 const QUOTA: u32 = 300;

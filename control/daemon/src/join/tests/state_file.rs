@@ -1,13 +1,12 @@
 //! The state file, as earlier daemons wrote it, and a restart adopting its jobs.
 
+use xagg_api::JobSpec;
+
 use super::{config, dir, Table};
-use crate::{
-    job::JobSpec,
-    join::{
-        registry::{Level, Lifecycle},
-        state_file::Saved,
-        Joins,
-    },
+use crate::join::{
+    registry::{Level, Lifecycle},
+    state_file::Saved,
+    Joins,
 };
 
 /// A state file as the daemon has always written it: a pending job with levels, a job
