@@ -108,7 +108,8 @@ pub struct AllreduceArgs {
     no_gro: bool,
     /// Receive results with AF_XDP: attaches xagg_host to the interface holding the
     /// member's address (which must carry no other XDP program) and reads results from
-    /// posted buffers instead of the UDP socket.
+    /// posted buffers instead of the UDP socket. Needs a build with the `afxdp` feature
+    /// (the default).
     #[arg(long)]
     afxdp: bool,
     /// Waiting on results, poll this many µs for them, yielding the CPU, before sleeping
