@@ -111,7 +111,7 @@ impl JoinSettings {
     ) -> Result<Worker, AllreduceError> {
         let bind = local_address(self.daemon).map_err(AllreduceError::Join)?;
         let shape = JobShape::full(placed.members, self.slots)
-            .map_err(|e| AllreduceError::Invalid(format!("{} slots per job: {e}", self.slots)))?;
+            .map_err(|e| AllreduceError::Invalid(format!("the job's {}: {e}", e.field())))?;
         let j = JoinParams {
             daemon: self.daemon,
             key,
