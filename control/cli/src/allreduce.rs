@@ -41,8 +41,9 @@ pub struct AllreduceArgs {
     /// The file holding that credential's key.
     #[arg(long, env = "XAGG_CREDENTIAL_FILE")]
     credential_file: Option<PathBuf>,
-    /// Seconds to wait for every rank to join.
-    #[arg(long, default_value_t = 60)]
+    /// Seconds to wait for every rank to join (the worker library's default, as MPI's and
+    /// Python's).
+    #[arg(long, default_value_t = xagg_worker::JOIN_TIMEOUT.as_secs())]
     join_timeout_s: u64,
     /// Leave the joined job after the run (the daemon removes it when every rank left).
     #[arg(long)]

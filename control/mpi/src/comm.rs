@@ -10,75 +10,15 @@
 use std::{
     collections::VecDeque,
     ffi::{c_int, c_void},
-    net::{SocketAddr, SocketAddrV4, UdpSocket},
-    time::Duration,
+    net::SocketAddr,
 };
 
-use xagg_common::JobShape;
-use xagg_worker::{CredentialKey, JobKey, JoinParams, Placement, Secret, Worker};
+use xagg_worker::{JobKey, JoinSettings, Placement, Secret, Worker};
 
 use crate::{
     abi::{handles, pmpi, Comm, SUCCESS},
     call::Call,
 };
-
-/// The settings, from the environment (docs: `control/mpi/README.md`).
-pub struct Settings {
-    /// The daemon's network listener (`XAGG_DAEMON`).
-    pub daemon: SocketAddr,
-    /// The admission credential (`XAGG_CREDENTIAL=name:64 hex digits`), for the rank that
-    /// creates the job.
-    pub credential: Option<(String, CredentialKey)>,
-    /// Slots per job (`XAGG_SLOTS`, default 128, as the bench's runs).
-    pub slots: usize,
-    /// How long the ranks wait for each other to join (`XAGG_JOIN_TIMEOUT_MS`, 10 s).
-    pub join_timeout: Duration,
-    /// How long an allreduce waits for the switch (`XAGG_GIVE_UP_MS`, the library's 10 s).
-    pub give_up: Option<Duration>,
-}
-
-impl Settings {
-    pub fn from_env() -> Result<Self, String> {
-        let daemon = std::env::var("XAGG_DAEMON").map_err(|_| {
-            "XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. XAGG_DAEMON=10.77.0.1:47900 (mpirun -x XAGG_DAEMON)".to_string()
-        })?;
-        let daemon = daemon.trim().parse().map_err(|_| {
-            format!("XAGG_DAEMON={daemon} is not an address: e.g. XAGG_DAEMON=10.77.0.1:47900")
-        })?;
-        let credential = match std::env::var("XAGG_CREDENTIAL") {
-            Err(_) => None,
-            Ok(c) => {
-                let (name, key) = c.split_once(':').ok_or(
-                    "XAGG_CREDENTIAL must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)",
-                )?;
-                let key = xagg_worker::CredentialKey(xagg_join::from_hex(
-                    key.trim(),
-                    "XAGG_CREDENTIAL's key",
-                )?);
-                Some((name.to_string(), key))
-            }
-        };
-        let number = |name: &str, default: u64| -> Result<u64, String> {
-            match std::env::var(name) {
-                Err(_) => Ok(default),
-                Ok(v) => v
-                    .trim()
-                    .parse()
-                    .map_err(|_| format!("{name}={v} is not a number")),
-            }
-        };
-        Ok(Self {
-            daemon,
-            credential,
-            slots: number("XAGG_SLOTS", 128)? as usize,
-            join_timeout: Duration::from_millis(number("XAGG_JOIN_TIMEOUT_MS", 10_000)?),
-            give_up: match std::env::var("XAGG_GIVE_UP_MS") {
-                Err(_) => None,
-                Ok(_) => Some(Duration::from_millis(number("XAGG_GIVE_UP_MS", 0)?)),
-            },
-        })
-    }
-}
 
 /// How a communicator's allreduces are made.
 pub enum Path {
@@ -173,18 +113,6 @@ pub fn op_min() -> crate::abi::MpiOp {
     handles().op_min
 }
 
-/// This host's address toward the daemon: where the switch will see this rank.
-fn local_address(daemon: SocketAddr) -> Result<SocketAddrV4, String> {
-    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("a UDP socket: {e}"))?;
-    s.connect(daemon)
-        .map_err(|e| format!("no route to the daemon at {daemon}: {e}"))?;
-    match s.local_addr() {
-        Ok(SocketAddr::V4(a)) => Ok(SocketAddrV4::new(*a.ip(), 0)),
-        Ok(a) => Err(format!("{a}: the switch takes IPv4 members")),
-        Err(e) => Err(format!("this host's address toward {daemon}: {e}")),
-    }
-}
-
 /// The communicator's description in messages.
 fn describe(comm: Comm, size: c_int) -> String {
     if comm == handles().comm_world {
@@ -229,7 +157,7 @@ pub fn create(comm: Comm) -> CommState {
         unsafe { (p.comm_free)(private) };
         Path::Pmpi(why)
     };
-    let settings = Settings::from_env();
+    let settings = JoinSettings::from_env();
     let settings = match agree(private, settings.as_ref().map(|_| ()).map_err(Clone::clone)) {
         Ok(()) => settings.expect("agreed"),
         Err((r, why)) => return state(fail(&mut private, format!("rank {r}: {why}"))),
@@ -244,40 +172,13 @@ pub fn create(comm: Comm) -> CommState {
     unsafe { (p.bcast)(secrets.as_mut_ptr().cast(), 48, handles().byte, 0, private) };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
-    let daemons = daemons(private, settings.daemon, size);
-    let joined = local_address(settings.daemon).and_then(|bind| {
-        let placed = Placement::by_daemon(&daemons?, rank as usize)?;
-        let shape = JobShape::full(placed.members, settings.slots)
-            .map_err(|e| format!("XAGG_SLOTS={}: {e}", settings.slots))?;
-        let w = Worker::join_with(
-            JoinParams {
-                daemon: settings.daemon,
-                key,
-                secret,
-                rank: placed.member,
-                shape,
-                bind,
-                credential: settings.credential.clone(),
-                timeout: settings.join_timeout,
-                levels: placed.levels,
-            },
-            |wp| {
-                if let Some(g) = settings.give_up {
-                    wp.give_up = g;
-                }
-            },
-        )
-        .map_err(|e| e.to_string())?;
-        // Learn the job's state from the switch now: a switch that does not answer is
-        // found here, before any data waits on it.
-        match w.sync() {
-            Ok(()) => Ok(w),
-            Err(e) => {
-                let _ = w.leave();
-                Err(e.to_string())
-            }
-        }
-    });
+    let joined = daemons(private, settings.daemon, size)
+        .and_then(|all| Placement::by_daemon(&all, rank as usize))
+        .and_then(|placed| {
+            settings
+                .join(key, secret, &placed)
+                .map_err(|e| e.to_string())
+        });
     let local = joined.as_ref().map(|_| ()).map_err(Clone::clone);
     match agree(private, local) {
         Ok(()) => state(Path::Switch(Job {

@@ -3,10 +3,7 @@
 //! The GIL is released while a call waits. `xagg.torch` (Python) builds the
 //! `torch.distributed` backend on it.
 
-use std::{
-    net::{SocketAddr, SocketAddrV4, UdpSocket},
-    time::Duration,
-};
+use std::{net::SocketAddr, time::Duration};
 
 use numpy::{PyArrayDescrMethods, PyUntypedArray, PyUntypedArrayMethods};
 use pyo3::{
@@ -14,12 +11,10 @@ use pyo3::{
     exceptions::{PyException, PyTypeError, PyValueError},
     prelude::*,
 };
-use xagg_common::{
-    wire::{DType, Op},
-    JobShape,
-};
+use xagg_common::wire::{DType, Op};
 use xagg_worker::{
-    AllreduceError, Buffer, CredentialKey, JobKey, JoinParams, Placement, Secret, Worker,
+    settings::parse_credential, AllreduceError, Buffer, JobKey, JoinSettings, Placement, Secret,
+    Worker,
 };
 
 create_exception!(
@@ -168,21 +163,6 @@ impl Request {
     }
 }
 
-/// This host's address toward the daemon: where the switch sees this member.
-fn local_address(daemon: SocketAddr) -> PyResult<SocketAddrV4> {
-    let s = UdpSocket::bind("0.0.0.0:0")
-        .and_then(|s| s.connect(daemon).map(|()| s))
-        .map_err(|e| XaggError::new_err(format!("no route to the daemon at {daemon}: {e}")))?;
-    match s.local_addr() {
-        Ok(SocketAddr::V4(a)) => Ok(SocketAddrV4::new(*a.ip(), 0)),
-        _ => Err(XaggError::new_err("the switch takes IPv4 members")),
-    }
-}
-
-fn hex<const N: usize>(s: &str, what: &str) -> PyResult<[u8; N]> {
-    xagg_join::from_hex(s, what).map_err(PyValueError::new_err)
-}
-
 /// One member of a job.
 #[pyclass(module = "xagg")]
 struct Job {
@@ -192,43 +172,39 @@ struct Job {
     size: usize,
 }
 
-#[pymethods]
-impl Job {
-    /// Joins a job over the network: the daemon's listener `daemon` ("IP:PORT"), this
-    /// member's `rank` of `size`, the job's `key` (32 hex digits) and `secret` (64), the
-    /// same on every rank ([`new_key`]), and a `credential` ("NAME:KEY") to create the job.
-    /// Waits until every rank is in (up to `timeout` seconds).
-    ///
-    /// Where every host runs its own daemon (reducing its ranks before the switch), give
-    /// either `daemons`, every rank's daemon in rank order (ranks naming one daemon are
-    /// one host's; rank 0's coordinates a ring), or this host's `local_rank` and
-    /// `local_size` (the launcher's) and the `coordinator` (rank 0's host's daemon).
-    #[staticmethod]
-    #[pyo3(signature = (daemon, rank, size, key, secret, credential = None, slots = 128, timeout = 10.0, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None))]
-    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
-    fn join(
-        py: Python<'_>,
-        daemon: &str,
-        rank: usize,
-        size: usize,
-        key: &str,
-        secret: &str,
-        credential: Option<&str>,
-        slots: usize,
-        timeout: f64,
-        give_up: Option<f64>,
-        daemons: Option<Vec<String>>,
-        local_rank: Option<usize>,
-        local_size: Option<usize>,
-        coordinator: Option<&str>,
-    ) -> PyResult<Self> {
-        let address = |what: &str, s: &str| -> PyResult<SocketAddr> {
-            s.parse().map_err(|_| {
-                PyValueError::new_err(format!("{what} {s:?}: give IP:PORT, e.g. 10.77.0.1:47900"))
-            })
-        };
-        let daemon = address("daemon", daemon)?;
-        let placed = match (daemons, local_rank, local_size) {
+/// `IP:PORT` of a daemon's listener.
+fn address(what: &str, s: &str) -> PyResult<SocketAddr> {
+    s.parse().map_err(|_| {
+        PyValueError::new_err(format!("{what} {s:?}: give IP:PORT, e.g. 10.77.0.1:47900"))
+    })
+}
+
+/// A setting the environment gives as a whole number.
+fn number(name: &str, v: &str) -> PyResult<usize> {
+    v.trim()
+        .parse()
+        .map_err(|_| PyValueError::new_err(format!("{name}={v} is not a number")))
+}
+
+/// The first of the launchers' variables that is set, and its name.
+fn first_var(names: &[&'static str]) -> Option<(&'static str, String)> {
+    names
+        .iter()
+        .find_map(|&n| std::env::var(n).ok().map(|v| (n, v)))
+}
+
+/// Where this rank stands: every rank's daemon given, or this host's ranks, or neither
+/// (one daemon for all).
+struct Place<'a> {
+    daemons: Option<Vec<String>>,
+    local_rank: Option<usize>,
+    local_size: Option<usize>,
+    coordinator: Option<&'a str>,
+}
+
+impl Place<'_> {
+    fn placement(self, rank: usize, size: usize) -> PyResult<Placement> {
+        match (self.daemons, self.local_rank, self.local_size) {
             (Some(all), None, None) => {
                 let all = all
                     .iter()
@@ -243,7 +219,7 @@ impl Job {
                 Placement::by_daemon(&all, rank)
             }
             (None, Some(lr), Some(ls)) => {
-                let coordinator = match coordinator.map(|c| address("coordinator", c)) {
+                let coordinator = match self.coordinator.map(|c| address("coordinator", c)) {
                     None => None,
                     Some(Ok(SocketAddr::V4(a))) => Some(a),
                     Some(Ok(a)) => {
@@ -262,44 +238,200 @@ impl Job {
                 ))
             }
         }
-        .map_err(PyValueError::new_err)?;
-        let credential = match credential {
-            None => None,
-            Some(c) => {
-                let (name, k) = c.split_once(':').ok_or_else(|| {
-                    PyValueError::new_err("credential: give NAME:KEY (the key as 64 hex digits)")
-                })?;
-                Some((
-                    name.to_string(),
-                    CredentialKey(hex(k, "the credential's key")?),
-                ))
-            }
-        };
-        let shape = JobShape::full(placed.members, slots)
-            .map_err(|e| PyValueError::new_err(e.to_string()))?;
-        let j = JoinParams {
-            daemon,
-            key: JobKey(hex(key, "the job key")?),
-            secret: Secret(hex(secret, "the job secret")?),
-            rank: placed.member,
-            shape,
-            bind: local_address(daemon)?,
-            credential,
-            timeout: Duration::from_secs_f64(timeout),
-            levels: placed.levels,
-        };
+        .map_err(PyValueError::new_err)
+    }
+}
+
+/// The keyword arguments that override the settings.
+struct Overrides<'a> {
+    credential: Option<&'a str>,
+    slots: Option<usize>,
+    timeout: Option<f64>,
+    give_up: Option<f64>,
+}
+
+impl Overrides<'_> {
+    fn apply(self, s: &mut JoinSettings) -> PyResult<()> {
+        if let Some(c) = self.credential {
+            s.credential = Some(parse_credential(c, "credential").map_err(PyValueError::new_err)?);
+        }
+        if let Some(n) = self.slots {
+            s.slots = n;
+        }
+        if let Some(t) = self.timeout {
+            s.join_timeout = Duration::from_secs_f64(t);
+        }
+        if let Some(g) = self.give_up {
+            s.give_up = Some(Duration::from_secs_f64(g));
+        }
+        Ok(())
+    }
+}
+
+impl Job {
+    /// Joins as `settings` say, this process rank `rank` of `size`, placed as `place` says.
+    fn join_as(
+        py: Python<'_>,
+        settings: JoinSettings,
+        rank: usize,
+        size: usize,
+        key: &str,
+        secret: &str,
+        place: Place<'_>,
+    ) -> PyResult<Self> {
+        let placed = place.placement(rank, size)?;
+        let key: JobKey = key.parse().map_err(PyValueError::new_err)?;
+        let secret: Secret = secret.parse().map_err(PyValueError::new_err)?;
         let worker = py
-            .detach(move || {
-                let w = Worker::join_with(j, |p| {
-                    if let Some(g) = give_up {
-                        p.give_up = Duration::from_secs_f64(g);
-                    }
-                })?;
-                w.sync()?;
-                Ok::<_, AllreduceError>(w)
-            })
+            .detach(move || settings.join(key, secret, &placed))
             .map_err(error)?;
         Ok(Self { worker, rank, size })
+    }
+}
+
+#[pymethods]
+impl Job {
+    /// Joins a job over the network: the daemon's listener `daemon` ("IP:PORT"), this
+    /// member's `rank` of `size`, the job's `key` (32 hex digits) and `secret` (64), the
+    /// same on every rank ([`new_key`]), and a `credential` ("NAME:KEY") to create the job.
+    /// Waits until every rank is in (up to `timeout` seconds; the library's default, 30).
+    ///
+    /// Where every host runs its own daemon (reducing its ranks before the switch), give
+    /// either `daemons`, every rank's daemon in rank order (ranks naming one daemon are
+    /// one host's; rank 0's coordinates a ring), or this host's `local_rank` and
+    /// `local_size` (the launcher's) and the `coordinator` (rank 0's host's daemon).
+    #[staticmethod]
+    #[pyo3(signature = (daemon, rank, size, key, secret, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
+    fn join(
+        py: Python<'_>,
+        daemon: &str,
+        rank: usize,
+        size: usize,
+        key: &str,
+        secret: &str,
+        credential: Option<&str>,
+        slots: Option<usize>,
+        timeout: Option<f64>,
+        give_up: Option<f64>,
+        daemons: Option<Vec<String>>,
+        local_rank: Option<usize>,
+        local_size: Option<usize>,
+        coordinator: Option<&str>,
+    ) -> PyResult<Self> {
+        let mut settings = JoinSettings::new(address("daemon", daemon)?);
+        Overrides {
+            credential,
+            slots,
+            timeout,
+            give_up,
+        }
+        .apply(&mut settings)?;
+        let place = Place {
+            daemons,
+            local_rank,
+            local_size,
+            coordinator,
+        };
+        Self::join_as(py, settings, rank, size, key, secret, place)
+    }
+
+    /// Joins the job the environment describes (`xagg.from_env`): the settings from
+    /// `XAGG_DAEMON`, `XAGG_CREDENTIAL`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS` and
+    /// `XAGG_GIVE_UP_MS`; the job's key and secret from `XAGG_JOB_KEY` and
+    /// `XAGG_JOB_SECRET`; the rank and size from the launcher; with `XAGG_COORDINATOR`,
+    /// this host's ranks from the launcher. Keyword arguments override them; with
+    /// `daemons` given, the launcher's host ranks are not read.
+    #[staticmethod]
+    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None))]
+    #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
+    fn from_env(
+        py: Python<'_>,
+        daemon: Option<&str>,
+        rank: Option<usize>,
+        size: Option<usize>,
+        key: Option<String>,
+        secret: Option<String>,
+        credential: Option<&str>,
+        slots: Option<usize>,
+        timeout: Option<f64>,
+        give_up: Option<f64>,
+        daemons: Option<Vec<String>>,
+        local_rank: Option<usize>,
+        local_size: Option<usize>,
+        coordinator: Option<String>,
+    ) -> PyResult<Self> {
+        let mut place = Place {
+            daemons,
+            local_rank,
+            local_size,
+            coordinator: None,
+        };
+        let env_coordinator = std::env::var("XAGG_COORDINATOR").ok();
+        if let (Some(_), None) = (&env_coordinator, &place.daemons) {
+            let lr = first_var(&["LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK"]);
+            let ls = first_var(&["LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE"]);
+            let (Some(lr), Some(ls)) = (lr, ls) else {
+                return Err(XaggError::new_err(
+                    "XAGG_COORDINATOR is set but not this host's ranks: set LOCAL_RANK and LOCAL_WORLD_SIZE (torchrun and Open MPI set theirs)",
+                ));
+            };
+            place.local_rank = Some(place.local_rank.map_or_else(|| number(lr.0, &lr.1), Ok)?);
+            place.local_size = Some(place.local_size.map_or_else(|| number(ls.0, &ls.1), Ok)?);
+        }
+        let coordinator = coordinator.or(env_coordinator);
+        place.coordinator = coordinator.as_deref().filter(|_| place.daemons.is_none());
+        let key = key.or_else(|| std::env::var("XAGG_JOB_KEY").ok());
+        let secret = secret.or_else(|| std::env::var("XAGG_JOB_SECRET").ok());
+        let rank = match rank {
+            Some(r) => Some(r),
+            None => first_var(&["RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"])
+                .map(|(n, v)| number(n, &v))
+                .transpose()?,
+        };
+        let size = match size {
+            Some(s) => Some(s),
+            None => first_var(&["WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"])
+                .map(|(n, v)| number(n, &v))
+                .transpose()?,
+        };
+        let daemon = daemon.map(|d| address("daemon", d)).transpose()?;
+        let missing: Vec<&str> = [
+            (
+                "daemon",
+                daemon.is_none() && std::env::var_os("XAGG_DAEMON").is_none(),
+            ),
+            ("key", key.is_none()),
+            ("secret", secret.is_none()),
+            ("rank", rank.is_none()),
+            ("size", size.is_none()),
+        ]
+        .into_iter()
+        .filter_map(|(what, unset)| unset.then_some(what))
+        .collect();
+        let described = match (key, secret, rank, size) {
+            (Some(k), Some(s), Some(r), Some(n)) if missing.is_empty() => Some((k, s, r, n)),
+            _ => None,
+        };
+        let Some((key, secret, rank, size)) = described else {
+            return Err(XaggError::new_err(format!(
+                "the job is not fully described: missing {} (set XAGG_DAEMON, XAGG_JOB_KEY, XAGG_JOB_SECRET and the launcher's RANK/WORLD_SIZE, or pass them)",
+                missing.join(", ")
+            )));
+        };
+        let mut settings = match daemon {
+            Some(d) => JoinSettings::from_env_at(d),
+            None => JoinSettings::from_env(),
+        }
+        .map_err(PyValueError::new_err)?;
+        Overrides {
+            credential,
+            slots,
+            timeout,
+            give_up,
+        }
+        .apply(&mut settings)?;
+        Self::join_as(py, settings, rank, size, &key, &secret, place)
     }
 
     /// Starts an allreduce of `array` in place with `op` ("sum", "min", "max", "avg",

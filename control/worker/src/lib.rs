@@ -72,6 +72,7 @@ pub mod join;
 mod params;
 pub mod report;
 pub mod request;
+pub mod settings;
 pub mod transport;
 pub mod window;
 #[cfg(feature = "afxdp")]
@@ -86,6 +87,7 @@ pub use params::WorkerParams;
 pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
+pub use settings::{JoinSettings, JOIN_TIMEOUT};
 use transport::Transport;
 use xagg_common::wire::{self, DType, Lane, Op};
 pub use xagg_join::{CredentialKey, JobKey, Levels, MemberReply, Secret};
@@ -172,6 +174,22 @@ impl Worker {
         Ok(Self {
             inner: Arc::new(inner),
         })
+    }
+
+    /// [`Worker::join_with`], then [`Worker::sync`]: a switch that does not answer is
+    /// found here, before any data waits on it. A rank whose sync fails leaves the job.
+    pub fn join_synced(
+        j: JoinParams,
+        tweak: impl FnOnce(&mut WorkerParams),
+    ) -> Result<Self, AllreduceError> {
+        let w = Self::join_with(j, tweak)?;
+        match w.sync() {
+            Ok(()) => Ok(w),
+            Err(e) => {
+                let _ = w.leave();
+                Err(e)
+            }
+        }
     }
 
     /// Leaves the job this worker joined; when every rank has left, the daemon removes

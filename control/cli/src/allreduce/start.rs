@@ -16,14 +16,6 @@ use super::{AllreduceArgs, Member, ParamsFile};
 /// The worker, ready for the first allreduce: joined over the network (`--join`) or
 /// started for a job added by hand.
 pub(super) fn worker(a: &AllreduceArgs, file: ParamsFile, me: &Member) -> Result<Worker> {
-    enum Started {
-        Joined(Worker),
-        ByHand(WorkerParams),
-    }
-    let started = match a.join {
-        Some(daemon) => Started::Joined(join(a, me, daemon)?),
-        None => Started::ByHand(params_by_hand(a, file, me)?),
-    };
     let size = me.dtype.size();
     if !a.size.is_multiple_of(size) {
         bail!(
@@ -32,17 +24,18 @@ pub(super) fn worker(a: &AllreduceArgs, file: ParamsFile, me: &Member) -> Result
             me.dtype
         );
     }
-    let w = match started {
-        Started::Joined(w) => w,
-        Started::ByHand(p) => Worker::new(p)?,
-    };
+    if let Some(daemon) = a.join {
+        return join(a, me, daemon);
+    }
+    let w = Worker::new(params_by_hand(a, file, me)?)?;
     // Before any clock starts: which shadow copy each slot takes next, from the switch.
     w.sync()?;
     Ok(w)
 }
 
 /// Joins the job through the daemon's listener at `daemon`, with the job's key and secret
-/// (and a credential to create it, if given); the join names the switch and the job.
+/// (and a credential to create it, if given); the join names the switch and the job, and
+/// the worker learns the job's state from the switch before any clock starts.
 fn join(a: &AllreduceArgs, me: &Member, daemon: SocketAddr) -> Result<Worker> {
     let read_hex = |path: &PathBuf, what: &str| -> Result<String> {
         std::fs::read_to_string(path)
@@ -79,7 +72,7 @@ fn join(a: &AllreduceArgs, me: &Member, daemon: SocketAddr) -> Result<Worker> {
         timeout: Duration::from_secs(a.join_timeout_s),
         levels: None,
     };
-    Ok(Worker::join_with(j, |p| settings(p, a, me.op, me.dtype))?)
+    Ok(Worker::join_synced(j, |p| settings(p, a, me.op, me.dtype))?)
 }
 
 /// The worker's parameters for a job added by hand: the switch and the job from the flags

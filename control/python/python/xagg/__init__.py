@@ -15,19 +15,9 @@ float64 (anything else raises, saying what to do). Failures raise ``xagg.XaggErr
 ``xagg.torch`` registers a ``torch.distributed`` backend named ``"xagg"``.
 """
 
-import os
-
 from ._xagg import Job, Request, XaggError, new_key
 
 __all__ = ["Job", "Request", "XaggError", "new_key", "from_env"]
-
-
-def _first(*names):
-    for n in names:
-        v = os.environ.get(n)
-        if v is not None:
-            return v
-    return None
 
 
 def from_env(**kw):
@@ -39,6 +29,9 @@ def from_env(**kw):
       ``xagg.new_key()``, the same on every rank);
     - the rank and size from the launcher: ``RANK``/``WORLD_SIZE`` (torchrun),
       ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` (Open MPI), ``PMI_RANK``/``PMI_SIZE``;
+    - ``XAGG_SLOTS`` (default 128), ``XAGG_JOIN_TIMEOUT_MS`` (how long the ranks wait for
+      each other to join, default 30000) and ``XAGG_GIVE_UP_MS`` (how long an allreduce
+      waits for the switch, default 10000);
     - where every host runs its own daemon (``XAGG_DAEMON`` then names this host's), which
       reduces its ranks before the switch: ``XAGG_COORDINATOR``, rank 0's host's daemon
       (it places the hosts in a ring should no switch take the job), and this host's ranks
@@ -46,36 +39,7 @@ def from_env(**kw):
       ``OMPI_COMM_WORLD_LOCAL_RANK``/``OMPI_COMM_WORLD_LOCAL_SIZE`` (Open MPI).
 
     Keyword arguments override them (``daemon``, ``rank``, ``size``, ``key``, ``secret``,
-    ``credential``, ``slots``, ``timeout``, ``give_up``, ``local_rank``, ``local_size``,
-    ``coordinator``, ``daemons``).
+    ``credential``, ``slots``, ``timeout`` and ``give_up`` in seconds, ``local_rank``,
+    ``local_size``, ``coordinator``, ``daemons``). ``Job.from_env`` is the same.
     """
-    env = {
-        "daemon": os.environ.get("XAGG_DAEMON"),
-        "credential": os.environ.get("XAGG_CREDENTIAL"),
-        "key": os.environ.get("XAGG_JOB_KEY"),
-        "secret": os.environ.get("XAGG_JOB_SECRET"),
-        "rank": _first("RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK"),
-        "size": _first("WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE"),
-    }
-    coordinator = os.environ.get("XAGG_COORDINATOR")
-    if coordinator is not None:
-        env["coordinator"] = coordinator
-        env["local_rank"] = _first("LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_RANK")
-        env["local_size"] = _first("LOCAL_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE")
-        if env["local_rank"] is None or env["local_size"] is None:
-            raise XaggError(
-                "XAGG_COORDINATOR is set but not this host's ranks: set LOCAL_RANK and LOCAL_WORLD_SIZE (torchrun and Open MPI set theirs)"
-            )
-        env["local_rank"] = int(env["local_rank"])
-        env["local_size"] = int(env["local_size"])
-    env.update(kw)
-    missing = [k for k in ("daemon", "key", "secret", "rank", "size") if env.get(k) is None]
-    if missing:
-        raise XaggError(
-            "the job is not fully described: missing "
-            + ", ".join(missing)
-            + " (set XAGG_DAEMON, XAGG_JOB_KEY, XAGG_JOB_SECRET and the launcher's RANK/WORLD_SIZE, or pass them)"
-        )
-    env["rank"] = int(env["rank"])
-    env["size"] = int(env["size"])
-    return Job.join(**env)
+    return Job.from_env(**kw)

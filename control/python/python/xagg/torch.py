@@ -108,20 +108,9 @@ class _Engine:
             unset = [r for r, d in enumerate(daemons) if not d]
             if unset:
                 raise XaggError(f"ranks {unset} have no XAGG_DAEMON")
-            give_up = os.environ.get("XAGG_GIVE_UP_MS")
-            self.job = Job.join(
-                daemon=daemon,
-                rank=rank,
-                size=size,
-                key=key,
-                secret=secret,
-                daemons=daemons,
-                credential=os.environ.get("XAGG_CREDENTIAL"),
-                # The ranks come within seconds of each other; the group's own timeout
-                # (30 minutes by default) would hold a job with a missing rank that long.
-                timeout=float(os.environ.get("XAGG_JOIN_TIMEOUT_MS", "30000")) / 1000,
-                give_up=int(give_up) / 1000 if give_up else None,
-            )
+            # The credential, the slots and the timeouts from the environment, as
+            # `xagg.from_env` reads them.
+            self.job = Job.from_env(daemon=daemon, rank=rank, size=size, key=key, secret=secret, daemons=daemons)
             why = None
         except (XaggError, ValueError) as e:
             why = str(e)

@@ -1,0 +1,238 @@
+//! Joining a job from the settings a launcher hands every rank (`XAGG_DAEMON`,
+//! `XAGG_CREDENTIAL`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS`, `XAGG_GIVE_UP_MS`): what the
+//! MPI library and the Python module share. The caller brings what its ranks agree on —
+//! the job's key and secret, and this rank's [`Placement`] — and gets a worker that has
+//! joined and learnt the job's state from the switch.
+
+use std::{
+    net::{SocketAddr, SocketAddrV4, UdpSocket},
+    time::Duration,
+};
+
+use xagg_common::JobShape;
+
+use crate::{AllreduceError, CredentialKey, JobKey, JoinParams, Placement, Secret, Worker};
+
+/// How long the ranks wait for each other to join, unless told otherwise. The ranks of a
+/// launch come within seconds of each other; a launcher's own timeout (torch's group
+/// timeout is 30 minutes) would hold a job with a missing rank that long.
+pub const JOIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Slots per job unless told otherwise (as the bench's runs).
+pub const SLOTS: usize = 128;
+
+/// How a rank joins its job: the same on every rank of a host.
+#[derive(Clone, Debug)]
+pub struct JoinSettings {
+    /// The daemon's network listener (`XAGG_DAEMON`): where every host runs its own
+    /// daemon, this host's.
+    pub daemon: SocketAddr,
+    /// The admission credential (`XAGG_CREDENTIAL=NAME:KEY`), for the rank that creates
+    /// the job.
+    pub credential: Option<(String, CredentialKey)>,
+    /// Slots per job (`XAGG_SLOTS`, [`SLOTS`]).
+    pub slots: usize,
+    /// How long the ranks wait for each other to join (`XAGG_JOIN_TIMEOUT_MS`,
+    /// [`JOIN_TIMEOUT`]).
+    pub join_timeout: Duration,
+    /// How long an allreduce waits for the switch (`XAGG_GIVE_UP_MS`; unset: the
+    /// library's, [`crate::WorkerParams::give_up`]).
+    pub give_up: Option<Duration>,
+}
+
+impl JoinSettings {
+    /// The daemon's listener and every other setting's default.
+    pub fn new(daemon: SocketAddr) -> Self {
+        Self {
+            daemon,
+            credential: None,
+            slots: SLOTS,
+            join_timeout: JOIN_TIMEOUT,
+            give_up: None,
+        }
+    }
+
+    /// The settings from the environment; `XAGG_DAEMON` is required.
+    pub fn from_env() -> Result<Self, String> {
+        Self::from_vars(None, |name| std::env::var(name).ok())
+    }
+
+    /// The settings from the environment, the daemon's listener given (`XAGG_DAEMON` is
+    /// not read).
+    pub fn from_env_at(daemon: SocketAddr) -> Result<Self, String> {
+        Self::from_vars(Some(daemon), |name| std::env::var(name).ok())
+    }
+
+    fn from_vars(
+        daemon: Option<SocketAddr>,
+        var: impl Fn(&str) -> Option<String>,
+    ) -> Result<Self, String> {
+        let daemon = match daemon {
+            Some(d) => d,
+            None => {
+                let d = var("XAGG_DAEMON").ok_or(
+                    "XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. XAGG_DAEMON=10.77.0.1:47900 (mpirun -x XAGG_DAEMON)",
+                )?;
+                d.trim().parse().map_err(|_| {
+                    format!("XAGG_DAEMON={d} is not an address: e.g. XAGG_DAEMON=10.77.0.1:47900")
+                })?
+            }
+        };
+        let number = |name: &str| -> Result<Option<u64>, String> {
+            var(name)
+                .map(|v| {
+                    v.trim()
+                        .parse()
+                        .map_err(|_| format!("{name}={v} is not a number"))
+                })
+                .transpose()
+        };
+        let defaults = Self::new(daemon);
+        Ok(Self {
+            credential: var("XAGG_CREDENTIAL")
+                .map(|c| parse_credential(&c, "XAGG_CREDENTIAL"))
+                .transpose()?,
+            slots: number("XAGG_SLOTS")?.map_or(defaults.slots, |n| n as usize),
+            join_timeout: number("XAGG_JOIN_TIMEOUT_MS")?
+                .map_or(defaults.join_timeout, Duration::from_millis),
+            give_up: number("XAGG_GIVE_UP_MS")?.map(Duration::from_millis),
+            ..defaults
+        })
+    }
+
+    /// Joins the job of `key` and `secret` as `placed` says, from this host's address
+    /// toward the daemon, with a job of full segments and [`JoinSettings::slots`] slots;
+    /// then learns the job's state from the switch ([`Worker::join_synced`]).
+    pub fn join(
+        &self,
+        key: JobKey,
+        secret: Secret,
+        placed: &Placement,
+    ) -> Result<Worker, AllreduceError> {
+        let bind = local_address(self.daemon).map_err(AllreduceError::Join)?;
+        let shape = JobShape::full(placed.members, self.slots)
+            .map_err(|e| AllreduceError::Invalid(format!("the job's {}: {e}", e.field())))?;
+        let j = JoinParams {
+            daemon: self.daemon,
+            key,
+            secret,
+            rank: placed.member,
+            shape,
+            bind,
+            credential: self.credential.clone(),
+            timeout: self.join_timeout,
+            levels: placed.levels,
+        };
+        Worker::join_synced(j, |p| {
+            if let Some(g) = self.give_up {
+                p.give_up = g;
+            }
+        })
+    }
+}
+
+/// An admission credential written `NAME:KEY`: its name in the daemon's configuration and
+/// its key as 64 hex digits. `what` names the setting in errors.
+pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), String> {
+    let (name, key) = s.split_once(':').ok_or_else(|| {
+        format!("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)")
+    })?;
+    let key = xagg_join::from_hex(key.trim(), &format!("{what}'s key"))?;
+    Ok((name.to_string(), CredentialKey(key)))
+}
+
+/// This host's address toward the daemon (the route's source; port 0, any free one):
+/// where the switch will see this rank. Nothing is sent.
+pub fn local_address(daemon: SocketAddr) -> Result<SocketAddrV4, String> {
+    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("a UDP socket: {e}"))?;
+    s.connect(daemon)
+        .map_err(|e| format!("no route to the daemon at {daemon}: {e}"))?;
+    match s.local_addr() {
+        Ok(SocketAddr::V4(a)) => Ok(SocketAddrV4::new(*a.ip(), 0)),
+        Ok(a) => Err(format!("{a}: the switch takes IPv4 members")),
+        Err(e) => Err(format!("this host's address toward {daemon}: {e}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+
+    fn settings(vars: &[(&str, &str)]) -> Result<JoinSettings, String> {
+        JoinSettings::from_vars(None, |name| {
+            vars.iter()
+                .find(|(n, _)| *n == name)
+                .map(|(_, v)| v.to_string())
+        })
+    }
+
+    #[test]
+    fn a_credential_is_a_name_and_a_key() {
+        let (name, key) = parse_credential(&format!("lab:{KEY}"), "XAGG_CREDENTIAL").unwrap();
+        assert_eq!(name, "lab");
+        assert_eq!(key.0[..2], [0x00, 0x11]);
+        // Spaces around the key (a file's newline) are not part of it.
+        assert!(parse_credential(&format!("lab: {KEY}\n"), "XAGG_CREDENTIAL").is_ok());
+        let e = parse_credential(KEY, "XAGG_CREDENTIAL").unwrap_err();
+        assert!(e.starts_with("XAGG_CREDENTIAL must be NAME:KEY"), "{e}");
+        let e = parse_credential("lab:00ff", "credential").unwrap_err();
+        assert!(
+            e.contains("credential's key is not 64 hexadecimal digits"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn only_the_daemon_is_required() {
+        let s = settings(&[("XAGG_DAEMON", " 10.77.0.1:47900 ")]).unwrap();
+        assert_eq!(s.daemon, "10.77.0.1:47900".parse().unwrap());
+        assert!(s.credential.is_none());
+        assert_eq!(s.slots, SLOTS);
+        assert_eq!(s.join_timeout, Duration::from_secs(30));
+        assert_eq!(s.give_up, None);
+        // The daemon given: XAGG_DAEMON is not read.
+        let d = "10.0.0.9:1".parse().unwrap();
+        let s = JoinSettings::from_vars(Some(d), |_| None).unwrap();
+        assert_eq!(s.daemon, d);
+    }
+
+    #[test]
+    fn every_setting_from_its_variable() {
+        let credential = format!("team:{KEY}");
+        let s = settings(&[
+            ("XAGG_DAEMON", "10.77.0.1:47900"),
+            ("XAGG_CREDENTIAL", &credential),
+            ("XAGG_SLOTS", "32"),
+            ("XAGG_JOIN_TIMEOUT_MS", "2500"),
+            ("XAGG_GIVE_UP_MS", "2000"),
+        ])
+        .unwrap();
+        assert_eq!(s.credential.unwrap().0, "team");
+        assert_eq!(s.slots, 32);
+        assert_eq!(s.join_timeout, Duration::from_millis(2500));
+        assert_eq!(s.give_up, Some(Duration::from_secs(2)));
+    }
+
+    #[test]
+    fn wrong_settings_say_which_and_how() {
+        let e = settings(&[]).unwrap_err();
+        assert!(e.starts_with("XAGG_DAEMON is not set"), "{e}");
+        let e = settings(&[("XAGG_DAEMON", "10.77.0.1")]).unwrap_err();
+        assert!(e.contains("XAGG_DAEMON=10.77.0.1 is not an address"), "{e}");
+        let d = ("XAGG_DAEMON", "10.77.0.1:47900");
+        for name in ["XAGG_SLOTS", "XAGG_JOIN_TIMEOUT_MS", "XAGG_GIVE_UP_MS"] {
+            let e = settings(&[d, (name, "10s")]).unwrap_err();
+            assert_eq!(e, format!("{name}=10s is not a number"));
+        }
+        let e = settings(&[d, ("XAGG_CREDENTIAL", "lab")]).unwrap_err();
+        assert!(e.starts_with("XAGG_CREDENTIAL must be NAME:KEY"), "{e}");
+    }
+
+    #[test]
+    fn the_local_address_is_the_routes_source() {
+        let a = local_address("127.0.0.1:47900".parse().unwrap()).unwrap();
+        assert_eq!(a, "127.0.0.1:0".parse().unwrap());
+    }
+}
