@@ -127,8 +127,7 @@ fn recover(prefix: &str, segment: u16) {
     assert!(matches!(sw.api(off), Response::Ok));
 
     // Duplicates from the worker's egress (tc, bpf_clone_redirect): never added twice.
-    let impair = std::fs::read(xagg_lab::test_object())
-        .expect("the test programs' object (cargo xtask build)");
+    let impair = xagg_lab::Object::Test.read().unwrap();
     sw.lab.impair(&impair, 0.0, 0.05).unwrap();
     // (One datagram per send: the tc program sees a GSO burst as one packet.)
     let (a, b, _, _) = run(&sw, "contributions duplicated at 0.05", &|p| p.gso = false);

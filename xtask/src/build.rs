@@ -25,17 +25,6 @@ pub fn ebpf_target_dir() -> PathBuf {
     target_dir().join("ebpf")
 }
 
-/// The XDP object `cargo xtask build` produces: the switch's, which the daemon embeds.
-pub fn ebpf_object() -> PathBuf {
-    ebpf_target_dir().join("bpfel-unknown-none/release/xagg")
-}
-
-/// The object of the bench's and the tests' programs (`xagg_floor`, `xagg_impair`), built
-/// with the switch's and never embedded.
-pub fn ebpf_test_object() -> PathBuf {
-    ebpf_target_dir().join("bpfel-unknown-none/release/xagg-test")
-}
-
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());

@@ -13,6 +13,7 @@ use xagg_common::{
     wire::{self, DType, Op},
     JobShape,
 };
+use xagg_lab::Object;
 use xagg_lab::{
     lab::{self, Lab, SWITCH_IP},
     switch::LabSwitch,
@@ -20,7 +21,7 @@ use xagg_lab::{
 };
 use xagg_worker::report::RunReport;
 
-use crate::build::{ebpf_object, ebpf_test_object, target_dir};
+use crate::build::target_dir;
 
 /// Names of the demo's namespaces, pins and socket start with this.
 pub const PREFIX: &str = "xagg";
@@ -216,8 +217,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 fn joinable_lab(n: usize, mtu: usize) -> Result<LabSwitch> {
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::with_mtu(PREFIX, n, mtu)?;
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    lab.attach_hosts(&object)?;
+    lab.attach_hosts(&Object::Host.read()?)?;
     start_switch(lab)
 }
 
@@ -317,14 +317,12 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let (op, dtype) = (a.op.name(), a.dtype.name());
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::with_mtu(PREFIX, n, a.mtu)?;
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let object = Object::Host.read()?;
     if a.no_afxdp {
         lab.attach_hosts(&object)?;
     }
     if let Some(i) = a.inject.filter(|i| i.dup_contrib > 0.0) {
-        let test_object = std::fs::read(ebpf_test_object())
-            .context("reading the test programs' object (cargo xtask build)")?;
-        lab.impair(&test_object, 0.0, i.dup_contrib)?;
+        lab.impair(&Object::Test.read()?, 0.0, i.dup_contrib)?;
     }
     let sw = start_switch(lab)?;
     let spec = sw.job_spec(

@@ -4,18 +4,16 @@
 
 use std::time::Instant;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{bail, Result};
 use serde_json::json;
 use xagg_common::{
     wire::{self, DType, Op},
     Role,
 };
 use xagg_lab::tree::{Child, Topology, TreeLab};
+use xagg_lab::Object;
 
-use crate::{
-    build::ebpf_object,
-    demo::{human, DemoArgs, JOB_ID, PREFIX},
-};
+use crate::demo::{human, DemoArgs, JOB_ID, PREFIX};
 
 /// The lab's shapes, by name.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -76,8 +74,7 @@ pub fn run(a: &DemoArgs, topology: Topology) -> Result<()> {
         usize::from,
     );
     let elems = a.size / 4;
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
-    let mut lab = TreeLab::with_mtu(PREFIX, topology, &object, a.mtu)?;
+    let mut lab = TreeLab::with_mtu(PREFIX, topology, &Object::Host.read()?, a.mtu)?;
     lab.start_daemons()?;
     lab.add_job(JOB_ID, segment as u16, a.slots)?;
     describe(&lab);

@@ -81,7 +81,7 @@ impl XskReceiver {
         if let Some(why) = xagg_sys::object_missing() {
             bail!("{why}");
         }
-        let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
+        let mut ebpf = Ebpf::load(xagg_sys::HOST_OBJECT)?;
         {
             let mut ports: HashMap<_, [u8; 2], u32> =
                 HashMap::try_from(ebpf.map_mut("XSK_PORTS").context("no XSK_PORTS map")?)?;

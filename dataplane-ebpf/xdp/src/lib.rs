@@ -1,7 +1,8 @@
 //! What the crate's two objects share: parsing and rewriting frames ([`packet`]), the slot
 //! state machine ([`slot`]) and the reductions ([`reduce`]). The programs and their maps
-//! live in the binaries, `xagg` (the switch's object, `main.rs`) and `xagg-test` (the
-//! bench's and the tests' programs, `bin/xagg-test.rs`): the linker keeps every program
+//! live in the binaries, `xagg` (the switch's object, `main.rs`), `xagg-host` (a worker's,
+//! `bin/xagg-host.rs`) and `xagg-test` (the bench's and the tests' programs,
+//! `bin/xagg-test.rs`): the linker keeps every program
 //! and map of this library in every object that links it.
 #![no_std]
 

@@ -1,7 +1,7 @@
 //! The XDP programs of the aggregation switch: the object `xagg`, which the daemon attaches
-//! to the switch's ports and the worker library to a worker's interface. Its maps are in
-//! `maps.rs`; the bench's and the tests' programs are in an object of their own
-//! (`bin/xagg-test.rs`).
+//! to the switch's ports. Its maps are in `maps.rs`. A worker's program is in an object of
+//! its own (`xagg-host`, `bin/xagg-host.rs`), and so are the bench's and the tests'
+//! (`xagg-test`, `bin/xagg-test.rs`).
 //!
 //! - `xagg_switch` (`ingress.rs`), on every switch port: takes contributions addressed to
 //!   the switch, checks them against their job and hands each to the fold program of its
@@ -17,9 +17,6 @@
 //!   to the member behind the port it leaves through.
 //! - `xagg_fanout` (`fanout.rs`), tc ingress on every switch port: sends a copy of each
 //!   multi-buffer result to every member (the devmap broadcast cannot clone one).
-//! - `xagg_host` (`host.rs`), on a worker's interface: steers results into the worker's
-//!   AF_XDP socket when it has one, and lets everything else in (a frame redirected into a
-//!   veth is dropped unless the peer end runs an XDP program).
 #![no_std]
 #![no_main]
 #![feature(core_intrinsics)]
@@ -28,7 +25,6 @@
 mod egress;
 mod fanout;
 mod fold;
-mod host;
 mod ingress;
 mod maps;
 mod upward;

@@ -2,7 +2,7 @@
 //! over them.
 
 use aya_ebpf::{
-    btf_maps::{Array, DevMap, HashMap, PerCpuArray, ProgramArray, XskMap},
+    btf_maps::{Array, DevMap, HashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use xagg_common::{
@@ -161,14 +161,3 @@ pub fn count(c: Counter) {
 pub fn faults() -> Faults {
     FAULTS.get(0).copied().unwrap_or_default()
 }
-
-// The host program's (`xagg_host`, on a worker's interface).
-
-/// AF_XDP sockets of the workers on this interface, by receive queue.
-#[btf_map]
-pub static XSKS: XskMap<64> = XskMap::new();
-
-/// UDP ports (network order) whose datagrams go to the receive queue's AF_XDP socket:
-/// the ports of workers that receive results with AF_XDP.
-#[btf_map]
-pub static XSK_PORTS: HashMap<[u8; 2], u32, 64> = HashMap::new();

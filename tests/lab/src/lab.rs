@@ -152,8 +152,8 @@ impl Lab {
         Ok(lab)
     }
 
-    /// Attaches `xagg_host` from the XDP object `object` to every worker's interface
-    /// (native mode).
+    /// Attaches `xagg_host` from `object`, a worker's XDP object (`xagg-host`,
+    /// [`crate::Object::Host`]), to every worker's interface (native mode).
     pub fn attach_hosts(&mut self, object: &[u8]) -> Result<()> {
         if object.is_empty() {
             bail!("the XDP object is empty: run `cargo xtask build`");
@@ -177,7 +177,7 @@ impl Lab {
 
     /// Drops (`drop`) and duplicates (`duplicate`) fractions of the contributions every
     /// worker sends, with the tc program `xagg_impair` of `object` (the test programs'
-    /// object, [`crate::test_object`]) on each worker's egress. Called again, it changes
+    /// object, [`crate::Object::Test`]) on each worker's egress. Called again, it changes
     /// the fractions.
     pub fn impair(&mut self, object: &[u8], drop: f64, duplicate: f64) -> Result<()> {
         use xagg_common::job::{probability_threshold, Impair};

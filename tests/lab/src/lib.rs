@@ -33,8 +33,38 @@ pub fn bin(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// The object of the bench's and the tests' programs (`xagg_floor`, `xagg_impair`), which
-/// `cargo xtask build` builds beside the switch's: in the target directory's `ebpf/`.
-pub fn test_object() -> PathBuf {
-    target_dir().join("ebpf/bpfel-unknown-none/release/xagg-test")
+/// An XDP object `cargo xtask build` builds, into the target directory's `ebpf/`.
+#[derive(Clone, Copy, Debug)]
+pub enum Object {
+    /// The switch's (`xagg`), which `xaggd` attaches to its ports.
+    Switch,
+    /// A worker's (`xagg-host`: `xagg_host`), on the interface of a worker or a rank.
+    Host,
+    /// The bench's and the tests' programs (`xagg-test`: `xagg_floor`, `xagg_impair`).
+    Test,
+}
+
+impl Object {
+    pub fn path(self) -> PathBuf {
+        let name = match self {
+            Object::Switch => "xagg",
+            Object::Host => "xagg-host",
+            Object::Test => "xagg-test",
+        };
+        target_dir()
+            .join("ebpf/bpfel-unknown-none/release")
+            .join(name)
+    }
+
+    /// The object's bytes, or an error naming it and how to build it.
+    pub fn read(self) -> anyhow::Result<Vec<u8>> {
+        use anyhow::Context;
+        let path = self.path();
+        std::fs::read(&path).with_context(|| {
+            format!(
+                "reading the XDP object {} (`cargo xtask build`)",
+                path.display()
+            )
+        })
+    }
 }

@@ -158,7 +158,8 @@ pub const RING_AFTER_MS: u64 = 2000;
 
 impl TreeLab {
     /// Builds the namespaces and links of `topology` (removing any leftover lab of this
-    /// prefix first), at the default [`MTU`]; no daemon runs yet.
+    /// prefix first), at the default [`MTU`], with `xagg_host` from `object` (a worker's XDP
+    /// object, `xagg-host`) on the ranks' ends; no daemon runs yet.
     pub fn create(prefix: &str, topology: Topology, object: &[u8]) -> Result<Self> {
         Self::with_mtu(prefix, topology, object, MTU)
     }

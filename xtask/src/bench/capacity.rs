@@ -25,10 +25,10 @@ use xagg_common::{
     wire::{self, DType},
     Counter,
 };
+use xagg_lab::Object;
 use xagg_lab::{lab::Lab, switch::LabSwitch};
 
 use super::{cpu, end_to_end::add_job, generator::Generator};
-use crate::build::ebpf_object;
 
 /// The CPU the switch's NAPI threads are pinned to; the generator and the members' side
 /// take CPU 0.
@@ -89,7 +89,7 @@ pub fn run(quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
         eprintln!("capacity: SKIPPED, this machine has one CPU and the measurement needs two");
         return Ok(Vec::new());
     }
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let object = Object::Host.read()?;
     // The generator pins the calling thread to CPU 0.
     cpu::keeping_affinity(|| points(&object, quick, members))
 }

@@ -15,9 +15,9 @@ use xagg_common::wire::{DType, Header, Kind, Op, FLAG_SHADOW};
 use xagg_lab::testrun::{
     contribution, frame, job, member, Floor, Switch, PORT, XDP_DROP, XDP_PASS, XDP_REDIRECT,
 };
+use xagg_lab::Object;
 
 use super::{cpu, report::median};
-use crate::build::{ebpf_object, ebpf_test_object};
 
 #[derive(Serialize, Clone)]
 pub struct DataplanePoint {
@@ -41,11 +41,8 @@ fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
 
 /// Each path at 256, 512, the longest single-buffer and the longest segment.
 pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
-    let object =
-        std::fs::read(ebpf_object()).context("reading the XDP object (cargo xtask build)")?;
-    let test_object = std::fs::read(ebpf_test_object())
-        .context("reading the test programs' object (cargo xtask build)")?;
-    let mut floor = Floor::load(&test_object);
+    let object = Object::Switch.read()?;
+    let mut floor = Floor::load(&Object::Test.read()?);
     let rounds = if quick { 8 } else { 200 };
     let calls = if quick { 3 } else { 25 };
     let mut out = Vec::new();
@@ -142,7 +139,7 @@ pub fn contention(quick: bool) -> Result<Vec<DataplanePoint>> {
         eprintln!("contention: SKIPPED, this machine has one CPU and the measurement needs two");
         return Ok(Vec::new());
     }
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let object = Object::Switch.read()?;
     let elements = xagg_common::wire::BUFFER_PAYLOAD / 4;
     let rounds = if quick { 50 } else { 2000 };
     let values: Vec<i32> = (0..elements as i32).collect();

@@ -1,12 +1,13 @@
 //! The end-to-end runs: allreduces through the switch, then through Open MPI and PyTorch,
 //! on the same lab.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use xagg_api::Response;
 use xagg_common::{
     wire::{DType, Lane, Op},
     JobShape,
 };
+use xagg_lab::Object;
 use xagg_lab::{lab::Lab, switch::LabSwitch, workers::AllreduceRun};
 use xagg_worker::report::CpuWindow;
 
@@ -72,8 +73,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // Its ranks receive on plain UDP sockets, which on veth needs the host program.
             let mut sw = sw;
             if e.mpi {
-                let object =
-                    std::fs::read(crate::build::ebpf_object()).context("reading the XDP object")?;
+                let object = Object::Host.read()?;
                 sw.lab.attach_hosts(&object)?;
             }
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {

@@ -1,8 +1,9 @@
 //! The levers of the switch's end-to-end speed, each measured off and on.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use xagg_lab::lab::Lab;
+use xagg_lab::Object;
 
 use super::{
     end_to_end::{add_job, iterations, switch_point, switch_run},
@@ -10,7 +11,6 @@ use super::{
     run_point::RunPoint,
     SEGMENT, SLOTS,
 };
-use crate::build::ebpf_object;
 
 /// (lever, setting, segment, slots, AF_XDP receive, extra worker flags)
 type Lever = (
@@ -32,7 +32,7 @@ pub struct LeverPoint {
 
 /// Each lever off and on, the others at their defaults.
 pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let object = Object::Host.read()?;
     let n = 4;
     let bytes = if quick { 1 << 20 } else { 64 << 20 };
     let it = iterations(bytes, quick);

@@ -1,10 +1,11 @@
 //! The send path on its own: what a contribution costs the sending side's CPU with UDP GSO
 //! and with AF_XDP.
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use xagg_common::wire::DType;
 use xagg_lab::lab::Lab;
+use xagg_lab::Object;
 
 use super::{
     capacity::{measure, thread_napi, SLOTS},
@@ -12,7 +13,6 @@ use super::{
     end_to_end::add_job,
     generator::{Generator, SendWith},
 };
-use crate::build::ebpf_object;
 
 /// One run of the send-path measurement (the JSON's `send_path`).
 #[derive(Serialize, Clone, Debug)]
@@ -41,7 +41,7 @@ pub fn send_path(quick: bool) -> Result<Vec<SendPathPoint>> {
         cpu::count() >= 2,
         "the send-path measurement needs two CPUs"
     );
-    let object = std::fs::read(ebpf_object()).context("reading the XDP object")?;
+    let object = Object::Host.read()?;
     cpu::keeping_affinity(|| send_path_points(&object, quick))
 }
 
