@@ -38,10 +38,8 @@ pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
         Ok(r) => answer(r),
         Err(_) => {
             let pin_path = pin_path.unwrap_or_else(|| DEFAULT_PIN_PATH.into());
-            // Removing the pinned links and maps detaches the programs, as the daemon's
-            // `dataplane::unpin` does (the CLI does not link the daemon).
-            if pin_path.exists() {
-                std::fs::remove_dir_all(&pin_path)?;
+            // Removing the pinned links and maps detaches the programs.
+            if xagg_sys::pins::unpin(&pin_path)? {
                 println!(
                     "no daemon answered; removed the pinned dataplane at {}",
                     pin_path.display()

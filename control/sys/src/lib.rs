@@ -5,6 +5,7 @@
 
 pub mod iface;
 pub mod pages;
+pub mod pins;
 
 #[repr(C, align(8))]
 struct Aligned<T: ?Sized>(T);

@@ -59,7 +59,7 @@ impl Dataplane {
         let fresh = pin.as_ref().is_some_and(|d| !d.exists());
         let loaded = Self::load(cfg, pin.clone());
         if let (Err(_), true, Some(dir)) = (&loaded, fresh, &pin) {
-            let _ = unpin(dir);
+            let _ = xagg_sys::pins::unpin(dir);
         }
         loaded
     }
@@ -283,15 +283,6 @@ impl Dataplane {
     pub fn pinned(&self) -> bool {
         self.pin.is_some()
     }
-}
-
-/// Removes a pinned dataplane: its links (so the programs detach) and maps.
-pub fn unpin(dir: &Path) -> std::io::Result<bool> {
-    if !dir.exists() {
-        return Ok(false);
-    }
-    fs::remove_dir_all(dir)?;
-    Ok(true)
 }
 
 /// The map layout of a pinned dataplane: its `LAYOUT` map, or 1 when it has none (pinned

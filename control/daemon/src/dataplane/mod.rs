@@ -19,7 +19,8 @@ mod jobs;
 mod load;
 mod observe;
 
-pub use load::{load_folds, unpin};
+pub use load::load_folds;
+pub use xagg_sys::pins::unpin;
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataplaneError {
