@@ -1,25 +1,230 @@
-//! BPF_PROG_RUN table tests of `xagg_switch`: each case is a description, an input frame,
-//! the expected action, the expected output frame where it matters, the counter it must
-//! bump, and the slot state it must leave.
+//! BPF_PROG_RUN table tests of `xagg_switch`: each row is a description, an input frame,
+//! the expected action, the counter it must bump, and where they matter what the output
+//! frame and the slots must hold after it. A table runs its rows in order: each builds on
+//! the slot state the rows before it left.
 
 use xagg_common::{
-    slot::ShadowState,
+    job::job_id,
+    slot::{ShadowCopy, ShadowState, SlotImage},
     wire::{self, DType, Header, Kind, Op, FLAG_SHADOW, PAYLOAD_OFFSET},
     Counter,
 };
 use xagg_tests::*;
 
+/// The main table's job, and the elements of its segments.
 const JID: u32 = 7;
-const SEG: u16 = 256;
+const ELEMENTS: u16 = 256;
 
-fn hdr(member: u8, seg: u16, sid: u32, count: u16) -> Header {
+/// A row: its [`Case`] (description, input frame, action, counter) and what the output
+/// frame and the slots must hold after it.
+struct Row {
+    case: Case,
+    out: Vec<Out>,
+    after: Vec<After>,
+}
+
+fn row(what: &'static str, frame: Vec<u8>, action: u32, counter: Counter) -> Row {
+    Row {
+        case: Case {
+            what,
+            frame,
+            action,
+            counter,
+        },
+        out: Vec::new(),
+        after: Vec::new(),
+    }
+}
+
+impl Row {
+    fn out(mut self, out: impl IntoIterator<Item = Out>) -> Self {
+        self.out.extend(out);
+        self
+    }
+
+    fn after(mut self, after: impl IntoIterator<Item = After>) -> Self {
+        self.after.extend(after);
+        self
+    }
+}
+
+/// What a row's output frame must hold.
+enum Out {
+    /// The input frame, untouched.
+    Untouched,
+    /// These bytes at this offset, and what they are.
+    Bytes(usize, Vec<u8>, &'static str),
+    /// A collective header of this kind.
+    Kind(Kind),
+    /// A collective header of this round: job, message, segment, slot, count.
+    Round(u32, u32, u32, u16, u16),
+    /// A valid IPv4 header checksum.
+    Ipv4Checksum,
+    /// This metadata in front of the frame (`xagg_fanout`'s mark).
+    Meta(Vec<u8>),
+    /// This length.
+    Len(usize),
+}
+
+/// What a slot must hold after a row.
+enum After {
+    /// Shadow copy `shadow` of slot `slot`: its state, its round's segment, the members
+    /// seen and the count.
+    Copy {
+        slot: u32,
+        shadow: usize,
+        state: ShadowState,
+        segment: u32,
+        seen: u64,
+        count: u32,
+    },
+    /// The slot as the row found it.
+    Unchanged(u32),
+    /// Word `word` of shadow copy `shadow` of slot `slot` (its value, what it is).
+    Word(u32, usize, usize, u64, &'static str),
+}
+
+fn copy(
+    slot: u32,
+    shadow: usize,
+    state: ShadowState,
+    segment: u32,
+    seen: u64,
+    count: usize,
+) -> After {
+    After::Copy {
+        slot,
+        shadow,
+        state,
+        segment,
+        seen,
+        count: count as u32,
+    }
+}
+
+/// The payload: `bytes` from [`PAYLOAD_OFFSET`].
+fn payload(bytes: Vec<u8>) -> Out {
+    Out::Bytes(PAYLOAD_OFFSET, bytes, "the payload")
+}
+
+fn i32s(v: &[i32]) -> Vec<u8> {
+    v.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+fn i64s(v: &[i64]) -> Vec<u8> {
+    v.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+impl Out {
+    fn check(&self, what: &str, input: &[u8], r: &Run) {
+        let header = || {
+            Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..])
+                .unwrap_or_else(|| panic!("{what}: no collective header out"))
+        };
+        match self {
+            Out::Untouched => assert_eq!(r.out, input, "{what}: the frame untouched"),
+            Out::Bytes(at, want, why) => assert_eq!(
+                r.out.get(*at..at + want.len()),
+                Some(&want[..]),
+                "{what}: {why}"
+            ),
+            Out::Kind(kind) => assert_eq!(header().kind, *kind as u8, "{what}: the kind"),
+            Out::Round(job, message, segment, slot, count) => {
+                let h = header();
+                assert_eq!(
+                    (h.job(), h.message(), h.segment(), h.slot(), h.count()),
+                    (*job, *message, *segment, *slot, *count),
+                    "{what}: job, message, segment, slot, count"
+                );
+            }
+            Out::Ipv4Checksum => assert_eq!(
+                ipv4_checksum(&r.out[14..34]),
+                0,
+                "{what}: valid IPv4 checksum"
+            ),
+            Out::Meta(meta) => assert_eq!(&r.meta, meta, "{what}: the metadata"),
+            Out::Len(len) => assert_eq!(r.out.len(), *len, "{what}: the length"),
+        }
+    }
+}
+
+/// A shadow copy's fields in front of its data.
+fn copy_fields(c: &ShadowCopy) -> (u32, u32, u64, u32, u32, i32, u32, u8, u8) {
+    (
+        c.message, c.segment, c.seen, c.state, c.count, c.exponent, c.flags, c.op, c.dtype,
+    )
+}
+
+impl After {
+    fn slot(&self) -> u32 {
+        match self {
+            After::Copy { slot, .. } | After::Unchanged(slot) | After::Word(slot, ..) => *slot,
+        }
+    }
+
+    /// Checks the slot, `before` the row and `now`.
+    fn check(&self, what: &str, before: &SlotImage, now: &SlotImage) {
+        match *self {
+            After::Copy {
+                slot,
+                shadow,
+                state,
+                segment,
+                seen,
+                count,
+            } => {
+                let c = &now.shadow[shadow];
+                assert_eq!(
+                    (ShadowState::from_u32(c.state), c.segment, c.seen, c.count),
+                    (Some(state), segment, seen, count),
+                    "{what}: slot {slot}, shadow copy {shadow}: state, segment, seen, count"
+                );
+            }
+            After::Unchanged(slot) => {
+                for (i, (b, n)) in before.shadow.iter().zip(&now.shadow).enumerate() {
+                    assert_eq!(
+                        copy_fields(n),
+                        copy_fields(b),
+                        "{what}: changed slot {slot}, shadow copy {i}"
+                    );
+                    assert!(
+                        n.data == b.data,
+                        "{what}: changed slot {slot}, shadow copy {i}'s data"
+                    );
+                }
+            }
+            After::Word(slot, shadow, word, value, why) => assert_eq!(
+                now.shadow[shadow].data[word], value,
+                "{what}: slot {slot}, shadow copy {shadow}: {why}"
+            ),
+        }
+    }
+}
+
+/// Runs the rows in order: each row's action and counter ([`check`]), then its output
+/// frame and its slots. A failure names the row.
+fn run_table(sw: &mut Switch, rows: &[Row]) {
+    for row in rows {
+        let what = row.case.what;
+        let before: Vec<SlotImage> = row.after.iter().map(|a| sw.slot(a.slot())).collect();
+        let r = check(sw, &row.case);
+        for out in &row.out {
+            out.check(what, &row.case.frame, &r);
+        }
+        for (after, before) in row.after.iter().zip(&before) {
+            after.check(what, before, &sw.slot(after.slot()));
+        }
+    }
+}
+
+fn header(job: u32, member: u8, slot: u16, segment: u32, count: u16) -> Header {
     Header::builder(Kind::Contribution)
         .op(Op::Sum)
         .dtype(DType::I32)
-        .job(JID)
+        .job(job)
         .message(1)
-        .segment(sid)
-        .slot(seg)
+        .segment(segment)
+        .slot(slot)
         .member(member)
         .count(count)
         .build()
@@ -41,298 +246,134 @@ fn sum(members: u8, n: usize) -> Vec<i32> {
     s
 }
 
+/// Member `m`'s contribution to job 7, sent from `sender`'s addresses.
+fn contrib_from(sender: u8, m: u8, slot: u16, segment: u32, vals: &[i32]) -> Vec<u8> {
+    let h = header(JID, m, slot, segment, vals.len() as u16);
+    frame(&member(sender), PORT, &contribution(h, vals))
+}
+
+/// Member `m`'s contribution to job 7.
+fn contrib(m: u8, slot: u16, segment: u32, vals: &[i32]) -> Vec<u8> {
+    contrib_from(m, m, slot, segment, vals)
+}
+
+/// Member 2's contribution to slot 2, segment 0 of job 7, its header edited by `edit`.
+fn edited(edit: impl FnOnce(&mut Header)) -> Vec<u8> {
+    let mut h = header(JID, 2, 2, 0, ELEMENTS);
+    edit(&mut h);
+    let vals = values(2, ELEMENTS.into());
+    frame(&member(2), PORT, &contribution(h, &vals))
+}
+
+/// Member `m`'s contribution to slot 2 of job 7 on shadow copy 1.
+fn on_shadow_1(m: u8, segment: u32, vals: &[i32]) -> Vec<u8> {
+    let mut h = header(JID, m, 2, segment, vals.len() as u16);
+    h.flags = FLAG_SHADOW;
+    frame(&member(m), PORT, &contribution(h, vals))
+}
+
+/// `frame` cut to its first `len` bytes.
+fn cut(mut frame: Vec<u8>, len: usize) -> Vec<u8> {
+    frame.truncate(len);
+    frame
+}
+
+/// An ARP request from member 1.
+fn arp() -> Vec<u8> {
+    let mut arp = vec![0xff; 6];
+    arp.extend_from_slice(&member(1).mac);
+    arp.extend_from_slice(&[0x08, 0x06]);
+    arp.extend_from_slice(&[0u8; 28]);
+    arp
+}
+
 #[test]
 fn switch_program_table() {
     if !require_root("switch_program_table") {
         return;
     }
+    use {After::Unchanged, Counter::*, ShadowState::*};
     let mut sw = load_switch();
-    let n = SEG as usize;
+    let n = ELEMENTS as usize;
     // Job 7: three members, slots 10..14 of the switch.
-    sw.add_job(JID, job(3, Op::Sum, DType::I32, SEG, 10, 4));
-    let contrib = |m: u8, seg: u16, sid: u32, vals: &[i32]| {
-        frame(
-            &member(m),
-            PORT,
-            &contribution(hdr(m, seg, sid, vals.len() as u16), vals),
-        )
-    };
-
-    // First contribution: copied into slot 10+2, version 0.
-    check(
-        &mut sw,
-        &Case {
-            what: "first contribution",
-            frame: contrib(0, 2, 0, &values(0, n)),
-            action: XDP_DROP,
-            counter: Counter::Contribution,
-        },
-    );
-    let s = sw.slot(12);
-    assert_eq!(s.shadow[0].state, ShadowState::Filling as u32);
-    assert_eq!(s.shadow[0].seen, 0b001);
-    assert_eq!(s.shadow[0].count, n as u32);
-    assert_eq!(
-        sw.slot(13).shadow[0].state,
-        ShadowState::Empty as u32,
-        "neighbour slot untouched"
-    );
-
-    // Middle contribution: added.
-    check(
-        &mut sw,
-        &Case {
-            what: "middle contribution",
-            frame: contrib(1, 2, 0, &values(1, n)),
-            action: XDP_DROP,
-            counter: Counter::Contribution,
-        },
-    );
-    assert_eq!(sw.slot(12).shadow[0].seen, 0b011);
-
-    // Duplicate from member 1: never added twice.
-    let data_before = sw.slot(12).shadow[0].data;
-    check(
-        &mut sw,
-        &Case {
-            what: "duplicate",
-            frame: contrib(1, 2, 0, &values(1, n)),
-            action: XDP_DROP,
-            counter: Counter::DropDuplicate,
-        },
-    );
-    assert_eq!(
-        sw.slot(12).shadow[0].data,
-        data_before,
-        "duplicate changed the slot"
-    );
-
-    // Non-member: member index 5 of a 3-member job.
-    check(
-        &mut sw,
-        &Case {
-            what: "non-member index",
-            frame: contrib(5, 2, 0, &values(2, n)),
-            action: XDP_DROP,
-            counter: Counter::DropNotMember,
-        },
-    );
-    // Spoofed: claims member 2 but comes from member 0's addresses.
-    let spoof = frame(
-        &member(0),
-        PORT,
-        &contribution(hdr(2, 2, 0, SEG), &values(2, n)),
-    );
-    check(
-        &mut sw,
-        &Case {
-            what: "spoofed member",
-            frame: spoof,
-            action: XDP_DROP,
-            counter: Counter::DropNotMember,
-        },
-    );
-    // Unknown job.
-    let mut h = hdr(2, 2, 0, SEG);
-    h.set_job(99);
-    check(
-        &mut sw,
-        &Case {
-            what: "unknown job",
-            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
-            action: XDP_DROP,
-            counter: Counter::DropUnknownJob,
-        },
-    );
-    // Slot outside the job's range (4 slots: seg 4 would be slot 14, another job's).
-    check(
-        &mut sw,
-        &Case {
-            what: "slot out of range",
-            frame: contrib(2, 4, 0, &values(2, n)),
-            action: XDP_DROP,
-            counter: Counter::DropSlotRange,
-        },
-    );
-    // Truncated inside the collective header.
-    let mut t = contrib(2, 2, 0, &values(2, n));
-    t.truncate(PAYLOAD_OFFSET - 5);
-    check(
-        &mut sw,
-        &Case {
-            what: "truncated",
-            frame: t,
-            action: XDP_DROP,
-            counter: Counter::DropTruncated,
-        },
-    );
-    // Wrong version, wrong op, bad count, bad length.
-    let mut h = hdr(2, 2, 0, SEG);
-    h.version = 9;
-    check(
-        &mut sw,
-        &Case {
-            what: "bad version",
-            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
-            action: XDP_DROP,
-            counter: Counter::DropBadVersion,
-        },
-    );
-    let mut h = hdr(2, 2, 0, SEG);
-    h.op = Op::Xor as u8;
-    check(
-        &mut sw,
-        &Case {
-            what: "op mismatch",
-            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
-            action: XDP_DROP,
-            counter: Counter::DropBadOp,
-        },
-    );
-    check(
-        &mut sw,
-        &Case {
-            what: "count above segment",
-            frame: contrib(2, 2, 0, &values(2, n + 2)),
-            action: XDP_DROP,
-            counter: Counter::DropBadCount,
-        },
-    );
-    let mut short = contrib(2, 2, 0, &values(2, n));
-    let l = short.len();
-    short.truncate(l - 8);
-    check(
-        &mut sw,
-        &Case {
-            what: "payload shorter than count",
-            frame: short,
-            action: XDP_DROP,
-            counter: Counter::DropTruncated,
-        },
-    );
-    let mut h = hdr(2, 2, 0, 10);
-    h.set_count(10);
-    check(
-        &mut sw,
-        &Case {
-            what: "payload longer than count",
-            frame: frame(&member(2), PORT, &contribution(h, &values(2, n))),
-            action: XDP_DROP,
-            counter: Counter::DropBadLength,
-        },
-    );
-    assert_eq!(
-        sw.slot(12).shadow[0].data,
-        data_before,
-        "a dropped packet changed the slot"
-    );
-    assert_eq!(sw.slot(12).shadow[0].seen, 0b011);
-
-    // Non-collective traffic passes untouched: another UDP port, and ARP.
-    let other = frame(&member(2), 53, &[1, 2, 3, 4]);
-    let r = check(
-        &mut sw,
-        &Case {
-            what: "other UDP port",
-            frame: other.clone(),
-            action: XDP_PASS,
-            counter: Counter::Pass,
-        },
-    );
-    assert_eq!(r.out, other);
-    let mut arp = vec![0xff; 6];
-    arp.extend_from_slice(&member(1).mac);
-    arp.extend_from_slice(&[0x08, 0x06]);
-    arp.extend_from_slice(&[0u8; 28]);
-    let r = check(
-        &mut sw,
-        &Case {
-            what: "ARP",
-            frame: arp.clone(),
-            action: XDP_PASS,
-            counter: Counter::Pass,
-        },
-    );
-    assert_eq!(r.out, arp);
-
-    // The completing contribution: broadcast; the frame is the result, from the switch.
-    let r = check(
-        &mut sw,
-        &Case {
-            what: "completing contribution",
-            frame: contrib(2, 2, 0, &values(2, n)),
-            action: XDP_REDIRECT,
-            counter: Counter::Complete,
-        },
-    );
-    assert_eq!(payload_i32(&r.out, n), sum(3, n), "result payload");
-    let h = Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..]).unwrap();
-    assert_eq!(h.kind, Kind::Result as u8);
-    assert_eq!(
-        (h.job(), h.message(), h.segment(), h.slot(), h.count()),
-        (JID, 1, 0, 2, SEG)
-    );
-    assert_eq!(
-        &r.out[26..30],
-        &SWITCH_IP.octets(),
-        "result comes from the switch"
-    );
-    assert_eq!(
-        &r.out[34..36],
-        &PORT.to_be_bytes(),
-        "from the collective port"
-    );
-    let s = sw.slot(12);
-    assert_eq!(s.shadow[0].state, ShadowState::Done as u32);
-    assert_eq!(s.shadow[0].seen, 0b111);
-
-    // A retransmission to the finished version: the stored result, to that member only.
-    let r = check(
-        &mut sw,
-        &Case {
-            what: "retransmission after completion",
-            frame: contrib(0, 2, 0, &values(0, n)),
-            action: XDP_TX,
-            counter: Counter::ResultReplay,
-        },
-    );
-    assert_eq!(payload_i32(&r.out, n), sum(3, n));
-    assert_eq!(&r.out[0..6], &member(0).mac, "to member 0's MAC");
-    assert_eq!(&r.out[6..12], &SWITCH_MAC);
-    assert_eq!(&r.out[30..34], &member(0).ip, "to member 0's IP");
-    assert_eq!(ipv4_checksum(&r.out[14..34]), 0, "valid IPv4 checksum");
-    assert_eq!(&r.out[40..42], &[0, 0], "UDP checksum zero");
-
-    // The next use of slot 12 flips the epoch; version 0 keeps its result meanwhile.
-    let mut h = hdr(0, 2, 4, 3);
-    h.flags = FLAG_SHADOW;
-    check(
-        &mut sw,
-        &Case {
-            what: "next round, other version, short segment",
-            frame: frame(&member(0), PORT, &contribution(h, &[1, 2, 3])),
-            action: XDP_DROP,
-            counter: Counter::Contribution,
-        },
-    );
-    let s = sw.slot(12);
-    assert_eq!(
-        (s.shadow[1].state, s.shadow[1].count, s.shadow[1].segment),
-        (ShadowState::Filling as u32, 3, 4)
-    );
-    assert_eq!(s.shadow[0].state, ShadowState::Done as u32);
-    // A late packet from an older round is stale, not a new round.
-    let mut h = hdr(1, 2, 0, 3);
-    h.flags = FLAG_SHADOW;
-    check(
-        &mut sw,
-        &Case {
-            what: "stale round",
-            frame: frame(&member(1), PORT, &contribution(h, &[1, 2, 3])),
-            action: XDP_DROP,
-            counter: Counter::DropStale,
-        },
-    );
+    sw.add_job(JID, job(3, Op::Sum, DType::I32, ELEMENTS, 10, 4));
+    let v = |m: u8| values(m, n);
+    let full = contrib(2, 2, 0, &v(2));
+    // A table, one row to a line or two: rustfmt would spread each over six.
+    #[rustfmt::skip]
+    let rows = [
+        // First contribution: copied into slot 10+2, shadow copy 0; the neighbour slot
+        // untouched.
+        row("first contribution", contrib(0, 2, 0, &v(0)), XDP_DROP, Contribution)
+            .after([copy(12, 0, Filling, 0, 0b001, n), copy(13, 0, Empty, 0, 0, 0)]),
+        // Middle contribution: added.
+        row("middle contribution", contrib(1, 2, 0, &v(1)), XDP_DROP, Contribution)
+            .after([copy(12, 0, Filling, 0, 0b011, n)]),
+        // Duplicate from member 1: never added twice.
+        row("duplicate", contrib(1, 2, 0, &v(1)), XDP_DROP, DropDuplicate)
+            .after([Unchanged(12)]),
+        // Non-member: member index 5 of a 3-member job.
+        row("non-member index", contrib(5, 2, 0, &v(2)), XDP_DROP, DropNotMember)
+            .after([Unchanged(12)]),
+        // Spoofed: claims member 2 but comes from member 0's addresses.
+        row("spoofed member", contrib_from(0, 2, 2, 0, &v(2)), XDP_DROP, DropNotMember)
+            .after([Unchanged(12)]),
+        row("unknown job", edited(|h| h.set_job(99)), XDP_DROP, DropUnknownJob)
+            .after([Unchanged(12)]),
+        // Slot outside the job's range (4 slots: slot 4 would be slot 14, another job's).
+        row("slot out of range", contrib(2, 4, 0, &v(2)), XDP_DROP, DropSlotRange)
+            .after([Unchanged(12)]),
+        // Truncated inside the collective header.
+        row("truncated", cut(full.clone(), PAYLOAD_OFFSET - 5), XDP_DROP, DropTruncated)
+            .after([Unchanged(12)]),
+        // Wrong version, wrong op, bad count, bad length.
+        row("bad version", edited(|h| h.version = 9), XDP_DROP, DropBadVersion)
+            .after([Unchanged(12)]),
+        row("op mismatch", edited(|h| h.op = Op::Xor as u8), XDP_DROP, DropBadOp)
+            .after([Unchanged(12)]),
+        row("count above segment", contrib(2, 2, 0, &values(2, n + 2)), XDP_DROP, DropBadCount)
+            .after([Unchanged(12)]),
+        row("payload shorter than count", cut(full.clone(), full.len() - 8), XDP_DROP,
+            DropTruncated)
+            .after([Unchanged(12)]),
+        row("payload longer than count", edited(|h| h.set_count(10)), XDP_DROP, DropBadLength)
+            .after([Unchanged(12), copy(12, 0, Filling, 0, 0b011, n)]),
+        // Non-collective traffic passes untouched: another UDP port, and ARP.
+        row("other UDP port", frame(&member(2), 53, &[1, 2, 3, 4]), XDP_PASS, Pass)
+            .out([Out::Untouched]),
+        row("ARP", arp(), XDP_PASS, Pass)
+            .out([Out::Untouched]),
+        // The completing contribution: broadcast; the frame is the result, from the switch.
+        row("completing contribution", full, XDP_REDIRECT, Complete)
+            .out([
+                payload(i32s(&sum(3, n))),
+                Out::Kind(Kind::Result),
+                Out::Round(JID, 1, 0, 2, ELEMENTS),
+                Out::Bytes(26, SWITCH_IP.octets().into(), "result comes from the switch"),
+                Out::Bytes(34, PORT.to_be_bytes().into(), "from the collective port"),
+            ])
+            .after([copy(12, 0, Done, 0, 0b111, n)]),
+        // A retransmission to the finished shadow copy: the stored result, to that member
+        // only.
+        row("retransmission after completion", contrib(0, 2, 0, &v(0)), XDP_TX, ResultReplay)
+            .out([
+                payload(i32s(&sum(3, n))),
+                Out::Bytes(0, member(0).mac.into(), "to member 0's MAC"),
+                Out::Bytes(6, SWITCH_MAC.into(), "from the switch's MAC"),
+                Out::Bytes(30, member(0).ip.into(), "to member 0's IP"),
+                Out::Ipv4Checksum,
+                Out::Bytes(40, vec![0, 0], "UDP checksum zero"),
+            ]),
+        // The next use of slot 12 goes to the other shadow copy; copy 0 keeps its result
+        // meanwhile.
+        row("next round, other shadow copy, short segment", on_shadow_1(0, 4, &[1, 2, 3]),
+            XDP_DROP, Contribution)
+            .after([copy(12, 1, Filling, 4, 0b001, 3), copy(12, 0, Done, 0, 0b111, n)]),
+        // A late packet from an older round is stale, not a new round.
+        row("stale round", on_shadow_1(1, 0, &[1, 2, 3]), XDP_DROP, DropStale)
+            .after([Unchanged(12)]),
+    ];
+    run_table(&mut sw, &rows);
 }
 
 /// A one-member job completes on its first contribution; a one-element buffer works.
@@ -353,10 +394,13 @@ fn single_member_single_element() {
         .member(0)
         .count(1)
         .build();
-    let r = sw.run(&frame(&member(0), PORT, &contribution(h, &[-5])));
-    assert_eq!(r.action, XDP_REDIRECT);
-    assert_eq!(payload_i32(&r.out, 1), vec![-5]);
-    assert_eq!(sw.counter(Counter::Complete), 1);
+    let only = frame(&member(0), PORT, &contribution(h, &[-5]));
+    #[rustfmt::skip]
+    let rows = [
+        row("the only member's contribution", only, XDP_REDIRECT, Counter::Complete)
+            .out([payload(i32s(&[-5]))]),
+    ];
+    run_table(&mut sw, &rows);
 }
 
 /// Every message carries its op and type: the first contribution of a round fixes them, a
@@ -367,8 +411,12 @@ fn op_and_type_are_fixed_per_round() {
     if !require_root("op_and_type_are_fixed_per_round") {
         return;
     }
+    use {Counter::*, DType::*, Op::*};
     let mut sw = load_switch();
-    sw.add_job(4, job(2, Op::Sum, DType::I32, 860, 0, 1));
+    sw.add_job(4, job(2, Sum, I32, 860, 0, 1));
+    // Job 5's segments hold 10 i32 (40 bytes): a product of i64 carries 5 of its 8-byte
+    // lanes, not 6.
+    sw.add_job(5, job(2, Sum, I32, 10, 1, 1));
     let c = |m: u8, message: u32, op: Op, dtype: DType, shadow: u8, values: &[i32]| {
         let h = Header::builder(Kind::Contribution)
             .op(op)
@@ -381,44 +429,10 @@ fn op_and_type_are_fixed_per_round() {
             .build();
         frame(&member(m), PORT, &contribution(h, values))
     };
-    let bad_op = sw.counter(Counter::DropBadOp);
-    // Round (0, 0) starts as max over i32.
-    assert_eq!(
-        sw.run(&c(0, 0, Op::Max, DType::I32, 0, &[5, -3])).action,
-        XDP_DROP
-    );
-    // The same round as a sum: refused.
-    assert_eq!(
-        sw.run(&c(1, 0, Op::Sum, DType::I32, 0, &[1, 1])).action,
-        XDP_DROP
-    );
-    assert_eq!(sw.counter(Counter::DropBadOp), bad_op + 1);
-    // As max over u32: refused too (the type is fixed as well).
-    assert_eq!(
-        sw.run(&c(1, 0, Op::Max, DType::U32, 0, &[1, 1])).action,
-        XDP_DROP
-    );
-    assert_eq!(sw.counter(Counter::DropBadOp), bad_op + 2);
-    // As max over i32: completes with the maximum.
-    let r = sw.run(&c(1, 0, Op::Max, DType::I32, 0, &[1, 7]));
-    assert_eq!(r.action, XDP_REDIRECT);
-    assert_eq!(
-        &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8],
-        &[5, 0, 0, 0, 7, 0, 0, 0]
-    );
-    // Message 1 on the other shadow copy reduces xor. Job 5's segments hold 10 i32 (40
-    // bytes): a product of i64 carries 5 of its 8-byte lanes, not 6.
-    let r1 = sw.run(&c(0, 1, Op::Xor, DType::U32, 1, &[0b1100]));
-    let r2 = sw.run(&c(1, 1, Op::Xor, DType::U32, 1, &[0b1010]));
-    assert_eq!((r1.action, r2.action), (XDP_DROP, XDP_REDIRECT));
-    assert_eq!(
-        &r2.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 4],
-        &[0b0110, 0, 0, 0]
-    );
     let wide = |m: u8, n: usize| {
         let h = Header::builder(Kind::Contribution)
-            .op(Op::Prod)
-            .dtype(DType::I64)
+            .op(Prod)
+            .dtype(I64)
             .job(5)
             .member(m)
             .count(n as u16)
@@ -429,17 +443,28 @@ fn op_and_type_are_fixed_per_round() {
         p.truncate(len);
         frame(&member(m), PORT, &p)
     };
-    sw.add_job(5, job(2, Op::Sum, DType::I32, 10, 1, 1));
-    let bad_count = sw.counter(Counter::DropBadCount);
-    assert_eq!(sw.run(&wide(0, 6)).action, XDP_DROP);
-    assert_eq!(sw.counter(Counter::DropBadCount), bad_count + 1);
-    assert_eq!(sw.run(&wide(0, 5)).action, XDP_DROP);
-    let r = sw.run(&wide(1, 5));
-    assert_eq!(r.action, XDP_REDIRECT);
-    assert_eq!(
-        &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8],
-        &4i64.to_le_bytes()
-    );
+    #[rustfmt::skip]
+    let rows = [
+        // Round (0, 0) starts as max over i32.
+        row("round (0, 0) as max over i32", c(0, 0, Max, I32, 0, &[5, -3]), XDP_DROP, Contribution),
+        // The same round as a sum: refused.
+        row("the same round as sum", c(1, 0, Sum, I32, 0, &[1, 1]), XDP_DROP, DropBadOp),
+        // As max over u32: refused too (the type is fixed as well).
+        row("the same round as max over u32", c(1, 0, Max, U32, 0, &[1, 1]), XDP_DROP, DropBadOp),
+        // As max over i32: completes with the maximum.
+        row("the same round as max over i32", c(1, 0, Max, I32, 0, &[1, 7]), XDP_REDIRECT, Complete)
+            .out([payload(i32s(&[5, 7]))]),
+        // Message 1 on the other shadow copy reduces xor.
+        row("message 1 as xor over u32", c(0, 1, Xor, U32, 1, &[0b1100]), XDP_DROP, Contribution),
+        row("message 1 completing", c(1, 1, Xor, U32, 1, &[0b1010]), XDP_REDIRECT, Complete)
+            .out([payload(i32s(&[0b0110]))]),
+        // Job 5: a product of i64.
+        row("6 lanes of i64 in 40 bytes", wide(0, 6), XDP_DROP, DropBadCount),
+        row("5 lanes of i64", wide(0, 5), XDP_DROP, Contribution),
+        row("5 lanes of i64, completing", wide(1, 5), XDP_REDIRECT, Complete)
+            .out([payload(i64s(&[2 * 2]))]),
+    ];
+    run_table(&mut sw, &rows);
 }
 
 /// A job id is its dense index and a generation: an id of the index's earlier generation
@@ -449,8 +474,9 @@ fn a_stale_job_id_names_no_job() {
     if !require_root("a_stale_job_id_names_no_job") {
         return;
     }
+    use Counter::*;
     let mut sw = load_switch();
-    let jid = xagg_common::job::job_id(3, 2);
+    let jid = job_id(3, 2);
     sw.add_job(jid, job(2, Op::Sum, DType::I32, 4, 0, 1));
     let c = |id: u32| {
         let h = Header::builder(Kind::Contribution)
@@ -462,22 +488,15 @@ fn a_stale_job_id_names_no_job() {
             .build();
         frame(&member(0), PORT, &contribution(h, &[1, 2, 3, 4]))
     };
-    let unknown = sw.counter(Counter::DropUnknownJob);
-    for stale in [
-        xagg_common::job::job_id(3, 1),
-        3,
-        xagg_common::job::job_id(4, 2),
-    ] {
-        assert_eq!(sw.run(&c(stale)).action, XDP_DROP);
-    }
-    assert_eq!(sw.counter(Counter::DropUnknownJob), unknown + 3);
-    assert_eq!(sw.counter(Counter::Contribution), 0);
-    assert_eq!(
-        sw.run(&c(jid)).action,
-        XDP_DROP,
-        "added: waits for member 1"
-    );
-    assert_eq!(sw.counter(Counter::Contribution), 1);
+    #[rustfmt::skip]
+    let rows = [
+        row("index 3, earlier generation 1", c(job_id(3, 1)), XDP_DROP, DropUnknownJob),
+        row("index 3, earlier generation 0", c(3), XDP_DROP, DropUnknownJob),
+        row("index 4, holding no job", c(job_id(4, 2)), XDP_DROP, DropUnknownJob),
+        // Added: waits for member 1.
+        row("the job's own id", c(jid), XDP_DROP, Contribution),
+    ];
+    run_table(&mut sw, &rows);
 }
 
 /// Segments past one XDP buffer (a 9000-byte MTU's full segment, which BPF_PROG_RUN splits
@@ -489,74 +508,17 @@ fn multi_buffer_segments() {
     if !require_root("multi_buffer_segments") {
         return;
     }
+    use Counter::*;
     let mut sw = load_switch();
     let n = wire::MAX_PAYLOAD / 4;
     sw.add_job(8, job(2, Op::Sum, DType::I32, n as u16, 20, 2));
-    let contrib = |m: u8, vals: &[i32]| {
-        let mut h = hdr(m, 1, 0, vals.len() as u16);
-        h.set_job(8);
-        frame(&member(m), PORT, &contribution(h, vals))
-    };
-    let first = contrib(0, &values(0, n));
-    assert!(first.len() > 3520, "a multi-buffer frame");
-    check(
-        &mut sw,
-        &Case {
-            what: "multi-buffer, first",
-            frame: first.clone(),
-            action: XDP_DROP,
-            counter: Counter::Contribution,
-        },
-    );
-    let s = sw.slot(21);
-    assert_eq!(s.shadow[0].state, ShadowState::Filling as u32);
-    assert_eq!(s.shadow[0].count, n as u32);
-    let last_word = s.shadow[0].data[n / 2 - 1];
-    let v = values(0, n);
-    assert_eq!(
-        last_word,
-        (v[n - 2] as u32 as u64) | ((v[n - 1] as u32 as u64) << 32),
-        "the slot holds the last buffer's words"
-    );
-    let done = check(
-        &mut sw,
-        &Case {
-            what: "multi-buffer, completing",
-            frame: contrib(1, &values(1, n)),
-            action: XDP_PASS,
-            counter: Counter::Complete,
-        },
-    );
-    // In front of the frame, the metadata marking it as the switch's own result for
-    // `xagg_fanout` (BPF_PROG_RUN hands it back with the frame): the mark and the job.
-    assert_eq!(done.out.len(), first.len());
-    let mark = [0x7861_7272u32.to_ne_bytes(), 8u32.to_ne_bytes()].concat();
-    assert_eq!(done.meta, mark, "marked as its own result of job 8");
-    assert_eq!(
-        done.out[PAYLOAD_OFFSET - wire::HEADER_LEN + 1],
-        Kind::Result as u8
-    );
-    assert_eq!(
-        &done.out[26..30],
-        &xagg_lab::testrun::SWITCH_IP.octets(),
-        "from the switch"
-    );
-    assert_eq!(payload_i32(&done.out, n), sum(2, n));
-    let replay = check(
-        &mut sw,
-        &Case {
-            what: "multi-buffer, asked again",
-            frame: first,
-            action: XDP_TX,
-            counter: Counter::ResultReplay,
-        },
-    );
-    assert_eq!(payload_i32(&replay.out, n), sum(2, n));
-    assert_eq!(&replay.out[30..34], &member(0).ip, "back to the member");
-
     // Another fold over 64-bit lanes: the max of i64, a full segment.
     let k = wire::MAX_PAYLOAD / 8;
     sw.add_job(9, job(2, Op::Max, DType::I64, k as u16, 30, 1));
+    let contrib = |m: u8| {
+        let h = header(8, m, 1, 0, n as u16);
+        frame(&member(m), PORT, &contribution(h, &values(m, n)))
+    };
     let vals = |m: u8| -> Vec<i64> {
         (0..k as i64)
             .map(|i| if (i + m as i64) % 2 == 0 { i << 40 } else { -i })
@@ -570,24 +532,49 @@ fn multi_buffer_segments() {
             .member(m)
             .count(k as u16)
             .build();
-        let bytes: Vec<u8> = vals(m).iter().flat_map(|v| v.to_le_bytes()).collect();
+        let bytes = i64s(&vals(m));
         let mut p = vec![0u8; wire::HEADER_LEN + bytes.len()];
         let len = wire::encode(&h, &bytes, &mut p).unwrap();
         p.truncate(len);
         frame(&member(m), PORT, &p)
     };
-    assert_eq!(sw.run(&c64(0)).action, XDP_DROP);
-    let r = sw.run(&c64(1));
-    assert_eq!(r.action, XDP_PASS);
-    assert_eq!(r.meta.len(), 8, "marked as the switch's own result");
-    let got: Vec<i64> = r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 8 * k]
-        .chunks(8)
-        .map(|c| i64::from_le_bytes(c.try_into().unwrap()))
-        .collect();
-    let want: Vec<i64> = vals(0)
+    let first = contrib(0);
+    // Not a row's expectation but the rows' premise: they test nothing of several buffers
+    // unless the frame spans them.
+    assert!(first.len() > 3520, "a multi-buffer frame");
+    let v = values(0, n);
+    let last_word = (v[n - 2] as u32 as u64) | ((v[n - 1] as u32 as u64) << 32);
+    // In front of the frame, the metadata marking it as the switch's own result for
+    // `xagg_fanout` (BPF_PROG_RUN hands it back with the frame): the mark and the job.
+    let mark = |job: u32| [0x7861_7272u32.to_ne_bytes(), job.to_ne_bytes()].concat();
+    let max: Vec<i64> = vals(0)
         .iter()
         .zip(vals(1))
         .map(|(a, b)| (*a).max(b))
         .collect();
-    assert_eq!(got, want);
+    #[rustfmt::skip]
+    let rows = [
+        row("multi-buffer, first", first.clone(), XDP_DROP, Contribution)
+            .after([
+                copy(21, 0, ShadowState::Filling, 0, 0b01, n),
+                After::Word(21, 0, n / 2 - 1, last_word, "the slot holds the last buffer's words"),
+            ]),
+        row("multi-buffer, completing", contrib(1), XDP_PASS, Complete)
+            .out([
+                Out::Len(first.len()),
+                Out::Meta(mark(8)),
+                Out::Kind(Kind::Result),
+                Out::Bytes(26, SWITCH_IP.octets().into(), "from the switch"),
+                payload(i32s(&sum(2, n))),
+            ]),
+        row("multi-buffer, asked again", first, XDP_TX, ResultReplay)
+            .out([
+                payload(i32s(&sum(2, n))),
+                Out::Bytes(30, member(0).ip.into(), "back to the member"),
+            ]),
+        row("i64 max, first", c64(0), XDP_DROP, Contribution),
+        row("i64 max, completing", c64(1), XDP_PASS, Complete)
+            .out([Out::Meta(mark(9)), payload(i64s(&max))]),
+    ];
+    run_table(&mut sw, &rows);
 }
