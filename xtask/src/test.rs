@@ -61,7 +61,7 @@ pub fn run_suite(a: &TestArgs) -> Result<()> {
 }
 
 /// `cargo fmt --check` over both workspaces (the project's and the fuzz targets'), and
-/// clippy with warnings as errors over every crate built for the host.
+/// clippy with warnings as errors over every crate, the XDP crate for its BPF target.
 fn lints() -> Result<()> {
     eprintln!("cargo fmt --check; cargo clippy --all-targets -- -D warnings");
     run(cargo().args(["fmt", "--all", "--check"]))?;
@@ -78,7 +78,26 @@ fn lints() -> Result<()> {
         "--",
         "-D",
         "warnings",
-    ]))
+    ]))?;
+    // The XDP crate, for its target and as it is built (crate::build::build).
+    run(cargo()
+        .env("RUSTC_BOOTSTRAP", "1")
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
+        .args([
+            "clippy",
+            "--quiet",
+            "-p",
+            "xagg-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+            "-Z",
+            "build-std=core",
+            "--release",
+            "--target-dir",
+        ])
+        .arg(crate::build::ebpf_target_dir())
+        .args(["--", "-D", "warnings"]))
 }
 
 /// Coverage-guided runs of both fuzz targets.
