@@ -25,6 +25,27 @@ pub fn ebpf_target_dir() -> PathBuf {
     target_dir().join("ebpf")
 }
 
+/// `cargo SUBCOMMAND` over the XDP crate, for its BPF target, into its own target directory.
+/// Stable rustc with RUSTC_BOOTSTRAP builds core for the BPF target; --btf is needed for the
+/// BTF maps (the slot spin lock lives in one).
+pub fn ebpf_cargo(subcommand: &str) -> Command {
+    let mut c = cargo();
+    c.env("RUSTC_BOOTSTRAP", "1")
+        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
+        .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
+        .args([
+            subcommand,
+            "--quiet",
+            "-p",
+            "xagg-ebpf",
+            "--target",
+            "bpfel-unknown-none",
+        ])
+        .args(["-Z", "build-std=core", "--release", "--target-dir"])
+        .arg(ebpf_target_dir());
+    c
+}
+
 pub fn cargo() -> Command {
     let mut c = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
     c.current_dir(root());
@@ -53,26 +74,8 @@ pub fn venv_dir() -> PathBuf {
 /// and the release binaries that embed the switch's (`xaggd`, `xagg`); the MPI library, the
 /// Python module and the worker library's examples only where `needs` asks for them.
 pub fn build(needs: Needs) -> Result<()> {
-    // Both objects: the crate's two binaries.
-    // Stable rustc with RUSTC_BOOTSTRAP builds core for the BPF target; --btf is needed for
-    // the BTF maps (the slot spin lock lives in one).
-    run(cargo()
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
-        .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
-        .args([
-            "build",
-            "--quiet",
-            "-p",
-            "xagg-ebpf",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-            "--release",
-            "--target-dir",
-        ])
-        .arg(ebpf_target_dir()))?;
+    // The objects: the XDP crate's binaries (the switch's, a worker's, the tests').
+    run(&mut ebpf_cargo("build"))?;
     let mut bins = cargo();
     bins.args(["build", "--quiet", "--release"]);
     bins.args(["-p", "xagg-daemon", "-p", "xagg-cli", "--bins"]);

@@ -79,25 +79,8 @@ fn lints() -> Result<()> {
         "-D",
         "warnings",
     ]))?;
-    // The XDP crate, for its target and as it is built (crate::build::build).
-    run(cargo()
-        .env("RUSTC_BOOTSTRAP", "1")
-        .env("RUSTFLAGS", "-C debuginfo=2 -C link-arg=--btf")
-        .env("CARGO_RESOLVER_INCOMPATIBLE_RUST_VERSIONS", "fallback")
-        .args([
-            "clippy",
-            "--quiet",
-            "-p",
-            "xagg-ebpf",
-            "--target",
-            "bpfel-unknown-none",
-            "-Z",
-            "build-std=core",
-            "--release",
-            "--target-dir",
-        ])
-        .arg(crate::build::ebpf_target_dir())
-        .args(["--", "-D", "warnings"]))
+    // The XDP crate, for its target and as it is built.
+    run(crate::build::ebpf_cargo("clippy").args(["--", "-D", "warnings"]))
 }
 
 /// Coverage-guided runs of both fuzz targets.
