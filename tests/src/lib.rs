@@ -14,7 +14,7 @@ use xagg_common::{
     Counter, JobShape,
 };
 use xagg_daemon::config::Config;
-pub use xagg_lab::{bin, testrun::*};
+pub use xagg_lab::{bin, switch::Allreduce, testrun::*};
 use xagg_lab::{lab::Lab, switch::LabSwitch};
 use xagg_worker::Report;
 
@@ -181,27 +181,10 @@ impl TestSwitch {
         self.0.add_job(spec).expect("daemon API")
     }
 
-    /// Runs one allreduce (message `message`) of `elems` i32 on every listed worker at once
-    /// (member i is worker `workers[i]`, bound to `port`), and checks each result against
-    /// the wrapping sum.
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one argument per knob of the run"
-    )]
-    pub fn allreduce(
-        &self,
-        job: u32,
-        message: u32,
-        segment: usize,
-        slots: usize,
-        workers: &[usize],
-        port: u16,
-        elems: usize,
-        seed: u64,
-    ) -> Vec<Report> {
-        let shape = i32_shape(workers.len(), slots, segment);
-        self.0
-            .allreduce_with(job, message, shape, workers, port, elems, seed, |_| {})
+    /// Runs `run` on every listed worker at once and checks each result against the
+    /// wrapping sum.
+    pub fn allreduce(&self, run: &Allreduce) -> Vec<Report> {
+        self.0.allreduce_with(run, |_| {})
     }
 }
 

@@ -28,13 +28,16 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     let mut mid = 0;
     for elems in [1usize, 859, 861, (4 << 20) / 4 + 3] {
         let reps = sw.allreduce_with(
-            4,
-            mid,
-            i32_shape(3, 64, 860),
-            &workers,
-            47801,
-            elems,
-            500 + mid as u64,
+            &Allreduce {
+                job: 4,
+                message: mid,
+                segment: 860,
+                slots: 64,
+                workers: &workers,
+                port: 47801,
+                elems,
+                seed: 500 + mid as u64,
+            },
             afxdp,
         );
         mid += 1;
@@ -54,13 +57,16 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     ));
     let before = sw.counters();
     let reps = sw.allreduce_with(
-        4,
-        mid,
-        i32_shape(3, 64, 860),
-        &workers,
-        47801,
-        (2 << 20) / 4,
-        77,
+        &Allreduce {
+            job: 4,
+            message: mid,
+            segment: 860,
+            slots: 64,
+            workers: &workers,
+            port: 47801,
+            elems: (2 << 20) / 4,
+            seed: 77,
+        },
         afxdp,
     );
     let after = sw.counters();
@@ -107,13 +113,16 @@ fn afxdp_receives_multi_buffer_results() {
     let before: Vec<u64> = workers.iter().map(|&w| udp_in(&sw, w)).collect();
     let elems = (4 << 20) / 4 + 3;
     let reps = sw.allreduce_with(
-        5,
-        0,
-        i32_shape(3, 64, segment),
-        &workers,
-        47801,
-        elems,
-        9,
+        &Allreduce {
+            job: 5,
+            message: 0,
+            segment,
+            slots: 64,
+            workers: &workers,
+            port: 47801,
+            elems,
+            seed: 9,
+        },
         afxdp,
     );
     assert_eq!(reps.len(), 3);

@@ -25,7 +25,16 @@ fn restart_adopts_the_pinned_dataplane() {
         sw.add_job(4, FULL, 8, &[0, 1]),
         Response::Job { .. }
     ));
-    sw.allreduce(4, 0, FULL as usize, 8, &[0, 1], 47801, 10_000, 1);
+    sw.allreduce(&Allreduce {
+        job: 4,
+        message: 0,
+        segment: FULL as usize,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 10_000,
+        seed: 1,
+    });
     let before = sw.counters();
     assert!(sw.stop_daemon(Signal::SIGTERM).success());
     // The dataplane keeps aggregating with no daemon at all: full segments need the
@@ -37,11 +46,29 @@ fn restart_adopts_the_pinned_dataplane() {
     let no_retransmission = |reps: Vec<xagg_worker::Report>| {
         assert_eq!(reps.iter().map(|r| r.retransmissions).sum::<u64>(), 0);
     };
-    no_retransmission(sw.allreduce(4, 1, FULL as usize, 8, &[0, 1], 47801, 10_000, 2));
+    no_retransmission(sw.allreduce(&Allreduce {
+        job: 4,
+        message: 1,
+        segment: FULL as usize,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 10_000,
+        seed: 2,
+    }));
     // SIGKILL leaves it running too.
     sw.start_daemon();
     assert!(sw.stop_daemon(Signal::SIGKILL).code().is_none());
-    no_retransmission(sw.allreduce(4, 2, FULL as usize, 8, &[0, 1], 47801, 10_000, 3));
+    no_retransmission(sw.allreduce(&Allreduce {
+        job: 4,
+        message: 2,
+        segment: FULL as usize,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 10_000,
+        seed: 3,
+    }));
     sw.start_daemon();
     match sw.api(Request::Status) {
         Response::Status {
@@ -207,7 +234,16 @@ fn restart_during_an_allreduce() {
         let sw = sw_ref;
         let run = s.spawn(|| {
             // The helper verifies the result bit-exactly.
-            sw.allreduce(6, 0, 860, 64, &[0, 1], 47801, elems, 9);
+            sw.allreduce(&Allreduce {
+                job: 6,
+                message: 0,
+                segment: 860,
+                slots: 64,
+                workers: &[0, 1],
+                port: 47801,
+                elems,
+                seed: 9,
+            });
         });
         // Wait until the allreduce is under way.
         while complete(sw) == 0 {
@@ -286,7 +322,16 @@ fn pinned_layout_is_checked_on_adoption() {
         Response::Status { adopted, jobs, .. } => assert!(adopted && jobs == 1),
         r => panic!("{r:?}"),
     }
-    sw.allreduce(3, 0, 256, 4, &[0, 1], 47801, 5000, 4);
+    sw.allreduce(&Allreduce {
+        job: 3,
+        message: 0,
+        segment: 256,
+        slots: 4,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 5000,
+        seed: 4,
+    });
     assert!(sw.stop_daemon(Signal::SIGTERM).success());
     // Pinned by a build from before the layout version: no LAYOUT map at all.
     std::fs::remove_file(&layout_pin).unwrap();

@@ -399,7 +399,16 @@ fn daemon_runs_with_the_units_capabilities() {
         sw.add_job(7, 512, 8, &[0, 1]),
         Response::Job { .. }
     ));
-    sw.allreduce(7, 0, 512, 8, &[0, 1], 47801, 5_000, 1);
+    sw.allreduce(&Allreduce {
+        job: 7,
+        message: 0,
+        segment: 512,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 5_000,
+        seed: 1,
+    });
 
     // `systemctl stop`: the daemon exits, the dataplane stays pinned and keeps aggregating.
     stop_as_the_unit(d);
@@ -407,7 +416,16 @@ fn daemon_runs_with_the_units_capabilities() {
         sw.pin.join("maps/JOBS").exists(),
         "the dataplane stays pinned"
     );
-    sw.allreduce(7, 1, 512, 8, &[0, 1], 47801, 5_000, 2);
+    sw.allreduce(&Allreduce {
+        job: 7,
+        message: 1,
+        segment: 512,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 5_000,
+        seed: 2,
+    });
 
     // `systemctl start`: the daemon adopts it, the job included.
     let d = start_as_the_unit(&sw);
@@ -415,6 +433,15 @@ fn daemon_runs_with_the_units_capabilities() {
         Response::Status { adopted, jobs, .. } => assert!(adopted && jobs == 1),
         r => panic!("{r:?}"),
     }
-    sw.allreduce(7, 2, 512, 8, &[0, 1], 47801, 5_000, 3);
+    sw.allreduce(&Allreduce {
+        job: 7,
+        message: 2,
+        segment: 512,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 5_000,
+        seed: 3,
+    });
     stop_as_the_unit(d);
 }

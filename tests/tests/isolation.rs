@@ -53,16 +53,16 @@ fn eight_jobs_at_once_and_one_removed_midway() {
                     let id = j as u32 + 1;
                     // Two allreduces per job, each verified bit-exactly by the helper.
                     for mid in 0..2 {
-                        sw.allreduce(
-                            id,
-                            mid,
-                            256,
-                            8,
+                        sw.allreduce(&Allreduce {
+                            job: id,
+                            message: mid,
+                            segment: 256,
+                            slots: 8,
                             workers,
-                            port(id),
+                            port: port(id),
                             elems,
-                            100 * id as u64 + mid as u64,
-                        );
+                            seed: 100 * id as u64 + mid as u64,
+                        });
                     }
                 })
             })

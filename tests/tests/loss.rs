@@ -47,15 +47,17 @@ fn recover(prefix: &str, segment: u16) {
     let mut run =
         |sw: &TestSwitch, what: &str, tweak: &(dyn Fn(&mut xagg_worker::WorkerParams) + Sync)| {
             let before = sw.counters();
-            let shape = i32_shape(WORKERS.len(), 64, segment as usize);
             let reps = sw.allreduce_with(
-                1,
-                mid,
-                shape,
-                &WORKERS,
-                47801,
-                SEGMENTS * segment as usize - 7,
-                1000 + mid as u64,
+                &Allreduce {
+                    job: 1,
+                    message: mid,
+                    segment: segment as usize,
+                    slots: 64,
+                    workers: &WORKERS,
+                    port: 47801,
+                    elems: SEGMENTS * segment as usize - 7,
+                    seed: 1000 + mid as u64,
+                },
                 tweak,
             );
             mid += 1;
@@ -214,6 +216,15 @@ fn missing_member_fails_fast_with_a_clear_error() {
     }
     // The next allreduce reclaims the abandoned slots and completes.
     let before = sw.counters()["slot_reclaimed"];
-    sw.allreduce(2, 1, 256, 8, &WORKERS, 47801, 4096, 5);
+    sw.allreduce(&Allreduce {
+        job: 2,
+        message: 1,
+        segment: 256,
+        slots: 8,
+        workers: &WORKERS,
+        port: 47801,
+        elems: 4096,
+        seed: 5,
+    });
     assert!(sw.counters()["slot_reclaimed"] > before);
 }

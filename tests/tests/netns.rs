@@ -26,7 +26,16 @@ fn two_workers_uneven_sizes() {
         .into_iter()
         .enumerate()
     {
-        let reps = sw.allreduce(1, k as u32, 256, 16, &[0, 1], 47801, elems, 100 + k as u64);
+        let reps = sw.allreduce(&Allreduce {
+            job: 1,
+            message: k as u32,
+            segment: 256,
+            slots: 16,
+            workers: &[0, 1],
+            port: 47801,
+            elems,
+            seed: 100 + k as u64,
+        });
         assert_eq!(reps.len(), 2);
     }
     let c = sw.counters();
@@ -47,7 +56,16 @@ fn four_workers_large_buffer() {
         Response::Job { .. }
     ));
     let elems = (16 << 20) / 4 + 5; // 16 MiB and a short last segment
-    let reps = sw.allreduce(9, 0, 860, 64, &[0, 1, 2, 3], 47801, elems, 42);
+    let reps = sw.allreduce(&Allreduce {
+        job: 9,
+        message: 0,
+        segment: 860,
+        slots: 64,
+        workers: &[0, 1, 2, 3],
+        port: 47801,
+        elems,
+        seed: 42,
+    });
     let slowest = reps.iter().map(|r| r.seconds).fold(0.0, f64::max);
     eprintln!("4 workers x 16 MiB: slowest {slowest:.3} s");
     let c = sw.counters();
@@ -88,7 +106,16 @@ fn standard_ethernet_mtu() {
         Response::Job { .. }
     ));
     let elems = (1 << 20) / 4 + 3;
-    sw.allreduce(1, 0, longest as usize, 64, &[0, 1], 47801, elems, 7);
+    sw.allreduce(&Allreduce {
+        job: 1,
+        message: 0,
+        segment: longest as usize,
+        slots: 64,
+        workers: &[0, 1],
+        port: 47801,
+        elems,
+        seed: 7,
+    });
     let c = sw.counters();
     assert_eq!(c["complete"], elems.div_ceil(358) as u64, "{c:?}");
 }

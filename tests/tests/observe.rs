@@ -69,7 +69,16 @@ fn counters_metrics_and_the_live_view() {
     // Exact, without loss: every member contributes each segment once; the last of each
     // round completes it.
     let elems = 860 * 100;
-    sw.allreduce(5, 0, 860, 32, &[0, 1, 2], 47801, elems, 1);
+    sw.allreduce(&Allreduce {
+        job: 5,
+        message: 0,
+        segment: 860,
+        slots: 32,
+        workers: &[0, 1, 2],
+        port: 47801,
+        elems,
+        seed: 1,
+    });
     let c = job_counters(&sw, 5);
     assert_eq!(c.counters.get("complete"), Some(&100), "{c:?}");
     assert_eq!(c.counters.get("contribution"), Some(&200), "{c:?}");
@@ -91,7 +100,16 @@ fn counters_metrics_and_the_live_view() {
         }),
         Response::Ok
     ));
-    sw.allreduce(5, 1, 860, 32, &[0, 1, 2], 47801, elems, 2);
+    sw.allreduce(&Allreduce {
+        job: 5,
+        message: 1,
+        segment: 860,
+        slots: 32,
+        workers: &[0, 1, 2],
+        port: 47801,
+        elems,
+        seed: 2,
+    });
     assert!(matches!(
         sw.api(Request::Inject {
             drop_contribution: 0.0,
@@ -118,7 +136,16 @@ fn counters_metrics_and_the_live_view() {
         let runner = s.spawn(move || {
             let mut m = 2;
             while !stop.load(Ordering::Relaxed) {
-                sw.allreduce(5, m, 860, 32, &[0, 1, 2], 47801, elems, 3);
+                sw.allreduce(&Allreduce {
+                    job: 5,
+                    message: m,
+                    segment: 860,
+                    slots: 32,
+                    workers: &[0, 1, 2],
+                    port: 47801,
+                    elems,
+                    seed: 3,
+                });
                 m += 1;
             }
         });

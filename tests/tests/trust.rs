@@ -108,13 +108,16 @@ fn allreduce_under_forgery(sw: &TestSwitch, job: u32, from: SocketAddrV4) -> (u6
         std::thread::sleep(Duration::from_millis(50));
         // Member 1 starts 300 ms late: member 0 sits waiting for results meanwhile.
         let reports = sw.allreduce_with(
-            job,
-            0,
-            i32_shape(2, 8, 256),
-            &[0, 1],
-            WORKER_PORT,
-            64 * 256,
-            11,
+            &Allreduce {
+                job,
+                message: 0,
+                segment: 256,
+                slots: 8,
+                workers: &[0, 1],
+                port: WORKER_PORT,
+                elems: 64 * 256,
+                seed: 11,
+            },
             |p| {
                 if p.member == 1 {
                     std::thread::sleep(Duration::from_millis(300));
@@ -209,13 +212,16 @@ fn a_packet_filter_dropping_contributions_is_a_loss_not_an_error() {
         // At 1 % one datagram per send (so about 12 of the 1217 contributions are
         // refused); at 5 % GSO bursts, each refused whole.
         let reps = sw.allreduce_with(
-            7,
-            k as u32,
-            i32_shape(3, 64, 860),
-            &[0, 1, 2],
-            WORKER_PORT,
-            (4 << 20) / 4,
-            3,
+            &Allreduce {
+                job: 7,
+                message: k as u32,
+                segment: 860,
+                slots: 64,
+                workers: &[0, 1, 2],
+                port: WORKER_PORT,
+                elems: (4 << 20) / 4,
+                seed: 3,
+            },
             |p| p.gso = percent != 1,
         );
         let lost: u64 = reps.iter().map(|r| r.lost_sends).sum();
@@ -768,7 +774,16 @@ fn a_new_process_takes_up_the_next_message_from_the_switch() {
         Response::Job { .. }
     ));
     for message in 0..3 {
-        sw.allreduce(9, message, 256, 4, &[0, 1], WORKER_PORT, 3000, 5);
+        sw.allreduce(&Allreduce {
+            job: 9,
+            message,
+            segment: 256,
+            slots: 4,
+            workers: &[0, 1],
+            port: WORKER_PORT,
+            elems: 3000,
+            seed: 5,
+        });
     }
     // New processes, no message id given: they take up message 3.
     let elems = 5000;
@@ -1069,13 +1084,16 @@ fn run_under_injection(
             .collect();
         std::thread::sleep(Duration::from_millis(50));
         let reports = sw.allreduce_with(
-            12,
-            message,
-            i32_shape(2, 8, 256),
-            &[0, 1],
-            WORKER_PORT,
-            64 * 256,
-            17 + u64::from(message),
+            &Allreduce {
+                job: 12,
+                message,
+                segment: 256,
+                slots: 8,
+                workers: &[0, 1],
+                port: WORKER_PORT,
+                elems: 64 * 256,
+                seed: 17 + u64::from(message),
+            },
             |p| {
                 p.afxdp = afxdp;
                 if p.member == 1 {

@@ -155,21 +155,8 @@ impl Lab {
     /// Attaches `xagg_host` from `object`, a worker's XDP object (`xagg-host`,
     /// [`crate::Object::Host`]), to every worker's interface (native mode).
     pub fn attach_hosts(&mut self, object: &[u8]) -> Result<()> {
-        if object.is_empty() {
-            bail!("the XDP object is empty: run `cargo xtask build`");
-        }
         for i in 0..self.workers {
-            let ebpf = in_netns(&self.worker_ns(i), || {
-                let mut ebpf = Ebpf::load(object)?;
-                let p: &mut Xdp = ebpf
-                    .program_mut("xagg_host")
-                    .context("no xagg_host")?
-                    .try_into()?;
-                p.load()?;
-                p.attach("eth0", aya::programs::XdpMode::Driver)
-                    .context("attaching xagg_host to a worker's eth0")?;
-                Ok(ebpf)
-            })?;
+            let ebpf = attach_host(object, &self.worker_ns(i), "eth0")?;
             self.hosts.push(ebpf);
         }
         Ok(())
@@ -286,4 +273,23 @@ pub fn remove_namespaces(prefix: &str, numbered: &[&str], named: &[&str]) {
             let _ = ip(&["netns", "del", name]);
         }
     }
+}
+
+/// Loads `xagg_host` from `object` (a worker's XDP object, `xagg-host`) and attaches it to
+/// `dev` in namespace `ns` (native mode); it stays attached while the returned object lives.
+pub fn attach_host(object: &[u8], ns: &str, dev: &str) -> Result<Ebpf> {
+    if object.is_empty() {
+        bail!("the XDP object is empty: run `cargo xtask build`");
+    }
+    in_netns(ns, || {
+        let mut ebpf = Ebpf::load(object)?;
+        let p: &mut Xdp = ebpf
+            .program_mut("xagg_host")
+            .context("no xagg_host")?
+            .try_into()?;
+        p.load()?;
+        p.attach(dev, aya::programs::XdpMode::Driver)
+            .with_context(|| format!("attaching xagg_host to {dev} in {ns}"))?;
+        Ok(ebpf)
+    })
 }

@@ -14,7 +14,7 @@ use anyhow::{bail, Context, Result};
 use nix::{sys::signal::Signal, unistd::Pid};
 use xagg_api::{JobSpec, Request, Response};
 use xagg_common::{
-    wire::{DType, Op, DEFAULT_PORT},
+    wire::{DType, Lane, Op, DEFAULT_PORT},
     JobShape,
 };
 use xagg_daemon::config::{Config, DaemonSection, SwitchSection};
@@ -117,6 +117,27 @@ pub fn joinable(c: &mut Config, dir: &Path) -> Result<()> {
         slot_quota: 4096,
     });
     Ok(())
+}
+
+/// One allreduce of i32 sums through the lab's switch: who takes part, on which job and
+/// message, with what data.
+#[derive(Clone, Copy, Debug)]
+pub struct Allreduce<'a> {
+    pub job: u32,
+    /// The message id the run starts at.
+    pub message: u32,
+    /// The lab's workers taking part: member i is worker `workers[i]`.
+    pub workers: &'a [usize],
+    /// Elements per segment of the job.
+    pub segment: usize,
+    /// Slots of the job.
+    pub slots: usize,
+    /// The UDP port every worker binds.
+    pub port: u16,
+    /// Elements each worker reduces.
+    pub elems: usize,
+    /// Seeds the workers' data (`xagg_worker::data::fill`).
+    pub seed: u64,
 }
 
 /// A lab with its switch daemon: the files it uses and the daemon while it runs. Dropping
@@ -286,25 +307,26 @@ impl LabSwitch {
         }
     }
 
-    /// Runs one allreduce (message `message`) of `elems` i32 with the worker library, on
-    /// every listed worker at once (member i is worker `workers[i]`, bound to `port`), each
-    /// worker's parameters adjusted by `tweak`, and checks each result against the wrapping
-    /// sum. Panics with the switch's counters on failure (test support).
-    #[expect(
-        clippy::too_many_arguments,
-        reason = "one argument per knob of the run"
-    )]
+    /// Runs `run` with the worker library, every listed worker at once, each worker's
+    /// parameters adjusted by `tweak`, and checks each result against the wrapping sum.
+    /// Panics with the switch's counters on failure (test support).
     pub fn allreduce_with(
         &self,
-        job: u32,
-        message: u32,
-        shape: JobShape,
-        workers: &[usize],
-        port: u16,
-        elems: usize,
-        seed: u64,
+        run: &Allreduce,
         tweak: impl Fn(&mut WorkerParams) + Sync,
     ) -> Vec<Report> {
+        let &Allreduce {
+            job,
+            message,
+            workers,
+            segment,
+            slots,
+            port,
+            elems,
+            seed,
+        } = run;
+        let shape = JobShape::with_elements(workers.len(), slots, segment, Lane::I32)
+            .expect("a valid test shape");
         let n = workers.len();
         let expected = xagg_worker::data::expected_sum(seed, n as u32, elems);
         std::thread::scope(|s| {

@@ -17,7 +17,7 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, net::SocketAddrV4, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
-use aya::{programs::Xdp, Ebpf};
+use aya::Ebpf;
 use xagg_api::{JobSpec, MemberSpec, Neighbour, ParentSpec, Request, Response, RingSpec};
 use xagg_common::{wire::DEFAULT_PORT, JobShape};
 use xagg_daemon::config::{Config, DaemonSection, SwitchSection};
@@ -313,9 +313,6 @@ impl TreeLab {
     /// `xagg_host` on every rank's eth0 and on the ports of a plain bridge (the ring's):
     /// a frame redirected into a veth is dropped unless its peer runs an XDP program.
     fn attach_ranks(&mut self, object: &[u8]) -> Result<()> {
-        if object.is_empty() {
-            bail!("the XDP object is empty: run `cargo xtask build`");
-        }
         let mut ends: Vec<(String, String)> = self
             .ranks
             .iter()
@@ -325,17 +322,7 @@ impl TreeLab {
             ends.extend((0..p.children.len()).map(|k| (p.ns.clone(), child_port(k))));
         }
         for (ns, dev) in ends {
-            let ebpf = in_netns(&ns, || {
-                let mut ebpf = Ebpf::load(object)?;
-                let p: &mut Xdp = ebpf
-                    .program_mut("xagg_host")
-                    .context("no xagg_host")?
-                    .try_into()?;
-                p.load()?;
-                p.attach(&dev, aya::programs::XdpMode::Driver)
-                    .with_context(|| format!("attaching xagg_host to {dev} in {ns}"))?;
-                Ok(ebpf)
-            })?;
+            let ebpf = crate::lab::attach_host(object, &ns, &dev)?;
             self.rank_programs.push(ebpf);
         }
         Ok(())
