@@ -21,3 +21,15 @@ pub fn inject(threshold: u32) -> bool {
 /// tc actions: the packet goes on, or is dropped.
 pub const TC_ACT_OK: i32 = 0;
 pub const TC_ACT_SHOT: i32 = 2;
+
+// What every object needs once: a panic handler (the verifier admits no panics, so none is
+// reached), and the licence the kernel reads to allow GPL-only helpers.
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

@@ -46,13 +46,3 @@ pub fn xagg_host(ctx: XdpContext) -> u32 {
     XSKS.redirect(queue, xdp_action::XDP_PASS as u64)
         .unwrap_or_else(|fallback| fallback)
 }
-
-#[cfg(not(test))]
-#[panic_handler]
-fn panic(_info: &core::panic::PanicInfo) -> ! {
-    loop {}
-}
-
-#[unsafe(link_section = "license")]
-#[unsafe(no_mangle)]
-static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";
