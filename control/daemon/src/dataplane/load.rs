@@ -259,7 +259,7 @@ impl Dataplane {
     /// Writes the switch's address, port and MAC into the `SWITCH` map.
     fn configure_switch(&mut self, cfg: &Config) -> Result<()> {
         let mac = match &cfg.switch.mac {
-            Some(m) => iface::parse_mac(m).map_err(DataplaneError::Other)?,
+            Some(m) => iface::parse_mac(m).map_err(|e| DataplaneError::Other(e.to_string()))?,
             None => {
                 let holder = iface::holding(cfg.switch.address)
                     .map_err(|e| DataplaneError::Other(format!("{e:#}")))?
