@@ -280,8 +280,12 @@ impl Job {
         place: Place<'_>,
     ) -> PyResult<Self> {
         let placed = place.placement(rank, size)?;
-        let key: JobKey = key.parse().map_err(PyValueError::new_err)?;
-        let secret: Secret = secret.parse().map_err(PyValueError::new_err)?;
+        let key = key
+            .parse::<JobKey>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let secret = secret
+            .parse::<Secret>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let worker = py
             .detach(move || settings.join(key, secret, &placed))
             .map_err(error)?;

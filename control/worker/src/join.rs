@@ -138,8 +138,8 @@ pub(crate) struct Membership {
     rank: u8,
 }
 
-fn join_error(e: String) -> AllreduceError {
-    AllreduceError::Join(e)
+fn join_error(e: xagg_join::Error) -> AllreduceError {
+    AllreduceError::Join(e.to_string())
 }
 
 /// Joins the job; returns the worker's parameters (job id, member index, the switch) and

@@ -137,7 +137,8 @@ pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), 
     let (name, key) = s.split_once(':').ok_or_else(|| {
         format!("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)")
     })?;
-    let key = xagg_join::from_hex(key.trim(), &format!("{what}'s key"))?;
+    let key =
+        xagg_join::from_hex(key.trim(), &format!("{what}'s key")).map_err(|e| e.to_string())?;
     Ok((name.to_string(), CredentialKey(key)))
 }
 

@@ -176,7 +176,10 @@ impl TryFrom<&SavedJob> for Joined {
     type Error = String;
 
     fn try_from(s: &SavedJob) -> Result<Self, String> {
-        let secret: Secret = s.secret.parse()?;
+        let secret: Secret = s
+            .secret
+            .parse()
+            .map_err(|e: xagg_join::Error| e.to_string())?;
         let level = match (s.open, s.ranks) {
             (_, None) => Level::Flat,
             (false, Some(ranks)) => Level::Fixed { ranks },

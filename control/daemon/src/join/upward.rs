@@ -197,7 +197,7 @@ impl Upward {
     /// or none configured); when the coordinator says ring, the ring it is.
     fn run(&self) -> Result<Route, String> {
         let sock = hello_socket(self.local)?;
-        let hello = xagg_join::client::Hello::new()?;
+        let hello = xagg_join::client::Hello::new().map_err(|e| e.to_string())?;
         let coordinator = self
             .coordinator
             .map(|c| xagg_join::client::Client::new(c.into()));
