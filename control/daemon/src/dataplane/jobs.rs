@@ -81,7 +81,7 @@ impl Dataplane {
             let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
             let need = xagg_common::wire::ip_packet_len(shape.segment_bytes());
             if mtu < need {
-                let lane = xagg_api::lane(spec.op, spec.dtype).map_err(DataplaneError::Other)?;
+                let lane = xagg_api::lane(spec.op, spec.dtype)?;
                 let fits = xagg_common::wire::payload_for_mtu(mtu) / lane.size();
                 return Err(Error::job(
                     "segment",

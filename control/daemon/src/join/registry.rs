@@ -25,7 +25,9 @@ pub(super) const JOINED_DTYPE: DType = DType::I32;
 
 /// Bytes per element of `op` over `dtype` on the wire (its lane's).
 pub(super) fn element_bytes(op: Op, dtype: DType) -> Result<usize, String> {
-    xagg_api::lane(op, dtype).map(|l| l.size())
+    xagg_api::lane(op, dtype)
+        .map(|l| l.size())
+        .map_err(|e| e.to_string())
 }
 
 /// A member of a joined job as its hello showed it.
