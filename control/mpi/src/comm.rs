@@ -158,7 +158,10 @@ pub fn create(comm: Comm) -> CommState {
         Path::Pmpi(why)
     };
     let settings = JoinSettings::from_env();
-    let settings = match agree(private, settings.as_ref().map(|_| ()).map_err(Clone::clone)) {
+    let settings = match agree(
+        private,
+        settings.as_ref().map(|_| ()).map_err(|e| e.to_string()),
+    ) {
         Ok(()) => settings.expect("agreed"),
         Err((r, why)) => return state(fail(&mut private, format!("rank {r}: {why}"))),
     };
@@ -173,7 +176,7 @@ pub fn create(comm: Comm) -> CommState {
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
     let joined = daemons(private, settings.daemon, size)
-        .and_then(|all| Placement::by_daemon(&all, rank as usize))
+        .and_then(|all| Placement::by_daemon(&all, rank as usize).map_err(|e| e.to_string()))
         .and_then(|placed| {
             settings
                 .join(key, secret, &placed)
