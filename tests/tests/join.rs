@@ -286,7 +286,7 @@ fn workers_join_jobs_over_the_network() {
         Worker::join(lab.params(key, Secret::random(), 2, 2, 47811))
     });
     assert!(
-        matches!(&wrong, Err(AllreduceError::Join(reason)) if reason.contains("does not match the job's secret")),
+        matches!(&wrong, Err(AllreduceError::Join(reason)) if reason.to_string().contains("does not match the job's secret")),
         "{:?}",
         wrong.err()
     );
@@ -297,13 +297,13 @@ fn workers_join_jobs_over_the_network() {
         })
     });
     assert!(
-        matches!(&other_shape, Err(AllreduceError::Join(reason)) if reason.contains("same shape")),
+        matches!(&other_shape, Err(AllreduceError::Join(reason)) if reason.to_string().contains("same shape")),
         "{:?}",
         other_shape.err()
     );
     let same_port = lab.on(1, || Worker::join(lab.params(key, secret, 2, 1, 47813)));
     assert!(
-        matches!(&same_port, Err(AllreduceError::Join(reason)) if reason.contains("already behind port")),
+        matches!(&same_port, Err(AllreduceError::Join(reason)) if reason.to_string().contains("already behind port")),
         "{:?}",
         same_port.err()
     );
@@ -314,7 +314,7 @@ fn workers_join_jobs_over_the_network() {
         })
     });
     assert!(
-        matches!(&big, Err(AllreduceError::Join(reason)) if reason.contains("holds 32 of its 96 slots")),
+        matches!(&big, Err(AllreduceError::Join(reason)) if reason.to_string().contains("holds 32 of its 96 slots")),
         "{:?}",
         big.err()
     );
@@ -326,7 +326,7 @@ fn workers_join_jobs_over_the_network() {
         })
     });
     assert!(
-        matches!(&full, Err(AllreduceError::Join(reason)) if reason.contains("the switch is full")),
+        matches!(&full, Err(AllreduceError::Join(reason)) if reason.to_string().contains("the switch is full")),
         "{:?}",
         full.err()
     );

@@ -1209,7 +1209,7 @@ fn results_and_refusals_without_the_members_cookie_are_ignored() {
         return;
     }
     let mut sw = tagged_lab("xfm");
-    let switch_mac = in_netns(&sw.lab.switch_ns(), || xagg_sys::iface::mac("br0")).unwrap();
+    let switch_mac = in_netns(&sw.lab.switch_ns(), || Ok(xagg_sys::iface::mac("br0")?)).unwrap();
     let ns = sw.lab.switch_ns();
     let mut message = 0;
     for afxdp in [false, true] {

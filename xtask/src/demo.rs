@@ -308,7 +308,7 @@ fn run_ddp(n: usize, mtu: usize, script: &std::path::Path) -> Result<()> {
 
 fn run_inner(a: &DemoArgs) -> Result<()> {
     let n = a.workers;
-    let lane = xagg_api::lane(a.op, a.dtype).map_err(anyhow::Error::msg)?;
+    let lane = xagg_api::lane(a.op, a.dtype)?;
     let segment = a
         .segment
         .map_or(wire::payload_for_mtu(a.mtu) / lane.size(), usize::from);

@@ -120,18 +120,14 @@ fn default_dtype() -> DType {
 /// integers; sum, min, max and avg over floats (a product of block floating point numbers
 /// would need the exponents added and the mantissas renormalised per element, and bitwise
 /// ops have no meaning for floats).
-pub fn lane(op: Op, dtype: DType) -> Result<Lane, String> {
-    wire::lane(op, dtype).ok_or_else(|| {
-        format!(
-            "{op} over {dtype} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f64, f16, bf16) take sum, min, max, avg"
-        )
-    })
+pub fn lane(op: Op, dtype: DType) -> Result<Lane, Error> {
+    wire::lane(op, dtype).ok_or(Error::Unsupported { op, dtype })
 }
 
 impl JobSpec {
     /// The job's shape: its members, slots and segment length.
     pub fn shape(&self) -> Result<JobShape, Error> {
-        let lane = lane(self.op, self.dtype).map_err(|e| Error::job("op", e))?;
+        let lane = lane(self.op, self.dtype).map_err(|e| Error::job("op", e.to_string()))?;
         JobShape::with_elements(
             self.members.len(),
             self.slots as usize,

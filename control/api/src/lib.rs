@@ -36,6 +36,11 @@ pub enum Error {
     /// A field of a job spec that is wrong, with how to fix it.
     #[error("job {field}: {problem}")]
     Job { field: String, problem: String },
+    #[error("{op} over {dtype} is not supported: integers (i32, u32, i64) take sum, min, max, avg, prod, and, or, xor; floats (f32, f64, f16, bf16) take sum, min, max, avg")]
+    Unsupported {
+        op: xagg_common::wire::Op,
+        dtype: xagg_common::wire::DType,
+    },
     #[error("cannot reach the daemon at {}: is xaggd running? (start it with `xaggd --config FILE`, or pass --socket)", socket.display())]
     Unreachable { socket: PathBuf, source: io::Error },
     #[error("talking to the daemon at {}", socket.display())]

@@ -10,6 +10,8 @@ use serde::{Deserialize, Deserializer, Serialize};
 
 use xagg_api::{JobSpec, DEFAULT_PIN_PATH, DEFAULT_SOCKET};
 
+use crate::{Error, Result};
+
 /// The API socket's permissions by default: its owner (root) and its group.
 pub const DEFAULT_SOCKET_MODE: &str = "0660";
 
@@ -73,21 +75,16 @@ pub struct CredentialSection {
 
 impl CredentialSection {
     /// Reads the key from its file.
-    pub fn key(&self) -> Result<xagg_join::CredentialKey, String> {
-        let text = std::fs::read_to_string(&self.key_file).map_err(|e| {
-            format!(
-                "credential {}: cannot read key_file {}: {e}",
-                self.name,
-                self.key_file.display()
-            )
+    pub fn key(&self) -> Result<xagg_join::CredentialKey> {
+        let text = std::fs::read_to_string(&self.key_file).map_err(|error| Error::ReadKey {
+            credential: self.name.clone(),
+            file: self.key_file.clone(),
+            error,
         })?;
-        text.parse().map_err(|e| {
-            format!(
-                "credential {}: key_file {}: {e}; write one with `openssl rand -hex 32 > {}`",
-                self.name,
-                self.key_file.display(),
-                self.key_file.display()
-            )
+        text.parse().map_err(|error| Error::BadKey {
+            credential: self.name.clone(),
+            file: self.key_file.clone(),
+            error,
         })
     }
 }
@@ -213,32 +210,29 @@ fn octal_string<'de, D: Deserializer<'de>>(d: D) -> Result<String, D::Error> {
 
 impl DaemonSection {
     /// The API socket's permission bits (`daemon.socket_mode`).
-    pub fn socket_mode(&self) -> Result<u32, String> {
+    pub fn socket_mode(&self) -> Result<u32> {
         let m = &self.socket_mode;
         let digits = m.strip_prefix('0').filter(|d| d.len() == 3).unwrap_or(m);
         match u32::from_str_radix(digits, 8) {
-            Ok(mode) if digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()) => {
-                Ok(mode)
-            }
-            _ => Err(format!(
-                "daemon.socket_mode = \"{m}\": use three octal digits, optionally after a 0, e.g. \"0660\" (the daemon's user and the socket's group may use the API) or \"0600\" (only the daemon's user)"
-            )),
+            Ok(mode) if digits.len() == 3 && digits.bytes().all(|b| b.is_ascii_digit()) => Ok(mode),
+            _ => Err(Error::SocketMode { mode: m.clone() }),
         }
     }
 
     /// The group the API socket is given (`daemon.socket_group`); `None`: the daemon's own.
-    pub fn socket_gid(&self) -> Result<Option<nix::unistd::Gid>, String> {
+    pub fn socket_gid(&self) -> Result<Option<nix::unistd::Gid>> {
         let Some(name) = &self.socket_group else {
             return Ok(None);
         };
         match nix::unistd::Group::from_name(name) {
             Ok(Some(g)) => Ok(Some(g.gid)),
-            Ok(None) => Err(format!(
-                "daemon.socket_group = \"{name}\": no such group on this host; create it (`groupadd {name}`, then add the users who may manage jobs: `usermod -aG {name} USER`), or name an existing group, or leave the key out (the daemon's own group)"
-            )),
-            Err(e) => Err(format!(
-                "daemon.socket_group = \"{name}\": cannot look the group up ({e}); name a group from /etc/group, or leave the key out"
-            )),
+            Ok(None) => Err(Error::NoGroup {
+                group: name.clone(),
+            }),
+            Err(errno) => Err(Error::GroupLookup {
+                group: name.clone(),
+                errno,
+            }),
         }
     }
 }
@@ -251,10 +245,15 @@ pub enum XdpMode {
 }
 
 impl Config {
-    pub fn load(path: &Path) -> anyhow::Result<Self> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| anyhow::anyhow!("cannot read config {}: {e}", path.display()))?;
-        Self::parse(&text).map_err(|e| anyhow::anyhow!("config {}: {e}", path.display()))
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|error| Error::ReadConfig {
+            path: path.to_owned(),
+            error,
+        })?;
+        Self::parse(&text).map_err(|e| Error::Config {
+            path: path.to_owned(),
+            error: Box::new(e),
+        })
     }
 
     /// The configuration as a TOML file.
@@ -262,67 +261,60 @@ impl Config {
         toml::to_string(self).expect("a configuration serializes")
     }
 
-    pub fn parse(text: &str) -> Result<Self, String> {
-        let cfg: Config = toml::from_str(text).map_err(|e| e.to_string())?;
+    pub fn parse(text: &str) -> Result<Self> {
+        let cfg: Config = toml::from_str(text)?;
         cfg.check()?;
         Ok(cfg)
     }
 
-    fn check(&self) -> Result<(), String> {
+    fn check(&self) -> Result<()> {
         let s = &self.switch;
         if s.ports.is_empty() {
-            return Err("switch.ports is empty: list the interfaces the switch aggregates on, e.g. ports = [\"eth1\", \"eth2\"]".into());
+            return Err(Error::NoPorts);
         }
         if s.address.is_unspecified() {
-            return Err("switch.address is 0.0.0.0: give the switch's own IPv4 address, the one workers send to".into());
+            return Err(Error::NoAddress);
         }
         if s.udp_port == 0 {
-            return Err(format!(
-                "switch.udp_port is 0: use a free UDP port (default {})",
-                default_port()
-            ));
+            return Err(Error::NoUdpPort {
+                default: default_port(),
+            });
         }
         if let Some(m) = &s.mac {
-            xagg_sys::iface::parse_mac(m).map_err(|e| format!("switch.mac: {e}"))?;
+            xagg_sys::iface::parse_mac(m).map_err(Error::SwitchMac)?;
         }
         self.mode()?;
         self.daemon.socket_mode()?;
         self.daemon.socket_gid()?;
         if self.daemon.join_timeout_s == 0 || self.daemon.idle_timeout_s == 0 {
-            return Err(
-                "daemon.join_timeout_s and daemon.idle_timeout_s must be at least 1 (seconds)"
-                    .into(),
-            );
+            return Err(Error::ZeroTimeout);
         }
         let mut names = std::collections::BTreeSet::new();
         for (i, c) in self.credentials.iter().enumerate() {
             if c.name.is_empty() || !names.insert(c.name.as_str()) {
-                return Err(format!(
-                    "credential[{i}].name = \"{}\": give each credential a name of its own",
-                    c.name
-                ));
+                return Err(Error::CredentialName {
+                    index: i,
+                    name: c.name.clone(),
+                });
             }
             if c.slot_quota == 0 {
-                return Err(format!(
-                    "credential {}: slot_quota = 0 lets it create no job: give the slots its jobs may hold",
-                    c.name
-                ));
+                return Err(Error::NoQuota {
+                    credential: c.name.clone(),
+                });
             }
         }
         if self.daemon.listen.is_some() && self.credentials.is_empty() {
-            return Err("daemon.listen is set but no [[credential]] is: nobody could create a job over the network; add one (name, key_file, slot_quota)".into());
+            return Err(Error::NoCredential);
         }
         Ok(())
     }
 
-    pub fn mode(&self) -> Result<XdpMode, String> {
+    pub fn mode(&self) -> Result<XdpMode> {
         match self.switch.xdp_mode.as_str() {
             "native" => Ok(XdpMode::Native),
             "generic" => Ok(XdpMode::Generic),
             "auto" => Ok(XdpMode::Auto),
-            m => Err(format!(
-                "switch.xdp_mode = \"{m}\": use \"native\", \"generic\" or \"auto\""
-            )),
+            m => Err(Error::XdpMode { mode: m.into() }),
         }
     }
 }
@@ -336,7 +328,7 @@ mod tests {
         let c = Config::parse("[switch]\nports = [\"p0\"]\naddress = \"10.0.0.1\"\n").unwrap();
         assert_eq!(c.switch.udp_port, 47800);
         assert!(!c.daemon.detach_on_exit);
-        assert_eq!(c.mode(), Ok(XdpMode::Auto));
+        assert_eq!(c.mode().ok(), Some(XdpMode::Auto));
     }
 
     #[test]
@@ -354,21 +346,27 @@ mod tests {
 
     #[test]
     fn errors_name_the_key() {
-        let e = Config::parse("[switch]\nports = []\naddress = \"10.0.0.1\"\n").unwrap_err();
+        let e = Config::parse("[switch]\nports = []\naddress = \"10.0.0.1\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("switch.ports"), "{e}");
         let e = Config::parse(
             "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\nxdp_mode = \"fast\"\n",
         )
-        .unwrap_err();
+        .unwrap_err()
+        .to_string();
         assert!(e.contains("switch.xdp_mode"), "{e}");
-        let e = Config::parse("[switch]\nports = [\"a\"]\naddress = \"10.0.0.300\"\n").unwrap_err();
+        let e = Config::parse("[switch]\nports = [\"a\"]\naddress = \"10.0.0.300\"\n")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("address"), "{e}");
         let e = Config::parse("[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\nportz = 1\n")
-            .unwrap_err();
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("portz"), "{e}");
     }
 
-    fn with_daemon(keys: &str) -> Result<Config, String> {
+    fn with_daemon(keys: &str) -> Result<Config> {
         Config::parse(&format!(
             "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\n[daemon]\n{keys}\n"
         ))
@@ -377,18 +375,18 @@ mod tests {
     #[test]
     fn socket_permissions() {
         let c = with_daemon("").unwrap();
-        assert_eq!(c.daemon.socket_mode(), Ok(0o660));
-        assert_eq!(c.daemon.socket_gid(), Ok(None));
+        assert_eq!(c.daemon.socket_mode().ok(), Some(0o660));
+        assert_eq!(c.daemon.socket_gid().ok(), Some(None));
         for (written, mode) in [("0600", 0o600), ("660", 0o660), ("0666", 0o666)] {
             let c = with_daemon(&format!("socket_mode = \"{written}\"")).unwrap();
-            assert_eq!(c.daemon.socket_mode(), Ok(mode), "{written}");
+            assert_eq!(c.daemon.socket_mode().ok(), Some(mode), "{written}");
             let again = Config::parse(&c.to_toml()).unwrap();
-            assert_eq!(again.daemon.socket_mode(), Ok(mode), "{written}");
+            assert_eq!(again.daemon.socket_mode().ok(), Some(mode), "{written}");
         }
         let c = with_daemon("socket_group = \"root\"").unwrap();
         assert_eq!(
-            c.daemon.socket_gid(),
-            Ok(Some(nix::unistd::Gid::from_raw(0)))
+            c.daemon.socket_gid().ok(),
+            Some(Some(nix::unistd::Gid::from_raw(0)))
         );
         assert!(Config::parse(&c.to_toml())
             .unwrap()
@@ -409,19 +407,23 @@ mod tests {
             "rw-rw----",
             "",
         ] {
-            let e = with_daemon(&format!("socket_mode = \"{bad}\"")).unwrap_err();
+            let e = with_daemon(&format!("socket_mode = \"{bad}\""))
+                .unwrap_err()
+                .to_string();
             assert!(
                 e.contains(&format!("daemon.socket_mode = \"{bad}\"")) && e.contains("\"0660\""),
                 "{e}"
             );
         }
         // A TOML number is decimal: refused, with the string to write instead.
-        let e = with_daemon("socket_mode = 660").unwrap_err();
+        let e = with_daemon("socket_mode = 660").unwrap_err().to_string();
         assert!(
             e.contains("daemon.socket_mode = 660") && e.contains("socket_mode = \"0660\""),
             "{e}"
         );
-        let e = with_daemon("socket_group = \"no-such-group-xagg\"").unwrap_err();
+        let e = with_daemon("socket_group = \"no-such-group-xagg\"")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("daemon.socket_group = \"no-such-group-xagg\"") && e.contains("groupadd"),
             "{e}"

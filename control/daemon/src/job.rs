@@ -26,7 +26,8 @@ pub fn to_job(spec: &JobSpec, slot_base: u32) -> Result<Job, Error> {
                 format!("{e:#}: name a switch port of this switch"),
             )
         })?;
-        let mac = iface::parse_mac(&m.mac).map_err(|e| Error::job(format!("{field}.mac"), e))?;
+        let mac = iface::parse_mac(&m.mac)
+            .map_err(|e| Error::job(format!("{field}.mac"), e.to_string()))?;
         if m.addr.ip().is_unspecified() || m.addr.port() == 0 {
             return Err(Error::job(
                 format!("{field}.addr"),
@@ -63,7 +64,7 @@ pub fn to_job(spec: &JobSpec, slot_base: u32) -> Result<Job, Error> {
                 format!("{e:#}: name the port of this switch the parent is behind"),
             )
         })?;
-        let mac = iface::parse_mac(&p.mac).map_err(|e| Error::job("parent.mac", e))?;
+        let mac = iface::parse_mac(&p.mac).map_err(|e| Error::job("parent.mac", e.to_string()))?;
         if p.addr.ip().is_unspecified() || p.addr.port() == 0 {
             return Err(Error::job(
                 "parent.addr",
@@ -145,8 +146,8 @@ pub fn to_job(spec: &JobSpec, slot_base: u32) -> Result<Job, Error> {
             ));
         }
         let neighbour = |n: &Neighbour, field: &str| -> Result<MemberAddr, Error> {
-            let mac =
-                iface::parse_mac(&n.mac).map_err(|e| Error::job(format!("ring.{field}.mac"), e))?;
+            let mac = iface::parse_mac(&n.mac)
+                .map_err(|e| Error::job(format!("ring.{field}.mac"), e.to_string()))?;
             if n.addr.ip().is_unspecified() || n.addr.port() == 0 {
                 return Err(Error::job(
                     format!("ring.{field}.addr"),

@@ -8,7 +8,7 @@ use prometheus_client::{
     registry::Registry,
 };
 
-use crate::dataplane::{Dataplane, DataplaneError};
+use crate::{dataplane::Dataplane, Error};
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 struct Reason {
@@ -29,7 +29,7 @@ struct MemberKind {
 }
 
 /// The metrics now, in Prometheus's text format.
-pub fn render(dp: &Dataplane) -> Result<String, DataplaneError> {
+pub fn render(dp: &Dataplane) -> Result<String, Error> {
     let mut reg = Registry::with_prefix("xagg");
     let switch = Family::<Reason, Counter>::default();
     reg.register(
@@ -81,6 +81,6 @@ pub fn render(dp: &Dataplane) -> Result<String, DataplaneError> {
     slots.set(jobs.iter().map(|(_, j)| i64::from(j.slot_count)).sum());
     reg.register("slots_used", "Slots the jobs hold", slots);
     let mut out = String::new();
-    encode(&mut out, &reg).map_err(|e| DataplaneError::Other(format!("encoding metrics: {e}")))?;
+    encode(&mut out, &reg).map_err(Error::Metrics)?;
     Ok(out)
 }

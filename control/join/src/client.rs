@@ -9,7 +9,7 @@ use std::{
 
 use xagg_common::wire;
 
-use crate::{JoinReply, JoinRequest, Nonce, NonceReply};
+use crate::{Error, JoinReply, JoinRequest, Nonce, NonceReply, Result};
 
 /// A daemon's network listener.
 pub struct Client {
@@ -37,9 +37,9 @@ pub struct Hello {
 }
 
 impl Hello {
-    pub fn new() -> Result<Self, String> {
+    pub fn new() -> Result<Self> {
         let mut token = [0u8; 8];
-        getrandom::fill(&mut token).map_err(|e| format!("random: {e}"))?;
+        getrandom::fill(&mut token).map_err(Error::Random)?;
         let token = u64::from_le_bytes(token);
         let mut bytes = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
         wire::finish(&wire::hello(token), wire::STATUS_PAYLOAD, &mut bytes)
@@ -58,15 +58,15 @@ impl Client {
         Self { http, daemon }
     }
 
-    fn unreachable(&self, e: impl std::fmt::Display) -> String {
-        format!(
-            "the daemon's network listener at {} does not answer ({e}): is daemon.listen set to it?",
-            self.daemon
-        )
+    fn unreachable(&self, error: ureq::Error) -> Error {
+        Error::Unreachable {
+            daemon: self.daemon,
+            error,
+        }
     }
 
     /// `GET /v1/nonce`.
-    pub fn nonce(&self) -> Result<NonceReply, String> {
+    pub fn nonce(&self) -> Result<NonceReply> {
         self.http
             .get(format!("http://{}/v1/nonce", self.daemon))
             .call()
@@ -82,7 +82,7 @@ impl Client {
         &self,
         route: &str,
         body: &impl serde::Serialize,
-    ) -> Result<T, String> {
+    ) -> Result<T> {
         let mut r = self
             .http
             .post(format!("http://{}{route}", self.daemon))
@@ -92,8 +92,11 @@ impl Client {
             .body_mut()
             .read_to_string()
             .map_err(|e| self.unreachable(e))?;
-        serde_json::from_str(&text)
-            .map_err(|_| format!("the daemon answered {route} with {}: {text}", r.status()))
+        serde_json::from_str(&text).map_err(|_| Error::Answer {
+            route: route.to_owned(),
+            status: r.status(),
+            body: text,
+        })
     }
 
     /// Joins a job until it runs: each round [`Client::join_once`], again until every
@@ -103,7 +106,7 @@ impl Client {
         sock: &UdpSocket,
         timeout: Duration,
         request: impl Fn(Nonce, u64) -> JoinRequest,
-    ) -> Result<Joined, String> {
+    ) -> Result<Joined> {
         let hello = Hello::new()?;
         let start = Instant::now();
         loop {
@@ -125,16 +128,14 @@ impl Client {
                         at,
                     })
                 }
-                JoinReply::Refused { reason } => {
-                    return Err(format!("the daemon refused it: {reason}"))
-                }
+                JoinReply::Refused { reason } => return Err(Error::Refused { reason }),
                 JoinReply::NoHello => {}
                 JoinReply::Pending {
                     missing, waiting, ..
                 } => {
                     if start.elapsed() > timeout {
                         let waiting = waiting.unwrap_or_else(|| format!("ranks {missing:?}"));
-                        return Err(format!("{waiting} did not join within {timeout:?}"));
+                        return Err(Error::NotJoined { waiting, timeout });
                     }
                     std::thread::sleep(Duration::from_millis(100));
                 }
@@ -150,11 +151,14 @@ impl Client {
         sock: &UdpSocket,
         hello: &Hello,
         request: impl Fn(Nonce, u64) -> JoinRequest,
-    ) -> Result<(JoinReply, NonceReply), String> {
+    ) -> Result<(JoinReply, NonceReply)> {
         let n = self.nonce()?;
         for _ in 0..3 {
             sock.send_to(&hello.bytes, n.switch)
-                .map_err(|e| format!("sending hellos to {}: {e}", n.switch))?;
+                .map_err(|error| Error::Hellos {
+                    switch: n.switch,
+                    error,
+                })?;
         }
         std::thread::sleep(Duration::from_millis(2));
         let req = request(n.nonce, hello.token);

@@ -40,6 +40,9 @@
 
 #[cfg(feature = "client")]
 pub mod client;
+mod error;
+
+pub use error::{Error, Result};
 
 use std::{fmt, net::SocketAddrV4};
 
@@ -107,30 +110,32 @@ impl fmt::Debug for CredentialKey {
 }
 
 /// Parses `n` bytes from hex, naming `what` in the error.
-pub fn from_hex<const N: usize>(s: &str, what: &str) -> Result<[u8; N], String> {
+pub fn from_hex<const N: usize>(s: &str, what: &str) -> Result<[u8; N]> {
     let mut b = [0u8; N];
-    hex::decode_to_slice(s.trim(), &mut b)
-        .map_err(|_| format!("{what} is not {} hexadecimal digits ({} bytes)", 2 * N, N))?;
+    hex::decode_to_slice(s.trim(), &mut b).map_err(|_| Error::NotHex {
+        what: what.to_owned(),
+        bytes: N,
+    })?;
     Ok(b)
 }
 
 impl std::str::FromStr for JobKey {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         from_hex(s, "a job key").map(Self)
     }
 }
 
 impl std::str::FromStr for Secret {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         from_hex(s, "a job secret").map(Self)
     }
 }
 
 impl std::str::FromStr for CredentialKey {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
         from_hex(s, "a credential key").map(Self)
     }
 }
@@ -183,9 +188,8 @@ pub struct Shape {
 }
 
 impl Shape {
-    pub fn job_shape(&self) -> Result<xagg_common::JobShape, String> {
+    pub fn job_shape(&self) -> Result<xagg_common::JobShape, xagg_common::ShapeError> {
         xagg_common::JobShape::new(self.members, self.slots, self.segment_bytes)
-            .map_err(|e| e.to_string())
     }
 }
 

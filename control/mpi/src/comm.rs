@@ -18,6 +18,7 @@ use xagg_worker::{JobKey, JoinSettings, Placement, Secret, Worker};
 use crate::{
     abi::{handles, pmpi, Comm, SUCCESS},
     call::Call,
+    error::Error,
 };
 
 /// How a communicator's allreduces are made.
@@ -68,7 +69,7 @@ fn rank_size(comm: Comm) -> (c_int, c_int) {
 
 /// Agrees on `local` over `comm`: `Ok` when every rank's is, else the first failing rank
 /// and its reason (every rank learns both).
-pub fn agree(comm: Comm, local: Result<(), String>) -> Result<(), (c_int, String)> {
+pub fn agree(comm: Comm, local: Result<(), &Error>) -> Result<(), Error> {
     let (rank, size) = rank_size(comm);
     let h = handles();
     let p = pmpi();
@@ -89,7 +90,8 @@ pub fn agree(comm: Comm, local: Result<(), String>) -> Result<(), (c_int, String
         return Ok(());
     }
     let mut text = [0u8; 512];
-    if let Err(e) = &local {
+    if let Err(e) = local {
+        let e = e.to_string();
         let b = e.as_bytes();
         let n = b.len().min(text.len() - 1);
         text[..n].copy_from_slice(&b[..n]);
@@ -105,7 +107,10 @@ pub fn agree(comm: Comm, local: Result<(), String>) -> Result<(), (c_int, String
         )
     };
     let end = text.iter().position(|&b| b == 0).unwrap_or(text.len());
-    Err((first, String::from_utf8_lossy(&text[..end]).into_owned()))
+    Err(Error::Rank {
+        rank: first,
+        reason: String::from_utf8_lossy(&text[..end]).into_owned(),
+    })
 }
 
 /// `MPI_MIN`.
@@ -157,10 +162,10 @@ pub fn create(comm: Comm) -> CommState {
         unsafe { (p.comm_free)(private) };
         Path::Pmpi(why)
     };
-    let settings = JoinSettings::from_env();
-    let settings = match agree(private, settings.as_ref().map(|_| ()).map_err(Clone::clone)) {
+    let settings = JoinSettings::from_env().map_err(Error::from);
+    let settings = match agree(private, settings.as_ref().map(|_| ())) {
         Ok(()) => settings.expect("agreed"),
-        Err((r, why)) => return state(fail(&mut private, format!("rank {r}: {why}"))),
+        Err(e) => return state(fail(&mut private, e.to_string())),
     };
     // Rank 0 draws the job's key and secret; every rank gets them.
     let mut secrets = [0u8; 48];
@@ -173,13 +178,9 @@ pub fn create(comm: Comm) -> CommState {
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
     let joined = daemons(private, settings.daemon, size)
-        .and_then(|all| Placement::by_daemon(&all, rank as usize))
-        .and_then(|placed| {
-            settings
-                .join(key, secret, &placed)
-                .map_err(|e| e.to_string())
-        });
-    let local = joined.as_ref().map(|_| ()).map_err(Clone::clone);
+        .and_then(|all| Ok(Placement::by_daemon(&all, rank as usize)?))
+        .and_then(|placed| Ok(settings.join(key, secret, &placed)?));
+    let local = joined.as_ref().map(|_| ());
     match agree(private, local) {
         Ok(()) => state(Path::Switch(Job {
             worker: joined.expect("agreed"),
@@ -188,11 +189,11 @@ pub fn create(comm: Comm) -> CommState {
             calls: VecDeque::new(),
             spares: Vec::new(),
         })),
-        Err((r, why)) => {
+        Err(e) => {
             if let Ok(w) = joined {
                 let _ = w.leave();
             }
-            state(fail(&mut private, format!("rank {r}: {why}")))
+            state(fail(&mut private, e.to_string()))
         }
     }
 }
@@ -200,7 +201,7 @@ pub fn create(comm: Comm) -> CommState {
 /// Every rank's daemon (`XAGG_DAEMON`, which each host sets to its own), in rank order:
 /// ranks at one daemon are one host's, reduced there first ([`Placement::by_daemon`]).
 /// Collective over `comm`.
-fn daemons(comm: Comm, mine: SocketAddr, size: c_int) -> Result<Vec<SocketAddr>, String> {
+fn daemons(comm: Comm, mine: SocketAddr, size: c_int) -> Result<Vec<SocketAddr>, Error> {
     const LEN: usize = 64;
     let mut text = [0u8; LEN];
     let s = mine.to_string();
@@ -225,7 +226,7 @@ fn daemons(comm: Comm, mine: SocketAddr, size: c_int) -> Result<Vec<SocketAddr>,
             std::str::from_utf8(&c[..end])
                 .ok()
                 .and_then(|t| t.parse().ok())
-                .ok_or_else(|| format!("rank {r}'s daemon address did not arrive whole"))
+                .ok_or(Error::DaemonAddress { rank: r })
         })
         .collect()
 }

@@ -26,6 +26,7 @@
 mod abi;
 mod call;
 mod comm;
+mod error;
 mod fortran;
 
 use std::{

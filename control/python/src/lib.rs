@@ -238,7 +238,7 @@ impl Place<'_> {
                 ))
             }
         }
-        .map_err(PyValueError::new_err)
+        .map_err(|e| PyValueError::new_err(e.to_string()))
     }
 }
 
@@ -253,7 +253,10 @@ struct Overrides<'a> {
 impl Overrides<'_> {
     fn apply(self, s: &mut JoinSettings) -> PyResult<()> {
         if let Some(c) = self.credential {
-            s.credential = Some(parse_credential(c, "credential").map_err(PyValueError::new_err)?);
+            s.credential = Some(
+                parse_credential(c, "credential")
+                    .map_err(|e| PyValueError::new_err(e.to_string()))?,
+            );
         }
         if let Some(n) = self.slots {
             s.slots = n;
@@ -280,8 +283,12 @@ impl Job {
         place: Place<'_>,
     ) -> PyResult<Self> {
         let placed = place.placement(rank, size)?;
-        let key: JobKey = key.parse().map_err(PyValueError::new_err)?;
-        let secret: Secret = secret.parse().map_err(PyValueError::new_err)?;
+        let key = key
+            .parse::<JobKey>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
+        let secret = secret
+            .parse::<Secret>()
+            .map_err(|e| PyValueError::new_err(e.to_string()))?;
         let worker = py
             .detach(move || settings.join(key, secret, &placed))
             .map_err(error)?;
@@ -423,7 +430,7 @@ impl Job {
             Some(d) => JoinSettings::from_env_at(d),
             None => JoinSettings::from_env(),
         }
-        .map_err(PyValueError::new_err)?;
+        .map_err(|e| PyValueError::new_err(e.to_string()))?;
         Overrides {
             credential,
             slots,

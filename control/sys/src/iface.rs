@@ -3,11 +3,15 @@
 
 use std::net::Ipv4Addr;
 
-use anyhow::{anyhow, Context, Result};
 use nix::{ifaddrs::getifaddrs, net::if_::if_nametoindex};
 
+use crate::{Error, Result};
+
 pub fn ifindex(name: &str) -> Result<u32> {
-    if_nametoindex(name).with_context(|| format!("no interface `{name}` in this network namespace"))
+    if_nametoindex(name).map_err(|errno| Error::NoInterface {
+        name: name.to_owned(),
+        errno,
+    })
 }
 
 pub fn mac(name: &str) -> Result<[u8; 6]> {
@@ -21,7 +25,9 @@ pub fn mac(name: &str) -> Result<[u8; 6]> {
             }
         }
     }
-    Err(anyhow!("no MAC address for interface `{name}`"))
+    Err(Error::NoMac {
+        name: name.to_owned(),
+    })
 }
 
 /// The interface that holds `ip`, if any.
@@ -44,11 +50,13 @@ pub fn mtu(name: &str) -> Result<usize> {
         nix::sys::socket::SockFlag::SOCK_CLOEXEC,
         None,
     )
-    .context("a socket to ask for an MTU")?;
+    .map_err(|errno| Error::MtuSocket { errno })?;
     // Safety: a zeroed ifreq is valid; the name is copied in bounded and NUL-terminated.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     if name.len() >= req.ifr_name.len() {
-        return Err(anyhow!("`{name}` is too long for an interface name"));
+        return Err(Error::NameTooLong {
+            name: name.to_owned(),
+        });
     }
     for (d, s) in req.ifr_name.iter_mut().zip(name.bytes()) {
         *d = s as libc::c_char;
@@ -62,16 +70,18 @@ pub fn mtu(name: &str) -> Result<usize> {
         )
     };
     if r < 0 {
-        return Err(std::io::Error::last_os_error())
-            .with_context(|| format!("no MTU for interface `{name}` in this network namespace"));
+        return Err(Error::NoMtu {
+            name: name.to_owned(),
+            error: std::io::Error::last_os_error(),
+        });
     }
     // Safety: the ioctl filled in the MTU member.
     Ok(unsafe { req.ifr_ifru.ifru_mtu } as usize)
 }
 
-pub fn parse_mac(s: &str) -> Result<[u8; 6], String> {
+pub fn parse_mac(s: &str) -> Result<[u8; 6]> {
     let parts: Vec<&str> = s.split(':').collect();
-    let bad = || format!("`{s}` is not a MAC address: write six hex bytes, e.g. 02:00:00:00:00:01");
+    let bad = || Error::NotMac { text: s.to_owned() };
     if parts.len() != 6 {
         return Err(bad());
     }
@@ -93,9 +103,16 @@ pub fn fmt_mac(m: &[u8; 6]) -> String {
 /// Threads it starts afterwards inherit it; other threads keep theirs.
 pub fn enter_netns(name: &str) -> Result<()> {
     let path = format!("/run/netns/{name}");
-    let f = std::fs::File::open(&path)
-        .with_context(|| format!("network namespace `{name}` not found ({path})"))?;
-    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET)
-        .with_context(|| format!("cannot enter network namespace `{name}`"))?;
+    let f = std::fs::File::open(&path).map_err(|error| Error::NoNetns {
+        name: name.to_owned(),
+        path: path.clone(),
+        error,
+    })?;
+    nix::sched::setns(f, nix::sched::CloneFlags::CLONE_NEWNET).map_err(|errno| {
+        Error::EnterNetns {
+            name: name.to_owned(),
+            errno,
+        }
+    })?;
     Ok(())
 }

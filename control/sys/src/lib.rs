@@ -3,9 +3,12 @@
 //! ([`pages`]), and, with the `object` feature, the XDP objects built by `cargo xtask build`
 //! ([`EBPF_OBJECT`], the switch's; [`HOST_OBJECT`], a worker's).
 
+mod error;
 pub mod iface;
 pub mod pages;
 pub mod pins;
+
+pub use error::{Error, Result};
 
 #[repr(C, align(8))]
 struct Aligned<T: ?Sized>(T);

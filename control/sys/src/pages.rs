@@ -3,15 +3,16 @@
 
 use std::{num::NonZeroUsize, ptr::NonNull};
 
-use anyhow::{Context, Result};
 use nix::sys::mman::{mmap_anonymous, munmap, MapFlags, ProtFlags};
+
+use crate::{Error, Result};
 
 pub struct Pages(NonNull<[u8]>);
 
 impl Pages {
     /// `size` bytes (rounded up to pages by the kernel), zeroed.
     pub fn map(size: usize) -> Result<Self> {
-        let len = NonZeroUsize::new(size).context("mapping no memory")?;
+        let len = NonZeroUsize::new(size).ok_or(Error::EmptyMapping)?;
         // Safety: a fresh private anonymous mapping aliases nothing.
         let ptr = unsafe {
             mmap_anonymous(
@@ -21,7 +22,7 @@ impl Pages {
                 MapFlags::MAP_PRIVATE | MapFlags::MAP_POPULATE,
             )
         }
-        .with_context(|| format!("mapping {size} bytes of buffers"))?;
+        .map_err(|errno| Error::Map { size, errno })?;
         Ok(Self(NonNull::slice_from_raw_parts(ptr.cast::<u8>(), size)))
     }
 

@@ -40,6 +40,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(AllreduceError::Io(e)) => println!("socket error: {e}"),
         Err(AllreduceError::Join(why)) => println!("join failed: {why}"),
         Err(AllreduceError::Invalid(why)) => println!("invalid: {why}"),
+        Err(AllreduceError::AfXdp(why)) => println!("AF_XDP receive: {why}"),
     }
     // After a failure the buffer holds results for the segments that completed.
     let _buffer = done.buffer.into_vec::<f32>().unwrap();

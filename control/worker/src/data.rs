@@ -36,7 +36,7 @@ pub fn expected_sum(seed: u64, members: u32, len: usize) -> Vec<i32> {
 use half::{bf16, f16};
 use xagg_common::wire::{DType, Op};
 
-use crate::codec;
+use crate::{codec, Error};
 
 /// Member `member`'s buffer of `n` elements of `dtype` (little-endian bytes). Integers are
 /// uniform over their range; floats look like gradients: mostly small values around zero,
@@ -121,7 +121,7 @@ pub fn check(
     segment: usize,
     inputs: &[Vec<u8>],
     result: &[u8],
-) -> Result<f64, String> {
+) -> Result<f64, Error> {
     check_levels(op, dtype, segment, inputs, result, 1)
 }
 
@@ -135,7 +135,7 @@ pub fn check_levels(
     inputs: &[Vec<u8>],
     result: &[u8],
     points: usize,
-) -> Result<f64, String> {
+) -> Result<f64, Error> {
     let size = dtype.size();
     let n = result.len() / size;
     let members = inputs.len();
@@ -182,11 +182,13 @@ pub fn check_levels(
                 want
             };
             if g != want {
-                return Err(format!(
-                    "element {i}: {g} != {want} ({} over {})",
-                    op.name(),
-                    dtype.name()
-                ));
+                return Err(Error::WrongInteger {
+                    element: i,
+                    got: g,
+                    want,
+                    op,
+                    dtype,
+                });
             }
             continue;
         }
@@ -202,11 +204,13 @@ pub fn check_levels(
                     vals.iter().cloned().fold(f64::NEG_INFINITY, f64::max)
                 };
                 if g != want {
-                    return Err(format!(
-                        "element {i}: {g} != {want} ({} over {})",
-                        op.name(),
-                        dtype.name()
-                    ));
+                    return Err(Error::WrongFloat {
+                        element: i,
+                        got: g,
+                        want,
+                        op,
+                        dtype,
+                    });
                 }
             }
             _ => {
@@ -233,7 +237,16 @@ pub fn check_levels(
                 bound += rel * (want.abs() + bound) + tiny;
                 let err = (g - want).abs();
                 if err.is_nan() || err > bound {
-                    return Err(format!("element {i}: {g} vs {want}: error {err:e} above the bound {bound:e} (block exponent {k}, {} over {})", op.name(), dtype.name()));
+                    return Err(Error::AboveBound {
+                        element: i,
+                        got: g,
+                        want,
+                        error: err,
+                        bound,
+                        exponent: k,
+                        op,
+                        dtype,
+                    });
                 }
                 worst = worst.max(err / bound);
             }

@@ -1,6 +1,19 @@
-//! What can go wrong in an allreduce, and what the switch said about it.
+//! What can go wrong in an allreduce, and what the switch said about it
+//! ([`AllreduceError`], the error of each call, which callers match on); and what can go
+//! wrong before and around one: settings, placement, joining, AF_XDP receive, checking a
+//! result ([`Error`]).
+//!
+//! A variant that prints the error it wraps does not also give it as its `source()`, so an
+//! error chain printed whole (`{:#}`) says it once.
 
-use std::{io, time::Duration};
+use std::{
+    io,
+    net::{SocketAddr, SocketAddrV6},
+    sync::Arc,
+    time::Duration,
+};
+
+use xagg_common::wire::{DType, Op};
 
 /// A segment whose result never came, and what the switch said about its slot.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -97,13 +110,17 @@ pub enum AllreduceError {
     Refused { job: u32, reason: String },
     #[error("allreduce of job {job}{}: cancelled", message.map(|m| format!(" message {m}")).unwrap_or_default())]
     Cancelled { job: u32, message: Option<u32> },
-    /// Joining the job failed: the daemon did not answer, or not every rank came.
+    /// Joining (or leaving) the job failed: the daemon did not answer, refused, or not
+    /// every rank came. Shared, as the error is handed to every waiting request.
     #[error("join: {0}")]
-    Join(String),
+    Join(Arc<Error>),
     #[error("socket: {0}")]
     Io(io::Error),
     #[error("{0}")]
     Invalid(String),
+    /// The AF_XDP receive path could not be set up.
+    #[error("{0}")]
+    AfXdp(Arc<Error>),
 }
 
 impl Clone for AllreduceError {
@@ -161,7 +178,8 @@ impl Clone for AllreduceError {
                 None => io::Error::new(e.kind(), e.to_string()),
             }),
             Self::Invalid(s) => Self::Invalid(s.clone()),
-            Self::Join(s) => Self::Join(s.clone()),
+            Self::Join(e) => Self::Join(e.clone()),
+            Self::AfXdp(e) => Self::AfXdp(e.clone()),
         }
     }
 }
@@ -179,4 +197,159 @@ impl From<io::Error> for AllreduceError {
     fn from(e: io::Error) -> Self {
         Self::Io(e)
     }
+}
+
+/// What can go wrong outside a call: the settings and placement of a rank, its join, its
+/// AF_XDP receive path, a size on a command line, a result checked against its inputs.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "rank {rank} of {size}: a job has 1 to {} ranks, numbered from 0",
+        crate::codec::MAX_RANKS
+    )]
+    Rank { rank: usize, size: usize },
+    #[error("{ranks} ranks at one daemon: a job has at most {} members there (hosts of fewer ranks, each with its daemon, take more)", xagg_common::wire::MAX_MEMBERS)]
+    TooManyMembers { ranks: usize },
+    #[error("rank 0's daemon {daemon}: daemons listen on IPv4")]
+    CoordinatorNotIpv4 { daemon: SocketAddrV6 },
+    #[error("local rank {local_rank} of {local_size} on this host, in a job of {size} ranks: the local rank is below the local size, which is 1 to the job's size")]
+    LocalRank {
+        local_rank: usize,
+        local_size: usize,
+        size: usize,
+    },
+    #[error("XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. XAGG_DAEMON=10.77.0.1:47900 (mpirun -x XAGG_DAEMON)")]
+    NoDaemon,
+    #[error("XAGG_DAEMON={value} is not an address: e.g. XAGG_DAEMON=10.77.0.1:47900")]
+    NotAnAddress { value: String },
+    #[error("{name}={value} is not a number")]
+    NotANumber { name: String, value: String },
+    /// `what` names the setting.
+    #[error("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)")]
+    NotCredential { what: String },
+    /// A key that is not hex, or a call to the daemon's listener that failed.
+    #[error(transparent)]
+    Protocol(#[from] xagg_join::Error),
+    #[error("a UDP socket: {0}")]
+    UdpSocket(io::Error),
+    #[error("no route to the daemon at {daemon}: {error}")]
+    NoRoute {
+        daemon: SocketAddr,
+        error: io::Error,
+    },
+    #[error("{local}: the switch takes IPv4 members")]
+    NotIpv4 { local: SocketAddr },
+    #[error("this host's address toward {daemon}: {error}")]
+    NoLocalAddress {
+        daemon: SocketAddr,
+        error: io::Error,
+    },
+    #[error("the daemon refused to let this rank leave: {reason}")]
+    LeaveRefused { reason: String },
+    /// An answer the route does not give (its debug form).
+    #[error("unexpected answer {answer}")]
+    UnexpectedAnswer { answer: String },
+    #[error("AF_XDP receive: no interface holds {ip} in this network namespace")]
+    NoInterface { ip: std::net::Ipv4Addr },
+    #[error("AF_XDP receive: this build of the worker library lacks the `afxdp` feature")]
+    NoAfXdp,
+    #[cfg(feature = "afxdp")]
+    #[error(transparent)]
+    Host(#[from] xagg_sys::Error),
+    /// Why the embedded object cannot be used.
+    #[cfg(feature = "afxdp")]
+    #[error("{0}")]
+    NoObject(&'static str),
+    #[cfg(feature = "afxdp")]
+    #[error("{}", chain(.0))]
+    Load(aya::EbpfError),
+    #[cfg(feature = "afxdp")]
+    #[error("no {0} map")]
+    NoMap(&'static str),
+    #[cfg(feature = "afxdp")]
+    #[error("{}", chain(.0))]
+    Map(aya::maps::MapError),
+    #[cfg(feature = "afxdp")]
+    #[error("no xagg_host program")]
+    NoProgram,
+    #[cfg(feature = "afxdp")]
+    #[error("{}", chain(.0))]
+    Program(aya::programs::ProgramError),
+    #[cfg(feature = "afxdp")]
+    #[error("attaching xagg_host to {iface}: {native}; if another XDP program is attached (`ip link show {iface}`), detach it (`ip link set dev {iface} xdp off`) or receive without AF_XDP")]
+    Attach {
+        iface: String,
+        /// The native attach's error (the generic one's says less).
+        native: aya::programs::ProgramError,
+    },
+    #[cfg(feature = "afxdp")]
+    #[error("the AF_XDP buffers: {0}")]
+    Buffers(xagg_sys::Error),
+    #[cfg(feature = "afxdp")]
+    #[error("interface name: {0}")]
+    InterfaceName(std::ffi::NulError),
+    /// A step of setting up the AF_XDP socket.
+    #[cfg(feature = "afxdp")]
+    #[error("{what}: {errno}")]
+    Xsk {
+        what: &'static str,
+        errno: xdpilone::Errno,
+    },
+    #[cfg(feature = "afxdp")]
+    #[error("posted {posted} of {frames} AF_XDP buffers")]
+    Posted { posted: u32, frames: u32 },
+    #[error("`{text}` is not a size: use a number with an optional unit, e.g. 64MiB")]
+    NotASize { text: String },
+    #[error("unknown unit `{unit}` in `{text}`: use B, KiB, MiB, GiB, KB, MB or GB")]
+    UnknownUnit { unit: String, text: String },
+    #[error("`{text}` is too large")]
+    SizeTooLarge { text: String },
+    /// An element of a result that is not its inputs' reduction.
+    #[error("element {element}: {got} != {want} ({} over {})", op.name(), dtype.name())]
+    WrongInteger {
+        element: usize,
+        got: i128,
+        want: i128,
+        op: Op,
+        dtype: DType,
+    },
+    #[error("element {element}: {got} != {want} ({} over {})", op.name(), dtype.name())]
+    WrongFloat {
+        element: usize,
+        got: f64,
+        want: f64,
+        op: Op,
+        dtype: DType,
+    },
+    /// A float sum or mean further from the exact one than the block floating point bound.
+    #[error("element {element}: {got} vs {want}: error {error:e} above the bound {bound:e} (block exponent {exponent}, {} over {})", op.name(), dtype.name())]
+    AboveBound {
+        element: usize,
+        got: f64,
+        want: f64,
+        error: f64,
+        bound: f64,
+        exponent: i32,
+        op: Op,
+        dtype: DType,
+    },
+}
+
+impl From<xagg_join::Error> for AllreduceError {
+    fn from(e: xagg_join::Error) -> Self {
+        Self::Join(Arc::new(Error::Protocol(e)))
+    }
+}
+
+/// An error and its sources, `: `-separated (as an error chain prints whole).
+#[cfg(feature = "afxdp")]
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut next = e.source();
+    while let Some(cause) = next {
+        s.push_str(": ");
+        s.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    s
 }

@@ -14,7 +14,7 @@ use xagg_join::{
     Shape,
 };
 
-use crate::{AllreduceError, WorkerParams};
+use crate::{AllreduceError, Error, WorkerParams};
 
 /// What a rank needs to join a job.
 #[derive(Clone, Debug)]
@@ -50,13 +50,10 @@ pub struct Placement {
 
 impl Placement {
     /// Rank `rank` of `size`, every rank at one daemon: a job of one level.
-    pub fn flat(rank: usize, size: usize) -> Result<Self, String> {
+    pub fn flat(rank: usize, size: usize) -> Result<Self, Error> {
         Self::check(rank, size)?;
         if size > xagg_common::wire::MAX_MEMBERS {
-            return Err(format!(
-                "{size} ranks at one daemon: a job has at most {} members there (hosts of fewer ranks, each with its daemon, take more)",
-                xagg_common::wire::MAX_MEMBERS
-            ));
+            return Err(Error::TooManyMembers { ranks: size });
         }
         Ok(Self {
             member: rank as u8,
@@ -69,7 +66,7 @@ impl Placement {
     /// gathered by the launcher's own collective): the ranks that join one daemon are one
     /// host's, numbered there in rank order; rank 0's daemon coordinates a ring, should
     /// no switch take the job. All at one daemon: [`Placement::flat`].
-    pub fn by_daemon(daemons: &[SocketAddr], rank: usize) -> Result<Self, String> {
+    pub fn by_daemon(daemons: &[SocketAddr], rank: usize) -> Result<Self, Error> {
         let size = daemons.len();
         Self::check(rank, size)?;
         let mine = daemons[rank];
@@ -79,9 +76,7 @@ impl Placement {
         let local = |r: usize| daemons[..r].iter().filter(|d| **d == mine).count();
         let coordinator = match daemons[0] {
             SocketAddr::V4(a) => a,
-            SocketAddr::V6(a) => {
-                return Err(format!("rank 0's daemon {a}: daemons listen on IPv4"))
-            }
+            SocketAddr::V6(daemon) => return Err(Error::CoordinatorNotIpv4 { daemon }),
         };
         Self::local(rank, size, local(rank), local(size), Some(coordinator))
     }
@@ -96,12 +91,14 @@ impl Placement {
         local_rank: usize,
         local_size: usize,
         coordinator: Option<SocketAddrV4>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, Error> {
         Self::check(rank, size)?;
         if local_size == 0 || local_rank >= local_size || local_size > size {
-            return Err(format!(
-                "local rank {local_rank} of {local_size} on this host, in a job of {size} ranks: the local rank is below the local size, which is 1 to the job's size"
-            ));
+            return Err(Error::LocalRank {
+                local_rank,
+                local_size,
+                size,
+            });
         }
         if local_size == size {
             return Self::flat(local_rank, size);
@@ -118,12 +115,9 @@ impl Placement {
         })
     }
 
-    fn check(rank: usize, size: usize) -> Result<(), String> {
+    fn check(rank: usize, size: usize) -> Result<(), Error> {
         if rank >= size || size > crate::codec::MAX_RANKS {
-            return Err(format!(
-                "rank {rank} of {size}: a job has 1 to {} ranks, numbered from 0",
-                crate::codec::MAX_RANKS
-            ));
+            return Err(Error::Rank { rank, size });
         }
         Ok(())
     }
@@ -136,10 +130,6 @@ pub(crate) struct Membership {
     key: JobKey,
     secret: Secret,
     rank: u8,
-}
-
-fn join_error(e: String) -> AllreduceError {
-    AllreduceError::Join(e)
 }
 
 /// Joins the job; returns the worker's parameters (job id, member index, the switch) and
@@ -158,22 +148,20 @@ pub(crate) fn join(
             )))
         }
     };
-    let joined = client
-        .join(&sock, j.timeout, |nonce, token| {
-            JoinRequest::new(
-                j.key,
-                &j.secret,
-                Shape::from(j.shape),
-                j.rank,
-                token,
-                nonce,
-                j.credential
-                    .as_ref()
-                    .map(|(name, key)| (name.as_str(), key)),
-                j.levels,
-            )
-        })
-        .map_err(join_error)?;
+    let joined = client.join(&sock, j.timeout, |nonce, token| {
+        JoinRequest::new(
+            j.key,
+            &j.secret,
+            Shape::from(j.shape),
+            j.rank,
+            token,
+            nonce,
+            j.credential
+                .as_ref()
+                .map(|(name, key)| (name.as_str(), key)),
+            j.levels,
+        )
+    })?;
     let mut p = WorkerParams::new(joined.at.switch, bind, joined.job, joined.member, j.shape);
     p.first_message = None;
     p.ranks = j.levels.map(|l| l.ranks as usize);
@@ -195,26 +183,24 @@ impl Membership {
     /// Leaves the job: when every rank has left, the daemon removes it.
     pub(crate) fn leave(&self) -> Result<(), AllreduceError> {
         let client = Client::new(self.daemon);
-        let n = client.nonce().map_err(join_error)?;
+        let n = client.nonce()?;
         let req = MemberRequest::new(self.key, &self.secret, "leave", self.rank, n.nonce);
-        match client
-            .post::<MemberReply>("/v1/leave", &req)
-            .map_err(join_error)?
-        {
-            MemberReply::Left => Ok(()),
-            MemberReply::Refused { reason } => Err(AllreduceError::Join(format!(
-                "the daemon refused to let this rank leave: {reason}"
-            ))),
-            other => Err(AllreduceError::Join(format!("unexpected answer {other:?}"))),
-        }
+        let failed = match client.post::<MemberReply>("/v1/leave", &req)? {
+            MemberReply::Left => return Ok(()),
+            MemberReply::Refused { reason } => Error::LeaveRefused { reason },
+            other => Error::UnexpectedAnswer {
+                answer: format!("{other:?}"),
+            },
+        };
+        Err(AllreduceError::Join(failed.into()))
     }
 
     /// The job's state as the daemon sees it.
     pub(crate) fn status(&self) -> Result<MemberReply, AllreduceError> {
         let client = Client::new(self.daemon);
-        let n = client.nonce().map_err(join_error)?;
+        let n = client.nonce()?;
         let req = MemberRequest::new(self.key, &self.secret, "status", self.rank, n.nonce);
-        client.post("/v1/joined/status", &req).map_err(join_error)
+        Ok(client.post("/v1/joined/status", &req)?)
     }
 }
 
@@ -267,11 +253,13 @@ mod tests {
         // One host of every rank: no levels.
         assert_eq!(Placement::local(2, 4, 2, 4, c).unwrap().levels, None);
         for (rank, size, lr, ls) in [(4, 4, 0, 1), (0, 4, 2, 2), (0, 4, 0, 0), (0, 4, 0, 5)] {
-            let e = Placement::local(rank, size, lr, ls, c).unwrap_err();
+            let e = Placement::local(rank, size, lr, ls, c)
+                .unwrap_err()
+                .to_string();
             assert!(e.contains("rank"), "{e}");
         }
         // More ranks than a host (or a one-level job) can have at its daemon.
-        let e = Placement::flat(0, 300).unwrap_err();
+        let e = Placement::flat(0, 300).unwrap_err().to_string();
         assert!(e.contains("at most"), "{e}");
         assert!(Placement::local(0, 1000, 0, 10, c).is_ok());
     }

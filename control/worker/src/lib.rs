@@ -81,7 +81,7 @@ pub mod xsk;
 use std::{sync::Arc, time::Duration};
 
 use engine::{Pending, WorkerInner};
-pub use error::{AllreduceError, Missing};
+pub use error::{AllreduceError, Error, Missing};
 pub use join::{JoinParams, Placement};
 pub use params::WorkerParams;
 pub use report::{Path, Report};
@@ -400,13 +400,13 @@ fn check_mtu(p: &WorkerParams) -> Result<(), AllreduceError> {
 
 /// Parses sizes like `64MiB`, `4KiB`, `1GB`, `4096`: binary units (K, KiB, M, MiB, G,
 /// GiB) and decimal ones (KB, kB, MB, GB).
-pub fn parse_size(s: &str) -> Result<usize, String> {
+pub fn parse_size(s: &str) -> Result<usize, Error> {
     let t = s.trim();
     let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
-    let n: usize = num.parse().map_err(|_| {
-        format!("`{s}` is not a size: use a number with an optional unit, e.g. 64MiB")
-    })?;
+    let n: usize = num
+        .parse()
+        .map_err(|_| Error::NotASize { text: s.into() })?;
     let mult = match unit.trim() {
         "" | "B" => 1,
         "KiB" | "K" | "k" => 1 << 10,
@@ -416,13 +416,14 @@ pub fn parse_size(s: &str) -> Result<usize, String> {
         "MB" => 1_000_000,
         "GB" => 1_000_000_000,
         u => {
-            return Err(format!(
-                "unknown unit `{u}` in `{s}`: use B, KiB, MiB, GiB, KB, MB or GB"
-            ))
+            return Err(Error::UnknownUnit {
+                unit: u.into(),
+                text: s.into(),
+            })
         }
     };
     n.checked_mul(mult)
-        .ok_or_else(|| format!("`{s}` is too large"))
+        .ok_or_else(|| Error::SizeTooLarge { text: s.into() })
 }
 
 // Workers and queues are shared between threads; requests and completions move between
@@ -499,9 +500,12 @@ mod tests {
             ("1GB", 1_000_000_000),
             (" 16 MiB ", 16 << 20),
         ] {
-            assert_eq!(parse_size(s), Ok(want), "{s}");
+            assert_eq!(parse_size(s).ok(), Some(want), "{s}");
         }
-        assert!(parse_size("12XB").unwrap_err().contains("unknown unit"));
+        assert!(parse_size("12XB")
+            .unwrap_err()
+            .to_string()
+            .contains("unknown unit"));
         assert!(parse_size("MiB").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999999999999999G").is_err());

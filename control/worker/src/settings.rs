@@ -11,7 +11,7 @@ use std::{
 
 use xagg_common::JobShape;
 
-use crate::{AllreduceError, CredentialKey, JobKey, JoinParams, Placement, Secret, Worker};
+use crate::{AllreduceError, CredentialKey, Error, JobKey, JoinParams, Placement, Secret, Worker};
 
 /// How long the ranks wait for each other to join, unless told otherwise. The ranks of a
 /// launch come within seconds of each other; a launcher's own timeout (torch's group
@@ -53,37 +53,36 @@ impl JoinSettings {
     }
 
     /// The settings from the environment; `XAGG_DAEMON` is required.
-    pub fn from_env() -> Result<Self, String> {
+    pub fn from_env() -> Result<Self, Error> {
         Self::from_vars(None, |name| std::env::var(name).ok())
     }
 
     /// The settings from the environment, the daemon's listener given (`XAGG_DAEMON` is
     /// not read).
-    pub fn from_env_at(daemon: SocketAddr) -> Result<Self, String> {
+    pub fn from_env_at(daemon: SocketAddr) -> Result<Self, Error> {
         Self::from_vars(Some(daemon), |name| std::env::var(name).ok())
     }
 
     fn from_vars(
         daemon: Option<SocketAddr>,
         var: impl Fn(&str) -> Option<String>,
-    ) -> Result<Self, String> {
+    ) -> Result<Self, Error> {
         let daemon = match daemon {
             Some(d) => d,
             None => {
-                let d = var("XAGG_DAEMON").ok_or(
-                    "XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. XAGG_DAEMON=10.77.0.1:47900 (mpirun -x XAGG_DAEMON)",
-                )?;
-                d.trim().parse().map_err(|_| {
-                    format!("XAGG_DAEMON={d} is not an address: e.g. XAGG_DAEMON=10.77.0.1:47900")
-                })?
+                let d = var("XAGG_DAEMON").ok_or(Error::NoDaemon)?;
+                d.trim()
+                    .parse()
+                    .map_err(|_| Error::NotAnAddress { value: d })?
             }
         };
-        let number = |name: &str| -> Result<Option<u64>, String> {
+        let number = |name: &str| -> Result<Option<u64>, Error> {
             var(name)
                 .map(|v| {
-                    v.trim()
-                        .parse()
-                        .map_err(|_| format!("{name}={v} is not a number"))
+                    v.trim().parse().map_err(|_| Error::NotANumber {
+                        name: name.into(),
+                        value: v,
+                    })
                 })
                 .transpose()
         };
@@ -109,7 +108,7 @@ impl JoinSettings {
         secret: Secret,
         placed: &Placement,
     ) -> Result<Worker, AllreduceError> {
-        let bind = local_address(self.daemon).map_err(AllreduceError::Join)?;
+        let bind = local_address(self.daemon).map_err(|e| AllreduceError::Join(e.into()))?;
         let shape = JobShape::full(placed.members, self.slots)
             .map_err(|e| AllreduceError::Invalid(format!("the job's {}: {e}", e.field())))?;
         let j = JoinParams {
@@ -133,24 +132,24 @@ impl JoinSettings {
 
 /// An admission credential written `NAME:KEY`: its name in the daemon's configuration and
 /// its key as 64 hex digits. `what` names the setting in errors.
-pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), String> {
-    let (name, key) = s.split_once(':').ok_or_else(|| {
-        format!("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)")
-    })?;
+pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), Error> {
+    let (name, key) = s
+        .split_once(':')
+        .ok_or_else(|| Error::NotCredential { what: what.into() })?;
     let key = xagg_join::from_hex(key.trim(), &format!("{what}'s key"))?;
     Ok((name.to_string(), CredentialKey(key)))
 }
 
 /// This host's address toward the daemon (the route's source; port 0, any free one):
 /// where the switch will see this rank. Nothing is sent.
-pub fn local_address(daemon: SocketAddr) -> Result<SocketAddrV4, String> {
-    let s = UdpSocket::bind("0.0.0.0:0").map_err(|e| format!("a UDP socket: {e}"))?;
+pub fn local_address(daemon: SocketAddr) -> Result<SocketAddrV4, Error> {
+    let s = UdpSocket::bind("0.0.0.0:0").map_err(Error::UdpSocket)?;
     s.connect(daemon)
-        .map_err(|e| format!("no route to the daemon at {daemon}: {e}"))?;
+        .map_err(|error| Error::NoRoute { daemon, error })?;
     match s.local_addr() {
         Ok(SocketAddr::V4(a)) => Ok(SocketAddrV4::new(*a.ip(), 0)),
-        Ok(a) => Err(format!("{a}: the switch takes IPv4 members")),
-        Err(e) => Err(format!("this host's address toward {daemon}: {e}")),
+        Ok(local) => Err(Error::NotIpv4 { local }),
+        Err(error) => Err(Error::NoLocalAddress { daemon, error }),
     }
 }
 
@@ -160,7 +159,7 @@ mod tests {
 
     const KEY: &str = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
 
-    fn settings(vars: &[(&str, &str)]) -> Result<JoinSettings, String> {
+    fn settings(vars: &[(&str, &str)]) -> Result<JoinSettings, Error> {
         JoinSettings::from_vars(None, |name| {
             vars.iter()
                 .find(|(n, _)| *n == name)
@@ -175,9 +174,13 @@ mod tests {
         assert_eq!(key.0[..2], [0x00, 0x11]);
         // Spaces around the key (a file's newline) are not part of it.
         assert!(parse_credential(&format!("lab: {KEY}\n"), "XAGG_CREDENTIAL").is_ok());
-        let e = parse_credential(KEY, "XAGG_CREDENTIAL").unwrap_err();
+        let e = parse_credential(KEY, "XAGG_CREDENTIAL")
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("XAGG_CREDENTIAL must be NAME:KEY"), "{e}");
-        let e = parse_credential("lab:00ff", "credential").unwrap_err();
+        let e = parse_credential("lab:00ff", "credential")
+            .unwrap_err()
+            .to_string();
         assert!(
             e.contains("credential's key is not 64 hexadecimal digits"),
             "{e}"
@@ -217,16 +220,20 @@ mod tests {
 
     #[test]
     fn wrong_settings_say_which_and_how() {
-        let e = settings(&[]).unwrap_err();
+        let e = settings(&[]).unwrap_err().to_string();
         assert!(e.starts_with("XAGG_DAEMON is not set"), "{e}");
-        let e = settings(&[("XAGG_DAEMON", "10.77.0.1")]).unwrap_err();
+        let e = settings(&[("XAGG_DAEMON", "10.77.0.1")])
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("XAGG_DAEMON=10.77.0.1 is not an address"), "{e}");
         let d = ("XAGG_DAEMON", "10.77.0.1:47900");
         for name in ["XAGG_SLOTS", "XAGG_JOIN_TIMEOUT_MS", "XAGG_GIVE_UP_MS"] {
-            let e = settings(&[d, (name, "10s")]).unwrap_err();
+            let e = settings(&[d, (name, "10s")]).unwrap_err().to_string();
             assert_eq!(e, format!("{name}=10s is not a number"));
         }
-        let e = settings(&[d, ("XAGG_CREDENTIAL", "lab")]).unwrap_err();
+        let e = settings(&[d, ("XAGG_CREDENTIAL", "lab")])
+            .unwrap_err()
+            .to_string();
         assert!(e.starts_with("XAGG_CREDENTIAL must be NAME:KEY"), "{e}");
     }
 

@@ -120,17 +120,14 @@ impl Transport {
     #[cfg(feature = "afxdp")]
     fn xsk_inbox(p: &WorkerParams, cookie: [u8; 8]) -> Result<Inbox, AllreduceError> {
         let ip = *p.bind.ip();
+        let failed = |e: crate::Error| AllreduceError::AfXdp(e.into());
         let iface = xagg_sys::iface::holding(ip)
-            .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?
-            .ok_or_else(|| {
-                AllreduceError::Invalid(format!(
-                    "AF_XDP receive: no interface holds {ip} in this network namespace"
-                ))
-            })?;
+            .map_err(|e| failed(e.into()))?
+            .ok_or_else(|| failed(crate::Error::NoInterface { ip }))?;
         Ok(Inbox::Xsk {
             xsk: Box::new(
                 crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch, cookie)
-                    .map_err(|e| AllreduceError::Invalid(format!("{e:#}")))?,
+                    .map_err(failed)?,
             ),
             rx: vec![0; 65536],
             wait: Duration::from_millis(10),
@@ -139,9 +136,7 @@ impl Transport {
 
     #[cfg(not(feature = "afxdp"))]
     fn xsk_inbox(_: &WorkerParams, _: [u8; 8]) -> Result<Inbox, AllreduceError> {
-        Err(AllreduceError::Invalid(
-            "AF_XDP receive: this build of the worker library lacks the `afxdp` feature".into(),
-        ))
+        Err(AllreduceError::AfXdp(crate::Error::NoAfXdp.into()))
     }
 
     /// Room for the next datagram of `len` bytes, to be encoded in place and then

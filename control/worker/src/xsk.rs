@@ -23,6 +23,8 @@ use aya::{
 use xagg_sys::pages::Pages;
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
+use crate::Error;
+
 /// Posted buffers: enough for every slot's result at once, with room to spare.
 const FRAMES: u32 = 2048;
 const FRAME_SIZE: u32 = 4096;
@@ -64,8 +66,8 @@ pub struct XskReceiver {
 // uses it from one thread at a time, under its engine's lock.
 unsafe impl Send for XskReceiver {}
 
-fn err(what: &str) -> impl FnOnce(xdpilone::Errno) -> anyhow::Error + '_ {
-    move |e| anyhow::anyhow!("{what}: {e}")
+fn err(what: &'static str) -> impl FnOnce(xdpilone::Errno) -> Error {
+    move |errno| Error::Xsk { what, errno }
 }
 
 impl XskReceiver {
@@ -76,34 +78,32 @@ impl XskReceiver {
         port: u16,
         from: std::net::SocketAddrV4,
         cookie: [u8; 8],
-    ) -> anyhow::Result<Self> {
-        use anyhow::{bail, Context};
+    ) -> Result<Self, Error> {
         if let Some(why) = xagg_sys::object_missing() {
-            bail!("{why}");
+            return Err(Error::NoObject(why));
         }
-        let mut ebpf = Ebpf::load(xagg_sys::HOST_OBJECT)?;
+        let mut ebpf = Ebpf::load(xagg_sys::HOST_OBJECT).map_err(Error::Load)?;
         {
-            let mut ports: HashMap<_, [u8; 2], u32> =
-                HashMap::try_from(ebpf.map_mut("XSK_PORTS").context("no XSK_PORTS map")?)?;
-            ports.insert(port.to_be_bytes(), 0, 0)?;
+            let map = ebpf.map_mut("XSK_PORTS").ok_or(Error::NoMap("XSK_PORTS"))?;
+            let mut ports: HashMap<_, [u8; 2], u32> = HashMap::try_from(map).map_err(Error::Map)?;
+            ports.insert(port.to_be_bytes(), 0, 0).map_err(Error::Map)?;
         }
         let prog: &mut Xdp = ebpf
             .program_mut("xagg_host")
-            .context("no xagg_host program")?
-            .try_into()?;
-        prog.load()?;
+            .ok_or(Error::NoProgram)?
+            .try_into()
+            .map_err(Error::Program)?;
+        prog.load().map_err(Error::Program)?;
         // Native where the driver has it (veth does), generic otherwise.
         if let Err(native) = prog.attach(iface, XdpMode::Driver) {
-            prog.attach(iface, XdpMode::Skb).map_err(|_| {
-                anyhow::anyhow!(
-                    "attaching xagg_host to {iface}: {native:#}; if another XDP program is \
-                     attached (`ip link show {iface}`), detach it (`ip link set dev {iface} \
-                     xdp off`) or receive without AF_XDP"
-                )
-            })?;
+            prog.attach(iface, XdpMode::Skb)
+                .map_err(|_| Error::Attach {
+                    iface: iface.into(),
+                    native,
+                })?;
         }
 
-        let area = Pages::map((FRAMES * FRAME_SIZE) as usize).context("the AF_XDP buffers")?;
+        let area = Pages::map((FRAMES * FRAME_SIZE) as usize).map_err(Error::Buffers)?;
         let config = UmemConfig {
             fill_size: FRAMES,
             complete_size: FRAMES,
@@ -115,7 +115,7 @@ impl XskReceiver {
         let umem = unsafe { Umem::new(config, area.as_non_null()) }
             .map_err(err("registering AF_XDP buffers"))?;
         let mut info = IfInfo::invalid();
-        let name = CString::new(iface).context("interface name")?;
+        let name = CString::new(iface).map_err(Error::InterfaceName)?;
         info.from_name(&name).map_err(err("AF_XDP interface"))?;
         info.set_queue(0);
         let sock = Socket::with_shared(&info, &umem).map_err(err("creating an AF_XDP socket"))?;
@@ -142,13 +142,17 @@ impl XskReceiver {
             let n = fill.insert((0..FRAMES).map(|i| u64::from(i * FRAME_SIZE)));
             fill.commit();
             if n != FRAMES {
-                bail!("posted {n} of {FRAMES} AF_XDP buffers");
+                return Err(Error::Posted {
+                    posted: n,
+                    frames: FRAMES,
+                });
             }
         }
-        let mut xsks = XskMap::try_from(ebpf.map_mut("XSKS").context("no XSKS map")?)?;
+        let map = ebpf.map_mut("XSKS").ok_or(Error::NoMap("XSKS"))?;
+        let mut xsks = XskMap::try_from(map).map_err(Error::Map)?;
         // Safety: the socket outlives this call; the map holds its own reference.
         let fd = unsafe { BorrowedFd::borrow_raw(rx.as_raw_fd()) };
-        xsks.set(0, fd, 0)?;
+        xsks.set(0, fd, 0).map_err(Error::Map)?;
         Ok(Self {
             from: (from.ip().octets(), from.port().to_be_bytes()),
             cookie,

@@ -24,6 +24,7 @@ use xagg_daemon::{
     api::{self, Handler},
     config::Config,
     join::{JobTable, Joins},
+    Error,
 };
 use xagg_join::{
     CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, Nonce,
@@ -59,41 +60,43 @@ impl JobTable for Table {
             .find(|p| p.0 == ifindex)
             .map(|p| p.1.to_string())
     }
-    fn free_slots(&self) -> Result<u32, String> {
+    fn free_slots(&self) -> Result<u32, Error> {
         Ok(SLOTS - self.jobs.values().map(|j| j.1).sum::<u32>())
     }
-    fn jobs(&self) -> Result<Vec<(u32, u32)>, String> {
+    fn jobs(&self) -> Result<Vec<(u32, u32)>, Error> {
         Ok(self.jobs.iter().map(|(id, j)| (*id, j.0)).collect())
     }
-    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String> {
-        spec.shape().map_err(|e| e.to_string())?;
+    fn add_job(&mut self, spec: &JobSpec) -> Result<(), Error> {
+        spec.shape()?;
         if self.jobs.contains_key(&spec.id) {
-            return Err(format!("job {} exists", spec.id));
+            return Err(Error::JobExists(spec.id));
         }
         let free = self.free_slots()?;
         if spec.slots > free {
-            return Err(format!("{free} slots free"));
+            return Err(Error::NoSlots {
+                id: spec.id,
+                want: spec.slots,
+                free,
+                total: SLOTS,
+            });
         }
         let base = SLOTS - free;
         self.jobs.insert(spec.id, (base, spec.slots));
         Ok(())
     }
-    fn update_member(&mut self, id: u32, _: usize, _: MemberAddr) -> Result<(), String> {
+    fn update_member(&mut self, id: u32, _: usize, _: MemberAddr) -> Result<(), Error> {
         self.jobs
             .contains_key(&id)
             .then_some(())
-            .ok_or_else(|| format!("no job {id}"))
+            .ok_or(Error::NoJob(id))
     }
-    fn remove_job(&mut self, id: u32) -> Result<(), String> {
-        self.jobs
-            .remove(&id)
-            .map(drop)
-            .ok_or_else(|| format!("no job {id}"))
+    fn remove_job(&mut self, id: u32) -> Result<(), Error> {
+        self.jobs.remove(&id).map(drop).ok_or(Error::NoJob(id))
     }
     fn waiting(&self, _: u32) -> Vec<(u32, u32, u32, Vec<u8>)> {
         Vec::new()
     }
-    fn activity(&self, id: u32) -> Result<u64, String> {
+    fn activity(&self, id: u32) -> Result<u64, Error> {
         Ok(u64::from(id))
     }
 }
@@ -109,7 +112,9 @@ struct StandIn(Arc<Mutex<State>>);
 impl Handler for StandIn {
     fn admin(&self, req: Request) -> Response {
         let st = &mut *self.0.lock().unwrap();
-        let err = |message: String| Response::Error { message };
+        let err = |e: Error| Response::Error {
+            message: e.to_string(),
+        };
         match req {
             Request::AddJob { job } => match st.table.add_job(&job) {
                 Ok(()) => Response::Job { job },
@@ -129,7 +134,9 @@ impl Handler for StandIn {
             } if !(0.0..=1.0).contains(&drop_contribution)
                 || !(0.0..=1.0).contains(&drop_result) =>
             {
-                err("a probability is between 0 and 1".into())
+                Response::Error {
+                    message: "a probability is between 0 and 1".into(),
+                }
             }
             _ => Response::Ok,
         }

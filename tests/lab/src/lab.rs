@@ -223,7 +223,7 @@ impl Lab {
     }
 
     pub fn worker_mac(&self, i: usize) -> Result<[u8; 6]> {
-        in_netns(&self.worker_ns(i), || xagg_sys::iface::mac("eth0"))
+        in_netns(&self.worker_ns(i), || Ok(xagg_sys::iface::mac("eth0")?))
     }
 
     /// `--member` values of a job over all workers, in member order.

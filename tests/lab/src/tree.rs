@@ -405,7 +405,7 @@ impl TreeLab {
 
     fn mac(ns: &str, dev: &str) -> Result<String> {
         Ok(xagg_sys::iface::fmt_mac(&in_netns(ns, || {
-            xagg_sys::iface::mac(dev)
+            Ok(xagg_sys::iface::mac(dev)?)
         })?))
     }
 

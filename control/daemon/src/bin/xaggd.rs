@@ -154,9 +154,7 @@ fn main() -> Result<()> {
     }
     let switch = std::net::SocketAddrV4::new(cfg.switch.address, cfg.switch.udp_port);
     let mac = dp.switch_config()?.mac;
-    let joins = Joins::new(&cfg, switch, &dp)
-        .map_err(anyhow::Error::msg)?
-        .with_mac(mac);
+    let joins = Joins::new(&cfg, switch, &dp)?.with_mac(mac);
     let state = Arc::new(Mutex::new(State {
         dp,
         cfg: cfg.clone(),
@@ -290,8 +288,8 @@ fn bind_api(daemon: &DaemonSection) -> Result<UnixListener> {
     use std::os::unix::fs::PermissionsExt;
     let socket = &daemon.socket;
     // Checked when the configuration was read; the group is looked up again here.
-    let mode = daemon.socket_mode().map_err(anyhow::Error::msg)?;
-    let gid = daemon.socket_gid().map_err(anyhow::Error::msg)?;
+    let mode = daemon.socket_mode()?;
+    let gid = daemon.socket_gid()?;
     if let Some(dir) = socket.parent() {
         create_socket_dir(dir)?;
     }

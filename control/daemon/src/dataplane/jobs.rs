@@ -15,7 +15,7 @@ use xagg_common::{
 use xagg_sys::iface;
 
 use crate::{
-    dataplane::{map_err, Dataplane, DataplaneError, Result},
+    dataplane::{map_err, Dataplane, Result},
     job::{allocate_slots, from_job, to_job},
 };
 
@@ -37,11 +37,11 @@ impl Dataplane {
     pub(super) fn job(&self, id: u32) -> Result<Job> {
         let index = job_index(id);
         if index >= MAX_JOBS as u32 {
-            return Err(DataplaneError::NoJob(id));
+            return Err(crate::Error::NoJob(id));
         }
         let j = self.jobs.get(&index, 0).map_err(map_err("JOBS"))?;
         if j.members == 0 || j.generation != job_generation(id) {
-            return Err(DataplaneError::NoJob(id));
+            return Err(crate::Error::NoJob(id));
         }
         Ok(j)
     }
@@ -62,7 +62,7 @@ impl Dataplane {
         if held.members != 0 {
             let other = job_id(index, held.generation);
             if other == spec.id {
-                return Err(DataplaneError::JobExists(spec.id));
+                return Err(crate::Error::JobExists(spec.id));
             }
             return Err(Error::job(
                 "id",
@@ -81,7 +81,7 @@ impl Dataplane {
             let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
             let need = xagg_common::wire::ip_packet_len(shape.segment_bytes());
             if mtu < need {
-                let lane = xagg_api::lane(spec.op, spec.dtype).map_err(DataplaneError::Other)?;
+                let lane = xagg_api::lane(spec.op, spec.dtype)?;
                 let fits = xagg_common::wire::payload_for_mtu(mtu) / lane.size();
                 return Err(Error::job(
                     "segment",
@@ -140,7 +140,7 @@ impl Dataplane {
             .collect();
         let base = allocate_slots(&used, spec.slots, MAX_SLOTS).ok_or_else(|| {
             let busy: u32 = used.iter().map(|(_, c)| c).sum();
-            DataplaneError::NoSlots {
+            crate::Error::NoSlots {
                 id: spec.id,
                 want: spec.slots,
                 free: MAX_SLOTS - busy,
@@ -209,11 +209,9 @@ impl Dataplane {
     }
 
     fn clear_counter_row(&mut self, row: u32) -> Result<()> {
-        let cpus = aya::util::nr_cpus()
-            .map_err(|(_, e)| DataplaneError::Other(format!("counting CPUs: {e}")))?;
+        let cpus = aya::util::nr_cpus().map_err(|(_, e)| crate::Error::Cpus(e))?;
         for i in 0..JOB_ROW as u32 {
-            let zero = PerCpuValues::try_from(vec![0u64; cpus])
-                .map_err(|e| DataplaneError::Other(format!("per-CPU values: {e}")))?;
+            let zero = PerCpuValues::try_from(vec![0u64; cpus]).map_err(crate::Error::PerCpu)?;
             self.job_counters
                 .set(row * JOB_ROW as u32 + i, zero, 0)
                 .map_err(map_err("JOB_COUNTERS"))?;
@@ -293,9 +291,7 @@ impl Dataplane {
             ("drop_result", drop_result),
         ] {
             if !(0.0..=1.0).contains(&p) {
-                return Err(DataplaneError::Other(format!(
-                    "{name} = {p}: a probability is between 0 and 1"
-                )));
+                return Err(crate::Error::Probability { name, p });
             }
         }
         let f = Faults {

@@ -22,7 +22,7 @@ use xagg_sys::iface;
 
 use crate::{
     config::{Config, XdpMode as Mode},
-    dataplane::{map_err, pin_err, Dataplane, DataplaneError, Result, MAP_NAMES},
+    dataplane::{map_err, pin_err, Dataplane, Error, Result, MAP_NAMES},
 };
 
 impl Dataplane {
@@ -34,7 +34,7 @@ impl Dataplane {
             if dir.join("maps/JOBS").exists() {
                 let pinned = read_layout(dir)?;
                 if pinned != LAYOUT_VERSION {
-                    return Err(DataplaneError::LayoutChanged {
+                    return Err(Error::LayoutChanged {
                         pin: dir.clone(),
                         pinned,
                         ours: LAYOUT_VERSION,
@@ -43,7 +43,7 @@ impl Dataplane {
                 let mut dp = Self::adopt(dir)?;
                 let pinned_ports = read_ports(dir)?;
                 if pinned_ports != cfg.switch.ports {
-                    return Err(DataplaneError::PortsChanged {
+                    return Err(Error::PortsChanged {
                         pin: dir.clone(),
                         pinned: pinned_ports,
                         configured: cfg.switch.ports.clone(),
@@ -66,24 +66,24 @@ impl Dataplane {
 
     fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
         if xagg_sys::object_missing().is_some() {
-            return Err(DataplaneError::NoObject);
+            return Err(Error::NoObject);
         }
         let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
-        let mode = cfg.mode().map_err(DataplaneError::Other)?;
+        let mode = cfg.mode()?;
 
         let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
-        result.load().map_err(|source| DataplaneError::Program {
+        result.load().map_err(|source| Error::Program {
             name: "xagg_result",
             source,
         })?;
         let result_fd = result
             .fd()
-            .map_err(|source| DataplaneError::Program {
+            .map_err(|source| Error::Program {
                 name: "xagg_result",
                 source,
             })?
             .try_clone()
-            .map_err(|e| DataplaneError::Other(format!("duplicating a program fd: {e}")))?;
+            .map_err(Error::DupFd)?;
 
         if let Some(dir) = &pin {
             for sub in ["maps", "links", "links/fanout"] {
@@ -92,9 +92,7 @@ impl Dataplane {
         }
         let mut maps = BTreeMap::new();
         for name in MAP_NAMES {
-            let map = ebpf
-                .take_map(name)
-                .ok_or_else(|| DataplaneError::Other(format!("object lacks map {name}")))?;
+            let map = ebpf.take_map(name).ok_or(Error::NoMap(name))?;
             if let Some(dir) = &pin {
                 let path = dir.join("maps").join(name);
                 map.pin(&path).map_err(|e| pin_err(&path)(Box::new(e)))?;
@@ -111,11 +109,14 @@ impl Dataplane {
         let mut ports: DevMap<MapData> =
             DevMap::try_from(take("PORTS")).map_err(map_err("PORTS"))?;
         for (i, port) in cfg.switch.ports.iter().enumerate() {
-            let ifindex = iface::ifindex(port)
-                .map_err(|e| DataplaneError::Other(format!("switch.ports[{i}]: {e:#}")))?;
+            let ifindex = iface::ifindex(port).map_err(|error| Error::Port { index: i, error })?;
             ports
                 .set(i as u32, ifindex, Some(&result_fd), 0)
-                .map_err(|e| DataplaneError::Other(format!("PORTS[{i}] = {port}: {e}")))?;
+                .map_err(|error| Error::PortMap {
+                    index: i,
+                    port: port.clone(),
+                    error,
+                })?;
         }
 
         let mut folds: ProgramArray<MapData> =
@@ -125,13 +126,13 @@ impl Dataplane {
         // The fan-out of multi-buffer results, on each port's tc ingress.
         let fanout: &mut SchedClassifier = ebpf
             .program_mut("xagg_fanout")
-            .ok_or_else(|| DataplaneError::Other("object lacks program xagg_fanout".into()))?
+            .ok_or(Error::NoProgram("xagg_fanout"))?
             .try_into()
-            .map_err(|source| DataplaneError::Program {
+            .map_err(|source| Error::Program {
                 name: "xagg_fanout",
                 source,
             })?;
-        fanout.load().map_err(|source| DataplaneError::Program {
+        fanout.load().map_err(|source| Error::Program {
             name: "xagg_fanout",
             source,
         })?;
@@ -140,17 +141,17 @@ impl Dataplane {
         for port in &cfg.switch.ports {
             // EEXIST: the port has its clsact qdisc already.
             let _ = tc::qdisc_add_clsact(port);
-            let err = |source| DataplaneError::Attach {
+            let err = |source| Error::Attach {
                 port: port.clone(),
                 source,
             };
             let id = fanout.attach(port, TcAttachType::Ingress).map_err(err)?;
             let link = fanout.take_link(id).map_err(err)?;
             if pin.is_some() {
-                let fd: FdLink = link.try_into().map_err(|e| {
-                    DataplaneError::Other(format!(
-                        "tc link on {port} is not a bpf_link, cannot pin it: {e}"
-                    ))
+                let fd: FdLink = link.try_into().map_err(|error| Error::Unpinnable {
+                    what: "tc link",
+                    port: port.clone(),
+                    error,
                 })?;
                 link_pins.push((format!("fanout/{port}"), fd));
             } else {
@@ -159,24 +160,22 @@ impl Dataplane {
         }
 
         let switch: &mut Xdp = prog(&mut ebpf, "xagg_switch")?;
-        switch.load().map_err(|source| DataplaneError::Program {
+        switch.load().map_err(|source| Error::Program {
             name: "xagg_switch",
             source,
         })?;
         let mut links = Vec::new();
         for port in &cfg.switch.ports {
             let id = attach(switch, port, mode)?;
-            let link = switch
-                .take_link(id)
-                .map_err(|source| DataplaneError::Program {
-                    name: "xagg_switch",
-                    source,
-                })?;
+            let link = switch.take_link(id).map_err(|source| Error::Program {
+                name: "xagg_switch",
+                source,
+            })?;
             if pin.is_some() {
-                let fd: FdLink = link.try_into().map_err(|e| {
-                    DataplaneError::Other(format!(
-                        "link on {port} is not a bpf_link, cannot pin it: {e}"
-                    ))
+                let fd: FdLink = link.try_into().map_err(|error| Error::Unpinnable {
+                    what: "link",
+                    port: port.clone(),
+                    error,
                 })?;
                 link_pins.push((port.clone(), fd));
             } else {
@@ -259,17 +258,11 @@ impl Dataplane {
     /// Writes the switch's address, port and MAC into the `SWITCH` map.
     fn configure_switch(&mut self, cfg: &Config) -> Result<()> {
         let mac = match &cfg.switch.mac {
-            Some(m) => iface::parse_mac(m).map_err(DataplaneError::Other)?,
+            Some(m) => iface::parse_mac(m)?,
             None => {
-                let holder = iface::holding(cfg.switch.address)
-                    .map_err(|e| DataplaneError::Other(format!("{e:#}")))?
-                    .ok_or_else(|| {
-                        DataplaneError::Other(format!(
-                            "switch.address {} is on no interface here: assign it to one (e.g. the bridge of the ports) or set switch.mac",
-                            cfg.switch.address
-                        ))
-                    })?;
-                iface::mac(&holder).map_err(|e| DataplaneError::Other(format!("{e:#}")))?
+                let holder = iface::holding(cfg.switch.address)?
+                    .ok_or(Error::AddressNotHere(cfg.switch.address))?;
+                iface::mac(&holder)?
             }
         };
         let value = SwitchConfig {
@@ -329,11 +322,8 @@ pub fn load_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<
         .chain([(DELIVER, DELIVER_PROGRAM)]);
     for (index, name) in programs {
         let p = prog(ebpf, name)?;
-        p.load()
-            .map_err(|source| DataplaneError::Program { name, source })?;
-        let fd = p
-            .fd()
-            .map_err(|source| DataplaneError::Program { name, source })?;
+        p.load().map_err(|source| Error::Program { name, source })?;
+        let fd = p.fd().map_err(|source| Error::Program { name, source })?;
         folds.set(index, fd, 0).map_err(map_err("FOLDS"))?;
     }
     Ok(())
@@ -341,13 +331,13 @@ pub fn load_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
     ebpf.program_mut(name)
-        .ok_or_else(|| DataplaneError::Other(format!("object lacks program {name}")))?
+        .ok_or(Error::NoProgram(name))?
         .try_into()
-        .map_err(|source| DataplaneError::Program { name, source })
+        .map_err(|source| Error::Program { name, source })
 }
 
 fn attach(prog: &mut Xdp, port: &str, mode: Mode) -> Result<aya::programs::xdp::XdpLinkId> {
-    let err = |source| DataplaneError::Attach {
+    let err = |source| Error::Attach {
         port: port.to_owned(),
         source,
     };

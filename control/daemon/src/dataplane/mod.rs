@@ -22,66 +22,7 @@ mod observe;
 pub use load::load_folds;
 pub use xagg_sys::pins::unpin;
 
-#[derive(Debug, thiserror::Error)]
-pub enum DataplaneError {
-    #[error("the XDP object was not built into this binary: run `cargo xtask build` (or `cargo xtask demo`) and rebuild")]
-    NoObject,
-    #[error("loading the XDP object: {0}")]
-    Load(#[from] aya::EbpfError),
-    #[error("program {name}: {source}")]
-    Program {
-        name: &'static str,
-        source: aya::programs::ProgramError,
-    },
-    #[error(
-        "attaching to {port}: {source} (try xdp_mode = \"generic\" if the driver lacks native XDP)"
-    )]
-    Attach {
-        port: String,
-        source: aya::programs::ProgramError,
-    },
-    #[error("map {name}: {source}")]
-    Map {
-        name: &'static str,
-        source: aya::maps::MapError,
-    },
-    #[error(
-        "pinning under {path}: {source} (is a bpffs mounted there? `mount -t bpf bpf /sys/fs/bpf`)"
-    )]
-    Pin {
-        path: PathBuf,
-        source: Box<dyn std::error::Error + Send + Sync>,
-    },
-    #[error("{0}")]
-    Job(#[from] xagg_api::Error),
-    #[error("job {0} already exists: remove it first (`xagg job remove {0}`)")]
-    JobExists(u32),
-    #[error("no job {0}")]
-    NoJob(u32),
-    #[error("job {id} needs {want} slots but the largest free range is smaller ({free} of {total} slots free in all): ask for fewer slots or remove a job")]
-    NoSlots {
-        id: u32,
-        want: u32,
-        free: u32,
-        total: u32,
-    },
-    #[error("the pinned dataplane at {pin} was started with ports {pinned:?}, the configuration names {configured:?}: run `xagg detach --pin-path {pin}` (or `xaggd --reload --config FILE`) to replace it (running jobs are dropped), or restore the configuration")]
-    PortsChanged {
-        pin: PathBuf,
-        pinned: Vec<String>,
-        configured: Vec<String>,
-    },
-    #[error("the pinned dataplane at {pin} has map layout {pinned}, this build has layout {ours}: run `xaggd --reload --config FILE` (or `xagg detach --pin-path {pin}`, then start xaggd) to replace it with this build's (running jobs are dropped), or run the build that pinned it")]
-    LayoutChanged {
-        pin: PathBuf,
-        pinned: u32,
-        ours: u32,
-    },
-    #[error("{0}")]
-    Other(String),
-}
-
-pub(crate) type Result<T, E = DataplaneError> = std::result::Result<T, E>;
+pub(crate) use crate::{Error, Result};
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
@@ -135,14 +76,14 @@ pub struct Dataplane {
     ports: Vec<String>,
 }
 
-pub(crate) fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> DataplaneError {
-    move |source| DataplaneError::Map { name, source }
+pub(crate) fn map_err(name: &'static str) -> impl Fn(aya::maps::MapError) -> Error {
+    move |source| Error::Map { name, source }
 }
 
 pub(crate) fn pin_err(
     path: &Path,
-) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> DataplaneError + '_ {
-    move |source| DataplaneError::Pin {
+) -> impl Fn(Box<dyn std::error::Error + Send + Sync>) -> Error + '_ {
+    move |source| Error::Pin {
         path: path.to_owned(),
         source,
     }

@@ -16,6 +16,7 @@ use log::info;
 use xagg_join::{unseal, CredentialKey, JoinRequest, Nonce, Proof, Secret, NONCE_TTL_S};
 
 use super::{registry::Joined, table::JobTable, Joins};
+use crate::{Error, Result};
 
 /// Indices a joined job may take (the dataplane holds at most this many jobs).
 const MAX_INDEX: u16 = 256;
@@ -44,13 +45,10 @@ impl Nonces {
     }
 
     /// Spends `nonce`, if it was handed out and is still valid.
-    pub(super) fn spend(&mut self, nonce: &Nonce) -> Result<(), String> {
+    pub(super) fn spend(&mut self, nonce: &Nonce) -> Result<()> {
         match self.0.remove(nonce) {
             Some(t) if t.elapsed() < Duration::from_secs(NONCE_TTL_S) => Ok(()),
-            _ => Err(
-                "unknown, spent or expired nonce: get a fresh one (GET /v1/nonce) for each request"
-                    .into(),
-            ),
+            _ => Err(Error::Nonce),
         }
     }
 }
@@ -66,7 +64,7 @@ pub(super) struct Credential {
 impl Joins {
     /// Creates the job a join names, if it may: its admission proves a credential, whose
     /// quota and the switch's free slots and job indices must have room.
-    pub(super) fn create(&mut self, dp: &impl JobTable, req: &JoinRequest) -> Result<(), String> {
+    pub(super) fn create(&mut self, dp: &impl JobTable, req: &JoinRequest) -> Result<()> {
         let (name, secret) = self.admitted(req)?;
         self.within_quota(&name, req)?;
         self.room_for(dp, req)?;
@@ -82,28 +80,29 @@ impl Joins {
     }
 
     /// The credential a join's admission proves, and the job's secret it carries sealed.
-    fn admitted(&self, req: &JoinRequest) -> Result<(String, Secret), String> {
+    fn admitted(&self, req: &JoinRequest) -> Result<(String, Secret)> {
         let Some(a) = &req.admission else {
-            return Err("no job has this key, and the join carries no admission to create one (the first rank to join needs the admission credential)".into());
+            return Err(Error::NoAdmission);
         };
         let Some(c) = self.credentials.iter().find(|c| c.name == a.credential) else {
-            return Err(format!("unknown credential `{}`", a.credential));
+            return Err(Error::UnknownCredential {
+                credential: a.credential.clone(),
+            });
         };
         if !Proof::admission(&c.key, &req.nonce, &req.key, &req.shape).matches(&a.proof) {
-            return Err(format!(
-                "the admission proof does not match credential `{}`",
-                c.name
-            ));
+            return Err(Error::AdmissionProof {
+                credential: c.name.clone(),
+            });
         }
         let secret = unseal(&a.secret, &c.key, &req.nonce, &req.key);
         if !Proof::join(&secret, req).matches(&req.proof) {
-            return Err("the join's proof does not match the secret it carries".into());
+            return Err(Error::SealedSecretProof);
         }
         Ok((c.name.clone(), secret))
     }
 
     /// Whether credential `name`'s jobs leave room in its quota for the job `req` names.
-    fn within_quota(&self, name: &str, req: &JoinRequest) -> Result<(), String> {
+    fn within_quota(&self, name: &str, req: &JoinRequest) -> Result<()> {
         let quota = self
             .credentials
             .iter()
@@ -116,17 +115,19 @@ impl Joins {
             .map(|j| j.shape.slots)
             .sum();
         if used + req.shape.slots > quota as usize {
-            return Err(format!(
-                "credential `{name}` holds {used} of its {quota} slots; this job needs {}",
-                req.shape.slots
-            ));
+            return Err(Error::OverQuota {
+                credential: name.into(),
+                used,
+                quota,
+                needs: req.shape.slots,
+            });
         }
         Ok(())
     }
 
     /// Whether the switch has the job's slots free, after the jobs still gathering their
     /// ranks.
-    fn room_for(&self, dp: &impl JobTable, req: &JoinRequest) -> Result<(), String> {
+    fn room_for(&self, dp: &impl JobTable, req: &JoinRequest) -> Result<()> {
         let free = dp.free_slots()? as usize;
         let reserved: usize = self
             .jobs
@@ -135,17 +136,16 @@ impl Joins {
             .map(|j| j.shape.slots)
             .sum();
         if free < reserved + req.shape.slots {
-            return Err(format!(
-                "the switch is full: {} slots free (after the jobs still gathering their ranks), this job needs {}",
-                free.saturating_sub(reserved),
-                req.shape.slots
-            ));
+            return Err(Error::SwitchFull {
+                free: free.saturating_sub(reserved),
+                needs: req.shape.slots,
+            });
         }
         Ok(())
     }
 
     /// The wire id of a new job: the lowest index no job has, its generation counted up.
-    fn next_id(&mut self, dp: &impl JobTable) -> Result<u32, String> {
+    fn next_id(&mut self, dp: &impl JobTable) -> Result<u32> {
         let taken: Vec<u16> = dp
             .jobs()?
             .iter()
@@ -153,9 +153,7 @@ impl Joins {
             .chain(self.jobs.values().map(|j| j.id as u16))
             .collect();
         let Some(index) = (1..MAX_INDEX).find(|i| !taken.contains(i)) else {
-            return Err(format!(
-                "the switch is full: all {MAX_INDEX} job indices are taken"
-            ));
+            return Err(Error::NoJobIndex { indices: MAX_INDEX });
         };
         let generation = self.generations.entry(index).or_insert(0);
         *generation = generation.wrapping_add(1);

@@ -13,6 +13,7 @@ use super::{
     table::JobTable,
     Joins,
 };
+use crate::{Error, Result};
 
 /// A join's early answer: a refusal, or no hello seen.
 type Answer<T> = Result<T, JoinReply>;
@@ -38,37 +39,30 @@ impl Joins {
     }
 
     /// The job the join names, created if it is new (and may be).
-    fn find_or_create(&mut self, dp: &impl JobTable, req: &JoinRequest) -> Result<(), String> {
+    fn find_or_create(&mut self, dp: &impl JobTable, req: &JoinRequest) -> Result<()> {
         if self.jobs.contains_key(&req.key) {
             return Ok(());
         }
         if let Some((why, _)) = self.expired.get(&req.key) {
-            return Err(format!(
-                "the job {why} and was removed (its slots are free): start all ranks again, with a new key"
-            ));
+            return Err(Error::JobGone { why: why.clone() });
         }
         self.create(dp, req)
     }
 
     /// Whether the join proves the job's secret and states the job's shape.
-    fn agrees(&self, req: &JoinRequest) -> Result<(), String> {
+    fn agrees(&self, req: &JoinRequest) -> Result<()> {
         let j = &self.jobs[&req.key];
         if !Proof::join(&j.secret, req).matches(&req.proof) {
-            return Err("the join's proof does not match the job's secret".into());
+            return Err(Error::JobProof);
         }
         let ranks = req.levels.map(|l| l.ranks);
         if j.shape != req.shape || j.level.ranks() != ranks {
-            return Err(format!(
-                "the job has {} members, {} slots, {}-byte segments and {:?} ranks in all; this join says {}, {}, {} and {:?}: every rank must give the same shape",
-                j.shape.members,
-                j.shape.slots,
-                j.shape.segment_bytes,
-                j.level.ranks(),
-                req.shape.members,
-                req.shape.slots,
-                req.shape.segment_bytes,
-                ranks
-            ));
+            return Err(Error::ShapeDiffers {
+                job: j.shape,
+                job_ranks: j.level.ranks(),
+                join: req.shape,
+                join_ranks: ranks,
+            });
         }
         Ok(())
     }
@@ -249,37 +243,37 @@ impl Joins {
 
 /// The checks a join passes before its nonce is spent: a valid shape (an open level's
 /// with 0 members), sensible levels, whole elements per segment, a rank within the shape.
-fn well_formed(req: &JoinRequest) -> Result<(), String> {
+fn well_formed(req: &JoinRequest) -> Result<()> {
     let level = Level::of(req);
     let open = level.is_open();
     let checked = Shape {
         members: req.shape.members.max(usize::from(open)),
         ..req.shape
     };
-    if let Err(e) = checked.job_shape() {
-        return Err(format!("the job's shape: {e}"));
-    }
+    checked.job_shape().map_err(Error::Shape)?;
     if let Some(l) = req.levels {
         if l.weight == 0 || l.ranks < l.weight || (!open && (l.ranks as usize) < req.shape.members)
         {
-            return Err(format!(
-                "levels: {} ranks in all, this member standing for {} from rank {}, {} members here: a member stands for 1 or more of the job's ranks, and the job has at least its members",
-                l.ranks, l.weight, l.first, req.shape.members
-            ));
+            return Err(Error::Levels {
+                ranks: l.ranks,
+                weight: l.weight,
+                first: l.first,
+                members: req.shape.members,
+            });
         }
     }
     let element = element_bytes(JOINED_OP, JOINED_DTYPE)?;
     if !req.shape.segment_bytes.is_multiple_of(element) {
-        return Err(format!(
-            "the job's shape: segment_bytes = {} is not a multiple of {element}",
-            req.shape.segment_bytes
-        ));
+        return Err(Error::SegmentNotWhole {
+            segment_bytes: req.shape.segment_bytes,
+            element,
+        });
     }
     if !open && usize::from(req.rank) >= req.shape.members {
-        return Err(format!(
-            "rank {} of a job of {} members: ranks are 0..{}",
-            req.rank, req.shape.members, req.shape.members
-        ));
+        return Err(Error::RankOutside {
+            rank: req.rank,
+            members: req.shape.members,
+        });
     }
     Ok(())
 }

@@ -53,7 +53,7 @@ use self::{
     state_file::Saved,
     upward::{ParentLink, Upstream},
 };
-use crate::config::Config;
+use crate::{config::Config, Error, Result};
 
 pub struct Joins {
     jobs: BTreeMap<JobKey, Joined>,
@@ -77,16 +77,16 @@ pub struct Joins {
     rings: HashMap<JobKey, RingState>,
 }
 
-fn refused(reason: impl Into<String>) -> JoinReply {
+fn refused(reason: impl std::fmt::Display) -> JoinReply {
     JoinReply::Refused {
-        reason: reason.into(),
+        reason: reason.to_string(),
     }
 }
 
 impl Joins {
     /// Reads the credentials' keys and the state file, keeping the joined jobs the
     /// dataplane still has (and the pending ones, their timers started again).
-    pub fn new(cfg: &Config, switch: SocketAddrV4, dp: &impl JobTable) -> Result<Self, String> {
+    pub fn new(cfg: &Config, switch: SocketAddrV4, dp: &impl JobTable) -> Result<Self> {
         let mut credentials = Vec::new();
         for c in &cfg.credentials {
             credentials.push(Credential {
@@ -99,11 +99,9 @@ impl Joins {
         let saved = Saved::read(&state_file)?;
         let present: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
         let mut jobs = BTreeMap::new();
-        for mut j in saved.jobs().map_err(|e| {
-            format!(
-                "{}: {e}: move it away to start without the joined jobs it holds",
-                state_file.display()
-            )
+        for mut j in saved.jobs().map_err(|e| Error::StateFile {
+            file: state_file.clone(),
+            error: Box::new(e),
         })? {
             if j.active_unix_s == 0 {
                 j.active_unix_s = unix_now();
@@ -152,11 +150,7 @@ impl Joins {
                     .key()?;
                     Some((d, name.clone(), key))
                 }
-                (Some(d), _, _) => {
-                    return Err(format!(
-                        "[parent] daemon = {d} needs credential and key_file: the admission credential this daemon creates jobs with there"
-                    ))
-                }
+                (Some(daemon), _, _) => return Err(Error::ParentCredential { daemon }),
             };
             joins.parent = Some(ParentLink {
                 interface: p.interface.clone(),
@@ -227,7 +221,7 @@ impl Joins {
     ) -> MemberReply {
         let no = |reason: String| MemberReply::Refused { reason };
         if let Err(e) = self.nonces.spend(&req.nonce) {
-            return no(e);
+            return no(e.to_string());
         }
         let Some(j) = self.jobs.get_mut(&req.key) else {
             return no("no job has this key".into());

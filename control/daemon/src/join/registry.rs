@@ -15,6 +15,7 @@ use xagg_common::{
 use xagg_join::{JobKey, JoinReply, JoinRequest, Levels, Path, Secret, Shape};
 
 use super::table::JobTable;
+use crate::{Error, Result};
 
 /// The op and type a joined job's dataplane entry names. A join does not state them (its
 /// shape is members, slots and segment bytes): each message carries its own pair, which
@@ -24,8 +25,8 @@ pub(super) const JOINED_OP: Op = Op::Sum;
 pub(super) const JOINED_DTYPE: DType = DType::I32;
 
 /// Bytes per element of `op` over `dtype` on the wire (its lane's).
-pub(super) fn element_bytes(op: Op, dtype: DType) -> Result<usize, String> {
-    xagg_api::lane(op, dtype).map(|l| l.size())
+pub(super) fn element_bytes(op: Op, dtype: DType) -> Result<usize> {
+    Ok(xagg_api::lane(op, dtype)?.size())
 }
 
 /// A member of a joined job as its hello showed it.
@@ -273,7 +274,7 @@ pub(super) fn activate(
     route: &Route,
     op: Op,
     dtype: DType,
-) -> Result<(), String> {
+) -> Result<()> {
     let element = element_bytes(op, dtype)?;
     let members = j
         .members
@@ -281,18 +282,14 @@ pub(super) fn activate(
         .enumerate()
         .map(|(i, m)| {
             // A rank that left while the level joined its parent.
-            let a = m
-                .ok_or_else(|| format!("member {i} left before the job could run"))?
-                .addr;
+            let a = m.ok_or(Error::MemberLeft(i))?.addr;
             Ok(MemberSpec {
-                interface: dp
-                    .port_named(a.ifindex)
-                    .ok_or_else(|| format!("interface index {} is no longer a port", a.ifindex))?,
+                interface: dp.port_named(a.ifindex).ok_or(Error::PortGone(a.ifindex))?,
                 mac: xagg_sys::iface::fmt_mac(&a.mac),
                 addr: SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port)),
             })
         })
-        .collect::<Result<Vec<_>, String>>()?;
+        .collect::<Result<Vec<_>>>()?;
     let (parent, ring) = match route {
         Route::Root => (None, None),
         Route::Parent(p) => (Some(p.clone()), None),

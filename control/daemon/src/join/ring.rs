@@ -20,7 +20,7 @@ impl Joins {
     pub fn ring(&mut self, req: &RingRequest) -> RingReply {
         let no = |reason: String| RingReply::Refused { reason };
         if let Err(e) = self.nonces.spend(&req.nonce) {
-            return no(e);
+            return no(e.to_string());
         }
         let Some(j) = self.jobs.get(&req.key) else {
             return RingReply::Pending {

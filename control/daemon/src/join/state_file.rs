@@ -14,6 +14,7 @@ use xagg_common::job::MemberAddr;
 use xagg_join::{JobKey, Path, Secret, Shape};
 
 use super::registry::{Joined, Level, Lifecycle, Member, Route};
+use crate::{Error, Result};
 
 /// What the state file holds.
 #[derive(Default, Serialize, Deserialize)]
@@ -88,21 +89,22 @@ impl Saved {
     }
 
     /// Reads the state file; none there is an empty one.
-    pub(super) fn read(file: &FilePath) -> Result<Self, String> {
+    pub(super) fn read(file: &FilePath) -> Result<Self> {
         match std::fs::read_to_string(file) {
-            Ok(text) => Self::parse(&text).map_err(|e| {
-                format!(
-                    "{}: {e}: move it away to start without the joined jobs it holds",
-                    file.display()
-                )
+            Ok(text) => Self::parse(&text).map_err(|e| Error::StateFile {
+                file: file.to_owned(),
+                error: Box::new(e),
             }),
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Self::default()),
-            Err(e) => Err(format!("reading {}: {e}", file.display())),
+            Err(error) => Err(Error::ReadState {
+                file: file.to_owned(),
+                error,
+            }),
         }
     }
 
-    pub(super) fn parse(text: &str) -> Result<Self, String> {
-        serde_json::from_str(text).map_err(|e| e.to_string())
+    pub(super) fn parse(text: &str) -> Result<Self> {
+        Ok(serde_json::from_str(text)?)
     }
 
     pub(super) fn to_json(&self) -> serde_json::Result<String> {
@@ -110,7 +112,7 @@ impl Saved {
     }
 
     /// The joined jobs it holds (a job's timers start now).
-    pub(super) fn jobs(&self) -> Result<Vec<Joined>, String> {
+    pub(super) fn jobs(&self) -> Result<Vec<Joined>> {
         self.jobs.iter().map(Joined::try_from).collect()
     }
 
@@ -173,9 +175,9 @@ impl From<&Joined> for SavedJob {
 }
 
 impl TryFrom<&SavedJob> for Joined {
-    type Error = String;
+    type Error = Error;
 
-    fn try_from(s: &SavedJob) -> Result<Self, String> {
+    fn try_from(s: &SavedJob) -> Result<Self> {
         let secret: Secret = s.secret.parse()?;
         let level = match (s.open, s.ranks) {
             (_, None) => Level::Flat,

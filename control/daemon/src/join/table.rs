@@ -4,7 +4,7 @@
 use xagg_api::JobSpec;
 use xagg_common::job::MemberAddr;
 
-use crate::dataplane::Dataplane;
+use crate::{dataplane::Dataplane, Result};
 
 /// What the join registry needs of the dataplane: the daemon's [`Dataplane`], or a
 /// stand-in (the API's fuzz target, the unit tests).
@@ -13,16 +13,16 @@ pub trait JobTable {
     fn take_hello(&mut self, token: u64) -> Option<MemberAddr>;
     /// The switch port with interface index `ifindex`.
     fn port_named(&self, ifindex: u32) -> Option<String>;
-    fn free_slots(&self) -> Result<u32, String>;
+    fn free_slots(&self) -> Result<u32>;
     /// The jobs' wire ids and first slots.
-    fn jobs(&self) -> Result<Vec<(u32, u32)>, String>;
-    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String>;
-    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<(), String>;
-    fn remove_job(&mut self, id: u32) -> Result<(), String>;
+    fn jobs(&self) -> Result<Vec<(u32, u32)>>;
+    fn add_job(&mut self, spec: &JobSpec) -> Result<()>;
+    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<()>;
+    fn remove_job(&mut self, id: u32) -> Result<()>;
     /// Job `id`'s busy slots waiting for members: (slot, message, segment, missing).
     fn waiting(&self, id: u32) -> Vec<(u32, u32, u32, Vec<u8>)>;
     /// A value that changes whenever a round of job `id` moves on.
-    fn activity(&self, id: u32) -> Result<u64, String>;
+    fn activity(&self, id: u32) -> Result<u64>;
 }
 
 impl JobTable for Dataplane {
@@ -32,24 +32,21 @@ impl JobTable for Dataplane {
     fn port_named(&self, ifindex: u32) -> Option<String> {
         Dataplane::port_named(self, ifindex)
     }
-    fn free_slots(&self) -> Result<u32, String> {
-        Dataplane::free_slots(self).map_err(|e| e.to_string())
+    fn free_slots(&self) -> Result<u32> {
+        Dataplane::free_slots(self)
     }
-    fn jobs(&self) -> Result<Vec<(u32, u32)>, String> {
+    fn jobs(&self) -> Result<Vec<(u32, u32)>> {
         Dataplane::jobs(self)
             .map(|jobs| jobs.into_iter().map(|(id, j)| (id, j.slot_base)).collect())
-            .map_err(|e| e.to_string())
     }
-    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String> {
-        Dataplane::add_job(self, spec)
-            .map(drop)
-            .map_err(|e| e.to_string())
+    fn add_job(&mut self, spec: &JobSpec) -> Result<()> {
+        Dataplane::add_job(self, spec).map(drop)
     }
-    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<(), String> {
-        Dataplane::update_member(self, id, member, addr).map_err(|e| e.to_string())
+    fn update_member(&mut self, id: u32, member: usize, addr: MemberAddr) -> Result<()> {
+        Dataplane::update_member(self, id, member, addr)
     }
-    fn remove_job(&mut self, id: u32) -> Result<(), String> {
-        Dataplane::remove_job(self, id).map_err(|e| e.to_string())
+    fn remove_job(&mut self, id: u32) -> Result<()> {
+        Dataplane::remove_job(self, id)
     }
     fn waiting(&self, id: u32) -> Vec<(u32, u32, u32, Vec<u8>)> {
         Dataplane::job_status(self, id)
@@ -61,7 +58,7 @@ impl JobTable for Dataplane {
             })
             .unwrap_or_default()
     }
-    fn activity(&self, id: u32) -> Result<u64, String> {
-        Dataplane::activity(self, id).map_err(|e| e.to_string())
+    fn activity(&self, id: u32) -> Result<u64> {
+        Dataplane::activity(self, id)
     }
 }

@@ -24,6 +24,7 @@ use super::{
     table::JobTable,
     Joins,
 };
+use crate::{Error, Result};
 
 /// The uplink a daemon joins its jobs' levels through (`[parent]`): the parent's daemon
 /// and a credential there, unless no aggregating switch is above.
@@ -39,7 +40,7 @@ pub(super) struct ParentLink {
 pub(super) struct Settled {
     pub(super) key: JobKey,
     pub(super) id: u32,
-    pub(super) route: Result<Route, String>,
+    pub(super) route: Result<Route>,
 }
 
 /// The joins at parents ending: their threads send, [`Joins::tick`] receives.
@@ -80,15 +81,13 @@ impl Joins {
         };
         let done = self.upstream.done.clone();
         let Some(link) = self.parent.clone() else {
-            let why = format!(
-                "has {} ranks but this daemon has {} of them and no [parent] to join for the rest",
-                j.level.ranks().unwrap_or(0),
-                j.members.len()
-            );
             let _ = done.send(Settled {
                 key,
                 id: j.id,
-                route: Err(why),
+                route: Err(Error::NoParent {
+                    ranks: j.level.ranks().unwrap_or(0),
+                    members: j.members.len(),
+                }),
             });
             return;
         };
@@ -195,7 +194,7 @@ impl Upward {
     /// the parent's job runs. Meanwhile, with a coordinator, tells it where this host is
     /// and whether the parent failed it (refused the job, or no answer for `ring_after`,
     /// or none configured); when the coordinator says ring, the ring it is.
-    fn run(&self) -> Result<Route, String> {
+    fn run(&self) -> Result<Route> {
         let sock = hello_socket(self.local)?;
         let hello = xagg_join::client::Hello::new()?;
         let coordinator = self
@@ -210,9 +209,7 @@ impl Upward {
             (None, Some(_)) => {
                 Some("no aggregating switch is configured above the hosts".to_string())
             }
-            (None, None) => {
-                return Err("no [parent] daemon to join, and no coordinator for a ring".into())
-            }
+            (None, None) => return Err(Error::NowhereToJoin),
             _ => None,
         };
         let start = Instant::now();
@@ -234,9 +231,7 @@ impl Upward {
                 };
                 match client.join_once(&sock, &hello, request) {
                     Ok((JoinReply::Ready { job, member, .. }, at)) => {
-                        let mac = at
-                            .mac
-                            .ok_or("the parent's daemon does not tell its MAC (an older xaggd)")?;
+                        let mac = at.mac.ok_or(Error::NoParentMac)?;
                         return Ok(Route::Parent(ParentSpec {
                             interface: self.link.interface.clone(),
                             mac,
@@ -247,7 +242,7 @@ impl Upward {
                     }
                     Ok((JoinReply::Refused { reason }, _)) => {
                         if coordinator.is_none() {
-                            return Err(format!("the parent refused it: {reason}"));
+                            return Err(Error::ParentRefused { reason });
                         }
                         failed = Some(format!("the parent refused the job: {reason}"));
                     }
@@ -255,14 +250,14 @@ impl Upward {
                     Err(e) => {
                         let since = *unanswered.get_or_insert_with(Instant::now);
                         if since.elapsed() >= self.link.ring_after {
-                            let why = format!(
-                                "the parent did not answer for {:?}: {e}",
-                                self.link.ring_after
-                            );
+                            let why = Error::ParentSilent {
+                                after: self.link.ring_after,
+                                error: e,
+                            };
                             if coordinator.is_none() {
                                 return Err(why);
                             }
-                            failed = Some(why);
+                            failed = Some(why.to_string());
                         }
                     }
                 }
@@ -307,7 +302,7 @@ impl Upward {
                         });
                     }
                     Ok(RingReply::Refused { reason }) => {
-                        return Err(format!("the coordinator refused the ring: {reason}"))
+                        return Err(Error::CoordinatorRefused { reason })
                     }
                     Ok(RingReply::Tree | RingReply::Pending { .. }) => {}
                     Err(e) => warn!("job {}: the coordinator: {e}", self.key),
@@ -315,8 +310,13 @@ impl Upward {
             }
             if start.elapsed() > self.timeout {
                 return Err(match failed {
-                    Some(why) => format!("the ring did not form within {:?} ({why})", self.timeout),
-                    None => format!("the parent's job did not run within {:?}", self.timeout),
+                    Some(why) => Error::NoRing {
+                        timeout: self.timeout,
+                        why,
+                    },
+                    None => Error::ParentNotRunning {
+                        timeout: self.timeout,
+                    },
                 });
             }
             std::thread::sleep(Duration::from_millis(100));
@@ -327,11 +327,11 @@ impl Upward {
 /// A UDP socket on this point's collective address, for hellos to the parent: shared
 /// (SO_REUSEADDR, SO_REUSEPORT) by the jobs joining at once. Nothing arrives on it:
 /// collective packets are taken by the XDP programs at the ports.
-fn hello_socket(local: SocketAddrV4) -> Result<std::net::UdpSocket, String> {
+fn hello_socket(local: SocketAddrV4) -> Result<std::net::UdpSocket> {
     use nix::sys::socket::{
         bind, setsockopt, socket, sockopt, AddressFamily, SockFlag, SockType, SockaddrIn,
     };
-    let fail = |e: nix::Error| format!("a socket on {local} for hellos to the parent: {e}");
+    let fail = |errno: nix::Error| Error::HelloSocket { local, errno };
     let fd = socket(
         AddressFamily::Inet,
         SockType::Datagram,

@@ -58,41 +58,46 @@ impl JobTable for Table {
             .contains(&ifindex)
             .then(|| format!("p{}", ifindex - 11))
     }
-    fn free_slots(&self) -> Result<u32, String> {
+    fn free_slots(&self) -> Result<u32, crate::Error> {
         Ok(SLOTS - self.jobs.values().map(|j| j.1.slots).sum::<u32>())
     }
-    fn jobs(&self) -> Result<Vec<(u32, u32)>, String> {
+    fn jobs(&self) -> Result<Vec<(u32, u32)>, crate::Error> {
         Ok(self.jobs.iter().map(|(id, j)| (*id, j.0)).collect())
     }
-    fn add_job(&mut self, spec: &JobSpec) -> Result<(), String> {
-        spec.shape().map_err(|e| e.to_string())?;
+    fn add_job(&mut self, spec: &JobSpec) -> Result<(), crate::Error> {
+        spec.shape()?;
         if self.jobs.contains_key(&spec.id) {
-            return Err(format!("job {} exists", spec.id));
+            return Err(crate::Error::JobExists(spec.id));
         }
         let free = self.free_slots()?;
         if spec.slots > free {
-            return Err(format!("{free} slots free"));
+            return Err(crate::Error::NoSlots {
+                id: spec.id,
+                want: spec.slots,
+                free,
+                total: SLOTS,
+            });
         }
         self.jobs.insert(spec.id, (SLOTS - free, spec.clone()));
         Ok(())
     }
-    fn update_member(&mut self, id: u32, member: usize, _: MemberAddr) -> Result<(), String> {
+    fn update_member(&mut self, id: u32, member: usize, _: MemberAddr) -> Result<(), crate::Error> {
         self.updated.push((id, member));
         self.jobs
             .contains_key(&id)
             .then_some(())
-            .ok_or_else(|| format!("no job {id}"))
+            .ok_or(crate::Error::NoJob(id))
     }
-    fn remove_job(&mut self, id: u32) -> Result<(), String> {
+    fn remove_job(&mut self, id: u32) -> Result<(), crate::Error> {
         self.jobs
             .remove(&id)
             .map(drop)
-            .ok_or_else(|| format!("no job {id}"))
+            .ok_or(crate::Error::NoJob(id))
     }
     fn waiting(&self, _: u32) -> Vec<(u32, u32, u32, Vec<u8>)> {
         Vec::new()
     }
-    fn activity(&self, _: u32) -> Result<u64, String> {
+    fn activity(&self, _: u32) -> Result<u64, crate::Error> {
         Ok(0)
     }
 }
