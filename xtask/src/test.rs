@@ -8,8 +8,9 @@ use crate::build::{cargo, root, run, target_dir};
 
 #[derive(clap::Args)]
 pub struct TestArgs {
-    /// Also the soak runs: the tests marked `#[ignore = "soak ..."]` and coverage-guided
-    /// fuzzing of the packet decoder and of the daemon's API for `--fuzz-minutes` each.
+    /// Also the soak runs: the tests marked `#[ignore = "soak ..."]`, coverage-guided
+    /// fuzzing of the packet decoder and of the daemon's API for `--fuzz-minutes` each, and
+    /// every lab topology through the demo.
     #[arg(long)]
     pub long: bool,
     /// Minutes of fuzzing per target under `--long`.
@@ -23,8 +24,8 @@ pub struct TestArgs {
 
 /// The default tier: formatting and lints (warnings are errors), every crate's unit tests,
 /// the BPF_PROG_RUN tables and the netns tests (which need root; under CI=true they never
-/// skip), every lab topology through the demo, and the benchmark quick. `--long` adds the
-/// soak tests and fuzzing.
+/// skip), and the benchmark quick. `--long` adds the soak tests, fuzzing and every lab
+/// topology through the demo.
 pub fn run_suite(a: &TestArgs) -> Result<()> {
     let filtered = !a.args.is_empty();
     if !filtered {
@@ -55,8 +56,9 @@ pub fn run_suite(a: &TestArgs) -> Result<()> {
     }
     if a.long {
         fuzz(a.fuzz_minutes)?;
+        // The same labs as tests/tests/tree.rs, which asserts more of them.
+        demos()?;
     }
-    demos()?;
     quick_bench()
 }
 
