@@ -335,19 +335,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         lab::WORKER_PORT,
     )?;
     match sw.add_job(spec)? {
-        Response::Job { job } => {
-            let base = job.slot_base.unwrap_or(0);
-            println!(
-                "job {} added: {} members, {} {}, {} elements per segment, slots {}..{}",
-                job.id,
-                job.members.len(),
-                job.op,
-                job.dtype,
-                job.segment,
-                base,
-                base + job.slots
-            );
-        }
+        Response::Job { job } => println!("{}", job.added()),
         r => bail!("adding the job: {r:?}"),
     }
     if let Some(i) = a.inject {

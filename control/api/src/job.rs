@@ -125,6 +125,21 @@ pub fn lane(op: Op, dtype: DType) -> Result<Lane, Error> {
 }
 
 impl JobSpec {
+    /// What an added job is, in a line: "job N added: M members, OP TYPE, ...".
+    pub fn added(&self) -> String {
+        let base = self.slot_base.unwrap_or(0);
+        format!(
+            "job {} added: {} members, {} {}, {} elements per segment, slots {}..{}",
+            self.id,
+            self.members.len(),
+            self.op,
+            self.dtype,
+            self.segment,
+            base,
+            base + self.slots
+        )
+    }
+
     /// The job's shape: its members, slots and segment length.
     pub fn shape(&self) -> Result<JobShape, Error> {
         let lane = lane(self.op, self.dtype).map_err(|e| Error::job("op", e.to_string()))?;
@@ -148,6 +163,20 @@ mod tests {
             Err(Error::Job { field, problem }) => (field, problem),
             other => panic!("{spec:?}: {other:?}"),
         }
+    }
+
+    /// An added job in a line, as the CLI and the demo print it.
+    #[test]
+    fn an_added_job_in_a_line() {
+        let mut spec: JobSpec = toml::from_str(include_str!("../../../docs/job.toml")).unwrap();
+        spec.slot_base = Some(256);
+        assert_eq!(
+            spec.added(),
+            format!(
+                "job 1 added: {} members, sum i32, 860 elements per segment, slots 256..384",
+                spec.members.len()
+            )
+        );
     }
 
     /// The documented job file reads as the job it describes.

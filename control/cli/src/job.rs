@@ -73,17 +73,7 @@ fn add(socket: &Path, a: JobAddArgs) -> Result<()> {
     let spec = job_spec(a)?;
     match call(socket, &Request::AddJob { job: spec })? {
         Response::Job { job } => {
-            let base = job.slot_base.unwrap_or(0);
-            println!(
-                "job {} added: {} members, {} {}, {} elements per segment, slots {}..{}",
-                job.id,
-                job.members.len(),
-                job.op,
-                job.dtype,
-                job.segment,
-                base,
-                base + job.slots
-            );
+            println!("{}", job.added());
             Ok(())
         }
         r => answer(r),
