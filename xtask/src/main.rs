@@ -41,7 +41,7 @@ enum Cmd {
     /// packet (BPF_PROG_RUN) and the worker's conversions.
     Bench(bench::BenchArgs),
     /// Build and run the test suite: fmt and clippy, unit, BPF_PROG_RUN and netns end to
-    /// end tests, the demo's topologies, the benchmark quick; `--long` adds the soak runs.
+    /// end tests, the benchmark quick; `--long` adds fuzzing and the demo's topologies.
     Test(test::TestArgs),
 }
 

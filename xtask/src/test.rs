@@ -1,6 +1,6 @@
-//! The test suite, in two tiers: the default one (what CI runs; about 25 minutes from a
-//! fresh clone on a 2-core machine, builds included) and `--long`, which adds the soak
-//! runs (docs/testing.md).
+//! The test suite, in two tiers: the default one (what CI runs; its budget is 25 minutes
+//! from a fresh clone on a 2-core machine, builds included) and `--long`, which adds the
+//! soak runs (docs/testing.md).
 
 use anyhow::Result;
 
@@ -8,7 +8,7 @@ use crate::build::{cargo, root, run, target_dir};
 
 #[derive(clap::Args)]
 pub struct TestArgs {
-    /// Also the soak runs: the tests marked `#[ignore = "soak ..."]`, coverage-guided
+    /// Also the soak runs: any test marked `#[ignore = "soak ..."]` (none yet), coverage-guided
     /// fuzzing of the packet decoder and of the daemon's API for `--fuzz-minutes` each, and
     /// every lab topology through the demo.
     #[arg(long)]
