@@ -5,11 +5,12 @@ use std::{
     collections::BTreeMap,
     fs,
     path::{Path, PathBuf},
+    sync::Mutex,
 };
 
 use aya::{
     maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray, ProgramArray},
-    programs::{links::FdLink, tc, SchedClassifier, TcAttachType, Xdp, XdpMode},
+    programs::{links::FdLink, tc, Program, SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
 use log::{info, warn};
@@ -70,12 +71,11 @@ impl Dataplane {
         }
         let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
         let mode = cfg.mode()?;
+        let mut programs = vec!["xagg_result", "xagg_fanout", "xagg_switch"];
+        programs.extend(fold_programs().map(|(_, name)| name));
+        load_programs(&mut ebpf, &programs)?;
 
         let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
-        result.load().map_err(|source| Error::Program {
-            name: "xagg_result",
-            source,
-        })?;
         let result_fd = result
             .fd()
             .map_err(|source| Error::Program {
@@ -121,7 +121,7 @@ impl Dataplane {
 
         let mut folds: ProgramArray<MapData> =
             ProgramArray::try_from(take("FOLDS")).map_err(map_err("FOLDS"))?;
-        load_folds(&mut ebpf, &mut folds)?;
+        enter_folds(&mut ebpf, &mut folds)?;
 
         // The fan-out of multi-buffer results, on each port's tc ingress.
         let fanout: &mut SchedClassifier = ebpf
@@ -132,10 +132,6 @@ impl Dataplane {
                 name: "xagg_fanout",
                 source,
             })?;
-        fanout.load().map_err(|source| Error::Program {
-            name: "xagg_fanout",
-            source,
-        })?;
         let mut fanout_links = Vec::new();
         let mut link_pins = Vec::new();
         for port in &cfg.switch.ports {
@@ -160,10 +156,6 @@ impl Dataplane {
         }
 
         let switch: &mut Xdp = prog(&mut ebpf, "xagg_switch")?;
-        switch.load().map_err(|source| Error::Program {
-            name: "xagg_switch",
-            source,
-        })?;
         let mut links = Vec::new();
         for port in &cfg.switch.ports {
             let id = attach(switch, port, mode)?;
@@ -313,20 +305,71 @@ fn read_ports(dir: &Path) -> Result<Vec<String>> {
     Ok(names)
 }
 
+/// The fold programs and `xagg_deliver` after them, each with its index in `FOLDS`.
+fn fold_programs() -> impl Iterator<Item = (u32, &'static str)> {
+    Fold::ALL
+        .iter()
+        .map(|f| (*f as u32, f.program()))
+        .chain([(DELIVER, DELIVER_PROGRAM)])
+}
+
 /// Loads every fold program of `ebpf` and enters it in `folds` (the object's `FOLDS` map),
 /// where `xagg_switch` finds it by its `Fold`, and `xagg_deliver` after them.
 pub fn load_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()> {
-    let programs = Fold::ALL
-        .iter()
-        .map(|f| (*f as u32, f.program()))
-        .chain([(DELIVER, DELIVER_PROGRAM)]);
-    for (index, name) in programs {
-        let p = prog(ebpf, name)?;
-        p.load().map_err(|source| Error::Program { name, source })?;
-        let fd = p.fd().map_err(|source| Error::Program { name, source })?;
+    let names: Vec<&'static str> = fold_programs().map(|(_, name)| name).collect();
+    load_programs(ebpf, &names)?;
+    enter_folds(ebpf, folds)
+}
+
+/// Enters the loaded fold programs in `folds`.
+fn enter_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()> {
+    for (index, name) in fold_programs() {
+        let fd = prog(ebpf, name)?
+            .fd()
+            .map_err(|source| Error::Program { name, source })?;
         folds.set(index, fd, 0).map_err(map_err("FOLDS"))?;
     }
     Ok(())
+}
+
+/// Loads the programs `names` of `ebpf`, on as many threads as there are CPUs: nearly all
+/// of a daemon's start is the kernel verifying them (about 3.4 s on one CPU), and the
+/// verifier runs on the loading thread.
+pub fn load_programs(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
+    let mut queue: Vec<(&'static str, &mut Program)> = Vec::with_capacity(names.len());
+    for (name, p) in ebpf.programs_mut() {
+        if let Some(&name) = names.iter().find(|n| **n == name) {
+            queue.push((name, p));
+        }
+    }
+    if let Some(&missing) = names.iter().find(|n| !queue.iter().any(|(q, _)| q == *n)) {
+        return Err(Error::NoProgram(missing));
+    }
+    let threads = std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(queue.len());
+    let queue = Mutex::new(queue);
+    let next = || queue.lock().unwrap_or_else(|e| e.into_inner()).pop();
+    std::thread::scope(|s| {
+        let workers: Vec<_> = (0..threads)
+            .map(|_| {
+                s.spawn(|| -> Result<()> {
+                    while let Some((name, p)) = next() {
+                        let loaded = match p {
+                            Program::Xdp(x) => x.load(),
+                            Program::SchedClassifier(c) => c.load(),
+                            _ => Err(aya::programs::ProgramError::UnexpectedProgramType),
+                        };
+                        loaded.map_err(|source| Error::Program { name, source })?;
+                    }
+                    Ok(())
+                })
+            })
+            .collect();
+        workers
+            .into_iter()
+            .try_for_each(|w| w.join().expect("a loading thread does not panic"))
+    })
 }
 
 fn prog<'a>(ebpf: &'a mut Ebpf, name: &'static str) -> Result<&'a mut Xdp> {
