@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use xagg_join::Shape;
+use xagg_common::JobShape;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -184,11 +184,11 @@ pub enum Error {
     JobGone { why: String },
     #[error("the join's proof does not match the job's secret")]
     JobProof,
-    #[error("the job has {} members, {} slots, {}-byte segments and {job_ranks:?} ranks in all; this join says {}, {}, {} and {join_ranks:?}: every rank must give the same shape", job.members, job.slots, job.segment_bytes, join.members, join.slots, join.segment_bytes)]
+    #[error("the job has {} members, {} slots, {}-byte segments and {job_ranks:?} ranks in all; this join says {}, {}, {} and {join_ranks:?}: every rank must give the same shape", job.members(), job.slots(), job.segment_bytes(), join.members(), join.slots(), join.segment_bytes())]
     ShapeDiffers {
-        job: Shape,
+        job: JobShape,
         job_ranks: Option<u32>,
-        join: Shape,
+        join: JobShape,
         join_ranks: Option<u32>,
     },
     #[error("the job's shape: {0}")]
@@ -200,11 +200,8 @@ pub enum Error {
         first: u32,
         members: usize,
     },
-    #[error("the job's shape: segment_bytes = {segment_bytes} is not a multiple of {element}")]
-    SegmentNotWhole {
-        segment_bytes: usize,
-        element: usize,
-    },
+    #[error("{0} members: a join to a level its children gather (levels.open) states a shape of one member, itself")]
+    OpenShape(usize),
     #[error("rank {rank} of a job of {members} members: ranks are 0..{members}")]
     RankOutside { rank: u8, members: usize },
     /// A rank that left while the level joined its parent.

@@ -27,9 +27,9 @@
 //! **Levels.** A join may carry [`Levels`]: the job's ranks in all (N), the first rank the
 //! member stands for and how many it stands for. A rank joining its host states N and its
 //! global rank (weight 1); a host whose ranks are all in joins its parent's daemon (named
-//! in the host daemon's configuration) as one member standing for its ranks, with a shape
-//! of 0 members: the parent's level is complete when its members' weights add up to N,
-//! and orders them by their first rank.
+//! in the host daemon's configuration) as one member standing for its ranks, its levels
+//! `open` and its shape of one member: the parent's level is complete when its members'
+//! weights add up to N, and orders them by their first rank.
 //!
 //! **The ring.** A job's ranks may name a coordinator (the daemon of rank 0's host). Each
 //! host whose ranks are in tells it where it is ([`RingRequest`]) while it joins its
@@ -49,6 +49,7 @@ use std::{fmt, net::SocketAddrV4};
 use hmac::{Hmac, Mac};
 use serde::{Deserialize, Serialize};
 use sha2::Sha256;
+use xagg_common::JobShape;
 
 /// How long a nonce stays valid, in seconds.
 pub const NONCE_TTL_S: u64 = 30;
@@ -177,32 +178,6 @@ pub struct Sealed(pub [u8; 32]);
 
 hex_serde!(JobKey, Nonce, Proof, Sealed);
 
-/// The job's shape as a join states it: members, slots, segment bytes
-/// (`xagg_common::JobShape`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Shape {
-    pub members: usize,
-    pub slots: usize,
-    pub segment_bytes: usize,
-}
-
-impl Shape {
-    pub fn job_shape(&self) -> Result<xagg_common::JobShape, xagg_common::ShapeError> {
-        xagg_common::JobShape::new(self.members, self.slots, self.segment_bytes)
-    }
-}
-
-impl From<xagg_common::JobShape> for Shape {
-    fn from(s: xagg_common::JobShape) -> Self {
-        Self {
-            members: s.members(),
-            slots: s.slots(),
-            segment_bytes: s.segment_bytes(),
-        }
-    }
-}
-
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct NonceReply {
@@ -228,6 +203,10 @@ pub struct Levels {
     /// (rank 0's host's network listener).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub coordinator: Option<SocketAddrV4>,
+    /// The level joined is gathered by its children (a host joining its parent): its
+    /// members are whoever joins, and the join's shape is of one member, the joiner.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub open: bool,
 }
 
 impl Levels {
@@ -240,6 +219,7 @@ impl Levels {
             b.extend(c.ip().octets());
             b.extend(c.port().to_le_bytes());
         }
+        b.push(u8::from(self.open));
         b
     }
 }
@@ -342,7 +322,7 @@ pub struct Admission {
 #[serde(deny_unknown_fields)]
 pub struct JoinRequest {
     pub key: JobKey,
-    pub shape: Shape,
+    pub shape: JobShape,
     pub rank: u8,
     /// The token of the hellos this member sent from its data socket.
     pub hello: u64,
@@ -425,11 +405,11 @@ fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     m.finalize().into_bytes().into()
 }
 
-fn shape_bytes(s: &Shape) -> [u8; 24] {
+fn shape_bytes(s: &JobShape) -> [u8; 24] {
     let mut b = [0u8; 24];
-    b[..8].copy_from_slice(&(s.members as u64).to_le_bytes());
-    b[8..16].copy_from_slice(&(s.slots as u64).to_le_bytes());
-    b[16..].copy_from_slice(&(s.segment_bytes as u64).to_le_bytes());
+    b[..8].copy_from_slice(&(s.members() as u64).to_le_bytes());
+    b[8..16].copy_from_slice(&(s.slots() as u64).to_le_bytes());
+    b[16..].copy_from_slice(&(s.segment_bytes() as u64).to_le_bytes());
     b
 }
 
@@ -471,7 +451,7 @@ impl Proof {
     }
 
     /// Proves the credential for creating job `key` of `shape` with this nonce.
-    pub fn admission(cred: &CredentialKey, nonce: &Nonce, key: &JobKey, shape: &Shape) -> Self {
+    pub fn admission(cred: &CredentialKey, nonce: &Nonce, key: &JobKey, shape: &JobShape) -> Self {
         Self(hmac(
             &cred.0,
             &[b"xagg admit v1", &nonce.0, &key.0, &shape_bytes(shape)],
@@ -526,7 +506,7 @@ impl JoinRequest {
     pub fn new(
         key: JobKey,
         secret: &Secret,
-        shape: Shape,
+        shape: JobShape,
         rank: u8,
         hello: u64,
         nonce: Nonce,
@@ -571,11 +551,7 @@ mod tests {
     #[test]
     fn proofs_bind_every_field_and_seals_open_only_with_the_credential() {
         let (key, secret, cred) = (JobKey::random(), Secret::random(), CredentialKey([7; 32]));
-        let shape = Shape {
-            members: 4,
-            slots: 64,
-            segment_bytes: 3440,
-        };
+        let shape = JobShape::new(4, 64, 3440).unwrap();
         let nonce = Nonce::random();
         let r = JoinRequest::new(key, &secret, shape, 2, 99, nonce, Some(("a", &cred)), None);
         assert!(Proof::join(&secret, &r).matches(&r.proof));
@@ -594,7 +570,7 @@ mod tests {
                 ..r.clone()
             },
             JoinRequest {
-                shape: Shape { slots: 65, ..shape },
+                shape: JobShape::new(4, 65, 3440).unwrap(),
                 ..r.clone()
             },
         ] {

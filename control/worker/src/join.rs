@@ -11,7 +11,6 @@ use std::{
 use xagg_common::JobShape;
 use xagg_join::{
     client::Client, CredentialKey, JobKey, JoinRequest, Levels, MemberReply, MemberRequest, Secret,
-    Shape,
 };
 
 use crate::{AllreduceError, Error, WorkerParams};
@@ -110,6 +109,7 @@ impl Placement {
                 first: rank as u32,
                 weight: 1,
                 coordinator,
+                open: false,
             }),
             ..placed
         })
@@ -152,7 +152,7 @@ pub(crate) fn join(
         JoinRequest::new(
             j.key,
             &j.secret,
-            Shape::from(j.shape),
+            j.shape,
             j.rank,
             token,
             nonce,

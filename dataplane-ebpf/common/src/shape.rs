@@ -17,6 +17,11 @@ use crate::{
 /// A job's member count, slot count and segment length, each within what one aggregation
 /// point holds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[cfg_attr(
+    feature = "serde",
+    derive(serde::Serialize, serde::Deserialize),
+    serde(try_from = "ShapeFields", into = "ShapeFields")
+)]
 pub struct JobShape {
     members: u8,
     slots: u16,
@@ -157,6 +162,36 @@ impl JobShape {
             });
         }
         Ok(self.segment_bytes as usize / size)
+    }
+}
+
+/// A shape as it is written (JSON, a state file): read through [`JobShape::new`], so a
+/// shape read is a valid one.
+#[cfg(feature = "serde")]
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ShapeFields {
+    members: usize,
+    slots: usize,
+    segment_bytes: usize,
+}
+
+#[cfg(feature = "serde")]
+impl TryFrom<ShapeFields> for JobShape {
+    type Error = ShapeError;
+    fn try_from(f: ShapeFields) -> Result<Self, ShapeError> {
+        Self::new(f.members, f.slots, f.segment_bytes)
+    }
+}
+
+#[cfg(feature = "serde")]
+impl From<JobShape> for ShapeFields {
+    fn from(s: JobShape) -> Self {
+        Self {
+            members: s.members(),
+            slots: s.slots(),
+            segment_bytes: s.segment_bytes(),
+        }
     }
 }
 

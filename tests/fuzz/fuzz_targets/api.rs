@@ -19,7 +19,7 @@ use http_body_util::BodyExt;
 use libfuzzer_sys::fuzz_target;
 use tower::ServiceExt;
 use xagg_api::{JobSpec, Request, Response};
-use xagg_common::job::MemberAddr;
+use xagg_common::{job::MemberAddr, JobShape};
 use xagg_daemon::{
     api::{self, Handler},
     config::Config,
@@ -28,7 +28,7 @@ use xagg_daemon::{
 };
 use xagg_join::{
     CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, Nonce,
-    NonceReply, RingReply, RingRequest, Secret, Shape,
+    NonceReply, RingReply, RingRequest, Secret,
 };
 
 const SLOTS: u32 = 2048;
@@ -292,11 +292,12 @@ fuzz_target!(|data: &[u8]| {
             4 | 5 => {
                 let b = input.byte();
                 let k = usize::from(b % 3);
-                let shape = Shape {
-                    members: 1 + usize::from(input.byte() % 4),
-                    slots: 1 + usize::from(input.byte()),
-                    segment_bytes: 4 * (1 + usize::from(input.byte()) * 3),
-                };
+                let shape = JobShape::new(
+                    1 + usize::from(input.byte() % 4),
+                    1 + usize::from(input.byte()),
+                    4 * (1 + usize::from(input.byte()) * 3),
+                )
+                .expect("within a shape's bounds");
                 let rank = input.byte() % 5;
                 let token = input.u64();
                 if b & 0x08 != 0 {
@@ -333,6 +334,7 @@ fuzz_target!(|data: &[u8]| {
                     first: u32::from(rank),
                     weight: u32::from(input.byte() % 3),
                     coordinator: None,
+                    open: token & 4 != 0,
                 });
                 let req = JoinRequest::new(
                     keys[k], &secret, shape, rank, token, nonce, admission, levels,

@@ -648,6 +648,7 @@ impl TreeLab {
                     first: g as u32,
                     weight: 1,
                     coordinator: Some(coordinator),
+                    open: false,
                 }),
             };
             Worker::join_with(params, |p| self.tune(p)).context("joining")

@@ -71,7 +71,10 @@ impl Joins {
         let id = self.next_id(dp)?;
         info!(
             "job {id} ({}) created by credential `{name}`: {} members, {} slots, {}-byte segments",
-            req.key, req.shape.members, req.shape.slots, req.shape.segment_bytes
+            req.key,
+            req.shape.members(),
+            req.shape.slots(),
+            req.shape.segment_bytes()
         );
         self.expired.remove(&req.key);
         self.jobs
@@ -112,14 +115,14 @@ impl Joins {
             .jobs
             .values()
             .filter(|j| j.credential == name)
-            .map(|j| j.shape.slots)
+            .map(|j| j.shape.slots())
             .sum();
-        if used + req.shape.slots > quota as usize {
+        if used + req.shape.slots() > quota as usize {
             return Err(Error::OverQuota {
                 credential: name.into(),
                 used,
                 quota,
-                needs: req.shape.slots,
+                needs: req.shape.slots(),
             });
         }
         Ok(())
@@ -133,12 +136,12 @@ impl Joins {
             .jobs
             .values()
             .filter(|j| !j.running())
-            .map(|j| j.shape.slots)
+            .map(|j| j.shape.slots())
             .sum();
-        if free < reserved + req.shape.slots {
+        if free < reserved + req.shape.slots() {
             return Err(Error::SwitchFull {
                 free: free.saturating_sub(reserved),
-                needs: req.shape.slots,
+                needs: req.shape.slots(),
             });
         }
         Ok(())

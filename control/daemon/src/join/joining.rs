@@ -3,13 +3,11 @@
 
 use log::info;
 use xagg_common::job::MemberAddr;
-use xagg_join::{JoinReply, JoinRequest, Proof, Shape};
+use xagg_join::{JoinReply, JoinRequest, Proof};
 
 use super::{
     refused,
-    registry::{
-        activate, element_bytes, unix_now, Level, Lifecycle, Member, Route, JOINED_DTYPE, JOINED_OP,
-    },
+    registry::{activate, unix_now, Level, Lifecycle, Member, Route, JOINED_DTYPE, JOINED_OP},
     table::JobTable,
     Joins,
 };
@@ -241,38 +239,32 @@ impl Joins {
     }
 }
 
-/// The checks a join passes before its nonce is spent: a valid shape (an open level's
-/// with 0 members), sensible levels, whole elements per segment, a rank within the shape.
+/// The checks a join passes before its nonce is spent (its shape was checked as it was
+/// read): an open level's shape of one member, sensible levels, whole elements per
+/// segment, a rank within the shape.
 fn well_formed(req: &JoinRequest) -> Result<()> {
-    let level = Level::of(req);
-    let open = level.is_open();
-    let checked = Shape {
-        members: req.shape.members.max(usize::from(open)),
-        ..req.shape
-    };
-    checked.job_shape().map_err(Error::Shape)?;
+    let open = Level::of(req).is_open();
+    let members = req.shape.members();
+    if open && members != 1 {
+        return Err(Error::OpenShape(members));
+    }
     if let Some(l) = req.levels {
-        if l.weight == 0 || l.ranks < l.weight || (!open && (l.ranks as usize) < req.shape.members)
-        {
+        if l.weight == 0 || l.ranks < l.weight || (!open && (l.ranks as usize) < members) {
             return Err(Error::Levels {
                 ranks: l.ranks,
                 weight: l.weight,
                 first: l.first,
-                members: req.shape.members,
+                members,
             });
         }
     }
-    let element = element_bytes(JOINED_OP, JOINED_DTYPE)?;
-    if !req.shape.segment_bytes.is_multiple_of(element) {
-        return Err(Error::SegmentNotWhole {
-            segment_bytes: req.shape.segment_bytes,
-            element,
-        });
-    }
-    if !open && usize::from(req.rank) >= req.shape.members {
+    req.shape
+        .segment_elements(xagg_api::lane(JOINED_OP, JOINED_DTYPE)?)
+        .map_err(Error::Shape)?;
+    if !open && usize::from(req.rank) >= members {
         return Err(Error::RankOutside {
             rank: req.rank,
-            members: req.shape.members,
+            members,
         });
     }
     Ok(())

@@ -230,10 +230,10 @@ impl Joins {
             return no("the proof does not match the job's secret".into());
         }
         let rank = usize::from(req.rank);
-        if rank >= j.shape.members {
+        if rank >= j.members.len() {
             return no(format!(
                 "rank {rank}: the job has {} members",
-                j.shape.members
+                j.members.len()
             ));
         }
         if action == "status" {
@@ -284,11 +284,11 @@ impl Joins {
                 key: j.key.to_string(),
                 id: j.id,
                 credential: j.credential.clone(),
-                members: j.shape.members,
-                slots: j.shape.slots,
-                segment_bytes: j.shape.segment_bytes,
+                members: j.members.len(),
+                slots: j.shape.slots(),
+                segment_bytes: j.shape.segment_bytes(),
                 ready: j.running(),
-                present: (0..j.shape.members as u8)
+                present: (0..j.members.len() as u8)
                     .filter(|r| !j.missing().contains(r))
                     .collect(),
                 missing: j.missing(),

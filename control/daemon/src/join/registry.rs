@@ -11,8 +11,9 @@ use xagg_api::{JobSpec, MemberSpec, ParentSpec, RingSpec};
 use xagg_common::{
     job::MemberAddr,
     wire::{DType, Op},
+    JobShape,
 };
-use xagg_join::{JobKey, JoinReply, JoinRequest, Levels, Path, Secret, Shape};
+use xagg_join::{JobKey, JoinReply, JoinRequest, Levels, Path, Secret};
 
 use super::table::JobTable;
 use crate::{Error, Result};
@@ -25,10 +26,6 @@ pub(super) const JOINED_OP: Op = Op::Sum;
 pub(super) const JOINED_DTYPE: DType = DType::I32;
 
 /// Bytes per element of `op` over `dtype` on the wire (its lane's).
-pub(super) fn element_bytes(op: Op, dtype: DType) -> Result<usize> {
-    Ok(xagg_api::lane(op, dtype)?.size())
-}
-
 /// A member of a joined job as its hello showed it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Member {
@@ -54,12 +51,12 @@ pub(super) enum Level {
 }
 
 impl Level {
-    /// The level a join names: a level of the job gathered by its children (a shape of 0
-    /// members) is open, its members counted by weight.
+    /// The level a join names: a level of the job gathered by its children
+    /// (`levels.open`) is open, its members counted by weight.
     pub(super) fn of(req: &JoinRequest) -> Self {
         match req.levels {
             None => Self::Flat,
-            Some(l) if req.shape.members == 0 => Self::Open { ranks: l.ranks },
+            Some(l) if l.open => Self::Open { ranks: l.ranks },
             Some(l) => Self::Fixed { ranks: l.ranks },
         }
     }
@@ -119,7 +116,7 @@ pub(super) struct Joined {
     pub(super) key: JobKey,
     pub(super) secret: Secret,
     pub(super) credential: String,
-    pub(super) shape: Shape,
+    pub(super) shape: JobShape,
     pub(super) id: u32,
     pub(super) level: Level,
     pub(super) members: Vec<Option<Member>>,
@@ -152,7 +149,15 @@ impl Joined {
             shape: req.shape,
             id,
             level: Level::of(req),
-            members: vec![None; req.shape.members],
+            // An open level's members are added as they join.
+            members: vec![
+                None;
+                if Level::of(req).is_open() {
+                    0
+                } else {
+                    req.shape.members()
+                }
+            ],
             state: Lifecycle::Pending,
             created_unix_s: unix_now(),
             active_unix_s: 0,
@@ -216,6 +221,7 @@ impl Joined {
             first: present().map(|s| s.0).min().unwrap_or(0),
             weight: present().map(|s| s.1).sum(),
             coordinator: None,
+            open: true,
         }
     }
 
@@ -260,7 +266,7 @@ impl Joined {
             job: self.id,
             member,
             slot_base: base,
-            slots: self.shape.slots as u32,
+            slots: self.shape.slots() as u32,
             path: self.path(),
         }
     }
@@ -275,7 +281,10 @@ pub(super) fn activate(
     op: Op,
     dtype: DType,
 ) -> Result<()> {
-    let element = element_bytes(op, dtype)?;
+    let elements = j
+        .shape
+        .segment_elements(xagg_api::lane(op, dtype)?)
+        .map_err(Error::Shape)?;
     let members = j
         .members
         .iter()
@@ -299,8 +308,8 @@ pub(super) fn activate(
         id: j.id,
         op,
         dtype,
-        segment: (j.shape.segment_bytes / element) as u16,
-        slots: j.shape.slots as u32,
+        segment: elements as u16,
+        slots: j.shape.slots() as u32,
         members,
         slot_base: None,
         parent,

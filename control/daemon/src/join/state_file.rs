@@ -10,8 +10,8 @@ use std::{collections::BTreeMap, net::SocketAddrV4, path::Path as FilePath};
 
 use serde::{Deserialize, Serialize};
 use xagg_api::{ParentSpec, RingSpec};
-use xagg_common::job::MemberAddr;
-use xagg_join::{JobKey, Path, Secret, Shape};
+use xagg_common::{job::MemberAddr, JobShape};
+use xagg_join::{JobKey, Path, Secret};
 
 use super::registry::{Joined, Level, Lifecycle, Member, Route};
 use crate::{Error, Result};
@@ -30,7 +30,8 @@ struct SavedJob {
     /// Hex, only ever in the state file (mode 0600).
     secret: String,
     credential: String,
-    shape: Shape,
+    #[serde(deserialize_with = "shape_or_open")]
+    shape: JobShape,
     id: u32,
     members: Vec<Option<SavedMember>>,
     /// Whether the dataplane has it (every rank joined).
@@ -58,6 +59,21 @@ struct SavedJob {
     path: Option<Path>,
     #[serde(default)]
     coordinator: Option<SocketAddrV4>,
+}
+
+/// A saved job's shape. An open level's was saved with 0 members before its shape became
+/// one member's (CHANGELOG.md, join protocol): read as one member, so a daemon upgraded
+/// keeps the joined jobs of the one before.
+fn shape_or_open<'de, D: serde::Deserializer<'de>>(d: D) -> Result<JobShape, D::Error> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Fields {
+        members: usize,
+        slots: usize,
+        segment_bytes: usize,
+    }
+    let f = Fields::deserialize(d)?;
+    JobShape::new(f.members.max(1), f.slots, f.segment_bytes).map_err(serde::de::Error::custom)
 }
 
 /// A member in the state file.

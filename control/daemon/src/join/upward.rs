@@ -14,9 +14,9 @@ use std::{
 
 use log::{info, warn};
 use xagg_api::{Neighbour, ParentSpec, RingSpec};
+use xagg_common::JobShape;
 use xagg_join::{
-    CredentialKey, JobKey, JoinReply, JoinRequest, Levels, RingHost, RingReply, RingRequest,
-    Secret, Shape,
+    CredentialKey, JobKey, JoinReply, JoinRequest, Levels, RingHost, RingReply, RingRequest, Secret,
 };
 
 use super::{
@@ -98,10 +98,9 @@ impl Joins {
             mac: self.mac.clone().unwrap_or_default(),
             key,
             secret: j.secret,
-            shape: Shape {
-                members: 0,
-                ..j.shape
-            },
+            // One member, itself, at the level its children gather.
+            shape: JobShape::new(1, j.shape.slots(), j.shape.segment_bytes())
+                .expect("a smaller valid shape"),
             stand,
             coordinator: j.coordinator,
             timeout: self.join_timeout,
@@ -181,7 +180,7 @@ struct Upward {
     mac: String,
     key: JobKey,
     secret: Secret,
-    shape: Shape,
+    shape: JobShape,
     /// What the level stands for, as of now.
     stand: Arc<Mutex<Levels>>,
     coordinator: Option<SocketAddrV4>,

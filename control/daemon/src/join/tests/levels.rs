@@ -2,7 +2,7 @@
 
 use xagg_api::ParentSpec;
 use xagg_common::wire::{DType, Op};
-use xagg_join::{JoinReply, Levels, Shape};
+use xagg_join::{JoinReply, Levels};
 
 use super::{refusal, shape, Switch, KEY};
 use crate::join::{
@@ -17,6 +17,7 @@ fn host_rank(s: &mut Switch, rank: u8) -> JoinReply {
         first: u32::from(rank),
         weight: 1,
         coordinator: None,
+        open: false,
     };
     s.join_as(
         KEY,
@@ -146,16 +147,15 @@ fn activate_names_the_op_and_type_it_is_given() {
 #[test]
 fn an_open_level_runs_when_its_members_stand_for_every_rank() {
     let mut s = Switch::new("open");
-    let open = Shape {
-        members: 0,
-        ..shape(0, 8)
-    };
+    // A host states a shape of one member, itself.
+    let open = shape(1, 8);
     let host = |first: u32, weight: u32| {
         Some(Levels {
             ranks: 5,
             first,
             weight,
             coordinator: None,
+            open: true,
         })
     };
     // Members are whoever joins; ordered by the first rank each stands for.
@@ -180,4 +180,7 @@ fn an_open_level_runs_when_its_members_stand_for_every_rank() {
     // The member from rank 3 says so again: still member 1.
     let r = s.join_as(KEY, open, 0, 1, 0, false, host(3, 2));
     assert!(matches!(r, JoinReply::Ready { member: 1, .. }), "{r:?}");
+    // A join to an open level states itself as its shape's one member.
+    let r = s.join_as(KEY, shape(2, 8), 0, 9, 0, true, host(0, 1));
+    assert!(refusal(&r).contains("a shape of one member"), "{r:?}");
 }

@@ -7,10 +7,9 @@ use std::{
 };
 
 use xagg_api::JobSpec;
-use xagg_common::job::MemberAddr;
+use xagg_common::{job::MemberAddr, JobShape};
 use xagg_join::{
     CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, Secret,
-    Shape,
 };
 
 use xagg_common::wire::{DType, Op};
@@ -142,7 +141,7 @@ impl Switch {
 
     /// Rank `rank` of job `key` joins from behind port `p{rank % 4}`, its hello seen; the
     /// first to join (`admit`) creates the job.
-    fn join(&mut self, key: JobKey, shape: Shape, rank: u8, admit: bool) -> JoinReply {
+    fn join(&mut self, key: JobKey, shape: JobShape, rank: u8, admit: bool) -> JoinReply {
         self.join_as(key, shape, rank, u64::from(rank) + 1, rank % 4, admit, None)
     }
 
@@ -150,7 +149,7 @@ impl Switch {
     fn join_as(
         &mut self,
         key: JobKey,
-        shape: Shape,
+        shape: JobShape,
         rank: u8,
         token: u64,
         port: u8,
@@ -175,12 +174,8 @@ impl Switch {
     }
 }
 
-fn shape(members: usize, slots: usize) -> Shape {
-    Shape {
-        members,
-        slots,
-        segment_bytes: 256,
-    }
+fn shape(members: usize, slots: usize) -> JobShape {
+    JobShape::new(members, slots, 256).expect("a valid shape")
 }
 
 fn refusal(r: &JoinReply) -> &str {

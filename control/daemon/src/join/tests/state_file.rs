@@ -40,6 +40,27 @@ fn the_state_file_reads_and_writes_as_it_always_has() {
     assert_eq!(again.to_json().unwrap(), STATE_FILE);
 }
 
+/// An open level as daemons saved it before its shape became one member's: 0 members.
+#[test]
+fn an_open_level_saved_with_0_members_reads_as_open() {
+    let before = r#"{"jobs":[{"key":"05050505050505050505050505050505","secret":"0707070707070707070707070707070707070707070707070707070707070707","credential":"test","shape":{"members":0,"slots":8,"segment_bytes":256},"id":65541,"members":[{"addr":{"ifindex":11,"ip":[10,0,0,10],"mac":[2,0,0,0,0,10],"port":[187,10]},"hello":1,"left":false}],"ready":false,"created_unix_s":1700000000,"active_unix_s":0,"ranks":4,"stands_for":[[0,2]],"open":true,"parent":null,"ring":null,"path":null,"coordinator":null}],"generations":{"5":1}}"#;
+    let jobs = Saved::parse(before).unwrap().jobs().unwrap();
+    assert_eq!(jobs[0].level, Level::Open { ranks: 4 });
+    assert_eq!(
+        (
+            jobs[0].shape.members(),
+            jobs[0].shape.slots(),
+            jobs[0].members.len()
+        ),
+        (1, 8, 1)
+    );
+    // Other invalid shapes are still refused, with the reason.
+    let e = Saved::parse(&before.replace(r#""slots":8"#, r#""slots":0"#))
+        .err()
+        .unwrap();
+    assert!(e.to_string().contains("at least one slot"), "{e}");
+}
+
 #[test]
 fn a_restart_adopts_the_jobs_the_dataplane_still_has() {
     let d = dir("restart");
