@@ -129,9 +129,11 @@ fn demos() -> Result<()> {
 }
 
 /// The benchmark, quick (for breakage, not figures): every path of it runs, both systems
-/// verified; then the send path, quick: both ways of sending reach the switch.
+/// verified; then the send path, quick: both ways of sending reach the switch; then the
+/// switch object against itself, interleaved.
 fn quick_bench() -> Result<()> {
     let quick = |send_path: bool, json: &str| crate::bench::BenchArgs {
+        against: None,
         quick: true,
         json: Some(target_dir().join(json)),
         plot: Some(target_dir().join("bench/quick.svg")),
@@ -151,5 +153,12 @@ fn quick_bench() -> Result<()> {
     eprintln!("cargo xtask bench --quick (2 workers, small sizes)");
     crate::bench::run(quick(false, "bench/quick.json"))?;
     eprintln!("cargo xtask bench --send-path --quick");
-    crate::bench::run(quick(true, "bench/send_path_quick.json"))
+    crate::bench::run(quick(true, "bench/send_path_quick.json"))?;
+    // The A/B of two switch objects, here the build against itself.
+    let object = xagg_lab::Object::Switch.path();
+    eprintln!("cargo xtask bench --quick --against {}", object.display());
+    crate::bench::run(crate::bench::BenchArgs {
+        against: Some(object),
+        ..quick(false, "bench/compare_quick.json")
+    })
 }

@@ -41,19 +41,33 @@ fn point(path: &'static str, elements: usize, ns: f64) -> DataplanePoint {
 
 /// Each path at 256, 512, the longest single-buffer and the longest segment.
 pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
-    let object = Object::Switch.read()?;
+    let mut each = compare(quick, &[Object::Switch.read()?])?;
+    Ok(each.remove(0))
+}
+
+/// [`dataplane`] for each of `objects` (switch objects of one layout version), run
+/// interleaved: every round of a slot and every repeated call goes to each object in turn,
+/// so each path of each object is timed under the same conditions on a VM whose speed
+/// drifts from one second to the next. The floors are shared.
+pub fn compare(quick: bool, objects: &[Vec<u8>]) -> Result<Vec<Vec<DataplanePoint>>> {
     let mut floor = Floor::load(&Object::Test.read()?);
     let rounds = if quick { 8 } else { 200 };
     let calls = if quick { 3 } else { 25 };
-    let mut out = Vec::new();
+    let mut out: Vec<Vec<DataplanePoint>> = vec![Vec::new(); objects.len()];
     // The longest single-buffer segment on veth, and the longest (multi-buffer) one, whose
     // frame the floor cannot read (it adds from the first buffer only).
     let buffer = xagg_common::wire::BUFFER_PAYLOAD / 4;
     for elements in [256usize, 512, buffer, DType::I32.max_elements()] {
         let multi = elements > buffer;
-        let mut sw = Switch::load(&object);
         const JID: u32 = 1;
-        sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, SLOTS));
+        let mut switches: Vec<Switch> = objects
+            .iter()
+            .map(|o| {
+                let mut sw = Switch::load(o);
+                sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, SLOTS));
+                sw
+            })
+            .collect();
         let values: Vec<i32> = (0..elements as i32)
             .map(|i| i.wrapping_mul(2_654_435_761u32 as i32))
             .collect();
@@ -71,59 +85,64 @@ pub fn dataplane(quick: bool) -> Result<Vec<DataplanePoint>> {
         };
         let floors = [floor_frame(Kind::Contribution), floor_frame(Kind::Result)];
         let mut floor_ns = [Vec::new(), Vec::new()];
-        let (mut first, mut acc, mut complete) = (Vec::new(), Vec::new(), Vec::new());
+        // Per object: first, accumulate, complete, duplicate, pass.
+        let mut paths: Vec<[Vec<f64>; 5]> = vec![Default::default(); objects.len()];
         for r in 0..rounds {
-            for m in 0..64u8 {
-                let run = sw.run(&contrib(m, r));
-                let ns = run.duration.as_nanos() as f64;
-                match m {
-                    0 => first.push(ns),
-                    63 => {
-                        anyhow::ensure!(
-                            run.action == if multi { XDP_PASS } else { XDP_REDIRECT },
-                            "round {r}: the last member did not complete"
-                        );
-                        complete.push(ns)
+            for (sw, [first, acc, complete, ..]) in switches.iter_mut().zip(&mut paths) {
+                for m in 0..64u8 {
+                    let run = sw.run(&contrib(m, r));
+                    let ns = run.duration.as_nanos() as f64;
+                    match m {
+                        0 => first.push(ns),
+                        63 => {
+                            anyhow::ensure!(
+                                run.action == if multi { XDP_PASS } else { XDP_REDIRECT },
+                                "round {r}: the last member did not complete"
+                            );
+                            complete.push(ns)
+                        }
+                        _ => {
+                            anyhow::ensure!(
+                                run.action == XDP_DROP,
+                                "round {r}: member {m} not accumulated"
+                            );
+                            acc.push(ns)
+                        }
                     }
-                    _ => {
-                        anyhow::ensure!(
-                            run.action == XDP_DROP,
-                            "round {r}: member {m} not accumulated"
-                        );
-                        acc.push(ns)
+                    for (f, ns) in floors.iter().zip(&mut floor_ns).filter(|_| !multi) {
+                        let run = floor.run(f);
+                        anyhow::ensure!(run.action == XDP_DROP, "the floor refused its frame");
+                        ns.push(run.duration.as_nanos() as f64);
                     }
-                }
-                for (f, ns) in floors.iter().zip(&mut floor_ns).filter(|_| !multi) {
-                    let run = floor.run(f);
-                    anyhow::ensure!(run.action == XDP_DROP, "the floor refused its frame");
-                    ns.push(run.duration.as_nanos() as f64);
                 }
             }
         }
         // A duplicate: member 0 again while the round (sid `rounds`) is filling.
         let dup = contrib(0, rounds);
-        sw.run(&dup);
-        let dups: Vec<f64> = (0..calls)
-            .map(|_| sw.run_repeat(&dup, 10_000).duration.as_nanos() as f64)
-            .collect();
         let other = frame(&member(0), 53, &[0u8; 64]);
-        let passes: Vec<f64> = (0..calls)
-            .map(|_| {
-                let r = sw.run_repeat(&other, 10_000);
-                assert_eq!(r.action, XDP_PASS);
-                r.duration.as_nanos() as f64
-            })
-            .collect();
-        let [add, write] = floor_ns;
-        if !multi {
-            out.push(point("floor: add", elements, median(add)));
-            out.push(point("floor: add, write", elements, median(write)));
+        for sw in &mut switches {
+            sw.run(&dup);
         }
-        out.push(point("pass", elements, median(passes)));
-        out.push(point("first", elements, median(first)));
-        out.push(point("accumulate", elements, median(acc)));
-        out.push(point("complete", elements, median(complete)));
-        out.push(point("duplicate", elements, median(dups)));
+        for _ in 0..calls {
+            for (sw, [.., dups, passes]) in switches.iter_mut().zip(&mut paths) {
+                dups.push(sw.run_repeat(&dup, 10_000).duration.as_nanos() as f64);
+                let r = sw.run_repeat(&other, 10_000);
+                anyhow::ensure!(r.action == XDP_PASS, "a non-collective frame not passed");
+                passes.push(r.duration.as_nanos() as f64);
+            }
+        }
+        let floors = (!multi).then(|| floor_ns.map(median));
+        for (out, [first, acc, complete, dups, passes]) in out.iter_mut().zip(paths) {
+            if let Some([add, write]) = floors {
+                out.push(point("floor: add", elements, add));
+                out.push(point("floor: add, write", elements, write));
+            }
+            out.push(point("pass", elements, median(passes)));
+            out.push(point("first", elements, median(first)));
+            out.push(point("accumulate", elements, median(acc)));
+            out.push(point("complete", elements, median(complete)));
+            out.push(point("duplicate", elements, median(dups)));
+        }
     }
     Ok(out)
 }

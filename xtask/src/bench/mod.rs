@@ -25,10 +25,10 @@ mod send_path;
 
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context, Result};
 
 use end_to_end::{end_to_end, E2e};
-use report::{codecs_table, dataplane_table, draw, runs_tables, write_figures};
+use report::{codecs_table, compare_table, dataplane_table, draw, runs_tables, write_figures};
 
 use crate::build::target_dir;
 
@@ -52,6 +52,12 @@ pub struct BenchArgs {
     /// Only the switch program's per-packet costs and the conversions.
     #[arg(long)]
     pub dataplane_only: bool,
+    /// Only the switch program's per-packet costs, of this build and of the switch object
+    /// at this path (e.g. another checkout's `target/ebpf/bpfel-unknown-none/release/xagg`,
+    /// of the same layout version), timed interleaved: every round and every repeated call
+    /// goes to each in turn, so both see the same conditions. Prints both and their ratio.
+    #[arg(long, value_name = "OBJECT")]
+    pub against: Option<PathBuf>,
     /// Leave out the switch's capacity (for quicker end-to-end comparisons).
     #[arg(long)]
     pub no_capacity: bool,
@@ -105,6 +111,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
             a.json,
             "send_path",
             serde_json::json!({ "send_path": points }),
+        );
+    }
+    if let Some(path) = &a.against {
+        let other = std::fs::read(path)
+            .with_context(|| format!("reading the switch object {}", path.display()))?;
+        let mut both = dataplane::compare(a.quick, &[xagg_lab::Object::Switch.read()?, other])?;
+        let (this, against) = (both.remove(0), both.remove(0));
+        compare_table(&this, &against, &path.display().to_string());
+        return write_figures(
+            a.json,
+            "compare",
+            serde_json::json!({ "dataplane": this, "against": { "object": path, "dataplane": against } }),
         );
     }
     if a.levers {

@@ -46,6 +46,25 @@ pub(super) fn dataplane_table(points: &[DataplanePoint], quick: bool) {
     }
 }
 
+/// This build's switch program against another object, path by path, timed interleaved.
+pub(super) fn compare_table(this: &[DataplanePoint], against: &[DataplanePoint], other: &str) {
+    println!("switch program, BPF_PROG_RUN, interleaved (median ns): this build against {other}");
+    println!(
+        "{:>20} {:>9} {:>9} {:>9} {:>8}",
+        "path", "elements", "this", "against", "ratio"
+    );
+    for (p, q) in this.iter().zip(against) {
+        println!(
+            "{:>20} {:>9} {:>9.0} {:>9.0} {:>8.3}",
+            p.path,
+            p.elements,
+            p.ns_per_packet,
+            q.ns_per_packet,
+            p.ns_per_packet / q.ns_per_packet
+        );
+    }
+}
+
 /// The conversions' throughput per op and dtype.
 pub(super) fn codecs_table(codec_points: &[CodecPoint]) {
     println!();
