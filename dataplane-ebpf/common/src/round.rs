@@ -31,9 +31,17 @@ impl Round {
     /// rounds comes before the other, and neither after it ([`Self::is_after`]) — so a
     /// round that far off never counts as the newer one.
     #[inline(always)]
-    pub const fn is_before(self, other: Self) -> bool {
-        let dm = self.message.wrapping_sub(other.message) as i32;
-        dm < 0 || (dm == 0 && (self.segment.wrapping_sub(other.segment) as i32) < 0)
+    pub fn is_before(self, other: Self) -> bool {
+        self.is_before_lazy(other.message, || other.segment)
+    }
+
+    /// [`Self::is_before`] a round of `message` whose segment `segment` reads only when the
+    /// messages are the same: the dataplane compares with a shadow copy's round, and reading
+    /// both of its ids up front costs the verified program instructions.
+    #[inline(always)]
+    pub fn is_before_lazy(self, message: u32, segment: impl FnOnce() -> u32) -> bool {
+        let dm = self.message.wrapping_sub(message) as i32;
+        dm < 0 || (dm == 0 && (self.segment.wrapping_sub(segment()) as i32) < 0)
     }
 
     /// Whether this round comes after `other` (see [`Self::is_before`] for rounds half the

@@ -3,10 +3,7 @@
 //! available for a member whose copy was lost while the others have already moved on. The
 //! state machine that drives them is in the XDP crate (`dataplane-ebpf/xdp/src/slot.rs`).
 
-use crate::{
-    wire::{Lane, Op, MAX_PAYLOAD},
-    Round,
-};
+use crate::wire::{Lane, Op, MAX_PAYLOAD};
 
 /// 64-bit words of aggregation data per shadow copy.
 pub const SLOT_WORDS: usize = MAX_PAYLOAD / 8;
@@ -177,14 +174,6 @@ pub struct ShadowCopy {
     pub dtype: u8,
     pub _pad: [u8; 6],
     pub data: [u64; SLOT_WORDS],
-}
-
-impl ShadowCopy {
-    /// The round this copy holds.
-    #[inline(always)]
-    pub const fn round(&self) -> Round {
-        Round::new(self.message, self.segment)
-    }
 }
 
 /// Bytes of a shadow copy in front of its data.

@@ -152,7 +152,7 @@ pub unsafe fn status(slot: *mut Slot, shadow: usize) -> Status {
 /// so the ids may wrap).
 #[inline(always)]
 fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
-    xagg_common::Round::new(message, segment).is_before(v.round())
+    xagg_common::Round::new(message, segment).is_before_lazy(v.message, || v.segment)
 }
 
 /// Closes a copy with every member in: it holds the result, or at an inner level a
