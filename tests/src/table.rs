@@ -80,6 +80,18 @@ pub enum Out {
     Kind(Kind),
     /// A collective header of this round: job, message, segment, slot, count.
     Round(u32, u32, u32, u16, u16),
+    /// A collective header naming this job, and whose id it is.
+    Job(u32, &'static str),
+    /// A collective header from this member index.
+    Member(u8),
+    /// A status query or reply relaying for this member (1 + its index; 0 for none).
+    Relay(u8),
+    /// A status reply marked (1) or not (0) as the answer of the level above.
+    Above(u8),
+    /// A status reply reporting this state.
+    Status(ShadowState),
+    /// A collective header with these flags set.
+    Flags(u8),
     /// A valid IPv4 header checksum.
     Ipv4Checksum,
     /// This metadata in front of the frame (`xagg_fanout`'s mark).
@@ -130,6 +142,18 @@ impl Out {
                     "{what}: job, message, segment, slot, count"
                 );
             }
+            Out::Job(job, why) => assert_eq!(header().job(), *job, "{what}: the job, {why}"),
+            Out::Member(m) => assert_eq!(header().member, *m, "{what}: the member index"),
+            Out::Relay(relay) => assert_eq!(header().relay, *relay, "{what}: the relay"),
+            Out::Above(above) => assert_eq!(header().above, *above, "{what}: above"),
+            Out::Status(state) => {
+                assert_eq!(header().status, *state as u8, "{what}: the status")
+            }
+            Out::Flags(flags) => assert_eq!(
+                header().flags & flags,
+                *flags,
+                "{what}: flags {flags:#04x} set"
+            ),
             Out::Ipv4Checksum => assert_eq!(
                 ipv4_checksum(&r.out[14..34]),
                 0,
@@ -153,6 +177,10 @@ pub enum After {
         seen: u64,
         count: u32,
     },
+    /// Shadow copy `shadow` of slot `slot` in this state.
+    State(u32, usize, ShadowState),
+    /// Shadow copy `shadow` of slot `slot` with these members seen.
+    Seen(u32, usize, u64),
     /// The slot as the row found it.
     Unchanged(u32),
     /// Word `word` of shadow copy `shadow` of slot `slot` (its value, what it is).
@@ -187,7 +215,11 @@ fn copy_fields(c: &ShadowCopy) -> (u32, u32, u64, u32, u32, i32, u32, u8, u8) {
 impl After {
     fn slot(&self) -> u32 {
         match self {
-            After::Copy { slot, .. } | After::Unchanged(slot) | After::Word(slot, ..) => *slot,
+            After::Copy { slot, .. }
+            | After::State(slot, ..)
+            | After::Seen(slot, ..)
+            | After::Unchanged(slot)
+            | After::Word(slot, ..) => *slot,
         }
     }
 
@@ -209,6 +241,15 @@ impl After {
                     "{what}: slot {slot}, shadow copy {shadow}: state, segment, seen, count"
                 );
             }
+            After::State(slot, shadow, state) => assert_eq!(
+                ShadowState::from_u32(now.shadow[shadow].state),
+                Some(state),
+                "{what}: slot {slot}, shadow copy {shadow}: state"
+            ),
+            After::Seen(slot, shadow, seen) => assert_eq!(
+                now.shadow[shadow].seen, seen,
+                "{what}: slot {slot}, shadow copy {shadow}: members seen"
+            ),
             After::Unchanged(slot) => {
                 for (i, (b, n)) in before.shadow.iter().zip(&now.shadow).enumerate() {
                     assert_eq!(
