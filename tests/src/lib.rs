@@ -1,5 +1,5 @@
-//! Test support: root checks, the BPF_PROG_RUN harness and the lab's switch from
-//! `xagg-lab`, with the panicking shorthands the tests use.
+//! Test support: root checks, the BPF_PROG_RUN harness and its tables ([`table`]) and the
+//! lab's switch from `xagg-lab`, with the panicking shorthands the tests use.
 
 use std::{
     collections::BTreeMap,
@@ -11,12 +11,15 @@ pub use nix::sys::signal::Signal;
 use xagg_api::{Request, Response};
 use xagg_common::{
     wire::{DType, Lane, Op, PAYLOAD_OFFSET},
-    Counter, JobShape,
+    JobShape,
 };
 use xagg_daemon::config::Config;
 pub use xagg_lab::{bin, switch::Allreduce, testrun::*};
 use xagg_lab::{lab::Lab, switch::LabSwitch};
 use xagg_worker::Report;
+
+pub mod table;
+pub use table::*;
 
 /// The switch program of this build, loaded for BPF_PROG_RUN.
 pub fn load_switch() -> Switch {
@@ -194,32 +197,4 @@ pub fn payload_i32(frame: &[u8], n: usize) -> Vec<i32> {
         .chunks(4)
         .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
         .collect()
-}
-
-/// A row of a BPF_PROG_RUN table: a description, an input frame, the expected action and
-/// the one counter it must bump.
-pub struct Case {
-    pub what: &'static str,
-    pub frame: Vec<u8>,
-    pub action: u32,
-    pub counter: Counter,
-}
-
-/// Runs a row: its action, and exactly its counter bumped (every other unchanged).
-pub fn check(sw: &mut Switch, c: &Case) -> Run {
-    let before = sw.counters();
-    let r = sw.run(&c.frame);
-    assert_eq!(r.action, c.action, "{}: action", c.what);
-    let after = sw.counters();
-    for (i, k) in Counter::ALL.iter().enumerate() {
-        let want = if *k == c.counter { 1 } else { 0 };
-        assert_eq!(
-            after[i] - before[i],
-            want,
-            "{}: counter {}",
-            c.what,
-            k.name()
-        );
-    }
-    r
 }

@@ -5,7 +5,7 @@
 
 use xagg_common::{
     job::job_id,
-    slot::{ShadowCopy, ShadowState, SlotImage},
+    slot::ShadowState,
     wire::{self, DType, Header, Kind, Op, FLAG_SHADOW, PAYLOAD_OFFSET},
     Counter,
 };
@@ -14,208 +14,6 @@ use xagg_tests::*;
 /// The main table's job, and the elements of its segments.
 const JID: u32 = 7;
 const ELEMENTS: u16 = 256;
-
-/// A row: its [`Case`] (description, input frame, action, counter) and what the output
-/// frame and the slots must hold after it.
-struct Row {
-    case: Case,
-    out: Vec<Out>,
-    after: Vec<After>,
-}
-
-fn row(what: &'static str, frame: Vec<u8>, action: u32, counter: Counter) -> Row {
-    Row {
-        case: Case {
-            what,
-            frame,
-            action,
-            counter,
-        },
-        out: Vec::new(),
-        after: Vec::new(),
-    }
-}
-
-impl Row {
-    fn out(mut self, out: impl IntoIterator<Item = Out>) -> Self {
-        self.out.extend(out);
-        self
-    }
-
-    fn after(mut self, after: impl IntoIterator<Item = After>) -> Self {
-        self.after.extend(after);
-        self
-    }
-}
-
-/// What a row's output frame must hold.
-enum Out {
-    /// The input frame, untouched.
-    Untouched,
-    /// These bytes at this offset, and what they are.
-    Bytes(usize, Vec<u8>, &'static str),
-    /// A collective header of this kind.
-    Kind(Kind),
-    /// A collective header of this round: job, message, segment, slot, count.
-    Round(u32, u32, u32, u16, u16),
-    /// A valid IPv4 header checksum.
-    Ipv4Checksum,
-    /// This metadata in front of the frame (`xagg_fanout`'s mark).
-    Meta(Vec<u8>),
-    /// This length.
-    Len(usize),
-}
-
-/// What a slot must hold after a row.
-enum After {
-    /// Shadow copy `shadow` of slot `slot`: its state, its round's segment, the members
-    /// seen and the count.
-    Copy {
-        slot: u32,
-        shadow: usize,
-        state: ShadowState,
-        segment: u32,
-        seen: u64,
-        count: u32,
-    },
-    /// The slot as the row found it.
-    Unchanged(u32),
-    /// Word `word` of shadow copy `shadow` of slot `slot` (its value, what it is).
-    Word(u32, usize, usize, u64, &'static str),
-}
-
-fn copy(
-    slot: u32,
-    shadow: usize,
-    state: ShadowState,
-    segment: u32,
-    seen: u64,
-    count: usize,
-) -> After {
-    After::Copy {
-        slot,
-        shadow,
-        state,
-        segment,
-        seen,
-        count: count as u32,
-    }
-}
-
-/// The payload: `bytes` from [`PAYLOAD_OFFSET`].
-fn payload(bytes: Vec<u8>) -> Out {
-    Out::Bytes(PAYLOAD_OFFSET, bytes, "the payload")
-}
-
-fn i32s(v: &[i32]) -> Vec<u8> {
-    v.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-fn i64s(v: &[i64]) -> Vec<u8> {
-    v.iter().flat_map(|v| v.to_le_bytes()).collect()
-}
-
-impl Out {
-    fn check(&self, what: &str, input: &[u8], r: &Run) {
-        let header = || {
-            Header::from_bytes(&r.out[PAYLOAD_OFFSET - wire::HEADER_LEN..])
-                .unwrap_or_else(|| panic!("{what}: no collective header out"))
-        };
-        match self {
-            Out::Untouched => assert_eq!(r.out, input, "{what}: the frame untouched"),
-            Out::Bytes(at, want, why) => assert_eq!(
-                r.out.get(*at..at + want.len()),
-                Some(&want[..]),
-                "{what}: {why}"
-            ),
-            Out::Kind(kind) => assert_eq!(header().kind, *kind as u8, "{what}: the kind"),
-            Out::Round(job, message, segment, slot, count) => {
-                let h = header();
-                assert_eq!(
-                    (h.job(), h.message(), h.segment(), h.slot(), h.count()),
-                    (*job, *message, *segment, *slot, *count),
-                    "{what}: job, message, segment, slot, count"
-                );
-            }
-            Out::Ipv4Checksum => assert_eq!(
-                ipv4_checksum(&r.out[14..34]),
-                0,
-                "{what}: valid IPv4 checksum"
-            ),
-            Out::Meta(meta) => assert_eq!(&r.meta, meta, "{what}: the metadata"),
-            Out::Len(len) => assert_eq!(r.out.len(), *len, "{what}: the length"),
-        }
-    }
-}
-
-/// A shadow copy's fields in front of its data.
-fn copy_fields(c: &ShadowCopy) -> (u32, u32, u64, u32, u32, i32, u32, u8, u8) {
-    (
-        c.message, c.segment, c.seen, c.state, c.count, c.exponent, c.flags, c.op, c.dtype,
-    )
-}
-
-impl After {
-    fn slot(&self) -> u32 {
-        match self {
-            After::Copy { slot, .. } | After::Unchanged(slot) | After::Word(slot, ..) => *slot,
-        }
-    }
-
-    /// Checks the slot, `before` the row and `now`.
-    fn check(&self, what: &str, before: &SlotImage, now: &SlotImage) {
-        match *self {
-            After::Copy {
-                slot,
-                shadow,
-                state,
-                segment,
-                seen,
-                count,
-            } => {
-                let c = &now.shadow[shadow];
-                assert_eq!(
-                    (ShadowState::from_u32(c.state), c.segment, c.seen, c.count),
-                    (Some(state), segment, seen, count),
-                    "{what}: slot {slot}, shadow copy {shadow}: state, segment, seen, count"
-                );
-            }
-            After::Unchanged(slot) => {
-                for (i, (b, n)) in before.shadow.iter().zip(&now.shadow).enumerate() {
-                    assert_eq!(
-                        copy_fields(n),
-                        copy_fields(b),
-                        "{what}: changed slot {slot}, shadow copy {i}"
-                    );
-                    assert!(
-                        n.data == b.data,
-                        "{what}: changed slot {slot}, shadow copy {i}'s data"
-                    );
-                }
-            }
-            After::Word(slot, shadow, word, value, why) => assert_eq!(
-                now.shadow[shadow].data[word], value,
-                "{what}: slot {slot}, shadow copy {shadow}: {why}"
-            ),
-        }
-    }
-}
-
-/// Runs the rows in order: each row's action and counter ([`check`]), then its output
-/// frame and its slots. A failure names the row.
-fn run_table(sw: &mut Switch, rows: &[Row]) {
-    for row in rows {
-        let what = row.case.what;
-        let before: Vec<SlotImage> = row.after.iter().map(|a| sw.slot(a.slot())).collect();
-        let r = check(sw, &row.case);
-        for out in &row.out {
-            out.check(what, &row.case.frame, &r);
-        }
-        for (after, before) in row.after.iter().zip(&before) {
-            after.check(what, before, &sw.slot(after.slot()));
-        }
-    }
-}
 
 fn header(job: u32, member: u8, slot: u16, segment: u32, count: u16) -> Header {
     Header::builder(Kind::Contribution)
@@ -544,9 +342,6 @@ fn multi_buffer_segments() {
     assert!(first.len() > 3520, "a multi-buffer frame");
     let v = values(0, n);
     let last_word = (v[n - 2] as u32 as u64) | ((v[n - 1] as u32 as u64) << 32);
-    // In front of the frame, the metadata marking it as the switch's own result for
-    // `xagg_fanout` (BPF_PROG_RUN hands it back with the frame): the mark and the job.
-    let mark = |job: u32| [0x7861_7272u32.to_ne_bytes(), job.to_ne_bytes()].concat();
     let max: Vec<i64> = vals(0)
         .iter()
         .zip(vals(1))
@@ -562,7 +357,7 @@ fn multi_buffer_segments() {
         row("multi-buffer, completing", contrib(1), XDP_PASS, Complete)
             .out([
                 Out::Len(first.len()),
-                Out::Meta(mark(8)),
+                Out::Meta(own_result(8)),
                 Out::Kind(Kind::Result),
                 Out::Bytes(26, SWITCH_IP.octets().into(), "from the switch"),
                 payload(i32s(&sum(2, n))),
@@ -574,7 +369,7 @@ fn multi_buffer_segments() {
             ]),
         row("i64 max, first", c64(0), XDP_DROP, Contribution),
         row("i64 max, completing", c64(1), XDP_PASS, Complete)
-            .out([Out::Meta(mark(9)), payload(i64s(&max))]),
+            .out([Out::Meta(own_result(9)), payload(i64s(&max))]),
     ];
     run_table(&mut sw, &rows);
 }
