@@ -175,7 +175,7 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let ns0 = ns0.clone();
         s.spawn(move || {
-            xagg_sys::iface::enter_netns(&ns0).unwrap();
+            xagg_linux::iface::enter_netns(&ns0).unwrap();
             let w = xagg_worker::Worker::new(params()).expect("AF_XDP worker");
             ready_tx.send(()).unwrap();
             // Hold the worker (and its program) until the ping is done.

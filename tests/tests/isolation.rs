@@ -72,7 +72,7 @@ fn eight_jobs_at_once_and_one_removed_midway() {
             .map(|m| {
                 let ns = sw.lab.worker_ns(m);
                 s.spawn(move || {
-                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
                     let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
                     let bind = std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(m), port(9));
                     let shape = i32_shape(2, 8, 256);

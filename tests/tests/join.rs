@@ -126,7 +126,7 @@ impl Lab {
         let ns = self.sw.lab.worker_ns(w);
         std::thread::scope(|s| {
             s.spawn(move || {
-                xagg_sys::iface::enter_netns(&ns).unwrap();
+                xagg_linux::iface::enter_netns(&ns).unwrap();
                 f()
             })
             .join()
@@ -149,7 +149,7 @@ impl Lab {
                         self.params(key, secret, w as u8, w, port),
                     );
                     s.spawn(move || {
-                        xagg_sys::iface::enter_netns(&ns).unwrap();
+                        xagg_linux::iface::enter_netns(&ns).unwrap();
                         Worker::join(p)
                     })
                 })
@@ -191,7 +191,7 @@ fn allreduce(lab: &Lab, workers: &[Worker]) {
         for (w, wk) in workers.iter().enumerate() {
             let ns = lab.sw.lab.worker_ns(w);
             s.spawn(move || {
-                xagg_sys::iface::enter_netns(&ns).unwrap();
+                xagg_linux::iface::enter_netns(&ns).unwrap();
                 let mut v = vec![1i32; 100_000];
                 wk.allreduce(&mut v)
                     .unwrap_or_else(|e| panic!("member {w}: {e}"));

@@ -176,7 +176,7 @@ fn missing_member_fails_fast_with_a_clear_error() {
     let err = std::thread::scope(|s| {
         let ns = sw.lab.worker_ns(0);
         s.spawn(move || {
-            xagg_sys::iface::enter_netns(&ns).unwrap();
+            xagg_linux::iface::enter_netns(&ns).unwrap();
             let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
             let mut p = xagg_worker::WorkerParams::new(
                 sw_addr,

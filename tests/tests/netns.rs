@@ -171,7 +171,7 @@ fn ordinary_traffic_passes() {
         let (tx, rx) = std::sync::mpsc::channel();
         let ns1 = sw.lab.worker_ns(1);
         let server = s.spawn(move || {
-            xagg_sys::iface::enter_netns(&ns1).unwrap();
+            xagg_linux::iface::enter_netns(&ns1).unwrap();
             let l = TcpListener::bind(SocketAddrV4::new(lab::worker_ip(1), 5001)).unwrap();
             tx.send(()).unwrap();
             let (mut c, _) = l.accept().unwrap();
@@ -183,7 +183,7 @@ fn ordinary_traffic_passes() {
         let ns0 = sw.lab.worker_ns(0);
         let payload = &payload;
         s.spawn(move || {
-            xagg_sys::iface::enter_netns(&ns0).unwrap();
+            xagg_linux::iface::enter_netns(&ns0).unwrap();
             let mut c = TcpStream::connect(SocketAddrV4::new(lab::worker_ip(1), 5001)).unwrap();
             c.write_all(payload).unwrap();
         })

@@ -59,7 +59,7 @@ fn ops_and_types_end_to_end() {
                 .map(|&w| {
                     let (ns, mut buf) = (sw.lab.worker_ns(w), inputs[w].clone());
                     s.spawn(move || {
-                        xagg_sys::iface::enter_netns(&ns).unwrap();
+                        xagg_linux::iface::enter_netns(&ns).unwrap();
                         let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
                         let bind = std::net::SocketAddrV4::new(
                             xagg_lab::lab::worker_ip(w),
@@ -163,7 +163,7 @@ fn one_job_reduces_a_different_pair_each_message() {
             .map(|w| {
                 let (ns, inputs, pairs) = (sw.lab.worker_ns(w), &inputs, &pairs);
                 s.spawn(move || {
-                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
                     let sw_addr = std::net::SocketAddrV4::new(xagg_lab::lab::SWITCH_IP, 47800);
                     let bind = std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(w), 47840);
                     let p = worker::WorkerParams::new(

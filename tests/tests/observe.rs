@@ -20,7 +20,7 @@ fn scrape(sw: &TestSwitch) -> String {
     let ns = sw.lab.switch_ns();
     std::thread::scope(|s| {
         s.spawn(|| {
-            xagg_sys::iface::enter_netns(&ns).unwrap();
+            xagg_linux::iface::enter_netns(&ns).unwrap();
             let mut c = std::net::TcpStream::connect((SWITCH_IP, METRICS_PORT)).unwrap();
             c.write_all(b"GET /metrics HTTP/1.1\r\nhost: xagg\r\nconnection: close\r\n\r\n")
                 .unwrap();
@@ -184,7 +184,7 @@ fn counters_metrics_and_the_live_view() {
     let ns = sw.lab.worker_ns(2);
     std::thread::scope(|t| {
         t.spawn(|| {
-            xagg_sys::iface::enter_netns(&ns).unwrap();
+            xagg_linux::iface::enter_netns(&ns).unwrap();
             let h = xagg_common::wire::Header::builder(xagg_common::wire::Kind::Contribution)
                 .job(6)
                 .member(0)
@@ -260,7 +260,7 @@ fn a_long_run_shows_its_progress() {
     let ns = sw.lab.worker_ns(1);
     let screen = std::thread::scope(|s| {
         let member = s.spawn(|| {
-            xagg_sys::iface::enter_netns(&ns).unwrap();
+            xagg_linux::iface::enter_netns(&ns).unwrap();
             let p = xagg_worker::WorkerParams::new(
                 std::net::SocketAddrV4::new(SWITCH_IP, 47800),
                 std::net::SocketAddrV4::new(xagg_lab::lab::worker_ip(1), 47801),

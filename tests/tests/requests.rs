@@ -173,7 +173,7 @@ fn many_requests_on_two_jobs(sw: &TestSwitch) {
             .map(|w| {
                 let (ns, pairs61, pairs62) = (sw.lab.worker_ns(w), &pairs61, &pairs62);
                 s.spawn(move || {
-                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
                     let queue = CompletionQueue::new();
                     let jobs = [
                         (Worker::new(params(61, w, 47861)).unwrap(), &pairs61[..]),
@@ -258,7 +258,7 @@ fn cancelled_and_timed_out(sw: &TestSwitch) {
             .map(|w| {
                 let ns = sw.lab.worker_ns(w);
                 s.spawn(move || {
-                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
                     let mut p = params(63, w, 47863);
                     p.give_up = Duration::from_millis(1000);
                     let worker = Worker::new(p).unwrap();
@@ -324,7 +324,7 @@ fn killed_member(sw: &TestSwitch) {
             .map(|w| {
                 let ns = sw.lab.worker_ns(w);
                 s.spawn(move || {
-                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
                     let mut p = params(64, w, 47864);
                     p.give_up = Duration::from_millis(1000);
                     let worker = Worker::new(p).unwrap();
@@ -366,7 +366,7 @@ fn invalid_and_non_finite(sw: &TestSwitch) {
     let ns = sw.lab.worker_ns(0);
     std::thread::scope(|s| {
         s.spawn(|| {
-            xagg_sys::iface::enter_netns(&ns).unwrap();
+            xagg_linux::iface::enter_netns(&ns).unwrap();
             let worker = Worker::new(params(62, 0, 47869)).unwrap();
             let mut six = vec![0u8; 6];
             let odd = unsafe { Buffer::from_raw(six.as_mut_ptr(), 6, DType::I32, ()) };
@@ -396,7 +396,7 @@ fn invalid_and_non_finite(sw: &TestSwitch) {
             .map(|w| {
                 let ns = sw.lab.worker_ns(w);
                 s.spawn(move || {
-                    xagg_sys::iface::enter_netns(&ns).unwrap();
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
                     let worker = Worker::new(params(62, w, 47862)).unwrap();
                     let mut v = vec![1.0f32; 2000];
                     if w == 1 {

@@ -139,7 +139,7 @@ fn forged_results_claiming_the_switch_are_dropped_at_the_switch() {
     assert!(matches!(r, Response::Job { .. }), "{r:?}");
     // Worker 2 knows the victim's MAC (an ARP request claiming the switch's address would
     // itself be dropped).
-    let mac = xagg_sys::iface::fmt_mac(&sw.lab.worker_mac(0).unwrap());
+    let mac = xagg_linux::iface::fmt_mac(&sw.lab.worker_mac(0).unwrap());
     lab::ip(&[
         "-n",
         &sw.lab.worker_ns(2),
@@ -953,7 +953,7 @@ fn raw_frame(
 /// over until `stop` (at most 5 s); returns how many it sent.
 fn inject(ns: &str, dev: &str, frames: &[Vec<u8>], stop: &AtomicBool) -> u64 {
     in_netns(ns, || {
-        let ifindex = xagg_sys::iface::ifindex(dev)?;
+        let ifindex = xagg_linux::iface::ifindex(dev)?;
         // Safety: plain socket calls on a descriptor owned here and closed at the end.
         let fd = unsafe { libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0) };
         anyhow::ensure!(
@@ -1209,7 +1209,7 @@ fn results_and_refusals_without_the_members_cookie_are_ignored() {
         return;
     }
     let mut sw = tagged_lab("xfm");
-    let switch_mac = in_netns(&sw.lab.switch_ns(), || Ok(xagg_sys::iface::mac("br0")?)).unwrap();
+    let switch_mac = in_netns(&sw.lab.switch_ns(), || Ok(xagg_linux::iface::mac("br0")?)).unwrap();
     let ns = sw.lab.switch_ns();
     let mut message = 0;
     for afxdp in [false, true] {

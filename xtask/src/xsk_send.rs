@@ -9,7 +9,7 @@
 use std::{ffi::CString, num::NonZeroU32};
 
 use anyhow::{bail, Context, Result};
-use xagg_sys::pages::Pages;
+use xagg_linux::pages::Pages;
 use xdpilone::{
     xdp::XdpDesc, DeviceQueue, IfInfo, RingTx, Socket, SocketConfig, Umem, UmemConfig, User,
 };

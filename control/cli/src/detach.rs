@@ -39,7 +39,7 @@ pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
         Err(_) => {
             let pin_path = pin_path.unwrap_or_else(|| DEFAULT_PIN_PATH.into());
             // Removing the pinned links and maps detaches the programs.
-            if xagg_sys::pins::unpin(&pin_path)? {
+            if xagg_linux::pins::unpin(&pin_path)? {
                 println!(
                     "no daemon answered; removed the pinned dataplane at {}",
                     pin_path.display()

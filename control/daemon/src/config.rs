@@ -281,7 +281,7 @@ impl Config {
             });
         }
         if let Some(m) = &s.mac {
-            xagg_sys::iface::parse_mac(m).map_err(Error::SwitchMac)?;
+            xagg_linux::iface::parse_mac(m).map_err(Error::SwitchMac)?;
         }
         self.mode()?;
         self.daemon.socket_mode()?;

@@ -35,7 +35,7 @@ pub enum Error {
     #[error("switch.udp_port is 0: use a free UDP port (default {default})")]
     NoUdpPort { default: u16 },
     #[error("switch.mac: {0}")]
-    SwitchMac(xagg_sys::Error),
+    SwitchMac(xagg_linux::Error),
     #[error("switch.xdp_mode = \"{mode}\": use \"native\", \"generic\" or \"auto\"")]
     XdpMode { mode: String },
     #[error("daemon.socket_mode = \"{mode}\": use three octal digits, optionally after a 0, e.g. \"0660\" (the daemon's user and the socket's group may use the API) or \"0600\" (only the daemon's user)")]
@@ -97,7 +97,7 @@ pub enum Error {
     #[error("switch.ports[{index}]: {error}")]
     Port {
         index: usize,
-        error: xagg_sys::Error,
+        error: xagg_linux::Error,
     },
     #[error("PORTS[{index}] = {port}: {error}")]
     PortMap {
@@ -107,7 +107,7 @@ pub enum Error {
     },
     /// This host's interfaces: the one holding the switch's address, its MAC.
     #[error(transparent)]
-    Host(#[from] xagg_sys::Error),
+    Host(#[from] xagg_linux::Error),
     #[error("switch.address {0} is on no interface here: assign it to one (e.g. the bridge of the ports) or set switch.mac")]
     AddressNotHere(Ipv4Addr),
     #[error("map {name}: {source}")]

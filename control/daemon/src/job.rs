@@ -10,7 +10,7 @@ use xagg_common::{
     wire::{self, DType, Lane, Op},
     Job,
 };
-use xagg_sys::iface;
+use xagg_linux::iface;
 
 /// Checks the spec and builds the `JOBS` entry, resolving interfaces in the calling
 /// thread's network namespace. `slot_base` is where the switch placed the job.

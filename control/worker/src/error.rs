@@ -255,7 +255,7 @@ pub enum Error {
     NoAfXdp,
     #[cfg(feature = "afxdp")]
     #[error(transparent)]
-    Host(#[from] xagg_sys::Error),
+    Host(#[from] xagg_linux::Error),
     /// Why the embedded object cannot be used.
     #[cfg(feature = "afxdp")]
     #[error("{0}")]
@@ -284,7 +284,7 @@ pub enum Error {
     },
     #[cfg(feature = "afxdp")]
     #[error("the AF_XDP buffers: {0}")]
-    Buffers(xagg_sys::Error),
+    Buffers(xagg_linux::Error),
     #[cfg(feature = "afxdp")]
     #[error("interface name: {0}")]
     InterfaceName(std::ffi::NulError),

@@ -381,10 +381,10 @@ impl Drop for Waited {
 /// Whether the link of the worker's address carries the job's full segments: one IPv4
 /// packet each (skipped when no interface here holds the address).
 fn check_mtu(p: &WorkerParams) -> Result<(), AllreduceError> {
-    let Ok(Some(iface)) = xagg_sys::iface::holding(*p.bind.ip()) else {
+    let Ok(Some(iface)) = xagg_linux::iface::holding(*p.bind.ip()) else {
         return Ok(());
     };
-    let Ok(mtu) = xagg_sys::iface::mtu(&iface) else {
+    let Ok(mtu) = xagg_linux::iface::mtu(&iface) else {
         return Ok(());
     };
     let need = wire::ip_packet_len(p.shape.segment_bytes());

@@ -121,7 +121,7 @@ impl Transport {
     fn xsk_inbox(p: &WorkerParams, cookie: [u8; 8]) -> Result<Inbox, AllreduceError> {
         let ip = *p.bind.ip();
         let failed = |e: crate::Error| AllreduceError::AfXdp(e.into());
-        let iface = xagg_sys::iface::holding(ip)
+        let iface = xagg_linux::iface::holding(ip)
             .map_err(|e| failed(e.into()))?
             .ok_or_else(|| failed(crate::Error::NoInterface { ip }))?;
         Ok(Inbox::Xsk {

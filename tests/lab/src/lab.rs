@@ -72,7 +72,7 @@ pub fn ip(args: &[&str]) -> Result<String> {
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
         s.spawn(|| {
-            xagg_sys::iface::enter_netns(ns)?;
+            xagg_linux::iface::enter_netns(ns)?;
             f()
         })
         .join()
@@ -223,7 +223,7 @@ impl Lab {
     }
 
     pub fn worker_mac(&self, i: usize) -> Result<[u8; 6]> {
-        in_netns(&self.worker_ns(i), || Ok(xagg_sys::iface::mac("eth0")?))
+        in_netns(&self.worker_ns(i), || Ok(xagg_linux::iface::mac("eth0")?))
     }
 
     /// `--member` values of a job over all workers, in member order.
@@ -232,7 +232,7 @@ impl Lab {
             .map(|i| {
                 Ok(MemberSpec {
                     interface: Self::port(i),
-                    mac: xagg_sys::iface::fmt_mac(&self.worker_mac(i)?),
+                    mac: xagg_linux::iface::fmt_mac(&self.worker_mac(i)?),
                     addr: std::net::SocketAddrV4::new(worker_ip(i), WORKER_PORT),
                 })
             })

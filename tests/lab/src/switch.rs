@@ -337,7 +337,7 @@ impl LabSwitch {
                     let ns = self.lab.worker_ns(w);
                     let (expected, tweak) = (&expected, &tweak);
                     s.spawn(move || {
-                        xagg_sys::iface::enter_netns(&ns).unwrap();
+                        xagg_linux::iface::enter_netns(&ns).unwrap();
                         let bind = SocketAddrV4::new(lab::worker_ip(w), port);
                         let sw = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
                         let mut p = WorkerParams::new(sw, bind, job, m as u8, shape);

@@ -404,8 +404,8 @@ impl TreeLab {
     }
 
     fn mac(ns: &str, dev: &str) -> Result<String> {
-        Ok(xagg_sys::iface::fmt_mac(&in_netns(ns, || {
-            Ok(xagg_sys::iface::mac(dev)?)
+        Ok(xagg_linux::iface::fmt_mac(&in_netns(ns, || {
+            Ok(xagg_linux::iface::mac(dev)?)
         })?))
     }
 
@@ -725,7 +725,7 @@ impl TreeLab {
                 .map(|(g, r)| {
                     let (worker, work) = (&worker, &work);
                     s.spawn(move || -> Result<T> {
-                        xagg_sys::iface::enter_netns(&r.ns)?;
+                        xagg_linux::iface::enter_netns(&r.ns)?;
                         let wk = worker(g, r, &self.points[r.host]).and_then(|wk| work(g, &wk));
                         wk.with_context(|| format!("rank {g} (in {})", r.ns))
                     })

@@ -88,7 +88,8 @@ impl Generator {
         if afxdp {
             // Frames as the member's kernel would send them: to the switch's MAC (br0's) and
             // address.
-            let switch_mac = lab::in_netns(&lab.switch_ns(), || Ok(xagg_sys::iface::mac("br0")?))?;
+            let switch_mac =
+                lab::in_netns(&lab.switch_ns(), || Ok(xagg_linux::iface::mac("br0")?))?;
             for i in 0..lab.workers {
                 let src = xagg_common::job::MemberAddr {
                     ifindex: 0,

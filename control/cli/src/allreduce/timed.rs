@@ -28,7 +28,7 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
     let mut buf = data.clone();
     let mut first = Vec::new();
     let mut reports = Vec::new();
-    let iface = xagg_sys::iface::holding(*me.bind.ip()).ok().flatten();
+    let iface = xagg_linux::iface::holding(*me.bind.ip()).ok().flatten();
     let mut tx0 = 0;
     let bar = progress_bar(a);
     let mut windows = Vec::new();

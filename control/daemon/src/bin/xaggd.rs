@@ -118,7 +118,7 @@ fn main() -> Result<()> {
     // Only this thread's network namespace changes, before the runtime starts its threads
     // (they inherit it). The mount namespace stays the host's, so pins outlive us.
     if let Some(ns) = &cfg.switch.netns {
-        xagg_sys::iface::enter_netns(ns)?;
+        xagg_linux::iface::enter_netns(ns)?;
         info!("entered network namespace {ns}");
     }
     let pinned = !cfg.daemon.detach_on_exit;
@@ -455,7 +455,7 @@ fn log_drops(st: &mut State) {
         warn!(
             reason = c.name(),
             port,
-            mac = %xagg_sys::iface::fmt_mac(&a.mac),
+            mac = %xagg_linux::iface::fmt_mac(&a.mac),
             from = %std::net::SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port)),
             "dropped a packet (the first of this reason since the last report; `xagg counters` has the totals)"
         );
@@ -508,7 +508,7 @@ fn handle(st: &mut State, req: Request) -> Response {
                 slots_used: jobs.iter().map(|(_, j)| j.slot_count).sum(),
                 address: std::net::Ipv4Addr::from(sw.ip).to_string(),
                 udp_port: u16::from_be_bytes(sw.port),
-                mac: xagg_sys::iface::fmt_mac(&sw.mac),
+                mac: xagg_linux::iface::fmt_mac(&sw.mac),
                 xdp_mode: st.cfg.switch.xdp_mode.clone(),
                 pin_path: st.dp.pinned().then(|| st.cfg.daemon.pin_path.clone()),
             })

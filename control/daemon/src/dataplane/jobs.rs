@@ -12,7 +12,7 @@ use xagg_common::{
     slot::{SlotImage, MAX_SLOTS},
     Job, Role,
 };
-use xagg_sys::iface;
+use xagg_linux::iface;
 
 use crate::{
     dataplane::{map_err, Dataplane, Result},

@@ -19,7 +19,7 @@ use xagg_common::{
     slot::{Fold, DELIVER, DELIVER_PROGRAM},
     LAYOUT_VERSION,
 };
-use xagg_sys::iface;
+use xagg_linux::iface;
 
 use crate::{
     config::{Config, XdpMode as Mode},
@@ -60,16 +60,16 @@ impl Dataplane {
         let fresh = pin.as_ref().is_some_and(|d| !d.exists());
         let loaded = Self::load(cfg, pin.clone());
         if let (Err(_), true, Some(dir)) = (&loaded, fresh, &pin) {
-            let _ = xagg_sys::pins::unpin(dir);
+            let _ = xagg_linux::pins::unpin(dir);
         }
         loaded
     }
 
     fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
-        if xagg_sys::object_missing().is_some() {
+        if xagg_linux::object_missing().is_some() {
             return Err(Error::NoObject);
         }
-        let mut ebpf = Ebpf::load(xagg_sys::EBPF_OBJECT)?;
+        let mut ebpf = Ebpf::load(xagg_linux::EBPF_OBJECT)?;
         let mode = cfg.mode()?;
         let mut programs = vec!["xagg_result", "xagg_fanout", "xagg_switch"];
         programs.extend(fold_programs().map(|(_, name)| name));

@@ -20,7 +20,7 @@ mod load;
 mod observe;
 
 pub use load::load_folds;
-pub use xagg_sys::pins::unpin;
+pub use xagg_linux::pins::unpin;
 
 pub(crate) use crate::{Error, Result};
 

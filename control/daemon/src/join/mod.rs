@@ -164,7 +164,7 @@ impl Joins {
 
     /// The switch's MAC, told with each nonce.
     pub fn with_mac(mut self, mac: [u8; 6]) -> Self {
-        self.mac = Some(xagg_sys::iface::fmt_mac(&mac));
+        self.mac = Some(xagg_linux::iface::fmt_mac(&mac));
         self
     }
 

@@ -294,7 +294,7 @@ pub(super) fn activate(
             let a = m.ok_or(Error::MemberLeft(i))?.addr;
             Ok(MemberSpec {
                 interface: dp.port_named(a.ifindex).ok_or(Error::PortGone(a.ifindex))?,
-                mac: xagg_sys::iface::fmt_mac(&a.mac),
+                mac: xagg_linux::iface::fmt_mac(&a.mac),
                 addr: SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port)),
             })
         })
