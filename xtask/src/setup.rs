@@ -82,6 +82,14 @@ fn ebpf_toolchain() -> Result<()> {
     if succeeds(Command::new("bpf-linker").arg("--version")) {
         return Ok(());
     }
+    // While LLVM installs and bpf-linker builds, compile the XDP crate's library and what it
+    // depends on (core for BPF): none of it is linked, and it is half the objects' build.
+    // Its errors, if any, show again when the objects are built.
+    let early = crate::build::ebpf_cargo("build")
+        .arg("--lib")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn();
     if !Path::new("/usr/lib/llvm-22/bin/llvm-config").exists() {
         apt(&[
             "llvm-22-dev",
@@ -98,7 +106,7 @@ fn ebpf_toolchain() -> Result<()> {
     // Its release profile carries debug info and full optimisation, which double its build
     // (96 s against 47 s here); the linking it does is LLVM's work, and the objects it
     // links come out byte for byte the same, as fast, without them.
-    run(Command::new("cargo")
+    let installed = run(Command::new("cargo")
         .env("PATH", path)
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
@@ -111,7 +119,11 @@ fn ebpf_toolchain() -> Result<()> {
             "--no-default-features",
             "--features",
             "llvm-22",
-        ]))
+        ]));
+    if let Ok(mut early) = early {
+        let _ = early.wait();
+    }
+    installed
 }
 
 /// Debian's PyTorch (1.13, CPU) and NumPy for /usr/bin/python3, and a virtual environment
