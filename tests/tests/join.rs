@@ -498,6 +498,39 @@ fn workers_join_jobs_over_the_network() {
         eprintln!("{}", text.trim());
     }
     assert!(lab.joins().is_empty(), "every rank left: the job is gone");
+
+    // The credential as the MPI library and the Python module take it,
+    // XAGG_CREDENTIAL=NAME:KEY: a job of one rank, which that rank must create.
+    let out = std::process::Command::new("ip")
+        .env("XAGG_CREDENTIAL", format!("lab:{}", "5a".repeat(32)))
+        .args(["netns", "exec", &lab.sw.lab.worker_ns(0)])
+        .arg(bin("xagg"))
+        .args([
+            "allreduce",
+            "--join",
+            &daemon_addr().to_string(),
+            "--key",
+            &key,
+        ])
+        .arg("--secret-file")
+        .arg(&secret_file)
+        .args([
+            "--bind",
+            &format!("{}:47831", worker_ip(0)),
+            "--member",
+            "0",
+        ])
+        .args(["--members", "1", "--slots", "8", "--segment", "860"])
+        .args(["--size", "64KiB", "--verify", "--leave"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("result verified"),
+        "{text} {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(lab.joins().is_empty(), "the one-rank job left");
 }
 
 /// A joined job with no progress for the idle time goes, its timer running on across a

@@ -35,8 +35,9 @@ pub struct AllreduceArgs {
     /// A file holding the job's secret (from `xagg keygen`).
     #[arg(long, env = "XAGG_JOB_SECRET_FILE")]
     secret_file: Option<PathBuf>,
-    /// An admission credential's name, to create the job if this rank joins first.
-    #[arg(long, env = "XAGG_CREDENTIAL")]
+    /// An admission credential's name, to create the job if this rank joins first. Without
+    /// it, `XAGG_CREDENTIAL=NAME:KEY` as the MPI library and the Python module read it.
+    #[arg(long)]
     credential: Option<String>,
     /// The file holding that credential's key.
     #[arg(long, env = "XAGG_CREDENTIAL_FILE")]

@@ -56,7 +56,10 @@ fn join(a: &AllreduceArgs, me: &Member, daemon: SocketAddr) -> Result<Worker> {
                 .parse()
                 .map_err(anyhow::Error::msg)?,
         )),
-        (None, None) => None,
+        (None, None) => match std::env::var("XAGG_CREDENTIAL") {
+            Ok(c) => Some(xagg_worker::settings::parse_credential(&c, "XAGG_CREDENTIAL")?),
+            Err(_) => None,
+        },
         _ => bail!("--credential and --credential-file go together"),
     };
     let j = xagg_worker::JoinParams {
