@@ -441,42 +441,29 @@ fn workers_join_jobs_over_the_network() {
             & 0o777,
         0o600
     );
+    // `xagg allreduce --join` as rank `w` of `members`, from its namespace.
+    let xagg_join = |w: usize, port: u16, members: usize| {
+        let mut c = std::process::Command::new("ip");
+        c.args(["netns", "exec", &lab.sw.lab.worker_ns(w)])
+            .arg(bin("xagg"))
+            .args(["allreduce", "--join", &daemon_addr().to_string()])
+            .args(["--key", &key, "--secret-file"])
+            .arg(&secret_file)
+            .args(["--bind", &format!("{}:{port}", worker_ip(w))])
+            .args([
+                "--member",
+                &w.to_string(),
+                "--members",
+                &members.to_string(),
+            ]);
+        c
+    };
     let runs: Vec<_> = (0..MEMBERS)
         .map(|w| {
-            std::process::Command::new("ip")
-                .args([
-                    "netns",
-                    "exec",
-                    &lab.sw.lab.worker_ns(w),
-                    bin("xagg").to_str().unwrap(),
-                ])
-                .args([
-                    "allreduce",
-                    "--join",
-                    &daemon_addr().to_string(),
-                    "--key",
-                    &key,
-                ])
-                .arg("--secret-file")
-                .arg(&secret_file)
+            xagg_join(w, 47830, 3)
                 .args(["--credential", "lab", "--credential-file"])
                 .arg(&key_file)
-                .args([
-                    "--bind",
-                    &format!("{}:47830", worker_ip(w)),
-                    "--member",
-                    &w.to_string(),
-                ])
-                .args([
-                    "--members",
-                    "3",
-                    "--slots",
-                    "32",
-                    "--segment",
-                    "860",
-                    "--size",
-                    "4MiB",
-                ])
+                .args(["--slots", "32", "--segment", "860", "--size", "4MiB"])
                 .args(["--repeat", "3", "--verify", "--leave"])
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
@@ -501,26 +488,9 @@ fn workers_join_jobs_over_the_network() {
 
     // The credential as the MPI library and the Python module take it,
     // XAGG_CREDENTIAL=NAME:KEY: a job of one rank, which that rank must create.
-    let out = std::process::Command::new("ip")
+    let out = xagg_join(0, 47831, 1)
         .env("XAGG_CREDENTIAL", format!("lab:{}", "5a".repeat(32)))
-        .args(["netns", "exec", &lab.sw.lab.worker_ns(0)])
-        .arg(bin("xagg"))
-        .args([
-            "allreduce",
-            "--join",
-            &daemon_addr().to_string(),
-            "--key",
-            &key,
-        ])
-        .arg("--secret-file")
-        .arg(&secret_file)
-        .args([
-            "--bind",
-            &format!("{}:47831", worker_ip(0)),
-            "--member",
-            "0",
-        ])
-        .args(["--members", "1", "--slots", "8", "--segment", "860"])
+        .args(["--slots", "8", "--segment", "860"])
         .args(["--size", "64KiB", "--verify", "--leave"])
         .output()
         .unwrap();

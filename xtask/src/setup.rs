@@ -82,10 +82,11 @@ fn ebpf_toolchain() -> Result<()> {
     if succeeds(Command::new("bpf-linker").arg("--version")) {
         return Ok(());
     }
-    // While LLVM installs and bpf-linker builds, compile the XDP crate's library and what it
-    // depends on (core for BPF): none of it is linked, and it is half the objects' build.
-    // Its errors, if any, show again when the objects are built.
-    let early = crate::build::ebpf_cargo("build")
+    // While LLVM downloads and unpacks, compile the XDP crate's library and what it depends
+    // on (core for BPF): none of it is linked, and it is half the objects' build. Not beside
+    // bpf-linker's build, which wants both CPUs. Its errors, if any, show again when the
+    // objects are built.
+    let mut early = crate::build::ebpf_cargo("build")
         .arg("--lib")
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -98,6 +99,9 @@ fn ebpf_toolchain() -> Result<()> {
             "libzstd-dev",
         ])?;
     }
+    if let Ok(early) = &mut early {
+        let _ = early.wait();
+    }
     eprintln!("setup: building bpf-linker 0.13.0 against LLVM 22 (under a minute)");
     let path = format!(
         "/usr/lib/llvm-22/bin:{}",
@@ -106,7 +110,7 @@ fn ebpf_toolchain() -> Result<()> {
     // Its release profile carries debug info and full optimisation, which double its build
     // (96 s against 47 s here); the linking it does is LLVM's work, and the objects it
     // links come out byte for byte the same, as fast, without them.
-    let installed = run(Command::new("cargo")
+    run(Command::new("cargo")
         .env("PATH", path)
         .env("CARGO_PROFILE_RELEASE_DEBUG", "false")
         .env("CARGO_PROFILE_RELEASE_OPT_LEVEL", "0")
@@ -119,11 +123,7 @@ fn ebpf_toolchain() -> Result<()> {
             "--no-default-features",
             "--features",
             "llvm-22",
-        ]));
-    if let Ok(mut early) = early {
-        let _ = early.wait();
-    }
-    installed
+        ]))
 }
 
 /// Debian's PyTorch (1.13, CPU) and NumPy for /usr/bin/python3, and a virtual environment

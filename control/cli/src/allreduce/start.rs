@@ -57,7 +57,10 @@ fn join(a: &AllreduceArgs, me: &Member, daemon: SocketAddr) -> Result<Worker> {
                 .map_err(anyhow::Error::msg)?,
         )),
         (None, None) => match std::env::var("XAGG_CREDENTIAL") {
-            Ok(c) => Some(xagg_worker::settings::parse_credential(&c, "XAGG_CREDENTIAL")?),
+            Ok(c) => Some(xagg_worker::settings::parse_credential(
+                &c,
+                "XAGG_CREDENTIAL",
+            )?),
             Err(_) => None,
         },
         _ => bail!("--credential and --credential-file go together"),
