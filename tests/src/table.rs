@@ -117,7 +117,7 @@ pub fn i64s(v: &[i64]) -> Vec<u8> {
 /// it as its own for `xagg_fanout` (BPF_PROG_RUN hands it back with the frame): the mark
 /// and the job.
 pub fn own_result(job: u32) -> Vec<u8> {
-    [0x7861_7272u32.to_ne_bytes(), job.to_ne_bytes()].concat()
+    [xagg_common::OWN_RESULT.to_ne_bytes(), job.to_ne_bytes()].concat()
 }
 
 impl Out {

@@ -24,3 +24,8 @@ pub use wire::{DType, Header, Kind, Op};
 /// existed count as 1. Bump it with any change a running dataplane would misread, and say
 /// what changed in `CHANGELOG.md`.
 pub const LAYOUT_VERSION: u32 = 14;
+
+/// The mark `xagg_switch` writes in front of a multi-buffer result of its own (in the
+/// frame's XDP metadata, followed by the job's wire id) for `xagg_fanout`, which copies only
+/// frames so marked.
+pub const OWN_RESULT: u32 = 0x7861_7272;

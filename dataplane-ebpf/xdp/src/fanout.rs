@@ -9,7 +9,7 @@ use aya_ebpf::{
 };
 use xagg_common::{
     wire::{self, Kind, PAYLOAD_OFFSET},
-    Counter,
+    Counter, OWN_RESULT,
 };
 use xagg_ebpf::{
     inject,
@@ -31,8 +31,6 @@ struct OwnResult {
     mark: u32,
     job: u32,
 }
-
-const OWN_RESULT: u32 = 0x7861_7272;
 
 /// Marks the frame, in its metadata, as the switch's own multi-buffer result of job `job`
 /// for `xagg_fanout`. Last thing before the frame is passed on: the helper invalidates every
