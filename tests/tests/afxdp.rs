@@ -25,18 +25,24 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
         sw.add_job(4, 860, 64, &workers),
         Response::Job { .. }
     ));
+    let job = Allreduce {
+        job: 4,
+        message: 0,
+        segment: 860,
+        slots: 64,
+        workers: &workers,
+        port: 47801,
+        elems: 0,
+        seed: 0,
+    };
     let mut mid = 0;
     for elems in [1usize, 859, 861, (4 << 20) / 4 + 3] {
         let reps = sw.allreduce_with(
             &Allreduce {
-                job: 4,
                 message: mid,
-                segment: 860,
-                slots: 64,
-                workers: &workers,
-                port: 47801,
                 elems,
                 seed: 500 + mid as u64,
+                ..job
             },
             afxdp,
         );
@@ -58,14 +64,10 @@ fn afxdp_receive_is_exact_and_recovers_lost_results() {
     let before = sw.counters();
     let reps = sw.allreduce_with(
         &Allreduce {
-            job: 4,
             message: mid,
-            segment: 860,
-            slots: 64,
-            workers: &workers,
-            port: 47801,
             elems: (2 << 20) / 4,
             seed: 77,
+            ..job
         },
         afxdp,
     );

@@ -46,7 +46,7 @@ fn restart_adopts_the_pinned_dataplane() {
     let no_retransmission = |reps: Vec<xagg_worker::Report>| {
         assert_eq!(reps.iter().map(|r| r.retransmissions).sum::<u64>(), 0);
     };
-    no_retransmission(sw.allreduce(&Allreduce {
+    let full = Allreduce {
         job: 4,
         message: 1,
         segment: FULL as usize,
@@ -55,19 +55,15 @@ fn restart_adopts_the_pinned_dataplane() {
         port: 47801,
         elems: 10_000,
         seed: 2,
-    }));
+    };
+    no_retransmission(sw.allreduce(&full));
     // SIGKILL leaves it running too.
     sw.start_daemon();
     assert!(sw.stop_daemon(Signal::SIGKILL).code().is_none());
     no_retransmission(sw.allreduce(&Allreduce {
-        job: 4,
         message: 2,
-        segment: FULL as usize,
-        slots: 8,
-        workers: &[0, 1],
-        port: 47801,
-        elems: 10_000,
         seed: 3,
+        ..full
     }));
     sw.start_daemon();
     match sw.api(Request::Status) {

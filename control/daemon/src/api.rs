@@ -359,4 +359,40 @@ mod tests {
         rt.shutdown_background();
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    /// A join whose shape `JobShape::new` refuses is refused as it is read, with the
+    /// shape's reason: it never reaches the registry (the stand-in would panic).
+    #[test]
+    fn a_join_with_a_bad_shape_is_refused_as_it_is_read() {
+        use std::io::{Read, Write};
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        let listener = rt
+            .block_on(tokio::net::TcpListener::bind("127.0.0.1:0"))
+            .unwrap();
+        let addr = listener.local_addr().unwrap();
+        rt.spawn(async move { axum::serve(listener, network_router(StandIn)).await });
+        let shape = xagg_common::JobShape::new(2, 8, 256).unwrap();
+        let (key, secret) = (xagg_join::JobKey::random(), xagg_join::Secret::random());
+        let nonce = xagg_join::Nonce::random();
+        let join = JoinRequest::new(key, &secret, shape, 0, 1, nonce, None, None);
+        let body = serde_json::to_string(&join).unwrap();
+        assert!(body.contains(r#""members":2"#), "{body}");
+        let body = body.replace(r#""members":2"#, r#""members":0"#);
+        let mut c = std::net::TcpStream::connect(addr).unwrap();
+        write!(
+            c,
+            "POST /v1/join HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        let mut answer = String::new();
+        c.read_to_string(&mut answer).unwrap();
+        assert!(answer.starts_with("HTTP/1.1 422"), "{answer}");
+        assert!(answer.contains("0 members: a job has 1..=64"), "{answer}");
+        rt.shutdown_background();
+    }
 }

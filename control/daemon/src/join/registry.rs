@@ -142,22 +142,21 @@ pub(super) fn unix_now() -> u64 {
 impl Joined {
     /// A job as the join `req` creates it, with wire id `id`: no member in yet.
     pub(super) fn new(req: &JoinRequest, secret: Secret, credential: String, id: u32) -> Self {
+        let level = Level::of(req);
+        // An open level's members are added as they join.
+        let places = if level.is_open() {
+            0
+        } else {
+            req.shape.members()
+        };
         Self {
             key: req.key,
             secret,
             credential,
             shape: req.shape,
             id,
-            level: Level::of(req),
-            // An open level's members are added as they join.
-            members: vec![
-                None;
-                if Level::of(req).is_open() {
-                    0
-                } else {
-                    req.shape.members()
-                }
-            ],
+            level,
+            members: vec![None; places],
             state: Lifecycle::Pending,
             created_unix_s: unix_now(),
             active_unix_s: 0,
