@@ -23,7 +23,7 @@ pub use table::*;
 
 /// The switch program of this build, loaded for BPF_PROG_RUN.
 pub fn load_switch() -> Switch {
-    Switch::load(xagg_linux::EBPF_OBJECT)
+    Switch::load(xagg_objects::SWITCH.bytes().expect("the switch's object"))
 }
 
 /// Whether a test that needs root may run. Without root it skips loudly — except under
@@ -90,8 +90,12 @@ pub use xagg_lab::switch::{credential_env, CREDENTIAL, LISTEN};
 /// A tree lab of `topology` whose daemons let ranks, hosts and leaf switches join jobs by
 /// themselves ([`xagg_lab::tree::TreeLab::start_joinable`]).
 pub fn joinable_tree(prefix: &str, topology: xagg_lab::tree::Topology) -> xagg_lab::tree::TreeLab {
-    let mut lab = xagg_lab::tree::TreeLab::create(prefix, topology, xagg_linux::HOST_OBJECT)
-        .expect("the tree lab");
+    let mut lab = xagg_lab::tree::TreeLab::create(
+        prefix,
+        topology,
+        xagg_objects::HOST.bytes().expect("the worker's object"),
+    )
+    .expect("the tree lab");
     lab.start_joinable().expect("joinable daemons");
     lab
 }
@@ -128,7 +132,7 @@ impl TestSwitch {
         tweak: impl FnOnce(&mut Config),
     ) -> Self {
         let mut lab = Lab::with_mtu(prefix, workers, mtu).expect("creating the lab");
-        lab.attach_hosts(xagg_linux::HOST_OBJECT)
+        lab.attach_hosts(xagg_objects::HOST.bytes().expect("the worker's object"))
             .expect("attaching host programs");
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}"));
         let pin = std::path::PathBuf::from(format!("/sys/fs/bpf/xagg-test-{prefix}"));

@@ -9,7 +9,7 @@ use xagg_api::{Request, Response};
 use xagg_tests::*;
 
 fn afxdp(p: &mut xagg_worker::WorkerParams) {
-    p.afxdp = true;
+    p.afxdp = Some(xagg_objects::HOST);
 }
 
 #[test]
@@ -155,7 +155,7 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
             0,
             i32_shape(2, 64, 860),
         );
-        p.afxdp = true;
+        p.afxdp = Some(xagg_objects::HOST);
         p
     };
     // The lab's xagg_host sits on every worker's eth0: AF_XDP must not replace it.

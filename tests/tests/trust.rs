@@ -1095,7 +1095,7 @@ fn run_under_injection(
                 seed: 17 + u64::from(message),
             },
             |p| {
-                p.afxdp = afxdp;
+                p.afxdp = afxdp.then_some(xagg_objects::HOST);
                 if p.member == 1 {
                     std::thread::sleep(late);
                 }

@@ -16,7 +16,12 @@ pub fn root() -> PathBuf {
         .to_path_buf()
 }
 
-pub use xagg_lab::target_dir;
+/// The workspace's target directory (`CARGO_TARGET_DIR`, or `target/` at the root).
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| root().join("target"))
+}
 
 /// Where the XDP object is built: its own target directory, because the host tools of
 /// that build (proc macros, build scripts) are compiled with `RUSTC_BOOTSTRAP`, and in the
@@ -70,16 +75,29 @@ pub fn venv_dir() -> PathBuf {
     target_dir().join("venv")
 }
 
-/// Builds what a command uses: always the XDP objects (the switch's and the test programs')
-/// and the release binaries that embed the switch's (`xaggd`, `xagg`); the MPI library, the
-/// Python module and the worker library's examples only where `needs` asks for them.
+/// The release binaries every command runs: `xaggd` and `xagg`, which embed the XDP objects
+/// (through `xagg-objects`, on which no library depends: a rebuilt object relinks them and
+/// recompiles nothing else), and `xtask-run`. Built before the objects exist too, while the
+/// eBPF toolchain installs: all but the two binaries' own crates is then ready.
+pub fn binaries() -> Command {
+    let mut c = cargo();
+    c.args(["build", "--quiet", "--release"]);
+    c.args(["-p", "xaggd", "-p", "xagg-cli", "-p", "xtask-run"]);
+    c
+}
+
+/// `xtask-run`, alone: what `--help` of the commands it runs needs, with nothing installed.
+pub fn runner() -> Result<()> {
+    run(cargo().args(["build", "--quiet", "--release", "-p", "xtask-run"]))
+}
+
+/// Builds what a command uses: always the XDP objects (the switch's, a worker's and the test
+/// programs') and [`binaries`]; the MPI library, the Python module and the worker library's
+/// examples only where `needs` asks for them.
 pub fn build(needs: Needs) -> Result<()> {
     // The objects: the XDP crate's binaries (the switch's, a worker's, the tests').
     run(&mut ebpf_cargo("build"))?;
-    let mut bins = cargo();
-    bins.args(["build", "--quiet", "--release"]);
-    bins.args(["-p", "xagg-daemon", "-p", "xagg-cli", "--bins"]);
-    run(&mut bins)?;
+    run(&mut binaries())?;
     if needs.mpi {
         // The MPI library, preloaded under MPI programs.
         run(cargo().args(["build", "--quiet", "--release", "-p", "xagg-mpi"]))?;

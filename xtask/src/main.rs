@@ -1,87 +1,137 @@
-//! Project tasks: `cargo xtask setup | build | demo | bench | test`.
+//! `cargo xtask setup | build | demo | bench | test`: installs what the command needs and is
+//! missing, builds it, then hands the command to `xtask-run`. The workspace's build starts
+//! first and runs while the eBPF toolchain installs; this binary itself depends on nothing
+//! heavy, so that on a fresh machine it compiles in seconds.
 
-mod bench;
-mod build;
-mod demo;
-mod setup;
-mod test;
-mod topology;
-mod xsk_send;
+use std::{os::unix::process::CommandExt, path::Path};
 
-use anyhow::Result;
-use clap::{Parser, Subcommand};
-use setup::Needs;
+use anyhow::{bail, Context, Result};
+use xtask::{
+    build::{self, target_dir},
+    setup::{self, Needs},
+};
 
-#[derive(Parser)]
-#[command(about = "Build, demo and test the in-network aggregation switch")]
-struct Cli {
-    #[command(subcommand)]
-    cmd: Cmd,
-}
+const USAGE: &str = "\
+Build, demo and test the in-network aggregation switch
 
-#[derive(Subcommand)]
-enum Cmd {
-    /// Install everything the test suite needs and is missing, idempotently: iproute2, the
-    /// rust-src component, LLVM 22 and bpf-linker 0.13 (the eBPF toolchain); Open MPI and
-    /// gfortran; Debian's PyTorch and NumPy, and a Python virtual environment with maturin;
-    /// iputils-ping, nftables, tmux, systemd-analyze and mpi4py (the tests'); with `--fuzz`
-    /// also cargo-fuzz. Every other command installs only what it uses.
-    Setup {
-        /// Also cargo-fuzz (for `cargo xtask test --long`).
-        #[arg(long)]
-        fuzz: bool,
-    },
-    /// Build the XDP object, the release binaries (xaggd, xagg), the MPI library, the
-    /// Python module and the worker library's examples.
-    Build,
-    /// Build, bring up a netns lab, allreduce through the XDP switch, verify, report, clean
-    /// up. Installs the eBPF toolchain; `--mpi` adds Open MPI, `--ddp` PyTorch.
-    Demo(demo::DemoArgs),
-    /// Measure the switch against Open MPI end to end, the switch program's cost per
-    /// packet (BPF_PROG_RUN) and the worker's conversions.
-    Bench(bench::BenchArgs),
-    /// Build and run the test suite: fmt and clippy, unit, BPF_PROG_RUN and netns end to
-    /// end tests, the benchmark quick; `--long` adds fuzzing and the demo's topologies.
-    Test(test::TestArgs),
-}
+Usage: cargo xtask <COMMAND> [OPTIONS]
+
+Commands:
+  setup  Install everything the test suite needs and is missing, idempotently: iproute2,
+         the rust-src component, LLVM 22 and bpf-linker 0.13 (the eBPF toolchain); Open
+         MPI and gfortran; Debian's PyTorch and NumPy, and a Python virtual environment
+         with maturin; iputils-ping, nftables, tmux, systemd-analyze and mpi4py (the
+         tests'); with `--fuzz` also cargo-fuzz. Every other command installs only what
+         it uses.
+  build  Build the XDP objects, the release binaries (xaggd, xagg), the MPI library, the
+         Python module and the worker library's examples.
+  demo   Build, bring up a netns lab, allreduce through the XDP switch, verify, report,
+         clean up. Installs iproute2 and the eBPF toolchain; `--mpi` adds Open MPI (and
+         gfortran for a Fortran program), `--ddp` PyTorch.
+  bench  Measure the switch against Open MPI end to end, the switch program's cost per
+         packet (BPF_PROG_RUN) and the worker's conversions. Installs what `demo` does,
+         and Open MPI and PyTorch unless `--dataplane-only` or `--switch-only`.
+  test   Build and run the test suite: fmt and clippy, unit, BPF_PROG_RUN and netns end to
+         end tests, the benchmark quick; `--long` adds fuzzing and the demo's topologies.
+         Installs what `setup` does (cargo-fuzz only with `--long`).
+
+`cargo xtask demo --help` (bench, test) lists a command's options; it builds the program
+that runs them first, installing nothing.
+";
 
 fn main() -> Result<()> {
-    match Cli::parse().cmd {
-        Cmd::Setup { fuzz } => setup::install(Needs::all(fuzz)),
-        Cmd::Build => prepare(Needs::all(false)),
-        Cmd::Demo(a) => {
-            let fortran = a
-                .mpi
-                .as_ref()
-                .is_some_and(|p| p.extension().is_some_and(|e| e != "c"));
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let Some(command) = args.first() else {
+        eprint!("{USAGE}");
+        std::process::exit(2);
+    };
+    let options = &args[1..];
+    let has = |flag: &str| options.iter().any(|a| a == flag);
+    let help = has("-h") || has("--help");
+    match command.as_str() {
+        "-h" | "--help" | "help" => {
+            print!("{USAGE}");
+            Ok(())
+        }
+        "setup" if help => {
+            println!("Usage: cargo xtask setup [--fuzz]\n\n  --fuzz  Also cargo-fuzz (for `cargo xtask test --long`)");
+            Ok(())
+        }
+        "setup" => setup::install(Needs::all(has("--fuzz"))),
+        "build" => prepare(Needs::all(false)),
+        "demo" | "bench" | "test" if help => {
+            build::runner()?;
+            hand_over(&args)
+        }
+        "demo" => {
+            let mpi = mpi_program(options);
             prepare(Needs {
-                mpi: a.mpi.is_some(),
-                fortran,
-                python: a.ddp.is_some(),
+                fortran: mpi
+                    .as_deref()
+                    .is_some_and(|p| Path::new(p).extension().is_some_and(|e| e != "c")),
+                mpi: mpi.is_some(),
+                python: has("--ddp"),
                 ..Needs::default()
             })?;
-            demo::run(a)
+            hand_over(&args)
         }
-        Cmd::Bench(a) => {
+        "bench" => {
             // Open MPI is the baseline of the end-to-end runs, which also run the MPI
             // library and the Python module.
-            let against_others = !a.dataplane_only && !a.switch_only;
+            let against_others = !has("--dataplane-only") && !has("--switch-only");
             prepare(Needs {
                 mpi: against_others,
                 python: against_others,
                 ..Needs::default()
             })?;
-            bench::run(a)
+            hand_over(&args)
         }
-        Cmd::Test(a) => {
-            prepare(Needs::all(a.long))?;
-            test::run_suite(&a)
+        "test" => {
+            prepare(Needs::all(has("--long")))?;
+            hand_over(&args)
         }
+        other => bail!("no command `{other}`\n\n{USAGE}"),
     }
 }
 
-/// Installs what is missing for `needs`, then builds it.
+/// The program `demo --mpi [PROGRAM]` runs: its default when `--mpi` has no value.
+fn mpi_program(options: &[String]) -> Option<String> {
+    let at = options
+        .iter()
+        .position(|a| a == "--mpi" || a.starts_with("--mpi="))?;
+    if let Some(value) = options[at].strip_prefix("--mpi=") {
+        return Some(value.to_string());
+    }
+    match options.get(at + 1) {
+        Some(value) if !value.starts_with('-') => Some(value.clone()),
+        _ => Some("tests/mpi/check.c".into()),
+    }
+}
+
+/// Installs what is missing for `needs` and builds it. The workspace's binaries need
+/// nothing installed to compile, so their build runs beside the installation (on two CPUs
+/// this takes a minute or more off a fresh machine's first command); once the XDP objects
+/// are built, the same build again only relinks the binaries that embed them.
 fn prepare(needs: Needs) -> Result<()> {
-    setup::install(needs)?;
+    let mut binaries = build::binaries()
+        .spawn()
+        .context("starting the workspace's build")?;
+    let installed = setup::install(needs);
+    let built = binaries.wait().context("the workspace's build")?;
+    installed?;
+    if !built.success() {
+        bail!("building the workspace's binaries failed: {built}");
+    }
     build::build(needs)
+}
+
+/// Runs the command with `xtask-run`, which replaces this process (a Ctrl-C reaches it
+/// alone, and it cleans up its lab).
+fn hand_over(args: &[String]) -> Result<()> {
+    let runner = target_dir().join("release/xtask-run");
+    let error = std::process::Command::new(&runner)
+        .args(args)
+        .current_dir(build::root())
+        .exec();
+    Err(error).with_context(|| format!("running {}", runner.display()))
 }

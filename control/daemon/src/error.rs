@@ -65,8 +65,8 @@ pub enum Error {
         error: xagg_join::Error,
     },
 
-    #[error("the XDP object was not built into this binary: run `cargo xtask build` (or `cargo xtask demo`) and rebuild")]
-    NoObject,
+    #[error("{0}")]
+    NoObject(&'static str),
     #[error("loading the XDP object: {0}")]
     Load(#[from] aya::EbpfError),
     #[error("object lacks map {0}")]

@@ -49,9 +49,10 @@ pub struct WorkerParams {
     /// Receive with UDP GRO: results that arrive together are read with one call.
     pub gro: bool,
     /// Receive results with AF_XDP (`xagg_host` steers them into posted buffers) instead of
-    /// the UDP socket. The worker attaches `xagg_host` to the interface holding its
-    /// address, which must carry no other XDP program. Needs the `afxdp` feature.
-    pub afxdp: bool,
+    /// the UDP socket: the object holding `xagg_host` (a binary's `xagg_objects::HOST`). The
+    /// worker attaches it to the interface holding its address, which must carry no other
+    /// XDP program. Needs the `afxdp` feature.
+    pub afxdp: Option<xagg_linux::XdpObject>,
     /// How long a worker waiting on results polls for them, yielding the CPU in between,
     /// before it sleeps: waking a sleeping process costs tens of µs, more than a small
     /// allreduce's round trip or the gap between two bursts of results of a large one.
@@ -91,7 +92,7 @@ impl WorkerParams {
             reorder: false,
             gso: true,
             gro: true,
-            afxdp: false,
+            afxdp: None,
             spin: Duration::from_micros(100),
             first_message: None,
         }

@@ -100,8 +100,8 @@ impl Transport {
         let mut cookie = [0u8; 8];
         getrandom::fill(&mut cookie)
             .map_err(|e| AllreduceError::Invalid(format!("drawing the member's cookie: {e}")))?;
-        let inbox = if p.afxdp {
-            Self::xsk_inbox(p, cookie)?
+        let inbox = if let Some(object) = p.afxdp {
+            Self::xsk_inbox(p, cookie, object)?
         } else {
             Inbox::Socket(vec![0; 65536])
         };
@@ -118,7 +118,11 @@ impl Transport {
     }
 
     #[cfg(feature = "afxdp")]
-    fn xsk_inbox(p: &WorkerParams, cookie: [u8; 8]) -> Result<Inbox, AllreduceError> {
+    fn xsk_inbox(
+        p: &WorkerParams,
+        cookie: [u8; 8],
+        object: xagg_linux::XdpObject,
+    ) -> Result<Inbox, AllreduceError> {
         let ip = *p.bind.ip();
         let failed = |e: crate::Error| AllreduceError::AfXdp(e.into());
         let iface = xagg_linux::iface::holding(ip)
@@ -126,7 +130,7 @@ impl Transport {
             .ok_or_else(|| failed(crate::Error::NoInterface { ip }))?;
         Ok(Inbox::Xsk {
             xsk: Box::new(
-                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch, cookie)
+                crate::xsk::XskReceiver::new(&iface, p.bind.port(), p.switch, cookie, object)
                     .map_err(failed)?,
             ),
             rx: vec![0; 65536],
@@ -135,7 +139,11 @@ impl Transport {
     }
 
     #[cfg(not(feature = "afxdp"))]
-    fn xsk_inbox(_: &WorkerParams, _: [u8; 8]) -> Result<Inbox, AllreduceError> {
+    fn xsk_inbox(
+        _: &WorkerParams,
+        _: [u8; 8],
+        _: xagg_linux::XdpObject,
+    ) -> Result<Inbox, AllreduceError> {
         Err(AllreduceError::AfXdp(crate::Error::NoAfXdp.into()))
     }
 

@@ -20,7 +20,7 @@ use aya::{
     programs::{Xdp, XdpMode},
     Ebpf,
 };
-use xagg_linux::pages::Pages;
+use xagg_linux::{pages::Pages, XdpObject};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
 use crate::Error;
@@ -78,11 +78,9 @@ impl XskReceiver {
         port: u16,
         from: std::net::SocketAddrV4,
         cookie: [u8; 8],
+        object: XdpObject,
     ) -> Result<Self, Error> {
-        if let Some(why) = xagg_linux::object_missing() {
-            return Err(Error::NoObject(why));
-        }
-        let mut ebpf = Ebpf::load(xagg_linux::HOST_OBJECT).map_err(Error::Load)?;
+        let mut ebpf = Ebpf::load(object.bytes().map_err(Error::NoObject)?).map_err(Error::Load)?;
         {
             let map = ebpf.map_mut("XSK_PORTS").ok_or(Error::NoMap("XSK_PORTS"))?;
             let mut ports: HashMap<_, [u8; 2], u32> = HashMap::try_from(map).map_err(Error::Map)?;

@@ -118,6 +118,6 @@ fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
     p.reorder = a.reorder;
     p.gso = !a.no_gso;
     p.gro = !a.no_gro;
-    p.afxdp = a.afxdp;
+    p.afxdp = a.afxdp.then_some(xagg_objects::HOST);
     p.spin = Duration::from_micros(a.spin_us);
 }

@@ -19,7 +19,7 @@ use xagg_common::{
     slot::{Fold, DELIVER, DELIVER_PROGRAM},
     LAYOUT_VERSION,
 };
-use xagg_linux::iface;
+use xagg_linux::{iface, XdpObject};
 
 use crate::{
     config::{Config, XdpMode as Mode},
@@ -28,8 +28,9 @@ use crate::{
 
 impl Dataplane {
     /// Adopts the pinned dataplane if there is one (and `pin` is set), else loads and
-    /// attaches a fresh one. Must run in the ports' network namespace.
-    pub fn start(cfg: &Config, pinned: bool) -> Result<Self> {
+    /// attaches a fresh one from `object` (the switch's, `xagg_objects::SWITCH`). Must run in
+    /// the ports' network namespace.
+    pub fn start(cfg: &Config, object: XdpObject, pinned: bool) -> Result<Self> {
         let pin = pinned.then(|| cfg.daemon.pin_path.clone());
         if let Some(dir) = &pin {
             if dir.join("maps/JOBS").exists() {
@@ -58,18 +59,15 @@ impl Dataplane {
         }
         // A start that fails half-way leaves no pins behind, unless they were there.
         let fresh = pin.as_ref().is_some_and(|d| !d.exists());
-        let loaded = Self::load(cfg, pin.clone());
+        let loaded = Self::load(cfg, object, pin.clone());
         if let (Err(_), true, Some(dir)) = (&loaded, fresh, &pin) {
             let _ = xagg_linux::pins::unpin(dir);
         }
         loaded
     }
 
-    fn load(cfg: &Config, pin: Option<PathBuf>) -> Result<Self> {
-        if xagg_linux::object_missing().is_some() {
-            return Err(Error::NoObject);
-        }
-        let mut ebpf = Ebpf::load(xagg_linux::EBPF_OBJECT)?;
+    fn load(cfg: &Config, object: XdpObject, pin: Option<PathBuf>) -> Result<Self> {
+        let mut ebpf = Ebpf::load(object.bytes().map_err(Error::NoObject)?)?;
         let mode = cfg.mode()?;
         let mut programs = vec!["xagg_result", "xagg_fanout", "xagg_switch"];
         programs.extend(fold_programs().map(|(_, name)| name));

@@ -13,7 +13,8 @@ use tokio::{
     signal::unix::{signal, SignalKind},
     sync::watch,
 };
-use tracing::{info, info_span, warn};
+use tracing::{info, info_span, warn, Level};
+use tracing_subscriber::{filter::Targets, layer::SubscriberExt, util::SubscriberInitExt};
 use xagg_api::{Request, Response};
 use xagg_common::slot::MAX_SLOTS;
 use xagg_daemon::{
@@ -100,16 +101,35 @@ impl Handler for Daemon {
     }
 }
 
+/// What `RUST_LOG` asks for (`info` when unset): a default level and levels per target,
+/// `warn,xagg_daemon::join=debug`. Targets rather than `EnvFilter`, whose span and field
+/// matching nobody here uses and whose regular expressions double the daemon's build.
+fn log_filter() -> (Targets, Option<String>) {
+    let info = Targets::new().with_default(Level::INFO);
+    match std::env::var("RUST_LOG") {
+        Err(_) => (info, None),
+        Ok(text) => match text.parse() {
+            Ok(filter) => (filter, None),
+            Err(e) => (
+                info,
+                Some(format!("RUST_LOG={text:?} ignored ({e}): write levels as `info` or `warn,xagg_daemon::join=debug`; logging at info")),
+            ),
+        },
+    }
+}
+
 fn main() -> Result<()> {
     // `log` records of the library (dataplane, joins) go through the same subscriber.
+    let (filter, bad) = log_filter();
     tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
         .with_ansi(false)
         .with_writer(std::io::stderr)
+        .finish()
+        .with(filter)
         .init();
+    if let Some(bad) = bad {
+        warn!("{bad}");
+    }
     let args = Args::parse();
     let cfg = Config::load(&args.config)?;
     // One daemon per API socket: a second would take the socket over and delete it on
@@ -136,7 +156,7 @@ fn main() -> Result<()> {
             cfg.daemon.pin_path.display()
         );
     }
-    let mut dp = Dataplane::start(&cfg, pinned)?;
+    let mut dp = Dataplane::start(&cfg, xagg_objects::SWITCH, pinned)?;
     let existing: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
     for job in &cfg.jobs {
         if existing.contains(&job.id) {

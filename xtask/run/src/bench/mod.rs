@@ -30,7 +30,7 @@ use anyhow::{Context, Result};
 use end_to_end::{end_to_end, E2e};
 use report::{codecs_table, compare_table, dataplane_table, draw, runs_tables, write_figures};
 
-use crate::build::target_dir;
+use xtask::build::target_dir;
 
 #[derive(clap::Args)]
 pub struct BenchArgs {

@@ -21,7 +21,7 @@ use xagg_lab::{
 };
 use xagg_worker::report::RunReport;
 
-use crate::build::target_dir;
+use xtask::build::target_dir;
 
 /// Names of the demo's namespaces, pins and socket start with this.
 pub const PREFIX: &str = "xagg";
@@ -237,7 +237,7 @@ fn aggregated(sw: &LabSwitch, before: &std::collections::BTreeMap<String, u64>) 
 /// with the library preloaded; prints the command, the program's output and the
 /// library's summary.
 fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
-    let source = crate::build::root().join(program);
+    let source = xtask::build::root().join(program);
     let dir = target_dir().join("demo-mpi");
     std::fs::create_dir_all(&dir)?;
     let stem = source
@@ -273,7 +273,7 @@ fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
 /// torchrun on every worker namespace; prints the command, the script's output, the
 /// backend's summary and the switch's counters.
 fn run_ddp(n: usize, mtu: usize, script: &std::path::Path) -> Result<()> {
-    let script = crate::build::root().join(script);
+    let script = xtask::build::root().join(script);
     let sw = joinable_lab(n, mtu)?;
     let mut env = xagg_lab::python::base_env();
     env.extend([

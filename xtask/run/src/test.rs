@@ -4,7 +4,7 @@
 
 use anyhow::Result;
 
-use crate::build::{cargo, root, run, target_dir};
+use xtask::build::{cargo, root, run, target_dir};
 
 #[derive(clap::Args)]
 pub struct TestArgs {
@@ -82,7 +82,7 @@ fn lints() -> Result<()> {
         "warnings",
     ]))?;
     // The XDP crate, for its target and as it is built.
-    run(crate::build::ebpf_cargo("clippy").args(["--", "-D", "warnings"]))
+    run(xtask::build::ebpf_cargo("clippy").args(["--", "-D", "warnings"]))
 }
 
 /// Coverage-guided runs of both fuzz targets.

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::{codecs::CodecPoint, dataplane::DataplanePoint, run_point::RunPoint};
-use crate::build::target_dir;
+use xtask::build::target_dir;
 
 /// The middle of `v` (the upper middle of an even count).
 pub(super) fn median(mut v: Vec<f64>) -> f64 {

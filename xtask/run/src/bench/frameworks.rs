@@ -8,7 +8,7 @@ use xagg_lab::lab::Lab;
 use xagg_worker::report::CpuWindow;
 
 use super::{end_to_end::CPU_WINDOWS_FROM, run_point::RunPoint};
-use crate::build::target_dir;
+use xtask::build::target_dir;
 
 /// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached
 /// (`xagg_lab::mpi::run`: one rank per worker namespace).
@@ -91,7 +91,7 @@ pub(super) fn torch_runs(
         ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
         ("XAGG_CREDENTIAL", crate::demo::credential_env()),
     ]);
-    let script = crate::build::root().join("xtask/python/allreduce.py");
+    let script = xtask::build::root().join("xtask/python/allreduce.py");
     let points: Vec<String> = sizes
         .iter()
         .map(|&b| format!("{b}:{}", iterations(b)))
@@ -161,7 +161,7 @@ pub(super) fn mpi_setup() -> Result<PathBuf> {
     std::fs::create_dir_all(&dir)?;
     let bin = dir.join("mpi_allreduce");
     xagg_lab::mpi::compile(
-        &crate::build::root().join("xtask/mpi/allreduce.c"),
+        &xtask::build::root().join("xtask/mpi/allreduce.c"),
         &bin,
         &[],
     )?;
