@@ -76,13 +76,21 @@ pub fn venv_dir() -> PathBuf {
 }
 
 /// The release binaries every command runs: `xaggd` and `xagg`, which embed the XDP objects
-/// (through `xagg-objects`, on which no library depends: a rebuilt object relinks them and
-/// recompiles nothing else), and `xtask-run`. Built before the objects exist too, while the
-/// eBPF toolchain installs: all but the two binaries' own crates is then ready.
+/// (through `xagg-objects`, on which no library depends), and `xtask-run`.
 pub fn binaries() -> Command {
     let mut c = cargo();
     c.args(["build", "--quiet", "--release"]);
     c.args(["-p", "xaggd", "-p", "xagg-cli", "-p", "xtask-run"]);
+    c
+}
+
+/// Everything [`binaries`] needs but the binaries' own crates: what can compile before the
+/// XDP objects exist, while the eBPF toolchain installs. The same packages as
+/// [`binaries`], so that Cargo resolves the same features and nothing compiles twice
+/// (a smaller set would build some dependencies again with other features).
+pub fn libraries() -> Command {
+    let mut c = binaries();
+    c.arg("--lib");
     c
 }
 

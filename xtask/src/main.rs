@@ -108,19 +108,19 @@ fn mpi_program(options: &[String]) -> Option<String> {
     }
 }
 
-/// Installs what is missing for `needs` and builds it. The workspace's binaries need
-/// nothing installed to compile, so their build runs beside the installation (on two CPUs
-/// this takes a minute or more off a fresh machine's first command); once the XDP objects
-/// are built, the same build again only relinks the binaries that embed them.
+/// Installs what is missing for `needs` and builds it. The workspace's libraries need
+/// nothing installed to compile, so their build runs beside the installation (on a fresh
+/// machine the two together take about as long as the libraries alone); the binaries,
+/// which embed the XDP objects, compile once those are built.
 fn prepare(needs: Needs) -> Result<()> {
-    let mut binaries = build::binaries()
+    let mut libraries = build::libraries()
         .spawn()
         .context("starting the workspace's build")?;
     let installed = setup::install(needs);
-    let built = binaries.wait().context("the workspace's build")?;
+    let built = libraries.wait().context("the workspace's build")?;
     installed?;
     if !built.success() {
-        bail!("building the workspace's binaries failed: {built}");
+        bail!("building the workspace's libraries failed: {built}");
     }
     build::build(needs)
 }

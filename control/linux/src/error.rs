@@ -30,6 +30,11 @@ pub enum Error {
     },
     #[error("cannot enter network namespace `{name}`: {errno}")]
     EnterNetns { name: String, errno: Errno },
+    #[error("reading {path}: {error}")]
+    Proc {
+        path: &'static str,
+        error: std::io::Error,
+    },
     #[error("mapping no memory")]
     EmptyMapping,
     #[error("mapping {size} bytes of buffers: {errno}")]

@@ -1,6 +1,6 @@
 //! What the daemon, the worker library and the lab take from the host they run on:
 //! interface facts and network namespaces ([`iface`]), memory shared with the kernel
-//! ([`pages`]), pinned programs ([`pins`]), and the type an XDP object's bytes are handed
+//! ([`pages`]), pinned programs ([`pins`]), CPU time and mounts ([`proc`]), and the type an XDP object's bytes are handed
 //! over in ([`XdpObject`]; the binaries embed them, from `xagg-objects`).
 
 mod error;
@@ -8,6 +8,7 @@ pub mod iface;
 mod object;
 pub mod pages;
 pub mod pins;
+pub mod proc;
 
 pub use error::{Error, Result};
 pub use object::XdpObject;

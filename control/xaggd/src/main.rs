@@ -263,15 +263,10 @@ fn private_mounts() -> bool {
 
 /// Mounts a bpffs at /sys/fs/bpf if the pin path is under it and none is mounted.
 fn ensure_bpffs(pin: &Path) -> Result<()> {
-    let mounts = procfs::process::Process::myself()
-        .and_then(|p| p.mountinfo())
-        .context("reading this process's mounts")?;
-    let bpf_mounted = |p: &str| {
-        mounts
-            .iter()
-            .any(|m| m.mount_point == Path::new(p) && m.fs_type == "bpf")
-    };
-    if pin.starts_with("/sys/fs/bpf") && !bpf_mounted("/sys/fs/bpf") {
+    if pin.starts_with("/sys/fs/bpf")
+        && !xagg_linux::proc::mounted(Path::new("/sys/fs/bpf"), "bpf")
+            .context("reading this process's mounts")?
+    {
         nix::mount::mount(Some("bpf"), "/sys/fs/bpf", Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
             .context("mounting a bpffs at /sys/fs/bpf (needed to pin the dataplane; or set daemon.detach_on_exit = true)")?;
         info!("mounted a bpffs at /sys/fs/bpf");

@@ -98,23 +98,22 @@ fn tx_bytes(iface: Option<&str>) -> u64 {
 
 /// The machine's CPU counters and the wall clock, now.
 fn cpu_sample() -> CpuSample {
-    use procfs::CurrentSI;
     let wall_ns = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    let Ok(stat) = procfs::KernelStats::current() else {
+    let Ok(stat) = xagg_linux::proc::cpu_times() else {
         return CpuSample {
             wall_ns,
             ..Default::default()
         };
     };
     let t = stat.total;
-    let s = |ticks: u64| ticks as f64 / procfs::ticks_per_second() as f64;
+    let s = |ticks: u64| ticks as f64 / xagg_linux::proc::ticks_per_second() as f64;
     CpuSample {
         wall_ns,
         user: s(t.user + t.nice),
         system: s(t.system),
-        softirq: s(t.irq.unwrap_or(0) + t.softirq.unwrap_or(0)),
+        softirq: s(t.irq + t.softirq),
     }
 }
 

@@ -182,15 +182,7 @@ pub(super) fn thread_napi(lab: &Lab) -> Result<()> {
 
 /// The kernel's NAPI threads (`napi/<dev>-<id>`).
 fn napi_threads() -> Result<Vec<i32>> {
-    Ok(procfs::process::all_processes()?
-        .filter_map(|p| p.ok())
-        .filter(|p| {
-            p.stat()
-                .map(|s| s.comm.starts_with("napi/"))
-                .unwrap_or(false)
-        })
-        .map(|p| p.pid)
-        .collect())
+    Ok(xagg_linux::proc::threads_named("napi/")?)
 }
 
 /// Sends for `seconds` (paced at `rate` contributions/s, or as fast as possible) and

@@ -28,18 +28,10 @@ pub(super) fn keeping_affinity<T>(f: impl FnOnce() -> Result<T>) -> Result<T> {
 
 /// CPU `cpu`'s (busy, total) seconds from /proc/stat.
 pub(super) fn busy(cpu: usize) -> Result<(f64, f64)> {
-    use procfs::CurrentSI;
-    let stat = procfs::KernelStats::current()?;
-    let t = stat.cpu_time.get(cpu).context("no such CPU")?;
-    let busy = t.user
-        + t.nice
-        + t.system
-        + t.irq.unwrap_or(0)
-        + t.softirq.unwrap_or(0)
-        + t.steal.unwrap_or(0);
-    let total = busy + t.idle + t.iowait.unwrap_or(0);
-    let tick = procfs::ticks_per_second() as f64;
-    Ok((busy as f64 / tick, total as f64 / tick))
+    let stat = xagg_linux::proc::cpu_times()?;
+    let t = stat.per_cpu.get(cpu).context("no such CPU")?;
+    let tick = xagg_linux::proc::ticks_per_second() as f64;
+    Ok((t.busy() as f64 / tick, t.total() as f64 / tick))
 }
 
 /// CPU seconds the calling thread has used.
