@@ -94,9 +94,10 @@ pub fn libraries() -> Command {
     c
 }
 
-/// `xtask-run`, alone: what `--help` of the commands it runs needs, with nothing installed.
+/// `xtask-run`, alone: what `--help` of the commands it runs needs, with nothing installed
+/// (within [`binaries`]' package set, so that what it compiles serves them later).
 pub fn runner() -> Result<()> {
-    run(cargo().args(["build", "--quiet", "--release", "-p", "xtask-run"]))
+    run(binaries().args(["--bin", "xtask-run"]))
 }
 
 /// Builds what a command uses: always the XDP objects (the switch's, a worker's and the test
