@@ -6,6 +6,7 @@
 
 pub mod lab;
 pub mod mpi;
+pub mod placement;
 pub mod python;
 pub mod switch;
 pub mod testrun;

@@ -14,7 +14,10 @@ use xagg_common::{
 };
 use xagg_worker::report::RunReport;
 
-use crate::lab::{self, Lab};
+use crate::{
+    lab::{self, Lab},
+    placement::Placement,
+};
 
 /// One allreduce run on every worker of a lab.
 #[derive(Clone, Debug)]
@@ -36,6 +39,8 @@ pub struct AllreduceRun {
     pub flags: Vec<String>,
     /// Nanoseconds between now and the common start, on top of the workers' set-up time.
     pub head_start_ns: u64,
+    /// The CPUs the workers and their interfaces' packet processing run on.
+    pub placement: Placement,
 }
 
 impl AllreduceRun {
@@ -53,6 +58,7 @@ impl AllreduceRun {
             afxdp: true,
             flags: Vec::new(),
             head_start_ns: 500_000_000,
+            placement: Placement::default(),
         }
     }
 
@@ -69,7 +75,9 @@ impl AllreduceRun {
         )?;
         let children: Vec<Child> = (0..n)
             .map(|i| {
-                Command::new("ip")
+                let mut worker = Command::new("ip");
+                self.placement.pin_process(&mut worker);
+                worker
                     .args(["netns", "exec", &lab.worker_ns(i)])
                     .arg(crate::bin("xagg"))
                     .args(["allreduce", "--switch", &lab::SWITCH_IP.to_string()])
@@ -94,6 +102,11 @@ impl AllreduceRun {
                     .context("starting a worker")
             })
             .collect::<Result<_>>()?;
+        // Each worker attaches its receive program as it starts, well before the common
+        // start; its interface's NAPI exists from then.
+        let pinned = self
+            .placement
+            .pin_workers(lab, std::time::Duration::from_nanos(self.head_start_ns));
         let mut reports = Vec::new();
         let mut failed = Vec::new();
         for (i, c) in children.into_iter().enumerate() {
@@ -108,6 +121,7 @@ impl AllreduceRun {
         if !failed.is_empty() {
             bail!("{}", failed.join("; "));
         }
+        pinned?;
         Ok(reports)
     }
 }

@@ -16,6 +16,7 @@ use xagg_common::{
 use xagg_lab::Object;
 use xagg_lab::{
     lab::{self, Lab, SWITCH_IP},
+    placement::{Cpus, Placement},
     switch::LabSwitch,
     workers::AllreduceRun,
 };
@@ -67,6 +68,14 @@ pub struct DemoArgs {
     /// Write the run's figures as JSON here.
     #[arg(long)]
     pub json: Option<std::path::PathBuf>,
+    /// CPUs of the switch, as on a switch host: its ports' packet processing (threaded
+    /// NAPI, where the switch's XDP programs run) pinned to them, e.g. `1` or `2-5`.
+    #[arg(long, value_name = "CPUS")]
+    pub switch_cpus: Option<Cpus>,
+    /// CPUs of the workers: their processes and their interfaces' packet processing
+    /// pinned to them, e.g. `0`.
+    #[arg(long, value_name = "CPUS")]
+    pub worker_cpus: Option<Cpus>,
     /// Run an unmodified MPI program under mpirun instead, one rank per worker, with
     /// libxagg_mpi.so preloaded: a C (.c) or Fortran (.f90, .F90) source, compiled here; without
     /// a file, tests/mpi/check.c (every served type and op, checked).
@@ -97,6 +106,8 @@ impl Default for DemoArgs {
             reorder: false,
             no_afxdp: false,
             json: None,
+            switch_cpus: None,
+            worker_cpus: None,
             topology: crate::topology::TopologyName::Flat,
             mpi: None,
             ddp: None,
@@ -306,6 +317,12 @@ fn run_ddp(n: usize, mtu: usize, script: &std::path::Path) -> Result<()> {
     Ok(())
 }
 
+/// The placement `--switch-cpus` and `--worker-cpus` ask for.
+pub fn placement(switch: &Option<Cpus>, workers: &Option<Cpus>) -> Result<Placement> {
+    let list = |c: &Option<Cpus>| c.clone().unwrap_or_default().0;
+    Placement::new(list(switch), list(workers))
+}
+
 fn run_inner(a: &DemoArgs) -> Result<()> {
     let n = a.workers;
     let lane = xagg_api::lane(a.op, a.dtype)?;
@@ -324,7 +341,9 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     if let Some(i) = a.inject.filter(|i| i.dup_contrib > 0.0) {
         lab.impair(&Object::Test.read()?, 0.0, i.dup_contrib)?;
     }
+    let placement = placement(&a.switch_cpus, &a.worker_cpus)?;
     let sw = start_switch(lab)?;
+    placement.pin_switch(&sw.lab)?;
     let spec = sw.job_spec(
         JOB_ID,
         a.op,
@@ -357,6 +376,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     // A common start a little ahead, so every worker has its data ready before the clock.
     run.head_start_ns = 1_000_000_000;
     run.afxdp = !a.no_afxdp;
+    run.placement = placement.clone();
     if a.reorder {
         run.flags.push("--reorder".into());
     }
@@ -416,6 +436,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         "segment_elements": segment,
         "mtu": a.mtu,
         "slots": a.slots,
+        "placement": placement,
         "seconds": seconds,
         "goodput_gbps": goodput,
         "verified": verified,

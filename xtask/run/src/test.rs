@@ -132,6 +132,10 @@ fn demos() -> Result<()> {
 /// verified; then the send path, quick: both ways of sending reach the switch; then the
 /// switch object against itself, interleaved.
 fn quick_bench() -> Result<()> {
+    // The switch's runs placed as on a switch host (its ports' NAPI on CPU 1, the workers
+    // on CPU 0), so that the placement is exercised too, where there are two CPUs.
+    let two = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
+    let cpu = |c: usize| two.then(|| xagg_lab::placement::Cpus(vec![c]));
     let quick = |send_path: bool, json: &str| crate::bench::BenchArgs {
         against: None,
         quick: true,
@@ -147,10 +151,12 @@ fn quick_bench() -> Result<()> {
         segment: None,
         mtu: xagg_lab::lab::MTU,
         slots: crate::bench::SLOTS,
+        switch_cpus: cpu(1),
+        worker_cpus: cpu(0),
         levers: false,
         send_path,
     };
-    eprintln!("cargo xtask bench --quick (2 workers, small sizes)");
+    eprintln!("cargo xtask bench --quick --switch-cpus 1 --worker-cpus 0 (2 workers, small sizes)");
     crate::bench::run(quick(false, "bench/quick.json"))?;
     eprintln!("cargo xtask bench --send-path --quick");
     crate::bench::run(quick(true, "bench/send_path_quick.json"))?;

@@ -19,14 +19,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use anyhow::{Context, Result};
+use anyhow::Result;
 use serde::Serialize;
 use xagg_common::{
     wire::{self, DType},
     Counter,
 };
 use xagg_lab::Object;
-use xagg_lab::{lab::Lab, switch::LabSwitch};
+use xagg_lab::{lab::Lab, placement::Placement, switch::LabSwitch};
 
 use super::{cpu, end_to_end::add_job, generator::Generator};
 
@@ -150,39 +150,9 @@ fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityP
 /// Every switch port's NAPI in a thread pinned to [`SWITCH_CPU`]; every member interface's
 /// in a thread on CPU 0. Threaded NAPI needs an XDP program on the interface (attached).
 pub(super) fn thread_napi(lab: &Lab) -> Result<()> {
-    let mut ifaces: Vec<(String, String, usize)> = (0..lab.workers)
-        .map(|i| (lab.switch_ns(), Lab::port(i), SWITCH_CPU))
-        .collect();
-    ifaces.extend((0..lab.workers).map(|i| (lab.worker_ns(i), "eth0".to_string(), 0)));
-    for (ns, dev, cpu) in ifaces {
-        let before = napi_threads()?;
-        let o = std::process::Command::new("ip")
-            .args(["netns", "exec", &ns, "sh", "-c"])
-            .arg(format!("echo 1 > /sys/class/net/{dev}/threaded"))
-            .output()?;
-        anyhow::ensure!(
-            o.status.success(),
-            "threaded NAPI on {dev} in {ns}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        let new: Vec<i32> = napi_threads()?
-            .into_iter()
-            .filter(|p| !before.contains(p))
-            .collect();
-        anyhow::ensure!(!new.is_empty(), "no NAPI thread appeared for {dev} in {ns}");
-        let mut set = nix::sched::CpuSet::new();
-        set.set(cpu)?;
-        for pid in new {
-            nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set)
-                .with_context(|| format!("pinning NAPI thread {pid} of {dev}"))?;
-        }
-    }
-    Ok(())
-}
-
-/// The kernel's NAPI threads (`napi/<dev>-<id>`).
-fn napi_threads() -> Result<Vec<i32>> {
-    Ok(xagg_linux::proc::threads_named("napi/")?)
+    let placement = Placement::new(vec![SWITCH_CPU], vec![0])?;
+    placement.pin_switch(lab)?;
+    placement.pin_workers(lab, std::time::Duration::ZERO)
 }
 
 /// Sends for `seconds` (paced at `rate` contributions/s, or as fast as possible) and

@@ -8,7 +8,7 @@ use xagg_common::{
     JobShape,
 };
 use xagg_lab::Object;
-use xagg_lab::{lab::Lab, switch::LabSwitch, workers::AllreduceRun};
+use xagg_lab::{lab::Lab, placement::Placement, switch::LabSwitch, workers::AllreduceRun};
 use xagg_worker::report::CpuWindow;
 
 use super::{
@@ -39,6 +39,8 @@ pub struct E2e<'a> {
     pub mtu: usize,
     /// Slots of the switch's runs.
     pub slots: u32,
+    /// The CPUs of the switch's ports and of the workers (the switch's runs).
+    pub placement: Placement,
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
@@ -53,6 +55,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             let mut this = Vec::new();
             // Switch workers receive with AF_XDP: each attaches its own xagg_host.
             let sw = crate::demo::start_switch(lab)?;
+            e.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;
             for &bytes in e.sizes {
@@ -60,6 +63,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
                 run.repeat = it as u32;
                 run.first_message = mid;
+                run.placement = e.placement.clone();
                 if bytes >= CPU_WINDOWS_FROM {
                     run.flags.push("--cpu-windows".into());
                 }
@@ -150,15 +154,19 @@ pub(super) fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
     let tx = outs.iter().map(|w| w.tx_bytes as f64).sum::<f64>() / n as f64;
     let windows: Vec<&[CpuWindow]> = outs.iter().map(|w| &w.cpu_windows[..]).collect();
     let verified = outs.iter().all(|w| w.verified);
-    Ok(RunPoint::new(
-        "switch",
-        n,
-        run.bytes,
-        times,
-        tx,
-        &merge_windows(&windows),
-        verified,
-    ))
+    let retransmissions = outs.iter().map(|w| w.retransmissions).sum::<u64>();
+    Ok(RunPoint {
+        retransmissions: Some(retransmissions as f64 / run.repeat.max(1) as f64),
+        ..RunPoint::new(
+            "switch",
+            n,
+            run.bytes,
+            times,
+            tx,
+            &merge_windows(&windows),
+            verified,
+        )
+    })
 }
 
 /// Adds job `id` (i32 sum) over every worker of the lab.

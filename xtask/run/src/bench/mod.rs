@@ -77,6 +77,15 @@ pub struct BenchArgs {
     /// Slots (segments in flight per worker) of the switch's end-to-end runs.
     #[arg(long, default_value_t = SLOTS)]
     pub slots: u32,
+    /// CPUs of the switch in the end-to-end runs, as on a switch host: its ports' packet
+    /// processing (threaded NAPI, where its XDP programs run) pinned to them, e.g. `1` or
+    /// `2-5`. Recorded in the JSON.
+    #[arg(long, value_name = "CPUS")]
+    pub switch_cpus: Option<xagg_lab::placement::Cpus>,
+    /// CPUs of the workers in the switch's end-to-end runs: their processes and their
+    /// interfaces' packet processing pinned to them. Recorded in the JSON.
+    #[arg(long, value_name = "CPUS")]
+    pub worker_cpus: Option<xagg_lab::placement::Cpus>,
     /// Allreduces per end-to-end point, instead of 200 up to 64 KiB, 20 up to 1 MiB and 5
     /// above (e.g. many, to profile the steady state).
     #[arg(long)]
@@ -134,6 +143,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let segment = a
         .segment
         .unwrap_or(xagg_common::wire::payload_for_mtu(a.mtu) / 4);
+    let placement = crate::demo::placement(&a.switch_cpus, &a.worker_cpus)?;
     let capacity = if a.dataplane_only || a.no_capacity {
         Vec::new()
     } else {
@@ -164,6 +174,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             segment,
             mtu: a.mtu,
             slots: a.slots,
+            placement: placement.clone(),
         });
         crate::demo::clean_up();
         r?
@@ -185,7 +196,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.json,
         "bench",
         serde_json::json!({
-            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots },
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "placement": placement },
             "runs": runs,
             "dataplane": points,
             "codecs": codec_points,

@@ -20,6 +20,9 @@ pub struct RunPoint {
     pub wire_ratio: f64,
     /// CPU over exactly the timed windows (runs of 1 MiB and more).
     pub cpu: Option<CpuFigures>,
+    /// The switch's runs: retransmissions per allreduce, all workers together (each one a
+    /// contribution whose result did not come back within the retransmission timeout).
+    pub retransmissions: Option<f64>,
     pub iterations: usize,
     /// Rounds whose medians these figures are (`--rounds`).
     pub rounds: usize,
@@ -109,6 +112,7 @@ impl RunPoint {
             cpu: CpuFigures::new(windows, bytes),
             iterations,
             rounds: 1,
+            retransmissions: None,
             verified,
         }
     }
@@ -145,6 +149,10 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
         latency_us: m(|p| p.latency_us),
         wire_ratio: m(|p| p.wire_ratio),
         cpu,
+        retransmissions: points
+            .iter()
+            .all(|p| p.retransmissions.is_some())
+            .then(|| m(|p| p.retransmissions.unwrap_or(0.0))),
         rounds: points.len(),
         verified: points.iter().all(|p| p.verified),
         ..points[0].clone()
