@@ -68,6 +68,41 @@ pub fn ip(args: &[&str]) -> Result<String> {
     Ok(String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
+/// Packets the lab's interfaces dropped (the kernel's `rx_dropped` and `tx_dropped`: on
+/// veth, a frame that found its peer's ring full), switch ports and workers' ends apart.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Drops {
+    pub switch_rx: u64,
+    pub switch_tx: u64,
+    pub workers_rx: u64,
+    pub workers_tx: u64,
+}
+
+impl Drops {
+    /// What was dropped since `before`.
+    pub fn since(self, before: Drops) -> Drops {
+        Drops {
+            switch_rx: self.switch_rx - before.switch_rx,
+            switch_tx: self.switch_tx - before.switch_tx,
+            workers_rx: self.workers_rx - before.workers_rx,
+            workers_tx: self.workers_tx - before.workers_tx,
+        }
+    }
+
+    pub fn total(&self) -> u64 {
+        self.switch_rx + self.switch_tx + self.workers_rx + self.workers_tx
+    }
+}
+
+/// `dev`'s (rx, tx) drop counters in namespace `ns`.
+fn dropped(ns: &str, dev: &str) -> Result<(u64, u64)> {
+    let text = ip(&["-n", ns, "-s", "-j", "link", "show", dev])?;
+    let v: serde_json::Value = serde_json::from_str(&text).context("`ip -j -s link` output")?;
+    let stats = &v[0]["stats64"];
+    let n = |dir: &str| stats[dir]["dropped"].as_u64().unwrap_or(0);
+    Ok((n("rx"), n("tx")))
+}
+
 /// Runs `f` on a thread inside network namespace `ns` (only that thread moves).
 pub fn in_netns<T: Send>(ns: &str, f: impl FnOnce() -> Result<T> + Send) -> Result<T> {
     std::thread::scope(|s| {
@@ -220,6 +255,20 @@ impl Lab {
     pub fn detach_hosts(&mut self) {
         self.hosts.clear();
         self.impairs.clear();
+    }
+
+    /// The drop counters of every switch port and every worker's interface, summed.
+    pub fn drops(&self) -> Result<Drops> {
+        let mut d = Drops::default();
+        for i in 0..self.workers {
+            let (rx, tx) = dropped(&self.switch_ns(), &Self::port(i))?;
+            d.switch_rx += rx;
+            d.switch_tx += tx;
+            let (rx, tx) = dropped(&self.worker_ns(i), "eth0")?;
+            d.workers_rx += rx;
+            d.workers_tx += tx;
+        }
+        Ok(d)
     }
 
     pub fn worker_mac(&self, i: usize) -> Result<[u8; 6]> {

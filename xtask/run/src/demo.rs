@@ -384,6 +384,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     if a.inject.is_some_and(|i| i.dup_contrib > 0.0) {
         run.flags.push("--no-gso".into());
     }
+    let drops_before = sw.lab.drops()?;
     let per_worker: Vec<RunReport> = run
         .run(&sw.lab)
         .with_context(|| format!("daemon log in {}", sw.log.display()))?;
@@ -393,6 +394,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let goodput = a.size as f64 * 8.0 / seconds / 1e9;
     let counters: Value = serde_json::to_value(sw.counters()?)?;
     let (_, duplicated) = sw.lab.impair_counts()?;
+    let drops = sw.lab.drops()?.since(drops_before);
 
     println!();
     println!(
@@ -427,6 +429,10 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     );
     if retransmissions > 0 || a.inject.is_some() {
         println!("recovery: {retransmissions} retransmissions; {duplicated} contributions duplicated on worker egress");
+        println!(
+            "interfaces dropped: switch ports {} received, {} sent; workers {} received, {} sent",
+            drops.switch_rx, drops.switch_tx, drops.workers_rx, drops.workers_tx
+        );
     }
     let report = json!({
         "workers": n,
@@ -437,6 +443,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         "mtu": a.mtu,
         "slots": a.slots,
         "placement": placement,
+        "interface_drops": drops,
         "seconds": seconds,
         "goodput_gbps": goodput,
         "verified": verified,

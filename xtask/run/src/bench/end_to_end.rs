@@ -143,7 +143,9 @@ pub(super) fn switch_run(
 /// per worker, machine-wide CPU, and whether every result was right.
 pub(super) fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
     let n = lab.workers;
+    let before = lab.drops()?;
     let outs = run.run(lab)?;
+    let drops = lab.drops()?.since(before).total();
     let times: Vec<f64> = (0..run.repeat as usize)
         .map(|k| {
             outs.iter()
@@ -157,6 +159,7 @@ pub(super) fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
     let retransmissions = outs.iter().map(|w| w.retransmissions).sum::<u64>();
     Ok(RunPoint {
         retransmissions: Some(retransmissions as f64 / run.repeat.max(1) as f64),
+        interface_drops: Some(drops as f64 / run.repeat.max(1) as f64),
         ..RunPoint::new(
             "switch",
             n,

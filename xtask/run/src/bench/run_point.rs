@@ -23,6 +23,9 @@ pub struct RunPoint {
     /// The switch's runs: retransmissions per allreduce, all workers together (each one a
     /// contribution whose result did not come back within the retransmission timeout).
     pub retransmissions: Option<f64>,
+    /// The switch's runs: packets the lab's interfaces dropped per allreduce (switch ports
+    /// and workers' ends, received and sent).
+    pub interface_drops: Option<f64>,
     pub iterations: usize,
     /// Rounds whose medians these figures are (`--rounds`).
     pub rounds: usize,
@@ -113,6 +116,7 @@ impl RunPoint {
             iterations,
             rounds: 1,
             retransmissions: None,
+            interface_drops: None,
             verified,
         }
     }
@@ -153,6 +157,10 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
             .iter()
             .all(|p| p.retransmissions.is_some())
             .then(|| m(|p| p.retransmissions.unwrap_or(0.0))),
+        interface_drops: points
+            .iter()
+            .all(|p| p.interface_drops.is_some())
+            .then(|| m(|p| p.interface_drops.unwrap_or(0.0))),
         rounds: points.len(),
         verified: points.iter().all(|p| p.verified),
         ..points[0].clone()
