@@ -353,7 +353,30 @@ impl Worker {
         // Safety: the request ends before this returns, and `Waited` takes it out of the
         // worker if anything unwinds first.
         let buffer = unsafe { Buffer::borrowed(buf, dtype) };
-        let request = self.submit(op, buffer)?;
+        self.wait_borrowed(self.submit(op, buffer)?)
+    }
+
+    /// Allreduce of `input` (little-endian elements of `dtype`) with `op` into `output` (as
+    /// long), waiting for it: [`Worker::submit_separate`] over the caller's memory. `input`
+    /// is only read, so a caller repeating an allreduce of the same data copies nothing
+    /// between the calls.
+    pub fn allreduce_bytes_into(
+        &self,
+        op: Op,
+        dtype: DType,
+        input: &[u8],
+        output: &mut [u8],
+    ) -> Result<Report, AllreduceError> {
+        // Safety: a separate request's input is only read (nothing is written through the
+        // pointer); both borrows outlive the request, as in `allreduce_bytes_as`.
+        let input = unsafe { Buffer::from_raw(input.as_ptr().cast_mut(), input.len(), dtype, ()) };
+        let output = unsafe { Buffer::borrowed(output, dtype) };
+        self.wait_borrowed(self.submit_separate(op, input, output)?)
+    }
+
+    /// Waits for a request over borrowed memory; if anything unwinds first, `Waited` takes
+    /// it out of the worker before the borrow ends.
+    fn wait_borrowed(&self, request: Request) -> Result<Report, AllreduceError> {
         let mut guard = Waited(Some((request.shared(), self.inner.clone())));
         let c = request.wait();
         guard.0 = None;
