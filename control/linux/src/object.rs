@@ -3,7 +3,8 @@
 
 use std::fmt;
 
-/// An XDP object (an ELF file's bytes), 8-byte aligned.
+/// An XDP object (an ELF file's bytes; the binary embedding it aligns them to 8 bytes, as
+/// the ELF loader wants).
 #[derive(Clone, Copy)]
 pub struct XdpObject(&'static [u8]);
 
@@ -12,7 +13,7 @@ impl XdpObject {
         Self(bytes)
     }
 
-    /// The object's bytes; an [`XdpObject::missing`] reason where there are none.
+    /// The object's bytes, or what to do where the build carried none.
     pub fn bytes(&self) -> Result<&'static [u8], &'static str> {
         if self.0.is_empty() {
             Err("this build carries no XDP object: run `cargo xtask build` (or `cargo xtask demo`) and rebuild")

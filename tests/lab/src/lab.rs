@@ -82,10 +82,10 @@ impl Drops {
     /// What was dropped since `before`.
     pub fn since(self, before: Drops) -> Drops {
         Drops {
-            switch_rx: self.switch_rx - before.switch_rx,
-            switch_tx: self.switch_tx - before.switch_tx,
-            workers_rx: self.workers_rx - before.workers_rx,
-            workers_tx: self.workers_tx - before.workers_tx,
+            switch_rx: self.switch_rx.saturating_sub(before.switch_rx),
+            switch_tx: self.switch_tx.saturating_sub(before.switch_tx),
+            workers_rx: self.workers_rx.saturating_sub(before.workers_rx),
+            workers_tx: self.workers_tx.saturating_sub(before.workers_tx),
         }
     }
 

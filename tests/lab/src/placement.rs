@@ -49,8 +49,9 @@ impl Placement {
             return Ok(());
         }
         for i in 0..lab.workers {
-            let cpu = self.switch_cpus[i % self.switch_cpus.len()];
-            thread_napi(&lab.switch_ns(), &Lab::port(i), &[cpu], Duration::ZERO)?;
+            let port = Lab::port(i);
+            make_threaded(&lab.switch_ns(), &port, Duration::ZERO)?;
+            pin_napi(&port, &[self.switch_cpus[i % self.switch_cpus.len()]])?;
         }
         Ok(())
     }
@@ -62,9 +63,10 @@ impl Placement {
             return Ok(());
         }
         for i in 0..lab.workers {
-            thread_napi(&lab.worker_ns(i), "eth0", &self.worker_cpus, wait)?;
+            make_threaded(&lab.worker_ns(i), "eth0", wait)?;
         }
-        Ok(())
+        // Every worker's interface is `eth0`: all their threads go to the same CPUs.
+        pin_napi("eth0", &self.worker_cpus)
     }
 
     /// Pins a worker process (before it runs: the affinity outlives `exec`) to the worker
@@ -90,11 +92,9 @@ impl Placement {
     }
 }
 
-/// `dev`'s NAPI (in namespace `ns`) in a kernel thread pinned to `cpus`. veth has NAPI only
-/// while an XDP program is attached: until `wait` has passed, a refusal is retried. The
-/// threads are found by name (`napi/<dev>-<id>`): the workers' interfaces share the name
-/// `eth0`, and all of theirs go to the same CPUs.
-fn thread_napi(ns: &str, dev: &str, cpus: &[usize], wait: Duration) -> Result<()> {
+/// `dev`'s NAPI (in namespace `ns`) in a kernel thread. veth has NAPI only while an XDP
+/// program is attached: until `wait` has passed, a refusal is retried.
+fn make_threaded(ns: &str, dev: &str, wait: Duration) -> Result<()> {
     let deadline = Instant::now() + wait;
     loop {
         let o = Command::new("ip")
@@ -112,15 +112,20 @@ fn thread_napi(ns: &str, dev: &str, cpus: &[usize], wait: Duration) -> Result<()
         }
         std::thread::sleep(Duration::from_millis(10));
     }
+    Ok(())
+}
+
+/// Pins the NAPI threads of every interface named `dev` (`napi/<dev>-<id>`) to `cpus`.
+fn pin_napi(dev: &str, cpus: &[usize]) -> Result<()> {
     let threads = xagg_linux::proc::threads_named(&format!("napi/{dev}-"))?;
-    ensure!(!threads.is_empty(), "no NAPI thread for {dev} in {ns}");
+    ensure!(!threads.is_empty(), "no NAPI thread for {dev}");
     let mut set = nix::sched::CpuSet::new();
     for &c in cpus {
         set.set(c)?;
     }
     for pid in threads {
         nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(pid), &set)
-            .with_context(|| format!("pinning NAPI thread {pid} of {dev} in {ns}"))?;
+            .with_context(|| format!("pinning NAPI thread {pid} of {dev}"))?;
     }
     Ok(())
 }

@@ -29,6 +29,7 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
     // window): the data is only read, so nothing is copied between repeats — on a CPU
     // shared by several workers that copy would run inside the others' windows.
     let mut buf = data.clone();
+    let (op, dtype) = (w.params().op, w.params().dtype);
     let mut first = Vec::new();
     let mut reports = Vec::new();
     let iface = xagg_linux::iface::holding(*me.bind.ip()).ok().flatten();
@@ -46,8 +47,7 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
         if r == 0 {
             tx0 = tx_bytes(iface.as_deref());
         }
-        let params = w.params();
-        let mut rep = w.allreduce_bytes_into(params.op, params.dtype, &data, &mut buf)?;
+        let mut rep = w.allreduce_bytes_into(op, dtype, &data, &mut buf)?;
         // Wall time from the common start, so the slowest worker defines the run.
         rep.seconds = started.elapsed().as_secs_f64();
         if let Some(start) = window_start {
