@@ -66,6 +66,7 @@
 
 pub mod codec;
 pub mod data;
+pub mod datagram;
 pub mod engine;
 mod error;
 pub mod join;
