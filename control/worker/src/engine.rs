@@ -324,6 +324,11 @@ impl Engine {
                 req.in_flight -= 1;
                 req.done += 1;
                 req.last_progress = Instant::now();
+                if !f.retransmitted {
+                    req.report
+                        .round_trips
+                        .add(req.last_progress.duration_since(f.sent));
+                }
                 if flags & ENC_NONFINITE != 0 {
                     req.nonfinite.push(f.segment as u32);
                 }

@@ -2,6 +2,8 @@
 //! of `xagg allreduce --json` (one line of JSON), which the demo, the bench and the tests
 //! read back.
 
+use std::time::Duration;
+
 use serde::{Deserialize, Serialize};
 
 /// The way a request's result was made.
@@ -53,6 +55,68 @@ pub struct Report {
     /// recovered by retransmission.
     #[serde(default)]
     pub lost_sends: u64,
+    /// Each segment's round trip, from its contribution's first send to its result.
+    #[serde(default)]
+    pub round_trips: RoundTrips,
+}
+
+/// Round trips counted in buckets a quarter of a power of two wide (within 25 %), from a
+/// microsecond up: where the time of a round goes (queueing shows as a long tail).
+#[derive(Clone, Debug, Default, Serialize, Deserialize, PartialEq)]
+pub struct RoundTrips(pub Vec<u64>);
+
+impl RoundTrips {
+    pub fn add(&mut self, rtt: Duration) {
+        let i = bucket(rtt.as_micros().min(u64::MAX as u128) as u64);
+        if self.0.len() <= i {
+            self.0.resize(i + 1, 0);
+        }
+        self.0[i] += 1;
+    }
+
+    pub fn merge(&mut self, o: &Self) {
+        if self.0.len() < o.0.len() {
+            self.0.resize(o.0.len(), 0);
+        }
+        self.0.iter_mut().zip(&o.0).for_each(|(a, b)| *a += b);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.0.iter().sum()
+    }
+
+    /// The round trip `q` (0 to 1) of them are within, in microseconds (the upper bound of
+    /// its bucket).
+    pub fn quantile(&self, q: f64) -> Option<u64> {
+        let total = self.count();
+        if total == 0 {
+            return None;
+        }
+        let rank = ((q * total as f64).ceil() as u64).clamp(1, total);
+        let mut seen = 0;
+        self.0.iter().enumerate().find_map(|(i, &n)| {
+            seen += n;
+            (seen >= rank).then(|| upper(i))
+        })
+    }
+}
+
+/// The bucket of `us` microseconds: one each below 4, then four per power of two.
+fn bucket(us: u64) -> usize {
+    if us < 4 {
+        return us as usize;
+    }
+    let e = 63 - us.leading_zeros() as usize;
+    4 + 4 * (e - 2) + ((us >> (e - 2)) & 3) as usize
+}
+
+/// The least round trip (µs) above bucket `i`.
+fn upper(i: usize) -> u64 {
+    if i < 4 {
+        return i as u64 + 1;
+    }
+    let (e, sub) = ((i - 4) / 4 + 2, (i - 4) % 4);
+    (5 + sub as u64) << (e - 2)
 }
 
 /// One worker's run of `xagg allreduce --json`: `repeat` allreduces of the same buffer.
@@ -75,6 +139,9 @@ pub struct RunReport {
     /// Sends the host refused for a moment, recovered as lost packets.
     #[serde(default)]
     pub lost_sends: u64,
+    /// Every allreduce's segments' round trips.
+    #[serde(default)]
+    pub round_trips: RoundTrips,
     /// The first result checked against the inputs (with `--verify`).
     pub verified: bool,
     pub op: String,
@@ -147,5 +214,44 @@ impl CpuWindow {
             self.end.system - self.start.system,
             self.end.softirq - self.start.softirq,
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_within_a_quarter() {
+        for us in [
+            0u64,
+            1,
+            3,
+            4,
+            5,
+            7,
+            8,
+            9,
+            100,
+            1000,
+            10_000,
+            11_000,
+            1 << 40,
+        ] {
+            let i = bucket(us);
+            assert!(upper(i) > us, "{us} below its bucket's bound");
+            assert!(i == 0 || upper(i - 1) <= us, "{us} above the bucket before");
+            assert!(us < 4 || upper(i) as f64 <= us as f64 * 1.25 + 1.0, "{us}");
+        }
+        let mut r = RoundTrips::default();
+        for us in [10, 10, 10, 10_000] {
+            r.add(Duration::from_micros(us));
+        }
+        assert_eq!(r.quantile(0.5), Some(upper(bucket(10))));
+        assert_eq!(r.quantile(1.0), Some(upper(bucket(10_000))));
+        let mut m = RoundTrips::default();
+        m.merge(&r);
+        m.merge(&r);
+        assert_eq!(m.count(), 8);
     }
 }

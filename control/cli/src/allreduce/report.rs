@@ -49,6 +49,10 @@ pub(super) fn print(a: &AllreduceArgs, me: &Member, runs: Runs, check: &Check) -
             reordered: reports.iter().map(|r| r.reordered).sum(),
             refused: reports.iter().map(|r| r.refused).sum(),
             lost_sends: reports.iter().map(|r| r.lost_sends).sum(),
+            round_trips: reports.iter().fold(Default::default(), |mut all, r| {
+                all.merge(&r.round_trips);
+                all
+            }),
             verified: a.verify && check.verified,
             op: me.op.to_string(),
             dtype: me.dtype.to_string(),

@@ -9,12 +9,12 @@ use xagg_common::{
 };
 use xagg_lab::Object;
 use xagg_lab::{lab::Lab, placement::Placement, switch::LabSwitch, workers::AllreduceRun};
-use xagg_worker::report::CpuWindow;
+use xagg_worker::report::{CpuWindow, RoundTrips};
 
 use super::{
     frameworks::{mpi_run, mpi_setup, torch_runs},
     report::round_line,
-    run_point::{median_point, merge_windows, RunPoint},
+    run_point::{median_point, merge_windows, RoundTripFigures, RunPoint},
 };
 
 /// Sizes whose runs record CPU windows: the readings delay the next allreduce by some µs,
@@ -157,7 +157,10 @@ pub(super) fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
     let windows: Vec<&[CpuWindow]> = outs.iter().map(|w| &w.cpu_windows[..]).collect();
     let verified = outs.iter().all(|w| w.verified);
     let retransmissions = outs.iter().map(|w| w.retransmissions).sum::<u64>();
+    let mut round_trips = RoundTrips::default();
+    outs.iter().for_each(|w| round_trips.merge(&w.round_trips));
     Ok(RunPoint {
+        round_trip_us: RoundTripFigures::new(&round_trips),
         retransmissions: Some(retransmissions as f64 / run.repeat.max(1) as f64),
         interface_drops: Some(drops as f64 / run.repeat.max(1) as f64),
         ..RunPoint::new(

@@ -152,7 +152,7 @@ pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
 /// One end-to-end point of one round, as it comes.
 pub(super) fn round_line(round: usize, r: &RunPoint) {
     eprintln!(
-        "round {round} {:<7} n={} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}",
+        "round {round} {:<7} n={} {:>9} B: {:7.3} Gbit/s, {:8.1} µs, wire {:.3} S, {:.2} CPU s/GiB{}{}",
         r.system,
         r.workers,
         r.bytes,
@@ -160,6 +160,10 @@ pub(super) fn round_line(round: usize, r: &RunPoint) {
         r.latency_us,
         r.wire_ratio,
         r.cpu_total(),
+        r.round_trip_us.map_or(String::new(), |t| format!(
+            ", round trip p50 {:.0} p99 {:.0} µs",
+            t.p50, t.p99
+        )),
         if r.verified { "" } else { "  NOT VERIFIED" }
     );
 }

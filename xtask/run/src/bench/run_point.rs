@@ -1,7 +1,7 @@
 //! The figures of one end-to-end point: goodput, latency, bytes on the wire, CPU.
 
 use serde::Serialize;
-use xagg_worker::report::CpuWindow;
+use xagg_worker::report::{CpuWindow, RoundTrips};
 
 use super::report::median;
 
@@ -26,10 +26,32 @@ pub struct RunPoint {
     /// The switch's runs: packets the lab's interfaces dropped per allreduce (switch ports
     /// and workers' ends, received and sent).
     pub interface_drops: Option<f64>,
+    /// The switch's runs: the segments' round trips (first sends to results, every
+    /// worker's), µs, within 25 %.
+    pub round_trip_us: Option<RoundTripFigures>,
     pub iterations: usize,
     /// Rounds whose medians these figures are (`--rounds`).
     pub rounds: usize,
     pub verified: bool,
+}
+
+/// Quantiles of the segments' round trips, µs.
+#[derive(Serialize, Clone, Copy, Debug)]
+pub struct RoundTripFigures {
+    pub p50: f64,
+    pub p90: f64,
+    pub p99: f64,
+}
+
+impl RoundTripFigures {
+    pub(super) fn new(r: &RoundTrips) -> Option<Self> {
+        let q = |q| r.quantile(q).map(|us| us as f64);
+        Some(Self {
+            p50: q(0.5)?,
+            p90: q(0.9)?,
+            p99: q(0.99)?,
+        })
+    }
 }
 
 /// Machine-wide CPU seconds per GiB reduced (S x allreduces), counted over exactly the
@@ -117,6 +139,7 @@ impl RunPoint {
             rounds: 1,
             retransmissions: None,
             interface_drops: None,
+            round_trip_us: None,
             verified,
         }
     }
@@ -161,6 +184,18 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
             .iter()
             .all(|p| p.interface_drops.is_some())
             .then(|| m(|p| p.interface_drops.unwrap_or(0.0))),
+        round_trip_us: points
+            .iter()
+            .map(|p| p.round_trip_us)
+            .collect::<Option<Vec<_>>>()
+            .map(|r| {
+                let q = |f: fn(&RoundTripFigures) -> f64| median(r.iter().map(f).collect());
+                RoundTripFigures {
+                    p50: q(|r| r.p50),
+                    p90: q(|r| r.p90),
+                    p99: q(|r| r.p99),
+                }
+            }),
         rounds: points.len(),
         verified: points.iter().all(|p| p.verified),
         ..points[0].clone()
