@@ -415,52 +415,6 @@ pub fn decode(op: Op, dtype: DType, ranks: u32, payload: &[u8], exponent: i16, d
     }
 }
 
-/// [`decode`] of a payload that comes in pieces (a frame received in several buffers):
-/// each piece's whole lanes decoded where they lie, a lane split between two pieces put
-/// together first.
-pub fn decode_pieces<'a>(
-    op: Op,
-    dtype: DType,
-    ranks: u32,
-    pieces: impl IntoIterator<Item = &'a [u8]>,
-    exponent: i16,
-    dst: &mut [u8],
-) {
-    let lane_size = lane(op, dtype)
-        .expect("the job's op and type have a lane")
-        .size();
-    let size = dtype.size();
-    let n = dst.len() / size;
-    let (mut done, mut split, mut held) = (0, [0u8; 16], 0);
-    for mut p in pieces {
-        if done == n {
-            break;
-        }
-        if held > 0 {
-            let k = (lane_size - held).min(p.len());
-            split[held..held + k].copy_from_slice(&p[..k]);
-            held += k;
-            p = &p[k..];
-            if held < lane_size {
-                continue;
-            }
-            let d = &mut dst[done * size..(done + 1) * size];
-            decode(op, dtype, ranks, &split[..lane_size], exponent, d);
-            done += 1;
-            held = 0;
-        }
-        let whole = (p.len() / lane_size).min(n - done);
-        let d = &mut dst[done * size..(done + whole) * size];
-        decode(op, dtype, ranks, &p[..whole * lane_size], exponent, d);
-        done += whole;
-        let rest = &p[whole * lane_size..];
-        if done < n && !rest.is_empty() {
-            split[..rest.len()].copy_from_slice(rest);
-            held = rest.len();
-        }
-    }
-}
-
 /// Fills a segment of `dst` with NaN (a float segment the switch flagged non-finite).
 pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
     for e in dst.chunks_exact_mut(dtype.size()) {
@@ -632,31 +586,5 @@ mod tests {
             0,
             "max carries infinities exactly"
         );
-    }
-
-    /// A payload in pieces decodes as it does whole, wherever the pieces split its lanes.
-    #[test]
-    fn pieces_decode_as_the_whole() {
-        for op in Op::ALL {
-            for dtype in DType::ALL {
-                let Some(l) = lane(op, dtype) else { continue };
-                let n = 37;
-                let payload: Vec<u8> = (0..n * l.size()).map(|i| (i * 37 % 251) as u8).collect();
-                let mut whole = vec![0u8; n * dtype.size()];
-                decode(op, dtype, 3, &payload, -7, &mut whole);
-                for cuts in [vec![1], vec![3, 5], vec![7, 8, 30], vec![50, 51, 99]] {
-                    let mut at = 0;
-                    let mut pieces = Vec::new();
-                    for c in cuts.into_iter().chain([payload.len()]) {
-                        let c = c.min(payload.len()).max(at);
-                        pieces.push(&payload[at..c]);
-                        at = c;
-                    }
-                    let mut got = vec![0u8; whole.len()];
-                    decode_pieces(op, dtype, 3, pieces, -7, &mut got);
-                    assert_eq!(got, whole, "{op:?} {dtype:?}");
-                }
-            }
-        }
     }
 }

@@ -66,7 +66,6 @@
 
 pub mod codec;
 pub mod data;
-pub mod datagram;
 pub mod engine;
 mod error;
 pub mod join;

@@ -22,7 +22,7 @@ use std::{
 use nix::sys::socket::{setsockopt, sockopt};
 use xagg_common::wire::{COOKIE_OFFSET, MAX_IP_PACKET};
 
-use crate::{datagram::Datagram, AllreduceError, WorkerParams};
+use crate::{AllreduceError, WorkerParams};
 
 /// Largest GSO burst: one 64 KiB UDP super-packet.
 const GSO_MAX_BYTES: usize = 65_000;
@@ -252,7 +252,7 @@ impl Transport {
         &mut self,
         nonblocking: bool,
         spin: Duration,
-        f: &mut impl FnMut(Datagram<'_>),
+        f: &mut impl FnMut(&[u8]),
     ) -> io::Result<()> {
         if !nonblocking && !spin.is_zero() {
             let until = Instant::now() + spin;
@@ -326,7 +326,7 @@ fn receive_socket(
     refused: &mut u64,
     rx: &mut [u8],
     nonblocking: bool,
-    f: &mut impl FnMut(Datagram<'_>),
+    f: &mut impl FnMut(&[u8]),
 ) -> io::Result<()> {
     use nix::sys::socket::{recvmsg, ControlMessageOwned, MsgFlags, SockaddrIn};
     let flags = if nonblocking {
@@ -351,7 +351,7 @@ fn receive_socket(
     }
     for d in rx[..n].chunks(stride.max(1)) {
         if carries_cookie(d, cookie) {
-            f(Datagram::new(&[d]));
+            f(d);
         } else {
             *refused += 1;
         }

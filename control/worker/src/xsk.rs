@@ -23,8 +23,7 @@ use aya::{
 use xagg_linux::{pages::Pages, XdpObject};
 use xdpilone::{DeviceQueue, IfInfo, RingRx, Socket, SocketConfig, Umem, UmemConfig, User};
 
-use crate::{datagram::Datagram, Error};
-use xagg_common::wire::HEADER_LEN;
+use crate::Error;
 
 /// Posted buffers: enough for every slot's result at once, with room to spare.
 const FRAMES: u32 = 2048;
@@ -37,8 +36,6 @@ const UDP_PAYLOAD_OFFSET: usize = 14 + 20 + 8;
 const XDP_USE_SG: u16 = 1 << 4;
 /// Descriptor option: more buffers of the same frame follow (`XDP_PKT_CONTD`).
 const XDP_PKT_CONTD: u32 = 1 << 0;
-/// Buffers of one frame: the kernel's most (`MAX_SKB_FRAGS` + 1).
-const MAX_PARTS: usize = 18;
 
 pub struct XskReceiver {
     /// The only source results are taken from: the aggregation point's IPv4 address and
@@ -51,11 +48,8 @@ pub struct XskReceiver {
     pub refused: u64,
     /// Chunks taken from the receive ring and not yet back in the fill ring.
     unposted: Vec<u64>,
-    /// The buffers so far (address, length) of the frame being received: more than one
-    /// for a segment past one 4 KiB chunk.
-    parts: Vec<(usize, usize)>,
-    /// A frame joined, where its first buffer does not hold its headers.
-    joined: Vec<u8>,
+    /// The buffers so far of a multi-buffer frame (a segment past one 4 KiB chunk), joined.
+    frame: Vec<u8>,
     // Fields drop in this order: the program first (no more redirects), then the rings
     // and sockets, the memory last.
     _ebpf: Ebpf,
@@ -162,8 +156,7 @@ impl XskReceiver {
             cookie,
             refused: 0,
             unposted: Vec::with_capacity(BATCH as usize),
-            parts: Vec::with_capacity(MAX_PARTS),
-            joined: Vec::new(),
+            frame: Vec::with_capacity(xagg_common::wire::MAX_IP_PACKET + 14),
             _ebpf: ebpf,
             rx,
             fq,
@@ -186,37 +179,48 @@ impl XskReceiver {
     }
 
     /// Hands the UDP payload of each frame that came in (up to a batch) from the expected
-    /// source to `f`, in place (a multi-buffer frame as its buffers), then posts the
-    /// buffers again; returns how many buffers there were.
-    pub fn drain(&mut self, f: &mut impl FnMut(Datagram<'_>)) -> usize {
+    /// source to `f`, in place, then posts the buffers again; returns how many frames
+    /// there were.
+    pub fn drain(&mut self, f: &mut impl FnMut(&[u8])) -> usize {
         if self.rx.available() == 0 {
             return 0;
         }
-        let Self {
-            rx,
-            parts,
-            unposted,
-            area,
-            joined,
-            from,
-            cookie,
-            refused,
-            ..
-        } = self;
-        let mut ring = rx.receive(BATCH);
+        let mut ring = self.rx.receive(BATCH);
         let mut n = 0;
         while let Some(desc) = ring.read() {
+            let (addr, len) = (desc.addr as usize, desc.len as usize);
+            self.unposted.push(desc.addr);
             n += 1;
-            // A frame's buffers stay out of the fill ring until its last one came, even
-            // across batches.
-            parts.push((desc.addr as usize, desc.len as usize));
-            if desc.options & XDP_PKT_CONTD != 0 {
+            if addr + len > self.area.size() {
                 continue;
             }
-            if !deliver(parts, area, joined, (from, cookie), f) {
-                *refused += 1;
+            // Safety: the kernel handed this chunk to us; it is ours until posted again.
+            let part = unsafe { std::slice::from_raw_parts(self.area.base().add(addr), len) };
+            let more = desc.options & XDP_PKT_CONTD != 0;
+            let frame = if more || !self.frame.is_empty() {
+                // A buffer of a multi-buffer frame: joined until its last one.
+                self.frame.extend_from_slice(part);
+                if more {
+                    continue;
+                }
+                &self.frame[..]
+            } else {
+                part
+            };
+            // IPv4 without options (xagg_host steers no other): the source address at
+            // 26..30, the source port at 34..36.
+            if frame.len() >= UDP_PAYLOAD_OFFSET {
+                let d = &frame[UDP_PAYLOAD_OFFSET..];
+                if frame[26..30] == self.from.0
+                    && frame[34..36] == self.from.1
+                    && crate::transport::carries_cookie(d, &self.cookie)
+                {
+                    f(d);
+                } else {
+                    self.refused += 1;
+                }
             }
-            unposted.extend(parts.drain(..).map(|(a, _)| a as u64));
+            self.frame.clear();
         }
         ring.release();
         drop(ring);
@@ -243,44 +247,4 @@ impl XskReceiver {
             self.unposted.drain(..k);
         }
     }
-}
-
-/// Hands the frame made of the buffers `parts` of `area` to `f` if it is whole, from the
-/// expected source (`from`) and carries the cookie; whether it did.
-fn deliver(
-    parts: &[(usize, usize)],
-    area: &Pages,
-    joined: &mut Vec<u8>,
-    (from, cookie): (&([u8; 4], [u8; 2]), &[u8; 8]),
-    f: &mut impl FnMut(Datagram<'_>),
-) -> bool {
-    if parts.len() > MAX_PARTS || parts.iter().any(|&(a, l)| a + l > area.size()) {
-        return false;
-    }
-    let mut bufs: [&[u8]; MAX_PARTS] = [&[]; MAX_PARTS];
-    for (b, &(addr, len)) in bufs.iter_mut().zip(parts) {
-        // Safety: the kernel handed this chunk to us; it is ours until posted again.
-        *b = unsafe { std::slice::from_raw_parts(area.base().add(addr), len) };
-    }
-    let mut bufs = &mut bufs[..parts.len()];
-    if bufs.len() > 1 && bufs[0].len() < UDP_PAYLOAD_OFFSET + HEADER_LEN {
-        // The headers straddle buffers (no driver seen does this): joined.
-        joined.clear();
-        bufs.iter().for_each(|b| joined.extend_from_slice(b));
-        bufs[0] = joined;
-        bufs = &mut bufs[..1];
-    }
-    // IPv4 without options (xagg_host steers no other): the source address at 26..30, the
-    // source port at 34..36.
-    let head = bufs[0];
-    if head.len() < UDP_PAYLOAD_OFFSET
-        || head[26..30] != from.0
-        || head[34..36] != from.1
-        || !crate::transport::carries_cookie(&head[UDP_PAYLOAD_OFFSET..], cookie)
-    {
-        return false;
-    }
-    bufs[0] = &head[UDP_PAYLOAD_OFFSET..];
-    f(Datagram::new(bufs));
-    true
 }

@@ -6,7 +6,7 @@ use std::{io, time::Duration};
 use xagg_common::wire::{self, Header, Kind, ENC_NONFINITE, HEADER_LEN};
 
 use super::Engine;
-use crate::{codec, datagram::Datagram, window::InFlight};
+use crate::{codec, window::InFlight};
 
 impl Engine {
     /// Hands what comes in to the window (results, decoded into their request's buffer
@@ -22,17 +22,16 @@ impl Engine {
             ..
         } = self;
         let (job, ranks) = (p.job, p.ranks() as u32);
-        transport.receive(nonblocking, spin, &mut |d: Datagram<'_>| {
-            let Ok((h, payload)) = wire::check(d.head(), d.len()) else {
-                return;
-            };
+        transport.receive(nonblocking, spin, &mut |d: &[u8]| {
+            let Ok(packet) = wire::decode(d) else { return };
+            let h = packet.header;
             if h.job() != job {
                 return;
             }
             if h.kind == Kind::StatusReply as u8 {
-                let mut status = [0u8; wire::STATUS_PAYLOAD];
-                d.copy_to(HEADER_LEN, &mut status);
-                replies.push((h, status));
+                let mut payload = [0u8; wire::STATUS_PAYLOAD];
+                payload.copy_from_slice(packet.payload);
+                replies.push((h, payload));
                 return;
             }
             let Some(a) = window.check(&h) else { return };
@@ -49,9 +48,11 @@ impl Engine {
             if flags & ENC_NONFINITE != 0 {
                 codec::fill_nan(r.dtype, out);
             } else {
-                debug_assert_eq!(payload, out.len() / r.dtype.size() * r.lane.size());
-                let lanes = d.pieces(HEADER_LEN..HEADER_LEN + payload);
-                codec::decode_pieces(r.op, r.dtype, ranks, lanes, h.exponent(), out);
+                debug_assert_eq!(
+                    packet.payload.len(),
+                    out.len() / r.dtype.size() * r.lane.size()
+                );
+                codec::decode(r.op, r.dtype, ranks, packet.payload, h.exponent(), out);
             }
             answered.push((a, flags));
         })

@@ -176,28 +176,20 @@ pub fn hello(token: u64) -> Header {
 
 /// Decodes and checks a UDP payload: the user-space counterpart of the switch's parser.
 pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
-    let (header, payload) = check(d, d.len())?;
-    Ok(Packet {
-        header,
-        payload: &d[HEADER_LEN..HEADER_LEN + payload],
-    })
-}
-
-/// [`decode`] of a UDP payload of `len` bytes of which `head` holds at least the header
-/// (a frame received in several buffers): the header and the payload's length without
-/// padding.
-pub fn check(head: &[u8], len: usize) -> Result<(Header, usize), DecodeError> {
-    let header = Header::from_bytes(head).ok_or(DecodeError::Short)?;
+    let header = Header::from_bytes(d).ok_or(DecodeError::Short)?;
     if header.version != VERSION {
         return Err(DecodeError::Version(header.version));
     }
     let kind = Kind::from_u8(header.kind).ok_or(DecodeError::Kind(header.kind))?;
-    let body = len.checked_sub(HEADER_LEN).ok_or(DecodeError::Short)?;
+    let body = &d[HEADER_LEN..];
     if matches!(kind, Kind::StatusQuery | Kind::StatusReply | Kind::Hello) {
-        if body != STATUS_PAYLOAD {
+        if body.len() != STATUS_PAYLOAD {
             return Err(DecodeError::Length);
         }
-        return Ok((header, body));
+        return Ok(Packet {
+            header,
+            payload: body,
+        });
     }
     let op = Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
     let dtype = DType::from_u8(header.dtype).ok_or(DecodeError::DType(header.dtype))?;
@@ -209,10 +201,13 @@ pub fn check(head: &[u8], len: usize) -> Result<(Header, usize), DecodeError> {
     if count == 0 {
         return Err(DecodeError::Count);
     }
-    if body != payload_len(count, size) {
+    if body.len() != payload_len(count, size) {
         return Err(DecodeError::Length);
     }
-    Ok((header, count * size))
+    Ok(Packet {
+        header,
+        payload: &body[..count * size],
+    })
 }
 
 /// The header's `status`: 0 in results; a copy's state or a refusal in status replies
