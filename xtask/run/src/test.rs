@@ -146,6 +146,7 @@ fn quick_bench() -> Result<()> {
         dataplane_only: false,
         no_capacity: false,
         switch_only: false,
+        no_torch: false,
         iterations: None,
         rounds: 1,
         segment: None,
@@ -155,6 +156,7 @@ fn quick_bench() -> Result<()> {
         worker_cpus: cpu(0),
         levers: false,
         send_path,
+        bundle: None,
     };
     eprintln!("cargo xtask bench --quick --switch-cpus 1 --worker-cpus 0 (2 workers, small sizes)");
     crate::bench::run(quick(false, "bench/quick.json"))?;
