@@ -12,7 +12,7 @@
 //! - `report`: the tables, the plot, the JSON and the medians;
 //! - `bundle`: all of it in a directory that runs on another machine.
 
-mod bundle;
+pub mod bundle;
 mod capacity;
 mod codecs;
 mod cpu;
