@@ -31,6 +31,8 @@ Commands:
   bench  Measure the switch against Open MPI end to end, the switch program's cost per
          packet (BPF_PROG_RUN) and the worker's conversions. Installs what `demo` does,
          and Open MPI and PyTorch unless `--dataplane-only` or `--switch-only`.
+         `--bundle DIR` writes all of it into a directory that runs on another Linux
+         x86-64 machine, with no Rust toolchain, Open MPI or iproute2 there.
   test   Build and run the test suite: fmt and clippy, unit, BPF_PROG_RUN and netns end to
          end tests, the benchmark quick; `--long` adds fuzzing and the demo's topologies.
          Installs what `setup` does (cargo-fuzz only with `--long`).
@@ -77,11 +79,15 @@ fn main() -> Result<()> {
         }
         "bench" => {
             // Open MPI is the baseline of the end-to-end runs, which also run the MPI
-            // library and the Python module.
+            // library and the Python module. A bundle carries Open MPI (its MPI program
+            // compiled here) and the MPI library, not PyTorch.
             let against_others = !has("--dataplane-only") && !has("--switch-only");
+            let bundle = options
+                .iter()
+                .any(|a| a == "--bundle" || a.starts_with("--bundle="));
             prepare(Needs {
-                mpi: against_others,
-                python: against_others,
+                mpi: against_others || bundle,
+                python: against_others && !bundle && !has("--no-torch"),
                 ..Needs::default()
             })?;
             hand_over(&args)

@@ -34,7 +34,8 @@ pub fn bin(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// An XDP object `cargo xtask build` builds, into the target directory's `ebpf/`.
+/// An XDP object `cargo xtask build` builds, into the target directory's `ebpf/`; read from
+/// `XAGG_OBJECT_DIR` instead if set (a bench bundle's `objects/`).
 #[derive(Clone, Copy, Debug)]
 pub enum Object {
     /// The switch's (`xagg`), which `xaggd` attaches to its ports.
@@ -52,8 +53,9 @@ impl Object {
             Object::Host => "xagg-host",
             Object::Test => "xagg-test",
         };
-        target_dir()
-            .join("ebpf/bpfel-unknown-none/release")
+        std::env::var_os("XAGG_OBJECT_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| target_dir().join("ebpf/bpfel-unknown-none/release"))
             .join(name)
     }
 

@@ -2,6 +2,12 @@
 //! namespace through an rsh agent (each rank with its own UTS namespace, so every rank has
 //! a host name of its own), over the lab's addresses only. In a tree lab, one rank per
 //! rank namespace, each told its own host's daemon.
+//!
+//! mpirun's hosts are names that resolve nowhere (`h0`, `h1`, ...), which the agent maps
+//! to namespaces, with `orte_do_not_resolve`: mpirun merges hosts that resolve alike, and
+//! on some machines the lab's addresses (or names) all resolve to the local node, every
+//! rank then landing in mpirun's own namespace. So every rank, the first too, is started
+//! through the agent.
 
 use std::{
     path::{Path, PathBuf},
@@ -10,15 +16,11 @@ use std::{
 
 use anyhow::{Context, Result};
 
-use crate::{
-    lab::{worker_ip, Lab},
-    tree::TreeLab,
-};
+use crate::{lab::Lab, tree::TreeLab};
 
-/// A "host" mpirun starts a rank on: its lab address, the namespace the rank runs in, and
-/// the environment that host gives its processes.
+/// A "host" mpirun starts a rank on: the namespace the rank runs in, and the environment
+/// that host gives its processes.
 pub struct Host {
-    pub ip: std::net::Ipv4Addr,
     pub ns: String,
     pub env: Vec<(String, String)>,
 }
@@ -26,7 +28,6 @@ pub struct Host {
 fn lab_hosts(lab: &Lab) -> Vec<Host> {
     (0..lab.workers)
         .map(|i| Host {
-            ip: worker_ip(i),
             ns: lab.worker_ns(i),
             env: Vec::new(),
         })
@@ -39,7 +40,6 @@ pub fn tree_hosts(lab: &TreeLab) -> Vec<Host> {
     lab.ranks
         .iter()
         .map(|r| Host {
-            ip: r.ip,
             ns: r.ns.clone(),
             env: vec![(
                 "XAGG_DAEMON".into(),
@@ -78,8 +78,8 @@ pub fn compile(source: &Path, out: &Path, flags: &[&str]) -> Result<()> {
     Ok(())
 }
 
-/// Writes the rsh agent for `lab` into `dir`: a "host" is a worker's lab address, and the
-/// command runs in that worker's namespace.
+/// Writes the rsh agent for `lab` into `dir`: host `hI` is worker I, and the command runs
+/// in that worker's namespace.
 pub fn agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
     write_agent(
         &lab_hosts(lab),
@@ -107,30 +107,35 @@ pub fn unprivileged_agent(lab: &Lab, dir: &Path) -> Result<PathBuf> {
 
 fn write_agent(hosts: &[Host], dir: &Path, name: &str, wrap: &str) -> Result<PathBuf> {
     let mut cases = String::new();
-    for h in hosts {
+    for (i, h) in hosts.iter().enumerate() {
         let env: String = h.env.iter().map(|(k, v)| format!(" {k}={v}")).collect();
         let export = if env.is_empty() {
             String::new()
         } else {
             format!(" export{env};")
         };
-        cases.push_str(&format!("  {}) ns={};{export};\n", h.ip, h.ns));
+        cases.push_str(&format!("  {}) ns={};{export};\n", host_name(i), h.ns));
     }
     std::fs::create_dir_all(dir)?;
     let agent = dir.join(format!("{name}.sh"));
     std::fs::write(
         &agent,
         format!(
-            "#!/bin/sh\n# mpirun's rsh agent: a \"host\" is a worker's lab address; run the command in its namespace.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; {wrap}$*\"\n"
+            "#!/bin/sh\n# mpirun's rsh agent: host hI is the I-th rank's namespace; run the command there.\nhost=$1; shift\ncase \"$host\" in\n{cases}  *) echo \"agent: unknown host $host\" >&2; exit 1;;\nesac\nexport OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\nexec ip netns exec \"$ns\" unshare --uts sh -c \"hostname $ns; {wrap}$*\"\n"
         ),
     )?;
     std::fs::set_permissions(&agent, std::os::unix::fs::PermissionsExt::from_mode(0o755))?;
     Ok(agent)
 }
 
-/// Runs `program` with `args` on `n` ranks (rank i in worker i's namespace) under mpirun,
-/// itself in worker 0's namespace (where it starts rank 0 itself); `env` is exported to
-/// every rank (`-x`). Open MPI talks TCP over the lab's subnet.
+/// The name mpirun knows the `i`-th host by: one that resolves nowhere.
+fn host_name(i: usize) -> String {
+    format!("h{i}")
+}
+
+/// Runs `program` on `n` ranks (rank i in worker i's namespace) under mpirun, itself in
+/// worker 0's namespace; `env` is exported to every rank (`-x`). Open MPI talks TCP over
+/// the lab's subnet.
 pub fn run(
     lab: &Lab,
     agent: &Path,
@@ -150,13 +155,18 @@ pub fn run_on_hosts(
     env: &[(&str, String)],
     program: &str,
 ) -> Result<Output> {
-    let ips: Vec<std::net::Ipv4Addr> = hosts.iter().map(|h| h.ip).collect();
-    // mpirun starts the first host's rank itself: that host's environment is its own.
-    mpirun(&hosts[0], agent, &ips, "10.77.0.0/16", env, program)
+    mpirun(
+        &hosts[0].ns,
+        agent,
+        hosts.len(),
+        "10.77.0.0/16",
+        env,
+        program,
+    )
 }
 
-/// [`run`] with mpirun in namespace `ns`: from the switch's, every rank is started through
-/// the agent (as [`unprivileged_agent`] wants).
+/// [`run`] with mpirun in namespace `ns` (e.g. the switch's: the ranks are started through
+/// the agent either way, as [`unprivileged_agent`] wants).
 pub fn run_from(
     ns: &str,
     agent: &Path,
@@ -164,35 +174,23 @@ pub fn run_from(
     env: &[(&str, String)],
     program: &str,
 ) -> Result<Output> {
-    let ips: Vec<std::net::Ipv4Addr> = (0..n).map(worker_ip).collect();
-    let here = Host {
-        ip: ips[0],
-        ns: ns.to_string(),
-        env: Vec::new(),
-    };
-    mpirun(&here, agent, &ips, "10.77.0.0/24", env, program)
+    mpirun(ns, agent, n, "10.77.0.0/24", env, program)
 }
 
 fn mpirun(
-    here: &Host,
+    ns: &str,
     agent: &Path,
-    hosts: &[std::net::Ipv4Addr],
+    n: usize,
     subnet: &str,
     env: &[(&str, String)],
     program: &str,
 ) -> Result<Output> {
-    let n = hosts.len();
-    let hosts: Vec<String> = hosts.iter().map(|h| h.to_string()).collect();
-    let ns = &here.ns;
+    let hosts: Vec<String> = (0..n).map(host_name).collect();
     let exports: String = env.iter().map(|(k, v)| format!(" -x {k}={v}")).collect();
-    let own: String = here
-        .env
-        .iter()
-        .map(|(k, v)| format!("export {k}={v}; "))
-        .collect();
     let cmd = format!(
-        "hostname {ns}; {own}mpirun --allow-run-as-root -np {n} --host {hosts} --mca plm_rsh_agent {agent} --mca pml ob1 --mca btl tcp,self \
-         --mca btl_tcp_if_include {subnet} --mca oob_tcp_if_include {subnet} --bind-to none --mca mpi_yield_when_idle 1{exports} {program}",
+        "hostname {ns}; mpirun --allow-run-as-root -np {n} --host {hosts} --mca orte_do_not_resolve 1 --mca plm_rsh_agent {agent} \
+         --mca pml ob1 --mca btl tcp,self --mca btl_tcp_if_include {subnet} --mca oob_tcp_if_include {subnet} --bind-to none \
+         --mca mpi_yield_when_idle 1{exports} {program}",
         hosts = hosts.join(","),
         agent = agent.display(),
     );

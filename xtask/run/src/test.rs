@@ -1,6 +1,6 @@
 //! The test suite, in two tiers: the default one (what CI runs; its budget is 25 minutes
 //! from a fresh clone on a 2-core machine, builds included) and `--long`, which adds the
-//! soak runs (docs/testing.md).
+//! soak runs and the bench's bundle (docs/testing.md).
 
 use anyhow::Result;
 
@@ -58,6 +58,7 @@ pub fn run_suite(a: &TestArgs) -> Result<()> {
         fuzz(a.fuzz_minutes)?;
         // The same labs as tests/tests/tree.rs, which asserts more of them.
         demos()?;
+        bundle()?;
     }
     quick_bench()
 }
@@ -146,6 +147,7 @@ fn quick_bench() -> Result<()> {
         dataplane_only: false,
         no_capacity: false,
         switch_only: false,
+        no_torch: false,
         iterations: None,
         rounds: 1,
         segment: None,
@@ -155,6 +157,7 @@ fn quick_bench() -> Result<()> {
         worker_cpus: cpu(0),
         levers: false,
         send_path,
+        bundle: None,
     };
     eprintln!("cargo xtask bench --quick --switch-cpus 1 --worker-cpus 0 (2 workers, small sizes)");
     crate::bench::run(quick(false, "bench/quick.json"))?;
@@ -168,3 +171,70 @@ fn quick_bench() -> Result<()> {
         ..quick(false, "bench/compare_quick.json")
     })
 }
+
+/// The bench's bundle, made and run quick from a copy, with this machine's Open MPI and
+/// iproute2 hidden (a mount namespace with empty files and directories bound over them,
+/// `PATH` the system's alone, `OMPI_MCA_plm=isolated` set as some machines do): the
+/// switch's and Open MPI's runs each verified (the bench fails otherwise), and Open MPI's
+/// ranks each in a namespace of its own — each sent its share of the data on its own
+/// namespace's interface (in one namespace they would talk over loopback).
+fn bundle() -> Result<()> {
+    let dir = target_dir().join("bench-bundle");
+    eprintln!("cargo xtask bench --bundle {}", dir.display());
+    crate::bench::bundle::write(&dir)?;
+    let copy = target_dir().join("bench-bundle-copy");
+    let _ = std::fs::remove_dir_all(&copy);
+    run(std::process::Command::new("cp")
+        .arg("-a")
+        .arg(&dir)
+        .arg(&copy))?;
+    let json = copy.join("quick.json");
+    eprintln!(
+        "{}/run --quick --workers 2 --sizes 64KiB --no-capacity, Open MPI and iproute2 hidden",
+        copy.display()
+    );
+    run(std::process::Command::new("unshare")
+        .args(["-m", "sh", "-c", HIDDEN, "hidden"])
+        .arg(copy.join("run"))
+        .args([
+            "--quick",
+            "--workers",
+            "2",
+            "--sizes",
+            "64KiB",
+            "--no-capacity",
+            "--json",
+        ])
+        .arg(&json))?;
+    let figures: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
+    let runs = figures["runs"].as_array().cloned().unwrap_or_default();
+    for system in ["switch", "openmpi"] {
+        let r = runs
+            .iter()
+            .find(|r| r["system"] == system)
+            .ok_or_else(|| anyhow::anyhow!("the bundle's bench ran no {system} point"))?;
+        let wire = r["wire_ratio"].as_f64().unwrap_or(0.0);
+        anyhow::ensure!(
+            r["verified"] == true && wire > 0.9,
+            "the bundle's {system} run: verified {}, {wire:.3} S sent per worker on its interface",
+            r["verified"]
+        );
+    }
+    Ok(())
+}
+
+/// Runs "$@" with the machine's `ip`, Open MPI and PMIx hidden (in a mount namespace of
+/// its own: `unshare -m`).
+const HIDDEN: &str = r#"set -e
+empty=$(mktemp)
+emptydir=$(mktemp -d)
+L=/usr/lib/x86_64-linux-gnu
+for f in /usr/bin/ip /usr/sbin/ip /usr/bin/mpirun /usr/bin/mpicc /usr/bin/orterun /usr/bin/orted \
+         $L/libmpi.so.40 $L/libopen-pal.so.40 $L/libopen-rte.so.40 $L/libmnl.so.0 $L/libbpf.so.1; do
+    if [ -e "$f" ]; then mount --bind "$empty" "$(readlink -f "$f")"; fi
+done
+for d in $L/openmpi $L/pmix2 /usr/share/openmpi /etc/openmpi; do
+    if [ -d "$d" ]; then mount --bind "$emptydir" "$d"; fi
+done
+exec env -i PATH=/usr/bin:/bin HOME=/root OMPI_MCA_plm=isolated "$@"
+"#;

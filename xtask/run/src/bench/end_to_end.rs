@@ -28,6 +28,8 @@ pub struct E2e<'a> {
     pub sizes: &'a [usize],
     /// Open MPI's runs besides the switch's.
     pub mpi: bool,
+    /// PyTorch's runs besides the switch's.
+    pub torch: bool,
     /// Allreduces per point instead of the size's default.
     pub iterations: Option<usize>,
     /// Rounds, each the switch's runs then Open MPI's on the same lab: every figure is the
@@ -85,7 +87,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 round_line(round, &r);
                 this.push(r);
             }
-            if e.mpi {
+            if e.torch {
                 for r in torch_runs(&sw.lab, "xagg", e.sizes, iterations)? {
                     round_line(round, &r);
                     this.push(r);
@@ -99,7 +101,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 round_line(round, &r);
                 this.push(r);
             }
-            if e.mpi {
+            if e.torch {
                 for r in torch_runs(&lab, "gloo", e.sizes, iterations)? {
                     round_line(round, &r);
                     this.push(r);

@@ -155,15 +155,29 @@ fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoi
     ))
 }
 
-/// Builds the MPI baseline (`cargo xtask setup` installs Open MPI).
+/// The MPI baseline: beside the binaries in a bundle (built there by
+/// [`compile_mpi_program`]), else compiled from its source (`cargo xtask setup` installs
+/// Open MPI).
 pub(super) fn mpi_setup() -> Result<PathBuf> {
+    let bundled = xagg_lab::bin(MPI_PROGRAM);
+    if bundled.exists() {
+        return Ok(bundled);
+    }
     let dir = target_dir().join("bench");
     std::fs::create_dir_all(&dir)?;
-    let bin = dir.join("mpi_allreduce");
+    let bin = dir.join(MPI_PROGRAM);
+    compile_mpi_program(&bin)?;
+    Ok(bin)
+}
+
+/// The MPI baseline's file name.
+pub(super) const MPI_PROGRAM: &str = "mpi_allreduce";
+
+/// Compiles the MPI baseline (`xtask/mpi/allreduce.c`) into `out`, with `mpicc`.
+pub(super) fn compile_mpi_program(out: &std::path::Path) -> Result<()> {
     xagg_lab::mpi::compile(
         &xtask::build::root().join("xtask/mpi/allreduce.c"),
-        &bin,
+        out,
         &[],
-    )?;
-    Ok(bin)
+    )
 }

@@ -9,8 +9,10 @@
 //! - `capacity`: what one switch CPU takes, from one `generator`'s traffic; `send_path`: what
 //!   that traffic costs the sending side;
 //! - `levers`: each lever of the end-to-end speed off and on;
-//! - `report`: the tables, the plot, the JSON and the medians.
+//! - `report`: the tables, the plot, the JSON and the medians;
+//! - `bundle`: all of it in a directory that runs on another machine.
 
+pub mod bundle;
 mod capacity;
 mod codecs;
 mod cpu;
@@ -64,6 +66,10 @@ pub struct BenchArgs {
     /// End to end, the switch alone (no Open MPI runs): for profiles and A/B runs.
     #[arg(long)]
     pub switch_only: bool,
+    /// End to end, no PyTorch runs (the switch's and Open MPI's only): where PyTorch is
+    /// not installed, as on a bundle's machine.
+    #[arg(long)]
+    pub no_torch: bool,
     /// i32 elements per segment of the switch's end-to-end runs; by default as many as the
     /// lab's MTU carries (2232 at 9000: multi-buffer frames on veth; 860 is the largest
     /// single-buffer veth frame).
@@ -102,6 +108,13 @@ pub struct BenchArgs {
     /// and with AF_XDP, CPU per contribution on each side (4 members, full segments).
     #[arg(long)]
     pub send_path: bool,
+    /// Write a self-contained directory instead, which runs this bench on another Linux
+    /// x86-64 machine with no Rust toolchain, no Open MPI and no iproute2: the release
+    /// binaries, the XDP objects, the MPI program, Debian's Open MPI and `ip` with the
+    /// libraries they need, and a `run` script taking this command's options
+    /// (docs/bench.md, "Running the bench on another machine").
+    #[arg(long, value_name = "DIR")]
+    pub bundle: Option<PathBuf>,
 }
 
 /// Slots of the switch's end-to-end runs unless `--slots` says otherwise.
@@ -112,6 +125,9 @@ pub const SEGMENT: usize = xagg_common::wire::MAX_PAYLOAD / 4;
 
 /// Runs what `a` asks for, prints the tables and writes the figures.
 pub fn run(a: BenchArgs) -> Result<()> {
+    if let Some(dir) = &a.bundle {
+        return bundle::write(dir);
+    }
     if a.send_path {
         let r = send_path::send_path(a.quick);
         crate::demo::clean_up();
@@ -169,6 +185,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             workers: &a.workers,
             sizes: &sizes,
             mpi: !a.switch_only,
+            torch: !a.switch_only && !a.no_torch,
             iterations: a.iterations,
             rounds: a.rounds,
             segment,
