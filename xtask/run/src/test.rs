@@ -153,6 +153,7 @@ fn quick_bench() -> Result<()> {
         segment: None,
         mtu: xagg_lab::lab::MTU,
         slots: crate::bench::SLOTS,
+        spin_us: None,
         switch_cpus: cpu(1),
         worker_cpus: cpu(0),
         levers: false,

@@ -41,6 +41,8 @@ pub struct E2e<'a> {
     pub mtu: usize,
     /// Slots of the switch's runs.
     pub slots: u32,
+    /// The workers' polling before they sleep, µs (`xagg allreduce --spin-us`).
+    pub spin_us: Option<u64>,
     /// The CPUs of the switch's ports and of the workers (the switch's runs).
     pub placement: Placement,
 }
@@ -49,11 +51,13 @@ pub struct E2e<'a> {
 pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
     let iterations = |bytes| e.iterations.unwrap_or_else(|| iterations(bytes, e.quick));
     let mpi_bin = mpi_setup()?;
-    let mut runs = Vec::new();
-    for &n in e.workers {
-        let mut lab = Lab::with_mtu(crate::demo::PREFIX, n, e.mtu)?;
-        let mut rounds: Vec<Vec<RunPoint>> = Vec::new();
-        for round in 0..e.rounds.max(1) {
+    // Rounds outermost, each over every worker count on a lab of its own: the VM's speed
+    // drifts by a fifth within minutes, and figures compared across worker counts (n x
+    // per-worker goodput at n = 8 against n = 2) are fair only if taken close in time.
+    let mut rounds: Vec<Vec<Vec<RunPoint>>> = vec![Vec::new(); e.workers.len()];
+    for round in 0..e.rounds.max(1) {
+        for (i, &n) in e.workers.iter().enumerate() {
+            let lab = Lab::with_mtu(crate::demo::PREFIX, n, e.mtu)?;
             let mut this = Vec::new();
             // Switch workers receive with AF_XDP: each attaches its own xagg_host.
             let sw = crate::demo::start_switch(lab)?;
@@ -68,6 +72,9 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 run.placement = e.placement.clone();
                 if bytes >= CPU_WINDOWS_FROM {
                     run.flags.push("--cpu-windows".into());
+                }
+                if let Some(us) = e.spin_us {
+                    run.flags.extend(["--spin-us".into(), us.to_string()]);
                 }
                 let r = switch_point(&sw.lab, &run)?;
                 mid += it as u32;
@@ -95,7 +102,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             }
             sw.lab.detach_hosts();
             // Open MPI runs over the plain bridge: the switch's programs detached.
-            lab = sw.stop()?;
+            let lab = sw.stop()?;
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
                 let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), false)?;
                 round_line(round, &r);
@@ -107,11 +114,14 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                     this.push(r);
                 }
             }
-            rounds.push(this);
+            rounds[i].push(this);
         }
-        // Point k of every round is the same system and size.
-        for k in 0..rounds[0].len() {
-            runs.push(median_point(rounds.iter().map(|r| &r[k]).collect()));
+    }
+    // Point k of every round of a worker count is the same system and size.
+    let mut runs = Vec::new();
+    for of_n in &rounds {
+        for k in 0..of_n[0].len() {
+            runs.push(median_point(of_n.iter().map(|r| &r[k]).collect()));
         }
     }
     Ok(runs)

@@ -83,6 +83,10 @@ pub struct BenchArgs {
     /// Slots (segments in flight per worker) of the switch's end-to-end runs.
     #[arg(long, default_value_t = SLOTS)]
     pub slots: u32,
+    /// The switch's workers poll this many µs for results, yielding the CPU, before they
+    /// sleep (`xagg allreduce --spin-us`); by default the worker's own default.
+    #[arg(long, value_name = "US")]
+    pub spin_us: Option<u64>,
     /// CPUs of the switch in the end-to-end runs, as on a switch host: its ports' packet
     /// processing (threaded NAPI, where its XDP programs run) pinned to them, e.g. `1` or
     /// `2-5`. Recorded in the JSON.
@@ -96,8 +100,9 @@ pub struct BenchArgs {
     /// above (e.g. many, to profile the steady state).
     #[arg(long)]
     pub iterations: Option<usize>,
-    /// End-to-end rounds, the systems alternating on the same lab; each figure is the
-    /// median over the rounds (the VM drifts by a fifth from one run to the next).
+    /// End-to-end rounds, each over every worker count in turn, the systems alternating on
+    /// the same lab; each figure is the median over the rounds (the VM drifts by a fifth
+    /// from one run to the next, so worker counts are compared within a round's minutes).
     #[arg(long, default_value_t = 1)]
     pub rounds: usize,
     /// Measure each lever of the switch's end-to-end speed on and off instead (4 workers,
@@ -191,6 +196,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             segment,
             mtu: a.mtu,
             slots: a.slots,
+            spin_us: a.spin_us,
             placement: placement.clone(),
         });
         crate::demo::clean_up();
@@ -213,7 +219,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.json,
         "bench",
         serde_json::json!({
-            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "placement": placement },
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement },
             "runs": runs,
             "dataplane": points,
             "codecs": codec_points,
