@@ -4,7 +4,7 @@
 
 use std::{
     process::{Child, Command, Stdio},
-    time::{SystemTime, UNIX_EPOCH},
+    time::{Duration, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{bail, Context, Result};
@@ -41,6 +41,18 @@ pub struct AllreduceRun {
     pub head_start_ns: u64,
     /// The CPUs the workers and their interfaces' packet processing run on.
     pub placement: Placement,
+    /// A worker held off its CPU in the middle of the run, as the scheduler or a debugger
+    /// may hold a process: stopped (`SIGSTOP`) this long after the common start, for this
+    /// long, then continued.
+    pub pause: Option<Pause>,
+}
+
+/// See [`AllreduceRun::pause`].
+#[derive(Clone, Copy, Debug)]
+pub struct Pause {
+    pub member: usize,
+    pub after: Duration,
+    pub length: Duration,
 }
 
 impl AllreduceRun {
@@ -59,6 +71,7 @@ impl AllreduceRun {
             flags: Vec::new(),
             head_start_ns: 500_000_000,
             placement: Placement::default(),
+            pause: None,
         }
     }
 
@@ -102,6 +115,19 @@ impl AllreduceRun {
                     .context("starting a worker")
             })
             .collect::<Result<_>>()?;
+        let pause = self.pause.map(|p| {
+            // `ip netns exec` execs the worker: the child is the worker itself.
+            let pid = nix::unistd::Pid::from_raw(children[p.member].id() as i32);
+            std::thread::spawn(move || {
+                let at = UNIX_EPOCH + Duration::from_nanos(start_ns) + p.after;
+                std::thread::sleep(at.duration_since(SystemTime::now()).unwrap_or_default());
+                use nix::sys::signal::{kill, Signal};
+                let stopped = kill(pid, Signal::SIGSTOP);
+                std::thread::sleep(p.length);
+                let _ = kill(pid, Signal::SIGCONT);
+                stopped
+            })
+        });
         // Each worker attaches its receive program as it starts, well before the common
         // start; its interface's NAPI exists from then.
         let pinned = self
@@ -117,6 +143,12 @@ impl AllreduceRun {
                 Ok(r) if out.status.success() || out.status.code() == Some(2) => reports.push(r),
                 _ => failed.push(format!("worker {i} ({}): {}", out.status, text.trim())),
             }
+        }
+        if let Some(p) = pause {
+            let stopped = p
+                .join()
+                .map_err(|_| anyhow::anyhow!("the pausing thread panicked"))?;
+            stopped.context("stopping the worker to pause")?;
         }
         if !failed.is_empty() {
             bail!("{}", failed.join("; "));
