@@ -47,6 +47,10 @@ pub struct AllreduceRun {
     pub pause: Option<Pause>,
 }
 
+/// How long after the common start a worker may still attach its receive program before
+/// pinning its interface's packet processing gives up.
+const PIN_MARGIN: Duration = Duration::from_secs(5);
+
 /// See [`AllreduceRun::pause`].
 #[derive(Clone, Copy, Debug)]
 pub struct Pause {
@@ -128,11 +132,15 @@ impl AllreduceRun {
                 stopped
             })
         });
-        // Each worker attaches its receive program as it starts, well before the common
-        // start; its interface's NAPI exists from then.
+        // Each worker attaches its receive program as it starts, normally well before the
+        // common start; its interface's NAPI exists from then. On a busy machine a worker
+        // can be ready only after the common start (measured: 330 ms after it), so the wait
+        // runs past the start; it ends as soon as every interface took the setting.
+        let until_start = Duration::from_nanos(start_ns)
+            .saturating_sub(SystemTime::now().duration_since(UNIX_EPOCH)?);
         let pinned = self
             .placement
-            .pin_workers(lab, std::time::Duration::from_nanos(self.head_start_ns));
+            .pin_workers(lab, until_start + PIN_MARGIN);
         let mut reports = Vec::new();
         let mut failed = Vec::new();
         for (i, c) in children.into_iter().enumerate() {
