@@ -138,9 +138,7 @@ impl AllreduceRun {
         // runs past the start; it ends as soon as every interface took the setting.
         let until_start = Duration::from_nanos(start_ns)
             .saturating_sub(SystemTime::now().duration_since(UNIX_EPOCH)?);
-        let pinned = self
-            .placement
-            .pin_workers(lab, until_start + PIN_MARGIN);
+        let pinned = self.placement.pin_workers(lab, until_start + PIN_MARGIN);
         let mut reports = Vec::new();
         let mut failed = Vec::new();
         for (i, c) in children.into_iter().enumerate() {
