@@ -31,8 +31,8 @@ Commands:
   bench  Measure the switch against Open MPI end to end, the switch program's cost per
          packet (BPF_PROG_RUN) and the worker's conversions. Installs what `demo` does,
          and Open MPI and PyTorch unless `--dataplane-only` or `--switch-only`.
-         `--bundle DIR` writes all of it into a directory that runs on another Linux
-         x86-64 machine, with no Rust toolchain, Open MPI or iproute2 there.
+         `--bundle DIR` writes it (all but PyTorch's runs) into a directory that runs on
+         another Linux x86-64 machine, with no Rust toolchain, Open MPI or iproute2 there.
   test   Build and run the test suite: fmt and clippy, unit, BPF_PROG_RUN and netns end to
          end tests, the benchmark quick; `--long` adds fuzzing and the demo's topologies.
          Installs what `setup` does (cargo-fuzz only with `--long`).

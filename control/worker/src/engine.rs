@@ -42,10 +42,6 @@ use crate::{
 /// A pause between two calls into the library longer than this does not count towards a
 /// request's give-up time: nobody was making progress.
 const IDLE_GAP: Duration = Duration::from_millis(50);
-/// Receive batches taken before retransmitting: more than a full window's results and their
-/// duplicates in any receive queue, yet a bound, so that a flood cannot hold off the
-/// retransmissions forever.
-const DRAIN_ALL: usize = 4096;
 
 /// A request the engine works on.
 struct Active {
@@ -104,6 +100,8 @@ pub(crate) struct Engine {
     wait_set: Duration,
     next_check: Instant,
     last_step: Instant,
+    /// When queued sends last went out (explicitly: a full burst goes out by itself).
+    flushed: Instant,
     answered: Vec<(Answered, u16)>,
     replies: Vec<(Header, [u8; wire::STATUS_PAYLOAD])>,
 }
@@ -127,6 +125,7 @@ impl Engine {
             wait_set: Duration::ZERO,
             next_check: now,
             last_step: now,
+            flushed: now,
             answered: Vec::with_capacity(64),
             replies: Vec::new(),
             transport,
@@ -204,7 +203,7 @@ impl Engine {
 
     /// Sends what was queued (a request's first rounds, the first queries of a sync).
     fn send_queued(&mut self) {
-        let r = self.ask_switch().and_then(|()| self.transport.flush());
+        let r = self.ask_switch().and_then(|()| self.flush());
         if let Err(e) = r {
             self.fail_all(AllreduceError::Io(e));
         }
@@ -248,7 +247,7 @@ impl Engine {
         // Results already queued are drained without blocking while sends wait to go out
         // (they join one burst); otherwise the blocking receive below polls first anyway.
         let took = (wait.is_zero() || self.transport.queued()) && self.drain(64)?;
-        self.transport.flush()?;
+        self.flush()?;
         if !took && !wait.is_zero() {
             if wait != self.wait_set {
                 self.transport.set_wait(wait)?;
@@ -274,10 +273,20 @@ impl Engine {
             // timeout comes back to a queue full of the answers it was waiting for, and
             // judging from the first batch alone resent the rest (8 workers on one CPU:
             // 640-1,100 retransmissions per 64 MiB allreduce, each answered by a replay of
-            // a result the switch had sent; 2-77 once drained first).
-            if self.drain(DRAIN_ALL)? {
+            // a result the switch had sent; 2-51 once drained first). Bounded by what a
+            // queue can hold for this worker — a result per slot, duplicates, one receive
+            // each at worst — so that a queue that never empties cannot hold off the check
+            // (a bound in time, a quarter of the timeout, cut a UDP socket's drain short
+            // after a pause and resent the rest).
+            if self.drain(2 * self.window.slots() + 64)? {
                 now = Instant::now();
             }
+            // Rounds queued since the last flush go out before the check, their clocks
+            // restarted: they were stamped when queued, and a worker held off its CPU
+            // between queueing and sending would judge them late though they never left.
+            let queued_since = self.flushed;
+            self.flush()?;
+            self.window.restamp(queued_since, self.flushed);
             self.next_check = now + self.window.rto() / 4;
             self.check_requests(now)?;
             for (slot, mut f) in self.window.due(now) {
@@ -290,11 +299,18 @@ impl Engine {
                 self.active[i].report.retransmissions += 1;
             }
         }
-        self.transport.flush()
+        self.flush()
     }
 
-    /// Takes the results already queued, up to `limit` batches, without waiting; whether
-    /// there was any.
+    /// Sends what is queued, noting when.
+    fn flush(&mut self) -> io::Result<()> {
+        self.transport.flush()?;
+        self.flushed = Instant::now();
+        Ok(())
+    }
+
+    /// Takes the results already queued, up to `limit` receives (a batch of buffers, or a
+    /// datagram), without waiting; whether there was any.
     fn drain(&mut self, limit: usize) -> io::Result<bool> {
         let mut took = false;
         for _ in 0..limit {

@@ -155,6 +155,16 @@ impl Window {
             .collect()
     }
 
+    /// Restarts the clocks of the contributions recorded after `since` (queued, and sent
+    /// only at `now`).
+    pub fn restamp(&mut self, since: Instant, now: Instant) {
+        for f in self.flight.iter_mut().flatten() {
+            if f.sent > since {
+                f.sent = now;
+            }
+        }
+    }
+
     /// What is in flight, by slot.
     pub fn in_flight(&self) -> impl Iterator<Item = (usize, &InFlight)> {
         self.flight
@@ -235,7 +245,16 @@ mod tests {
         assert!(!w.busy(0));
         // Slot 0's next round uses the other shadow copy.
         assert_eq!(w.next_shadow(0), 1);
-        let due = w.due(now + Duration::from_millis(25));
+        // Slot 1, sent (queued) at `now`, went out only 15 ms later: its clock restarts.
+        w.restamp(
+            now - Duration::from_millis(1),
+            now + Duration::from_millis(15),
+        );
+        assert!(
+            w.due(now + Duration::from_millis(25)).is_empty(),
+            "restamped"
+        );
+        let due = w.due(now + Duration::from_millis(40));
         assert_eq!(due.len(), 1, "slot 1 is due");
         assert_eq!(due[0].1.rto, Duration::from_millis(40));
     }

@@ -209,7 +209,7 @@ fn bundle() -> Result<()> {
         .arg(&json))?;
     let figures: serde_json::Value = serde_json::from_slice(&std::fs::read(&json)?)?;
     let runs = figures["runs"].as_array().cloned().unwrap_or_default();
-    for system in ["switch", "openmpi"] {
+    for system in ["switch", "mpi+xagg", "openmpi"] {
         let r = runs
             .iter()
             .find(|r| r["system"] == system)
@@ -227,15 +227,24 @@ fn bundle() -> Result<()> {
 /// Runs "$@" with the machine's `ip`, Open MPI and PMIx hidden (in a mount namespace of
 /// its own: `unshare -m`).
 const HIDDEN: &str = r#"set -e
+# Programs are hidden behind a stub that fails loudly (an empty file would run as an empty
+# shell script and succeed); libraries behind an empty file.
+stub=$(mktemp)
+printf '#!/bin/sh\necho "hidden from the bundle check: $0" >&2\nexit 127\n' > "$stub"
+chmod +x "$stub"
 empty=$(mktemp)
 emptydir=$(mktemp -d)
+trap 'rm -rf "$stub" "$empty" "$emptydir"' EXIT
 L=/usr/lib/x86_64-linux-gnu
-for f in /usr/bin/ip /usr/sbin/ip /usr/bin/mpirun /usr/bin/mpicc /usr/bin/orterun /usr/bin/orted \
-         $L/libmpi.so.40 $L/libopen-pal.so.40 $L/libopen-rte.so.40 $L/libmnl.so.0 $L/libbpf.so.1; do
+for f in /usr/bin/ip /usr/sbin/ip /bin/ip /sbin/ip /usr/bin/mpirun /usr/bin/mpicc \
+         /usr/bin/orterun /usr/bin/orted; do
+    if [ -e "$f" ]; then mount --bind "$stub" "$(readlink -f "$f")"; fi
+done
+for f in $L/libmpi.so.40 $L/libopen-pal.so.40 $L/libopen-rte.so.40 $L/libmnl.so.0 $L/libbpf.so.1; do
     if [ -e "$f" ]; then mount --bind "$empty" "$(readlink -f "$f")"; fi
 done
 for d in $L/openmpi $L/pmix2 /usr/share/openmpi /etc/openmpi; do
     if [ -d "$d" ]; then mount --bind "$emptydir" "$d"; fi
 done
-exec env -i PATH=/usr/bin:/bin HOME=/root OMPI_MCA_plm=isolated "$@"
+env -i PATH=/usr/bin:/bin HOME=/root OMPI_MCA_plm=isolated "$@"
 "#;

@@ -288,8 +288,10 @@ fn fetch(package: &str, cache: &Path) -> Result<PathBuf> {
     let o = download(package)?;
     anyhow::ensure!(
         o.status.success(),
-        "apt-get download {package}: {}",
-        String::from_utf8_lossy(&o.stderr)
+        "apt-get download {package}: {} (the bundle needs the package archive once: check \
+         the network and run `apt-get update`; the .debs are then kept in {})",
+        String::from_utf8_lossy(&o.stderr).trim(),
+        cache.display()
     );
     cached(&any)?.with_context(|| format!("apt-get downloaded no {any}*.deb"))
 }

@@ -32,8 +32,9 @@ pub struct E2e<'a> {
     pub torch: bool,
     /// Allreduces per point instead of the size's default.
     pub iterations: Option<usize>,
-    /// Rounds, each the switch's runs then Open MPI's on the same lab: every figure is the
-    /// median over the rounds, so both systems see the VM's drift alike.
+    /// Rounds, each over every worker count (a lab each), the switch's runs then Open MPI's
+    /// on it: every figure is the median over the rounds, so both systems, and every worker
+    /// count, see the VM's drift alike.
     pub rounds: usize,
     /// i32 elements per segment of the switch's runs.
     pub segment: usize,

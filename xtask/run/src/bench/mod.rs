@@ -10,7 +10,8 @@
 //!   that traffic costs the sending side;
 //! - `levers`: each lever of the end-to-end speed off and on;
 //! - `report`: the tables, the plot, the JSON and the medians;
-//! - `bundle`: all of it in a directory that runs on another machine.
+//! - `bundle`: the bench (all but PyTorch's runs) in a directory that runs on another
+//!   machine.
 
 pub mod bundle;
 mod capacity;
