@@ -229,12 +229,14 @@ fn bundle() -> Result<()> {
 const HIDDEN: &str = r#"set -e
 # Programs are hidden behind a stub that fails loudly (an empty file would run as an empty
 # shell script and succeed); libraries behind an empty file.
-stub=$(mktemp)
+# They live beside the bundle's copy, which the next check removes (inside this namespace
+# they are busy as mount sources).
+scratch="$(dirname "$1")/.hidden"
+mkdir -p "$scratch/dir"
+stub="$scratch/stub" empty="$scratch/empty" emptydir="$scratch/dir"
 printf '#!/bin/sh\necho "hidden from the bundle check: $0" >&2\nexit 127\n' > "$stub"
 chmod +x "$stub"
-empty=$(mktemp)
-emptydir=$(mktemp -d)
-trap 'rm -rf "$stub" "$empty" "$emptydir"' EXIT
+: > "$empty"
 L=/usr/lib/x86_64-linux-gnu
 for f in /usr/bin/ip /usr/sbin/ip /bin/ip /sbin/ip /usr/bin/mpirun /usr/bin/mpicc \
          /usr/bin/orterun /usr/bin/orted; do
@@ -246,5 +248,5 @@ done
 for d in $L/openmpi $L/pmix2 /usr/share/openmpi /etc/openmpi; do
     if [ -d "$d" ]; then mount --bind "$emptydir" "$d"; fi
 done
-env -i PATH=/usr/bin:/bin HOME=/root OMPI_MCA_plm=isolated "$@"
+exec env -i PATH=/usr/bin:/bin HOME=/root OMPI_MCA_plm=isolated "$@"
 "#;
