@@ -139,6 +139,11 @@ impl AllreduceRun {
         let until_start = Duration::from_nanos(start_ns)
             .saturating_sub(SystemTime::now().duration_since(UNIX_EPOCH)?);
         let pinned = self.placement.pin_workers(lab, until_start + PIN_MARGIN);
+        // Joined before any worker is reaped, so its pid cannot be anyone else's yet.
+        let paused = pause.map(|p| {
+            p.join()
+                .map_err(|_| anyhow::anyhow!("the pausing thread panicked"))
+        });
         let mut reports = Vec::new();
         let mut failed = Vec::new();
         for (i, c) in children.into_iter().enumerate() {
@@ -150,14 +155,11 @@ impl AllreduceRun {
                 _ => failed.push(format!("worker {i} ({}): {}", out.status, text.trim())),
             }
         }
-        if let Some(p) = pause {
-            let stopped = p
-                .join()
-                .map_err(|_| anyhow::anyhow!("the pausing thread panicked"))?;
-            stopped.context("stopping the worker to pause")?;
-        }
         if !failed.is_empty() {
             bail!("{}", failed.join("; "));
+        }
+        if let Some(stopped) = paused {
+            stopped?.context("stopping the worker to pause")?;
         }
         pinned?;
         Ok(reports)
