@@ -257,6 +257,11 @@ fn a_paused_worker_resends_nothing_already_answered() {
     let shape = JobShape::with_elements(2, 128, segment as usize, Lane::I32).unwrap();
     let mut run = AllreduceRun::new(1, Op::Sum, DType::I32, shape, 64 << 20);
     run.repeat = 2;
+    // Rounds the other member or the switch held up (their CPU taken by something else
+    // for more than the 10 ms default floor, as on a loaded 2-core machine) are rightly
+    // resent: a floor of 100 ms keeps those out of the count, while the 300 ms pause still
+    // makes every round answered during it late.
+    run.flags = vec!["--min-timeout-ms".into(), "100".into()];
     let pause = Duration::from_millis(300);
     run.pause = Some(Pause {
         member: 0,

@@ -121,6 +121,12 @@ pub struct AllreduceArgs {
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
+    /// Resend a contribution no sooner than this many milliseconds after it went out,
+    /// however short the measured round trip: raise it where workers share CPUs with
+    /// other busy processes, so that a peer held off its CPU does not make every round
+    /// in flight go out twice.
+    #[arg(long, default_value_t = xagg_worker::MIN_TIMEOUT.as_millis() as u64)]
+    min_timeout_ms: u64,
     /// Print the report as one JSON object.
     #[arg(long)]
     json: bool,

@@ -83,7 +83,7 @@ use std::{sync::Arc, time::Duration};
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Error, Missing};
 pub use join::{JoinParams, Placement};
-pub use params::WorkerParams;
+pub use params::{WorkerParams, MIN_TIMEOUT};
 pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};

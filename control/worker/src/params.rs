@@ -10,6 +10,9 @@ use xagg_common::{
 
 use crate::AllreduceError;
 
+/// The default lower bound of the retransmission timeout ([`WorkerParams::min_timeout`]).
+pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
+
 #[derive(Clone, Debug)]
 pub struct WorkerParams {
     /// The switch's address and collective UDP port.
@@ -86,7 +89,7 @@ impl WorkerParams {
             path: crate::Path::Switch,
             path_why: None,
             timeout: Duration::from_millis(20),
-            min_timeout: Duration::from_millis(10),
+            min_timeout: MIN_TIMEOUT,
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
             reorder: false,

@@ -115,6 +115,7 @@ fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
         p.first_message = a.mid;
     }
     p.give_up = Duration::from_millis(a.give_up_ms);
+    p.min_timeout = Duration::from_millis(a.min_timeout_ms);
     p.reorder = a.reorder;
     p.gso = !a.no_gso;
     p.gro = !a.no_gro;
