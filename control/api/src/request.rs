@@ -76,6 +76,10 @@ pub enum Response {
         /// Where the dataplane is pinned (none when it detaches on exit).
         #[serde(default)]
         pin_path: Option<PathBuf>,
+        /// The CPUs contributions are folded on, each slot on one (`switch.steer_cpus`);
+        /// empty: each on the CPU it came in on.
+        #[serde(default)]
+        steer_cpus: Vec<usize>,
     },
     JobStatus {
         slots: Vec<SlotStatus>,
@@ -290,8 +294,9 @@ mod tests {
                 mac: "02:00:00:00:00:0a".into(),
                 xdp_mode: "native".into(),
                 pin_path: Some("/sys/fs/bpf/xagg".into()),
+                steer_cpus: vec![2, 3],
             },
-            r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"native","pin_path":"/sys/fs/bpf/xagg"}"#,
+            r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"native","pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3]}"#,
         );
         same(
             &Response::JobStatus {

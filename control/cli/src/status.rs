@@ -25,9 +25,19 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
             mac,
             xdp_mode,
             pin_path,
+            steer_cpus,
         } => {
             println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode}");
             println!("ports: {}", ports.join(", "));
+            if steer_cpus.is_empty() {
+                println!("folding: on the CPU each contribution comes in on");
+            } else {
+                let cpus: Vec<String> = steer_cpus.iter().map(usize::to_string).collect();
+                println!(
+                    "folding: steered to CPUs {}, each slot on one",
+                    cpus.join(",")
+                );
+            }
             if let Some(p) = pin_path {
                 println!("pinned at: {}", p.display());
             }

@@ -9,6 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize};
 
 use xagg_api::{JobSpec, DEFAULT_PIN_PATH, DEFAULT_SOCKET};
+use xagg_common::job::MAX_STEER;
 
 use crate::{Error, Result};
 
@@ -109,6 +110,11 @@ pub struct SwitchSection {
     /// enter it, its mounts stay the host's so pins outlive it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub netns: Option<String>,
+    /// CPUs to fold contributions on (`"0-3"`): each slot's contributions are handed to one
+    /// of them (through a cpumap) wherever they came in, so its state stays in one cache
+    /// and its lock is never contended; none: each is folded where it came in.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub steer_cpus: Option<String>,
 }
 
 #[derive(Clone, Debug, Serialize, Deserialize)]
@@ -307,6 +313,29 @@ impl Config {
             return Err(Error::NoCredential);
         }
         Ok(())
+    }
+
+    /// The CPUs `switch.steer_cpus` lists (none when it is not set).
+    pub fn steer_cpus(&self) -> Result<Vec<usize>> {
+        let Some(text) = &self.switch.steer_cpus else {
+            return Ok(Vec::new());
+        };
+        let bad = |why: String| Error::SteerCpus {
+            value: text.clone(),
+            why,
+        };
+        let cpus = xagg_linux::cpus::parse(text).map_err(bad)?;
+        let available = xagg_linux::cpus::available();
+        if let Some(c) = cpus.iter().find(|&&c| c >= available) {
+            return Err(bad(format!(
+                "CPU {c} does not exist: this host has CPUs 0 to {}",
+                available - 1
+            )));
+        }
+        if cpus.is_empty() || cpus.len() > MAX_STEER {
+            return Err(bad(format!("name 1 to {MAX_STEER} CPUs")));
+        }
+        Ok(cpus)
     }
 
     pub fn mode(&self) -> Result<XdpMode> {

@@ -38,6 +38,20 @@ pub enum Error {
     SwitchMac(xagg_linux::Error),
     #[error("switch.xdp_mode = \"{mode}\": use \"native\", \"generic\" or \"auto\"")]
     XdpMode { mode: String },
+    #[error("switch.steer_cpus = \"{value}\": {why}; list the CPUs to fold contributions on as taskset does (\"2-5\", \"0,2\"), or leave the key out (each is folded on the CPU it came in on)")]
+    SteerCpus { value: String, why: String },
+    #[error("switch.steer_cpus: CPU {cpu} cannot take steered contributions: {error}")]
+    SteerCpu {
+        cpu: usize,
+        #[source]
+        error: aya::maps::xdp::XdpMapError,
+    },
+    #[error("the pinned dataplane at {pin} steers contributions to CPUs {pinned:?}, the configuration to {configured:?}: run `xaggd --reload --config FILE` (or `xagg detach --pin-path {pin}`) to replace it (running jobs are dropped), or restore the configuration")]
+    SteerChanged {
+        pin: PathBuf,
+        pinned: Vec<usize>,
+        configured: Vec<usize>,
+    },
     #[error("daemon.socket_mode = \"{mode}\": use three octal digits, optionally after a 0, e.g. \"0660\" (the daemon's user and the socket's group may use the API) or \"0600\" (only the daemon's user)")]
     SocketMode { mode: String },
     #[error("daemon.socket_group = \"{group}\": no such group on this host; create it (`groupadd {group}`, then add the users who may manage jobs: `usermod -aG {group} USER`), or name an existing group, or leave the key out (the daemon's own group)")]

@@ -1,8 +1,9 @@
 //! What the daemon, the worker library and the lab take from the host they run on:
 //! interface facts and network namespaces ([`iface`]), memory shared with the kernel
-//! ([`pages`]), pinned programs ([`pins`]), CPU time and mounts ([`proc`]), and the type an XDP object's bytes are handed
-//! over in ([`XdpObject`]; the binaries embed them, from `xagg-objects`).
+//! ([`pages`]), pinned programs ([`pins`]), CPU time and mounts ([`proc`]), CPU lists
+//! ([`cpus`]), and the type an XDP object's bytes are handed over in ([`XdpObject`]; the binaries embed them, from `xagg-objects`).
 
+pub mod cpus;
 mod error;
 pub mod iface;
 mod object;

@@ -526,6 +526,7 @@ fn handle(st: &mut State, req: Request) -> Response {
                 mac: xagg_linux::iface::fmt_mac(&sw.mac),
                 xdp_mode: st.cfg.switch.xdp_mode.clone(),
                 pin_path: st.dp.pinned().then(|| st.cfg.daemon.pin_path.clone()),
+                steer_cpus: st.dp.steer.clone(),
             })
         }),
         Request::JobStatus { id } => st.dp.job_status(id).map(|slots| Response::JobStatus { slots }),

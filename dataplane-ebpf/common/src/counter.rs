@@ -1,6 +1,7 @@
 //! Named counters of the dataplane: one per-CPU array indexed by these, summed by the
 //! control plane. Every packet the switch program sees bumps exactly one of the ingress
-//! counters, and every broadcast copy one of the egress counters.
+//! counters (a steered contribution two: `steered` where it came in, its outcome where it
+//! is folded), and every broadcast copy one of the egress counters.
 
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,6 +97,9 @@ pub enum Counter {
     /// A hello with a new token from a port that already has its share of hellos waiting
     /// (`job::HELLOS_PER_PORT`): not recorded.
     DropHelloQuota,
+    /// A contribution handed to the CPU that owns its slot (`switch.steer_cpus`): counted
+    /// on the port it came in on; what came of it is counted again where it is folded.
+    Steered,
 }
 
 /// VLAN tags the switch reads through to find a frame's addresses (802.1ad + 802.1Q is
@@ -125,7 +129,7 @@ pub const fn member_row(row: u32, m: usize, k: usize) -> u32 {
 }
 
 impl Counter {
-    pub const COUNT: usize = 36;
+    pub const COUNT: usize = 37;
 
     pub const ALL: [Counter; Self::COUNT] = [
         Counter::Pass,
@@ -164,6 +168,7 @@ impl Counter {
         Counter::StatusRelay,
         Counter::DropTagged,
         Counter::DropHelloQuota,
+        Counter::Steered,
     ];
 
     /// The counter's name in the CLI, the API and the docs.
@@ -205,6 +210,7 @@ impl Counter {
             Self::StatusRelay => "status_relay",
             Self::DropTagged => "drop_tagged",
             Self::DropHelloQuota => "drop_hello_quota",
+            Self::Steered => "steered",
         }
     }
 }

@@ -258,6 +258,33 @@ pub struct SwitchConfig {
 
 const _: () = assert!(core::mem::size_of::<SwitchConfig>() == 12);
 
+/// CPUs the `CPUS` cpumap can steer to: its keys are CPU numbers.
+pub const MAX_CPUS: usize = 256;
+
+/// Where contributions are folded, the single entry of the `STEER` map: with `count` CPUs,
+/// every contribution to the switch's slot `i` (its index in `SLOTS`) is handed to CPU
+/// `cpu[i % count]` through the `CPUS` cpumap and folded there, so that each slot's state
+/// stays in one CPU's cache and its lock is never contended; with none, each is folded on
+/// the CPU it came in on.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Steer {
+    pub count: u32,
+    pub cpu: [u32; MAX_STEER],
+}
+
+/// CPUs a switch can steer to.
+pub const MAX_STEER: usize = 64;
+
+impl Default for Steer {
+    fn default() -> Self {
+        Self {
+            count: 0,
+            cpu: [0; MAX_STEER],
+        }
+    }
+}
+
 /// Fault injection, the single entry of the `FAULTS` map: each field is a probability
 /// scaled to 2^32 (0 = off). Set through the daemon; off by default.
 #[repr(C)]
@@ -296,4 +323,5 @@ mod pod {
     unsafe impl aya::Pod for super::Hello {}
     unsafe impl aya::Pod for super::EgressKey {}
     unsafe impl aya::Pod for super::SwitchConfig {}
+    unsafe impl aya::Pod for super::Steer {}
 }

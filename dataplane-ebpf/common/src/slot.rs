@@ -108,6 +108,30 @@ impl Fold {
     }
 }
 
+impl Fold {
+    /// The name of the fold's program for steered contributions (run by the cpumap on the
+    /// slot's CPU), in the `FOLDS_STEERED` program array at the same index.
+    pub const fn steered_program(self) -> &'static str {
+        match self {
+            Self::Sum32 => "xagg_cpu_sum32",
+            Self::Sum64 => "xagg_cpu_sum64",
+            Self::SumBfp => "xagg_cpu_sum_bfp",
+            Self::SumBfp64 => "xagg_cpu_sum_bfp64",
+            Self::MinI32 => "xagg_cpu_min_i32",
+            Self::MinU32 => "xagg_cpu_min_u32",
+            Self::MinI64 => "xagg_cpu_min_i64",
+            Self::MaxI32 => "xagg_cpu_max_i32",
+            Self::MaxU32 => "xagg_cpu_max_u32",
+            Self::MaxI64 => "xagg_cpu_max_i64",
+            Self::Prod32 => "xagg_cpu_prod32",
+            Self::Prod64 => "xagg_cpu_prod64",
+            Self::And => "xagg_cpu_and",
+            Self::Or => "xagg_cpu_or",
+            Self::Xor => "xagg_cpu_xor",
+        }
+    }
+}
+
 /// Where `xagg_deliver` (an inner level's program for its parent's results) sits in the
 /// `FOLDS` program array, after the folds.
 pub const DELIVER: u32 = Fold::COUNT as u32;

@@ -25,7 +25,10 @@ use xagg_ebpf::{
 use crate::{
     fanout::mark_own_result,
     ingress::{settle, slot_index},
-    maps::{count_job, faults, DELIVER, FOLDS, FROM_SUCCESSOR, JOBS, PORTS, SLOTS, STAGE, SWITCH},
+    maps::{
+        count_job, faults, DELIVER, FOLDS, FOLDS_STEERED, FROM_SUCCESSOR, JOBS, PORTS, SLOTS,
+        STAGE, SWITCH,
+    },
     upward::up,
 };
 
@@ -54,9 +57,10 @@ pub struct Stage {
 
 /// A contribution from `member`, or the parent's result (`member` is [`FROM_PARENT`]):
 /// checked against the job, staged and handed to the fold program of its op and lane (a
-/// tail call: no return on success).
+/// tail call: no return on success). A steered contribution (`STEERED`, in the cpumap's
+/// program) goes to the fold programs of the cpumap's attach type.
 #[inline(always)]
-pub fn stage(
+pub fn stage<const STEERED: bool>(
     ctx: &XdpContext,
     frame: &Frame,
     job: &Job,
@@ -126,7 +130,11 @@ pub fn stage(
     } else {
         fold as u32
     };
-    unsafe { FOLDS.tail_call(ctx, program) };
+    if STEERED {
+        unsafe { FOLDS_STEERED.tail_call(ctx, program) };
+    } else {
+        unsafe { FOLDS.tail_call(ctx, program) };
+    }
     // Only if the fold program is missing: a dataplane loaded without it.
     Err(Counter::RedirectError)
 }
@@ -134,7 +142,7 @@ pub fn stage(
 /// Runs fold `F` for the contribution `xagg_switch` staged: counts what came of it like
 /// `xagg_switch` does.
 #[inline(always)]
-fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
+fn run_fold<const F: u32, const STEERED: bool>(ctx: &XdpContext) -> u32 {
     let Some(stage) = STAGE.get_ptr_mut(0) else {
         return xdp_action::XDP_DROP;
     };
@@ -143,7 +151,7 @@ fn run_fold<const F: u32>(ctx: &XdpContext) -> u32 {
     let r = fold_staged::<F>(ctx, st);
     let (Ok((_, c)) | Err(c)) = r;
     count_job(row, member, c);
-    settle(ctx, r)
+    settle::<STEERED>(ctx, r)
 }
 
 /// A member's contribution, checked by `xagg_switch`, handed to the slot's state machine
@@ -286,37 +294,58 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
     }
 }
 
-/// The fold programs, one per `Fold`, each named as `Fold::program` says.
+/// The fold programs, one per `Fold` for the ports (named as `Fold::program` says) and one
+/// for steered contributions, of the cpumap's attach type (`Fold::steered_program`).
 macro_rules! fold_programs {
-    ($($name:ident = $fold:ident),* $(,)?) => {$(
+    ($($name:ident, $steered:ident = $fold:ident),* $(,)?) => {$(
         #[xdp(frags)]
         pub fn $name(ctx: XdpContext) -> u32 {
-            run_fold::<{ Fold::$fold as u32 }>(&ctx)
+            run_fold::<{ Fold::$fold as u32 }, false>(&ctx)
+        }
+
+        #[xdp(frags, map = "cpumap")]
+        pub fn $steered(ctx: XdpContext) -> u32 {
+            run_fold::<{ Fold::$fold as u32 }, true>(&ctx)
         }
     )*};
 }
 
 fold_programs!(
-    xagg_fold_sum32 = Sum32,
-    xagg_fold_sum64 = Sum64,
-    xagg_fold_sum_bfp = SumBfp,
-    xagg_fold_sum_bfp64 = SumBfp64,
-    xagg_fold_min_i32 = MinI32,
-    xagg_fold_min_u32 = MinU32,
-    xagg_fold_min_i64 = MinI64,
-    xagg_fold_max_i32 = MaxI32,
-    xagg_fold_max_u32 = MaxU32,
-    xagg_fold_max_i64 = MaxI64,
-    xagg_fold_prod32 = Prod32,
-    xagg_fold_prod64 = Prod64,
-    xagg_fold_and = And,
-    xagg_fold_or = Or,
-    xagg_fold_xor = Xor,
+    xagg_fold_sum32,
+    xagg_cpu_sum32 = Sum32,
+    xagg_fold_sum64,
+    xagg_cpu_sum64 = Sum64,
+    xagg_fold_sum_bfp,
+    xagg_cpu_sum_bfp = SumBfp,
+    xagg_fold_sum_bfp64,
+    xagg_cpu_sum_bfp64 = SumBfp64,
+    xagg_fold_min_i32,
+    xagg_cpu_min_i32 = MinI32,
+    xagg_fold_min_u32,
+    xagg_cpu_min_u32 = MinU32,
+    xagg_fold_min_i64,
+    xagg_cpu_min_i64 = MinI64,
+    xagg_fold_max_i32,
+    xagg_cpu_max_i32 = MaxI32,
+    xagg_fold_max_u32,
+    xagg_cpu_max_u32 = MaxU32,
+    xagg_fold_max_i64,
+    xagg_cpu_max_i64 = MaxI64,
+    xagg_fold_prod32,
+    xagg_cpu_prod32 = Prod32,
+    xagg_fold_prod64,
+    xagg_cpu_prod64 = Prod64,
+    xagg_fold_and,
+    xagg_cpu_and = And,
+    xagg_fold_or,
+    xagg_cpu_or = Or,
+    xagg_fold_xor,
+    xagg_cpu_xor = Xor,
 );
 
 /// At an inner level: stores the parent's result (checked and staged by `xagg_switch`)
 /// over the partial it answers and delivers it to the members.
 #[xdp(frags)]
 pub fn xagg_deliver(ctx: XdpContext) -> u32 {
-    run_fold::<DELIVER>(&ctx)
+    run_fold::<DELIVER, false>(&ctx)
 }

@@ -2,11 +2,13 @@
 //! addressed to the switch, admits a contribution or status query only from its job's
 //! member (its port and addresses), records joining members' hellos, answers status
 //! queries, and stages each contribution for its fold program. Everything else passes to
-//! the kernel (the bridge) untouched.
+//! the kernel (the bridge) untouched. With `switch.steer_cpus` set, a contribution is not
+//! staged where it came in but handed through the `CPUS` cpumap to its slot's CPU, where
+//! `xagg_switch_steered` takes it through the same checks again and stages it there.
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
 use xagg_common::{
-    job::{Hello, Role, SwitchConfig, HELLOS_PER_PORT},
+    job::{Hello, Role, SwitchConfig, HELLOS_PER_PORT, MAX_STEER},
     slot::ShadowState,
     wire::{self, Kind},
     Counter, Job,
@@ -20,8 +22,8 @@ use xagg_ebpf::{
 use crate::{
     fold::stage,
     maps::{
-        cookie_index, count, count_job, faults, job_of, COOKIES, DROPS, HELLOS, HELLO_COUNTS,
-        SLOTS, SWITCH,
+        cookie_index, count, count_job, faults, job_of, COOKIES, CPUS, DROPS, HELLOS, HELLO_COUNTS,
+        SLOTS, STEER, SWITCH,
     },
     upward::{parent_result, relay_status, up},
 };
@@ -37,13 +39,31 @@ fn frame_len(ctx: &XdpContext) -> usize {
 /// dropped as `drop_oversize`.
 #[xdp(frags)]
 pub fn xagg_switch(ctx: XdpContext) -> u32 {
-    settle(&ctx, try_switch(&ctx))
+    settle::<false>(&ctx, try_switch::<false>(&ctx))
+}
+
+/// A contribution steered to its slot's CPU, run there by the `CPUS` cpumap: checked as on
+/// a port (nothing is taken on trust from the CPU that steered it) and folded.
+#[xdp(frags, map = "cpumap")]
+pub fn xagg_switch_steered(ctx: XdpContext) -> u32 {
+    settle::<true>(&ctx, try_switch::<true>(&ctx))
 }
 
 /// Counts what came of a packet and returns its action: a dropped one with its first
-/// sender kept.
+/// sender kept. A cpumap program (`STEERED`) cannot send a frame back out of its port
+/// (`XDP_TX`): it redirects it there instead.
 #[inline(always)]
-pub fn settle(ctx: &XdpContext, r: Result<(u32, Counter), Counter>) -> u32 {
+pub fn settle<const STEERED: bool>(ctx: &XdpContext, r: Result<(u32, Counter), Counter>) -> u32 {
+    let r = match r {
+        Ok((xdp_action::XDP_TX, c)) if STEERED => {
+            match unsafe { aya_ebpf::helpers::bpf_redirect(ctx.ingress_ifindex() as u32, 0) } as u32
+            {
+                xdp_action::XDP_REDIRECT => Ok((xdp_action::XDP_REDIRECT, c)),
+                _ => Err(Counter::RedirectError),
+            }
+        }
+        r => r,
+    };
     match r {
         Ok((action, c)) => {
             count(c);
@@ -79,7 +99,7 @@ fn note_drop(ctx: &XdpContext, c: Counter) {
 }
 
 #[inline(always)]
-fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
+fn try_switch<const STEERED: bool>(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let Some(cfg) = SWITCH.get(0) else {
         return Ok((xdp_action::XDP_PASS, Counter::Pass));
     };
@@ -92,6 +112,12 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
     if hdr.version != wire::VERSION {
         return Err(Counter::DropBadVersion);
+    }
+    // Only contributions are steered; leaving every other kind out of the cpumap's program
+    // also keeps it from naming the ports' `FOLDS` (a program array takes programs of one
+    // attach type, the first to use it).
+    if STEERED && hdr.kind != Kind::Contribution as u8 {
+        return Err(Counter::DropBadKind);
     }
     if hdr.kind == Kind::Hello as u8 {
         return hello(ctx, &frame);
@@ -106,7 +132,7 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     if hdr.kind != Kind::Contribution as u8 && !query {
         return Err(Counter::DropBadKind);
     }
-    if !query && inject(faults().drop_contribution) {
+    if !STEERED && !query && inject(faults().drop_contribution) {
         return Err(Counter::InjectDropContribution);
     }
     let (job, member) = match admit(ctx, &frame) {
@@ -117,12 +143,32 @@ fn try_switch(ctx: &XdpContext) -> Result<(u32, Counter), Counter> {
     };
     let r = if query {
         status_query(ctx, &frame, cfg, job, member)
+    } else if let Some(action) = (!STEERED).then(|| steer(job, hdr)).transpose()?.flatten() {
+        Ok((action, Counter::Steered))
     } else {
-        stage(ctx, &frame, job, member)
+        stage::<STEERED>(ctx, &frame, job, member)
     };
     let (Ok((_, c)) | Err(c)) = r;
     count_job(job.index as u32, member, c);
     r
+}
+
+/// Hands an admitted contribution to its slot's CPU, if the switch steers
+/// ([`xagg_common::job::Steer`]): the action that does, or `None` to fold it here.
+#[inline(always)]
+fn steer(job: &Job, hdr: &xagg_common::Header) -> Result<Option<u32>, Counter> {
+    let Some(s) = STEER.get(0) else {
+        return Ok(None);
+    };
+    if s.count == 0 {
+        return Ok(None);
+    }
+    let index = slot_index(job, hdr)?;
+    let cpu = s.cpu[(index % s.count) as usize % MAX_STEER];
+    match CPUS.redirect(cpu, 0) {
+        Ok(action) => Ok(Some(action)),
+        Err(_) => Err(Counter::RedirectError),
+    }
 }
 
 /// The job and member a packet is from, if it is: the header only claims who sent it, so

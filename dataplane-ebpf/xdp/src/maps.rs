@@ -2,14 +2,14 @@
 //! over them.
 
 use aya_ebpf::{
-    btf_maps::{Array, DevMap, HashMap, PerCpuArray, ProgramArray},
+    btf_maps::{Array, CpuMap, DevMap, HashMap, PerCpuArray, ProgramArray},
     macros::btf_map,
 };
 use xagg_common::{
     counter::{job_row, member_row, JOB_ROW, MEMBER_AGAIN, MEMBER_NEW},
     job::{
-        job_generation, job_index, EgressKey, Faults, Hello, MemberAddr, SwitchConfig, MAX_HELLOS,
-        MAX_JOBS,
+        job_generation, job_index, EgressKey, Faults, Hello, MemberAddr, Steer, SwitchConfig,
+        MAX_CPUS, MAX_HELLOS, MAX_JOBS,
     },
     slot::{Fold, MAX_SLOTS},
     wire, Counter, Job,
@@ -98,6 +98,20 @@ pub static STAGE: PerCpuArray<Stage, 1> = PerCpuArray::new();
 /// The fold programs, by `Fold`, and `xagg_deliver` at [`DELIVER`].
 #[btf_map]
 pub static FOLDS: ProgramArray<{ Fold::COUNT + 1 }> = ProgramArray::new();
+
+/// Where contributions are folded ([`Steer`]; one entry, zero CPUs: where they came in).
+#[btf_map]
+pub static STEER: Array<Steer, 1> = Array::new();
+
+/// The CPUs contributions are steered to, by CPU number, each entry running
+/// `xagg_switch_steered` on its CPU.
+#[btf_map]
+pub static CPUS: CpuMap<MAX_CPUS> = CpuMap::new();
+
+/// The fold programs of steered contributions (`xagg_cpu_*`, of the cpumap's attach type,
+/// which the ports' `FOLDS` cannot hold), by `Fold`.
+#[btf_map]
+pub static FOLDS_STEERED: ProgramArray<{ Fold::COUNT }> = ProgramArray::new();
 
 /// `xagg_deliver`'s entry in `FOLDS`.
 pub const DELIVER: u32 = xagg_common::slot::DELIVER;

@@ -40,7 +40,7 @@ pub fn parent_result(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), 
     } else {
         FROM_PARENT
     };
-    let r = stage(ctx, frame, job, from);
+    let r = stage::<false>(ctx, frame, job, from);
     let (Ok((_, c)) | Err(c)) = r;
     count_job(job.index as u32, from, c);
     r

@@ -206,6 +206,7 @@ impl LabSwitch {
                 mac: None,
                 xdp_mode: "native".into(),
                 netns: Some(self.lab.switch_ns()),
+                steer_cpus: None,
             },
             daemon: DaemonSection {
                 socket: self.socket.clone(),

@@ -365,6 +365,7 @@ impl TreeLab {
                     mac: None,
                     xdp_mode: "native".into(),
                     netns: Some(p.ns.clone()),
+                    steer_cpus: None,
                 },
                 daemon: DaemonSection {
                     socket: p.socket(),

@@ -9,13 +9,13 @@ use std::{
 };
 
 use aya::{
-    maps::{Array, DevMap, HashMap, Map, MapData, PerCpuArray, ProgramArray},
+    maps::{Array, CpuMap, DevMap, HashMap, Map, MapData, PerCpuArray, ProgramArray},
     programs::{links::FdLink, tc, Program, SchedClassifier, TcAttachType, Xdp, XdpMode},
     Ebpf,
 };
 use log::{info, warn};
 use xagg_common::{
-    job::SwitchConfig,
+    job::{Steer, SwitchConfig},
     slot::{Fold, DELIVER, DELIVER_PROGRAM},
     LAYOUT_VERSION,
 };
@@ -52,6 +52,14 @@ impl Dataplane {
                     });
                 }
                 dp.ports = pinned_ports;
+                let configured = cfg.steer_cpus()?;
+                if dp.steer != configured {
+                    return Err(Error::SteerChanged {
+                        pin: dir.clone(),
+                        pinned: dp.steer.clone(),
+                        configured,
+                    });
+                }
                 info!("adopted the pinned dataplane at {}", dir.display());
                 dp.configure_switch(cfg)?;
                 return Ok(dp);
@@ -69,8 +77,14 @@ impl Dataplane {
     fn load(cfg: &Config, object: XdpObject, pin: Option<PathBuf>) -> Result<Self> {
         let mut ebpf = Ebpf::load(object.bytes().map_err(Error::NoObject)?)?;
         let mode = cfg.mode()?;
+        let steer = cfg.steer_cpus()?;
         let mut programs = vec!["xagg_result", "xagg_fanout", "xagg_switch"];
         programs.extend(fold_programs().map(|(_, name)| name));
+        // The steered path's programs are verified only where it is used.
+        if !steer.is_empty() {
+            programs.push(STEERED_PROGRAM);
+            programs.extend(Fold::ALL.iter().map(|f| f.steered_program()));
+        }
         load_programs(&mut ebpf, &programs)?;
 
         let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
@@ -120,6 +134,39 @@ impl Dataplane {
         let mut folds: ProgramArray<MapData> =
             ProgramArray::try_from(take("FOLDS")).map_err(map_err("FOLDS"))?;
         enter_folds(&mut ebpf, &mut folds)?;
+        let mut steered_folds: ProgramArray<MapData> =
+            ProgramArray::try_from(take("FOLDS_STEERED")).map_err(map_err("FOLDS_STEERED"))?;
+        let mut cpus: CpuMap<MapData> = CpuMap::try_from(take("CPUS")).map_err(map_err("CPUS"))?;
+        let mut steer_map: Array<MapData, Steer> =
+            Array::try_from(take("STEER")).map_err(map_err("STEER"))?;
+        if !steer.is_empty() {
+            for f in Fold::ALL {
+                let name = f.steered_program();
+                let fd = prog(&mut ebpf, name)?
+                    .fd()
+                    .map_err(|source| Error::Program { name, source })?;
+                steered_folds
+                    .set(f as u32, fd, 0)
+                    .map_err(map_err("FOLDS_STEERED"))?;
+            }
+            let fd = prog(&mut ebpf, STEERED_PROGRAM)?
+                .fd()
+                .map_err(|source| Error::Program {
+                    name: STEERED_PROGRAM,
+                    source,
+                })?;
+            let mut value = Steer {
+                count: steer.len() as u32,
+                ..Steer::default()
+            };
+            for (i, &cpu) in steer.iter().enumerate() {
+                value.cpu[i] = cpu as u32;
+                cpus.set(cpu as u32, STEER_QUEUE, Some(fd), 0)
+                    .map_err(|error| Error::SteerCpu { cpu, error })?;
+            }
+            steer_map.set(0, value, 0).map_err(map_err("STEER"))?;
+            info!("contributions are folded on CPUs {steer:?}, each slot on one of them");
+        }
 
         // The fan-out of multi-buffer results, on each port's tc ingress.
         let fanout: &mut SchedClassifier = ebpf
@@ -198,7 +245,9 @@ impl Dataplane {
             pin,
             _links: links,
             _fanout_links: fanout_links,
-            _folds: Some(folds),
+            _folds: vec![folds, steered_folds],
+            _cpus: Some(cpus),
+            steer,
             _ebpf: Some(ebpf),
             adopted: false,
             ports: cfg.switch.ports.clone(),
@@ -238,7 +287,9 @@ impl Dataplane {
             pin: Some(dir.to_owned()),
             _links: Vec::new(),
             _fanout_links: Vec::new(),
-            _folds: None,
+            _folds: Vec::new(),
+            _cpus: None,
+            steer: read_steer(&Array::try_from(open("STEER")?).map_err(map_err("STEER"))?)?,
             _ebpf: None,
             adopted: true,
             ports: Vec::new(),
@@ -301,6 +352,22 @@ fn read_ports(dir: &Path) -> Result<Vec<String>> {
         }
     }
     Ok(names)
+}
+
+/// The program the cpumap runs on a steered contribution's CPU.
+const STEERED_PROGRAM: &str = "xagg_switch_steered";
+
+/// Frames each steering CPU's queue holds: a whole window of every port's bursts (a
+/// full queue drops, and the worker recovers by retransmission after its timeout).
+const STEER_QUEUE: u32 = 4096;
+
+/// The CPUs a dataplane's `STEER` map steers to.
+fn read_steer(map: &Array<MapData, Steer>) -> Result<Vec<usize>> {
+    let s = map.get(&0, 0).map_err(map_err("STEER"))?;
+    Ok(s.cpu[..(s.count as usize).min(s.cpu.len())]
+        .iter()
+        .map(|&c| c as usize)
+        .collect())
 }
 
 /// The fold programs and `xagg_deliver` after them, each with its index in `FOLDS`.

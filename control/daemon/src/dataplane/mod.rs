@@ -26,7 +26,7 @@ pub(crate) use crate::{Error, Result};
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-pub(crate) const MAP_NAMES: [&str; 14] = [
+pub(crate) const MAP_NAMES: [&str; 17] = [
     "JOBS",
     "EGRESS",
     "SLOTS",
@@ -41,6 +41,9 @@ pub(crate) const MAP_NAMES: [&str; 14] = [
     "DROPS",
     "FOLDS",
     "PARENTS",
+    "STEER",
+    "CPUS",
+    "FOLDS_STEERED",
 ];
 
 pub struct Dataplane {
@@ -67,8 +70,13 @@ pub struct Dataplane {
     /// detaches the programs.
     _links: Vec<aya::programs::xdp::XdpLink>,
     _fanout_links: Vec<aya::programs::tc::SchedClassifierLink>,
-    /// The fold programs' table: its entries live as long as a descriptor of it (or its pin).
-    _folds: Option<ProgramArray<MapData>>,
+    /// The fold programs' tables (the ports', the steered contributions'): their entries
+    /// live as long as a descriptor of them (or their pins), and so do the cpumap's.
+    _folds: Vec<ProgramArray<MapData>>,
+    _cpus: Option<aya::maps::CpuMap<MapData>>,
+    /// The CPUs contributions are steered to (`switch.steer_cpus`), as the `STEER` map has
+    /// them.
+    pub steer: Vec<usize>,
     _ebpf: Option<Ebpf>,
     /// Whether the maps came from an earlier daemon's pins.
     pub adopted: bool,
