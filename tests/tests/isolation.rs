@@ -1,5 +1,6 @@
 //! Many jobs on one switch at once: disjoint and overlapping members (a worker in several
-//! jobs, one UDP port per job), a job removed while the others run.
+//! jobs, one UDP port per job), a job removed while the others run; their contributions
+//! steered to their slots' CPUs (every CPU), each folded once.
 
 use std::time::Duration;
 
@@ -26,7 +27,8 @@ fn eight_jobs_at_once_and_one_removed_midway() {
     if !require_root("eight_jobs_at_once_and_one_removed_midway") {
         return;
     }
-    let sw = TestSwitch::start("xti", 4, |_| {});
+    let cpus = format!("0-{}", xagg_linux::cpus::available() - 1);
+    let sw = TestSwitch::start("xti", 4, |c| c.switch.steer_cpus = Some(cpus));
     for (j, workers) in JOBS.iter().enumerate() {
         let id = j as u32 + 1;
         assert!(
@@ -106,5 +108,25 @@ fn eight_jobs_at_once_and_one_removed_midway() {
     match sw.api(Request::ListJobs) {
         Response::Jobs { jobs } => assert_eq!(jobs.len(), 8),
         r => panic!("{r:?}"),
+    }
+    // Every contribution of the jobs that ran to the end was steered and folded once.
+    for id in 1..=JOBS.len() as u32 {
+        let Response::JobCounters { job } = sw.api(Request::JobCounters { id }) else {
+            panic!("job {id}'s counters");
+        };
+        let n = |k: &str| job.counters.get(k).copied().unwrap_or(0);
+        let folded: u64 = [
+            "contribution",
+            "complete",
+            "result_replay",
+            "drop_duplicate",
+            "drop_stale",
+            "slot_reclaimed",
+        ]
+        .iter()
+        .map(|k| n(k))
+        .sum();
+        assert_eq!(n("steered"), folded, "job {id}: {:?}", job.counters);
+        assert_eq!(n("complete"), 2 * (elems as u64).div_ceil(256), "job {id}");
     }
 }

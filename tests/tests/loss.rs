@@ -24,7 +24,7 @@ fn loss_duplicates_and_reordering_recover() {
     if !require_root("loss_duplicates_and_reordering_recover") {
         return;
     }
-    recover("xtl", 860);
+    recover("xtl", 860, false);
 }
 
 /// The same with segments of a 9000-byte MTU: multi-buffer contributions, results fanned
@@ -34,11 +34,44 @@ fn loss_duplicates_and_reordering_recover_with_multi_buffer_segments() {
     if !require_root("loss_duplicates_and_reordering_recover_with_multi_buffer_segments") {
         return;
     }
-    recover("xtj", (wire::MAX_PAYLOAD / 4) as u16);
+    recover("xtj", (wire::MAX_PAYLOAD / 4) as u16, false);
 }
 
-fn recover(prefix: &str, segment: u16) {
-    let mut sw = TestSwitch::start(prefix, 3, |_| {});
+/// The same with contributions steered to their slots' CPUs (every CPU), single-buffer
+/// segments and multi-buffer ones: replays leave the cpumap's program as redirects, and
+/// every steered contribution is folded exactly once.
+#[test]
+fn loss_duplicates_and_reordering_recover_when_steered() {
+    if !require_root("loss_duplicates_and_reordering_recover_when_steered") {
+        return;
+    }
+    recover("xtk", 860, true);
+    recover("xtk", (wire::MAX_PAYLOAD / 4) as u16, true);
+}
+
+/// Job 1's counters, every name present.
+fn job_counters(sw: &TestSwitch) -> std::collections::BTreeMap<String, u64> {
+    match sw.api(Request::JobCounters { id: 1 }) {
+        Response::JobCounters { job } => xagg_common::Counter::ALL
+            .iter()
+            .map(|c| {
+                (
+                    c.name().to_string(),
+                    job.counters.get(c.name()).copied().unwrap_or(0),
+                )
+            })
+            .collect(),
+        r => panic!("{r:?}"),
+    }
+}
+
+fn recover(prefix: &str, segment: u16, steer: bool) {
+    let cpus = format!("0-{}", xagg_linux::cpus::available() - 1);
+    let mut sw = TestSwitch::start(prefix, 3, |c| {
+        if steer {
+            c.switch.steer_cpus = Some(cpus);
+        }
+    });
     assert!(matches!(
         sw.add_job(1, segment, 64, &WORKERS),
         Response::Job { .. }
@@ -47,6 +80,7 @@ fn recover(prefix: &str, segment: u16) {
     let mut run =
         |sw: &TestSwitch, what: &str, tweak: &(dyn Fn(&mut xagg_worker::WorkerParams) + Sync)| {
             let before = sw.counters();
+            let job_before = job_counters(sw);
             let reps = sw.allreduce_with(
                 &Allreduce {
                     job: 1,
@@ -61,10 +95,29 @@ fn recover(prefix: &str, segment: u16) {
                 tweak,
             );
             mid += 1;
+            let after = sw.counters();
+            if steer {
+                // The job's own row: a result copy dropped at the egress is nobody's fold.
+                let job_after = job_counters(sw);
+                let folded: u64 = [
+                    "contribution",
+                    "complete",
+                    "result_replay",
+                    "drop_duplicate",
+                    "drop_stale",
+                    "slot_reclaimed",
+                    "inject_drop_result",
+                ]
+                .iter()
+                .map(|k| delta(&job_before, &job_after, k))
+                .sum();
+                assert_eq!(delta(&job_before, &job_after, "steered"), folded, "{what}");
+                assert!(folded > 0, "{what}");
+            }
             let retx: u64 = reps.iter().map(|r| r.retransmissions).sum();
             let secs = reps.iter().map(|r| r.seconds).fold(0.0, f64::max);
             eprintln!("{what}: bit-exact, {retx} retransmissions, {secs:.3} s");
-            (before, sw.counters(), retx, reps)
+            (before, after, retx, reps)
         };
 
     for rate in [0.01, 0.05, 0.20] {
