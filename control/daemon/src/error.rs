@@ -46,6 +46,12 @@ pub enum Error {
         #[source]
         error: aya::maps::xdp::XdpMapError,
     },
+    #[error("switch.steer_cpus: giving CPU {cpu}'s folding thread its priority: {error}")]
+    SteerThread {
+        cpu: usize,
+        #[source]
+        error: std::io::Error,
+    },
     #[error("the pinned dataplane at {pin} steers contributions to CPUs {pinned:?}, the configuration to {configured:?}: run `xaggd --reload --config FILE` (or `xagg detach --pin-path {pin}`) to replace it (running jobs are dropped), or restore the configuration")]
     SteerChanged {
         pin: PathBuf,

@@ -121,6 +121,15 @@ pub fn threads_named(prefix: &str) -> Result<Vec<i32>> {
         .collect())
 }
 
+/// Sets the nice value of process or thread `pid` (-20, first, to 19, last).
+pub fn set_nice(pid: i32, nice: i32) -> std::io::Result<()> {
+    // Safety: a plain system call on integers.
+    match unsafe { libc::setpriority(libc::PRIO_PROCESS, pid as libc::id_t, nice) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
 fn read(path: &'static str) -> Result<String> {
     std::fs::read_to_string(path).map_err(|error| Error::Proc { path, error })
 }

@@ -76,6 +76,10 @@ pub struct DemoArgs {
     /// pinned to them, e.g. `0`.
     #[arg(long, value_name = "CPUS")]
     pub worker_cpus: Option<Cpus>,
+    /// Fold each slot's contributions on one of the switch's CPUs (`--switch-cpus`, or
+    /// every CPU), however they come in (`switch.steer_cpus`).
+    #[arg(long)]
+    pub steer: bool,
     /// Run an unmodified MPI program under mpirun instead, one rank per worker, with
     /// libxagg_mpi.so preloaded: a C (.c) or Fortran (.f90, .F90) source, compiled here; without
     /// a file, tests/mpi/check.c (every served type and op, checked).
@@ -108,6 +112,7 @@ impl Default for DemoArgs {
             json: None,
             switch_cpus: None,
             worker_cpus: None,
+            steer: false,
             topology: crate::topology::TopologyName::Flat,
             mpi: None,
             ddp: None,
@@ -162,17 +167,32 @@ static DAEMON_PID: AtomicI32 = AtomicI32::new(0);
 /// Starts the daemon on `lab` (pinned under the demo's pin directory).
 pub use xagg_lab::switch::{credential_env, CREDENTIAL, LISTEN};
 
-pub fn start_switch(lab: Lab) -> Result<LabSwitch> {
+/// The lab's switch, folding each slot's contributions on one of `steer` (none: where they
+/// come in).
+pub fn start_switch(lab: Lab, steer: &[usize]) -> Result<LabSwitch> {
     // Ranks may also join jobs by themselves (the MPI library's runs).
     let mut joinable = Ok(());
     let sw = LabSwitch::start(lab, switch_dir(), pin_dir(), |c| {
         joinable = xagg_lab::switch::joinable(c, &switch_dir());
+        if !steer.is_empty() {
+            let cpus: Vec<String> = steer.iter().map(usize::to_string).collect();
+            c.switch.steer_cpus = Some(cpus.join(","));
+        }
     })?;
     joinable?;
     if let Some(d) = &sw.daemon {
         DAEMON_PID.store(d.pid().as_raw(), Ordering::SeqCst);
     }
     Ok(sw)
+}
+
+/// The CPUs `--steer` folds on: the switch's, or every CPU where it has none of its own.
+pub fn steer_cpus(steer: bool, placement: &Placement) -> Vec<usize> {
+    match (steer, placement.switch_cpus.is_empty()) {
+        (false, _) => Vec::new(),
+        (true, false) => placement.switch_cpus.clone(),
+        (true, true) => (0..xagg_linux::cpus::available()).collect(),
+    }
 }
 
 /// Removes everything the demo creates: daemon, pins, namespaces (also what a crashed
@@ -229,7 +249,7 @@ fn joinable_lab(n: usize, mtu: usize) -> Result<LabSwitch> {
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::with_mtu(PREFIX, n, mtu)?;
     lab.attach_hosts(&Object::Host.read()?)?;
-    start_switch(lab)
+    start_switch(lab, &[])
 }
 
 /// Prints what the switch aggregated since `before` (its counters then).
@@ -342,7 +362,7 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
         lab.impair(&Object::Test.read()?, 0.0, i.dup_contrib)?;
     }
     let placement = placement(&a.switch_cpus, &a.worker_cpus)?;
-    let sw = start_switch(lab)?;
+    let sw = start_switch(lab, &steer_cpus(a.steer, &placement))?;
     placement.pin_switch(&sw.lab)?;
     let spec = sw.job_spec(
         JOB_ID,

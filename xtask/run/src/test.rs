@@ -156,11 +156,14 @@ fn quick_bench() -> Result<()> {
         spin_us: None,
         switch_cpus: cpu(1),
         worker_cpus: cpu(0),
+        steer: true,
         levers: false,
         send_path,
         bundle: None,
     };
-    eprintln!("cargo xtask bench --quick --switch-cpus 1 --worker-cpus 0 (2 workers, small sizes)");
+    eprintln!(
+        "cargo xtask bench --quick --switch-cpus 1 --worker-cpus 0 --steer (2 workers, small sizes)"
+    );
     crate::bench::run(quick(false, "bench/quick.json"))?;
     eprintln!("cargo xtask bench --send-path --quick");
     crate::bench::run(quick(true, "bench/send_path_quick.json"))?;

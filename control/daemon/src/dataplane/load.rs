@@ -136,7 +136,12 @@ impl Dataplane {
         enter_folds(&mut ebpf, &mut folds)?;
         let mut steered_folds: ProgramArray<MapData> =
             ProgramArray::try_from(take("FOLDS_STEERED")).map_err(map_err("FOLDS_STEERED"))?;
-        let mut cpus: CpuMap<MapData> = CpuMap::try_from(take("CPUS")).map_err(map_err("CPUS"))?;
+        let cpus_map = take("CPUS");
+        let cpus_id = match &cpus_map {
+            Map::CpuMap(md) => md.info().map_err(map_err("CPUS"))?.id(),
+            _ => return Err(Error::NoMap("CPUS")),
+        };
+        let mut cpus: CpuMap<MapData> = CpuMap::try_from(cpus_map).map_err(map_err("CPUS"))?;
         let mut steer_map: Array<MapData, Steer> =
             Array::try_from(take("STEER")).map_err(map_err("STEER"))?;
         if !steer.is_empty() {
@@ -165,6 +170,7 @@ impl Dataplane {
                     .map_err(|error| Error::SteerCpu { cpu, error })?;
             }
             steer_map.set(0, value, 0).map_err(map_err("STEER"))?;
+            first_in_line(cpus_id, &steer)?;
             info!("contributions are folded on CPUs {steer:?}, each slot on one of them");
         }
 
@@ -360,6 +366,28 @@ const STEERED_PROGRAM: &str = "xagg_switch_steered";
 /// Frames each steering CPU's queue holds: a whole window of every port's bursts (a
 /// full queue drops, and the worker recovers by retransmission after its timeout).
 const STEER_QUEUE: u32 = 4096;
+
+/// Gives the cpumap's threads (one per steering CPU, named `cpumap/CPU/map:ID`) the
+/// first turn on their CPUs: at equal weight, the ports' packet processing on the same
+/// CPU (one thread per port) filled a thread's queue faster than it got to run, and the
+/// queue dropped a sixth of the contributions (measured, 4 ports on one CPU).
+fn first_in_line(id: u32, steer: &[usize]) -> Result<()> {
+    const NICE: i32 = -10;
+    for &cpu in steer {
+        // A thread's name is cut at 15 bytes.
+        let mut name = format!("cpumap/{cpu}/map:{id}");
+        name.truncate(15);
+        let threads = xagg_linux::proc::threads_named(&name)?;
+        if threads.is_empty() {
+            warn!("no thread {name} found to put first in line on CPU {cpu}");
+        }
+        for pid in threads {
+            xagg_linux::proc::set_nice(pid, NICE)
+                .map_err(|error| Error::SteerThread { cpu, error })?;
+        }
+    }
+    Ok(())
+}
 
 /// The CPUs a dataplane's `STEER` map steers to.
 fn read_steer(map: &Array<MapData, Steer>) -> Result<Vec<usize>> {

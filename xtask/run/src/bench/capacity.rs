@@ -84,21 +84,28 @@ pub struct Spent {
 }
 
 /// Capacity per member count and segment size.
-pub fn run(quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
+pub fn run(quick: bool, members: &[usize], steer: bool) -> Result<Vec<CapacityPoint>> {
     if cpu::count() < 2 {
         eprintln!("capacity: SKIPPED, this machine has one CPU and the measurement needs two");
         return Ok(Vec::new());
     }
     let object = Object::Host.read()?;
     // The generator pins the calling thread to CPU 0.
-    cpu::keeping_affinity(|| points(&object, quick, members))
+    cpu::keeping_affinity(|| points(&object, quick, members, steer))
 }
 
-fn points(object: &[u8], quick: bool, members: &[usize]) -> Result<Vec<CapacityPoint>> {
+fn points(
+    object: &[u8],
+    quick: bool,
+    members: &[usize],
+    steer: bool,
+) -> Result<Vec<CapacityPoint>> {
+    // Steered, the folds run in the cpumap's thread on the switch CPU: what steering costs.
+    let steer_cpus = if steer { vec![SWITCH_CPU] } else { Vec::new() };
     let seconds = if quick { 0.3 } else { 2.0 };
     let mut out = Vec::new();
     for &n in members {
-        let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
+        let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?, &steer_cpus)?;
         sw.lab.attach_hosts(object)?;
         thread_napi(&sw.lab)?;
         // 1 KiB, the longest single-buffer segment on veth, the longest (a 9000-byte MTU).

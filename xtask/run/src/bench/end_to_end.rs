@@ -46,6 +46,8 @@ pub struct E2e<'a> {
     pub spin_us: Option<u64>,
     /// The CPUs of the switch's ports and of the workers (the switch's runs).
     pub placement: Placement,
+    /// The CPUs the switch folds each slot's contributions on (none: where they come in).
+    pub steer: Vec<usize>,
 }
 
 /// Both systems on the same lab topology, for each worker count and size.
@@ -61,7 +63,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             let lab = Lab::with_mtu(crate::demo::PREFIX, n, e.mtu)?;
             let mut this = Vec::new();
             // Switch workers receive with AF_XDP: each attaches its own xagg_host.
-            let sw = crate::demo::start_switch(lab)?;
+            let sw = crate::demo::start_switch(lab, &e.steer)?;
             e.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;

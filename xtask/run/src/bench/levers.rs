@@ -36,7 +36,7 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     let n = 4;
     let bytes = if quick { 1 << 20 } else { 64 << 20 };
     let it = iterations(bytes, quick);
-    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
+    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?, &[])?;
     // Receiving with the UDP socket needs the lab's host programs; with AF_XDP each worker
     // attaches its own, so in each round the socket settings run first.
     let settings: [Lever; 11] = [

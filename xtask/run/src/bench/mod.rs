@@ -97,6 +97,12 @@ pub struct BenchArgs {
     /// interfaces' packet processing pinned to them. Recorded in the JSON.
     #[arg(long, value_name = "CPUS")]
     pub worker_cpus: Option<xagg_lab::placement::Cpus>,
+    /// Fold each slot's contributions on one of the switch's CPUs (`--switch-cpus`, or
+    /// every CPU), however they come in (`switch.steer_cpus`); the capacity runs steer to
+    /// their one switch CPU, so that their figures give the steering's cost. Recorded in
+    /// the JSON.
+    #[arg(long)]
+    pub steer: bool,
     /// Allreduces per end-to-end point, instead of 200 up to 64 KiB, 20 up to 1 MiB and 5
     /// above (e.g. many, to profile the steady state).
     #[arg(long)]
@@ -169,7 +175,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let capacity = if a.dataplane_only || a.no_capacity {
         Vec::new()
     } else {
-        let r = capacity::run(a.quick, &a.workers);
+        let r = capacity::run(a.quick, &a.workers, a.steer);
         crate::demo::clean_up();
         r?
     };
@@ -199,6 +205,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             slots: a.slots,
             spin_us: a.spin_us,
             placement: placement.clone(),
+            steer: crate::demo::steer_cpus(a.steer, &placement),
         });
         crate::demo::clean_up();
         r?
@@ -220,7 +227,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.json,
         "bench",
         serde_json::json!({
-            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement },
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement, "steer_cpus": crate::demo::steer_cpus(a.steer, &placement) },
             "runs": runs,
             "dataplane": points,
             "codecs": codec_points,

@@ -47,7 +47,7 @@ pub fn send_path(quick: bool) -> Result<Vec<SendPathPoint>> {
 
 fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
     let (n, seconds, rounds) = (4, if quick { 0.3 } else { 2.0 }, if quick { 1 } else { 3 });
-    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?)?;
+    let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?, &[])?;
     sw.lab.attach_hosts(object)?;
     thread_napi(&sw.lab)?;
     let (job, elements) = (20, DType::I32.max_elements());
