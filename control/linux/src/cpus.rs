@@ -24,9 +24,12 @@ pub fn parse(text: &str) -> Result<Vec<usize>, String> {
     Ok(cpus)
 }
 
-/// The number of CPUs this process may run on: CPUs are numbered below it.
+/// The number of CPUs online: CPUs are numbered below it. (Not the calling thread's
+/// affinity, which a pinned thread narrows to its own CPU.)
 pub fn available() -> usize {
-    std::thread::available_parallelism().map_or(1, |n| n.get())
+    // Safety: a plain query.
+    let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+    usize::try_from(n).ok().filter(|&n| n > 0).unwrap_or(1)
 }
 
 #[cfg(test)]

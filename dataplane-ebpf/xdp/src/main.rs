@@ -13,6 +13,9 @@
 //!   segment is a partial: it goes to the parent as this point's contribution, and the
 //!   parent's result, taken only from the uplink, is stored and delivered to the members
 //!   like a result of its own (`xagg_deliver`).
+//! - `xagg_switch_steered` (`ingress.rs`) and `xagg_cpu_*` (`fold.rs`), run by the `CPUS`
+//!   cpumap where the switch steers (`switch.steer_cpus`): `xagg_switch` hands an admitted
+//!   contribution to its slot's CPU, and there it is checked again and folded as above.
 //! - `xagg_result` (`egress.rs`), the devmap egress program: addresses each broadcast copy
 //!   to the member behind the port it leaves through.
 //! - `xagg_fanout` (`fanout.rs`), tc ingress on every switch port: sends a copy of each
