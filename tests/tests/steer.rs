@@ -84,3 +84,95 @@ fn contributions_are_folded_on_the_cpu_they_are_steered_to() {
         assert_eq!(delta(c, cpu), total(c), "{c:?} counted off CPU {cpu}");
     }
 }
+
+/// Steering by destination port (`switch.udp_ports`), for a NIC's flow rules: each worker
+/// sends slot s's contributions to the switch's port + s % 4 — exactly, counted on its way
+/// out — and the switch takes all four ports; the port after them is not its own.
+#[test]
+fn each_slot_goes_to_the_switch_port_of_its_lane() {
+    if !require_root("each_slot_goes_to_the_switch_port_of_its_lane") {
+        return;
+    }
+    const LANES: u16 = 4;
+    const SEGMENTS: usize = 103;
+    let sw = TestSwitch::start("xtp", 3, |c| c.switch.udp_ports = LANES as u8);
+    assert!(matches!(
+        sw.add_job(1, 860, 16, &WORKERS),
+        Response::Job { .. }
+    ));
+    // Counted on every worker's way out (impaired at rate 0).
+    let mut sw = sw;
+    sw.lab
+        .impair(&xagg_lab::Object::Test.read().unwrap(), 0.0, 0.0)
+        .unwrap();
+    let base = wire::DEFAULT_PORT;
+    let before = sw.counters();
+    let reps = sw.allreduce_with(
+        &Allreduce {
+            job: 1,
+            message: 0,
+            segment: 860,
+            slots: 16,
+            workers: &WORKERS,
+            port: 47801,
+            elems: SEGMENTS * 860 - 5,
+            seed: 21,
+        },
+        |p| {
+            p.switch_ports = LANES as u8;
+            // One datagram per send, so tc counts datagrams; a timeout no hiccup reaches,
+            // so that every contribution is sent once.
+            p.gso = false;
+            p.min_timeout = std::time::Duration::from_millis(200);
+        },
+    );
+    assert_eq!(reps[0].retransmissions, 0);
+    let after = sw.counters();
+    let taken = |k: &str| after[k] - before[k];
+    assert_eq!(
+        taken("contribution") + taken("complete"),
+        3 * SEGMENTS as u64
+    );
+    // Message 0 puts segment s on slot s % 16, whose lane is s % 4; three workers, each of
+    // which first asked the switch about both copies of its 16 slots on the first port.
+    let sent = sw.lab.sent_by_port().unwrap();
+    let want: Vec<u64> = (0..8)
+        .map(|lane| {
+            let contributions = (0..SEGMENTS)
+                .filter(|s| lane < LANES as usize && s % LANES as usize == lane)
+                .count() as u64;
+            let queries = if lane == 0 { 2 * 16 } else { 0 };
+            3 * (contributions + queries)
+        })
+        .collect();
+    assert_eq!(sent, want, "contributions per destination port");
+
+    // A status query of member 0 is answered on the last lane's port, and not taken on
+    // the port after it.
+    let query = {
+        let h = xagg_common::Header::builder(xagg_common::Kind::StatusQuery)
+            .job(1)
+            .member(0)
+            .slot(0)
+            .build();
+        let mut q = [0u8; wire::HEADER_LEN + wire::STATUS_PAYLOAD];
+        let n = wire::finish(&h, wire::STATUS_PAYLOAD, &mut q).unwrap();
+        q[..n].to_vec()
+    };
+    for (port, replies) in [(base + LANES - 1, 1), (base + LANES, 0)] {
+        let before = sw.counters();
+        xagg_lab::lab::in_netns(&sw.lab.worker_ns(0), || {
+            let s = std::net::UdpSocket::bind((xagg_lab::lab::worker_ip(0), 47801))?;
+            s.send_to(&query, (xagg_lab::lab::SWITCH_IP, port))?;
+            Ok(())
+        })
+        .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let after = sw.counters();
+        assert_eq!(
+            after["status_reply"] - before["status_reply"],
+            replies,
+            "a query to port {port}"
+        );
+    }
+}

@@ -121,6 +121,11 @@ pub struct AllreduceArgs {
     /// Give up after this many milliseconds without a result.
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
+    /// Send slot s's contributions to the switch's port + s % N (its `switch.udp_ports`; a
+    /// join learns it): with flow rules on the destination port, each slot is taken on one
+    /// of the switch's receive queues.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u8).range(1..=64))]
+    switch_ports: u8,
     /// Resend a contribution no sooner than this many milliseconds after it went out,
     /// however short the measured round trip: raise it where workers share CPUs with
     /// other busy processes, so that a peer held off its CPU does not make every round

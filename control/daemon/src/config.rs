@@ -9,7 +9,7 @@ use std::{
 use serde::{Deserialize, Deserializer, Serialize};
 
 use xagg_api::{JobSpec, DEFAULT_PIN_PATH, DEFAULT_SOCKET};
-use xagg_common::job::MAX_STEER;
+use xagg_common::job::{MAX_STEER, MAX_SWITCH_PORTS};
 
 use crate::{Error, Result};
 
@@ -100,6 +100,12 @@ pub struct SwitchSection {
     /// UDP port of the collective protocol.
     #[serde(default = "default_port")]
     pub udp_port: u16,
+    /// Collective ports, from `udp_port` on: workers send each slot's contributions to
+    /// `udp_port + slot % udp_ports`, so that a NIC's flow rules on the destination port
+    /// (`ethtool -N IF flow-type udp4 dst-port P action Q`) give each slot one receive queue
+    /// and CPU. Results come from `udp_port`.
+    #[serde(default = "default_udp_ports")]
+    pub udp_ports: u8,
     /// Source MAC of results; by default the MAC of the interface holding `address`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
@@ -183,6 +189,9 @@ fn default_idle_timeout() -> u64 {
 }
 fn default_port() -> u16 {
     xagg_common::wire::DEFAULT_PORT
+}
+fn default_udp_ports() -> u8 {
+    1
 }
 fn default_mode() -> String {
     "auto".into()
@@ -286,10 +295,20 @@ impl Config {
                 default: default_port(),
             });
         }
+        if s.udp_ports == 0
+            || s.udp_ports > MAX_SWITCH_PORTS
+            || u32::from(s.udp_port) + u32::from(s.udp_ports) - 1 > u32::from(u16::MAX)
+        {
+            return Err(Error::UdpPorts {
+                port: s.udp_port,
+                ports: s.udp_ports,
+            });
+        }
         if let Some(m) = &s.mac {
             xagg_linux::iface::parse_mac(m).map_err(Error::SwitchMac)?;
         }
         self.mode()?;
+        self.steer_cpus()?;
         self.daemon.socket_mode()?;
         self.daemon.socket_gid()?;
         if self.daemon.join_timeout_s == 0 || self.daemon.idle_timeout_s == 0 {
@@ -393,6 +412,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("portz"), "{e}");
+        for (key, value, says) in [
+            ("udp_ports", "0", "1 to 64"),
+            ("udp_ports", "65", "1 to 64"),
+            ("steer_cpus", "\"2-1\"", "not a CPU or a range"),
+            ("steer_cpus", "\"100000\"", "does not exist"),
+        ] {
+            let e = Config::parse(&format!(
+                "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\n{key} = {value}\n"
+            ))
+            .unwrap_err()
+            .to_string();
+            assert!(
+                e.contains(&format!("switch.{key}")) && e.contains(says),
+                "{e}"
+            );
+        }
+        let c = Config::parse(
+            "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\nudp_ports = 4\nsteer_cpus = \"0\"\n",
+        )
+        .unwrap();
+        assert_eq!((c.switch.udp_ports, c.steer_cpus().unwrap()), (4, vec![0]));
     }
 
     fn with_daemon(keys: &str) -> Result<Config> {

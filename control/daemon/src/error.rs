@@ -34,6 +34,8 @@ pub enum Error {
     NoAddress,
     #[error("switch.udp_port is 0: use a free UDP port (default {default})")]
     NoUdpPort { default: u16 },
+    #[error("switch.udp_ports = {ports} (from udp_port {port}): use 1 to 64 consecutive ports that stay below 65536 (1, the default, unless flow rules steer slots by destination port)")]
+    UdpPorts { port: u16, ports: u8 },
     #[error("switch.mac: {0}")]
     SwitchMac(xagg_linux::Error),
     #[error("switch.xdp_mode = \"{mode}\": use \"native\", \"generic\" or \"auto\"")]

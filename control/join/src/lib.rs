@@ -187,6 +187,18 @@ pub struct NonceReply {
     /// The switch's MAC (a child aggregation point addresses its partials to it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mac: Option<String>,
+    /// Collective ports from `switch`'s on (`switch.udp_ports`): a member sends slot `s`'s
+    /// contributions to the `s % switch_ports`-th. Left out when 1.
+    #[serde(default = "one_port", skip_serializing_if = "is_one_port")]
+    pub switch_ports: u8,
+}
+
+fn one_port() -> u8 {
+    1
+}
+
+fn is_one_port(n: &u8) -> bool {
+    *n == 1
 }
 
 /// Where a member of a job with levels stands (see the module's "Levels").

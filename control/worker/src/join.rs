@@ -164,6 +164,7 @@ pub(crate) fn join(
     })?;
     let mut p = WorkerParams::new(joined.at.switch, bind, joined.job, joined.member, j.shape);
     p.first_message = None;
+    p.switch_ports = joined.at.switch_ports;
     p.ranks = j.levels.map(|l| l.ranks as usize);
     (p.path, p.path_why) = match joined.path {
         None => (crate::Path::Switch, None),

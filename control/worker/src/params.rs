@@ -33,6 +33,10 @@ pub struct WorkerParams {
     /// every completion.
     pub path: crate::Path,
     pub path_why: Option<String>,
+    /// Collective ports of the switch from `switch`'s on: slot `s`'s contributions go to
+    /// the `s % switch_ports`-th (`switch.udp_ports`; a join learns it). Results and
+    /// replies come from `switch`.
+    pub switch_ports: u8,
     /// First retransmission timeout (before any round trip is measured); then adapted to
     /// the measured round trip.
     pub timeout: Duration,
@@ -88,6 +92,7 @@ impl WorkerParams {
             ranks: None,
             path: crate::Path::Switch,
             path_why: None,
+            switch_ports: 1,
             timeout: Duration::from_millis(20),
             min_timeout: MIN_TIMEOUT,
             max_timeout: Duration::from_millis(500),

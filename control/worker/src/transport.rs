@@ -31,11 +31,14 @@ const GSO_MAX_SEGMENTS: usize = 64;
 
 pub struct Transport {
     sock: UdpSocket,
-    /// The aggregation point: where contributions go and the only source results are
-    /// taken from.
+    /// The aggregation point: where queries go and the only source results are taken
+    /// from; contributions go to it and the collective ports after it, one burst each.
     to: SocketAddrV4,
     gso: bool,
-    burst: Burst,
+    /// One burst per collective port, by offset from `to`'s.
+    bursts: Vec<Burst>,
+    /// The burst of the datagram being reserved and committed.
+    lane: usize,
     inbox: Inbox,
     /// This member's cookie.
     cookie: [u8; 8],
@@ -109,7 +112,8 @@ impl Transport {
             sock,
             to: p.switch,
             gso: p.gso,
-            burst: Burst::new(),
+            bursts: (0..p.switch_ports.max(1)).map(|_| Burst::new()).collect(),
+            lane: 0,
             inbox,
             cookie,
             refused: 0,
@@ -147,42 +151,54 @@ impl Transport {
         Err(AllreduceError::AfXdp(crate::Error::NoAfXdp.into()))
     }
 
-    /// Room for the next datagram of `len` bytes, to be encoded in place and then
-    /// [`Self::commit`]ted. Sends what is queued first if the datagram cannot join it.
-    pub fn reserve(&mut self, len: usize) -> io::Result<&mut [u8]> {
+    /// Room for slot `slot`'s next datagram of `len` bytes, to be encoded in place and then
+    /// [`Self::commit`]ted. Sends what is queued for its port first if the datagram cannot
+    /// join it.
+    pub fn reserve(&mut self, slot: usize, len: usize) -> io::Result<&mut [u8]> {
+        self.lane = slot % self.bursts.len();
+        let to = self.lane_to(self.lane);
+        let burst = &mut self.bursts[self.lane];
         let at = if self.gso {
-            let (at, sent) = self.burst.reserve(len, &self.sock, self.to);
+            let (at, sent) = burst.reserve(len, &self.sock, to);
             lost_or(sent, &mut self.lost_sends)?;
             at
         } else {
             0
         };
-        Ok(&mut self.burst.data[at..at + len])
+        Ok(&mut burst.data[at..at + len])
     }
 
     /// Queues the datagram just encoded in [`Self::reserve`]'s room (without GSO: sends it).
     pub fn commit(&mut self, len: usize) -> io::Result<()> {
+        let to = self.lane_to(self.lane);
+        let burst = &mut self.bursts[self.lane];
         if self.gso {
-            self.burst.commit(len);
+            burst.commit(len);
             Ok(())
         } else {
-            let sent = self
-                .sock
-                .send_to(&self.burst.data[..len], self.to)
-                .map(drop);
+            let sent = self.sock.send_to(&burst.data[..len], to).map(drop);
             lost_or(sent, &mut self.lost_sends)
         }
     }
 
+    /// The collective port `lane` places after the aggregation point's.
+    fn lane_to(&self, lane: usize) -> SocketAddrV4 {
+        SocketAddrV4::new(*self.to.ip(), self.to.port().wrapping_add(lane as u16))
+    }
+
     /// Whether datagrams wait to be sent.
     pub fn queued(&self) -> bool {
-        self.burst.n > 0
+        self.bursts.iter().any(|b| b.n > 0)
     }
 
     /// Sends what is queued.
     pub fn flush(&mut self) -> io::Result<()> {
-        let sent = self.burst.flush(&self.sock, self.to);
-        lost_or(sent, &mut self.lost_sends)
+        for lane in 0..self.bursts.len() {
+            let to = self.lane_to(lane);
+            let sent = self.bursts[lane].flush(&self.sock, to);
+            lost_or(sent, &mut self.lost_sends)?;
+        }
+        Ok(())
     }
 
     /// Sends one datagram at once, past the queue (status queries).

@@ -250,13 +250,31 @@ pub struct SwitchConfig {
     /// The switch's own IPv4 address: collective packets are addressed to it and results
     /// come from it.
     pub ip: [u8; 4],
-    /// UDP port of the collective protocol (network byte order).
+    /// UDP port of the collective protocol (network byte order): results come from it.
     pub port: [u8; 2],
     /// Source MAC of results.
     pub mac: [u8; 6],
+    /// Collective ports: `port` and the `ports - 1` after it take contributions, hellos and
+    /// queries (0 counts as 1). Workers send each slot's contributions to `port + slot %
+    /// ports`, so that a NIC's flow rules on the destination port can give each slot one
+    /// receive queue.
+    pub ports: u8,
+    pub _pad: [u8; 3],
 }
 
-const _: () = assert!(core::mem::size_of::<SwitchConfig>() == 12);
+const _: () = assert!(core::mem::size_of::<SwitchConfig>() == 16);
+
+impl SwitchConfig {
+    /// Whether UDP port `dst` (network byte order) is one of the collective ports.
+    #[inline(always)]
+    pub fn takes_port(&self, dst: [u8; 2]) -> bool {
+        let offset = u16::from_be_bytes(dst).wrapping_sub(u16::from_be_bytes(self.port));
+        offset < u16::from(self.ports.max(1))
+    }
+}
+
+/// Collective ports a switch can have ([`SwitchConfig::ports`]).
+pub const MAX_SWITCH_PORTS: u8 = 64;
 
 /// CPUs the `CPUS` cpumap can steer to: its keys are CPU numbers.
 pub const MAX_CPUS: usize = 256;

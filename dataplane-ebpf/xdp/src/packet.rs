@@ -179,7 +179,7 @@ impl Frame {
         if udp4.ip().dst_addr != cfg.ip || udp4.fragment_offset() != 0 {
             return Ok(None);
         }
-        if udp4.dst_port() != Some(cfg.port) {
+        if !udp4.dst_port().is_some_and(|p| cfg.takes_port(p)) {
             return Ok(None);
         }
         // Ours. `frame_len` counts every buffer of a multi-buffer frame (asked only for our
@@ -538,7 +538,7 @@ pub fn screen(data: usize, end: usize, cfg: &SwitchConfig) -> Option<Counter> {
     }
     // IHL is 4 bits: the port sits within 60 + 4 bytes of the IPv4 header.
     let port = l3 + ((ip.vihl & 0x0f) as usize) * 4 + 2;
-    if port + 2 > end || unsafe { *(port as *const [u8; 2]) } == cfg.port {
+    if port + 2 > end || cfg.takes_port(unsafe { *(port as *const [u8; 2]) }) {
         return Some(Counter::DropTagged);
     }
     None

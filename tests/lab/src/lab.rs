@@ -251,6 +251,21 @@ impl Lab {
         Ok((dropped, duplicated))
     }
 
+    /// Datagrams the workers sent to the switch's collective port and each of the 7 after
+    /// it, while impaired (a GSO burst counts as one).
+    pub fn sent_by_port(&self) -> Result<Vec<u64>> {
+        let mut sent = vec![0; 8];
+        for e in &self.impairs {
+            let c: aya::maps::PerCpuArray<_, u64> = aya::maps::PerCpuArray::try_from(
+                e.map("IMPAIR_COUNTERS").context("no IMPAIR_COUNTERS")?,
+            )?;
+            for (lane, n) in sent.iter_mut().enumerate() {
+                *n += c.get(&(2 + lane as u32), 0)?.iter().sum::<u64>();
+            }
+        }
+        Ok(sent)
+    }
+
     /// Detaches the worker-side programs (for baselines over a plain bridge).
     pub fn detach_hosts(&mut self) {
         self.hosts.clear();

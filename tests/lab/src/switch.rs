@@ -207,6 +207,7 @@ impl LabSwitch {
                 xdp_mode: "native".into(),
                 netns: Some(self.lab.switch_ns()),
                 steer_cpus: None,
+                udp_ports: 1,
             },
             daemon: DaemonSection {
                 socket: self.socket.clone(),

@@ -143,6 +143,8 @@ impl Switch {
                 ip: SWITCH_IP.octets(),
                 port: PORT.to_be_bytes(),
                 mac: SWITCH_MAC,
+                ports: 1,
+                _pad: [0; 3],
             },
             0,
         )

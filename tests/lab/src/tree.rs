@@ -366,6 +366,7 @@ impl TreeLab {
                     xdp_mode: "native".into(),
                     netns: Some(p.ns.clone()),
                     steer_cpus: None,
+                    udp_ports: 1,
                 },
                 daemon: DaemonSection {
                     socket: p.socket(),

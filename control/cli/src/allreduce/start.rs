@@ -116,6 +116,9 @@ fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
     }
     p.give_up = Duration::from_millis(a.give_up_ms);
     p.min_timeout = Duration::from_millis(a.min_timeout_ms);
+    if a.join.is_none() {
+        p.switch_ports = a.switch_ports;
+    }
     p.reorder = a.reorder;
     p.gso = !a.no_gso;
     p.gro = !a.no_gro;

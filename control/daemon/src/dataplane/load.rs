@@ -315,6 +315,8 @@ impl Dataplane {
         let value = SwitchConfig {
             ip: cfg.switch.address.octets(),
             port: cfg.switch.udp_port.to_be_bytes(),
+            ports: cfg.switch.udp_ports,
+            _pad: [0; 3],
             mac,
         };
         self.switch.set(0, value, 0).map_err(map_err("SWITCH"))

@@ -68,6 +68,8 @@ pub struct Joins {
     join_timeout: Duration,
     idle_timeout: Duration,
     switch: SocketAddrV4,
+    /// Its collective ports from `switch`'s on, told with nonces.
+    switch_ports: u8,
     /// The switch's MAC, told with nonces (a child addresses its partials to it).
     mac: Option<String>,
     parent: Option<ParentLink>,
@@ -133,6 +135,7 @@ impl Joins {
             join_timeout: Duration::from_secs(cfg.daemon.join_timeout_s),
             idle_timeout: Duration::from_secs(cfg.daemon.idle_timeout_s),
             switch,
+            switch_ports: cfg.switch.udp_ports,
             mac: None,
             parent: None,
             upstream: Upstream::default(),
@@ -191,6 +194,7 @@ impl Joins {
             nonce: self.nonces.issue(),
             switch: self.switch,
             mac: self.mac.clone(),
+            switch_ports: self.switch_ports,
         }
     }
 

@@ -67,7 +67,7 @@ impl Engine {
         let lane_bytes = usize::from(f.count) * r.lane.size();
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
         let cookie = self.transport.cookie();
-        let out = self.transport.reserve(len)?;
+        let out = self.transport.reserve(slot, len)?;
         let src = a.input.as_ref().unwrap_or(&a.output).bytes();
         let enc = codec::encode(
             r.op,

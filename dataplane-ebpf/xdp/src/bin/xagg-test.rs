@@ -2,8 +2,8 @@
 //! the switch's (`xagg`) carries none of them; neither shares a map with the switch.
 //!
 //! - `xagg_floor`: the bench's measuring stick, run through BPF_PROG_RUN, never attached.
-//! - `xagg_impair`, tc egress on a lab worker's interface: drops and duplicates a fraction
-//!   of the contributions the worker sends.
+//! - `xagg_impair`, tc egress on a lab worker's interface: counts the datagrams the worker
+//!   sends to each collective port, and drops and duplicates a fraction of them.
 #![no_std]
 #![no_main]
 
@@ -57,9 +57,13 @@ pub fn xagg_floor(ctx: XdpContext) -> u32 {
 #[btf_map]
 static IMPAIR: Array<Impair, 1> = Array::new();
 
-/// `xagg_impair`'s counters: 0 dropped, 1 duplicated.
+/// `xagg_impair`'s counters: 0 dropped, 1 duplicated, then datagrams sent to the collective
+/// port and each of the [`LANES`] - 1 after it (GSO bursts counted as one).
 #[btf_map]
-static IMPAIR_COUNTERS: PerCpuArray<u64, 2> = PerCpuArray::new();
+static IMPAIR_COUNTERS: PerCpuArray<u64, { 2 + LANES as usize }> = PerCpuArray::new();
+
+/// Collective ports `xagg_impair` counts and impairs, from `Impair::port` on.
+const LANES: u16 = 8;
 
 /// Marks the copies `xagg_impair` makes, so they pass it untouched the second time.
 const IMPAIR_MARK: u32 = 0x7861_6767;
@@ -76,13 +80,15 @@ pub fn xagg_impair(ctx: TcContext) -> i32 {
     if mark == IMPAIR_MARK {
         return TC_ACT_OK;
     }
-    // IPv4 without options, UDP, to the collective port.
+    // IPv4 without options, UDP, to a collective port.
     let Some(frame) = Udp4::parse(ctx.data(), ctx.data_end()) else {
         return TC_ACT_OK;
     };
-    if !frame.plain() || frame.udp().dst != cfg.port {
+    let lane = u16::from_be_bytes(frame.udp().dst).wrapping_sub(u16::from_be_bytes(cfg.port));
+    if !frame.plain() || lane >= LANES {
         return TC_ACT_OK;
     }
+    impair_count(2 + u32::from(lane));
     if inject(cfg.drop) {
         impair_count(0);
         return TC_ACT_SHOT;
