@@ -95,7 +95,7 @@ fn requests_and_completions() {
     if !require_root("requests_and_completions") {
         return;
     }
-    let sw = TestSwitch::start("xrq", MEMBERS, |_| {});
+    let mut sw = TestSwitch::start("xrq", MEMBERS, |_| {});
     let all: Vec<usize> = (0..MEMBERS).collect();
     for (job, port) in [
         (60, 47860),
@@ -141,6 +141,43 @@ fn requests_and_completions() {
     cancelled_and_timed_out(&sw);
     killed_member(&sw);
     invalid_and_non_finite(&sw);
+    unanswered_queries_are_paced(&mut sw);
+}
+
+/// A worker whose replies never arrive — behind veth, its end without the host program, as
+/// a rank in a container whose host end nobody attached — asks the switch for its job's
+/// state at first once per copy of each slot, then at most 20 times a second; and still
+/// gives up at its give-up time, naming the switch. (It asked about every copy again each
+/// retransmission timeout: 64 queries every 20 ms here.)
+fn unanswered_queries_are_paced(sw: &mut TestSwitch) {
+    sw.lab.detach_hosts();
+    let give_up = Duration::from_secs(3);
+    let before = sw.counters()["status_reply"];
+    let started = std::time::Instant::now();
+    let e = xagg_lab::lab::in_netns(&sw.lab.worker_ns(0), || {
+        let mut p = params(60, 0, 47860);
+        p.give_up = give_up;
+        let w = Worker::new(p)?;
+        let mut buf = vec![1i32; 1024];
+        Ok(w.allreduce(&mut buf).expect_err("no reply can arrive"))
+    })
+    .unwrap();
+    let waited = started.elapsed();
+    let queries = sw.counters()["status_reply"] - before;
+    assert!(
+        matches!(e, AllreduceError::NoSwitch { .. }),
+        "{e} (after {waited:?})"
+    );
+    assert!(
+        waited >= give_up && waited < give_up + Duration::from_millis(700),
+        "gave up after {waited:?}"
+    );
+    // A first round of 2 x 32, then 20 a second.
+    let bound = 2 * 32 + (20.0 * waited.as_secs_f64()).ceil() as u64;
+    assert!(
+        queries >= 2 * 32 && queries <= bound,
+        "{queries} queries in {waited:?} (at most {bound})"
+    );
 }
 
 /// Per member, one completion queue over two jobs: job 61 gets eight messages of different

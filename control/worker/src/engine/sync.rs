@@ -2,7 +2,10 @@
 //! message comes next and which shadow copy each slot takes, from a status query per slot
 //! and copy.
 
-use std::{io, time::Instant};
+use std::{
+    io,
+    time::{Duration, Instant},
+};
 
 use xagg_common::{slot::ShadowState, wire, Header, Round};
 
@@ -17,9 +20,58 @@ pub(super) enum JobState {
     Asking {
         copies: Vec<[Option<CopyStatus>; 2]>,
         started: Instant,
-        next_send: Instant,
+        pace: Pace,
     },
     Known,
+}
+
+/// Status queries a worker learning the job's state sends per second once its first round
+/// (one per copy of each slot) is out. A worker whose replies never arrive — a rank behind
+/// veth whose end runs no XDP program — asked again every retransmission timeout and cost
+/// the switch some 13,000 queries a second; now at most its first round plus this many a
+/// second, while the give-up time still ends the wait as before.
+pub const SYNC_QUERIES_PER_SECOND: f64 = 20.0;
+
+/// Longest pause between two rounds of a sync's queries.
+const MAX_SYNC_INTERVAL: Duration = Duration::from_secs(1);
+
+/// When a sync asks again, and how many queries it may send: a bucket of tokens, full at
+/// the start (a round for every copy), refilled at [`SYNC_QUERIES_PER_SECOND`]; the
+/// rounds' interval doubles from the retransmission timeout up to [`MAX_SYNC_INTERVAL`].
+pub(super) struct Pace {
+    next_send: Instant,
+    interval: Duration,
+    tokens: f64,
+    capacity: f64,
+    refilled: Instant,
+}
+
+impl Pace {
+    fn new(now: Instant, first_interval: Duration, capacity: usize) -> Self {
+        Self {
+            next_send: now,
+            interval: first_interval,
+            tokens: capacity as f64,
+            capacity: capacity as f64,
+            refilled: now,
+        }
+    }
+
+    /// How many queries may go out at `now` (none before the next round is due), taken
+    /// from the bucket; `want` are waiting.
+    fn take(&mut self, now: Instant, want: usize) -> usize {
+        if now < self.next_send {
+            return 0;
+        }
+        let gained = now.duration_since(self.refilled).as_secs_f64() * SYNC_QUERIES_PER_SECOND;
+        self.tokens = (self.tokens + gained).min(self.capacity);
+        self.refilled = now;
+        self.next_send = now + self.interval;
+        self.interval = (self.interval * 2).min(MAX_SYNC_INTERVAL);
+        let n = (self.tokens as usize).min(want);
+        self.tokens -= n as f64;
+        n
+    }
 }
 
 /// What one of a slot's shadow copies held when the switch answered a status query.
@@ -75,10 +127,11 @@ impl Engine {
     /// would use, since a slot's rounds run in (message, segment) order.
     pub(super) fn start_sync(&mut self) {
         let now = Instant::now();
+        let slots = self.p.shape.slots();
         self.job_state = JobState::Asking {
-            copies: vec![[None; 2]; self.p.shape.slots()],
+            copies: vec![[None; 2]; slots],
             started: now,
-            next_send: now,
+            pace: Pace::new(now, self.window.rto(), 2 * slots),
         };
     }
 
@@ -88,7 +141,7 @@ impl Engine {
         let JobState::Asking {
             copies,
             started,
-            next_send,
+            pace,
         } = &mut self.job_state
         else {
             return Ok(());
@@ -103,10 +156,11 @@ impl Engine {
             self.fail_sync(e);
             return Ok(());
         }
-        if now < *next_send {
-            return Ok(());
-        }
-        *next_send = now + self.window.rto();
+        let waiting = copies
+            .iter()
+            .map(|c| c.iter().filter(|x| x.is_none()).count())
+            .sum();
+        let allowed = pace.take(now, waiting);
         let unanswered: Vec<(usize, u8)> = copies
             .iter()
             .enumerate()
@@ -115,6 +169,7 @@ impl Engine {
                     .filter(|&s| c[usize::from(s)].is_none())
                     .map(move |s| (slot, s))
             })
+            .take(allowed)
             .collect();
         let message = self.next_message;
         for (slot, shadow) in unanswered {
@@ -274,6 +329,28 @@ mod tests {
             state,
             round: Round::new(message, segment),
         }
+    }
+
+    /// A sync nobody answers, asked about 256 copies and polled every millisecond for 10 s:
+    /// the first round whole, then at most 20 queries a second, in rounds ever further
+    /// apart up to a second.
+    #[test]
+    fn unanswered_queries_slow_down() {
+        let start = Instant::now();
+        let mut pace = Pace::new(start, Duration::from_millis(20), 256);
+        let mut sent = Vec::new();
+        for ms in 0..10_000u64 {
+            let n = pace.take(start + Duration::from_millis(ms), 256);
+            if n > 0 {
+                sent.push((ms, n));
+            }
+        }
+        assert_eq!(sent[0], (0, 256));
+        let later: usize = sent[1..].iter().map(|&(_, n)| n).sum();
+        assert!(later <= 200, "{sent:?}");
+        assert!(later >= 150, "{sent:?}");
+        let gaps: Vec<u64> = sent.windows(2).map(|w| w[1].0 - w[0].0).collect();
+        assert!(gaps.iter().all(|&g| g <= 1000), "{gaps:?}");
     }
 
     #[test]
