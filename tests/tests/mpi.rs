@@ -71,10 +71,8 @@ fn preload<'a>(daemon: Option<&str>, env: &[(&'a str, String)]) -> Vec<(&'a str,
         "{} is built by cargo xtask build",
         lib.display()
     );
-    let mut all = vec![
-        ("LD_PRELOAD", lib.display().to_string()),
-        ("XAGG_CREDENTIAL", credential_env()),
-    ];
+    let mut all = vec![("LD_PRELOAD", lib.display().to_string())];
+    all.extend(credential_env());
     if let Some(d) = daemon {
         all.push(("XAGG_DAEMON", d.to_string()));
     }

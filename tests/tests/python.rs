@@ -71,7 +71,7 @@ fn field(line: &str, name: &str) -> f64 {
 /// The environment of ranks on hosts: each gets its host's daemon from the lab.
 fn hosts_env() -> Vec<(&'static str, String)> {
     let mut e = xagg_lab::python::base_env();
-    e.push(("XAGG_CREDENTIAL", credential_env()));
+    e.extend(credential_env());
     e
 }
 

@@ -5,7 +5,7 @@
 //! - A communicator becomes a job at its first served call ([`comm`]): rank 0 draws the
 //!   job's key and secret and broadcasts them, every rank joins through the daemon's
 //!   network listener (`XAGG_DAEMON`), the first with the admission credential
-//!   (`XAGG_CREDENTIAL`). Ranks agree on the outcome; if any cannot join, Open MPI serves
+//!   (`XAGG_CREDENTIAL`, its key in `XAGG_CREDENTIAL_FILE`). Ranks agree on the outcome; if any cannot join, Open MPI serves
 //!   the communicator and rank 0 says why.
 //! - Each call ([`call`]) goes to the switch, then the ranks agree it succeeded everywhere;
 //!   otherwise Open MPI makes it again from the kept input.

@@ -344,7 +344,7 @@ impl Job {
     }
 
     /// Joins the job the environment describes (`xagg.from_env`): the settings from
-    /// `XAGG_DAEMON`, `XAGG_CREDENTIAL`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS` and
+    /// `XAGG_DAEMON`, `XAGG_CREDENTIAL`, `XAGG_CREDENTIAL_FILE`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS` and
     /// `XAGG_GIVE_UP_MS`; the job's key and secret from `XAGG_JOB_KEY` and
     /// `XAGG_JOB_SECRET`; the rank and size from the launcher; with `XAGG_COORDINATOR`,
     /// this host's ranks from the launcher. Keyword arguments override them; with

@@ -224,6 +224,12 @@ pub enum Error {
     NotAnAddress { value: String },
     #[error("{name}={value} is not a number")]
     NotANumber { name: String, value: String },
+    #[error("XAGG_CREDENTIAL_FILE={file} names no credential: set XAGG_CREDENTIAL=NAME too, the credential's name in the daemon's configuration")]
+    CredentialUnnamed { file: String },
+    #[error("XAGG_CREDENTIAL holds a key and XAGG_CREDENTIAL_FILE={file} another: give the key once — XAGG_CREDENTIAL=NAME with the file, which keeps it out of the environment")]
+    CredentialTwice { file: String },
+    #[error("XAGG_CREDENTIAL_FILE={file}: {error} (the file `xagg keygen` wrote, readable by the ranks)")]
+    CredentialFile { file: String, error: io::Error },
     /// `what` names the setting.
     #[error("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)")]
     NotCredential { what: String },

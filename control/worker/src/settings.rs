@@ -1,5 +1,6 @@
 //! Joining a job from the settings a launcher hands every rank (`XAGG_DAEMON`,
-//! `XAGG_CREDENTIAL`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS`, `XAGG_GIVE_UP_MS`): what the
+//! `XAGG_CREDENTIAL`, `XAGG_CREDENTIAL_FILE`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS`,
+//! `XAGG_GIVE_UP_MS`): what the
 //! MPI library and the Python module share. The caller brings what its ranks agree on —
 //! the job's key and secret, and this rank's [`Placement`] — and gets a worker that has
 //! joined and learnt the job's state from the switch.
@@ -27,8 +28,10 @@ pub struct JoinSettings {
     /// The daemon's network listener (`XAGG_DAEMON`): where every host runs its own
     /// daemon, this host's.
     pub daemon: SocketAddr,
-    /// The admission credential (`XAGG_CREDENTIAL=NAME:KEY`), for the rank that creates
-    /// the job.
+    /// The admission credential, for the rank that creates the job: `XAGG_CREDENTIAL=NAME`
+    /// with the key in the file `XAGG_CREDENTIAL_FILE` names (as `xagg keygen` writes it:
+    /// no secret in the environment or on a launcher's command line), or
+    /// `XAGG_CREDENTIAL=NAME:KEY`.
     pub credential: Option<(String, CredentialKey)>,
     /// Slots per job (`XAGG_SLOTS`, [`SLOTS`]).
     pub slots: usize,
@@ -88,9 +91,7 @@ impl JoinSettings {
         };
         let defaults = Self::new(daemon);
         Ok(Self {
-            credential: var("XAGG_CREDENTIAL")
-                .map(|c| parse_credential(&c, "XAGG_CREDENTIAL"))
-                .transpose()?,
+            credential: credential(&var)?,
             slots: number("XAGG_SLOTS")?.map_or(defaults.slots, |n| n as usize),
             join_timeout: number("XAGG_JOIN_TIMEOUT_MS")?
                 .map_or(defaults.join_timeout, Duration::from_millis),
@@ -138,6 +139,26 @@ pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), 
         .ok_or_else(|| Error::NotCredential { what: what.into() })?;
     let key = xagg_join::from_hex(key.trim(), &format!("{what}'s key"))?;
     Ok((name.to_string(), CredentialKey(key)))
+}
+
+/// The admission credential the settings give: see [`JoinSettings::credential`].
+fn credential(
+    var: &impl Fn(&str) -> Option<String>,
+) -> Result<Option<(String, CredentialKey)>, Error> {
+    match (var("XAGG_CREDENTIAL"), var("XAGG_CREDENTIAL_FILE")) {
+        (None, None) => Ok(None),
+        (Some(c), None) => parse_credential(&c, "XAGG_CREDENTIAL").map(Some),
+        (Some(name), Some(file)) if !name.contains(':') => {
+            let text = std::fs::read_to_string(&file).map_err(|error| Error::CredentialFile {
+                file: file.clone(),
+                error,
+            })?;
+            let key = xagg_join::from_hex(text.trim(), &format!("the key in {file}"))?;
+            Ok(Some((name.trim().to_string(), CredentialKey(key))))
+        }
+        (Some(_), Some(file)) => Err(Error::CredentialTwice { file }),
+        (None, Some(file)) => Err(Error::CredentialUnnamed { file }),
+    }
 }
 
 /// This host's address toward the daemon (the route's source; port 0, any free one):
@@ -235,6 +256,54 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.starts_with("XAGG_CREDENTIAL must be NAME:KEY"), "{e}");
+    }
+
+    #[test]
+    fn the_credentials_key_from_a_file() {
+        let dir = std::env::temp_dir().join(format!("xagg-credential-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join("team.key");
+        std::fs::write(&file, format!("{KEY}\n")).unwrap();
+        let file = file.to_str().unwrap();
+        let d = ("XAGG_DAEMON", "10.77.0.1:47900");
+        let s = settings(&[
+            d,
+            ("XAGG_CREDENTIAL", "team"),
+            ("XAGG_CREDENTIAL_FILE", file),
+        ])
+        .unwrap();
+        let (name, key) = s.credential.unwrap();
+        assert_eq!(
+            (name.as_str(), key.0.to_vec()),
+            (
+                "team",
+                xagg_join::from_hex::<32>(KEY, "key").unwrap().to_vec()
+            )
+        );
+        let twice = format!("team:{KEY}");
+        for (vars, says) in [
+            (vec![("XAGG_CREDENTIAL_FILE", file)], "names no credential"),
+            (
+                vec![
+                    ("XAGG_CREDENTIAL", twice.as_str()),
+                    ("XAGG_CREDENTIAL_FILE", file),
+                ],
+                "give the key once",
+            ),
+            (
+                vec![
+                    ("XAGG_CREDENTIAL", "team"),
+                    ("XAGG_CREDENTIAL_FILE", "/nonexistent/team.key"),
+                ],
+                "/nonexistent/team.key",
+            ),
+        ] {
+            let mut vars = vars;
+            vars.push(d);
+            let e = settings(&vars).unwrap_err().to_string();
+            assert!(e.contains(says), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

@@ -99,9 +99,32 @@ pub const CREDENTIAL: (&str, &str) = (
     "6c61626c61626c61626c61626c61626c61626c61626c61626c61626c61626c61",
 );
 
-/// `XAGG_CREDENTIAL`'s value for [`CREDENTIAL`].
-pub fn credential_env() -> String {
-    format!("{}:{}", CREDENTIAL.0, CREDENTIAL.1)
+/// The ranks' environment for [`CREDENTIAL`], as the docs launch them: its name in
+/// `XAGG_CREDENTIAL`, its key in a file `XAGG_CREDENTIAL_FILE` names, so that no
+/// launcher's command line or environment holds the key. Written here 0644: the lab's
+/// unprivileged ranks (user nobody) read it too, where a real key file is its user's, 0600.
+pub fn credential_env() -> [(&'static str, String); 2] {
+    let file = std::env::temp_dir().join("xagg-lab-credential.key");
+    if std::fs::read_to_string(&file).ok().as_deref() != Some(CREDENTIAL.1) {
+        use std::os::unix::fs::OpenOptionsExt;
+        let written = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o644)
+            .open(&file)
+            .and_then(|mut f| std::io::Write::write_all(&mut f, CREDENTIAL.1.as_bytes()));
+        if let Err(e) = written {
+            panic!(
+                "writing the lab credential's key to {}: {e}",
+                file.display()
+            );
+        }
+    }
+    [
+        ("XAGG_CREDENTIAL", CREDENTIAL.0.to_string()),
+        ("XAGG_CREDENTIAL_FILE", file.display().to_string()),
+    ]
 }
 
 /// Makes `c` a daemon ranks join: the listener at [`LISTEN`], the credential [`CREDENTIAL`]

@@ -279,16 +279,17 @@ fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
     let sw = joinable_lab(n, mtu)?;
     let agent = xagg_lab::mpi::agent(&sw.lab, &dir)?;
     let lib = xagg_lab::bin("libxagg_mpi.so");
-    let env = [
+    let mut env = vec![
         ("LD_PRELOAD", lib.display().to_string()),
         ("XAGG_DAEMON", LISTEN.to_string()),
-        ("XAGG_CREDENTIAL", credential_env()),
     ];
+    env.extend(credential_env());
     println!(
-        "mpirun -np {n} --host <the workers' addresses> -x LD_PRELOAD={} -x XAGG_DAEMON={} -x XAGG_CREDENTIAL={}:<key> {}",
+        "mpirun -np {n} --host <the workers' addresses> -x LD_PRELOAD={} -x XAGG_DAEMON={} -x XAGG_CREDENTIAL={} -x XAGG_CREDENTIAL_FILE={} {}",
         lib.display(),
         LISTEN,
         CREDENTIAL.0,
+        env[3].1,
         binary.display()
     );
     let before = sw.counters()?;
@@ -307,15 +308,14 @@ fn run_ddp(n: usize, mtu: usize, script: &std::path::Path) -> Result<()> {
     let script = xtask::build::root().join(script);
     let sw = joinable_lab(n, mtu)?;
     let mut env = xagg_lab::python::base_env();
-    env.extend([
-        ("XAGG_DAEMON", LISTEN.to_string()),
-        ("XAGG_CREDENTIAL", credential_env()),
-    ]);
+    env.push(("XAGG_DAEMON", LISTEN.to_string()));
+    env.extend(credential_env());
     let out = target_dir().join("demo-ddp.pt");
     let args = ["xagg", "20", out.to_str().context("a UTF-8 path")?];
     println!(
-        "XAGG_DAEMON={LISTEN} XAGG_CREDENTIAL={}:<key> torchrun --nnodes {n} --nproc_per_node 1 --node_rank <i> --master_addr {} {} {}",
+        "XAGG_DAEMON={LISTEN} XAGG_CREDENTIAL={} XAGG_CREDENTIAL_FILE={} torchrun --nnodes {n} --nproc_per_node 1 --node_rank <i> --master_addr {} {} {}",
         CREDENTIAL.0,
+        credential_env()[1].1,
         lab::worker_ip(0),
         script.display(),
         args.join(" ")

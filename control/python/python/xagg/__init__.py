@@ -24,7 +24,9 @@ def from_env(**kw):
     """Joins the job the environment describes.
 
     - ``XAGG_DAEMON``: the daemon's network listener, ``IP:PORT``;
-    - ``XAGG_CREDENTIAL``: ``NAME:KEY``, to create the job (optional for the other ranks);
+    - ``XAGG_CREDENTIAL`` (a credential's name) and ``XAGG_CREDENTIAL_FILE`` (the file
+      holding its key), to create the job (optional for the other ranks);
+      ``XAGG_CREDENTIAL=NAME:KEY`` alone is read too;
     - ``XAGG_JOB_KEY`` and ``XAGG_JOB_SECRET``: the job's key and secret (hex, from
       ``xagg.new_key()``, the same on every rank);
     - the rank and size from the launcher: ``RANK``/``WORLD_SIZE`` (torchrun),

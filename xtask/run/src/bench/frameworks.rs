@@ -29,8 +29,10 @@ pub(super) fn mpi_run(
                 xagg_lab::bin("libxagg_mpi.so").display().to_string(),
             ),
             ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
-            ("XAGG_CREDENTIAL", crate::demo::credential_env()),
         ]
+        .into_iter()
+        .chain(crate::demo::credential_env())
+        .collect()
     } else {
         Vec::new()
     };
@@ -89,8 +91,8 @@ pub(super) fn torch_runs(
         ("MASTER_ADDR", xagg_lab::lab::worker_ip(0).to_string()),
         ("MASTER_PORT", "29600".to_string()),
         ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
-        ("XAGG_CREDENTIAL", crate::demo::credential_env()),
     ]);
+    env.extend(crate::demo::credential_env());
     let script = xtask::build::root().join("xtask/python/allreduce.py");
     let points: Vec<String> = sizes
         .iter()
