@@ -131,6 +131,30 @@ fn detach_on_exit_and_detach_command() {
     assert!(status.success());
     assert!(!sw.pin.exists(), "pins removed");
     assert!(!has_xdp(&sw, "swp0"), "programs detached");
+    // The fan-out's tc program went with them, and on kernels with tcx (6.6 on) nothing
+    // else was put on the ports: no clsact qdisc left.
+    let tcx = {
+        let release = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+        let mut v = release
+            .split(['.', '-'])
+            .map(|p| p.parse::<u32>().unwrap_or(0));
+        (v.next().unwrap_or(0), v.next().unwrap_or(0)) >= (6, 6)
+    };
+    let qdiscs = Command::new("ip")
+        .args([
+            "netns",
+            "exec",
+            &sw.lab.switch_ns(),
+            "tc",
+            "qdisc",
+            "show",
+            "dev",
+            "swp0",
+        ])
+        .output()
+        .unwrap();
+    let qdiscs = String::from_utf8_lossy(&qdiscs.stdout);
+    assert_eq!(!qdiscs.contains("clsact"), tcx, "{qdiscs}");
 }
 
 #[test]

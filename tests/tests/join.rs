@@ -598,10 +598,17 @@ fn an_idle_joined_job_goes_and_secrets_stay_secret() {
     assert!(!serde_json::to_string(&joins).unwrap().contains(&hex));
 
     // Idle: the daemon restarts half-way, and the timer goes on from the last progress.
+    // The state directory opened to others meanwhile: the daemon starts, and says so.
     std::thread::sleep(Duration::from_millis(2500));
     lab.sw.stop_daemon(Signal::SIGTERM);
+    std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
     lab.sw.start_daemon();
     assert_eq!(lab.joins().len(), 1, "kept across the restart");
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert!(
+        log.contains("is mode 0755") && log.contains(&format!("chmod 0700 {}", state.display())),
+        "{log}"
+    );
     let gone = loop {
         if lab.joins().is_empty() {
             break idle_from.elapsed();

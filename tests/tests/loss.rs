@@ -210,6 +210,19 @@ fn recover(prefix: &str, segment: u16, steer: bool) {
         reps.iter().all(|r| r.reordered > 0),
         "the workers did not reorder"
     );
+
+    // Retransmissions the switch already had are no fault: the daemon reports them (once
+    // a minute) at INFO, never as a WARN.
+    assert!(sw.counters()["drop_duplicate"] > 0);
+    let log = std::fs::read_to_string(&sw.log).unwrap();
+    let lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("reason=\"drop_duplicate\""))
+        .collect();
+    assert!(
+        !lines.is_empty() && lines.iter().all(|l| l.contains(" INFO ")),
+        "{lines:?}"
+    );
 }
 
 /// A member that never contributes: the others fail within the bound, with an error that

@@ -467,13 +467,29 @@ fn log_drops(st: &mut State) {
             .dp
             .port_named(a.ifindex)
             .unwrap_or_else(|| format!("ifindex {}", a.ifindex));
-        warn!(
-            reason = c.name(),
-            port,
-            mac = %xagg_linux::iface::fmt_mac(&a.mac),
-            from = %std::net::SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port)),
-            "dropped a packet (the first of this reason since the last report; `xagg counters` has the totals)"
-        );
+        let from = std::net::SocketAddrV4::new(a.ip.into(), u16::from_be_bytes(a.port));
+        let mac = xagg_linux::iface::fmt_mac(&a.mac);
+        if matches!(
+            c,
+            xagg_common::Counter::DropDuplicate | xagg_common::Counter::DropStale
+        ) {
+            // What every retransmission that crossed its answer looks like: no fault.
+            info!(
+                reason = c.name(),
+                port,
+                %mac,
+                %from,
+                "a member resent a contribution the switch already had (a retransmission; the first since the last report, `xagg counters` has the totals)"
+            );
+        } else {
+            warn!(
+                reason = c.name(),
+                port,
+                %mac,
+                %from,
+                "dropped a packet (the first of this reason since the last report; `xagg counters` has the totals)"
+            );
+        }
     }
 }
 

@@ -186,13 +186,20 @@ impl Dataplane {
         let mut fanout_links = Vec::new();
         let mut link_pins = Vec::new();
         for port in &cfg.switch.ports {
-            // EEXIST: the port has its clsact qdisc already.
-            let _ = tc::qdisc_add_clsact(port);
             let err = |source| Error::Attach {
                 port: port.clone(),
                 source,
             };
-            let id = fanout.attach(port, TcAttachType::Ingress).map_err(err)?;
+            // Kernels since 6.6 take the program without a qdisc (tcx), and nothing is left
+            // on the port after it; older ones need a clsact qdisc, added only then (EEXIST:
+            // the port has one), and left behind.
+            let id = match fanout.attach(port, TcAttachType::Ingress) {
+                Ok(id) => id,
+                Err(_) => {
+                    let _ = tc::qdisc_add_clsact(port);
+                    fanout.attach(port, TcAttachType::Ingress).map_err(err)?
+                }
+            };
             let link = fanout.take_link(id).map_err(err)?;
             if pin.is_some() {
                 let fd: FdLink = link.try_into().map_err(|error| Error::Unpinnable {

@@ -85,6 +85,23 @@ fn refused(reason: impl std::fmt::Display) -> JoinReply {
     }
 }
 
+/// Warns when the state directory lets others in: it is made 0700, but one that was there
+/// keeps its mode, and its listing (which jobs, when) is nobody else's business.
+fn warn_if_open(dir: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    let Ok(m) = std::fs::metadata(dir) else {
+        return;
+    };
+    let mode = m.permissions().mode() & 0o777;
+    if mode & 0o077 != 0 {
+        warn!(
+            "daemon.state_dir {} is mode {mode:04o}: other users can look into it (the joined jobs' state file itself is 0600); `chmod 0700 {}`",
+            dir.display(),
+            dir.display()
+        );
+    }
+}
+
 impl Joins {
     /// Reads the credentials' keys and the state file, keeping the joined jobs the
     /// dataplane still has (and the pending ones, their timers started again).
@@ -98,6 +115,7 @@ impl Joins {
             });
         }
         let state_file = cfg.daemon.state_dir.join("joined.json");
+        warn_if_open(&cfg.daemon.state_dir);
         let saved = Saved::read(&state_file)?;
         let present: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
         let mut jobs = BTreeMap::new();
