@@ -27,6 +27,15 @@ fn scrape(sw: &TestSwitch) -> String {
             let mut out = String::new();
             c.read_to_string(&mut out).unwrap();
             assert!(out.starts_with("HTTP/1.1 200"), "{out}");
+            // The format written is OpenMetrics (`_total` samples, `# EOF`): said so.
+            let (head, body) = out.split_once("\r\n\r\n").unwrap();
+            assert!(
+                head.lines().any(|l| l.eq_ignore_ascii_case(
+                    "content-type: application/openmetrics-text; version=1.0.0; charset=utf-8"
+                )),
+                "{head}"
+            );
+            assert!(body.trim_end().ends_with("# EOF"), "{body}");
             out
         })
         .join()

@@ -28,7 +28,11 @@ struct MemberKind {
     kind: String,
 }
 
-/// The metrics now, in Prometheus's text format.
+/// What [`render`] writes: OpenMetrics text (`_total` samples, `# EOF`), which a
+/// Prometheus server parses with the types kept only when told so.
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+
+/// The metrics now, in the OpenMetrics text format ([`CONTENT_TYPE`]).
 pub fn render(dp: &Dataplane) -> Result<String, Error> {
     let mut reg = Registry::with_prefix("xagg");
     let switch = Family::<Reason, Counter>::default();

@@ -402,12 +402,12 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
                     match xagg_daemon::metrics::render(&h.state().dp) {
                         Ok(text) => (
                             axum::http::StatusCode::OK,
-                            [("content-type", "text/plain; version=0.0.4")],
+                            [("content-type", xagg_daemon::metrics::CONTENT_TYPE)],
                             text,
                         ),
                         Err(e) => (
                             axum::http::StatusCode::INTERNAL_SERVER_ERROR,
-                            [("content-type", "text/plain; version=0.0.4")],
+                            [("content-type", xagg_daemon::metrics::CONTENT_TYPE)],
                             format!("# {e}\n"),
                         ),
                     }
