@@ -87,6 +87,30 @@ pub fn i32_shape(members: usize, slots: usize, segment: usize) -> JobShape {
 
 pub use xagg_lab::switch::{credential_env, CREDENTIAL, LISTEN};
 
+/// What can come of a contribution where it is folded: a steered contribution bumps
+/// `steered` where it came in and exactly one of these where it is folded (a replay the
+/// fault injection dropped included).
+pub const FOLDED: [xagg_common::Counter; 7] = {
+    use xagg_common::Counter::*;
+    [
+        Contribution,
+        Complete,
+        ResultReplay,
+        DropDuplicate,
+        DropStale,
+        SlotReclaimed,
+        InjectDropResult,
+    ]
+};
+
+/// The sum of `counters` (by name, as the API gives them) over [`FOLDED`].
+pub fn folded(counters: &BTreeMap<String, u64>) -> u64 {
+    FOLDED
+        .iter()
+        .map(|c| counters.get(c.name()).copied().unwrap_or(0))
+        .sum()
+}
+
 /// A tree lab of `topology` whose daemons let ranks, hosts and leaf switches join jobs by
 /// themselves ([`xagg_lab::tree::TreeLab::start_joinable`]).
 pub fn joinable_tree(prefix: &str, topology: xagg_lab::tree::Topology) -> xagg_lab::tree::TreeLab {

@@ -99,18 +99,7 @@ fn recover(prefix: &str, segment: u16, steer: bool) {
             if steer {
                 // The job's own row: a result copy dropped at the egress is nobody's fold.
                 let job_after = job_counters(sw);
-                let folded: u64 = [
-                    "contribution",
-                    "complete",
-                    "result_replay",
-                    "drop_duplicate",
-                    "drop_stale",
-                    "slot_reclaimed",
-                    "inject_drop_result",
-                ]
-                .iter()
-                .map(|k| delta(&job_before, &job_after, k))
-                .sum();
+                let folded = folded(&job_after) - folded(&job_before);
                 assert_eq!(delta(&job_before, &job_after, "steered"), folded, "{what}");
                 assert!(folded > 0, "{what}");
             }

@@ -11,17 +11,6 @@ use xagg_tests::*;
 
 const WORKERS: [usize; 3] = [0, 1, 2];
 
-/// What came of contributions, the counters a steered contribution bumps on the CPU that
-/// folds it.
-const OUTCOMES: [Counter; 6] = [
-    Counter::Contribution,
-    Counter::Complete,
-    Counter::ResultReplay,
-    Counter::DropDuplicate,
-    Counter::DropStale,
-    Counter::SlotReclaimed,
-];
-
 /// The switch's counters per CPU, read from its pinned map.
 fn per_cpu(pin: &str) -> BTreeMap<u32, Vec<u64>> {
     let md = MapData::from_pin(format!("{pin}/maps/COUNTERS")).expect("the pinned COUNTERS");
@@ -75,12 +64,12 @@ fn contributions_are_folded_on_the_cpu_they_are_steered_to() {
             .map(|i| delta(c, i))
             .sum::<u64>()
     };
-    let folded: u64 = OUTCOMES.iter().map(|&c| total(c)).sum();
+    let folded: u64 = FOLDED.iter().map(|&c| total(c)).sum();
     // 200 segments per member per job, each contribution steered once and folded once.
     assert_eq!(total(Counter::Steered), folded);
     assert!(total(Counter::Steered) >= 2 * 3 * 200, "{folded}");
     assert_eq!(total(Counter::Complete), 2 * 200);
-    for c in OUTCOMES {
+    for c in FOLDED {
         assert_eq!(delta(c, cpu), total(c), "{c:?} counted off CPU {cpu}");
     }
 }

@@ -36,7 +36,8 @@ pub struct AllreduceArgs {
     #[arg(long, env = "XAGG_JOB_SECRET_FILE")]
     secret_file: Option<PathBuf>,
     /// An admission credential's name, to create the job if this rank joins first. Without
-    /// it, `XAGG_CREDENTIAL=NAME:KEY` as the MPI library and the Python module read it.
+    /// it, `XAGG_CREDENTIAL` as the MPI library and the Python module read it (`NAME` with
+    /// the key's file, or `NAME:KEY`).
     #[arg(long)]
     credential: Option<String>,
     /// The file holding that credential's key.

@@ -224,14 +224,14 @@ pub enum Error {
     NotAnAddress { value: String },
     #[error("{name}={value} is not a number")]
     NotANumber { name: String, value: String },
-    #[error("XAGG_CREDENTIAL_FILE={file} names no credential: set XAGG_CREDENTIAL=NAME too, the credential's name in the daemon's configuration")]
+    #[error("XAGG_CREDENTIAL_FILE={file} (--credential-file) names no credential: set XAGG_CREDENTIAL=NAME (--credential NAME) too, the credential's name in the daemon's configuration")]
     CredentialUnnamed { file: String },
     #[error("XAGG_CREDENTIAL holds a key and XAGG_CREDENTIAL_FILE={file} another: give the key once — XAGG_CREDENTIAL=NAME with the file, which keeps it out of the environment")]
     CredentialTwice { file: String },
     #[error("XAGG_CREDENTIAL_FILE={file}: {error} (the file `xagg keygen` wrote, readable by the ranks)")]
     CredentialFile { file: String, error: io::Error },
     /// `what` names the setting.
-    #[error("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits)")]
+    #[error("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits), or NAME with the key's file in XAGG_CREDENTIAL_FILE (--credential-file)")]
     NotCredential { what: String },
     /// A key that is not hex, or a call to the daemon's listener that failed.
     #[error(transparent)]

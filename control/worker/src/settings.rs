@@ -91,7 +91,7 @@ impl JoinSettings {
         };
         let defaults = Self::new(daemon);
         Ok(Self {
-            credential: credential(&var)?,
+            credential: credential(var("XAGG_CREDENTIAL"), var("XAGG_CREDENTIAL_FILE"))?,
             slots: number("XAGG_SLOTS")?.map_or(defaults.slots, |n| n as usize),
             join_timeout: number("XAGG_JOIN_TIMEOUT_MS")?
                 .map_or(defaults.join_timeout, Duration::from_millis),
@@ -141,11 +141,14 @@ pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), 
     Ok((name.to_string(), CredentialKey(key)))
 }
 
-/// The admission credential the settings give: see [`JoinSettings::credential`].
-fn credential(
-    var: &impl Fn(&str) -> Option<String>,
+/// An admission credential from its name and the file holding its key (as `xagg keygen`
+/// writes it), or from `NAME:KEY` alone: the drop-ins' `XAGG_CREDENTIAL` and
+/// `XAGG_CREDENTIAL_FILE`, `xagg allreduce`'s `--credential` and `--credential-file`.
+pub fn credential(
+    name: Option<String>,
+    file: Option<String>,
 ) -> Result<Option<(String, CredentialKey)>, Error> {
-    match (var("XAGG_CREDENTIAL"), var("XAGG_CREDENTIAL_FILE")) {
+    match (name, file) {
         (None, None) => Ok(None),
         (Some(c), None) => parse_credential(&c, "XAGG_CREDENTIAL").map(Some),
         (Some(name), Some(file)) if !name.contains(':') => {

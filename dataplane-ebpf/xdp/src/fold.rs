@@ -297,7 +297,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
 /// The fold programs, one per `Fold` for the ports (named as `Fold::program` says) and one
 /// for steered contributions, of the cpumap's attach type (`Fold::steered_program`).
 macro_rules! fold_programs {
-    ($($name:ident, $steered:ident = $fold:ident),* $(,)?) => {$(
+    ($($name:ident, $steered:ident = $fold:ident;)*) => {$(
         #[xdp(frags)]
         pub fn $name(ctx: XdpContext) -> u32 {
             run_fold::<{ Fold::$fold as u32 }, false>(&ctx)
@@ -310,38 +310,23 @@ macro_rules! fold_programs {
     )*};
 }
 
-fold_programs!(
-    xagg_fold_sum32,
-    xagg_cpu_sum32 = Sum32,
-    xagg_fold_sum64,
-    xagg_cpu_sum64 = Sum64,
-    xagg_fold_sum_bfp,
-    xagg_cpu_sum_bfp = SumBfp,
-    xagg_fold_sum_bfp64,
-    xagg_cpu_sum_bfp64 = SumBfp64,
-    xagg_fold_min_i32,
-    xagg_cpu_min_i32 = MinI32,
-    xagg_fold_min_u32,
-    xagg_cpu_min_u32 = MinU32,
-    xagg_fold_min_i64,
-    xagg_cpu_min_i64 = MinI64,
-    xagg_fold_max_i32,
-    xagg_cpu_max_i32 = MaxI32,
-    xagg_fold_max_u32,
-    xagg_cpu_max_u32 = MaxU32,
-    xagg_fold_max_i64,
-    xagg_cpu_max_i64 = MaxI64,
-    xagg_fold_prod32,
-    xagg_cpu_prod32 = Prod32,
-    xagg_fold_prod64,
-    xagg_cpu_prod64 = Prod64,
-    xagg_fold_and,
-    xagg_cpu_and = And,
-    xagg_fold_or,
-    xagg_cpu_or = Or,
-    xagg_fold_xor,
-    xagg_cpu_xor = Xor,
-);
+fold_programs! {
+    xagg_fold_sum32, xagg_cpu_sum32 = Sum32;
+    xagg_fold_sum64, xagg_cpu_sum64 = Sum64;
+    xagg_fold_sum_bfp, xagg_cpu_sum_bfp = SumBfp;
+    xagg_fold_sum_bfp64, xagg_cpu_sum_bfp64 = SumBfp64;
+    xagg_fold_min_i32, xagg_cpu_min_i32 = MinI32;
+    xagg_fold_min_u32, xagg_cpu_min_u32 = MinU32;
+    xagg_fold_min_i64, xagg_cpu_min_i64 = MinI64;
+    xagg_fold_max_i32, xagg_cpu_max_i32 = MaxI32;
+    xagg_fold_max_u32, xagg_cpu_max_u32 = MaxU32;
+    xagg_fold_max_i64, xagg_cpu_max_i64 = MaxI64;
+    xagg_fold_prod32, xagg_cpu_prod32 = Prod32;
+    xagg_fold_prod64, xagg_cpu_prod64 = Prod64;
+    xagg_fold_and, xagg_cpu_and = And;
+    xagg_fold_or, xagg_cpu_or = Or;
+    xagg_fold_xor, xagg_cpu_xor = Xor;
+}
 
 /// At an inner level: stores the parent's result (checked and staged by `xagg_switch`)
 /// over the partial it answers and delivers it to the members.

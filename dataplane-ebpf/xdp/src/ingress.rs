@@ -143,10 +143,14 @@ fn try_switch<const STEERED: bool>(ctx: &XdpContext) -> Result<(u32, Counter), C
     };
     let r = if query {
         status_query(ctx, &frame, cfg, job, member)
-    } else if let Some(action) = (!STEERED).then(|| steer(job, hdr)).transpose()?.flatten() {
-        Ok((action, Counter::Steered))
+    } else if STEERED {
+        stage::<true>(ctx, &frame, job, member)
     } else {
-        stage::<STEERED>(ctx, &frame, job, member)
+        match steer(job, hdr) {
+            Ok(Some(action)) => Ok((action, Counter::Steered)),
+            Ok(None) => stage::<false>(ctx, &frame, job, member),
+            Err(c) => Err(c),
+        }
     };
     let (Ok((_, c)) | Err(c)) = r;
     count_job(job.index as u32, member, c);

@@ -49,22 +49,13 @@ fn join(a: &AllreduceArgs, me: &Member, daemon: SocketAddr) -> Result<Worker> {
     )?
     .parse()
     .map_err(anyhow::Error::msg)?;
-    let credential = match (&a.credential, &a.credential_file) {
-        (Some(name), Some(file)) => Some((
-            name.clone(),
-            read_hex(file, "credential's key")?
-                .parse()
-                .map_err(anyhow::Error::msg)?,
-        )),
-        (None, None) => match std::env::var("XAGG_CREDENTIAL") {
-            Ok(c) => Some(xagg_worker::settings::parse_credential(
-                &c,
-                "XAGG_CREDENTIAL",
-            )?),
-            Err(_) => None,
-        },
-        _ => bail!("--credential and --credential-file go together"),
-    };
+    // As the MPI library and the Python module read it, the flags in the variables' place.
+    let credential = xagg_worker::settings::credential(
+        a.credential
+            .clone()
+            .or_else(|| std::env::var("XAGG_CREDENTIAL").ok()),
+        a.credential_file.as_ref().map(|f| f.display().to_string()),
+    )?;
     let j = xagg_worker::JoinParams {
         daemon,
         key: a

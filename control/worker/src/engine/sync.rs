@@ -27,9 +27,9 @@ pub(super) enum JobState {
 
 /// Status queries a worker learning the job's state sends per second once its first round
 /// (one per copy of each slot) is out. A worker whose replies never arrive — a rank behind
-/// veth whose end runs no XDP program — asked again every retransmission timeout and cost
-/// the switch some 13,000 queries a second; now at most its first round plus this many a
-/// second, while the give-up time still ends the wait as before.
+/// veth whose end runs no XDP program — asked about every copy again each retransmission
+/// timeout (2 x 128 queries every 20 ms at 128 slots); now at most its first round plus
+/// this many a second, while the give-up time still ends the wait as before.
 pub const SYNC_QUERIES_PER_SECOND: f64 = 20.0;
 
 /// Longest pause between two rounds of a sync's queries.
