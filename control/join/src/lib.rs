@@ -408,7 +408,9 @@ pub enum MemberReply {
 
 type HmacSha256 = Hmac<Sha256>;
 
-fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
+/// HMAC-SHA256 of `parts` under `key`, each part preceded by its length (so no two lists
+/// of parts give the same input).
+pub fn hmac(key: &[u8], parts: &[&[u8]]) -> [u8; 32] {
     let mut m = HmacSha256::new_from_slice(key).expect("HMAC takes any key length");
     for p in parts {
         m.update(&(p.len() as u32).to_le_bytes());

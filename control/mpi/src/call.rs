@@ -1,41 +1,40 @@
 //! One served allreduce and the steps it goes through:
 //!
 //! 1. **Switch**: submitted to the communicator's job. The input is kept — an in-place
-//!    buffer is copied first — so the call can be made again another way.
-//! 2. **Agree**: every rank says how its switch request ended (`PMPI_Iallreduce` of one
-//!    int, the minimum, on the private communicator): 2 the result came, 1 this call must
-//!    be made again (NaN or infinity in a float sum, which Open MPI carries per element), 0
-//!    the switch failed. Agreements are started in the calls' order, which is the same on
-//!    every rank, so they pair up.
-//! 3. **Fallback** (when the agreement is not 2): the input is put back and Open MPI
-//!    reduces it (`PMPI_Iallreduce` on the private communicator). After a 0 the
-//!    communicator's later calls go to Open MPI too, still agreeing one by one, since a
-//!    rank may have sent them to the switch before it learnt of the failure (those
-//!    requests are cancelled).
+//!    buffer is copied first — so the call can be made again another way. A result from
+//!    the switch ends the call: nothing is asked of Open MPI.
+//! 2. If the switch stopped answering (or refused), the missing results are taken from
+//!    the peers ([`xagg_worker::Worker::recover`]): the switch's exact bits from any rank
+//!    that holds them.
+//! 3. **Fallback**: the input is put back and Open MPI makes the call
+//!    (`PMPI_Iallreduce` on the private communicator) when every rank knows it must, from
+//!    what every rank sees alike: flagged segments (NaN or infinity in a float sum, which
+//!    Open MPI carries per element; a 64-bit overflow) travel in every copy of the result;
+//!    segments no rank holds ([`AllreduceError::Abandoned`]) are found so by every rank
+//!    for the same call, which then moves the communicator to Open MPI for good — later
+//!    calls still in flight at the switch are made by Open MPI too, whatever their switch
+//!    request did. Fallbacks are started in the calls' order, the same on every rank.
 //!
 //! A rank never waits at the switch for a rank that took another way, and never hands the
-//! program a result the others did not get.
+//! program a result the others did not get. A slow rank is no failure: the switch says
+//! whom it waits for and the call waits, up to the collective timeout (`XAGG_TIMEOUT_S`),
+//! which ends the program with a message naming them (MPI has no way back from a
+//! collective some ranks left).
 
 use std::ffi::{c_int, c_void};
 
 use xagg_common::wire::{DType, Op};
-use xagg_worker::{AllreduceError, Buffer, Request as SwitchRequest};
+use xagg_worker::{AllreduceError, Buffer, Request as SwitchRequest, Worker};
 
 use crate::{
     abi::{handles, pmpi, Comm, Datatype, MpiOp, Request, IN_PLACE, SUCCESS},
-    comm::{op_min, Job},
+    comm::Job,
     say,
 };
-
-/// The agreement's votes.
-const VOTE_FAILED: c_int = 0;
-const VOTE_AGAIN: c_int = 1;
-const VOTE_OK: c_int = 2;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Phase {
     Switch,
-    Agree,
     Fallback,
     Done,
 }
@@ -44,7 +43,11 @@ pub enum Phase {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Taken {
     Switch,
-    /// By Open MPI after the switch path failed or could not carry the data.
+    /// By the switch, some segments taken from peers after it stopped answering.
+    Recovered,
+    /// By Open MPI, the switch's result flagged (NaN or infinity, an overflow).
+    Flagged,
+    /// By Open MPI after the switch failed (this call or an earlier one).
     Fallback,
 }
 
@@ -64,9 +67,7 @@ pub struct Call {
     switch: Option<SwitchRequest>,
     /// Why the switch did not serve it on this rank.
     pub error: Option<String>,
-    /// [mine, agreed]: boxed so the pointers given to Open MPI stay put.
-    votes: Box<[c_int; 2]>,
-    /// The agreement's or the fallback's Open MPI request.
+    /// The fallback's Open MPI request: boxed so the pointer given to Open MPI stays put.
     pending: Box<Request>,
     pub phase: Phase,
     pub taken: Option<Taken>,
@@ -103,7 +104,6 @@ impl Call {
             saved: None,
             switch: None,
             error: None,
-            votes: Box::new([VOTE_FAILED, VOTE_FAILED]),
             pending: Box::new(std::ptr::null_mut()),
             phase: Phase::Switch,
             taken: None,
@@ -138,9 +138,15 @@ impl Call {
     }
 
     /// Takes the call one step further if it can; with `block`, waits for that step.
-    /// Returns whether the call advanced. `private` carries the agreement and fallback.
-    pub fn step(&mut self, private: Comm, failed: &mut Option<String>, block: bool) -> bool {
-        let p = pmpi();
+    /// Returns whether the call advanced. `private` carries the fallback; `failed` is
+    /// the communicator's switch failure, set here by the call that finds it.
+    pub fn step(
+        &mut self,
+        worker: &Worker,
+        private: Comm,
+        failed: &mut Option<String>,
+        block: bool,
+    ) -> bool {
         match self.phase {
             Phase::Switch => {
                 let done = match self.switch.as_mut() {
@@ -155,96 +161,99 @@ impl Call {
                     return false;
                 };
                 self.switch = None;
-                self.votes[0] = match completion.map(|c| c.status) {
-                    Some(Ok(_)) => VOTE_OK,
-                    Some(Err(e @ AllreduceError::NonFinite { .. })) => {
+                let status = completion.map(|mut c| {
+                    worker.recover(&mut c);
+                    c.status
+                });
+                let taken = match status {
+                    // An earlier call failed: every rank makes this one with Open MPI,
+                    // whatever its switch request did.
+                    _ if failed.is_some() => Taken::Fallback,
+                    Some(Ok(r)) if r.recovered > 0 => Taken::Recovered,
+                    Some(Ok(_)) => Taken::Switch,
+                    Some(Err(
+                        e @ (AllreduceError::NonFinite { .. } | AllreduceError::Overflow { .. }),
+                    )) => {
                         self.error = Some(e.to_string());
-                        VOTE_AGAIN
+                        Taken::Flagged
                     }
+                    Some(Err(e @ AllreduceError::Abandoned { .. })) => {
+                        *failed = Some(e.to_string());
+                        Taken::Fallback
+                    }
+                    // Cancelled only once the communicator failed; not submitted: an
+                    // error of the call's own arguments, the same on every rank.
+                    Some(Err(AllreduceError::Cancelled { .. })) | None => Taken::Fallback,
                     Some(Err(e)) => {
-                        self.error = Some(e.to_string());
-                        VOTE_FAILED
+                        say(&format!(
+                            "rank {}: an allreduce through the switch failed and cannot be made another way (the other ranks may have its result): {e}; aborting",
+                            crate::world_rank()
+                        ));
+                        // Safety: MPI is initialized.
+                        unsafe { (pmpi().abort)(handles().comm_world, 1) };
+                        Taken::Fallback
                     }
-                    None => VOTE_FAILED,
                 };
-                // Safety: one int each way, boxed, over our communicator; every rank
-                // starts its agreements in the same order.
-                unsafe {
-                    (p.iallreduce)(
-                        (&self.votes[0] as *const c_int).cast(),
-                        (&mut self.votes[1] as *mut c_int).cast(),
-                        1,
-                        handles().int,
-                        op_min(),
-                        private,
-                        &mut *self.pending,
-                    )
-                };
-                self.phase = Phase::Agree;
+                self.taken = Some(taken);
+                if matches!(taken, Taken::Switch | Taken::Recovered) {
+                    self.phase = Phase::Done;
+                    return true;
+                }
+                self.fallback(private);
                 true
             }
-            Phase::Agree | Phase::Fallback => {
+            Phase::Fallback => {
                 if !self.finished(block) {
                     return false;
                 }
-                if self.phase == Phase::Fallback {
-                    self.phase = Phase::Done;
-                    self.taken = Some(Taken::Fallback);
-                    return true;
-                }
-                if self.votes[1] == VOTE_OK {
-                    self.phase = Phase::Done;
-                    self.taken = Some(Taken::Switch);
-                    return true;
-                }
-                if self.votes[1] == VOTE_FAILED && failed.is_none() {
-                    *failed = Some(self.error.clone().unwrap_or_else(|| {
-                        "another rank's allreduce through the switch failed".into()
-                    }));
-                }
-                // Made again by Open MPI from the kept input.
-                let send = match &self.saved {
-                    Some(saved) => {
-                        // Safety: the program's buffer of `bytes` bytes, as at the start.
-                        unsafe {
-                            std::ptr::copy_nonoverlapping(
-                                saved.as_ptr(),
-                                self.recv.cast::<u8>(),
-                                saved.len(),
-                            )
-                        };
-                        IN_PLACE
-                    }
-                    None => self.send,
-                };
-                // Safety: the program's arguments, over our communicator, started in the
-                // same order on every rank.
-                let rc = unsafe {
-                    (p.iallreduce)(
-                        send,
-                        self.recv,
-                        self.count,
-                        self.datatype,
-                        self.op,
-                        private,
-                        &mut *self.pending,
-                    )
-                };
-                if rc != SUCCESS {
-                    // Open MPI's errors are fatal by default; if the program chose
-                    // otherwise, there is nothing left to fall back on.
-                    say(&format!("the fallback MPI_Iallreduce failed ({rc})"));
-                    // Safety: MPI is initialized.
-                    unsafe { (p.abort)(handles().comm_world, 1) };
-                }
-                self.phase = Phase::Fallback;
+                self.phase = Phase::Done;
                 true
             }
             Phase::Done => false,
         }
     }
 
-    /// Whether the agreement's or the fallback's request is complete (waiting with
+    /// Starts Open MPI's allreduce of the kept input, on `private`.
+    fn fallback(&mut self, private: Comm) {
+        let p = pmpi();
+        let send = match &self.saved {
+            Some(saved) => {
+                // Safety: the program's buffer of `bytes` bytes, as at the start.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        saved.as_ptr(),
+                        self.recv.cast::<u8>(),
+                        saved.len(),
+                    )
+                };
+                IN_PLACE
+            }
+            None => self.send,
+        };
+        // Safety: the program's arguments, over our communicator, started in the same
+        // order on every rank.
+        let rc = unsafe {
+            (p.iallreduce)(
+                send,
+                self.recv,
+                self.count,
+                self.datatype,
+                self.op,
+                private,
+                &mut *self.pending,
+            )
+        };
+        if rc != SUCCESS {
+            // Open MPI's errors are fatal by default; if the program chose otherwise,
+            // there is nothing left to fall back on.
+            say(&format!("the fallback MPI_Iallreduce failed ({rc})"));
+            // Safety: MPI is initialized.
+            unsafe { (p.abort)(handles().comm_world, 1) };
+        }
+        self.phase = Phase::Fallback;
+    }
+
+    /// Whether the fallback's request is complete (waiting with
     /// `block`).
     fn finished(&mut self, block: bool) -> bool {
         let p = pmpi();

@@ -4,13 +4,15 @@
 //! Every decision is taken together through `PMPI_` on a private duplicate of the
 //! communicator (so these collectives never interleave with the program's own): whether
 //! the job can be made (the settings, the communicator's size), the job's key and secret
-//! (rank 0 draws them and broadcasts them), whether every rank joined, and after each
-//! allreduce whether every rank got the switch's result ([`crate::call`]).
+//! (rank 0 draws them and broadcasts them), whether every rank joined, and every rank's
+//! peer responder (where results are recovered from when the switch stops answering,
+//! [`crate::call`]). Calls themselves take no collective of Open MPI's unless they fall
+//! back.
 
 use std::{
     collections::VecDeque,
     ffi::{c_int, c_void},
-    net::SocketAddr,
+    net::{SocketAddr, SocketAddrV4},
 };
 
 use xagg_worker::{JobKey, JoinSettings, Placement, Secret, Worker};
@@ -179,23 +181,59 @@ pub fn create(comm: Comm) -> CommState {
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
     let joined = daemons(private, settings.daemon, size)
         .and_then(|all| Ok(Placement::by_daemon(&all, rank as usize)?))
-        .and_then(|placed| Ok(settings.join(key, secret, &placed)?));
+        .and_then(|placed| Ok(settings.join(key, secret, &placed)?))
+        .and_then(|w| {
+            let at = w.serve_peers(&secret)?;
+            Ok((w, at))
+        });
     let local = joined.as_ref().map(|_| ());
     match agree(private, local) {
-        Ok(()) => state(Path::Switch(Job {
-            worker: joined.expect("agreed"),
-            private,
-            failed: None,
-            calls: VecDeque::new(),
-            spares: Vec::new(),
-        })),
+        Ok(()) => {
+            let (worker, at) = joined.expect("agreed");
+            worker.set_peers(rank as usize, responders(private, at, size));
+            state(Path::Switch(Job {
+                worker,
+                private,
+                failed: None,
+                calls: VecDeque::new(),
+                spares: Vec::new(),
+            }))
+        }
         Err(e) => {
-            if let Ok(w) = joined {
+            if let Ok((w, _)) = joined {
                 let _ = w.leave();
             }
             state(fail(&mut private, e.to_string()))
         }
     }
+}
+
+/// Every rank's peer responder, in rank order. Collective over `comm`.
+fn responders(comm: Comm, mine: SocketAddrV4, size: c_int) -> Vec<SocketAddrV4> {
+    let mut all = vec![[0u8; 6]; size as usize];
+    let mut me = [0u8; 6];
+    me[..4].copy_from_slice(&mine.ip().octets());
+    me[4..].copy_from_slice(&mine.port().to_le_bytes());
+    // Safety: 6 bytes from each rank into 6·size, over our duplicate, every rank here.
+    unsafe {
+        (pmpi().allgather)(
+            me.as_ptr().cast(),
+            6,
+            handles().byte,
+            all.as_mut_ptr().cast(),
+            6,
+            handles().byte,
+            comm,
+        )
+    };
+    all.iter()
+        .map(|b| {
+            SocketAddrV4::new(
+                [b[0], b[1], b[2], b[3]].into(),
+                u16::from_le_bytes([b[4], b[5]]),
+            )
+        })
+        .collect()
 }
 
 /// Every rank's daemon (`XAGG_DAEMON`, which each host sets to its own), in rank order:

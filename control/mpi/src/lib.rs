@@ -45,6 +45,10 @@ use xagg_common::wire::{self, DType, Op};
 struct Stats {
     switch_calls: u64,
     switch_bytes: u64,
+    /// Of the switch's calls, those finished with results from peers.
+    recovered_calls: u64,
+    /// Made by Open MPI because the switch's result was flagged (NaN, overflow).
+    flagged_calls: u64,
     fallback_calls: u64,
     /// Calls handed to Open MPI unchanged, by reason.
     passed: HashMap<String, u64>,
@@ -153,7 +157,7 @@ fn progress(st: &mut State, comm: usize, until: Option<u64>) {
         };
         let block = until.is_some();
         let failed_before = job.failed.is_some();
-        let advanced = head.step(job.private, &mut job.failed, block);
+        let advanced = head.step(&job.worker, job.private, &mut job.failed, block);
         let phase = head.phase;
         if !failed_before && job.failed.is_some() {
             if c.rank == 0 || verbose() {
@@ -178,10 +182,14 @@ fn progress(st: &mut State, comm: usize, until: Option<u64>) {
                 }
             }
             match done.taken {
-                Some(Taken::Switch) => {
+                Some(t @ (Taken::Switch | Taken::Recovered)) => {
                     st.stats.switch_calls += 1;
                     st.stats.switch_bytes += done.bytes as u64;
+                    if t == Taken::Recovered {
+                        st.stats.recovered_calls += 1;
+                    }
                 }
+                Some(Taken::Flagged) => st.stats.flagged_calls += 1,
                 _ => st.stats.fallback_calls += 1,
             }
             if !done.request.is_null() {

@@ -88,6 +88,10 @@ fn op_of(op: &str) -> PyResult<Op> {
 #[pyclass(module = "xagg")]
 struct Request {
     inner: Option<xagg_worker::Request>,
+    /// Its worker: a request the switch failed is recovered from the peers.
+    worker: Worker,
+    /// Segments whose result came from a peer.
+    recovered: usize,
     /// How it ended, once it has: `None` for success, else the error's message.
     outcome: Option<Option<String>>,
     /// The error kind, for the callers that decide what to do (`nonfinite`, `failed`).
@@ -97,11 +101,17 @@ struct Request {
 impl Request {
     fn finish(&mut self, c: xagg_worker::Completion) {
         match c.status {
-            Ok(_) => self.outcome = Some(None),
+            Ok(r) => {
+                self.recovered = r.recovered;
+                self.outcome = Some(None)
+            }
             Err(e) => {
                 self.kind = Some(match e {
                     AllreduceError::NonFinite { .. } => "nonfinite",
+                    AllreduceError::Overflow { .. } => "overflow",
                     AllreduceError::Cancelled { .. } => "cancelled",
+                    AllreduceError::Abandoned { .. } => "abandoned",
+                    AllreduceError::Timeout { .. } => "timeout",
                     _ => "failed",
                 });
                 self.outcome = Some(Some(e.to_string()));
@@ -121,12 +131,19 @@ impl Request {
             let Some(mut r) = self.inner.take() else {
                 return Err(XaggError::new_err("the request has no outcome"));
             };
-            let (r, c) = py.detach(move || match timeout {
-                None => (None, Some(r.wait())),
-                Some(t) => {
-                    let c = r.wait_timeout(Duration::from_secs_f64(t.max(0.0)));
-                    (Some(r), c)
+            let w = self.worker.clone();
+            let (r, c) = py.detach(move || {
+                let (r, mut c) = match timeout {
+                    None => (None, Some(r.wait())),
+                    Some(t) => {
+                        let c = r.wait_timeout(Duration::from_secs_f64(t.max(0.0)));
+                        (Some(r), c)
+                    }
+                };
+                if let Some(c) = &mut c {
+                    w.recover(c);
                 }
+                (r, c)
             });
             self.inner = r;
             match c {
@@ -145,16 +162,32 @@ impl Request {
         if self.outcome.is_some() {
             return true;
         }
-        if let Some(c) = self.inner.as_mut().and_then(|r| r.test()) {
+        if let Some(mut c) = self.inner.as_mut().and_then(|r| r.test()) {
             self.inner = None;
+            self.worker.recover(&mut c);
             self.finish(c);
         }
         self.outcome.is_some()
     }
 
+    /// Stops the request at its next step: it ends `cancelled` (what it sent stays sent).
+    fn cancel(&self) {
+        if let Some(r) = &self.inner {
+            r.cancel();
+        }
+    }
+
+    /// Segments whose result came from a peer (the switch having stopped answering).
+    #[getter]
+    fn recovered(&self) -> usize {
+        self.recovered
+    }
+
     /// After the request ended: None if it succeeded, else `(kind, message)` with kind
-    /// `nonfinite` (NaN or infinity in a float sum), `cancelled` or `failed` — without
-    /// raising, for callers that fall back.
+    /// `nonfinite` (NaN or infinity in a float sum), `overflow` (a 64-bit sum),
+    /// `abandoned` (no rank holds some segment: every rank makes this call another way),
+    /// `timeout` (slow ranks past the collective timeout), `cancelled` or `failed` —
+    /// without raising, for callers that fall back.
     fn status(&self) -> Option<(&'static str, String)> {
         match &self.outcome {
             Some(Some(e)) => Some((self.kind.unwrap_or("failed"), e.clone())),
@@ -167,6 +200,8 @@ impl Request {
 #[pyclass(module = "xagg")]
 struct Job {
     worker: Worker,
+    /// The job's secret: what authenticates the peers' questions and answers.
+    secret: Secret,
     /// This process's rank in the whole job, and the job's ranks.
     rank: usize,
     size: usize,
@@ -292,7 +327,12 @@ impl Job {
         let worker = py
             .detach(move || settings.join(key, secret, &placed))
             .map_err(error)?;
-        Ok(Self { worker, rank, size })
+        Ok(Self {
+            worker,
+            secret,
+            rank,
+            size,
+        })
     }
 }
 
@@ -452,9 +492,35 @@ impl Job {
             .map_err(error)?;
         Ok(Request {
             inner: Some(r),
+            worker: self.worker.clone(),
+            recovered: 0,
             outcome: None,
             kind: None,
         })
+    }
+
+    /// Starts answering the other ranks for results this rank holds; returns the address
+    /// ("IP:PORT") to hand them. Every rank then calls `set_peers` with everyone's.
+    fn serve_peers(&self) -> PyResult<String> {
+        Ok(self
+            .worker
+            .serve_peers(&self.secret)
+            .map_err(error)?
+            .to_string())
+    }
+
+    /// Every rank's `serve_peers` address, in rank order: an allreduce the switch fails
+    /// is then finished with the results other ranks hold.
+    fn set_peers(&self, addresses: Vec<String>) -> PyResult<()> {
+        let all = addresses
+            .iter()
+            .map(|a| {
+                a.parse()
+                    .map_err(|_| PyValueError::new_err(format!("peer address {a:?}: give IP:PORT")))
+            })
+            .collect::<PyResult<Vec<_>>>()?;
+        self.worker.set_peers(self.rank, all);
+        Ok(())
     }
 
     /// Allreduce of `array` in place with `op`, waiting for it (the GIL released).

@@ -41,6 +41,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(AllreduceError::Join(why)) => println!("join failed: {why}"),
         Err(AllreduceError::Invalid(why)) => println!("invalid: {why}"),
         Err(AllreduceError::AfXdp(why)) => println!("AF_XDP receive: {why}"),
+        // Only with peers (`Worker::serve_peers`, `Worker::recover`).
+        Err(AllreduceError::Withdrawn { .. }) => println!("to be recovered from peers"),
+        Err(AllreduceError::Abandoned { segments, .. }) => {
+            println!("no rank holds segments {segments:?}: made another way")
+        }
     }
     // After a failure the buffer holds results for the segments that completed.
     let _buffer = done.buffer.into_vec::<f32>().unwrap();

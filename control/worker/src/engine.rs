@@ -33,7 +33,7 @@ use xagg_common::wire::{self, Header, ENC_NONFINITE, ENC_OVERFLOW};
 pub(crate) use self::worker::{wait_readable, Pending, WorkerInner};
 use self::{diagnosis::Diagnosis, schedule::slots_of, sync::JobState};
 use crate::{
-    request::{Buffer, Completion, Shared},
+    request::{lock, Buffer, Completion, Shared},
     transport::Transport,
     window::{Answered, Window},
     AllreduceError, Reduction, Report, WorkerParams,
@@ -68,8 +68,13 @@ struct Active {
     /// Refused and lost datagrams of the worker when the request started.
     refused0: u64,
     lost0: u64,
-    /// Set when it gave up and asks the switch why.
+    /// Set while it asks the switch why it has no progress.
     diagnosis: Option<Diagnosis>,
+    /// Since when the switch has said it waits for other members (a slow peer is not a
+    /// failed switch: the request waits, up to the collective timeout).
+    waiting_since: Option<Instant>,
+    /// A segment a peer was promised this rank lacks: finished from the peers.
+    withdrawn: Option<u32>,
 }
 
 impl Active {
@@ -80,7 +85,7 @@ impl Active {
 
     /// Whether it is still sending and taking results.
     fn running(&self) -> bool {
-        self.message.is_some() && self.diagnosis.is_none()
+        self.message.is_some()
     }
 }
 
@@ -104,6 +109,8 @@ pub(crate) struct Engine {
     flushed: Instant,
     answered: Vec<(Answered, u16)>,
     replies: Vec<(Header, [u8; wire::STATUS_PAYLOAD])>,
+    /// What the peers' responder answers from, once it runs ([`crate::peers`]).
+    pub(crate) view: Option<Arc<std::sync::Mutex<crate::peers::View>>>,
 }
 
 impl Engine {
@@ -128,6 +135,7 @@ impl Engine {
             flushed: now,
             answered: Vec::with_capacity(64),
             replies: Vec::new(),
+            view: None,
             transport,
             p,
         }
@@ -170,10 +178,12 @@ impl Engine {
                 refused0: 0,
                 lost0: 0,
                 diagnosis: None,
+                waiting_since: None,
+                withdrawn: None,
             };
             if a.segments == 0 {
                 // Nothing to send: no message id taken (every member skips it alike).
-                deliver(a, Ok(()), &self.transport);
+                deliver(a, Ok(()), &self.transport, None);
                 continue;
             }
             if self.synced() {
@@ -192,8 +202,19 @@ impl Engine {
 
     /// Gives `a` the next message id and starts its clocks.
     fn start(&mut self, a: &mut Active) {
-        a.message = Some(self.next_message);
+        let message = self.next_message;
+        a.message = Some(message);
         self.next_message = self.next_message.wrapping_add(1);
+        if let Some(v) = &self.view {
+            let out = a.output.bytes();
+            a.withdrawn = lock(v).start(
+                message,
+                out.as_ptr(),
+                out.len(),
+                a.segment_bytes,
+                self.next_message,
+            );
+        }
         let now = Instant::now();
         a.started = Some(now);
         a.last_progress = now;
@@ -338,6 +359,14 @@ impl Engine {
             if let Some(i) = self.index_of(f.message) {
                 let req = &mut self.active[i];
                 req.in_flight -= 1;
+                if let Some(v) = &self.view {
+                    if !lock(v).took(f.message, f.segment, *flags) {
+                        // Promised to a peer not to be taken: recovered from the peers.
+                        req.withdrawn = Some(f.segment as u32);
+                        self.fill_slot(a.slot)?;
+                        continue;
+                    }
+                }
                 req.done += 1;
                 req.last_progress = Instant::now();
                 if !f.retransmitted {
@@ -364,9 +393,7 @@ impl Engine {
 
     /// The index in `active` of the request of `message`, if it is running.
     fn index_of(&self, message: u32) -> Option<usize> {
-        self.active
-            .iter()
-            .position(|a| a.message == Some(message) && a.diagnosis.is_none())
+        self.active.iter().position(|a| a.message == Some(message))
     }
 
     /// Takes the status replies in: answers to a sync, or to diagnoses.
@@ -389,7 +416,7 @@ impl Engine {
             self.window.remove(slot);
         }
         while let Some(a) = self.active.pop_front() {
-            deliver(a, Err(e.clone()), &self.transport);
+            deliver(a, Err(e.clone()), &self.transport, self.view_slots());
         }
         if !self.synced() {
             self.job_state = JobState::Unknown;
@@ -435,14 +462,28 @@ impl Engine {
     /// segments).
     fn end(&mut self, i: usize, status: Result<(), AllreduceError>) {
         let a = self.active.remove(i).expect("an active request");
-        deliver(a, status, &self.transport);
+        deliver(a, status, &self.transport, self.view_slots());
+    }
+
+    /// The peers' view and the job's slots, for a delivery to update.
+    fn view_slots(&self) -> Option<(&std::sync::Mutex<crate::peers::View>, usize)> {
+        self.view.as_deref().map(|v| (v, self.window.slots()))
     }
 }
 
 /// Hands request `a`'s completion to its handle or queue, with the report or the error:
-/// flagged segments turn a complete request into `NonFinite` or `Overflow`.
-fn deliver(mut a: Active, status: Result<(), AllreduceError>, transport: &Transport) {
+/// flagged segments turn a complete request into `NonFinite` or `Overflow`. The peers'
+/// view keeps what peers may ask of it.
+fn deliver(
+    mut a: Active,
+    status: Result<(), AllreduceError>,
+    transport: &Transport,
+    view: Option<(&std::sync::Mutex<crate::peers::View>, usize)>,
+) {
     let (job, message) = (a.shared.job, a.message);
+    if let (Some((v, slots)), Some(m)) = (view, message) {
+        lock(v).finish(m, a.output.bytes(), status.is_ok(), slots);
+    }
     let status = status.and_then(|()| {
         let rep = &mut a.report;
         if let Some(t) = a.started {

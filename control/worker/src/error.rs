@@ -121,6 +121,34 @@ pub enum AllreduceError {
     /// The AF_XDP receive path could not be set up.
     #[error("{0}")]
     AfXdp(Arc<Error>),
+    /// A peer whose switch stopped answering asked this rank for a result it did not hold,
+    /// and was promised it would not be taken from the switch: the request is finished
+    /// from the peers instead ([`Worker::recover`](crate::Worker::recover)).
+    #[error("allreduce of job {job} message {message}: a peer recovering it was told this rank lacks segment {segment}, so it is taken from the peers, not the switch")]
+    Withdrawn {
+        job: u32,
+        message: u32,
+        segment: u32,
+    },
+    /// Recovery found segments no rank holds: no rank returned this call, and every rank
+    /// reaches this verdict for it. Make it, and the job's later calls, another way.
+    #[error("allreduce of job {job} message {message}: the switch stopped answering and no rank holds {} segments ({}): no rank returned this call, so it is made another way", segments.len(), first_few(segments))]
+    Abandoned {
+        job: u32,
+        message: u32,
+        segments: Vec<u32>,
+    },
+}
+
+impl AllreduceError {
+    /// Whether the peers may hold what this request lacks: the switch stopped answering
+    /// or refused, the socket failed, or a peer was promised this rank would not wait.
+    pub fn recoverable(&self) -> bool {
+        matches!(
+            self,
+            Self::NoSwitch { .. } | Self::Refused { .. } | Self::Io(_) | Self::Withdrawn { .. }
+        )
+    }
 }
 
 impl Clone for AllreduceError {
@@ -180,6 +208,24 @@ impl Clone for AllreduceError {
             Self::Invalid(s) => Self::Invalid(s.clone()),
             Self::Join(e) => Self::Join(e.clone()),
             Self::AfXdp(e) => Self::AfXdp(e.clone()),
+            Self::Withdrawn {
+                job,
+                message,
+                segment,
+            } => Self::Withdrawn {
+                job: *job,
+                message: *message,
+                segment: *segment,
+            },
+            Self::Abandoned {
+                job,
+                message,
+                segments,
+            } => Self::Abandoned {
+                job: *job,
+                message: *message,
+                segments: segments.clone(),
+            },
         }
     }
 }

@@ -70,6 +70,7 @@ pub mod engine;
 mod error;
 pub mod join;
 mod params;
+mod peers;
 pub mod report;
 pub mod request;
 pub mod settings;
@@ -83,7 +84,7 @@ use std::{sync::Arc, time::Duration};
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Error, Missing};
 pub use join::{JoinParams, Placement};
-pub use params::{WorkerParams, MIN_TIMEOUT};
+pub use params::{WorkerParams, COLLECTIVE_TIMEOUT, MIN_TIMEOUT};
 pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
@@ -91,6 +92,13 @@ pub use settings::{JoinSettings, JOIN_TIMEOUT};
 use transport::Transport;
 use xagg_common::wire::{self, DType, Lane, Op};
 pub use xagg_join::{CredentialKey, JobKey, Levels, MemberReply, Secret};
+
+/// Writes `xagg: msg` to stderr in one write (the lines of processes sharing a terminal do
+/// not interleave): what a waiting request says of the ranks it waits for.
+pub(crate) fn say(msg: &str) {
+    use std::io::Write;
+    let _ = std::io::stderr().write_all(format!("xagg: {msg}\n").as_bytes());
+}
 
 /// Element types a buffer may hold: plain little-endian data of a wire data type.
 pub trait Element: Copy + Send + Sync + 'static + private::Sealed {
@@ -222,6 +230,98 @@ impl Worker {
 
     pub(crate) fn inner(&self) -> &Arc<WorkerInner> {
         &self.inner
+    }
+
+    /// Starts answering the job's other ranks for results this rank holds (a thread
+    /// with a TCP listener at this worker's address; [`peers`](crate::peers)), each
+    /// question and answer authenticated with the job's `secret`. Returns the address
+    /// to hand the peers; every rank then gives [`Worker::set_peers`] everyone's.
+    pub fn serve_peers(&self, secret: &Secret) -> Result<std::net::SocketAddrV4, AllreduceError> {
+        let view = Arc::new(std::sync::Mutex::new(peers::View::default()));
+        let (at, setup) =
+            peers::serve(&self.inner, *self.params().bind.ip(), secret, view.clone())?;
+        self.inner.with_engine(|e| e.view = Some(view));
+        *request::lock(&self.inner.peers_setup) = Some(setup);
+        Ok(at)
+    }
+
+    /// Every rank's responder address, in rank order (this one's `rank` included): from
+    /// now on a request the switch fails is recovered from them ([`Worker::recover`]).
+    pub fn set_peers(&self, rank: usize, addresses: Vec<std::net::SocketAddrV4>) {
+        if let Some(setup) = request::lock(&self.inner.peers_setup).take() {
+            let _ = self.inner.peers.set(setup.with(rank, addresses));
+        }
+    }
+
+    /// Finishes a request the switch failed ([`AllreduceError::recoverable`]) from the
+    /// peers: each missing segment's result, with the switch's exact bits, from the first
+    /// rank that holds it. Returns whether it tried (peers set, a recoverable failure);
+    /// the completion then says how it ended: success ([`Report::recovered`] counts the
+    /// segments taken from peers), flagged segments as from the switch, or
+    /// [`AllreduceError::Abandoned`] when no rank holds some segment — every rank reaches
+    /// that verdict for the same call, and makes it another way.
+    pub fn recover(&self, c: &mut Completion) -> bool {
+        let (Some(peers), Some(message)) = (self.inner.peers.get(), c.message) else {
+            return false;
+        };
+        if !c.status.as_ref().is_err_and(AllreduceError::recoverable) {
+            return false;
+        }
+        let Some((have, mut flags, segment_bytes)) = request::lock(&peers.view).parked(message)
+        else {
+            return false;
+        };
+        let missing: Vec<u32> = (0..have.len() as u32)
+            .filter(|&s| !have[s as usize])
+            .collect();
+        let asked = missing.len();
+        let job = self.params().job;
+        c.status = match peers.recover(
+            message,
+            missing,
+            c.buffer.bytes_mut(),
+            segment_bytes,
+            &mut flags,
+            self.params().give_up,
+        ) {
+            Ok(none) if none.is_empty() => {
+                let flagged = |bit| -> Vec<u32> {
+                    (0..flags.len() as u32)
+                        .filter(|&s| flags[s as usize] & bit != 0)
+                        .collect()
+                };
+                let (nonfinite, overflow) =
+                    (flagged(wire::ENC_NONFINITE), flagged(wire::ENC_OVERFLOW));
+                if !nonfinite.is_empty() {
+                    Err(AllreduceError::NonFinite {
+                        job,
+                        message,
+                        segments: nonfinite,
+                    })
+                } else if !overflow.is_empty() {
+                    Err(AllreduceError::Overflow {
+                        job,
+                        message,
+                        segments: overflow,
+                    })
+                } else {
+                    Ok(Report {
+                        bytes: c.buffer.len(),
+                        segments: have.len(),
+                        recovered: asked,
+                        path: self.params().path,
+                        ..Report::default()
+                    })
+                }
+            }
+            Ok(none) => Err(AllreduceError::Abandoned {
+                job,
+                message,
+                segments: none,
+            }),
+            Err(e) => Err(e),
+        };
+        true
     }
 
     /// Learns the job's state from the switch (which message comes next, which shadow

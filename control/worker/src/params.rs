@@ -13,6 +13,9 @@ use crate::AllreduceError;
 /// The default lower bound of the retransmission timeout ([`WorkerParams::min_timeout`]).
 pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
+/// [`WorkerParams::collective_timeout`]'s default: 30 minutes, as Gloo's and NCCL's.
+pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
 #[derive(Clone, Debug)]
 pub struct WorkerParams {
     /// The switch's address and collective UDP port.
@@ -46,8 +49,13 @@ pub struct WorkerParams {
     pub min_timeout: Duration,
     /// Upper bound of the retransmission timeout.
     pub max_timeout: Duration,
-    /// Fail when no result arrived for this long.
+    /// How long the switch may stay silent (no result, no status reply) before a request
+    /// fails ([`crate::AllreduceError::NoSwitch`]; with peers, recovered from them).
     pub give_up: Duration,
+    /// How long a request waits while the switch answers that it waits for other members
+    /// (a slow rank: a checkpoint, an evaluation) before it fails naming them
+    /// ([`crate::AllreduceError::Timeout`]); as NCCL's and Gloo's, minutes by default.
+    pub collective_timeout: Duration,
     /// Test option: send segments out of order (each burst of sends is shuffled).
     pub reorder: bool,
     /// Send bursts of segments with UDP GSO (one system call for up to 18 full segments)
@@ -97,6 +105,7 @@ impl WorkerParams {
             min_timeout: MIN_TIMEOUT,
             max_timeout: Duration::from_millis(500),
             give_up: Duration::from_secs(10),
+            collective_timeout: COLLECTIVE_TIMEOUT,
             reorder: false,
             gso: true,
             gro: true,

@@ -58,6 +58,10 @@ pub struct Report {
     /// Each segment's round trip, from its contribution's first send to its result.
     #[serde(default)]
     pub round_trips: RoundTrips,
+    /// Segments whose result came from a peer, the switch having stopped answering
+    /// ([`Worker::recover`](crate::Worker::recover)).
+    #[serde(default)]
+    pub recovered: usize,
 }
 
 /// Round trips counted in buckets a quarter of a power of two wide (within 25 %), from a

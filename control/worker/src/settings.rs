@@ -1,6 +1,6 @@
 //! Joining a job from the settings a launcher hands every rank (`XAGG_DAEMON`,
 //! `XAGG_CREDENTIAL`, `XAGG_CREDENTIAL_FILE`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS`,
-//! `XAGG_GIVE_UP_MS`): what the
+//! `XAGG_GIVE_UP_MS`, `XAGG_TIMEOUT_S`): what the
 //! MPI library and the Python module share. The caller brings what its ranks agree on —
 //! the job's key and secret, and this rank's [`Placement`] — and gets a worker that has
 //! joined and learnt the job's state from the switch.
@@ -41,6 +41,10 @@ pub struct JoinSettings {
     /// How long an allreduce waits for the switch (`XAGG_GIVE_UP_MS`; unset: the
     /// library's, [`crate::WorkerParams::give_up`]).
     pub give_up: Option<Duration>,
+    /// How long an allreduce waits for slow ranks while the switch answers
+    /// (`XAGG_TIMEOUT_S`; unset: the library's,
+    /// [`crate::WorkerParams::collective_timeout`]).
+    pub collective_timeout: Option<Duration>,
 }
 
 impl JoinSettings {
@@ -52,6 +56,7 @@ impl JoinSettings {
             slots: SLOTS,
             join_timeout: JOIN_TIMEOUT,
             give_up: None,
+            collective_timeout: None,
         }
     }
 
@@ -96,6 +101,7 @@ impl JoinSettings {
             join_timeout: number("XAGG_JOIN_TIMEOUT_MS")?
                 .map_or(defaults.join_timeout, Duration::from_millis),
             give_up: number("XAGG_GIVE_UP_MS")?.map(Duration::from_millis),
+            collective_timeout: number("XAGG_TIMEOUT_S")?.map(Duration::from_secs),
             ..defaults
         })
     }
@@ -126,6 +132,9 @@ impl JoinSettings {
         Worker::join_synced(j, |p| {
             if let Some(g) = self.give_up {
                 p.give_up = g;
+            }
+            if let Some(t) = self.collective_timeout {
+                p.collective_timeout = t;
             }
         })
     }

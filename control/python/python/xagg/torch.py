@@ -17,10 +17,15 @@ product and bitwise ops of integers); every other collective, and every other te
 to an inner Gloo group made from the same store.
 
 Each allreduce returns at once; a completion thread waits for the switch (the GIL released)
-and then agrees with the other ranks, through a private Gloo group, that each got the
-result. Otherwise Gloo makes that allreduce again from the kept input, on every rank, and
-after a switch failure every later one: the replicas never diverge, and the script never
-hangs. An internal error makes the next call of the backend raise.
+and completes the future with its result: nothing is asked of Gloo. If the switch stops
+answering, the result is taken from the ranks that hold it (every rank runs a small
+responder); what no rank holds is found so by every rank for the same call, and Gloo makes
+that allreduce, and every later one, from the kept input on every rank (through a private
+Gloo group, in the calls' order). A result flagged by the switch (NaN or infinity in a
+float sum) is made by Gloo too, on every rank alike. A slow rank is no failure: the call
+waits while the switch says whom it waits for, up to the group's timeout, and then fails
+naming them. The replicas never diverge. An internal error makes the next call of the
+backend raise.
 """
 
 import atexit
@@ -41,8 +46,8 @@ __all__ = ["ProcessGroupXagg", "HookState", "allreduce_hook"]
 _DTYPES = {torch.int32, torch.int64, torch.float16, torch.float32, torch.float64}
 _FLOATS = {torch.float16, torch.float32, torch.float64}
 
-# Votes of the agreement after each allreduce (the minimum wins).
-_FAILED, _AGAIN, _OK = 0, 1, 2
+# Votes of the agreement on joining (the minimum wins).
+_FAILED, _OK = 0, 2
 
 
 def _op_name(op, dtype):
@@ -83,7 +88,7 @@ class _Engine:
         self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
         self.failed = None
         self.error = None
-        self.served = self.fallbacks = 0
+        self.served = self.recovered = self.flagged = self.fallbacks = 0
         self.pending = set()
         # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
         # theirs): fresh memory would cost a page fault per 4 KiB on every call.
@@ -111,17 +116,24 @@ class _Engine:
             # The credential, the slots and the timeouts from the environment, as
             # `xagg.from_env` reads them.
             self.job = Job.from_env(daemon=daemon, rank=rank, size=size, key=key, secret=secret, daemons=daemons)
+            # Each rank's responder, where the others recover results if the switch stops
+            # answering.
+            store.set(f"xagg/peer/{rank}", self.job.serve_peers())
             why = None
         except (XaggError, ValueError) as e:
             why = str(e)
+        if why is not None:
+            store.set(f"xagg/peer/{rank}", "")
         # Every rank joined, or none uses the switch.
         if self._agree(_OK if why is None else _FAILED) != _OK:
             self._leave()
             self.failed = why or "another rank could not join the job"
             if rank == 0 or _verbose():
                 _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
-        elif _verbose():
-            _say(f"rank {rank}: joined the switch")
+        else:
+            self.job.set_peers([store.get(f"xagg/peer/{r}").decode() for r in range(size)])
+            if _verbose():
+                _say(f"rank {rank}: joined the switch")
         self.queue = queue.Queue()
         self.thread = threading.Thread(target=self._run, name="xagg-completions", daemon=True)
         self.thread.start()
@@ -176,31 +188,45 @@ class _Engine:
             if item is None:
                 return
             req, tensor, saved, op, fut, work, target = item
+            failure = None
             try:
-                vote, why = _OK, None
-                if req is None:
-                    vote, why = _FAILED, self.failed
-                else:
+                kind, why = None, None
+                if req is not None:
+                    if self.failed is not None:
+                        # Made by Gloo anyway: no need to wait for the switch.
+                        req.cancel()
                     try:
                         req.wait()
                     except XaggError:
                         kind, why = req.status()
-                        vote = _AGAIN if kind == "nonfinite" else _FAILED
-                agreed = self._agree(vote)
-                if agreed == _OK:
+                if kind in ("timeout", "failed") and self.failed is None:
+                    # Slow ranks past the group's timeout, or peers that could not be
+                    # reached: this call fails, saying why (no rank moves on alone).
+                    raise XaggError(why)
+                if kind == "abandoned" and self.failed is None:
+                    self.failed = why
+                    if self.rank == 0 or _verbose():
+                        _say(f"rank {self.rank}: the switch failed, allreduces go to Gloo from now on: {why}")
+                if self.failed is None and kind is None:
                     self.served += 1
+                    if req.recovered:
+                        self.recovered += 1
                 else:
-                    if agreed == _FAILED and self.failed is None:
-                        self.failed = why or "another rank's allreduce through the switch failed"
-                        if self.rank == 0 or _verbose():
-                            _say(f"rank {self.rank}: the switch failed, allreduces go to Gloo from now on: {self.failed}")
+                    # Every rank makes this call with Gloo, from the kept input: the
+                    # switch's result is flagged in every copy (NaN or infinity), or the
+                    # switch failed at this call or an earlier one (every rank finds it at
+                    # the same call; later requests are cancelled or ignored).
                     tensor.copy_(saved)
                     o = AllreduceOptions()
                     o.reduceOp = op
                     self.private.allreduce([tensor], o).wait()
-                    self.fallbacks += 1
+                    if self.failed is None:
+                        self.flagged += 1
+                    else:
+                        self.fallbacks += 1
             except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
                 self.error = f"{type(e).__name__}: {e}"
+                failure = e
             finally:
                 with self.spares_lock:
                     if len(self.spares) < 16:
@@ -208,7 +234,10 @@ class _Engine:
                 if target is not None:
                     target.copy_(tensor)
                     tensor = target
-                fut.set_result([tensor])
+                if failure is not None:
+                    fut.set_exception(failure)
+                else:
+                    fut.set_result([tensor])
                 self.pending.discard(work)
 
     def close(self):
@@ -218,7 +247,10 @@ class _Engine:
             self.thread.join()
         self._leave()
         if self.rank == 0 or _verbose():
-            _say(f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed")
+            _say(
+                f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
+                f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers"
+            )
 
 
 class _Work(dist.Work):

@@ -1,6 +1,7 @@
-//! Giving a request up: a request without progress for the give-up time asks the switch,
-//! for each of its rounds in flight, which members the slot waits for, and ends with what
-//! the switch said — or refused, or no switch at all.
+//! A request without progress: after the give-up time without a result it asks the
+//! switch, for each of its rounds in flight, which members the slot waits for. A switch
+//! that answers is alive — the request waits on slow members, saying whom, up to the
+//! collective timeout; one that refused, or did not answer at all, ends it.
 
 use std::{
     io,
@@ -14,13 +15,13 @@ use xagg_common::{
 };
 
 use super::Engine;
-use crate::{window::InFlight, AllreduceError, Missing};
+use crate::{request::lock, window::InFlight, AllreduceError, Missing};
 
 /// How long a request's diagnosis waits for the switch's status replies.
 const DIAGNOSIS: Duration = Duration::from_millis(300);
 
-/// A request being given up: what it asked the switch, the answers so far, and until when
-/// it waits for the rest.
+/// A request asking the switch why it has no progress: what it asked, the answers so far,
+/// and until when it waits for the rest.
 pub(super) struct Diagnosis {
     until: Instant,
     waited: Duration,
@@ -29,18 +30,32 @@ pub(super) struct Diagnosis {
 }
 
 impl Engine {
-    /// Starts the diagnosis of requests without progress for the give-up time, and ends
-    /// those whose diagnosis is complete.
+    /// Ends requests a peer was promised this rank would not finish from the switch;
+    /// starts the diagnosis of requests without progress for the give-up time, and acts
+    /// on those whose diagnosis is complete.
     pub(super) fn check_requests(&mut self, now: Instant) -> io::Result<()> {
         let mut i = 0;
         while i < self.active.len() {
-            let a = &self.active[i];
+            let a = &mut self.active[i];
+            if let (Some(v), Some(m), None) = (&self.view, a.message, a.withdrawn) {
+                a.withdrawn = lock(v).withdrawn(m);
+            }
+            if let (Some(message), Some(segment)) = (a.message, a.withdrawn) {
+                let e = AllreduceError::Withdrawn {
+                    job: self.p.job,
+                    message,
+                    segment,
+                };
+                self.give_up(i, e);
+                continue;
+            }
             if let Some(d) = &a.diagnosis {
                 let answered = d.missing.iter().all(Missing::complete);
                 if now >= d.until || answered || d.refusal.is_some() {
-                    let e = self.diagnosed(i);
-                    self.end(i, Err(e));
-                    continue;
+                    if let Some(e) = self.diagnosed(i, now) {
+                        self.give_up(i, e);
+                        continue;
+                    }
                 }
             } else if a.running()
                 && a.in_flight > 0
@@ -54,9 +69,16 @@ impl Engine {
         Ok(())
     }
 
-    /// Gives request `i` up: asks the switch, for each of its rounds in flight, which
-    /// members the slot waits for; the answers end it ([`Self::diagnosed`]). Its slots
-    /// go on with the next requests.
+    /// Ends request `i` with `e`, its rounds taken out of flight and their slots given to
+    /// the next requests.
+    fn give_up(&mut self, i: usize, e: AllreduceError) {
+        let freed = self.withdraw(i);
+        self.end(i, Err(e));
+        self.fill(freed);
+    }
+
+    /// Asks the switch, for each of request `i`'s rounds in flight, which members the slot
+    /// waits for; the rounds stay in flight.
     fn diagnose(&mut self, i: usize, waited: Duration) -> io::Result<()> {
         let message = self.active[i].message.expect("running");
         let flights: Vec<(usize, InFlight)> = self
@@ -65,7 +87,6 @@ impl Engine {
             .filter(|(_, f)| f.message == message)
             .map(|(s, f)| (s, *f))
             .collect();
-        let freed = self.withdraw(i);
         let mut missing = Vec::new();
         for (slot, f) in flights {
             // Asked twice: what this rank's aggregation point waits for, and (where that
@@ -87,7 +108,6 @@ impl Engine {
             missing,
             refusal: None,
         });
-        self.fill(freed);
         Ok(())
     }
 
@@ -143,28 +163,44 @@ impl Engine {
         }
     }
 
-    /// The error a diagnosed request ends with: refused, no switch (no reply at all), or
-    /// timed out with what the switch said per slot.
-    fn diagnosed(&mut self, i: usize) -> AllreduceError {
+    /// What a complete diagnosis of request `i` means: the error it ends with — refused,
+    /// no switch (no reply at all), waited longer than the collective timeout — or `None`
+    /// when the switch answered and the request goes on waiting (said once per give-up
+    /// time, naming whom it waits for).
+    fn diagnosed(&mut self, i: usize, now: Instant) -> Option<AllreduceError> {
+        let (job, give_up, limit) = (self.p.job, self.p.give_up, self.p.collective_timeout);
         let a = &mut self.active[i];
         let d = a.diagnosis.take().expect("diagnosed");
         let message = a.message.expect("running");
         if let Some((code, slot)) = d.refusal {
-            return self.refused(code, slot);
+            return Some(self.refused(code, slot));
         }
         if !d.missing.is_empty() && d.missing.iter().all(|m| !m.answered) {
-            return AllreduceError::NoSwitch {
-                job: self.p.job,
+            return Some(AllreduceError::NoSwitch {
+                job,
                 switch: self.p.switch,
                 waited: d.waited,
-            };
+            });
         }
-        AllreduceError::Timeout {
-            job: self.p.job,
-            message,
-            waited: d.waited,
-            missing: d.missing,
+        let since = *a.waiting_since.get_or_insert(now - d.waited);
+        let waited = now.duration_since(since);
+        if waited >= limit {
+            return Some(AllreduceError::Timeout {
+                job,
+                message,
+                waited,
+                missing: d.missing,
+            });
         }
+        a.last_progress = now;
+        let first = d.missing.iter().take(2).map(|m| m.to_string());
+        crate::say(&format!(
+            "job {job} message {message}: no result for {:.0} s, the switch is up and waits: {}; waiting on (the collective timeout is {} s, XAGG_TIMEOUT_S)",
+            waited.as_secs_f64().max(give_up.as_secs_f64()),
+            first.collect::<Vec<_>>().join("; "),
+            limit.as_secs()
+        ));
+        None
     }
 
     /// Why the switch refused this member, from a status reply's refusal `code`.

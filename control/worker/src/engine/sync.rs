@@ -236,7 +236,7 @@ impl Engine {
     fn fail_sync(&mut self, e: AllreduceError) {
         self.job_state = JobState::Unknown;
         while let Some(a) = self.active.pop_front() {
-            deliver(a, Err(e.clone()), &self.transport);
+            deliver(a, Err(e.clone()), &self.transport, self.view_slots());
         }
         self.sync_error = Some(e);
     }

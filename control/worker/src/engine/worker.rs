@@ -36,6 +36,9 @@ pub(crate) struct WorkerInner {
     fds: Vec<RawFd>,
     /// The job this worker joined over the network, to leave it.
     pub membership: Option<crate::join::Membership>,
+    /// The responder started, waiting for the peers' addresses; then the peers.
+    pub peers_setup: Mutex<Option<crate::peers::PeersSetup>>,
+    pub peers: std::sync::OnceLock<crate::peers::Peers>,
 }
 
 impl WorkerInner {
@@ -49,6 +52,8 @@ impl WorkerInner {
             fds,
             p,
             membership: None,
+            peers_setup: Mutex::new(None),
+            peers: std::sync::OnceLock::new(),
         }
     }
 
