@@ -99,6 +99,22 @@ fn summary(stderr: &str) -> (u64, u64, u64) {
     )
 }
 
+/// The number rank 0's summary gives before `words` (e.g. "finished from peers").
+fn summary_count(stderr: &str, words: &str) -> u64 {
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("xagg: rank 0: ") && l.contains("allreduces through the switch"))
+        .unwrap_or_else(|| panic!("no summary from rank 0:\n{stderr}"));
+    let before = &line[..line
+        .find(words)
+        .unwrap_or_else(|| panic!("{words:?} not in {line}"))];
+    before
+        .split([' ', '('])
+        .rfind(|w| !w.is_empty())
+        .and_then(|w| w.parse().ok())
+        .unwrap_or_else(|| panic!("no count before {words:?} in {line}"))
+}
+
 fn checked(o: &Output) -> (String, String) {
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -288,4 +304,94 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
         "each host sent its partials up: {c:?}"
     );
     assert!(c[0]["complete"] > 250, "the switch completed them: {c:?}");
+}
+
+/// The cases of docs/mpi.md's table, each run of `tests/mpi/cases.c` asserting exact
+/// counts of how its calls were made: a rank whose results are cut off finishes its call
+/// from a peer that sits in an `MPI_Recv` the library does not wrap (its responder takes
+/// the results off its socket); a rank 3 s late is waited for, named, and no failure; a
+/// NaN on one rank makes every rank redo that call with Open MPI; two requests in flight.
+/// On success nothing is asked of Open MPI.
+#[test]
+fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
+    if !require_root("mpi_calls_recover_wait_and_redo_as_the_case_table_says") {
+        return;
+    }
+    let lab = MpiLab::start("xmpc");
+    let cases = lab.program("cases.c");
+    let run = |args: &str, env: &[(&str, String)]| {
+        lab.run(&format!("{} {args}", cases.display()), &lab.daemon(), env)
+    };
+    let give_up = [("XAGG_GIVE_UP_MS", "1000".to_string())];
+
+    // Rank 0's results cut off (UDP from the switch's port dropped in its namespace) once
+    // the communicator has joined; rank 1 sits in MPI_Recv from rank 0 meanwhile.
+    let go = lab.dir.join("go");
+    let _ = std::fs::remove_file(&go);
+    let sw = &lab.sw;
+    let o = std::thread::scope(|s| {
+        let r = s.spawn(|| run(&format!("recv {}", go.display()), &give_up));
+        let mut waited = Duration::ZERO;
+        while sw.counters().get("complete").copied().unwrap_or(0) < 1 {
+            std::thread::sleep(Duration::from_millis(20));
+            waited += Duration::from_millis(20);
+            assert!(
+                waited < Duration::from_secs(60),
+                "the first allreduce never completed"
+            );
+        }
+        let cut = nft_in(
+            &sw.lab.worker_ns(0),
+            &format!(
+                "table inet xagg_cut {{\n chain in {{\n  type filter hook input priority 0;\n  udp sport {} drop\n }}\n}}\n",
+                xagg_common::wire::DEFAULT_PORT
+            ),
+        );
+        // Rank 0 goes on either way: the run must end for the test to.
+        std::fs::write(&go, "").unwrap();
+        assert!(cut, "nft could not add the rule");
+        r.join().unwrap()
+    });
+    assert!(nft_in(&sw.lab.worker_ns(0), "delete table inet xagg_cut\n"));
+    let (out, err) = checked(&o);
+    assert!(out.contains("checks=2 failures=0"), "{out}");
+    assert_eq!(summary(&err), (2, 0, 0), "{err}");
+    assert_eq!(summary_count(&err, "finished from peers"), 1, "{err}");
+    assert_eq!(summary_count(&err, "made again by Open MPI"), 0, "{err}");
+
+    // Rank 0 three seconds late, the give-up time one: waited for, no failure, named.
+    let (out, err) = checked(&run("slow 3", &give_up));
+    assert!(out.contains("checks=2 failures=0"), "{out}");
+    assert_eq!(summary(&err), (2, 0, 0), "{err}");
+    assert!(err.contains("waits for members [0]"), "{err}");
+    let waited: f64 = out
+        .split("rank 1 waited ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("{out}"));
+    assert!(waited > 2.0, "rank 1 waited {waited} s");
+
+    // A NaN on rank 1: every rank redoes that call with Open MPI, which carries it.
+    let (out, err) = checked(&run("nan", &[]));
+    assert!(out.contains("checks=2 failures=0"), "{out}");
+    assert_eq!(summary(&err), (1, 0, 0), "{err}");
+    assert_eq!(summary_count(&err, "made again by Open MPI"), 1, "{err}");
+
+    // Two requests in flight, one MPI_Waitall.
+    let (out, err) = checked(&run("pair", &[]));
+    assert!(out.contains("checks=3 failures=0"), "{out}");
+    assert_eq!(summary(&err), (3, 0, 0), "{err}");
+}
+
+/// `nft` commands in the network namespace `ns`: whether they took.
+fn nft_in(ns: &str, rules: &str) -> bool {
+    use std::io::Write;
+    let mut c = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+        .expect("running nft (nftables)");
+    c.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+    c.wait().unwrap().success()
 }

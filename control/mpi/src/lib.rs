@@ -371,10 +371,12 @@ fn finalize() {
         let mut reasons: Vec<_> = s.passed.iter().collect();
         reasons.sort();
         say(&format!(
-            "rank {rank}: {} allreduces through the switch ({} bytes), {} made by Open MPI after the switch failed, {passed} passed to Open MPI{}",
+            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers), {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow), {passed} passed to Open MPI{}",
             s.switch_calls,
             s.switch_bytes,
+            s.recovered_calls,
             s.fallback_calls,
+            s.flagged_calls,
             if reasons.is_empty() {
                 String::new()
             } else {

@@ -1,0 +1,112 @@
+/* The cases of the MPI library's table (docs/mpi.md), one per run, each an ordinary MPI
+ * program; every result is checked against the value computed locally.
+ * Usage: cases recv GO   rank 0: MPI_Iallreduce, MPI_Wait, MPI_Send to 1; rank 1:
+ *                        MPI_Iallreduce, MPI_Recv from 0, MPI_Wait (it sits in the receive
+ *                        while rank 0 waits); after a first allreduce, rank 0 waits for
+ *                        the file GO (the test cuts its results off first)
+ *        cases slow S    rank 0 starts its allreduce S seconds after the others
+ *        cases nan       rank 1 puts a NaN into element 5 of a float sum
+ *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
+ * Rank 0 prints "checks=C failures=F"; the exit status is 1 if anything failed. */
+#include <math.h>
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+static int rank, size, checks, failures;
+
+static void expect(const char *what, long got, long want) {
+    checks++;
+    if (got != want) {
+        failures++;
+        fprintf(stderr, "rank %d: %s: got %ld, want %ld\n", rank, what, got, want);
+    }
+}
+
+static double now(void) {
+    struct timeval t;
+    gettimeofday(&t, NULL);
+    return t.tv_sec + t.tv_usec / 1e6;
+}
+
+/* An int sum of n elements: rank r's element i is r + i. */
+static void fill(int *x, int n, int k) {
+    for (int i = 0; i < n; i++) x[i] = rank + i + k;
+}
+static long wrong(const int *x, int n, int k) {
+    long bad = 0;
+    for (int i = 0; i < n; i++) bad += x[i] != size * (i + k) + size * (size - 1) / 2;
+    return bad;
+}
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    enum { N = 1024 };
+    int *x = malloc(N * sizeof(int)), *y = malloc(N * sizeof(int));
+    const char *mode = argc > 1 ? argv[1] : "";
+    /* A first allreduce: the communicator joins the switch. */
+    fill(x, N, 0);
+    MPI_Allreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    expect("first", wrong(x, N, 0), 0);
+    if (strcmp(mode, "recv") == 0 && argc > 2) {
+        MPI_Request r;
+        fill(x, N, 1);
+        if (rank == 0) {
+            while (access(argv[2], F_OK) != 0) usleep(10000);
+            MPI_Iallreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+            int token = 42;
+            MPI_Send(&token, 1, MPI_INT, 1, 7, MPI_COMM_WORLD);
+        } else if (rank == 1) {
+            int token = 0;
+            MPI_Iallreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r);
+            MPI_Recv(&token, 1, MPI_INT, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+            expect("token", token, 42);
+        } else {
+            MPI_Iallreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+        }
+        expect("recv", wrong(x, N, 1), 0);
+    } else if (strcmp(mode, "slow") == 0 && argc > 2) {
+        if (rank == 0) sleep(atoi(argv[2]));
+        fill(x, N, 2);
+        double t = now();
+        MPI_Allreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        expect("slow", wrong(x, N, 2), 0);
+        if (rank == 1) printf("rank 1 waited %.1f s\n", now() - t);
+    } else if (strcmp(mode, "nan") == 0) {
+        float *f = malloc(N * sizeof(float));
+        for (int i = 0; i < N; i++) f[i] = rank + 0.5f * i;
+        if (rank == 1) f[5] = NAN;
+        MPI_Allreduce(MPI_IN_PLACE, f, N, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        long bad = 0;
+        for (int i = 0; i < N; i++)
+            bad += i == 5 ? !isnan(f[i]) : f[i] != size * 0.5f * i + size * (size - 1) / 2;
+        expect("nan", bad, 0);
+        free(f);
+    } else if (strcmp(mode, "pair") == 0) {
+        MPI_Request r[2];
+        fill(x, N, 3);
+        fill(y, N, 4);
+        MPI_Iallreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r[0]);
+        MPI_Iallreduce(MPI_IN_PLACE, y, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r[1]);
+        MPI_Waitall(2, r, MPI_STATUSES_IGNORE);
+        expect("pair k", wrong(x, N, 3), 0);
+        expect("pair k+1", wrong(y, N, 4), 0);
+    } else {
+        expect("a known case", 0, 1);
+    }
+    int all_failures = 0;
+    PMPI_Reduce(&failures, &all_failures, 1, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+    if (rank == 0) printf("checks=%d failures=%d\n", checks, all_failures);
+    free(x);
+    free(y);
+    MPI_Finalize();
+    return all_failures != 0;
+}
