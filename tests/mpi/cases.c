@@ -7,6 +7,7 @@
  *        cases slow S    rank 0 starts its allreduce S seconds after the others
  *        cases nan       rank 1 puts a NaN into element 5 of a float sum
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
+ *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
  * Rank 0 prints "checks=C failures=F"; the exit status is 1 if anything failed. */
 #include <math.h>
 #include <mpi.h>
@@ -99,6 +100,15 @@ int main(int argc, char **argv) {
         MPI_Waitall(2, r, MPI_STATUSES_IGNORE);
         expect("pair k", wrong(x, N, 3), 0);
         expect("pair k+1", wrong(y, N, 4), 0);
+    } else if (strcmp(mode, "sizes") == 0) {
+        int lens[] = {256, 16384, 262144};
+        for (int k = 0; k < 3; k++) {
+            int *z = malloc(lens[k] * sizeof(int));
+            fill(z, lens[k], k);
+            MPI_Allreduce(MPI_IN_PLACE, z, lens[k], MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+            expect("sizes", wrong(z, lens[k], k), 0);
+            free(z);
+        }
     } else {
         expect("a known case", 0, 1);
     }

@@ -71,7 +71,11 @@ fn preload<'a>(daemon: Option<&str>, env: &[(&'a str, String)]) -> Vec<(&'a str,
         "{} is built by cargo xtask build",
         lib.display()
     );
-    let mut all = vec![("LD_PRELOAD", lib.display().to_string())];
+    // Every call through the switch unless a test says otherwise: what these tests check.
+    let mut all = vec![
+        ("LD_PRELOAD", lib.display().to_string()),
+        ("XAGG_ROUTE", "all".to_string()),
+    ];
     all.extend(credential_env());
     if let Some(d) = daemon {
         all.push(("XAGG_DAEMON", d.to_string()));
@@ -382,6 +386,36 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     let (out, err) = checked(&run("pair", &[]));
     assert!(out.contains("checks=3 failures=0"), "{out}");
     assert_eq!(summary(&err), (3, 0, 0), "{err}");
+
+    // The route by size, rank 0's alike on every rank (the others' is ignored): 4 KiB
+    // and 1 KiB calls to the switch, 64 KiB and 1 MiB to Open MPI; by default with 4 ranks
+    // (below 16 KiB and from 32 MiB), then as set.
+    let ignored = "XAGG_ROUTE=none; [ $OMPI_COMM_WORLD_RANK = 0 ] && unset XAGG_ROUTE";
+    let sizes = format!("sh -c '{ignored}; exec {} sizes'", cases.display());
+    let (out, err) = checked(&lab.run(&sizes, &lab.daemon(), &[]));
+    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert_eq!(summary(&err), (2, 0, 0), "{err}");
+    assert_eq!(
+        summary_count(&err, "routed to Open MPI by size"),
+        2,
+        "{err}"
+    );
+    let (out, err) = checked(&run("sizes", &[("XAGG_ROUTE", "64KiB-".into())]));
+    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert_eq!(summary(&err), (2, 0, 0), "{err}");
+    assert_eq!(
+        summary_count(&err, "routed to Open MPI by size"),
+        2,
+        "{err}"
+    );
+    // A route that does not parse: Open MPI serves, rank 0 says how to write one.
+    let (out, err) = checked(&run("sizes", &[("XAGG_ROUTE", "16KiB".into())]));
+    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert_eq!(summary(&err).0, 0, "{err}");
+    assert!(
+        err.contains("allreduces go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),
+        "{err}"
+    );
 }
 
 /// `nft` commands in the network namespace `ns`: whether they took.

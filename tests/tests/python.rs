@@ -68,10 +68,12 @@ fn field(line: &str, name: &str) -> f64 {
         .unwrap()
 }
 
-/// The environment of ranks on hosts: each gets its host's daemon from the lab.
+/// The environment of ranks on hosts: each gets its host's daemon from the lab. Every
+/// call through the switch (`XAGG_ROUTE=all`): what these tests check.
 fn hosts_env() -> Vec<(&'static str, String)> {
     let mut e = xagg_lab::python::base_env();
     e.extend(credential_env());
+    e.push(("XAGG_ROUTE", "all".into()));
     e
 }
 

@@ -15,7 +15,7 @@ use std::{
     net::{SocketAddr, SocketAddrV4},
 };
 
-use xagg_worker::{JobKey, JoinSettings, Placement, Secret, Worker};
+use xagg_worker::{route::Route, JobKey, JoinSettings, Placement, Secret, Worker};
 
 use crate::{
     abi::{handles, pmpi, Comm, SUCCESS},
@@ -45,6 +45,8 @@ pub struct Job {
     pub calls: VecDeque<Call>,
     /// Buffers that kept finished calls' in-place inputs, for the next ones.
     pub spares: Vec<Vec<u8>>,
+    /// Which calls go to the switch, by size (rank 0's `XAGG_ROUTE`).
+    pub route: Route,
 }
 
 // Safety: `private` is an MPI handle, used only under the library's lock.
@@ -177,6 +179,10 @@ pub fn create(comm: Comm) -> CommState {
     }
     // Safety: 48 bytes from rank 0 over our duplicate.
     unsafe { (p.bcast)(secrets.as_mut_ptr().cast(), 48, handles().byte, 0, private) };
+    let route = match shared_route(private, rank, size) {
+        Ok(r) => r,
+        Err(why) => return state(fail(&mut private, why)),
+    };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
     let joined = daemons(private, settings.daemon, size)
@@ -197,6 +203,7 @@ pub fn create(comm: Comm) -> CommState {
                 failed: None,
                 calls: VecDeque::new(),
                 spares: Vec::new(),
+                route,
             }))
         }
         Err(e) => {
@@ -206,6 +213,30 @@ pub fn create(comm: Comm) -> CommState {
             state(fail(&mut private, e.to_string()))
         }
     }
+}
+
+/// Rank 0's `XAGG_ROUTE`, read alike by every rank. Collective over `comm`.
+fn shared_route(comm: Comm, rank: c_int, size: c_int) -> Result<Route, String> {
+    const LEN: usize = 256;
+    let mut text = [0u8; LEN];
+    if rank == 0 {
+        let v = std::env::var("XAGG_ROUTE").unwrap_or_default();
+        let n = v.len().min(LEN - 1);
+        text[..n].copy_from_slice(&v.as_bytes()[..n]);
+    }
+    // Safety: LEN bytes from rank 0 over our duplicate, every rank here.
+    unsafe {
+        (pmpi().bcast)(
+            text.as_mut_ptr().cast(),
+            LEN as c_int,
+            handles().byte,
+            0,
+            comm,
+        )
+    };
+    let end = text.iter().position(|&b| b == 0).unwrap_or(LEN);
+    let v = String::from_utf8_lossy(&text[..end]);
+    Route::parse(Some(&v), size as usize).map_err(|e| format!("rank 0's {e}"))
 }
 
 /// Every rank's peer responder, in rank order. Collective over `comm`.

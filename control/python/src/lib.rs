@@ -561,6 +561,32 @@ impl Job {
     }
 }
 
+/// Which calls go to the switch by size: `XAGG_ROUTE`'s value (rank 0's, shared) for a
+/// job of `ranks` (`None` or "auto": the bench's figures; "all"; "none"; byte ranges
+/// such as "0-16KiB,32MiB-").
+#[pyclass(module = "xagg")]
+struct Route(xagg_worker::route::Route);
+
+#[pymethods]
+impl Route {
+    #[new]
+    #[pyo3(signature = (value, ranks))]
+    fn new(value: Option<&str>, ranks: usize) -> PyResult<Self> {
+        xagg_worker::route::Route::parse(value, ranks)
+            .map(Self)
+            .map_err(PyValueError::new_err)
+    }
+
+    /// Whether a call of `nbytes` (elements times their size) goes to the switch.
+    fn takes(&self, nbytes: u64) -> bool {
+        self.0.takes(nbytes)
+    }
+
+    fn __str__(&self) -> String {
+        self.0.to_string()
+    }
+}
+
 /// A new random job key and secret, as hex: rank 0 makes them and shares them.
 #[pyfunction]
 fn new_key() -> (String, String) {
@@ -572,6 +598,7 @@ fn new_key() -> (String, String) {
 fn _xagg(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Job>()?;
     m.add_class::<Request>()?;
+    m.add_class::<Route>()?;
     m.add_function(wrap_pyfunction!(new_key, m)?)?;
     m.add("XaggError", m.py().get_type::<XaggError>())?;
     Ok(())

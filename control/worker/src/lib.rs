@@ -73,6 +73,7 @@ mod params;
 mod peers;
 pub mod report;
 pub mod request;
+pub mod route;
 pub mod settings;
 pub mod transport;
 pub mod window;

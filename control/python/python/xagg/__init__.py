@@ -15,9 +15,9 @@ float64 (anything else raises, saying what to do). Failures raise ``xagg.XaggErr
 ``xagg.torch`` registers a ``torch.distributed`` backend named ``"xagg"``.
 """
 
-from ._xagg import Job, Request, XaggError, new_key
+from ._xagg import Job, Request, Route, XaggError, new_key
 
-__all__ = ["Job", "Request", "XaggError", "new_key", "from_env"]
+__all__ = ["Job", "Request", "Route", "XaggError", "new_key", "from_env"]
 
 
 def from_env(**kw):
@@ -33,7 +33,8 @@ def from_env(**kw):
       ``OMPI_COMM_WORLD_RANK``/``OMPI_COMM_WORLD_SIZE`` (Open MPI), ``PMI_RANK``/``PMI_SIZE``;
     - ``XAGG_SLOTS`` (default 128), ``XAGG_JOIN_TIMEOUT_MS`` (how long the ranks wait for
       each other to join, default 30000) and ``XAGG_GIVE_UP_MS`` (how long an allreduce
-      waits for the switch, default 10000);
+      waits for the switch, default 10000); ``XAGG_TIMEOUT_S`` (how long an allreduce
+      waits for slow ranks while the switch answers, default 1800);
     - where every host runs its own daemon (``XAGG_DAEMON`` then names this host's), which
       reduces its ranks before the switch: ``XAGG_COORDINATOR``, rank 0's host's daemon
       (it places the hosts in a ring should no switch take the job), and this host's ranks

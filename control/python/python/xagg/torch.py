@@ -39,7 +39,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
-from . import Job, XaggError, new_key
+from . import Job, Route, XaggError, new_key
 
 __all__ = ["ProcessGroupXagg", "HookState", "allreduce_hook"]
 
@@ -88,18 +88,22 @@ class _Engine:
         self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
         self.failed = None
         self.error = None
-        self.served = self.recovered = self.flagged = self.fallbacks = 0
+        self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
         self.pending = set()
         # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
         # theirs): fresh memory would cost a page fault per 4 KiB on every call.
         self.spares = {}
         self.spares_lock = threading.Lock()
         self.job = None
+        self.route = None
         try:
             if rank == 0:
                 key, secret = new_key()
                 store.set("xagg/key", key)
                 store.set("xagg/secret", secret)
+                store.set("xagg/route", os.environ.get("XAGG_ROUTE", ""))
+            # Which calls go to the switch by size: rank 0's XAGG_ROUTE, alike everywhere.
+            self.route = Route(store.get("xagg/route").decode(), size)
             key = store.get("xagg/key").decode()
             secret = store.get("xagg/secret").decode()
             daemon = os.environ.get("XAGG_DAEMON")
@@ -249,7 +253,8 @@ class _Engine:
         if self.rank == 0 or _verbose():
             _say(
                 f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
-                f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers"
+                f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers, "
+                f"{self.routed} routed to Gloo by size (XAGG_ROUTE)"
             )
 
 
@@ -303,6 +308,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
             or _op_name(opts.reduceOp, t.dtype) is None
         ):
             # Decided by the call alone, the same on every rank.
+            return self._gloo.allreduce(tensors, opts)
+        if self._engine.route is not None and not self._engine.route.takes(t.numel() * t.element_size()):
+            # Faster through Gloo at this size (XAGG_ROUTE): decided by the call alone.
+            self._engine.routed += 1
             return self._gloo.allreduce(tensors, opts)
         if not t.is_contiguous():
             # A strided view: reduced as a contiguous copy, copied back (Gloo 1.13 would

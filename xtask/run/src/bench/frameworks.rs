@@ -32,6 +32,9 @@ pub(super) fn mpi_run(
         ]
         .into_iter()
         .chain(crate::demo::credential_env())
+        // The route by size as the bench is run with (`XAGG_ROUTE=all`: every call
+        // through the switch), else the library's default.
+        .chain(std::env::var("XAGG_ROUTE").ok().map(|r| ("XAGG_ROUTE", r)))
         .collect()
     } else {
         Vec::new()
@@ -47,24 +50,37 @@ pub(super) fn mpi_run(
         },
     );
     let o = xagg_lab::mpi::run(lab, &agent, n, &env, &program)?;
+    let mut path = None;
     if preload {
-        // Every allreduce through the switch, or the figures are Open MPI's.
+        // Every allreduce through the switch or routed by size to Open MPI, none after a
+        // failure; or the figures are not the library's.
         let err = String::from_utf8_lossy(&o.stderr);
-        let served = err
+        let line = err
             .lines()
-            .find_map(|l| {
-                let rest = l.strip_prefix("xagg: rank 0: ")?;
-                let (n, rest) = rest.split_once(" allreduces through the switch")?;
-                let failed = rest.split(", ").nth(1)?.split(' ').next()?;
-                Some((n.parse::<usize>().ok()?, failed.parse::<usize>().ok()?))
+            .find(|l| {
+                l.starts_with("xagg: rank 0: ") && l.contains(" allreduces through the switch")
             })
             .with_context(|| format!("no summary from the MPI library: {err}"))?;
-        anyhow::ensure!(
-            served.0 >= iterations && served.1 == 0,
-            "the preloaded MPI program did not reduce through the switch ({} through it, {} by Open MPI after a failure): {err}",
-            served.0,
-            served.1
+        let count = |words: &str| -> Option<usize> {
+            line[..line.find(words)?]
+                .split([' ', '('])
+                .rfind(|w| !w.is_empty())?
+                .parse()
+                .ok()
+        };
+        let (served, failed, routed) = (
+            count(" allreduces through the switch"),
+            count(" made by Open MPI after the switch failed"),
+            count(" routed to Open MPI by size"),
         );
+        let (Some(served), Some(failed), Some(routed)) = (served, failed, routed) else {
+            anyhow::bail!("the MPI library's summary reads otherwise: {line}");
+        };
+        anyhow::ensure!(
+            served + routed >= iterations && failed == 0 && (served == 0 || routed == 0),
+            "the preloaded MPI program's calls did not all take one path ({served} through the switch, {routed} routed to Open MPI, {failed} by Open MPI after a failure): {err}"
+        );
+        path = Some(if routed > 0 { "routed" } else { "switch" });
     }
     let text = String::from_utf8_lossy(&o.stdout);
     let line = text.lines().find(|l| l.starts_with('{')).with_context(|| {
@@ -73,7 +89,9 @@ pub(super) fn mpi_run(
             String::from_utf8_lossy(&o.stderr)
         )
     })?;
-    json_point(if preload { "mpi+xagg" } else { "openmpi" }, n, line)
+    let mut p = json_point(if preload { "mpi+xagg" } else { "openmpi" }, n, line)?;
+    p.path = path;
+    Ok(p)
 }
 
 /// PyTorch's `dist.all_reduce` through `backend` ("xagg": the switch; "gloo": PyTorch's
@@ -93,6 +111,7 @@ pub(super) fn torch_runs(
         ("XAGG_DAEMON", crate::demo::LISTEN.to_string()),
     ]);
     env.extend(crate::demo::credential_env());
+    env.extend(std::env::var("XAGG_ROUTE").ok().map(|r| ("XAGG_ROUTE", r)));
     let script = xtask::build::root().join("xtask/python/allreduce.py");
     let points: Vec<String> = sizes
         .iter()
@@ -116,7 +135,8 @@ pub(super) fn torch_runs(
     }
     let err = String::from_utf8_lossy(&outputs[0].stderr);
     if backend == "xagg" {
-        // Every allreduce through the switch, or the figures are Gloo's.
+        // Every allreduce through the switch or routed by size to Gloo, none after a
+        // failure; or the figures are Gloo's.
         anyhow::ensure!(
             err.contains("allreduces through the switch, 0 made by Gloo")
                 && !err.contains("allreduces go to Gloo"),
@@ -128,10 +148,26 @@ pub(super) fn torch_runs(
     } else {
         "gloo"
     };
+    // The script says per point where the calls went (the backend's route by size).
+    let route = (backend == "xagg")
+        .then(|| std::env::var("XAGG_ROUTE").ok())
+        .flatten();
+    let route =
+        xagg_worker::route::Route::parse(route.as_deref(), n).map_err(|e| anyhow::anyhow!(e))?;
     String::from_utf8_lossy(&outputs[0].stdout)
         .lines()
         .filter(|l| l.starts_with('{'))
-        .map(|line| json_point(system, n, line))
+        .map(|line| {
+            let mut p = json_point(system, n, line)?;
+            if backend == "xagg" {
+                p.path = Some(if route.takes(p.bytes as u64) {
+                    "switch"
+                } else {
+                    "routed"
+                });
+            }
+            Ok(p)
+        })
         .collect()
 }
 

@@ -133,16 +133,23 @@ pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
             continue;
         }
         println!();
-        println!("{title} (goodput Gbit/s | latency µs):");
+        println!("{title} (goodput Gbit/s | latency µs | the drop-in's time over the switch path alone's | nccl-tests' busbw, algbw x 2(n-1)/n):");
         println!(
-            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6}",
-            "n", "bytes", a_name, b_name, "x", a_name, b_name, "x"
+            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>7} {:>6} | {:>7} {:>7}",
+            "n", "bytes", a_name, b_name, "x", a_name, b_name, "x", "path", "/alone", "busbw", "busbw"
         );
         for &(r, m) in &pairs {
+            let alone = runs
+                .iter()
+                .find(|s| s.system == "switch" && s.workers == r.workers && s.bytes == r.bytes)
+                .filter(|_| r.path == Some("switch"))
+                .map_or(f64::NAN, |s| r.latency_us / s.latency_us);
+            let bus = |g: f64| g * 2.0 * (r.workers as f64 - 1.0) / r.workers as f64;
             println!(
-                "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2}{}",
+                "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>7} {:>6.2} | {:>7.2} {:>7.2}{}",
                 r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps,
                 r.latency_us, m.latency_us, r.latency_us / m.latency_us,
+                r.path.unwrap_or("?"), alone, bus(r.goodput_gbps), bus(m.goodput_gbps),
                 if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
             );
         }

@@ -33,6 +33,10 @@ pub struct RunPoint {
     /// Rounds whose medians these figures are (`--rounds`).
     pub rounds: usize,
     pub verified: bool,
+    /// The drop-ins' runs: where their calls went — "switch", or "routed" when the route
+    /// by size (`XAGG_ROUTE`, its default here) sent them to Open MPI or Gloo.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub path: Option<&'static str>,
 }
 
 /// Quantiles of the segments' round trips, µs.
@@ -141,6 +145,7 @@ impl RunPoint {
             interface_drops: None,
             round_trip_us: None,
             verified,
+            path: None,
         }
     }
 
