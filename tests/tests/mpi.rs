@@ -119,6 +119,20 @@ fn summary_count(stderr: &str, words: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count before {words:?} in {line}"))
 }
 
+/// Rank 0's summary line for entry point `name`: its calls through the switch, recovered
+/// from peers, routed by size, flagged and redone, fallback, passed.
+fn entry(stderr: &str, name: &str) -> [u64; 6] {
+    let prefix = format!("xagg: rank 0: {name}: ");
+    let Some(line) = stderr.lines().find_map(|l| l.strip_prefix(&prefix)) else {
+        return [0; 6];
+    };
+    let n: Vec<u64> = line
+        .split(", ")
+        .map(|w| w.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    n.try_into().unwrap_or_else(|_| panic!("{line}"))
+}
+
 fn checked(o: &Output) -> (String, String) {
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -142,8 +156,23 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     let (out, err) = checked(&lab.run(check.to_str().unwrap(), &lab.daemon(), &[]));
     assert!(out.contains("failures=0"), "{out}");
     let (switch, fallback, passed) = summary(&err);
-    assert!(switch >= 250, "{switch} allreduces through the switch");
+    assert_eq!(switch, 264, "{err}");
     assert_eq!(fallback, 0);
+    // Per entry point, each completion call of MPI_Iallreduce on its own.
+    for (name, counts) in [
+        ("MPI_Allreduce", [249, 0, 0, 0, 0, 1]),
+        ("MPI_Barrier", [2, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Test", [1, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Testall", [2, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Testany", [2, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Testsome", [2, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Wait", [1, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Waitall", [2, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Waitany", [1, 0, 0, 0, 0, 0]),
+        ("MPI_Iallreduce by MPI_Waitsome", [2, 0, 0, 0, 0, 0]),
+    ] {
+        assert_eq!(entry(&err, name), counts, "{name}: {err}");
+    }
     // The user-defined op went to Open MPI, counted with its reason.
     assert!(
         passed >= 1 && err.contains("an op the switch does not take: 1"),
@@ -172,7 +201,17 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
         let (out, err) = checked(&lab.run(f.to_str().unwrap(), &lab.daemon(), &[]));
         assert!(out.contains("failures=0"), "{name}: {out}");
         let (switch, fallback, _) = summary(&err);
-        assert!(switch >= 8 && fallback == 0, "{name}: {switch} {fallback}");
+        assert!(switch == 9 && fallback == 0, "{name}: {switch} {fallback}");
+        assert_eq!(
+            entry(&err, "MPI_ALLREDUCE (Fortran)"),
+            [8, 0, 0, 0, 0, 0],
+            "{err}"
+        );
+        assert_eq!(
+            entry(&err, "MPI_BARRIER (Fortran)"),
+            [1, 0, 0, 0, 0, 0],
+            "{err}"
+        );
     }
 
     // mpi4py's Comm.Allreduce on NumPy arrays of each served type.
@@ -184,7 +223,12 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     ));
     assert!(out.contains("failures=0"), "{out}");
     let (switch, fallback, _) = summary(&err);
-    assert!(switch >= 7 && fallback == 0, "mpi4py: {switch} {fallback}");
+    assert!(switch == 30 && fallback == 0, "mpi4py: {switch} {fallback}");
+    assert_eq!(
+        entry(&err, "MPI_Allreduce (mpi4py)"),
+        [30, 0, 0, 0, 0, 0],
+        "{err}"
+    );
 }
 
 /// Ranks without privileges (user nobody, no capabilities; mpirun starts every one of them
@@ -362,6 +406,12 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert_eq!(summary(&err), (2, 0, 0), "{err}");
     assert_eq!(summary_count(&err, "finished from peers"), 1, "{err}");
     assert_eq!(summary_count(&err, "made again by Open MPI"), 0, "{err}");
+    assert_eq!(entry(&err, "MPI_Allreduce"), [1, 0, 0, 0, 0, 0], "{err}");
+    assert_eq!(
+        entry(&err, "MPI_Iallreduce by MPI_Wait"),
+        [0, 1, 0, 0, 0, 0],
+        "{err}"
+    );
 
     // Rank 0 three seconds late, the give-up time one: waited for, no failure, named.
     let (out, err) = checked(&run("slow 3", &give_up));
@@ -381,11 +431,17 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert!(out.contains("checks=2 failures=0"), "{out}");
     assert_eq!(summary(&err), (1, 0, 0), "{err}");
     assert_eq!(summary_count(&err, "made again by Open MPI"), 1, "{err}");
+    assert_eq!(entry(&err, "MPI_Allreduce"), [1, 0, 0, 1, 0, 0], "{err}");
 
     // Two requests in flight, one MPI_Waitall.
     let (out, err) = checked(&run("pair", &[]));
     assert!(out.contains("checks=3 failures=0"), "{out}");
     assert_eq!(summary(&err), (3, 0, 0), "{err}");
+    assert_eq!(
+        entry(&err, "MPI_Iallreduce by MPI_Waitall"),
+        [2, 0, 0, 0, 0, 0],
+        "{err}"
+    );
 
     // The route by size, rank 0's alike on every rank (the others' is ignored): 4 KiB
     // and 1 KiB calls to the switch, 64 KiB and 1 MiB to Open MPI; by default with 4 ranks

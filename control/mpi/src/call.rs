@@ -54,6 +54,8 @@ pub enum Taken {
 /// One served allreduce.
 pub struct Call {
     pub id: u64,
+    /// The program's entry point that made it ([`crate::entry`]).
+    pub entry: &'static str,
     /// The generalized request the program holds (null for a blocking call).
     pub request: Request,
     send: *const c_void,
@@ -90,10 +92,11 @@ pub struct Args {
 
 impl Call {
     /// Starts a call on `job`: submitted to the switch unless the job failed before.
-    pub fn start(job: &mut Job, id: u64, request: Request, a: &Args) -> Self {
+    pub fn start(job: &mut Job, id: u64, request: Request, entry: &'static str, a: &Args) -> Self {
         let bytes = a.count as usize * a.dtype.size();
         let mut call = Self {
             id,
+            entry,
             request,
             send: a.send,
             recv: a.recv,

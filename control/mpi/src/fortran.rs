@@ -47,6 +47,7 @@ unsafe fn fortran_allreduce(
     c: *const Fint,
     ierr: *mut Fint,
 ) {
+    let _entry = crate::entry::enter("MPI_ALLREDUCE (Fortran)");
     let p = pmpi();
     let send = if send == handles().fortran_in_place {
         IN_PLACE
@@ -69,6 +70,7 @@ unsafe fn fortran_allreduce(
 }
 
 unsafe fn fortran_barrier(c: *const Fint, ierr: *mut Fint) {
+    let _entry = crate::entry::enter("MPI_BARRIER (Fortran)");
     // Safety: the C entry point with the converted handle.
     set_ierr(ierr, unsafe { crate::MPI_Barrier(comm(c)) });
 }

@@ -26,6 +26,7 @@
 mod abi;
 mod call;
 mod comm;
+mod entry;
 mod error;
 mod fortran;
 
@@ -38,6 +39,7 @@ use std::{
 use abi::{handles, pmpi, Comm, Datatype, MpiOp, Request, Status, IN_PLACE, SUCCESS, UNDEFINED};
 use call::{Args, Call, Phase, Taken};
 use comm::{key, CommState, Path};
+use entry::{enter, Way};
 use xagg_common::wire::{self, DType, Op};
 
 /// What the process did, for the summary at `MPI_Finalize`.
@@ -54,6 +56,8 @@ struct Stats {
     passed: HashMap<String, u64>,
     /// Calls handed to Open MPI for their size (`XAGG_ROUTE`): faster there.
     routed: u64,
+    /// Every call by entry point and way.
+    table: entry::Table,
 }
 
 #[derive(Default)]
@@ -61,6 +65,9 @@ struct State {
     comms: HashMap<usize, CommState>,
     /// The program's generalized requests of calls in flight: their communicator.
     requests: HashMap<usize, usize>,
+    /// The program's requests whose calls are done and not yet handed back by a completion
+    /// call: how each was made (counted under the call that hands it back).
+    finished: HashMap<usize, Way>,
     next_id: u64,
     stats: Stats,
 }
@@ -183,6 +190,17 @@ fn progress(st: &mut State, comm: usize, until: Option<u64>) {
                     job.spares.push(spare);
                 }
             }
+            let way = match done.taken {
+                Some(Taken::Switch) => Way::Switch,
+                Some(Taken::Recovered) => Way::Recovered,
+                Some(Taken::Flagged) => Way::Flagged,
+                _ => Way::Fallback,
+            };
+            if done.request.is_null() {
+                st.stats.table.count(done.entry, way);
+            } else {
+                st.finished.insert(key(done.request), way);
+            }
             match done.taken {
                 Some(t @ (Taken::Switch | Taken::Recovered)) => {
                     st.stats.switch_calls += 1;
@@ -219,8 +237,9 @@ fn poll_all(st: &mut State) {
 }
 
 /// Counts a call handed to Open MPI unchanged.
-fn pass(st: &mut State, why: &str) {
+fn pass(st: &mut State, entry: &'static str, why: &str) {
     *st.stats.passed.entry(why.to_string()).or_default() += 1;
+    st.stats.table.count(entry, Way::Passed);
 }
 
 /// An allreduce: served (blocking when `request` is null, else started with a
@@ -236,23 +255,29 @@ fn allreduce(
 ) -> Option<c_int> {
     let mut guard = state();
     let st = guard.get_or_insert_with(State::default);
+    let entry = if request.is_some() {
+        "MPI_Iallreduce"
+    } else {
+        entry::current()
+    };
     let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
-            pass(st, why);
+            pass(st, entry, why);
             return None;
         }
     };
     st.next_id += 1;
     let id = st.next_id;
     if !matches!(comm_state(st, comm).path, Path::Switch(_)) {
-        pass(st, "the communicator is served by Open MPI");
+        pass(st, entry, "the communicator is served by Open MPI");
         return None;
     }
     // Decided from the type signature (elements and their type), alike on every rank.
     let bytes = count as u64 * dtype.size() as u64;
     if !matches!(&comm_state(st, comm).path, Path::Switch(job) if job.route.takes(bytes)) {
         st.stats.routed += 1;
+        st.stats.table.count(entry, Way::Routed);
         return None;
     }
     let Path::Switch(job) = &mut comm_state(st, comm).path else {
@@ -272,7 +297,7 @@ fn allreduce(
         dtype,
         wire_op,
     };
-    let call = Call::start(job, id, greq, &args);
+    let call = Call::start(job, id, greq, entry, &args);
     job.calls.push_back(call);
     match request {
         None => progress(st, key(comm), Some(id)),
@@ -305,6 +330,38 @@ unsafe extern "C" fn free(_extra: *mut c_void) -> c_int {
 /// A collective cannot be cancelled (MPI says so): nothing to do.
 unsafe extern "C" fn cancel(_extra: *mut c_void, _complete: c_int) -> c_int {
     SUCCESS
+}
+
+/// Runs a completion call over the program's requests `reqs` (`n` of them) and counts
+/// this library's calls it handed back (their handles changed: freed or set to null) as
+/// `MPI_Iallreduce by NAME`.
+///
+/// # Safety
+/// `reqs` points to `n` requests, as for the completion call.
+unsafe fn handing_back(
+    name: &str,
+    n: c_int,
+    reqs: *mut Request,
+    call: impl FnOnce() -> c_int,
+) -> c_int {
+    // Safety: the caller's array.
+    let before: Vec<Request> = unsafe { requests(n, reqs) }.to_vec();
+    let rc = call();
+    let mut guard = state();
+    if let Some(st) = guard.as_mut() {
+        // Safety: the same array, after the call.
+        let after = unsafe { requests(n, reqs) };
+        for (b, a) in before.iter().zip(after) {
+            if b != a {
+                if let Some(way) = st.finished.remove(&key(*b)) {
+                    st.stats
+                        .table
+                        .count(&format!("MPI_Iallreduce by {name}"), way);
+                }
+            }
+        }
+    }
+    rc
 }
 
 /// Drives the calls behind the program's requests in `reqs` to completion.
@@ -399,6 +456,9 @@ fn finalize() {
                 )
             }
         ));
+        for line in s.table.lines() {
+            say(&format!("rank {rank}: {line}"));
+        }
     }
     *guard = None;
 }
@@ -436,6 +496,7 @@ pub unsafe extern "C" fn MPI_Init_thread(
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Finalize() -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Finalize");
         finalize();
         // Safety: passed on.
         unsafe { (pmpi().finalize)() }
@@ -452,6 +513,7 @@ pub unsafe extern "C" fn MPI_Allreduce(
     comm: Comm,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Allreduce");
         allreduce(send, recv, count, datatype, op, comm, None).unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().allreduce)(send, recv, count, datatype, op, comm) }
@@ -470,6 +532,7 @@ pub unsafe extern "C" fn MPI_Iallreduce(
     request: *mut Request,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Iallreduce");
         allreduce(send, recv, count, datatype, op, comm, Some(request)).unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().iallreduce)(send, recv, count, datatype, op, comm, request) }
@@ -482,6 +545,7 @@ pub unsafe extern "C" fn MPI_Iallreduce(
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Barrier(comm: Comm) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Barrier");
         let mut one: c_int = 0;
         let h = handles();
         let op = h.op_sum;
@@ -502,6 +566,7 @@ pub unsafe extern "C" fn MPI_Barrier(comm: Comm) -> c_int {
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Comm_free(comm: *mut Comm) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Comm_free");
         if let Some(st) = state().as_mut() {
             // Safety: the program's communicator handle.
             retire(st, key(unsafe { *comm }));
@@ -526,29 +591,36 @@ unsafe fn requests<'a>(n: c_int, reqs: *mut Request) -> &'a [Request] {
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Wait(req: *mut Request, status: *mut Status) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Wait");
         // Safety: the program's request.
         complete_ours(unsafe { requests(1, req) });
-        unsafe { (pmpi().wait)(req, status) }
+        unsafe { handing_back("MPI_Wait", 1, req, || (pmpi().wait)(req, status)) }
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Waitall(n: c_int, reqs: *mut Request, statuses: *mut Status) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Waitall");
         // Safety: the program's requests.
         complete_ours(unsafe { requests(n, reqs) });
-        unsafe { (pmpi().waitall)(n, reqs, statuses) }
+        unsafe {
+            handing_back("MPI_Waitall", n, reqs, || {
+                (pmpi().waitall)(n, reqs, statuses)
+            })
+        }
     })
 }
 
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Request_free(req: *mut Request) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Request_free");
         // A freed request's call still completes: drive it here, while its buffers are
         // certainly alive.
         // Safety: the program's request.
         complete_ours(unsafe { requests(1, req) });
-        unsafe { (pmpi().request_free)(req) }
+        unsafe { handing_back("MPI_Request_free", 1, req, || (pmpi().request_free)(req)) }
     })
 }
 
@@ -559,9 +631,10 @@ pub unsafe extern "C" fn MPI_Test(
     status: *mut Status,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Test");
         poll();
         // Safety: passed on.
-        unsafe { (pmpi().test)(req, flag, status) }
+        unsafe { handing_back("MPI_Test", 1, req, || (pmpi().test)(req, flag, status)) }
     })
 }
 
@@ -573,9 +646,14 @@ pub unsafe extern "C" fn MPI_Testall(
     statuses: *mut Status,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Testall");
         poll();
         // Safety: passed on.
-        unsafe { (pmpi().testall)(n, reqs, flag, statuses) }
+        unsafe {
+            handing_back("MPI_Testall", n, reqs, || {
+                (pmpi().testall)(n, reqs, flag, statuses)
+            })
+        }
     })
 }
 
@@ -588,9 +666,14 @@ pub unsafe extern "C" fn MPI_Testany(
     status: *mut Status,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Testany");
         poll();
         // Safety: passed on.
-        unsafe { (pmpi().testany)(n, reqs, index, flag, status) }
+        unsafe {
+            handing_back("MPI_Testany", n, reqs, || {
+                (pmpi().testany)(n, reqs, index, flag, status)
+            })
+        }
     })
 }
 
@@ -603,9 +686,14 @@ pub unsafe extern "C" fn MPI_Testsome(
     statuses: *mut Status,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Testsome");
         poll();
         // Safety: passed on.
-        unsafe { (pmpi().testsome)(n, reqs, outcount, indices, statuses) }
+        unsafe {
+            handing_back("MPI_Testsome", n, reqs, || {
+                (pmpi().testsome)(n, reqs, outcount, indices, statuses)
+            })
+        }
     })
 }
 
@@ -630,16 +718,21 @@ pub unsafe extern "C" fn MPI_Waitany(
     status: *mut Status,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Waitany");
         // Safety: the program's requests.
         if !any_ours(unsafe { requests(n, reqs) }) {
             return unsafe { (pmpi().waitany)(n, reqs, index, status) };
         }
-        wait_polling(|| {
-            let mut flag = 0;
-            // Safety: passed on.
-            let rc = unsafe { (pmpi().testany)(n, reqs, index, &mut flag, status) };
-            (rc, flag != 0)
-        })
+        let wait = || {
+            wait_polling(|| {
+                let mut flag = 0;
+                // Safety: passed on.
+                let rc = unsafe { (pmpi().testany)(n, reqs, index, &mut flag, status) };
+                (rc, flag != 0)
+            })
+        };
+        // Safety: the program's requests.
+        unsafe { handing_back("MPI_Waitany", n, reqs, wait) }
     })
 }
 
@@ -652,14 +745,19 @@ pub unsafe extern "C" fn MPI_Waitsome(
     statuses: *mut Status,
 ) -> c_int {
     guard(|| {
+        let _entry = enter("MPI_Waitsome");
         // Safety: the program's requests.
         if !any_ours(unsafe { requests(n, reqs) }) {
             return unsafe { (pmpi().waitsome)(n, reqs, outcount, indices, statuses) };
         }
-        wait_polling(|| {
-            // Safety: passed on.
-            let rc = unsafe { (pmpi().testsome)(n, reqs, outcount, indices, statuses) };
-            (rc, unsafe { *outcount } != 0)
-        })
+        let wait = || {
+            wait_polling(|| {
+                // Safety: passed on.
+                let rc = unsafe { (pmpi().testsome)(n, reqs, outcount, indices, statuses) };
+                (rc, unsafe { *outcount } != 0)
+            })
+        };
+        // Safety: the program's requests.
+        unsafe { handing_back("MPI_Waitsome", n, reqs, wait) }
     })
 }
