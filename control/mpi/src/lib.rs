@@ -383,12 +383,13 @@ fn complete_ours(reqs: &[Request]) {
     }
 }
 
-/// Whether any of `reqs` is this library's.
+/// Whether any of `reqs` is this library's (in flight, or done and not yet handed back).
 fn any_ours(reqs: &[Request]) -> bool {
     let guard = state();
-    guard
-        .as_ref()
-        .is_some_and(|st| reqs.iter().any(|r| st.requests.contains_key(&key(*r))))
+    guard.as_ref().is_some_and(|st| {
+        reqs.iter()
+            .any(|r| st.requests.contains_key(&key(*r)) || st.finished.contains_key(&key(*r)))
+    })
 }
 
 fn poll() {
