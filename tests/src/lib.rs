@@ -28,6 +28,39 @@ pub fn load_switch() -> Switch {
 
 /// Whether a test that needs root may run. Without root it skips loudly — except under
 /// `CI=true`, where it fails: CI runs as root and must run every test.
+/// `nft` commands in the network namespace `ns`: whether they took.
+pub fn nft(ns: &str, rules: &str) -> bool {
+    use std::io::Write;
+    let Ok(mut c) = std::process::Command::new("ip")
+        .args(["netns", "exec", ns, "nft", "-f", "-"])
+        .stdin(std::process::Stdio::piped())
+        .spawn()
+    else {
+        return false;
+    };
+    let wrote = c
+        .stdin
+        .take()
+        .is_some_and(|mut i| i.write_all(rules.as_bytes()).is_ok());
+    c.wait().is_ok_and(|s| s.success()) && wrote
+}
+
+/// Cuts the results (and status replies) of the switch off from namespace `ns` (`cut`),
+/// or restores them: UDP from the collective port dropped on input there.
+pub fn cut_results(ns: &str, cut: bool) -> bool {
+    if cut {
+        nft(
+            ns,
+            &format!(
+                "table inet xagg_cut {{\n chain in {{\n  type filter hook input priority 0;\n  udp sport {} drop\n }}\n}}\n",
+                xagg_common::wire::DEFAULT_PORT
+            ),
+        )
+    } else {
+        nft(ns, "delete table inet xagg_cut\n")
+    }
+}
+
 pub fn require_root(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;

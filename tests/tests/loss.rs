@@ -241,6 +241,8 @@ fn missing_member_fails_fast_with_a_clear_error() {
                 i32_shape(WORKERS.len(), 8, 256),
             );
             p.give_up = std::time::Duration::from_secs(1);
+            // The switch answers that it waits for members 1 and 2: no waiting beyond.
+            p.collective_timeout = std::time::Duration::from_secs(1);
             let w = xagg_worker::Worker::new(p).unwrap();
             let mut buf = vec![1i32; 4096];
             w.allreduce(&mut buf).unwrap_err()

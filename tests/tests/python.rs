@@ -68,6 +68,23 @@ fn field(line: &str, name: &str) -> f64 {
         .unwrap()
 }
 
+/// Rank 0's summary line for entry point `name`: its calls through the switch, recovered
+/// from peers, routed by size, flagged and redone, fallback, passed (zeros: no line).
+fn entry(output: &str, name: &str) -> [u64; 6] {
+    let prefix = format!("xagg: rank 0: {name}: ");
+    let Some(line) = output
+        .lines()
+        .find_map(|l| l.split_once(&prefix).map(|(_, r)| r))
+    else {
+        return [0; 6];
+    };
+    let n: Vec<u64> = line
+        .split(", ")
+        .map(|w| w.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    n.try_into().unwrap_or_else(|_| panic!("{line}"))
+}
+
 /// The environment of ranks on hosts: each gets its host's daemon from the lab. Every
 /// call through the switch (`XAGG_ROUTE=all`): what these tests check.
 fn hosts_env() -> Vec<(&'static str, String)> {
@@ -246,6 +263,22 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
     );
     assert!(field(line, "worst") <= 1.0, "{line}");
     eprintln!("{line}");
+    // Per entry point: every bucket's asynchronous all_reduce (the comparing hook), the
+    // large one; the two blocking ones; no bucket by DDP's own path (the hook replaces it).
+    let buckets = field(line, "buckets") as u64;
+    assert_eq!(
+        entry(&x, "all_reduce async"),
+        [buckets + 1, 0, 0, 0, 0, 0],
+        "{x}"
+    );
+    assert_eq!(entry(&x, "all_reduce"), [2, 0, 0, 0, 0, 0], "{x}");
+    assert_eq!(
+        entry(&x, "DDP bucket (ProcessGroup.allreduce)"),
+        [0; 6],
+        "{x}"
+    );
+    let hooked_entry = entry(&h, "DDP comm hook (xagg.torch.allreduce_hook)");
+    assert!(hooked_entry[0] >= 8 && hooked_entry[1..] == [0; 5], "{h}");
     for r in 0..RANKS {
         assert!(
             x.contains(&format!("rank {r}: exactly_representable_equal=True")),
@@ -354,4 +387,73 @@ fn difference(a: &std::path::Path, b: &std::path::Path) -> (f64, f64) {
     let v: Vec<f64> = out.split_whitespace().map(|x| x.parse().unwrap()).collect();
     assert!(v.len() == 2, "{out} {err}");
     (v[0], v[1])
+}
+
+/// The backend's case table (docs/python.md), each run of `tests/python/cases.py` with
+/// exact counts of how its all_reduce calls were made: a rank 3 s late is waited for and
+/// named, no failure; a NaN makes every rank redo that call with Gloo; a rank whose
+/// results are cut off finishes its call from its peers; the route by size sends 64 KiB to
+/// Gloo and 4 KiB to the switch (the default with 4 ranks).
+#[test]
+fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
+    if !require_root("torch_calls_wait_redo_and_recover_as_the_case_table_says") {
+        return;
+    }
+    let sw = TestSwitch::joinable("xpc", RANKS);
+    let run = |port: u16, args: &[&str], env: &[(&str, String)]| {
+        xagg_lab::python::torchrun(&sw.lab, RANKS, port, env, &script("cases.py"), args).unwrap()
+    };
+    let mut e = env();
+    e.push(("XAGG_GIVE_UP_MS", "1000".into()));
+    let ok = |all: &str, case: &str| {
+        for r in 0..RANKS {
+            assert!(all.contains(&format!("rank {r}: {case} ok=True")), "{all}");
+        }
+    };
+
+    let all = all_ok(&run(29510, &["late"], &e));
+    ok(&all, "late");
+    assert_eq!(entry(&all, "all_reduce"), [2, 0, 0, 0, 0, 0], "{all}");
+    assert!(all.contains("waits for members [0]"), "{all}");
+    let waited: f64 = all
+        .split("rank 1 waited ")
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap();
+    assert!(waited > 2.0, "rank 1 waited {waited} s");
+
+    let all = all_ok(&run(29511, &["nan"], &e));
+    ok(&all, "nan");
+    assert_eq!(entry(&all, "all_reduce"), [1, 0, 0, 1, 0, 0], "{all}");
+
+    let go = std::env::temp_dir().join("xagg-test-xpc-go");
+    let _ = std::fs::remove_file(&go);
+    let before = sw.counters().get("complete").copied().unwrap_or(0);
+    let outputs = std::thread::scope(|s| {
+        let r = s.spawn(|| run(29512, &["cut", go.to_str().unwrap()], &e));
+        let mut waited = Duration::ZERO;
+        while sw.counters().get("complete").copied().unwrap_or(0) <= before {
+            std::thread::sleep(Duration::from_millis(20));
+            waited += Duration::from_millis(20);
+            assert!(
+                waited < Duration::from_secs(120),
+                "the first all_reduce never completed"
+            );
+        }
+        let cut = cut_results(&sw.lab.worker_ns(0), true);
+        std::fs::write(&go, "").unwrap();
+        assert!(cut, "nft could not add the rule");
+        r.join().unwrap()
+    });
+    assert!(cut_results(&sw.lab.worker_ns(0), false));
+    let all = all_ok(&outputs);
+    ok(&all, "cut");
+    assert_eq!(entry(&all, "all_reduce"), [1, 1, 0, 0, 0, 0], "{all}");
+
+    let mut default_route = e.clone();
+    default_route.retain(|(k, _)| *k != "XAGG_ROUTE");
+    let all = all_ok(&run(29513, &["sizes"], &default_route));
+    ok(&all, "sizes");
+    assert_eq!(entry(&all, "all_reduce"), [2, 0, 1, 0, 0, 0], "{all}");
 }

@@ -288,7 +288,8 @@ fn many_requests_on_two_jobs(sw: &TestSwitch) {
     );
 }
 
-/// Member 2 cancels its request: it ends cancelled, and the others time out naming it.
+/// Member 2 cancels its request: it ends cancelled, and the others, waiting while the
+/// switch says it waits for member 2, time out at the collective timeout naming it.
 fn cancelled_and_timed_out(sw: &TestSwitch) {
     let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..MEMBERS)
@@ -298,6 +299,8 @@ fn cancelled_and_timed_out(sw: &TestSwitch) {
                     xagg_linux::iface::enter_netns(&ns).unwrap();
                     let mut p = params(63, w, 47863);
                     p.give_up = Duration::from_millis(1000);
+                    // The switch answers, waiting for member 2: the others wait this long.
+                    p.collective_timeout = Duration::from_millis(2500);
                     let worker = Worker::new(p).unwrap();
                     let request = worker
                         .submit(Op::Sum, Buffer::from(vec![1i32; 1 << 20]))
@@ -335,7 +338,7 @@ fn cancelled_and_timed_out(sw: &TestSwitch) {
 }
 
 /// Member 2, an `xagg allreduce` process, is killed in the middle of a run: the others
-/// time out, naming it.
+/// time out at the collective timeout, naming it.
 fn killed_member(sw: &TestSwitch) {
     let size = 16usize << 20;
     let mut victim = Command::new("ip")
@@ -364,6 +367,7 @@ fn killed_member(sw: &TestSwitch) {
                     xagg_linux::iface::enter_netns(&ns).unwrap();
                     let mut p = params(64, w, 47864);
                     p.give_up = Duration::from_millis(1000);
+                    p.collective_timeout = Duration::from_millis(2500);
                     let worker = Worker::new(p).unwrap();
                     let mut buf = vec![0u8; size];
                     for _ in 0..200 {

@@ -585,9 +585,9 @@ fn ranks_on_the_switch_beside_hosts() {
     assert_eq!(c[0]["complete"], c[2]["partial"]);
 }
 
-/// A host that disappears: the ranks of the other host give up saying what the level
-/// above waits for — their host forwards their status queries to the switch, which names
-/// the missing host.
+/// A host that disappears: the ranks of the other host wait while the switch says it waits
+/// for it, and at the collective timeout fail saying what the level above waits for —
+/// their host forwards their status queries to the switch, which names the missing host.
 #[test]
 fn the_level_above_names_its_missing_member() {
     if !require_root("the_level_above_names_its_missing_member") {
@@ -597,7 +597,11 @@ fn the_level_above_names_its_missing_member() {
     exact(&lab, 0, &[5000]);
     lab.api(2, &Request::Detach).unwrap();
     std::thread::sleep(Duration::from_millis(500));
-    let r = lab.allreduce(1, 5000, 1, |p| p.give_up = Duration::from_secs(2));
+    // Waited for while the switch answers, up to the collective timeout.
+    let r = lab.allreduce(1, 5000, 1, |p| {
+        p.give_up = Duration::from_secs(2);
+        p.collective_timeout = Duration::from_secs(3);
+    });
     let e = format!("{:#}", r.expect_err("the allreduce must fail"));
     eprintln!("{e}");
     assert!(

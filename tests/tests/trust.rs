@@ -7,7 +7,6 @@
 use std::{
     collections::BTreeMap,
     net::{SocketAddrV4, UdpSocket},
-    process::Command,
     sync::atomic::{AtomicBool, Ordering},
     time::{Duration, Instant},
 };
@@ -20,25 +19,9 @@ use xagg_tests::*;
 /// The switch's address in BPF_PROG_RUN harness frames.
 const SWITCH_IP_HARNESS: std::net::Ipv4Addr = xagg_lab::testrun::SWITCH_IP;
 
-/// `nft` commands in the network namespace `ns`.
+/// `nft` commands in the network namespace `ns`, which must take.
 fn nft(ns: &str, rules: &str) {
-    let out = Command::new("ip")
-        .args(["netns", "exec", ns, "nft", "-f", "-"])
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .and_then(|mut c| {
-            use std::io::Write;
-            c.stdin.take().unwrap().write_all(rules.as_bytes())?;
-            c.wait_with_output()
-        })
-        .expect("running nft (nftables)");
-    assert!(
-        out.status.success(),
-        "nft: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(xagg_tests::nft(ns, rules), "nft (nftables): {rules}");
 }
 
 /// A forged result of job `job`, message 0, for segment `segment` on slot

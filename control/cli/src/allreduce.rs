@@ -119,9 +119,14 @@ pub struct AllreduceArgs {
     /// (0: sleep at once).
     #[arg(long, default_value_t = 100)]
     spin_us: u64,
-    /// Give up after this many milliseconds without a result.
+    /// Fail after this many milliseconds in which the switch answered nothing (no result,
+    /// no status reply).
     #[arg(long, default_value_t = 10_000)]
     give_up_ms: u64,
+    /// While the switch answers that it waits for other members, wait this many seconds
+    /// before failing, naming them (30 minutes, as Gloo's and NCCL's).
+    #[arg(long, default_value_t = 1800)]
+    timeout_s: u64,
     /// Send slot s's contributions to the switch's port + s % N (its `switch.udp_ports`; a
     /// join learns it): with flow rules on the destination port, each slot is taken on one
     /// of the switch's receive queues.

@@ -409,6 +409,10 @@ fn retire(st: &mut State, comm: usize) {
     }
     if let Some(c) = st.comms.remove(&comm) {
         if let Path::Switch(mut job) = c.path {
+            // A rank still finishing a call from its peers may need this one's results:
+            // nobody leaves before everybody is done.
+            // Safety: our duplicate, every rank here together.
+            unsafe { (pmpi().barrier)(job.private) };
             if let Err(e) = job.worker.leave() {
                 if verbose() {
                     say(&format!("{} rank {}: leaving the job: {e}", c.name, c.rank));

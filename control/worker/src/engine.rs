@@ -75,6 +75,8 @@ struct Active {
     waiting_since: Option<Instant>,
     /// A segment a peer was promised this rank lacks: finished from the peers.
     withdrawn: Option<u32>,
+    /// How long it will have waited on slow members when it next says so (doubling).
+    next_notice: Duration,
 }
 
 impl Active {
@@ -180,6 +182,7 @@ impl Engine {
                 diagnosis: None,
                 waiting_since: None,
                 withdrawn: None,
+                next_notice: Duration::ZERO,
             };
             if a.segments == 0 {
                 // Nothing to send: no message id taken (every member skips it alike).

@@ -41,6 +41,14 @@ impl Missing {
     pub fn complete(&self) -> bool {
         self.answered && (!self.above || self.above_members.is_some())
     }
+
+    /// Whether nobody is waited for in this round and still no result came: it is
+    /// complete (at this rank's aggregation point, and above it where it went up) and its
+    /// result was lost on the way, or the level above it does not answer.
+    pub fn stuck(&self) -> bool {
+        self.members.as_ref().is_some_and(Vec::is_empty)
+            && (!self.above || self.above_members.as_ref().is_none_or(Vec::is_empty))
+    }
 }
 
 impl std::fmt::Display for Missing {
@@ -144,10 +152,16 @@ impl AllreduceError {
     /// Whether the peers may hold what this request lacks: the switch stopped answering
     /// or refused, the socket failed, or a peer was promised this rank would not wait.
     pub fn recoverable(&self) -> bool {
-        matches!(
-            self,
-            Self::NoSwitch { .. } | Self::Refused { .. } | Self::Io(_) | Self::Withdrawn { .. }
-        )
+        match self {
+            Self::NoSwitch { .. } | Self::Refused { .. } | Self::Io(_) | Self::Withdrawn { .. } => {
+                true
+            }
+            // Results lost on the way here, or a level above that does not answer: the
+            // peers may hold them. (Members still waited for past the collective timeout
+            // are not the peers' to fix.)
+            Self::Timeout { missing, .. } => missing.iter().all(Missing::stuck),
+            _ => false,
+        }
     }
 }
 

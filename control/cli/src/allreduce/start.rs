@@ -106,6 +106,7 @@ fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
         p.first_message = a.mid;
     }
     p.give_up = Duration::from_millis(a.give_up_ms);
+    p.collective_timeout = Duration::from_secs(a.timeout_s);
     p.min_timeout = Duration::from_millis(a.min_timeout_ms);
     if a.join.is_none() {
         p.switch_ports = a.switch_ports;

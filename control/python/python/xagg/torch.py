@@ -49,6 +49,25 @@ _FLOATS = {torch.float16, torch.float32, torch.float64}
 # Votes of the agreement on joining (the minimum wins).
 _FAILED, _OK = 0, 2
 
+# How a call was made: the summary's columns, per entry point.
+_WAYS = ["switch", "recovered from peers", "routed by size", "flagged and redone", "fallback", "passed"]
+SWITCH, RECOVERED, ROUTED, FLAGGED, FALLBACK, PASSED = range(6)
+
+
+def _entry():
+    """The program's entry point of an allreduce reaching the backend: `all_reduce` or
+    `all_reduce async` (torch.distributed's, with async_op), else DDP's reducer (its
+    buckets, from C++) or another caller of the process group."""
+    f = sys._getframe(2)
+    while f is not None:
+        if f.f_code.co_name == "all_reduce" and f.f_code.co_filename.endswith("distributed_c10d.py"):
+            return "all_reduce async" if f.f_locals.get("async_op") else "all_reduce"
+        if f.f_code.co_filename.endswith("distributed_c10d.py"):
+            f = f.f_back
+            continue
+        break
+    return "DDP bucket (ProcessGroup.allreduce)"
+
 
 def _op_name(op, dtype):
     """The switch's op for a ReduceOp over a dtype, or None when it does not take it."""
@@ -89,6 +108,9 @@ class _Engine:
         self.failed = None
         self.error = None
         self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
+        # Calls per entry point, by way (_WAYS).
+        self.table = {}
+        self.table_lock = threading.Lock()
         self.pending = set()
         # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
         # theirs): fresh memory would cost a page fault per 4 KiB on every call.
@@ -159,13 +181,17 @@ class _Engine:
         self.private.allreduce([v], o).wait()
         return int(v.item())
 
+    def count(self, entry, way):
+        with self.table_lock:
+            self.table.setdefault(entry, [0] * len(_WAYS))[way] += 1
+
     def check(self):
         if self.error is not None:
             raise XaggError(f"the xagg backend failed earlier: {self.error}")
 
-    def allreduce(self, tensor, op, target=None):
-        """Starts an allreduce of `tensor` in place (then copied into `target`, if given);
-        returns (future, work)."""
+    def allreduce(self, tensor, op, target=None, entry="hook"):
+        """Starts an allreduce of `tensor` in place (then copied into `target`, if given),
+        made through the program's `entry`; returns (future, work)."""
         self.check()
         fut = torch.futures.Future()
         with self.spares_lock:
@@ -183,7 +209,7 @@ class _Engine:
                     self.failed = why
         work = _Work(fut, self)
         self.pending.add(work)
-        self.queue.put((req, tensor, saved, op, fut, work, target))
+        self.queue.put((req, tensor, saved, op, fut, work, target, entry))
         return fut, work
 
     def _run(self):
@@ -191,7 +217,7 @@ class _Engine:
             item = self.queue.get()
             if item is None:
                 return
-            req, tensor, saved, op, fut, work, target = item
+            req, tensor, saved, op, fut, work, target, entry = item
             failure = None
             try:
                 kind, why = None, None
@@ -215,6 +241,7 @@ class _Engine:
                     self.served += 1
                     if req.recovered:
                         self.recovered += 1
+                    self.count(entry, RECOVERED if req.recovered else SWITCH)
                 else:
                     # Every rank makes this call with Gloo, from the kept input: the
                     # switch's result is flagged in every copy (NaN or infinity), or the
@@ -226,8 +253,10 @@ class _Engine:
                     self.private.allreduce([tensor], o).wait()
                     if self.failed is None:
                         self.flagged += 1
+                        self.count(entry, FLAGGED)
                     else:
                         self.fallbacks += 1
+                        self.count(entry, FALLBACK)
             except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
                 self.error = f"{type(e).__name__}: {e}"
                 failure = e
@@ -249,6 +278,14 @@ class _Engine:
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
+        if self.job is not None and self.failed is None:
+            # A rank still finishing a call from its peers may need this one's results:
+            # nobody leaves before everybody is done (bounded: a rank that died does not
+            # hold the others for the group's whole timeout).
+            try:
+                self.private.barrier().wait(timedelta(seconds=60))
+            except RuntimeError:
+                pass
         self._leave()
         if self.rank == 0 or _verbose():
             _say(
@@ -256,6 +293,9 @@ class _Engine:
                 f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers, "
                 f"{self.routed} routed to Gloo by size (XAGG_ROUTE)"
             )
+            for entry, counts in sorted(self.table.items()):
+                ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
+                _say(f"rank {self.rank}: {entry}: {ways}")
 
 
 class _Work(dist.Work):
@@ -301,6 +341,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
             o.reduceOp = opts
             opts = o
         t = tensors[0] if len(tensors) == 1 else None
+        entry = _entry()
         if (
             t is None
             or t.device.type != "cpu"
@@ -308,17 +349,19 @@ class ProcessGroupXagg(dist.ProcessGroup):
             or _op_name(opts.reduceOp, t.dtype) is None
         ):
             # Decided by the call alone, the same on every rank.
+            self._engine.count(entry, PASSED)
             return self._gloo.allreduce(tensors, opts)
         if self._engine.route is not None and not self._engine.route.takes(t.numel() * t.element_size()):
             # Faster through Gloo at this size (XAGG_ROUTE): decided by the call alone.
             self._engine.routed += 1
+            self._engine.count(entry, ROUTED)
             return self._gloo.allreduce(tensors, opts)
         if not t.is_contiguous():
             # A strided view: reduced as a contiguous copy, copied back (Gloo 1.13 would
             # reduce the view's storage as if it were contiguous: wrong results).
-            _, work = self._engine.allreduce(t.contiguous(), opts.reduceOp, target=t)
+            _, work = self._engine.allreduce(t.contiguous(), opts.reduceOp, target=t, entry=entry)
             return work
-        _, work = self._engine.allreduce(t, opts.reduceOp)
+        _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry)
         return work
 
 
@@ -376,7 +419,7 @@ def allreduce_hook(state, bucket):
     """A DDP communication hook (``model.register_comm_hook(HookState(), allreduce_hook)``):
     each bucket's gradients summed through the switch and divided by the world size."""
     tensor = bucket.buffer()
-    fut, _work = state.engine.allreduce(tensor, ReduceOp.SUM)
+    fut, _work = state.engine.allreduce(tensor, ReduceOp.SUM, entry="DDP comm hook (xagg.torch.allreduce_hook)")
     engine = state.engine
 
     def done(f):

@@ -182,6 +182,16 @@ impl Engine {
                 waited: d.waited,
             });
         }
+        // Nobody waited for and still no result: lost on the way here, or the level above
+        // silent (the peers may hold the results).
+        if d.missing.iter().all(Missing::stuck) {
+            return Some(AllreduceError::Timeout {
+                job,
+                message,
+                waited: d.waited,
+                missing: d.missing,
+            });
+        }
         let since = *a.waiting_since.get_or_insert(now - d.waited);
         let waited = now.duration_since(since);
         if waited >= limit {
@@ -193,6 +203,11 @@ impl Engine {
             });
         }
         a.last_progress = now;
+        // Said at the give-up time, then each time the wait doubles.
+        if waited < a.next_notice {
+            return None;
+        }
+        a.next_notice = waited.max(give_up) * 2;
         let first = d.missing.iter().take(2).map(|m| m.to_string());
         crate::say(&format!(
             "job {job} message {message}: no result for {:.0} s, the switch is up and waits: {}; still waiting (the collective timeout is {} s, XAGG_TIMEOUT_S)",
