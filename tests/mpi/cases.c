@@ -8,6 +8,9 @@
  *        cases nan       rank 1 puts a NaN into element 5 of a float sum
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
  *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
+ *        cases unwrapped rank 0: MPI_Iallreduce of 4 MiB, MPI_Wait, MPI_Send to 1; rank 1:
+ *                        MPI_Iallreduce, MPI_Recv from 0, MPI_Wait: more segments than
+ *                        slots, so rank 1's later rounds go out while it sits in MPI_Recv
  * Rank 0 prints "checks=C failures=F"; the exit status is 1 if anything failed. */
 #include <math.h>
 #include <mpi.h>
@@ -100,6 +103,26 @@ int main(int argc, char **argv) {
         MPI_Waitall(2, r, MPI_STATUSES_IGNORE);
         expect("pair k", wrong(x, N, 3), 0);
         expect("pair k+1", wrong(y, N, 4), 0);
+    } else if (strcmp(mode, "unwrapped") == 0) {
+        enum { M = 1 << 20 };
+        int *z = malloc(M * sizeof(int));
+        MPI_Request r;
+        fill(z, M, 5);
+        MPI_Iallreduce(MPI_IN_PLACE, z, M, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r);
+        if (rank == 0) {
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+            int token = 42;
+            MPI_Send(&token, 1, MPI_INT, 1, 7, MPI_COMM_WORLD);
+        } else if (rank == 1) {
+            int token = 0;
+            MPI_Recv(&token, 1, MPI_INT, 0, 7, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+            expect("token", token, 42);
+        } else {
+            MPI_Wait(&r, MPI_STATUS_IGNORE);
+        }
+        expect("unwrapped", wrong(z, M, 5), 0);
+        free(z);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

@@ -436,10 +436,11 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         while sw.counters().get("complete").copied().unwrap_or(0) <= before {
             std::thread::sleep(Duration::from_millis(20));
             waited += Duration::from_millis(20);
-            assert!(
-                waited < Duration::from_secs(120),
-                "the first all_reduce never completed"
-            );
+            if waited > Duration::from_secs(120) {
+                // Rank 0 goes on either way: the run must end for the test to.
+                std::fs::write(&go, "").unwrap();
+                panic!("the first all_reduce never completed");
+            }
         }
         let cut = cut_results(&sw.lab.worker_ns(0), true);
         std::fs::write(&go, "").unwrap();

@@ -30,7 +30,7 @@ use std::{
 
 use xagg_common::wire::{self, Header, ENC_NONFINITE, ENC_OVERFLOW};
 
-pub(crate) use self::worker::{wait_readable, Pending, WorkerInner};
+pub(crate) use self::worker::{now_ns, wait_readable, Pending, WorkerInner};
 use self::{diagnosis::Diagnosis, schedule::slots_of, sync::JobState};
 use crate::{
     request::{lock, Buffer, Completion, Shared},
@@ -141,6 +141,11 @@ impl Engine {
             transport,
             p,
         }
+    }
+
+    /// Requests it works on.
+    pub(crate) fn active_requests(&self) -> usize {
+        self.active.len()
     }
 
     fn step_wait(&self) -> Duration {

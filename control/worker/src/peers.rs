@@ -21,7 +21,11 @@
 //! **The responder** is a thread with a TCP listener at the address the worker sends
 //! from. Before answering, it takes in the results already queued on the worker's socket
 //! if no other thread is inside the engine: a rank sitting in a call the library does not
-//! wrap (an MPI receive, a computation) still hands over what the switch sent it. Every
+//! wrap (an MPI receive, a computation) still hands over what the switch sent it. For the
+//! same reason it makes the worker's requests progress whenever the caller's thread has
+//! been away from the library for a few milliseconds with requests in flight: a rank that
+//! started an allreduce and then blocks elsewhere (`MPI_Iallreduce; MPI_Recv; MPI_Wait`)
+//! still sends its later rounds, and the others are not held up. Every
 //! request and answer is authenticated with the job's secret (HMAC-SHA256): a stranger
 //! can neither read results nor extract a promise.
 
@@ -449,6 +453,10 @@ impl PeersSetup {
     }
 }
 
+/// How long the caller's thread may be away from the library, with requests in flight,
+/// before the responder makes them progress itself.
+const AWAY: Duration = Duration::from_millis(5);
+
 fn respond(
     listener: TcpListener,
     worker: Weak<WorkerInner>,
@@ -457,15 +465,36 @@ fn respond(
     job: u32,
 ) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use std::os::fd::BorrowedFd;
+    use std::{os::fd::BorrowedFd, sync::atomic::Ordering};
     loop {
-        // Safety: the listener outlives the poll.
-        let fd = unsafe { BorrowedFd::borrow_raw(listener.as_raw_fd()) };
-        let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-        let _ = poll(&mut fds, PollTimeout::from(200u16));
         let Some(w) = worker.upgrade() else {
             return;
         };
+        // The caller away (in a call the library does not wrap, or computing) with
+        // requests in flight: this thread takes their results in and sends their next
+        // rounds as they come, so that the other ranks are not held up. While the caller
+        // is in the library it does that itself, and this thread only listens.
+        let active = w.active.load(Ordering::Relaxed) > 0;
+        let away = active
+            && crate::engine::now_ns().saturating_sub(w.last_step.load(Ordering::Relaxed))
+                > AWAY.as_nanos() as u64;
+        if away {
+            w.progress_as(Duration::ZERO, false);
+        }
+        let fds: Vec<i32> = std::iter::once(listener.as_raw_fd())
+            .chain(w.fds.iter().copied().filter(|_| away))
+            .collect();
+        // Safety: the listener and the worker's sockets (held by `w`) outlive the poll.
+        let mut polled: Vec<PollFd> = fds
+            .iter()
+            .map(|&fd| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, PollFlags::POLLIN))
+            .collect();
+        let wait = if active {
+            AWAY
+        } else {
+            Duration::from_millis(200)
+        };
+        let _ = poll(&mut polled, PollTimeout::from(wait.as_millis() as u16));
         while let Ok((s, _)) = listener.accept() {
             // A peer that stalls mid-question holds this rank's answers up only so long.
             let _ = s.set_nonblocking(false);
@@ -506,7 +535,7 @@ fn answer(
     // Results already on the socket count: take them in unless a thread of this rank
     // is in the engine (it takes them itself).
     for _ in 0..4 {
-        if !w.progress(Duration::ZERO) {
+        if !w.progress_as(Duration::ZERO, false) {
             break;
         }
     }

@@ -33,7 +33,12 @@ pub(crate) struct WorkerInner {
     inbox: Mutex<Vec<Pending>>,
     /// How long one blocking step waits (nanoseconds), from the engine's timeout.
     step_ns: AtomicU64,
-    fds: Vec<RawFd>,
+    pub fds: Vec<RawFd>,
+    /// When a caller's thread last made the engine progress ([`now_ns`]), and the requests
+    /// it ran then: what the peers' responder reads to make progress while the caller is
+    /// away (in a call the library does not wrap).
+    pub last_step: AtomicU64,
+    pub active: AtomicU64,
     /// The job this worker joined over the network, to leave it.
     pub membership: Option<crate::join::Membership>,
     /// The responder started, waiting for the peers' addresses; then the peers.
@@ -50,6 +55,8 @@ impl WorkerInner {
             engine: Mutex::new(engine),
             inbox: Mutex::new(Vec::new()),
             fds,
+            last_step: AtomicU64::new(now_ns()),
+            active: AtomicU64::new(0),
             p,
             membership: None,
             peers_setup: Mutex::new(None),
@@ -70,11 +77,19 @@ impl WorkerInner {
         let pending = std::mem::take(&mut *lock(&self.inbox));
         e.admit(pending);
         e.send_queued();
+        self.active
+            .store(e.active_requests() as u64, Ordering::Relaxed);
+        self.last_step.store(now_ns(), Ordering::Relaxed);
     }
 
     /// One step of the engine, waiting up to `wait` for something to come in; false if
     /// another thread holds the engine (it is making progress for everyone).
     pub fn progress(&self, wait: Duration) -> bool {
+        self.progress_as(wait, true)
+    }
+
+    /// [`Self::progress`], by the caller's thread (`caller`) or by the library's own.
+    pub fn progress_as(&self, wait: Duration, caller: bool) -> bool {
         let mut e = match self.engine.try_lock() {
             Ok(e) => e,
             Err(TryLockError::Poisoned(p)) => p.into_inner(),
@@ -85,6 +100,11 @@ impl WorkerInner {
         e.step(wait);
         self.step_ns
             .store(e.step_wait().as_nanos() as u64, Ordering::Relaxed);
+        self.active
+            .store(e.active_requests() as u64, Ordering::Relaxed);
+        if caller {
+            self.last_step.store(now_ns(), Ordering::Relaxed);
+        }
         true
     }
 
@@ -98,6 +118,15 @@ impl WorkerInner {
     pub fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
         f(&mut lock(&self.engine))
     }
+}
+
+/// Nanoseconds since the first call in this process (a monotonic clock).
+pub(crate) fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }
 
 /// Waits until one of the workers' sockets has something to read, or `d` passed.

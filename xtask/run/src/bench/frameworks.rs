@@ -55,30 +55,24 @@ pub(super) fn mpi_run(
         // Every allreduce through the switch or routed by size to Open MPI, none after a
         // failure; or the figures are not the library's.
         let err = String::from_utf8_lossy(&o.stderr);
+        // Its MPI_Allreduce calls (its barriers go through the switch whatever the size):
+        // switch, recovered, routed, flagged, fallback, passed.
         let line = err
             .lines()
-            .find(|l| {
-                l.starts_with("xagg: rank 0: ") && l.contains(" allreduces through the switch")
-            })
-            .with_context(|| format!("no summary from the MPI library: {err}"))?;
-        let count = |words: &str| -> Option<usize> {
-            line[..line.find(words)?]
-                .split([' ', '('])
-                .rfind(|w| !w.is_empty())?
-                .parse()
-                .ok()
-        };
-        let (served, failed, routed) = (
-            count(" allreduces through the switch"),
-            count(" made by Open MPI after the switch failed"),
-            count(" routed to Open MPI by size"),
-        );
-        let (Some(served), Some(failed), Some(routed)) = (served, failed, routed) else {
+            .find_map(|l| l.strip_prefix("xagg: rank 0: MPI_Allreduce: "))
+            .with_context(|| format!("no summary of MPI_Allreduce from the MPI library: {err}"))?;
+        let n: Vec<usize> = line
+            .split(", ")
+            .filter_map(|w| w.split(' ').next()?.parse().ok())
+            .collect();
+        let [served, recovered, routed, flagged, failed, passed] = n[..] else {
             anyhow::bail!("the MPI library's summary reads otherwise: {line}");
         };
         anyhow::ensure!(
-            served + routed >= iterations && failed == 0 && (served == 0 || routed == 0),
-            "the preloaded MPI program's calls did not all take one path ({served} through the switch, {routed} routed to Open MPI, {failed} by Open MPI after a failure): {err}"
+            served + routed >= iterations
+                && recovered + flagged + failed + passed == 0
+                && (served == 0 || routed == 0),
+            "the preloaded MPI program's MPI_Allreduce calls did not all take one path: {line}"
         );
         path = Some(if routed > 0 { "routed" } else { "switch" });
     }
@@ -91,6 +85,7 @@ pub(super) fn mpi_run(
     })?;
     let mut p = json_point(if preload { "mpi+xagg" } else { "openmpi" }, n, line)?;
     p.path = path;
+    p.osu_us = serde_json::from_str::<serde_json::Value>(line)?["osu_us"].as_f64();
     Ok(p)
 }
 

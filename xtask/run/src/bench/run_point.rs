@@ -33,6 +33,10 @@ pub struct RunPoint {
     /// Rounds whose medians these figures are (`--rounds`).
     pub rounds: usize,
     pub verified: bool,
+    /// The MPI program's runs: the latency as osu_allreduce counts it (each rank's mean
+    /// over its calls, timed alone after a warm-up, averaged over the ranks), µs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub osu_us: Option<f64>,
     /// The drop-ins' runs: where their calls went — "switch", or "routed" when the route
     /// by size (`XAGG_ROUTE`, its default here) sent them to Open MPI or Gloo.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -145,6 +149,7 @@ impl RunPoint {
             interface_drops: None,
             round_trip_us: None,
             verified,
+            osu_us: None,
             path: None,
         }
     }
@@ -203,6 +208,10 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
             }),
         rounds: points.len(),
         verified: points.iter().all(|p| p.verified),
+        osu_us: points
+            .iter()
+            .all(|p| p.osu_us.is_some())
+            .then(|| m(|p| p.osu_us.unwrap_or(0.0))),
         ..points[0].clone()
     }
 }
