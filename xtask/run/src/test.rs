@@ -148,6 +148,7 @@ fn quick_bench() -> Result<()> {
         no_capacity: false,
         switch_only: false,
         no_torch: false,
+        mpi_on_switch: false,
         iterations: None,
         rounds: 1,
         segment: None,

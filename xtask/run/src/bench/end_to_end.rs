@@ -28,6 +28,8 @@ pub struct E2e<'a> {
     pub sizes: &'a [usize],
     /// Open MPI's runs besides the switch's.
     pub mpi: bool,
+    /// Open MPI alone also with the switch's programs on the path.
+    pub mpi_on_switch: bool,
     /// PyTorch's runs besides the switch's.
     pub torch: bool,
     /// Allreduces per point instead of the size's default.
@@ -93,7 +95,18 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 sw.lab.attach_hosts(&object)?;
             }
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
-                let r = mpi_run(&sw.lab, &mpi_bin, bytes, iterations(bytes), true)?;
+                let r = mpi_run(&sw.lab, &mpi_bin, bytes, iterations(bytes), "mpi+xagg")?;
+                round_line(round, &r);
+                this.push(r);
+            }
+            for &bytes in e.sizes.iter().filter(|_| e.mpi_on_switch) {
+                let r = mpi_run(
+                    &sw.lab,
+                    &mpi_bin,
+                    bytes,
+                    iterations(bytes),
+                    "openmpi+switch",
+                )?;
                 round_line(round, &r);
                 this.push(r);
             }
@@ -107,7 +120,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // Open MPI runs over the plain bridge: the switch's programs detached.
             let lab = sw.stop()?;
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
-                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), false)?;
+                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), "openmpi")?;
                 round_line(round, &r);
                 this.push(r);
             }

@@ -10,17 +10,18 @@ use xagg_worker::report::CpuWindow;
 use super::{end_to_end::CPU_WINDOWS_FROM, run_point::RunPoint};
 use xtask::build::target_dir;
 
-/// Open MPI's MPI_Allreduce over TCP on the same lab, every XDP program detached
-/// (`xagg_lab::mpi::run`: one rank per worker namespace).
-/// With `preload`, the same binary with `libxagg_mpi.so` preloaded, joining the lab's
-/// switch (system `mpi+xagg`).
+/// Open MPI's MPI_Allreduce over TCP on the same lab (`xagg_lab::mpi::run`: one rank per
+/// worker namespace) as `system`: `openmpi`, every XDP program detached; `openmpi+switch`,
+/// the switch's programs on the path; `mpi+xagg`, the same binary with `libxagg_mpi.so`
+/// preloaded, joining the lab's switch.
 pub(super) fn mpi_run(
     lab: &Lab,
     mpi_bin: &std::path::Path,
     bytes: usize,
     iterations: usize,
-    preload: bool,
+    system: &'static str,
 ) -> Result<RunPoint> {
+    let preload = system == "mpi+xagg";
     let n = lab.workers;
     let env = if preload {
         vec![
@@ -83,7 +84,7 @@ pub(super) fn mpi_run(
             String::from_utf8_lossy(&o.stderr)
         )
     })?;
-    let mut p = json_point(if preload { "mpi+xagg" } else { "openmpi" }, n, line)?;
+    let mut p = json_point(system, n, line)?;
     p.path = path;
     p.osu_us = serde_json::from_str::<serde_json::Value>(line)?["osu_us"].as_f64();
     Ok(p)

@@ -71,6 +71,11 @@ pub struct BenchArgs {
     /// not installed, as on a bundle's machine.
     #[arg(long)]
     pub no_torch: bool,
+    /// Also Open MPI alone with the switch's programs on the path (system
+    /// `openmpi+switch`): what ordinary traffic pays for crossing the switch, and the
+    /// baseline of calls the drop-ins route to Open MPI.
+    #[arg(long)]
+    pub mpi_on_switch: bool,
     /// i32 elements per segment of the switch's end-to-end runs; by default as many as the
     /// lab's MTU carries (2232 at 9000: multi-buffer frames on veth; 860 is the largest
     /// single-buffer veth frame).
@@ -197,6 +202,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             workers: &a.workers,
             sizes: &sizes,
             mpi: !a.switch_only,
+            mpi_on_switch: !a.switch_only && a.mpi_on_switch,
             torch: !a.switch_only && !a.no_torch,
             iterations: a.iterations,
             rounds: a.rounds,
