@@ -188,8 +188,13 @@ impl Call {
                     // error of the call's own arguments, the same on every rank.
                     Some(Err(AllreduceError::Cancelled { .. })) | None => Taken::Fallback,
                     Some(Err(e)) => {
+                        let why = if matches!(e, AllreduceError::Timeout { .. }) {
+                            "waited past the collective timeout (XAGG_TIMEOUT_S) for the members the switch names"
+                        } else {
+                            "failed and cannot be made another way (the other ranks may have its result)"
+                        };
                         say(&format!(
-                            "rank {}: an allreduce through the switch failed and cannot be made another way (the other ranks may have its result): {e}; aborting",
+                            "rank {}: an allreduce through the switch {why}: {e}; aborting",
                             crate::world_rank()
                         ));
                         // Safety: MPI is initialized.
