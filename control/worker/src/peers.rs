@@ -560,3 +560,52 @@ fn answer(
     s.write_all(&out)?;
     s.write_all(&tag)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn none_is_a_promise_and_kept_results_answer_until_superseded() {
+        let mut v = View::default();
+        // Message 5 over 3 segments of 4 bytes: segment 0 came, segment 1 did not.
+        let out5 = [1u8, 1, 1, 1, 2, 2, 2, 2, 3, 3];
+        assert_eq!(v.start(5, out5.as_ptr(), out5.len(), 4, 6), None);
+        assert!(v.took(5, 0, 0));
+        assert_eq!(
+            v.answer(5, 0),
+            Answer::Result {
+                flags: 0,
+                bytes: vec![1, 1, 1, 1]
+            }
+        );
+        // Asked for what it lacks: none, and never taken from the switch after.
+        assert_eq!(v.answer(5, 1), Answer::None);
+        assert!(!v.took(5, 1, 0));
+        assert_eq!(v.withdrawn(5), Some(1));
+        v.finish(5, &out5, false, 2);
+        assert_eq!(v.parked(5).map(|p| p.0), Some(vec![true, false, false]));
+
+        // Message 6 complete over 2 slots: its last result on each slot is kept; the
+        // first segment's slot took a later round, so nobody can still ask for it.
+        let out6 = [7u8; 10];
+        assert_eq!(v.start(6, out6.as_ptr(), out6.len(), 4, 7), None);
+        for s in 0..3 {
+            assert!(v.took(6, s, 0));
+        }
+        v.finish(6, &out6, true, 2);
+        assert_eq!(
+            v.answer(6, 2),
+            Answer::Result {
+                flags: 0,
+                bytes: vec![7, 7]
+            }
+        );
+        assert_eq!(v.answer(6, 0), Answer::Gone);
+
+        // A message not started here yet: none, and its request is recovered when it comes.
+        assert_eq!(v.answer(9, 3), Answer::None);
+        let out9 = [0u8; 16];
+        assert_eq!(v.start(9, out9.as_ptr(), out9.len(), 4, 10), Some(3));
+    }
+}
