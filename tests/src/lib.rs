@@ -61,6 +61,55 @@ pub fn cut_results(ns: &str, cut: bool) -> bool {
     }
 }
 
+/// Runs `run` (a job whose rank 0, after its first allreduce, waits for the file `go`) and
+/// cuts rank 0's results off (worker 0's namespace, [`cut_results`]) once that first
+/// allreduce completed at the switch; writes `go` either way, so the run ends; restores
+/// the results after it.
+pub fn cut_rank0_after_first<T: Send>(
+    sw: &TestSwitch,
+    go: &std::path::Path,
+    run: impl FnOnce() -> T + Send,
+) -> T {
+    let _ = std::fs::remove_file(go);
+    let before = sw.counters().get("complete").copied().unwrap_or(0);
+    let ns = sw.lab.worker_ns(0);
+    let out = std::thread::scope(|s| {
+        let r = s.spawn(run);
+        let started = std::time::Instant::now();
+        while sw.counters().get("complete").copied().unwrap_or(0) <= before {
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            if started.elapsed() > std::time::Duration::from_secs(120) {
+                std::fs::write(go, "").unwrap();
+                panic!("the first allreduce never completed");
+            }
+        }
+        let cut = cut_results(&ns, true);
+        std::fs::write(go, "").unwrap();
+        assert!(cut, "nft could not add the rule");
+        r.join().unwrap()
+    });
+    assert!(cut_results(&ns, false));
+    out
+}
+
+/// Rank 0's summary line for entry point `name` in a drop-in's output: its calls through
+/// the switch, recovered from peers, routed by size, flagged and redone, fallback, passed
+/// (zeros: no line).
+pub fn entry_counts(output: &str, name: &str) -> [u64; 6] {
+    let prefix = format!("xagg: rank 0: {name}: ");
+    let Some(line) = output
+        .lines()
+        .find_map(|l| l.split_once(&prefix).map(|(_, r)| r))
+    else {
+        return [0; 6];
+    };
+    let n: Vec<u64> = line
+        .split(", ")
+        .map(|w| w.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    n.try_into().unwrap_or_else(|_| panic!("{line}"))
+}
+
 pub fn require_root(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;

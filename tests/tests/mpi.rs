@@ -119,20 +119,6 @@ fn summary_count(stderr: &str, words: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count before {words:?} in {line}"))
 }
 
-/// Rank 0's summary line for entry point `name`: its calls through the switch, recovered
-/// from peers, routed by size, flagged and redone, fallback, passed.
-fn entry(stderr: &str, name: &str) -> [u64; 6] {
-    let prefix = format!("xagg: rank 0: {name}: ");
-    let Some(line) = stderr.lines().find_map(|l| l.strip_prefix(&prefix)) else {
-        return [0; 6];
-    };
-    let n: Vec<u64> = line
-        .split(", ")
-        .map(|w| w.split(' ').next().unwrap().parse().unwrap())
-        .collect();
-    n.try_into().unwrap_or_else(|_| panic!("{line}"))
-}
-
 fn checked(o: &Output) -> (String, String) {
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -171,7 +157,7 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
         ("MPI_Iallreduce by MPI_Waitany", [1, 0, 0, 0, 0, 0]),
         ("MPI_Iallreduce by MPI_Waitsome", [2, 0, 0, 0, 0, 0]),
     ] {
-        assert_eq!(entry(&err, name), counts, "{name}: {err}");
+        assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
     }
     // The user-defined op went to Open MPI, counted with its reason.
     assert!(
@@ -203,12 +189,12 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
         let (switch, fallback, _) = summary(&err);
         assert!(switch == 9 && fallback == 0, "{name}: {switch} {fallback}");
         assert_eq!(
-            entry(&err, "MPI_ALLREDUCE (Fortran)"),
+            entry_counts(&err, "MPI_ALLREDUCE (Fortran)"),
             [8, 0, 0, 0, 0, 0],
             "{err}"
         );
         assert_eq!(
-            entry(&err, "MPI_BARRIER (Fortran)"),
+            entry_counts(&err, "MPI_BARRIER (Fortran)"),
             [1, 0, 0, 0, 0, 0],
             "{err}"
         );
@@ -225,7 +211,7 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     let (switch, fallback, _) = summary(&err);
     assert!(switch == 30 && fallback == 0, "mpi4py: {switch} {fallback}");
     assert_eq!(
-        entry(&err, "MPI_Allreduce (mpi4py)"),
+        entry_counts(&err, "MPI_Allreduce (mpi4py)"),
         [30, 0, 0, 0, 0, 0],
         "{err}"
     );
@@ -375,36 +361,21 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     // Rank 0's results cut off (UDP from the switch's port dropped in its namespace) once
     // the communicator has joined; rank 1 sits in MPI_Recv from rank 0 meanwhile.
     let go = lab.dir.join("go");
-    let _ = std::fs::remove_file(&go);
-    let sw = &lab.sw;
-    let before = sw.counters().get("complete").copied().unwrap_or(0);
-    let o = std::thread::scope(|s| {
-        let r = s.spawn(|| run(&format!("recv {}", go.display()), &give_up));
-        let mut waited = Duration::ZERO;
-        while sw.counters().get("complete").copied().unwrap_or(0) <= before {
-            std::thread::sleep(Duration::from_millis(20));
-            waited += Duration::from_millis(20);
-            if waited > Duration::from_secs(60) {
-                // Rank 0 goes on either way: the run must end for the test to.
-                std::fs::write(&go, "").unwrap();
-                panic!("the first allreduce never completed");
-            }
-        }
-        let cut = cut_results(&sw.lab.worker_ns(0), true);
-        // Rank 0 goes on either way: the run must end for the test to.
-        std::fs::write(&go, "").unwrap();
-        assert!(cut, "nft could not add the rule");
-        r.join().unwrap()
+    let o = cut_rank0_after_first(&lab.sw, &go, || {
+        run(&format!("recv {}", go.display()), &give_up)
     });
-    assert!(cut_results(&sw.lab.worker_ns(0), false));
     let (out, err) = checked(&o);
     assert!(out.contains("checks=2 failures=0"), "{out}");
     assert_eq!(summary(&err), (2, 0, 0), "{err}");
     assert_eq!(summary_count(&err, "finished from peers"), 1, "{err}");
     assert_eq!(summary_count(&err, "made again by Open MPI"), 0, "{err}");
-    assert_eq!(entry(&err, "MPI_Allreduce"), [1, 0, 0, 0, 0, 0], "{err}");
     assert_eq!(
-        entry(&err, "MPI_Iallreduce by MPI_Wait"),
+        entry_counts(&err, "MPI_Allreduce"),
+        [1, 0, 0, 0, 0, 0],
+        "{err}"
+    );
+    assert_eq!(
+        entry_counts(&err, "MPI_Iallreduce by MPI_Wait"),
         [0, 1, 0, 0, 0, 0],
         "{err}"
     );
@@ -427,7 +398,11 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert!(out.contains("checks=2 failures=0"), "{out}");
     assert_eq!(summary(&err), (1, 0, 0), "{err}");
     assert_eq!(summary_count(&err, "made again by Open MPI"), 1, "{err}");
-    assert_eq!(entry(&err, "MPI_Allreduce"), [1, 0, 0, 1, 0, 0], "{err}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [1, 0, 0, 1, 0, 0],
+        "{err}"
+    );
 
     // An MPI_Iallreduce of more segments than slots with rank 1 sitting in an MPI_Recv
     // (from rank 0, which waits for the allreduce) before its MPI_Wait: Open MPI completes
@@ -437,7 +412,7 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert!(out.contains("checks=2 failures=0"), "{out}");
     assert_eq!(summary(&err), (2, 0, 0), "{err}");
     assert_eq!(
-        entry(&err, "MPI_Iallreduce by MPI_Wait"),
+        entry_counts(&err, "MPI_Iallreduce by MPI_Wait"),
         [1, 0, 0, 0, 0, 0],
         "{err}"
     );
@@ -447,7 +422,7 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert!(out.contains("checks=3 failures=0"), "{out}");
     assert_eq!(summary(&err), (3, 0, 0), "{err}");
     assert_eq!(
-        entry(&err, "MPI_Iallreduce by MPI_Waitall"),
+        entry_counts(&err, "MPI_Iallreduce by MPI_Waitall"),
         [2, 0, 0, 0, 0, 0],
         "{err}"
     );

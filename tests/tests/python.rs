@@ -68,23 +68,6 @@ fn field(line: &str, name: &str) -> f64 {
         .unwrap()
 }
 
-/// Rank 0's summary line for entry point `name`: its calls through the switch, recovered
-/// from peers, routed by size, flagged and redone, fallback, passed (zeros: no line).
-fn entry(output: &str, name: &str) -> [u64; 6] {
-    let prefix = format!("xagg: rank 0: {name}: ");
-    let Some(line) = output
-        .lines()
-        .find_map(|l| l.split_once(&prefix).map(|(_, r)| r))
-    else {
-        return [0; 6];
-    };
-    let n: Vec<u64> = line
-        .split(", ")
-        .map(|w| w.split(' ').next().unwrap().parse().unwrap())
-        .collect();
-    n.try_into().unwrap_or_else(|_| panic!("{line}"))
-}
-
 /// The environment of ranks on hosts: each gets its host's daemon from the lab. Every
 /// call through the switch (`XAGG_ROUTE=all`): what these tests check.
 fn hosts_env() -> Vec<(&'static str, String)> {
@@ -267,17 +250,17 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
     // large one; the two blocking ones; no bucket by DDP's own path (the hook replaces it).
     let buckets = field(line, "buckets") as u64;
     assert_eq!(
-        entry(&x, "all_reduce async"),
+        entry_counts(&x, "all_reduce async"),
         [buckets + 1, 0, 0, 0, 0, 0],
         "{x}"
     );
-    assert_eq!(entry(&x, "all_reduce"), [2, 0, 0, 0, 0, 0], "{x}");
+    assert_eq!(entry_counts(&x, "all_reduce"), [2, 0, 0, 0, 0, 0], "{x}");
     assert_eq!(
-        entry(&x, "DDP bucket (ProcessGroup.allreduce)"),
+        entry_counts(&x, "DDP bucket (ProcessGroup.allreduce)"),
         [0; 6],
         "{x}"
     );
-    let hooked_entry = entry(&h, "DDP comm hook (xagg.torch.allreduce_hook)");
+    let hooked_entry = entry_counts(&h, "DDP comm hook (xagg.torch.allreduce_hook)");
     assert!(hooked_entry[0] >= 8 && hooked_entry[1..] == [0; 5], "{h}");
     for r in 0..RANKS {
         assert!(
@@ -413,7 +396,11 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
 
     let all = all_ok(&run(29510, &["late"], &e));
     ok(&all, "late");
-    assert_eq!(entry(&all, "all_reduce"), [2, 0, 0, 0, 0, 0], "{all}");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [2, 0, 0, 0, 0, 0],
+        "{all}"
+    );
     assert!(all.contains("waits for members [0]"), "{all}");
     let waited: f64 = all
         .split("rank 1 waited ")
@@ -425,36 +412,30 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
 
     let all = all_ok(&run(29511, &["nan"], &e));
     ok(&all, "nan");
-    assert_eq!(entry(&all, "all_reduce"), [1, 0, 0, 1, 0, 0], "{all}");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [1, 0, 0, 1, 0, 0],
+        "{all}"
+    );
 
     let go = std::env::temp_dir().join("xagg-test-xpc-go");
-    let _ = std::fs::remove_file(&go);
-    let before = sw.counters().get("complete").copied().unwrap_or(0);
-    let outputs = std::thread::scope(|s| {
-        let r = s.spawn(|| run(29512, &["cut", go.to_str().unwrap()], &e));
-        let mut waited = Duration::ZERO;
-        while sw.counters().get("complete").copied().unwrap_or(0) <= before {
-            std::thread::sleep(Duration::from_millis(20));
-            waited += Duration::from_millis(20);
-            if waited > Duration::from_secs(120) {
-                // Rank 0 goes on either way: the run must end for the test to.
-                std::fs::write(&go, "").unwrap();
-                panic!("the first all_reduce never completed");
-            }
-        }
-        let cut = cut_results(&sw.lab.worker_ns(0), true);
-        std::fs::write(&go, "").unwrap();
-        assert!(cut, "nft could not add the rule");
-        r.join().unwrap()
-    });
-    assert!(cut_results(&sw.lab.worker_ns(0), false));
+    let outputs =
+        cut_rank0_after_first(&sw, &go, || run(29512, &["cut", go.to_str().unwrap()], &e));
     let all = all_ok(&outputs);
     ok(&all, "cut");
-    assert_eq!(entry(&all, "all_reduce"), [1, 1, 0, 0, 0, 0], "{all}");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [1, 1, 0, 0, 0, 0],
+        "{all}"
+    );
 
     let mut default_route = e.clone();
     default_route.retain(|(k, _)| *k != "XAGG_ROUTE");
     let all = all_ok(&run(29513, &["sizes"], &default_route));
     ok(&all, "sizes");
-    assert_eq!(entry(&all, "all_reduce"), [2, 0, 1, 0, 0, 0], "{all}");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [2, 0, 1, 0, 0, 0],
+        "{all}"
+    );
 }
