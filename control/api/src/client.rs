@@ -3,7 +3,7 @@
 //! any thread.
 
 use std::{
-    io::{BufRead, BufReader, Write},
+    io::{self, BufRead, BufReader, Write},
     os::unix::net::UnixStream,
     path::Path,
 };
@@ -12,9 +12,17 @@ use crate::{Error, Request, Response};
 
 /// Sends one request to the daemon at `socket` and waits for its response.
 pub fn call(socket: &Path, req: &Request) -> Result<Response, Error> {
-    let mut stream = UnixStream::connect(socket).map_err(|source| Error::Unreachable {
-        socket: socket.into(),
-        source,
+    let mut stream = UnixStream::connect(socket).map_err(|source| {
+        if source.kind() == io::ErrorKind::PermissionDenied {
+            return Error::Denied {
+                socket: socket.into(),
+                access: access(socket),
+            };
+        }
+        Error::Unreachable {
+            socket: socket.into(),
+            source,
+        }
     })?;
     let io = |source| Error::Io {
         socket: socket.into(),
@@ -33,6 +41,19 @@ pub fn call(socket: &Path, req: &Request) -> Result<Response, Error> {
 
 /// The request on the wire: its line, `host` and `content-type`, and with a body its
 /// length and the body (keys in order, as `serde_json::Value` writes them).
+/// A socket's mode and group as `ls` would say them, e.g. "mode 0660, group xagg".
+fn access(socket: &Path) -> String {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(m) = std::fs::metadata(socket) else {
+        return "its mode cannot be read".into();
+    };
+    let group = nix::unistd::Group::from_gid(m.gid().into())
+        .ok()
+        .flatten()
+        .map_or_else(|| m.gid().to_string(), |g| g.name);
+    format!("mode {:04o}, group {group}", m.mode() & 0o7777)
+}
+
 fn request_bytes(req: &Request) -> Vec<u8> {
     let (method, path, body) = req.route();
     let body = body.map(|b| b.to_string()).unwrap_or_default();

@@ -43,6 +43,9 @@ pub enum Error {
     },
     #[error("cannot reach the daemon at {}: is xaggd running? (start it with `xaggd --config FILE`, or pass --socket)", socket.display())]
     Unreachable { socket: PathBuf, source: io::Error },
+    /// The socket's permissions keep this user out.
+    #[error("the daemon's socket {} is not open to you ({}): its daemon.socket_mode and daemon.socket_group say who may use the API; ask its operator to add you to that group (then log in again), or run as root", socket.display(), access)]
+    Denied { socket: PathBuf, access: String },
     #[error("talking to the daemon at {}", socket.display())]
     Io { socket: PathBuf, source: io::Error },
     /// An answer that is not HTTP/1.1 as the daemon speaks it.

@@ -73,6 +73,10 @@ pub enum Response {
         /// `native`, `generic` or `auto`, as configured.
         #[serde(default)]
         xdp_mode: String,
+        /// The mode each port's program is attached in, as the kernel says
+        /// (`native`, `generic`, ...; `none` where it is gone), in the order of `ports`.
+        #[serde(default)]
+        xdp_in_use: Vec<String>,
         /// Where the dataplane is pinned (none when it detaches on exit).
         #[serde(default)]
         pin_path: Option<PathBuf>,
@@ -292,11 +296,12 @@ mod tests {
                 address: "10.77.0.1".into(),
                 udp_port: 47800,
                 mac: "02:00:00:00:00:0a".into(),
-                xdp_mode: "native".into(),
+                xdp_mode: "auto".into(),
+                xdp_in_use: vec!["native".into()],
                 pin_path: Some("/sys/fs/bpf/xagg".into()),
                 steer_cpus: vec![2, 3],
             },
-            r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"native","pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3]}"#,
+            r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"auto","xdp_in_use":["native"],"pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3]}"#,
         );
         same(
             &Response::JobStatus {

@@ -1,4 +1,4 @@
-//! `xagg status`: the switch's address, ports, XDP mode, pinning, jobs and slots in use.
+//! `xagg status`: the switch's address, ports and the XDP mode each is in, pinning, jobs and slots in use.
 
 use std::path::Path;
 
@@ -24,10 +24,20 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
             udp_port,
             mac,
             xdp_mode,
+            xdp_in_use,
             pin_path,
             steer_cpus,
         } => {
-            println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode}");
+            println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode} (configured)");
+            // An older daemon does not say the mode in use.
+            let ports: Vec<String> = ports
+                .iter()
+                .enumerate()
+                .map(|(i, p)| match xdp_in_use.get(i) {
+                    Some(m) => format!("{p} (XDP {m})"),
+                    None => p.clone(),
+                })
+                .collect();
             println!("ports: {}", ports.join(", "));
             if steer_cpus.is_empty() {
                 println!("folding: on the CPU each contribution comes in on");

@@ -75,6 +75,21 @@ pub struct CredentialSection {
 }
 
 impl CredentialSection {
+    /// Says so when the key file is open to other users than its owner (its key then is
+    /// anyone's on this host), with the command that closes it.
+    pub fn open_to_others(&self) -> Option<String> {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = std::fs::metadata(&self.key_file).ok()?.permissions().mode() & 0o777;
+        (mode & 0o077 != 0).then(|| {
+            format!(
+                "credential {}: its key file {} is mode {mode:04o}, so other users of this host can read the key: `chmod 0600 {}`",
+                self.name,
+                self.key_file.display(),
+                self.key_file.display()
+            )
+        })
+    }
+
     /// Reads the key from its file.
     pub fn key(&self) -> Result<xagg_join::CredentialKey> {
         let text = std::fs::read_to_string(&self.key_file).map_err(|error| Error::ReadKey {
@@ -332,6 +347,23 @@ impl Config {
             return Err(Error::NoCredential);
         }
         Ok(())
+    }
+
+    /// The credential this daemon gives its parent (`[parent]`'s `credential` and
+    /// `key_file`), when it joins one; a parent daemon named without both is an error.
+    pub fn parent_credential(&self) -> Result<Option<CredentialSection>> {
+        let Some(p) = &self.parent else {
+            return Ok(None);
+        };
+        match (p.daemon, &p.credential, &p.key_file) {
+            (None, _, _) => Ok(None),
+            (Some(_), Some(name), Some(key_file)) => Ok(Some(CredentialSection {
+                name: name.clone(),
+                key_file: key_file.clone(),
+                slot_quota: 0,
+            })),
+            (Some(daemon), _, _) => Err(Error::ParentCredential { daemon }),
+        }
     }
 
     /// The CPUs `switch.steer_cpus` lists (none when it is not set).

@@ -26,6 +26,19 @@ pub enum Error {
     Config { path: PathBuf, error: Box<Error> },
     #[error(transparent)]
     Toml(#[from] toml::de::Error),
+    /// Another daemon holds what this one's configuration claims.
+    #[error("{}", taken(what, key, *pid, socket.as_deref()))]
+    Taken {
+        what: String,
+        key: &'static str,
+        pid: Option<u32>,
+        socket: Option<String>,
+    },
+    #[error("the lock file {}: {error}", path.display())]
+    Lock {
+        path: PathBuf,
+        error: std::io::Error,
+    },
     #[error("switch.ports is empty: list the interfaces the switch aggregates on, e.g. ports = [\"eth1\", \"eth2\"]")]
     NoPorts,
     #[error(
@@ -130,8 +143,17 @@ pub enum Error {
     /// This host's interfaces: the one holding the switch's address, its MAC.
     #[error(transparent)]
     Host(#[from] xagg_linux::Error),
-    #[error("switch.address {0} is on no interface here: assign it to one (e.g. the bridge of the ports) or set switch.mac")]
+    #[error("switch.address {0} is on no interface here: assign it to one (e.g. the bridge of the ports: its ARP answers tell workers where the switch is), or set switch.mac and give every worker a static neighbour for it (`ip neigh replace {0} lladdr MAC dev IFACE nud permanent`)")]
     AddressNotHere(Ipv4Addr),
+    /// Where nothing answers ARP for the switch's address.
+    #[error("switch.address {address} is on no interface here and switch.mac = {mac:?}: nothing answers the workers' ARP for {address}, so each worker needs a static neighbour (`ip neigh replace {address} lladdr {mac} dev IFACE nud permanent`) or proxy ARP on its network, or its hellos and contributions never leave it")]
+    AddressWithMac { address: Ipv4Addr, mac: String },
+    #[error("cannot bind {key} = {addr}: {error} (an address of this host, in switch.netns if that is set, that no other program listens on)")]
+    Bind {
+        key: &'static str,
+        addr: std::net::SocketAddr,
+        error: std::io::Error,
+    },
     #[error("map {name}: {source}")]
     Map {
         name: &'static str,
@@ -275,3 +297,18 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn taken(what: &str, key: &str, pid: Option<u32>, socket: Option<&str>) -> String {
+    let Some(pid) = pid else {
+        return format!(
+            "another xaggd already {what}: stop it first, or give this daemon another {key}"
+        );
+    };
+    let at = socket
+        .filter(|s| !s.is_empty())
+        .map(|s| format!(", API socket {s}"))
+        .unwrap_or_default();
+    format!(
+        "another xaggd (pid {pid}{at}) already {what}: stop it with `kill {pid}` (SIGTERM: a pinned dataplane keeps aggregating and the next daemon adopts it, jobs included; `xagg detach` would drop its jobs), or give this daemon another {key}"
+    )
+}

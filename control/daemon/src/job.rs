@@ -12,6 +12,61 @@ use xagg_common::{
 };
 use xagg_linux::iface;
 
+/// Checks a spec against this switch's `ports` without a dataplane (start-up and
+/// `xaggd --check` do it for the configuration's jobs): its fields, each member behind a
+/// port whose MTU carries the job's packets, an uplink that is a port.
+pub fn check_spec(spec: &JobSpec, ports: &[String]) -> Result<(), Error> {
+    to_job(spec, 0)?;
+    let shape = spec.shape()?;
+    let need = wire::ip_packet_len(shape.segment_bytes());
+    let not_port = |field: String, name: &str, what: &str| {
+        Error::job(
+            field,
+            format!(
+                "`{name}` is not a port of this switch (its ports: {}): name {what}",
+                ports.join(", ")
+            ),
+        )
+    };
+    for (i, m) in spec.members.iter().enumerate() {
+        // A segment must fit the link: a full one is one IPv4 packet.
+        let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
+        if mtu < need {
+            let lane = xagg_api::lane(spec.op, spec.dtype)?;
+            let fits = wire::payload_for_mtu(mtu) / lane.size();
+            return Err(Error::job(
+                "segment",
+                format!(
+                    "{} elements make {need}-byte packets, but members[{i}]'s port {} has an MTU of {mtu}: choose a segment of at most {fits} elements, or raise the MTU",
+                    spec.segment, m.interface
+                ),
+            ));
+        }
+        if !ports.contains(&m.interface) {
+            return Err(not_port(
+                format!("members[{i}].interface"),
+                &m.interface,
+                "the port the member is behind",
+            ));
+        }
+    }
+    let uplink = match (&spec.parent, &spec.ring) {
+        (Some(p), _) => Some(("parent", &p.interface)),
+        (None, Some(r)) => Some(("ring", &r.interface)),
+        (None, None) => None,
+    };
+    if let Some((field, interface)) = uplink {
+        if !ports.contains(interface) {
+            return Err(not_port(
+                format!("{field}.interface"),
+                interface,
+                "the uplink",
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// Checks the spec and builds the `JOBS` entry, resolving interfaces in the calling
 /// thread's network namespace. `slot_base` is where the switch placed the job.
 pub fn to_job(spec: &JobSpec, slot_base: u32) -> Result<Job, Error> {

@@ -12,5 +12,7 @@ pub mod head;
 pub mod job;
 pub mod join;
 pub mod metrics;
+pub mod owner;
+pub mod preflight;
 
 pub use error::{Error, Result};

@@ -129,7 +129,15 @@ impl Client {
                     })
                 }
                 JoinReply::Refused { reason } => return Err(Error::Refused { reason }),
-                JoinReply::NoHello => {}
+                JoinReply::NoHello => {
+                    if start.elapsed() > timeout {
+                        return Err(Error::NoHello {
+                            switch: at.switch,
+                            timeout,
+                        });
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
                 JoinReply::Pending {
                     missing, waiting, ..
                 } => {

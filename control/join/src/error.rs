@@ -43,6 +43,13 @@ pub enum Error {
     #[cfg(feature = "client")]
     #[error("{waiting} did not join within {timeout:?}")]
     NotJoined { waiting: String, timeout: Duration },
+    /// The daemon saw none of this rank's hellos: its packets to the switch do not arrive.
+    #[cfg(feature = "client")]
+    #[error("none of this rank's hellos reached the switch at {switch} within {timeout:?} (the daemon answered, the data path did not): check that {} resolves from this host (a switch whose address is on no interface of its host needs a static neighbour here: `ip neigh replace {} lladdr MAC dev IFACE nud permanent`), that the route to it leaves by the switch's port, and that the port runs the switch (`xagg status`; the switch's `hello` counter stays 0)", switch.ip(), switch.ip())]
+    NoHello {
+        switch: std::net::SocketAddrV4,
+        timeout: Duration,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

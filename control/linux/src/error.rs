@@ -35,6 +35,8 @@ pub enum Error {
         path: &'static str,
         error: std::io::Error,
     },
+    #[error("asking the kernel (rtnetlink) how XDP is attached to `{name}`: {errno}")]
+    Netlink { name: String, errno: Errno },
     #[error("mapping no memory")]
     EmptyMapping,
     #[error("mapping {size} bytes of buffers: {errno}")]

@@ -23,6 +23,8 @@ use xagg_daemon::{
     dataplane::{self, Dataplane},
     job::from_job,
     join::Joins,
+    owner::Owner,
+    preflight::{self, Checking, Severity},
 };
 use xagg_join::{
     JoinReply, JoinRequest, MemberReply, MemberRequest, NonceReply, RingReply, RingRequest,
@@ -44,6 +46,10 @@ struct Args {
     /// Replace a pinned dataplane instead of adopting it (running jobs are dropped).
     #[arg(long)]
     reload: bool,
+    /// Check the configuration as a start would (ports, addresses, files and their
+    /// modes, the pin path, listeners, credentials, other daemons) and attach nothing.
+    #[arg(long)]
+    check: bool,
 }
 
 struct State {
@@ -132,9 +138,11 @@ fn main() -> Result<()> {
     }
     let args = Args::parse();
     let cfg = Config::load(&args.config)?;
-    // One daemon per API socket: a second would take the socket over and delete it on
-    // exit, leaving the first unreachable.
-    let _lock = lock(&cfg.daemon.socket)?;
+    if args.check {
+        return check_only(&args, &cfg);
+    }
+    // One daemon per API socket, state directory and pinned dataplane.
+    let _owner = Owner::claim(&cfg)?;
     // Only this thread's network namespace changes, before the runtime starts its threads
     // (they inherit it). The mount namespace stays the host's, so pins outlive us.
     if let Some(ns) = &cfg.switch.netns {
@@ -147,6 +155,26 @@ fn main() -> Result<()> {
             "xaggd runs in a mount namespace of its own (as under `ip netns exec`): the pins it makes vanish with it, and the dataplane with them. Run it in the host's mount namespace with switch.netns naming the ports' namespace, or set daemon.detach_on_exit = true"
         );
     }
+    // All or nothing: what can be checked is checked before anything is attached.
+    let report = preflight::check(
+        &cfg,
+        Checking {
+            reload: args.reload,
+            only: false,
+        },
+    );
+    for w in report.of(Severity::Warning) {
+        warn!("{}", w.text);
+    }
+    if report.failed() {
+        let errors: Vec<String> = report.of(Severity::Error).map(|f| f.text.clone()).collect();
+        anyhow::bail!(
+            "{}: {}\nnothing was attached (`xaggd --check --config {}` lists every finding)",
+            args.config.display(),
+            errors.join("\n"),
+            args.config.display()
+        );
+    }
     if pinned {
         ensure_bpffs(&cfg.daemon.pin_path)?;
     }
@@ -156,36 +184,30 @@ fn main() -> Result<()> {
             cfg.daemon.pin_path.display()
         );
     }
-    let mut dp = Dataplane::start(&cfg, xagg_objects::SWITCH, pinned)?;
-    let existing: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
-    for job in &cfg.jobs {
-        if existing.contains(&job.id) {
-            continue;
-        }
-        let added = dp
-            .add_job(job)
-            .with_context(|| format!("[[job]] id {} in the configuration", job.id))?;
-        info!(
-            "job {} added from the configuration (slots {}..{})",
-            added.id,
-            added.slot_base.unwrap_or(0),
-            added.slot_base.unwrap_or(0) + added.slots
-        );
-    }
-    let switch = std::net::SocketAddrV4::new(cfg.switch.address, cfg.switch.udp_port);
-    let mac = dp.switch_config()?.mac;
-    let joins = Joins::new(&cfg, switch, &dp)?.with_mac(mac);
-    let state = Arc::new(Mutex::new(State {
-        dp,
-        cfg: cfg.clone(),
-        joins,
-        drops_logged: Default::default(),
-    }));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()?;
-    let detach = rt.block_on(serve(state.clone(), &cfg.daemon))?;
+    // The sockets are bound before anything is attached: an address in use fails here.
+    let listeners = rt.block_on(Listeners::bind(&cfg.daemon))?;
+    let dp = match Dataplane::start(&cfg, xagg_objects::SWITCH, pinned) {
+        Ok(dp) => dp,
+        Err(e) => {
+            let _ = std::fs::remove_file(&cfg.daemon.socket);
+            return Err(e.into());
+        }
+    };
+    for (port, mode) in cfg.switch.ports.iter().zip(dp.xdp_in_use()) {
+        info!("port {port}: XDP attached in {mode} mode");
+    }
+    let state = match set_up(&cfg, dp) {
+        Ok(state) => Arc::new(Mutex::new(state)),
+        Err(e) => {
+            let _ = std::fs::remove_file(&cfg.daemon.socket);
+            return Err(e);
+        }
+    };
+    let detach = rt.block_on(serve(state.clone(), &cfg.daemon, listeners))?;
     state
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -210,42 +232,114 @@ fn main() -> Result<()> {
     Ok(())
 }
 
-/// Takes the lock of the API socket `socket` (`<socket>.lock`, holding the owner's pid),
-/// or says which daemon holds it.
-fn lock(socket: &Path) -> Result<nix::fcntl::Flock<std::fs::File>> {
-    use std::{
-        io::{Read, Seek, Write},
-        os::unix::fs::OpenOptionsExt,
-    };
-    let path = PathBuf::from(format!("{}.lock", socket.display()));
-    if let Some(dir) = path.parent() {
-        create_socket_dir(dir)?;
+/// `xaggd --check`: every finding a start would make, attaching and claiming nothing;
+/// fails when a start would.
+fn check_only(args: &Args, cfg: &Config) -> Result<()> {
+    if let Some(ns) = &cfg.switch.netns {
+        xagg_linux::iface::enter_netns(ns)?;
     }
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(&path)
-        .with_context(|| format!("opening {}", path.display()))?;
-    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusiveNonblock) {
-        Ok(mut held) => {
-            held.set_len(0)?;
-            held.rewind()?;
-            write!(held, "{}", std::process::id())?;
-            Ok(held)
+    let report = preflight::check(
+        cfg,
+        Checking {
+            reload: args.reload,
+            only: true,
+        },
+    );
+    println!("checking {}", args.config.display());
+    for f in &report.findings {
+        println!("{f}");
+    }
+    let warnings = report.of(Severity::Warning).count();
+    let errors = report.of(Severity::Error).count();
+    if errors > 0 {
+        anyhow::bail!(
+            "{}: {errors} errors, {warnings} warnings: a start would fail (nothing was attached)",
+            args.config.display()
+        );
+    }
+    println!(
+        "{}: no errors, {warnings} warnings: `xaggd --config {}` would start (nothing was attached; the kernel's verifier sees the programs only then)",
+        args.config.display(),
+        args.config.display()
+    );
+    Ok(())
+}
+
+/// Everything after the dataplane is up: the configuration's jobs and the joins' state.
+/// A failure undoes what this start did: a fresh dataplane is detached and unpinned, the
+/// jobs added to an adopted one are removed, and the adopted one is left as it was.
+fn set_up(cfg: &Config, mut dp: Dataplane) -> Result<State> {
+    let mut added = Vec::new();
+    let r = (|| -> Result<Joins> {
+        let existing: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
+        for job in &cfg.jobs {
+            if existing.contains(&job.id) {
+                continue;
+            }
+            let job = dp
+                .add_job(job)
+                .with_context(|| format!("[[job]] id {} in the configuration", job.id))?;
+            added.push(job.id);
+            info!(
+                "job {} added from the configuration (slots {}..{})",
+                job.id,
+                job.slot_base.unwrap_or(0),
+                job.slot_base.unwrap_or(0) + job.slots
+            );
         }
-        Err((mut file, _)) => {
-            let mut pid = String::new();
-            let _ = file.read_to_string(&mut pid);
-            anyhow::bail!(
-                "another xaggd (pid {}) already serves {}: stop it first (`xagg --socket {} detach`, or SIGTERM), or give this daemon another daemon.socket",
-                pid.trim(),
-                socket.display(),
-                socket.display()
-            )
+        let switch = std::net::SocketAddrV4::new(cfg.switch.address, cfg.switch.udp_port);
+        let mac = dp.switch_config()?.mac;
+        Ok(Joins::new(cfg, switch, &dp)?.with_mac(mac))
+    })();
+    match r {
+        Ok(joins) => Ok(State {
+            dp,
+            cfg: cfg.clone(),
+            joins,
+            drops_logged: Default::default(),
+        }),
+        Err(e) if dp.adopted => {
+            for id in added {
+                let _ = dp.remove_job(id);
+            }
+            Err(e.context("the adopted dataplane is left as it was"))
         }
+        Err(e) => {
+            drop(dp);
+            if !cfg.daemon.detach_on_exit {
+                let _ = dataplane::unpin(&cfg.daemon.pin_path);
+            }
+            Err(e.context("the dataplane this start attached is detached again"))
+        }
+    }
+}
+
+/// The daemon's sockets, bound before anything is attached.
+struct Listeners {
+    api: UnixListener,
+    network: Option<tokio::net::TcpListener>,
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Listeners {
+    async fn bind(daemon: &DaemonSection) -> Result<Self> {
+        let tcp = |key: &'static str, addr: Option<std::net::SocketAddr>| async move {
+            match addr {
+                None => Ok(None),
+                Some(addr) => tokio::net::TcpListener::bind(addr)
+                    .await
+                    .map(Some)
+                    .map_err(|error| xagg_daemon::Error::Bind { key, addr, error }),
+            }
+        };
+        let network = tcp("daemon.listen", daemon.listen).await?;
+        let metrics = tcp("daemon.metrics", daemon.metrics).await?;
+        let api = bind_api(daemon)?;
+        Ok(Self {
+            api,
+            network,
+            metrics,
+        })
     }
 }
 
@@ -274,27 +368,6 @@ fn ensure_bpffs(pin: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Creates the API socket's directory if it is missing, with each directory it creates
-/// 0755 whatever the umask: readable by all (so the socket's own mode decides who may
-/// connect), writable only by the daemon (nobody else can put a socket in its place).
-/// An existing directory is left as it is.
-fn create_socket_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
-    let missing: Vec<&Path> = dir
-        .ancestors()
-        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
-        .collect();
-    for d in missing.into_iter().rev() {
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(d)
-            .with_context(|| format!("creating {}", d.display()))?;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("setting the mode of {}", d.display()))?;
-    }
-    Ok(())
-}
-
 /// Binds the API socket and gives it `daemon.socket_group` and `daemon.socket_mode`. It is
 /// created accessible to its owner only (umask 0177), so no one else can connect before
 /// its group and mode are set.
@@ -306,7 +379,10 @@ fn bind_api(daemon: &DaemonSection) -> Result<UnixListener> {
     let mode = daemon.socket_mode()?;
     let gid = daemon.socket_gid()?;
     if let Some(dir) = socket.parent() {
-        create_socket_dir(dir)?;
+        // 0755: readable by all (the socket's own mode decides who may connect),
+        // writable only by the daemon (nobody else can put a socket in its place).
+        xagg_daemon::owner::create_dir(dir, 0o755)
+            .with_context(|| format!("creating {}", dir.display()))?;
     }
     let _ = std::fs::remove_file(socket);
     let old = umask(Mode::from_bits_truncate(0o177));
@@ -348,8 +424,16 @@ fn bind_api(daemon: &DaemonSection) -> Result<UnixListener> {
 }
 
 /// Serves the API until a signal or a detach request; returns whether to detach.
-async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool> {
-    let listener = bind_api(daemon)?;
+async fn serve(
+    state: Arc<Mutex<State>>,
+    daemon: &DaemonSection,
+    listeners: Listeners,
+) -> Result<bool> {
+    let Listeners {
+        api: listener,
+        network,
+        metrics,
+    } = listeners;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
     let (detach_tx, mut detach_rx) = watch::channel(false);
@@ -370,10 +454,7 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
         }
     });
     let (stop_tx, stop_rx) = watch::channel(false);
-    if let Some(addr) = daemon.listen {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the network listener daemon.listen = {addr}"))?;
+    if let (Some(addr), Some(tcp)) = (daemon.listen, network) {
         info!("network listener (the join protocol only) on {addr}");
         let app = xagg_daemon::api::network_router(handler.clone());
         let mut stop = stop_rx.clone();
@@ -388,10 +469,7 @@ async fn serve(state: Arc<Mutex<State>>, daemon: &DaemonSection) -> Result<bool>
             }
         });
     }
-    if let Some(addr) = daemon.metrics {
-        let tcp = tokio::net::TcpListener::bind(addr)
-            .await
-            .with_context(|| format!("binding the metrics endpoint daemon.metrics = {addr}"))?;
+    if let (Some(addr), Some(tcp)) = (daemon.metrics, metrics) {
         info!("Prometheus metrics on http://{addr}/metrics");
         let scraped = handler.clone();
         let app = axum::Router::new().route(
@@ -541,6 +619,7 @@ fn handle(st: &mut State, req: Request) -> Response {
                 udp_port: u16::from_be_bytes(sw.port),
                 mac: xagg_linux::iface::fmt_mac(&sw.mac),
                 xdp_mode: st.cfg.switch.xdp_mode.clone(),
+                xdp_in_use: st.dp.xdp_in_use(),
                 pin_path: st.dp.pinned().then(|| st.cfg.daemon.pin_path.clone()),
                 steer_cpus: st.dp.steer.clone(),
             })

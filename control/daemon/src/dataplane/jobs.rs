@@ -16,7 +16,7 @@ use xagg_linux::iface;
 
 use crate::{
     dataplane::{map_err, Dataplane, Result},
-    job::{allocate_slots, from_job, to_job},
+    job::{allocate_slots, check_spec, from_job, to_job},
 };
 
 impl Dataplane {
@@ -74,53 +74,14 @@ impl Dataplane {
             .into());
         }
         // Validate before allocating so a bad spec reports its real problem.
-        to_job(spec, 0)?;
-        let shape = spec.shape()?;
-        for (i, m) in spec.members.iter().enumerate() {
-            // A segment must fit the link: a full one is one IPv4 packet.
-            let mtu = iface::mtu(&m.interface).unwrap_or(usize::MAX);
-            let need = xagg_common::wire::ip_packet_len(shape.segment_bytes());
-            if mtu < need {
-                let lane = xagg_api::lane(spec.op, spec.dtype)?;
-                let fits = xagg_common::wire::payload_for_mtu(mtu) / lane.size();
-                return Err(Error::job(
-                    "segment",
-                    format!(
-                        "{} elements make {need}-byte packets, but members[{i}]'s port {} has an MTU of {mtu}: choose a segment of at most {fits} elements, or raise the MTU",
-                        spec.segment, m.interface
-                    ),
-                )
-                .into());
-            }
-            if !self.ports.contains(&m.interface) {
-                return Err(Error::job(
-                    format!("members[{i}].interface"),
-                    format!(
-                        "`{}` is not a port of this switch (its ports: {}): name the port the member is behind",
-                        m.interface,
-                        self.ports.join(", ")
-                    ),
-                )
-                .into());
-            }
-        }
+        check_spec(spec, &self.ports)?;
         // An inner level's or a ring host's uplink, and the job id results carry on it.
         let uplink = match (&spec.parent, &spec.ring) {
-            (Some(p), _) => Some(("parent", &p.interface, p.job)),
-            (None, Some(r)) => Some(("ring", &r.interface, spec.id)),
+            (Some(p), _) => Some(("parent", p.job)),
+            (None, Some(_)) => Some(("ring", spec.id)),
             (None, None) => None,
         };
-        if let Some((field, interface, upstream)) = uplink {
-            if !self.ports.contains(interface) {
-                return Err(Error::job(
-                    format!("{field}.interface"),
-                    format!(
-                        "`{interface}` is not a port of this switch (its ports: {}): name the uplink",
-                        self.ports.join(", ")
-                    ),
-                )
-                .into());
-            }
+        if let Some((field, upstream)) = uplink {
             if let Ok(other) = self.parents.get(&upstream, 0) {
                 if self.job(other).is_ok() {
                     return Err(Error::job(

@@ -33,24 +33,8 @@ impl Dataplane {
     pub fn start(cfg: &Config, object: XdpObject, pinned: bool) -> Result<Self> {
         let pin = pinned.then(|| cfg.daemon.pin_path.clone());
         if let Some(dir) = &pin {
-            if dir.join("maps/JOBS").exists() {
-                let pinned = read_layout(dir)?;
-                if pinned != LAYOUT_VERSION {
-                    return Err(Error::LayoutChanged {
-                        pin: dir.clone(),
-                        pinned,
-                        ours: LAYOUT_VERSION,
-                    });
-                }
+            if let Some(pinned_ports) = Self::pinned_at(cfg)? {
                 let mut dp = Self::adopt(dir)?;
-                let pinned_ports = read_ports(dir)?;
-                if pinned_ports != cfg.switch.ports {
-                    return Err(Error::PortsChanged {
-                        pin: dir.clone(),
-                        pinned: pinned_ports,
-                        configured: cfg.switch.ports.clone(),
-                    });
-                }
                 dp.ports = pinned_ports;
                 let configured = cfg.steer_cpus()?;
                 if dp.steer != configured {
@@ -72,6 +56,33 @@ impl Dataplane {
             let _ = xagg_linux::pins::unpin(dir);
         }
         loaded
+    }
+
+    /// The ports of the dataplane pinned at the configuration's pin path, if one is there
+    /// and this configuration may adopt it (its layout this daemon's, its ports the
+    /// configured ones); nothing is changed.
+    pub fn pinned_at(cfg: &Config) -> Result<Option<Vec<String>>> {
+        let dir = &cfg.daemon.pin_path;
+        if !dir.join("maps/JOBS").exists() {
+            return Ok(None);
+        }
+        let pinned = read_layout(dir)?;
+        if pinned != LAYOUT_VERSION {
+            return Err(Error::LayoutChanged {
+                pin: dir.clone(),
+                pinned,
+                ours: LAYOUT_VERSION,
+            });
+        }
+        let pinned_ports = read_ports(dir)?;
+        if pinned_ports != cfg.switch.ports {
+            return Err(Error::PortsChanged {
+                pin: dir.clone(),
+                pinned: pinned_ports,
+                configured: cfg.switch.ports.clone(),
+            });
+        }
+        Ok(Some(pinned_ports))
     }
 
     fn load(cfg: &Config, object: XdpObject, pin: Option<PathBuf>) -> Result<Self> {

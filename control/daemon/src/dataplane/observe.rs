@@ -14,6 +14,18 @@ use xagg_common::{
 use crate::dataplane::{map_err, Dataplane, Result};
 
 impl Dataplane {
+    /// The mode each port's program is attached in, as the kernel says: what "auto" gave,
+    /// or "none" where someone detached it.
+    pub fn xdp_in_use(&self) -> Vec<String> {
+        self.ports
+            .iter()
+            .map(|p| match xagg_linux::xdp::attached(p) {
+                Ok(mode) => mode.name().to_owned(),
+                Err(e) => format!("unknown ({e})"),
+            })
+            .collect()
+    }
+
     /// Job `id`'s counters (summed over CPUs, only those not zero) and its members'.
     pub fn job_counters(&self, id: u32) -> Result<JobCounters> {
         let job = self.job(id)?;

@@ -30,8 +30,16 @@ impl Joins {
         self.agrees(req).map_err(refused)?;
         let at = self.place(req)?;
         let (addr, port) = self.member_addr(dp, req, at)?;
+        // The same hello again is the member asking whether the job runs yet, not a
+        // member that restarted.
+        let again = self.jobs[&req.key]
+            .members
+            .get(at)
+            .copied()
+            .flatten()
+            .is_some_and(|m| m.hello != req.hello);
         self.take_in(dp, req, at, addr)?;
-        let reply = self.next_step(dp, req, at, &port)?;
+        let reply = self.next_step(dp, req, at, &port, again)?;
         self.save();
         Ok(reply)
     }
@@ -182,14 +190,17 @@ impl Joins {
         req: &JoinRequest,
         at: usize,
         port: &str,
+        again: bool,
     ) -> Answer<JoinReply> {
         let has_parent = self.parent.as_ref().is_some_and(|p| p.daemon.is_some());
         let j = self.jobs.get_mut(&req.key).expect("found or created");
         if j.running() {
-            info!(
-                "job {} ({}): rank {at} joined again, behind {port}",
-                j.id, j.key
-            );
+            if again {
+                info!(
+                    "job {} ({}): rank {at} joined again, behind {port}",
+                    j.id, j.key
+                );
+            }
             return Ok(j.ready(at as u8, dp));
         }
         let gone_up = matches!(j.state, Lifecycle::JoiningParent { .. });

@@ -102,6 +102,25 @@ fn warn_if_open(dir: &std::path::Path) {
     }
 }
 
+/// What a start reads before anything is attached: the credentials' keys (the parent's
+/// too) and the state file; how many joined jobs the state file keeps.
+pub fn check(cfg: &Config) -> Result<usize> {
+    for c in cfg
+        .credentials
+        .iter()
+        .chain(cfg.parent_credential()?.as_ref())
+    {
+        c.key()?;
+    }
+    let file = cfg.daemon.state_dir.join("joined.json");
+    let saved = Saved::read(&file)?;
+    let jobs = saved.jobs().map_err(|e| Error::StateFile {
+        file,
+        error: Box::new(e),
+    })?;
+    Ok(jobs.len())
+}
+
 impl Joins {
     /// Reads the credentials' keys and the state file, keeping the joined jobs the
     /// dataplane still has (and the pending ones, their timers started again).
@@ -160,18 +179,9 @@ impl Joins {
             rings: HashMap::new(),
         };
         if let Some(p) = &cfg.parent {
-            let daemon = match (p.daemon, &p.credential, &p.key_file) {
-                (None, _, _) => None,
-                (Some(d), Some(name), Some(key_file)) => {
-                    let key = crate::config::CredentialSection {
-                        name: name.clone(),
-                        key_file: key_file.clone(),
-                        slot_quota: 0,
-                    }
-                    .key()?;
-                    Some((d, name.clone(), key))
-                }
-                (Some(daemon), _, _) => return Err(Error::ParentCredential { daemon }),
+            let daemon = match (p.daemon, cfg.parent_credential()?) {
+                (Some(d), Some(c)) => Some((d, c.name.clone(), c.key()?)),
+                _ => None,
             };
             joins.parent = Some(ParentLink {
                 interface: p.interface.clone(),

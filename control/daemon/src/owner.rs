@@ -1,0 +1,217 @@
+//! One daemon per API socket, per pinned dataplane and per state directory: each is
+//! claimed by a lock file (flock, released when the process ends however it ends) that
+//! names its owner, so a second daemon is refused saying which one holds it and how to
+//! stop that one without dropping its jobs.
+
+use std::{
+    fs::File,
+    io::{Read, Seek, Write},
+    os::unix::fs::OpenOptionsExt,
+    path::{Path, PathBuf},
+};
+
+use nix::fcntl::{Flock, FlockArg};
+
+use crate::{config::Config, Error, Result};
+
+/// Where the locks of pinned dataplanes are kept: a bpffs holds no plain files.
+pub const DATAPLANE_LOCKS: &str = "/run/xagg";
+
+/// The locks a running daemon holds; dropped with it.
+pub struct Owner {
+    _held: Vec<Flock<File>>,
+}
+
+/// A resource a daemon claims, and the configuration key that names it.
+struct Claim {
+    lock: PathBuf,
+    what: String,
+    key: &'static str,
+    /// The mode of the lock's directory, should it be created.
+    dir_mode: u32,
+}
+
+/// The daemon holding a lock: its pid and API socket, as it wrote them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Holder {
+    pub pid: u32,
+    pub socket: String,
+}
+
+fn claims(cfg: &Config) -> Vec<Claim> {
+    let d = &cfg.daemon;
+    let mut c = vec![
+        Claim {
+            lock: PathBuf::from(format!("{}.lock", d.socket.display())),
+            what: format!("serves the API socket {}", d.socket.display()),
+            key: "daemon.socket",
+            dir_mode: 0o755,
+        },
+        Claim {
+            lock: d.state_dir.join("xaggd.lock"),
+            what: format!(
+                "keeps its joined jobs in the state directory {}",
+                d.state_dir.display()
+            ),
+            key: "daemon.state_dir",
+            // The state file holds the joined jobs' secrets.
+            dir_mode: 0o700,
+        },
+    ];
+    if !d.detach_on_exit {
+        c.push(Claim {
+            lock: dataplane_lock(&d.pin_path),
+            what: format!("runs the dataplane pinned at {}", d.pin_path.display()),
+            key: "daemon.pin_path",
+            dir_mode: 0o755,
+        });
+    }
+    c
+}
+
+/// The lock file of the dataplane pinned at `pin`: its path with `%` and `/` escaped.
+pub fn dataplane_lock(pin: &Path) -> PathBuf {
+    let name = pin
+        .to_string_lossy()
+        .replace('%', "%25")
+        .replace('/', "%2F");
+    Path::new(DATAPLANE_LOCKS).join(format!("dataplane-{name}.lock"))
+}
+
+impl Owner {
+    /// Claims the configuration's socket, state directory and (when pinned) pin path, or
+    /// says which daemon holds the first one taken.
+    pub fn claim(cfg: &Config) -> Result<Self> {
+        let mut held = Vec::new();
+        for c in claims(cfg) {
+            let file = open(&c.lock, c.dir_mode)?;
+            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                Ok(mut f) => {
+                    let io = |error| Error::Lock {
+                        path: c.lock.clone(),
+                        error,
+                    };
+                    f.set_len(0).map_err(io)?;
+                    f.rewind().map_err(io)?;
+                    write!(
+                        f,
+                        "pid={}\nsocket={}\n",
+                        std::process::id(),
+                        cfg.daemon.socket.display()
+                    )
+                    .map_err(io)?;
+                    held.push(f);
+                }
+                Err((mut file, _)) => return Err(taken(&c, read_holder(&mut file))),
+            }
+        }
+        Ok(Self { _held: held })
+    }
+}
+
+/// Who holds each of the configuration's claims now, as refusals a start would give.
+pub fn holders(cfg: &Config) -> Vec<Error> {
+    let mut out = Vec::new();
+    for c in claims(cfg) {
+        let Ok(mut file) = File::open(&c.lock) else {
+            continue;
+        };
+        // A shared lock is granted unless a daemon holds the exclusive one.
+        match Flock::lock(
+            file.try_clone().expect("a file descriptor to duplicate"),
+            FlockArg::LockSharedNonblock,
+        ) {
+            Ok(f) => drop(f),
+            Err(_) => out.push(taken(&c, read_holder(&mut file))),
+        }
+    }
+    out
+}
+
+fn taken(c: &Claim, h: Option<Holder>) -> Error {
+    let (pid, socket) = h.map_or((None, None), |h| (Some(h.pid), Some(h.socket)));
+    Error::Taken {
+        what: c.what.clone(),
+        key: c.key,
+        pid,
+        socket,
+    }
+}
+
+fn open(path: &Path, dir_mode: u32) -> Result<File> {
+    if let Some(dir) = path.parent() {
+        create_dir(dir, dir_mode).map_err(|error| Error::Lock {
+            path: path.to_owned(),
+            error,
+        })?;
+    }
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o644)
+        .open(path)
+        .map_err(|error| Error::Lock {
+            path: path.to_owned(),
+            error,
+        })
+}
+
+/// Creates a missing directory (and its parents) with `mode` whatever the umask (0755:
+/// readable by all, writable only by the daemon). An existing directory is left as it is.
+pub fn create_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+    let missing: Vec<&Path> = dir
+        .ancestors()
+        .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
+        .collect();
+    for d in missing.into_iter().rev() {
+        std::fs::DirBuilder::new().mode(mode).create(d)?;
+        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
+    }
+    Ok(())
+}
+
+fn read_holder(file: &mut File) -> Option<Holder> {
+    let mut text = String::new();
+    file.rewind().ok()?;
+    file.read_to_string(&mut text).ok()?;
+    parse_holder(&text)
+}
+
+fn parse_holder(text: &str) -> Option<Holder> {
+    let field = |k: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
+            .map(str::to_owned)
+    };
+    // A lock file of a daemon before these fields held only its pid.
+    let pid = field("pid").or_else(|| Some(text.trim().to_owned()))?;
+    Some(Holder {
+        pid: pid.trim().parse().ok()?,
+        socket: field("socket").unwrap_or_default(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn holders_read_back() {
+        assert_eq!(
+            parse_holder("pid=42\nsocket=/run/xagg/a.sock\n"),
+            Some(Holder {
+                pid: 42,
+                socket: "/run/xagg/a.sock".into()
+            })
+        );
+        assert_eq!(parse_holder("17").map(|h| h.pid), Some(17));
+        assert_eq!(parse_holder(""), None);
+        assert_eq!(
+            dataplane_lock(Path::new("/sys/fs/bpf/xagg")),
+            Path::new("/run/xagg/dataplane-%2Fsys%2Ffs%2Fbpf%2Fxagg.lock")
+        );
+    }
+}
