@@ -395,7 +395,12 @@ fn operators_are_told_what_is_wrong() {
         .unwrap();
     let e = String::from_utf8_lossy(&out.stderr);
     assert!(
-        !out.status.success() && e.contains(&format!("another xaggd (pid {first}) already serves")),
+        !out.status.success()
+            && e.contains(&format!(
+                "another xaggd (pid {first}, API socket {}) already serves",
+                sw.socket.display()
+            ))
+            && e.contains(&format!("`kill {first}`")),
         "{e}"
     );
     assert!(
@@ -524,6 +529,7 @@ fn detach_names_its_switch_and_failed_starts_leave_no_pins() {
     let mut cfg = sw.default_config();
     cfg.switch.ports = vec!["nope0".into()];
     cfg.daemon.socket = std::env::temp_dir().join("xagg-test-xtz/other.sock");
+    cfg.daemon.state_dir = std::env::temp_dir().join("xagg-test-xtz/other-state");
     cfg.daemon.pin_path = "/sys/fs/bpf/xagg-test-xtz-failed".into();
     let path = std::env::temp_dir().join("xagg-test-xtz/failing.toml");
     std::fs::write(&path, cfg.to_toml()).unwrap();
@@ -551,6 +557,7 @@ fn a_daemon_in_a_private_mount_namespace_warns() {
     let mut cfg = sw.default_config();
     cfg.switch.netns = None;
     cfg.daemon.socket = std::env::temp_dir().join("xagg-test-xtq/private.sock");
+    cfg.daemon.state_dir = std::env::temp_dir().join("xagg-test-xtq/private-state");
     cfg.daemon.pin_path = "/sys/fs/bpf/xagg-test-xtq-private".into();
     let dir = std::env::temp_dir().join("xagg-test-xtq");
     let (path, log) = (dir.join("private.toml"), dir.join("private.log"));
@@ -577,5 +584,235 @@ fn a_daemon_in_a_private_mount_namespace_warns() {
     assert!(
         text.contains("mount namespace of its own") && text.contains("switch.netns"),
         "{text}"
+    );
+}
+
+/// The configuration the service steps of docs/daemon.md write, its placeholders (the
+/// ports and the address) made the lab's.
+fn documented_config(ports: &[String]) -> String {
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/daemon.md")).unwrap();
+    let steps = doc
+        .split("## Running on real interfaces as a service")
+        .nth(1)
+        .expect("the service section");
+    let block = steps
+        .split("```toml")
+        .nth(1)
+        .and_then(|b| b.split("```").next())
+        .expect("the service's configuration");
+    let text: String = block.lines().map(|l| format!("{}\n", l.trim())).collect();
+    let ports: Vec<String> = ports.iter().map(|p| format!("{p:?}")).collect();
+    let placeholders = r#"["enp1s0f0", "enp1s0f1", "enp2s0f0", "enp2s0f1"]"#;
+    assert!(
+        text.contains(placeholders) && text.contains("\"192.168.50.1\""),
+        "{text}"
+    );
+    text.replace(placeholders, &format!("[{}]", ports.join(", ")))
+        .replace(
+            "\"192.168.50.1\"",
+            &format!("\"{}\"", xagg_lab::lab::SWITCH_IP),
+        )
+}
+
+/// `xaggd` with `args`, its success and what it printed (both streams).
+fn xaggd(args: &[&str], config: &std::path::Path) -> (bool, String) {
+    let out = Command::new(bin("xaggd"))
+        .args(args)
+        .arg("--config")
+        .arg(config)
+        .output()
+        .unwrap();
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+/// The operator's daemon: one per pinned dataplane and per state directory as well as per
+/// socket, each refusal naming the holder and how to stop it without dropping its jobs;
+/// the XDP mode in use per port; `--check` on the documented example and on broken files;
+/// starts that fail before attaching attach nothing, and one that fails after attaching
+/// (the configuration's jobs want more slots than the switch has) leaves no program, pin
+/// or socket behind.
+#[test]
+fn one_daemon_per_dataplane_checked_before_it_attaches() {
+    if !require_root("one_daemon_per_dataplane_checked_before_it_attaches") {
+        return;
+    }
+    let mut sw = TestSwitch::start("xtk", 2, |_| {});
+    let dir = std::env::temp_dir().join("xagg-test-xtk");
+    let first = sw.daemon.as_ref().unwrap().pid();
+    let write = |name: &str, cfg: &xagg_daemon::config::Config| {
+        let path = dir.join(name);
+        std::fs::write(&path, cfg.to_toml()).unwrap();
+        path
+    };
+
+    // The mode each port's program is in, as the kernel says, next to the configured one.
+    let out = Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(&sw.socket)
+        .arg("status")
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("ports: swp0 (XDP native), swp1 (XDP native)"),
+        "{text}"
+    );
+    match sw.api(Request::Status) {
+        Response::Status { xdp_in_use, .. } => assert_eq!(xdp_in_use, ["native", "native"]),
+        r => panic!("{r:?}"),
+    }
+    let log = std::fs::read_to_string(&sw.log).unwrap();
+    assert!(
+        log.contains("port swp0: XDP attached in native mode"),
+        "{log}"
+    );
+
+    // A second daemon on the same pin path (its own socket and state directory), then on
+    // the same state directory (its own socket and pin path): both refused.
+    let mut other = sw.default_config();
+    other.daemon.socket = dir.join("second.sock");
+    other.daemon.state_dir = dir.join("second-state");
+    let (ok, e) = xaggd(&[], &write("same-pin.toml", &other));
+    assert!(
+        !ok && e.contains(&format!(
+            "another xaggd (pid {first}, API socket {}) already runs the dataplane pinned at {}",
+            sw.socket.display(),
+            sw.pin.display()
+        )) && e.contains(&format!("`kill {first}`"))
+            && e.contains("daemon.pin_path"),
+        "{e}"
+    );
+    let mut other = sw.default_config();
+    other.daemon.socket = dir.join("second.sock");
+    other.daemon.pin_path = "/sys/fs/bpf/xagg-test-xtk-second".into();
+    let (ok, e) = xaggd(&[], &write("same-state.toml", &other));
+    assert!(
+        !ok && e.contains("already keeps its joined jobs in the state directory"),
+        "{e}"
+    );
+    assert!(!other.daemon.pin_path.exists() && !dir.join("second.sock").exists());
+    match sw.api(Request::Status) {
+        Response::Status { pinned, .. } => assert!(pinned, "the first is untouched"),
+        r => panic!("{r:?}"),
+    }
+    // Checking the running daemon's own file: no error, the holder named.
+    let (ok, out) = xaggd(&["--check"], &sw.config);
+    assert!(
+        ok && out.contains("refused until that one stops")
+            && out.contains("the pinned dataplane's program in native mode"),
+        "{out}"
+    );
+
+    // The ports freed: the documented example checks clean against them.
+    sw.stop_daemon(Signal::SIGTERM);
+    xagg_daemon::dataplane::unpin(&sw.pin).unwrap();
+    assert!(!has_xdp(&sw, "swp0"));
+    let ports = sw.default_config().switch.ports;
+    let example = dir.join("documented.toml");
+    std::fs::write(&example, documented_config(&ports)).unwrap();
+    let out = Command::new("ip")
+        .args(["netns", "exec", &sw.lab.switch_ns()])
+        .arg(bin("xaggd"))
+        .arg("--check")
+        .arg("--config")
+        .arg(&example)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success()
+            && text.contains("no errors")
+            && text.contains("port swp1: MTU 9000, no XDP program yet"),
+        "{text}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Broken files: `--check` names each problem, and a start with them attaches nothing.
+    let key = dir.join("team.key");
+    std::fs::write(&key, "ab".repeat(32)).unwrap();
+    let joinable = |c: &mut xagg_daemon::config::Config, key_file: &std::path::Path| {
+        c.daemon.listen = Some((xagg_lab::lab::SWITCH_IP, 47900).into());
+        c.credentials = vec![xagg_daemon::config::CredentialSection {
+            name: "team".into(),
+            key_file: key_file.into(),
+            slot_quota: 64,
+        }];
+    };
+    let mut missing_key = sw.default_config();
+    joinable(&mut missing_key, &dir.join("missing.key"));
+    let mut elsewhere = sw.default_config();
+    joinable(&mut elsewhere, &key);
+    elsewhere.daemon.listen = Some("10.99.0.1:47900".parse().unwrap());
+    let mut not_here = sw.default_config();
+    not_here.switch.address = "10.77.9.9".parse().unwrap();
+    let mut no_bpffs = sw.default_config();
+    no_bpffs.daemon.pin_path = dir.join("pins");
+    let broken = [
+        (missing_key, "missing.key"),
+        (elsewhere, "cannot bind daemon.listen = 10.99.0.1:47900"),
+        (not_here, "switch.address 10.77.9.9 is on no interface here"),
+        (no_bpffs, "is not in a bpffs"),
+    ];
+    for (i, (cfg, says)) in broken.iter().enumerate() {
+        let path = write(&format!("broken-{i}.toml"), cfg);
+        let (ok, out) = xaggd(&["--check"], &path);
+        assert!(
+            !ok && out.contains(says) && out.contains("a start would fail"),
+            "{out}"
+        );
+        let (ok, e) = xaggd(&[], &path);
+        assert!(
+            !ok && e.contains(says) && e.contains("nothing was attached"),
+            "{e}"
+        );
+        assert!(!has_xdp(&sw, "swp0") && !sw.pin.exists() && !sw.socket.exists());
+    }
+    // Warnings: a key file others can read; an address no interface answers ARP for.
+    std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let mut open_key = sw.default_config();
+    joinable(&mut open_key, &key);
+    open_key.switch.mac = Some("02:00:00:00:00:01".into());
+    open_key.switch.address = "10.77.9.9".parse().unwrap();
+    let (ok, out) = xaggd(&["--check"], &write("warnings.toml", &open_key));
+    assert!(
+        ok && out.contains(&format!(
+            "is mode 0644, so other users of this host can read the key: `chmod 0600 {}`",
+            key.display()
+        )) && out.contains("ip neigh replace 10.77.9.9 lladdr 02:00:00:00:00:01"),
+        "{out}"
+    );
+
+    // Two jobs that want more slots than the switch has: found only when the second is
+    // placed, after the ports were attached; the start is undone.
+    let mut greedy = sw.default_config();
+    for id in [1, 2] {
+        greedy.jobs.push(
+            sw.job_spec(id, Op::Sum, DType::I32, 256, 1100, &[0, 1], 47801)
+                .unwrap(),
+        );
+    }
+    let path = write("greedy.toml", &greedy);
+    let (ok, out) = xaggd(&["--check"], &path);
+    assert!(ok, "each job is well formed: {out}");
+    let (ok, e) = xaggd(&[], &path);
+    assert!(
+        !ok && e.contains("XDP attached in native mode")
+            && e.contains("[[job]] id 2")
+            && e.contains("detached again"),
+        "{e}"
+    );
+    assert!(
+        !has_xdp(&sw, "swp0") && !has_xdp(&sw, "swp1"),
+        "programs left"
+    );
+    assert!(
+        !sw.pin.exists() && !sw.socket.exists(),
+        "pins or socket left"
     );
 }

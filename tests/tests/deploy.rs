@@ -112,6 +112,25 @@ fn api_socket_mode_and_group() {
     // The group's members may use the API, anyone else is refused by connect.
     assert_eq!(connect_as(&sw.socket, NOBODY, group.gid), Ok(()));
     assert_eq!(connect_as(&sw.socket, NOBODY, other), Err(Errno::EACCES));
+    // Told so by the CLI, with the socket's mode and group, not "is xaggd running?".
+    let out = Command::new("setpriv")
+        .arg(format!("--reuid={}", NOBODY.as_raw()))
+        .arg(format!("--regid={}", other.as_raw()))
+        .arg("--clear-groups")
+        .arg(bin("xagg"))
+        .arg("--socket")
+        .arg(&sw.socket)
+        .arg("status")
+        .output()
+        .unwrap();
+    let e = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && e.contains("is not open to you (mode 0660, group ")
+            && e.contains(&group.name)
+            && !e.contains("is xaggd running"),
+        "{e}"
+    );
 
     // Owner only, and the socket in a directory the daemon makes: 0755 whatever the umask.
     sw.stop_daemon(Signal::SIGTERM);

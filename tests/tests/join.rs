@@ -279,6 +279,9 @@ fn workers_join_jobs_over_the_network() {
     );
     allreduce(&lab, &workers);
     eprintln!("job {id:#x}: created by joins, all ranks in, allreduce verified");
+    // Rank 0 asked again while it waited, with the same hello: not a rank that restarted.
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert!(!log.contains("joined again"), "{log}");
 
     // Refused, and nothing changes: a wrong secret, another shape, a second member behind
     // one port (rank 2 from worker 1's namespace, another UDP port), a credential's quota.
@@ -357,6 +360,33 @@ fn workers_join_jobs_over_the_network() {
     assert!(workers.iter().all(|w| w.params().job == id));
     allreduce(&lab, &workers);
     eprintln!("every rank joined again: same job, allreduce verified");
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert!(log.contains("rank 2 joined again"), "{log}");
+
+    // A rank whose hellos never reach the switch (dropped as they leave its interface, as
+    // when nothing answers ARP for the switch) is told so at its own join timeout, not
+    // the daemon's.
+    let ns = lab.sw.lab.worker_ns(1);
+    let drop_hellos = format!(
+        "table netdev xagg_nohello {{\n chain out {{\n  type filter hook egress device \"eth0\" priority 0;\n  udp dport {} drop\n }}\n}}\n",
+        xagg_common::wire::DEFAULT_PORT
+    );
+    assert!(nft(&ns, &drop_hellos));
+    let t = std::time::Instant::now();
+    let lonely = lab.on(1, || {
+        Worker::join(JoinParams {
+            timeout: Duration::from_secs(2),
+            ..lab.params(JobKey::random(), Secret::random(), 1, 1, 47841)
+        })
+    });
+    assert!(nft(&ns, "delete table netdev xagg_nohello\n"));
+    let took = t.elapsed();
+    assert!(
+        matches!(&lonely, Err(AllreduceError::Join(e)) if e.to_string().contains("none of this rank's hellos reached the switch at 10.77.0.1:47800 within 2s")),
+        "{:?}",
+        lonely.err()
+    );
+    assert!(took < Duration::from_secs(4), "{took:?}");
 
     // The daemon restarts: the joined job is kept (state file), and runs on.
     let mut lab = lab;

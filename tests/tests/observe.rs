@@ -36,11 +36,53 @@ fn scrape(sw: &TestSwitch) -> String {
                 "{head}"
             );
             assert!(body.trim_end().ends_with("# EOF"), "{body}");
+            let types = strict_types(body);
+            for (family, kind) in [
+                ("xagg_switch_packets", "counter"),
+                ("xagg_job_packets", "counter"),
+                ("xagg_member_contributions", "counter"),
+                ("xagg_jobs", "gauge"),
+                ("xagg_slots_used", "gauge"),
+            ] {
+                assert!(
+                    types.contains(&format!("{family} {kind}")),
+                    "{family} is not a {kind} to the parser: {types}"
+                );
+            }
             out
         })
         .join()
         .unwrap()
     })
+}
+
+/// The families and their types as Prometheus' own OpenMetrics parser reads `body`
+/// (`prometheus_client`, strict: a malformed line, a missing `# EOF` or a sample of no
+/// family fails it), one "name type" a line.
+fn strict_types(body: &str) -> String {
+    let mut child = Command::new("/usr/bin/python3")
+        .args([
+            "-c",
+            "import sys\nfrom prometheus_client.openmetrics.parser import text_string_to_metric_families as parse\nfor f in parse(sys.stdin.read()): print(f.name, f.type)",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("python3 with prometheus_client (cargo xtask test installs it)");
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(body.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "the OpenMetrics parser refuses the endpoint's text: {}\n{body}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
 }
 
 /// The value of the metric line starting with `prefix` (name and labels).
@@ -169,7 +211,7 @@ fn counters_metrics_and_the_live_view() {
     let (text, screen) = during;
     let complete = metric(
         &text,
-        r#"xagg_job_packets_total{job="5",counter="complete"}"#,
+        r#"xagg_job_packets_total{job="5",outcome="complete"}"#,
     )
     .unwrap_or_else(|| panic!("no complete counter of job 5:\n{text}"));
     assert!(complete >= 200, "{complete}");
@@ -185,7 +227,7 @@ fn counters_metrics_and_the_live_view() {
         metric(&text, "xagg_jobs ").is_some_and(|v| v == 2),
         "{text}"
     );
-    assert!(metric(&text, r#"xagg_switch_packets_total{counter="complete"}"#).is_some());
+    assert!(metric(&text, r#"xagg_switch_packets_total{outcome="complete"}"#).is_some());
     assert!(!text.contains("slot="), "no per-slot labels");
     eprintln!("metrics during an allreduce: job 5 complete {complete}");
 

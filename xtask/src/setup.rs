@@ -174,6 +174,13 @@ fn test_tools() -> Result<()> {
             apt(&["systemd-analyze"])?;
         }
     }
+    // The metrics test reads the endpoint with Prometheus' own strict OpenMetrics parser.
+    if !succeeds(
+        Command::new("/usr/bin/python3")
+            .args(["-c", "import prometheus_client.openmetrics.parser"]),
+    ) {
+        apt(&["python3-prometheus-client"])?;
+    }
     // The MPI library's tests run mpi4py programs too.
     if !succeeds(Command::new("/usr/bin/python3").args(["-c", "import mpi4py"])) {
         apt(&["python3-mpi4py"])?;

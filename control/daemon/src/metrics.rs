@@ -10,15 +10,16 @@ use prometheus_client::{
 
 use crate::{dataplane::Dataplane, Error};
 
+/// What the switch did with a packet (`complete`, `drop_not_member`, ...: `xagg counters`).
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct Reason {
-    counter: String,
+struct Outcome {
+    outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
-struct JobReason {
+struct JobOutcome {
     job: String,
-    counter: String,
+    outcome: String,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -35,16 +36,16 @@ pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; cha
 /// The metrics now, in the OpenMetrics text format ([`CONTENT_TYPE`]).
 pub fn render(dp: &Dataplane) -> Result<String, Error> {
     let mut reg = Registry::with_prefix("xagg");
-    let switch = Family::<Reason, Counter>::default();
+    let switch = Family::<Outcome, Counter>::default();
     reg.register(
         "switch_packets",
         "Packets the switch program handled, by what it did (all jobs, and packets of no job)",
         switch.clone(),
     );
     for (name, v) in dp.counters()? {
-        switch.get_or_create(&Reason { counter: name }).inc_by(v);
+        switch.get_or_create(&Outcome { outcome: name }).inc_by(v);
     }
-    let job = Family::<JobReason, Counter>::default();
+    let job = Family::<JobOutcome, Counter>::default();
     reg.register(
         "job_packets",
         "Packets of each job, by what the switch did with them",
@@ -60,9 +61,9 @@ pub fn render(dp: &Dataplane) -> Result<String, Error> {
     for (id, _) in &jobs {
         let c = dp.job_counters(*id)?;
         for (name, v) in c.counters {
-            job.get_or_create(&JobReason {
+            job.get_or_create(&JobOutcome {
                 job: id.to_string(),
-                counter: name,
+                outcome: name,
             })
             .inc_by(v);
         }

@@ -294,12 +294,15 @@ fn state(cfg: &Config, r: &mut Report) {
             dir.display()
         )),
         Ok(_) => {}
-        Err(_) => r.ok(format!(
-            "daemon.state_dir {}: created at start (0700)",
-            dir.display()
-        )),
+        Err(_) => {
+            r.ok(format!(
+                "daemon.state_dir {}: created at start (0700)",
+                dir.display()
+            ));
+            return;
+        }
     }
-    match crate::join::check(cfg) {
+    match crate::join::check_state(cfg) {
         Ok(n) => r.ok(format!(
             "daemon.state_dir {}: {n} joined jobs kept",
             dir.display()

@@ -189,7 +189,9 @@ fn main() -> Result<()> {
         .enable_all()
         .build()?;
     // The sockets are bound before anything is attached: an address in use fails here.
-    let listeners = rt.block_on(Listeners::bind(&cfg.daemon))?;
+    let listeners = rt
+        .block_on(Listeners::bind(&cfg.daemon))
+        .context("nothing was attached")?;
     let dp = match Dataplane::start(&cfg, xagg_objects::SWITCH, pinned) {
         Ok(dp) => dp,
         Err(e) => {
@@ -253,12 +255,12 @@ fn check_only(args: &Args, cfg: &Config) -> Result<()> {
     let errors = report.of(Severity::Error).count();
     if errors > 0 {
         anyhow::bail!(
-            "{}: {errors} errors, {warnings} warnings: a start would fail (nothing was attached)",
+            "{}: errors {errors}, warnings {warnings}: a start would fail (nothing was attached)",
             args.config.display()
         );
     }
     println!(
-        "{}: no errors, {warnings} warnings: `xaggd --config {}` would start (nothing was attached; the kernel's verifier sees the programs only then)",
+        "{}: no errors, warnings {warnings}: `xaggd --config {}` would start (nothing was attached; the kernel's verifier sees the programs only then)",
         args.config.display(),
         args.config.display()
     );

@@ -15,6 +15,11 @@ impl Dataplane {
         Some(hello.addr)
     }
 
+    /// Whether a hello is recorded under `token` (left there).
+    pub fn has_hello(&self, token: u64) -> bool {
+        self.hellos.get(&token, 0).is_ok()
+    }
+
     /// Removes the hellos nobody claimed within `HELLO_TTL_NS` and recounts each port's
     /// waiting ones (the switch counts them up, and may miscount when two CPUs record one
     /// at once; taken hellos count until now). Returns how many it removed.

@@ -26,6 +26,11 @@ impl Joins {
     fn join_steps(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> Answer<JoinReply> {
         well_formed(req).map_err(refused)?;
         self.nonces.spend(&req.nonce).map_err(refused)?;
+        // No job is created for a rank whose hellos have not arrived (yet): it asks again,
+        // and at its own timeout says so, with nothing left pending here.
+        if !self.jobs.contains_key(&req.key) && !dp.has_hello(req.hello) {
+            return Err(JoinReply::NoHello);
+        }
         self.find_or_create(dp, req).map_err(refused)?;
         self.agrees(req).map_err(refused)?;
         let at = self.place(req)?;

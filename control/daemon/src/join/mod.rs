@@ -102,16 +102,9 @@ fn warn_if_open(dir: &std::path::Path) {
     }
 }
 
-/// What a start reads before anything is attached: the credentials' keys (the parent's
-/// too) and the state file; how many joined jobs the state file keeps.
-pub fn check(cfg: &Config) -> Result<usize> {
-    for c in cfg
-        .credentials
-        .iter()
-        .chain(cfg.parent_credential()?.as_ref())
-    {
-        c.key()?;
-    }
+/// The state file read as a start reads it, before anything is attached: how many
+/// joined jobs it keeps.
+pub fn check_state(cfg: &Config) -> Result<usize> {
     let file = cfg.daemon.state_dir.join("joined.json");
     let saved = Saved::read(&file)?;
     let jobs = saved.jobs().map_err(|e| Error::StateFile {

@@ -11,6 +11,8 @@ use crate::{dataplane::Dataplane, Result};
 pub trait JobTable {
     /// Takes the hello recorded under `token`.
     fn take_hello(&mut self, token: u64) -> Option<MemberAddr>;
+    /// Whether a hello is recorded under `token` (left there).
+    fn has_hello(&self, token: u64) -> bool;
     /// The switch port with interface index `ifindex`.
     fn port_named(&self, ifindex: u32) -> Option<String>;
     fn free_slots(&self) -> Result<u32>;
@@ -28,6 +30,10 @@ pub trait JobTable {
 impl JobTable for Dataplane {
     fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
         Dataplane::take_hello(self, token)
+    }
+
+    fn has_hello(&self, token: u64) -> bool {
+        Dataplane::has_hello(self, token)
     }
     fn port_named(&self, ifindex: u32) -> Option<String> {
         Dataplane::port_named(self, ifindex)

@@ -52,6 +52,9 @@ impl JobTable for Table {
     fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
         self.hellos.remove(&token)
     }
+    fn has_hello(&self, token: u64) -> bool {
+        self.hellos.contains_key(&token)
+    }
     fn port_named(&self, ifindex: u32) -> Option<String> {
         (11..=14)
             .contains(&ifindex)
