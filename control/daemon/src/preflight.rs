@@ -179,11 +179,10 @@ fn pin_path(cfg: &Config, checking: Checking, r: &mut Report) -> bool {
 
 /// Whether the nearest existing directory at or above `path` is on a bpffs.
 fn in_bpffs(path: &Path) -> bool {
-    const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
     path.ancestors()
         .find(|d| d.exists())
         .and_then(|d| nix::sys::statfs::statfs(d).ok())
-        .is_some_and(|s| s.filesystem_type().0 as i64 == BPF_FS_MAGIC)
+        .is_some_and(|s| s.filesystem_type() == nix::sys::statfs::BPF_FS_MAGIC)
 }
 
 /// Each port: present, its MTU, and no program on it but a pinned dataplane's own.

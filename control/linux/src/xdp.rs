@@ -78,7 +78,7 @@ pub fn attached(name: &str) -> Result<Attached> {
     if n < 0 {
         return Err(failed(nix::errno::Errno::last()));
     }
-    parse(&buf[..n as usize]).map_err(|errno| failed(errno))
+    parse(&buf[..n as usize]).map_err(failed)
 }
 
 /// The attach mode in an answer to `RTM_GETLINK`.
