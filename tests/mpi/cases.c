@@ -11,9 +11,16 @@
  *        cases unwrapped rank 0: MPI_Iallreduce of 4 MiB, MPI_Wait, MPI_Send to 1; rank 1:
  *                        MPI_Iallreduce, MPI_Recv from 0, MPI_Wait: more segments than
  *                        slots, so rank 1's later rounds go out while it sits in MPI_Recv
+ *        cases threads   MPI_THREAD_MULTIPLE: two threads, each with a communicator of its
+ *                        own, 5 allreduces each; even ranks start on the first, odd ranks
+ *                        on the second (MPI allows this order; only one collective at a
+ *                        time on one communicator is required)
+ *        cases status    MPI_Iallreduce, then MPI_Request_get_status until it says done
+ *                        (20 s at most), then MPI_Wait
  * Rank 0 prints "checks=C failures=F"; the exit status is 1 if anything failed. */
 #include <math.h>
 #include <mpi.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -46,13 +53,41 @@ static long wrong(const int *x, int n, int k) {
     return bad;
 }
 
+/* One thread's communicator and what it checks. */
+struct lane {
+    MPI_Comm comm;
+    int k, delay_us, bad;
+};
+
+static void *allreduces(void *arg) {
+    struct lane *l = arg;
+    enum { M = 1024 };
+    int z[M];
+    usleep(l->delay_us);
+    for (int j = 0; j < 5; j++) {
+        fill(z, M, l->k + j);
+        MPI_Allreduce(MPI_IN_PLACE, z, M, MPI_INT, MPI_SUM, l->comm);
+        l->bad += wrong(z, M, l->k + j) != 0;
+    }
+    return NULL;
+}
+
 int main(int argc, char **argv) {
-    MPI_Init(&argc, &argv);
+    const char *mode = argc > 1 ? argv[1] : "";
+    if (strcmp(mode, "threads") == 0) {
+        int provided = 0;
+        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+        if (provided != MPI_THREAD_MULTIPLE) {
+            fprintf(stderr, "MPI_THREAD_MULTIPLE not provided (%d)\n", provided);
+            MPI_Abort(MPI_COMM_WORLD, 2);
+        }
+    } else {
+        MPI_Init(&argc, &argv);
+    }
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     enum { N = 1024 };
     int *x = malloc(N * sizeof(int)), *y = malloc(N * sizeof(int));
-    const char *mode = argc > 1 ? argv[1] : "";
     /* A first allreduce: the communicator joins the switch. */
     fill(x, N, 0);
     MPI_Allreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
@@ -123,6 +158,32 @@ int main(int argc, char **argv) {
         }
         expect("unwrapped", wrong(z, M, 5), 0);
         free(z);
+    } else if (strcmp(mode, "threads") == 0) {
+        struct lane l[2];
+        pthread_t t[2];
+        for (int i = 0; i < 2; i++) {
+            MPI_Comm_dup(MPI_COMM_WORLD, &l[i].comm);
+            l[i].k = 10 * (i + 1);
+            l[i].bad = 0;
+            /* Each rank starts on a different communicator than its neighbour. */
+            l[i].delay_us = (rank % 2 == i) ? 0 : 300000;
+        }
+        for (int i = 0; i < 2; i++) pthread_create(&t[i], NULL, allreduces, &l[i]);
+        for (int i = 0; i < 2; i++) pthread_join(t[i], NULL);
+        for (int i = 0; i < 2; i++) {
+            expect("threads", l[i].bad, 0);
+            MPI_Comm_free(&l[i].comm);
+        }
+    } else if (strcmp(mode, "status") == 0) {
+        MPI_Request r;
+        int flag = 0;
+        fill(x, N, 6);
+        MPI_Iallreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r);
+        double t = now();
+        while (!flag && now() - t < 20) MPI_Request_get_status(r, &flag, MPI_STATUS_IGNORE);
+        expect("status says done", flag, 1);
+        MPI_Wait(&r, MPI_STATUS_IGNORE);
+        expect("status", wrong(x, N, 6), 0);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

@@ -6,8 +6,13 @@ then:
 - `nan`: rank 1 puts a NaN into element 5 of a float sum;
 - `cut GO`: rank 0 waits for the file GO (the test cuts its results off first), then every
   rank makes an all_reduce;
-- `sizes`: all_reduce of 4 KiB and of 64 KiB (the route by size).
+- `sizes`: all_reduce of 4 KiB and of 64 KiB (the route by size);
+- `callback`: a future's callback that makes (and waits for) another all_reduce;
+- `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
+- `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
+  (passed to Gloo, which makes it as a sum then a floored division).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
+import faulthandler
 import math
 import os
 import sys
@@ -16,6 +21,8 @@ import time
 import torch
 import torch.distributed as dist
 
+# A bound: a case that hangs ends with every thread's traceback instead.
+faulthandler.dump_traceback_later(120, exit=True)
 case = sys.argv[1]
 dist.init_process_group("xagg")
 rank, size = dist.get_rank(), dist.get_world_size()
@@ -60,6 +67,47 @@ elif case == "sizes":
         x = ints(n, k)
         dist.all_reduce(x)
         ok = ok and torch.equal(x, expected(n, k))
+elif case == "callback":
+    x = ints(1024, 5)
+
+    def then(f):
+        # Another all_reduce, waited for inside the callback.
+        y = ints(1024, 6)
+        dist.all_reduce(y)
+        return torch.equal(f.value()[0], expected(1024, 5)) and torch.equal(y, expected(1024, 6))
+
+    ok = ok and dist.all_reduce(x, async_op=True).get_future().then(then).wait()
+elif case == "powersgd":
+    from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
+
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4))
+    model = torch.nn.parallel.DistributedDataParallel(net)
+    state = powerSGD.PowerSGDState(process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2)
+    model.register_comm_hook(state, powerSGD.powerSGD_hook)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(4):
+        torch.manual_seed(100 + 10 * step + rank)
+        loss = model(torch.randn(16, 64)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    # The replicas stayed equal: every rank's parameters are the largest and the smallest.
+    flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+    hi, lo = flat.clone(), flat.clone()
+    dist.all_reduce(hi, op=dist.ReduceOp.MAX)
+    dist.all_reduce(lo, op=dist.ReduceOp.MIN)
+    ok = ok and torch.equal(hi, flat) and torch.equal(lo, flat)
+elif case == "types":
+    b = torch.arange(64, dtype=torch.bfloat16) + rank
+    dist.all_reduce(b)
+    ok = ok and torch.equal(b, torch.arange(64, dtype=torch.bfloat16) * size + size * (size - 1) // 2)
+    f = torch.arange(64, dtype=torch.float32) + rank
+    dist.all_reduce(f, op=dist.ReduceOp.AVG)
+    ok = ok and torch.equal(f, torch.arange(64, dtype=torch.float32) + (size - 1) / 2)
+    h = torch.arange(64, dtype=torch.int16) + rank
+    dist.all_reduce(h, op=dist.ReduceOp.AVG)
+    ok = ok and torch.equal(h, torch.arange(64, dtype=torch.int16) + (size - 1) // 2)
 else:
     ok = False
 print(f"rank {rank}: {case} ok={ok}", flush=True)

@@ -417,6 +417,35 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         "{err}"
     );
 
+    // MPI_THREAD_MULTIPLE: collectives on two communicators from two threads, started in
+    // opposite orders on neighbouring ranks. One lock held across every call's wait hung
+    // this; `timeout` bounds it should it hang again.
+    let (out, err) = checked(&lab.run(
+        &format!("timeout 60 {} threads", cases.display()),
+        &lab.daemon(),
+        &[],
+    ));
+    assert!(out.contains("checks=3 failures=0"), "{out}");
+    assert_eq!(summary(&err), (11, 0, 0), "{err}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [11, 0, 0, 0, 0, 0],
+        "{err}"
+    );
+
+    // Polling a request with MPI_Request_get_status alone sees it complete.
+    let (out, err) = checked(&lab.run(
+        &format!("timeout 60 {} status", cases.display()),
+        &lab.daemon(),
+        &[],
+    ));
+    assert!(out.contains("checks=3 failures=0"), "{out}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Iallreduce by MPI_Wait"),
+        [1, 0, 0, 0, 0, 0],
+        "{err}"
+    );
+
     // Two requests in flight, one MPI_Waitall.
     let (out, err) = checked(&run("pair", &[]));
     assert!(out.contains("checks=3 failures=0"), "{out}");

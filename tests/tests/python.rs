@@ -429,6 +429,49 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "{all}"
     );
 
+    // A future's callback that makes and waits for another all_reduce, and PowerSGD's DDP
+    // hook, whose callbacks do: each hung while futures completed on the thread that waits
+    // for the switch (cases.py ends a hung run after 120 s).
+    let all = all_ok(&run(29514, &["callback"], &e));
+    ok(&all, "callback");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [2, 0, 0, 0, 0, 0],
+        "{all}"
+    );
+    assert_eq!(
+        entry_counts(&all, "all_reduce async"),
+        [1, 0, 0, 0, 0, 0],
+        "{all}"
+    );
+    // Two plain steps (a bucket each), then two of PowerSGD (three allreduces each).
+    let all = all_ok(&run(29515, &["powersgd"], &e));
+    ok(&all, "powersgd");
+    assert_eq!(
+        entry_counts(&all, "all_reduce async"),
+        [8, 0, 0, 0, 0, 0],
+        "{all}"
+    );
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [3, 0, 0, 0, 0, 0],
+        "{all}"
+    );
+
+    // bf16 through the switch, AVG of f32 there and of int16 by Gloo (sum, then floored),
+    // the reason said once and counted.
+    let all = all_ok(&run(29516, &["types"], &e));
+    ok(&all, "types");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [3, 0, 0, 0, 0, 1],
+        "{all}"
+    );
+    assert!(
+        all.contains("rank 0: passed to Gloo: 1 (torch.int16 is not a type the switch reduces)"),
+        "{all}"
+    );
+
     let mut default_route = e.clone();
     default_route.retain(|(k, _)| *k != "XAGG_ROUTE");
     let all = all_ok(&run(29513, &["sizes"], &default_route));

@@ -95,6 +95,7 @@ pub struct Pmpi {
     pub testsome:
         unsafe extern "C" fn(c_int, *mut Request, *mut c_int, *mut c_int, *mut Status) -> c_int,
     pub request_free: unsafe extern "C" fn(*mut Request) -> c_int,
+    pub request_get_status: unsafe extern "C" fn(Request, *mut c_int, *mut Status) -> c_int,
     pub abort: unsafe extern "C" fn(Comm, c_int) -> c_int,
     pub comm_f2c: unsafe extern "C" fn(Fint) -> Comm,
     pub type_f2c: unsafe extern "C" fn(Fint) -> Datatype,
@@ -202,6 +203,7 @@ fn load() -> Option<Pmpi> {
         testany: function("PMPI_Testany")?,
         testsome: function("PMPI_Testsome")?,
         request_free: function("PMPI_Request_free")?,
+        request_get_status: function("PMPI_Request_get_status")?,
         abort: function("PMPI_Abort")?,
         comm_f2c: function("PMPI_Comm_f2c")?,
         type_f2c: function("PMPI_Type_f2c")?,

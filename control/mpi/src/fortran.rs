@@ -77,9 +77,7 @@ unsafe fn fortran_barrier(c: *const Fint, ierr: *mut Fint) {
 
 unsafe fn fortran_comm_free(c: *mut Fint, ierr: *mut Fint, name: &str) {
     guard(|| {
-        if let Some(st) = crate::state().as_mut() {
-            crate::retire(st, crate::comm::key(comm(c)));
-        }
+        crate::retire(crate::comm::key(comm(c)));
         SUCCESS
     });
     let f: unsafe extern "C" fn(*mut Fint, *mut Fint) = next(name);

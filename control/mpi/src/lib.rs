@@ -10,14 +10,17 @@
 //! - Each call ([`call`]) goes to the switch, then the ranks agree it succeeded everywhere;
 //!   otherwise Open MPI makes it again from the kept input.
 //! - `MPI_Iallreduce` returns a generalized request; the completion calls (`MPI_Wait`,
-//!   `MPI_Test`, their `all`/`any`/`some` forms, `MPI_Request_free`) are wrapped so they
-//!   make this library's requests progress, mixed with any of Open MPI's.
+//!   `MPI_Test`, their `all`/`any`/`some` forms, `MPI_Request_free`,
+//!   `MPI_Request_get_status`) are wrapped so they make this library's requests progress,
+//!   mixed with any of Open MPI's.
 //! - Served: the types and ops of [`abi::Handles`] (C and Fortran), on intracommunicators
 //!   of 2 to 64 ranks. Everything else goes to `PMPI_` unchanged.
 //!
-//! Calls are serialized by one lock (programs calling MPI from several threads at once
-//! wait for each other here). No panic crosses into C: one aborts the MPI job with a
-//! message instead.
+//! Each communicator's calls are serialized by its own lock, held across a blocking call:
+//! MPI lets threads run collectives on different communicators at once (and in any
+//! order), never on one. What the process shares (the communicators' table, requests,
+//! the summary) is behind one lock held only briefly, never while waiting. No panic
+//! crosses into C: one aborts the MPI job with a message instead.
 
 // The entry points' safety contract is MPI's (the standard's rules on each call's
 // arguments), not restated on each.
@@ -33,7 +36,10 @@ mod fortran;
 use std::{
     collections::HashMap,
     ffi::{c_char, c_int, c_void},
-    sync::{Mutex, MutexGuard},
+    sync::{
+        atomic::{AtomicU64, Ordering},
+        Arc, Mutex, MutexGuard,
+    },
 };
 
 use abi::{handles, pmpi, Comm, Datatype, MpiOp, Request, Status, IN_PLACE, SUCCESS, UNDEFINED};
@@ -60,22 +66,38 @@ struct Stats {
     table: entry::Table,
 }
 
+/// A communicator's state behind its own lock; `None` until its first served call.
+type Slot = Arc<Mutex<Option<CommState>>>;
+
 #[derive(Default)]
 struct State {
-    comms: HashMap<usize, CommState>,
+    comms: HashMap<usize, Slot>,
     /// The program's generalized requests of calls in flight: their communicator.
     requests: HashMap<usize, usize>,
     /// The program's requests whose calls are done and not yet handed back by a completion
     /// call: how each was made (counted under the call that hands it back).
     finished: HashMap<usize, Way>,
-    next_id: u64,
     stats: Stats,
 }
 
 static STATE: Mutex<Option<State>> = Mutex::new(None);
 
-fn state() -> MutexGuard<'static, Option<State>> {
-    STATE.lock().unwrap_or_else(|e| e.into_inner())
+/// Calls' ids, in the order they were made in this process.
+static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+
+/// Runs `f` on what the process shares, under its lock (briefly: never across a wait).
+fn with_state<T>(f: impl FnOnce(&mut State) -> T) -> T {
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
+    f(guard.get_or_insert_with(State::default))
+}
+
+/// Communicator `comm`'s slot, made empty if it has none.
+fn slot(comm: usize) -> Slot {
+    with_state(|st| st.comms.entry(comm).or_default().clone())
+}
+
+fn lock(slot: &Slot) -> MutexGuard<'_, Option<CommState>> {
+    slot.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Writes `xagg: msg` to stderr in one write, so the lines of ranks sharing a terminal do
@@ -129,9 +151,10 @@ fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), &'
     Ok((dtype, wire_op))
 }
 
-/// The communicator's state, made at its first served call.
-fn comm_state(st: &mut State, comm: Comm) -> &mut CommState {
-    st.comms.entry(key(comm)).or_insert_with(|| {
+/// The communicator's state, made at its first served call (a collective over `comm`,
+/// under its own lock only).
+fn comm_state(slot: &mut Option<CommState>, comm: Comm) -> &mut CommState {
+    slot.get_or_insert_with(|| {
         let c = comm::create(comm);
         match &c.path {
             Path::Pmpi(why) => {
@@ -152,11 +175,9 @@ fn comm_state(st: &mut State, comm: Comm) -> &mut CommState {
 }
 
 /// Takes the communicator's calls as far as they go; with `until`, blocks until that call
-/// is done. Completed calls are counted and their generalized requests completed.
-fn progress(st: &mut State, comm: usize, until: Option<u64>) {
-    let Some(c) = st.comms.get_mut(&comm) else {
-        return;
-    };
+/// is done (holding only this communicator's lock). Completed calls are counted and their
+/// generalized requests completed.
+fn progress(c: &mut CommState, until: Option<u64>) {
     let Path::Switch(job) = &mut c.path else {
         return;
     };
@@ -196,24 +217,26 @@ fn progress(st: &mut State, comm: usize, until: Option<u64>) {
                 Some(Taken::Flagged) => Way::Flagged,
                 _ => Way::Fallback,
             };
-            if done.request.is_null() {
-                st.stats.table.count(done.entry, way);
-            } else {
-                st.finished.insert(key(done.request), way);
-            }
-            match done.taken {
-                Some(t @ (Taken::Switch | Taken::Recovered)) => {
-                    st.stats.switch_calls += 1;
-                    st.stats.switch_bytes += done.bytes as u64;
-                    if t == Taken::Recovered {
-                        st.stats.recovered_calls += 1;
-                    }
+            with_state(|st| {
+                if done.request.is_null() {
+                    st.stats.table.count(done.entry, way);
+                } else {
+                    st.finished.insert(key(done.request), way);
+                    st.requests.remove(&key(done.request));
                 }
-                Some(Taken::Flagged) => st.stats.flagged_calls += 1,
-                _ => st.stats.fallback_calls += 1,
-            }
+                match done.taken {
+                    Some(t @ (Taken::Switch | Taken::Recovered)) => {
+                        st.stats.switch_calls += 1;
+                        st.stats.switch_bytes += done.bytes as u64;
+                        if t == Taken::Recovered {
+                            st.stats.recovered_calls += 1;
+                        }
+                    }
+                    Some(Taken::Flagged) => st.stats.flagged_calls += 1,
+                    _ => st.stats.fallback_calls += 1,
+                }
+            });
             if !done.request.is_null() {
-                st.requests.remove(&key(done.request));
                 // Safety: the generalized request this call started, completed once.
                 unsafe { (pmpi().grequest_complete)(done.request) };
             }
@@ -228,11 +251,16 @@ fn progress(st: &mut State, comm: usize, until: Option<u64>) {
     }
 }
 
-/// Makes every communicator's calls progress without blocking.
-fn poll_all(st: &mut State) {
-    let comms: Vec<usize> = st.comms.keys().copied().collect();
-    for c in comms {
-        progress(st, c, None);
+/// Makes every communicator's calls progress without blocking (one another thread is in
+/// is left to that thread).
+fn poll_all() {
+    let slots: Vec<Slot> = with_state(|st| st.comms.values().cloned().collect());
+    for slot in slots {
+        if let Ok(mut c) = slot.try_lock() {
+            if let Some(c) = c.as_mut() {
+                progress(c, None);
+            }
+        }
     }
 }
 
@@ -253,8 +281,6 @@ fn allreduce(
     comm: Comm,
     request: Option<*mut Request>,
 ) -> Option<c_int> {
-    let mut guard = state();
-    let st = guard.get_or_insert_with(State::default);
     let entry = if request.is_some() {
         "MPI_Iallreduce"
     } else {
@@ -263,26 +289,27 @@ fn allreduce(
     let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
-            pass(st, entry, why);
+            with_state(|st| pass(st, entry, why));
             return None;
         }
     };
-    st.next_id += 1;
-    let id = st.next_id;
-    if !matches!(comm_state(st, comm).path, Path::Switch(_)) {
-        pass(st, entry, "the communicator is served by Open MPI");
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let slot = slot(key(comm));
+    let mut guard = lock(&slot);
+    let c = comm_state(&mut guard, comm);
+    let Path::Switch(job) = &mut c.path else {
+        with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
         return None;
-    }
+    };
     // Decided from the type signature (elements and their type), alike on every rank.
     let bytes = count as u64 * dtype.size() as u64;
-    if !matches!(&comm_state(st, comm).path, Path::Switch(job) if job.route.takes(bytes)) {
-        st.stats.routed += 1;
-        st.stats.table.count(entry, Way::Routed);
+    if !job.route.takes(bytes) {
+        with_state(|st| {
+            st.stats.routed += 1;
+            st.stats.table.count(entry, Way::Routed);
+        });
         return None;
     }
-    let Path::Switch(job) = &mut comm_state(st, comm).path else {
-        unreachable!("checked")
-    };
     let mut greq: Request = std::ptr::null_mut();
     if request.is_some() {
         // Safety: callbacks that touch nothing of the library's state.
@@ -300,10 +327,10 @@ fn allreduce(
     let call = Call::start(job, id, greq, entry, &args);
     job.calls.push_back(call);
     match request {
-        None => progress(st, key(comm), Some(id)),
+        None => progress(c, Some(id)),
         Some(out) => {
-            st.requests.insert(key(greq), key(comm));
-            progress(st, key(comm), None);
+            with_state(|st| st.requests.insert(key(greq), key(comm)));
+            progress(c, None);
             // Safety: the program's request handle.
             unsafe { *out = greq };
         }
@@ -347,10 +374,9 @@ unsafe fn handing_back(
     // Safety: the caller's array.
     let before: Vec<Request> = unsafe { requests(n, reqs) }.to_vec();
     let rc = call();
-    let mut guard = state();
-    if let Some(st) = guard.as_mut() {
-        // Safety: the same array, after the call.
-        let after = unsafe { requests(n, reqs) };
+    // Safety: the same array, after the call.
+    let after = unsafe { requests(n, reqs) };
+    with_state(|st| {
         for (b, a) in before.iter().zip(after) {
             if b != a {
                 if let Some(way) = st.finished.remove(&key(*b)) {
@@ -360,80 +386,81 @@ unsafe fn handing_back(
                 }
             }
         }
-    }
+    });
     rc
 }
 
 /// Drives the calls behind the program's requests in `reqs` to completion.
 fn complete_ours(reqs: &[Request]) {
-    let mut guard = state();
-    let Some(st) = guard.as_mut() else {
-        return;
-    };
     for r in reqs {
-        if let Some(&comm) = st.requests.get(&key(*r)) {
-            let id = match &st.comms.get(&comm).map(|c| &c.path) {
-                Some(Path::Switch(job)) => job.calls.iter().find(|c| c.request == *r).map(|c| c.id),
-                _ => None,
-            };
-            if let Some(id) = id {
-                progress(st, comm, Some(id));
-            }
+        let Some(slot) = with_state(|st| {
+            let comm = st.requests.get(&key(*r))?;
+            st.comms.get(comm).cloned()
+        }) else {
+            continue;
+        };
+        let mut guard = lock(&slot);
+        let Some(c) = guard.as_mut() else {
+            continue;
+        };
+        let id = match &c.path {
+            Path::Switch(job) => job.calls.iter().find(|c| c.request == *r).map(|c| c.id),
+            Path::Pmpi(_) => None,
+        };
+        if let Some(id) = id {
+            progress(c, Some(id));
         }
     }
 }
 
 /// Whether any of `reqs` is this library's (in flight, or done and not yet handed back).
 fn any_ours(reqs: &[Request]) -> bool {
-    let guard = state();
-    guard.as_ref().is_some_and(|st| {
+    with_state(|st| {
         reqs.iter()
             .any(|r| st.requests.contains_key(&key(*r)) || st.finished.contains_key(&key(*r)))
     })
 }
 
-fn poll() {
-    if let Some(st) = state().as_mut() {
-        poll_all(st);
-    }
-}
-
 /// Leaves the communicator's job after its calls completed; frees the private duplicate.
-fn retire(st: &mut State, comm: usize) {
-    let calls: Vec<u64> = match st.comms.get(&comm).map(|c| &c.path) {
-        Some(Path::Switch(job)) => job.calls.iter().map(|c| c.id).collect(),
-        _ => Vec::new(),
+fn retire(comm: usize) {
+    let Some(slot) = with_state(|st| st.comms.remove(&comm)) else {
+        return;
     };
-    if let Some(&last) = calls.last() {
-        progress(st, comm, Some(last));
+    let Some(mut c) = lock(&slot).take() else {
+        return;
+    };
+    let last = match &c.path {
+        Path::Switch(job) => job.calls.back().map(|c| c.id),
+        Path::Pmpi(_) => None,
+    };
+    if let Some(last) = last {
+        progress(&mut c, Some(last));
     }
-    if let Some(c) = st.comms.remove(&comm) {
-        if let Path::Switch(mut job) = c.path {
-            // A rank still finishing a call from its peers may need this one's results:
-            // nobody leaves before everybody is done.
-            // Safety: our duplicate, every rank here together.
-            unsafe { (pmpi().barrier)(job.private) };
-            if let Err(e) = job.worker.leave() {
-                if verbose() {
-                    say(&format!("{} rank {}: leaving the job: {e}", c.name, c.rank));
-                }
+    if let Path::Switch(mut job) = c.path {
+        // A rank still finishing a call from its peers may need this one's results:
+        // nobody leaves before everybody is done.
+        // Safety: our duplicate, every rank here together.
+        unsafe { (pmpi().barrier)(job.private) };
+        if let Err(e) = job.worker.leave() {
+            if verbose() {
+                say(&format!("{} rank {}: leaving the job: {e}", c.name, c.rank));
             }
-            // Safety: our duplicate, freed together by every rank.
-            unsafe { (pmpi().comm_free)(&mut job.private) };
         }
+        // Safety: our duplicate, freed together by every rank.
+        unsafe { (pmpi().comm_free)(&mut job.private) };
     }
 }
 
 /// Before `MPI_Finalize`: every job left, and the summary printed.
 fn finalize() {
-    let mut guard = state();
+    let comms: Vec<usize> = with_state(|st| st.comms.keys().copied().collect());
+    for c in comms {
+        retire(c);
+    }
+    let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(st) = guard.as_mut() else {
         return;
     };
-    let comms: Vec<usize> = st.comms.keys().copied().collect();
-    for c in comms {
-        retire(st, c);
-    }
     let rank = world_rank();
     if rank == 0 || verbose() {
         let s = &st.stats;
@@ -572,10 +599,8 @@ pub unsafe extern "C" fn MPI_Barrier(comm: Comm) -> c_int {
 pub unsafe extern "C" fn MPI_Comm_free(comm: *mut Comm) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Comm_free");
-        if let Some(st) = state().as_mut() {
-            // Safety: the program's communicator handle.
-            retire(st, key(unsafe { *comm }));
-        }
+        // Safety: the program's communicator handle.
+        retire(key(unsafe { *comm }));
         // Safety: passed on.
         unsafe { (pmpi().comm_free)(comm) }
     })
@@ -637,9 +662,25 @@ pub unsafe extern "C" fn MPI_Test(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Test");
-        poll();
+        poll_all();
         // Safety: passed on.
         unsafe { handing_back("MPI_Test", 1, req, || (pmpi().test)(req, flag, status)) }
+    })
+}
+
+/// Asks without handing the request back: this library's calls progress first, or a
+/// program polling with it alone would never see them complete.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Request_get_status(
+    req: Request,
+    flag: *mut c_int,
+    status: *mut Status,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Request_get_status");
+        poll_all();
+        // Safety: passed on.
+        unsafe { (pmpi().request_get_status)(req, flag, status) }
     })
 }
 
@@ -652,7 +693,7 @@ pub unsafe extern "C" fn MPI_Testall(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Testall");
-        poll();
+        poll_all();
         // Safety: passed on.
         unsafe {
             handing_back("MPI_Testall", n, reqs, || {
@@ -672,7 +713,7 @@ pub unsafe extern "C" fn MPI_Testany(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Testany");
-        poll();
+        poll_all();
         // Safety: passed on.
         unsafe {
             handing_back("MPI_Testany", n, reqs, || {
@@ -692,7 +733,7 @@ pub unsafe extern "C" fn MPI_Testsome(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Testsome");
-        poll();
+        poll_all();
         // Safety: passed on.
         unsafe {
             handing_back("MPI_Testsome", n, reqs, || {
@@ -706,7 +747,7 @@ pub unsafe extern "C" fn MPI_Testsome(
 /// both kinds in turn until one completes (Open MPI cannot wait on ours for us).
 fn wait_polling(mut test: impl FnMut() -> (c_int, bool)) -> c_int {
     loop {
-        poll();
+        poll_all();
         let (rc, done) = test();
         if rc != SUCCESS || done {
             return rc;

@@ -49,8 +49,10 @@ fn dtype_of(array: &Bound<'_, PyUntypedArray>) -> PyResult<DType> {
     })
 }
 
-/// The array's memory as a request buffer that keeps the array alive.
-fn buffer(array: &Bound<'_, PyUntypedArray>) -> PyResult<Buffer> {
+/// The array's memory as a request buffer that keeps the array alive, its elements of
+/// type `as_type` when given (of the array's item size: bf16 travels as 2-byte integers,
+/// which NumPy has and bf16 it has not), else of the array's own type.
+fn buffer(array: &Bound<'_, PyUntypedArray>, as_type: Option<&str>) -> PyResult<Buffer> {
     if !array.is_c_contiguous() {
         return Err(PyValueError::new_err(
             "the array is not contiguous: reduce a contiguous copy (numpy.ascontiguousarray) and copy the result back",
@@ -63,7 +65,22 @@ fn buffer(array: &Bound<'_, PyUntypedArray>) -> PyResult<Buffer> {
             "the array is read-only: the result is written into it",
         ));
     }
-    let dtype = dtype_of(array)?;
+    let dtype = match as_type {
+        None => dtype_of(array)?,
+        Some(name) => {
+            let t: DType = name.parse().map_err(|e: xagg_common::wire::UnknownName| {
+                PyValueError::new_err(e.to_string())
+            })?;
+            let size = array.dtype().itemsize();
+            if size != t.size() {
+                return Err(PyTypeError::new_err(format!(
+                    "dtype {name} has {}-byte elements, the array {size}-byte ones: pass a view of the same size (for bf16, int16 or uint16)",
+                    t.size()
+                )));
+            }
+            t
+        }
+    };
     let len = array.len() * dtype.size();
     // Safety: the array's `len` contiguous bytes; the buffer holds a reference to the
     // array until the request completes (the caller must not touch it meanwhile, as with
@@ -484,11 +501,18 @@ impl Job {
     /// Starts an allreduce of `array` in place with `op` ("sum", "min", "max", "avg",
     /// "prod", "and", "or", "xor") and returns its `Request`. Every rank submits the same
     /// calls in the same order. The array must stay untouched until the request ends.
-    #[pyo3(signature = (array, op = "sum"))]
-    fn submit(&self, array: &Bound<'_, PyUntypedArray>, op: &str) -> PyResult<Request> {
+    /// `dtype` reduces its elements as another type of their size: "bf16" over an int16
+    /// or uint16 view of bfloat16 data.
+    #[pyo3(signature = (array, op = "sum", dtype = None))]
+    fn submit(
+        &self,
+        array: &Bound<'_, PyUntypedArray>,
+        op: &str,
+        dtype: Option<&str>,
+    ) -> PyResult<Request> {
         let r = self
             .worker
-            .submit(op_of(op)?, buffer(array)?)
+            .submit(op_of(op)?, buffer(array, dtype)?)
             .map_err(error)?;
         Ok(Request {
             inner: Some(r),
@@ -531,7 +555,7 @@ impl Job {
         array: &Bound<'_, PyUntypedArray>,
         op: &str,
     ) -> PyResult<()> {
-        self.submit(array, op)?.wait(py, None).map(|_| ())
+        self.submit(array, op, None)?.wait(py, None).map(|_| ())
     }
 
     /// Leaves the job (the daemon removes it when every rank has left).

@@ -17,7 +17,9 @@ product and bitwise ops of integers); every other collective, and every other te
 to an inner Gloo group made from the same store.
 
 Each allreduce returns at once; a completion thread waits for the switch (the GIL released)
-and completes the future with its result: nothing is asked of Gloo. If the switch stops
+and hands the result to the future: nothing is asked of Gloo. Futures are completed, and
+their callbacks run, on threads of their own (a pool that grows while callbacks block), so
+a callback may start and wait for another allreduce, as PowerSGD's DDP hook does. If the switch stops
 answering, the result is taken from the ranks that hold it (every rank runs a small
 responder); what no rank holds is found so by every rank for the same call, and Gloo makes
 that allreduce, and every later one, from the kept input on every rank (through a private
@@ -29,6 +31,7 @@ backend raise.
 """
 
 import atexit
+import concurrent.futures
 import os
 import queue
 import sys
@@ -43,8 +46,8 @@ from . import Job, Route, XaggError, new_key
 
 __all__ = ["ProcessGroupXagg", "HookState", "allreduce_hook"]
 
-_DTYPES = {torch.int32, torch.int64, torch.float16, torch.float32, torch.float64}
-_FLOATS = {torch.float16, torch.float32, torch.float64}
+_DTYPES = {torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64}
+_FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 
 # Votes of the agreement on joining (the minimum wins).
 _FAILED, _OK = 0, 2
@@ -89,6 +92,39 @@ def _op_name(op, dtype):
     return None
 
 
+def _gloo_allreduce(group, tensor, op, size):
+    """An allreduce through Gloo made as the switch makes it, where Gloo 1.13 cannot: bf16
+    is reduced in float32 and rounded back; AVG is a sum, then divided (integers from an
+    exact int64 sum, floored, as the switch does)."""
+    wide = tensor
+    if tensor.dtype == torch.bfloat16:
+        wide = tensor.float()
+    elif op == ReduceOp.AVG and not tensor.is_floating_point():
+        wide = tensor.long()
+    o = AllreduceOptions()
+    o.reduceOp = ReduceOp.SUM if op == ReduceOp.AVG else op
+    group.allreduce([wide], o).wait()
+    if op == ReduceOp.AVG:
+        if wide.is_floating_point():
+            wide.div_(size)
+        else:
+            wide = torch.div(wide, size, rounding_mode="floor")
+    if wide is not tensor:
+        tensor.copy_(wide)
+
+
+def _unserved(tensors, op):
+    """Why the switch does not make an allreduce of `tensors` with `op` (None: it does)."""
+    if len(tensors) != 1:
+        return "several tensors in one call"
+    t = tensors[0]
+    if t.dtype not in _DTYPES:
+        return f"{t.dtype} is not a type the switch reduces"
+    if _op_name(op, t.dtype) is None:
+        return f"{op} over {t.dtype} is not an op the switch makes"
+    return None
+
+
 def _say(msg):
     sys.stderr.write(f"xagg: {msg}\n")
     sys.stderr.flush()
@@ -108,8 +144,9 @@ class _Engine:
         self.failed = None
         self.error = None
         self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
-        # Calls per entry point, by way (_WAYS).
+        # Calls per entry point, by way (_WAYS); those passed to Gloo, by reason.
         self.table = {}
+        self.passed = {}
         self.table_lock = threading.Lock()
         self.pending = set()
         # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
@@ -161,6 +198,9 @@ class _Engine:
             if _verbose():
                 _say(f"rank {rank}: joined the switch")
         self.queue = queue.Queue()
+        # Where futures are completed and their callbacks run: never the completion
+        # thread, which a callback waiting for another allreduce would otherwise block.
+        self.deliver = concurrent.futures.ThreadPoolExecutor(max_workers=64, thread_name_prefix="xagg-callbacks")
         self.thread = threading.Thread(target=self._run, name="xagg-completions", daemon=True)
         self.thread.start()
         atexit.register(self.close)
@@ -180,6 +220,15 @@ class _Engine:
         o.reduceOp = ReduceOp.MIN
         self.private.allreduce([v], o).wait()
         return int(v.item())
+
+    def pass_on(self, entry, why):
+        """Counts a call handed to Gloo unchanged for `why`; says so once per reason."""
+        self.count(entry, PASSED)
+        with self.table_lock:
+            first = why not in self.passed
+            self.passed[why] = self.passed.get(why, 0) + 1
+        if first:
+            _say(f"rank {self.rank}: {entry} goes to Gloo: {why} (said once; the summary counts them)")
 
     def count(self, entry, way):
         with self.table_lock:
@@ -202,7 +251,12 @@ class _Engine:
         req = None
         if self.failed is None:
             try:
-                req = self.job.submit(tensor.detach().numpy(), _op_name(op, tensor.dtype))
+                if tensor.dtype == torch.bfloat16:
+                    # NumPy has no bfloat16: its bits as int16, reduced as bf16.
+                    data, dtype = tensor.detach().view(torch.int16).numpy(), "bf16"
+                else:
+                    data, dtype = tensor.detach().numpy(), None
+                req = self.job.submit(data, _op_name(op, tensor.dtype), dtype=dtype)
             except (XaggError, ValueError, TypeError) as e:
                 req, why = None, str(e)
                 if self.failed is None:
@@ -248,9 +302,7 @@ class _Engine:
                     # switch failed at this call or an earlier one (every rank finds it at
                     # the same call; later requests are cancelled or ignored).
                     tensor.copy_(saved)
-                    o = AllreduceOptions()
-                    o.reduceOp = op
-                    self.private.allreduce([tensor], o).wait()
+                    _gloo_allreduce(self.private, tensor, op, self.size)
                     if self.failed is None:
                         self.flagged += 1
                         self.count(entry, FLAGGED)
@@ -267,10 +319,7 @@ class _Engine:
                 if target is not None:
                     target.copy_(tensor)
                     tensor = target
-                if failure is not None:
-                    fut.set_exception(failure)
-                else:
-                    fut.set_result([tensor])
+                self.deliver.submit(_complete, fut, failure, tensor)
                 self.pending.discard(work)
 
     def close(self):
@@ -278,6 +327,7 @@ class _Engine:
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
+        self.deliver.shutdown(wait=True)
         if self.job is not None and self.failed is None:
             # A rank still finishing a call from its peers may need this one's results:
             # nobody leaves before everybody is done (bounded: a rank that died does not
@@ -296,6 +346,16 @@ class _Engine:
             for entry, counts in sorted(self.table.items()):
                 ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
                 _say(f"rank {self.rank}: {entry}: {ways}")
+            for why, n in sorted(self.passed.items()):
+                _say(f"rank {self.rank}: passed to Gloo: {n} ({why})")
+
+
+def _complete(fut, failure, tensor):
+    """Completes an allreduce's future, running its callbacks (on a delivery thread)."""
+    if failure is not None:
+        fut.set_exception(failure)
+    else:
+        fut.set_result([tensor])
 
 
 class _Work(dist.Work):
@@ -342,20 +402,20 @@ class ProcessGroupXagg(dist.ProcessGroup):
             opts = o
         t = tensors[0] if len(tensors) == 1 else None
         entry = _entry()
-        if (
-            t is None
-            or t.device.type != "cpu"
-            or t.dtype not in _DTYPES
-            or _op_name(opts.reduceOp, t.dtype) is None
-        ):
+        why = _unserved(tensors, opts.reduceOp)
+        if why is not None:
             # Decided by the call alone, the same on every rank.
-            self._engine.count(entry, PASSED)
-            return self._gloo.allreduce(tensors, opts)
+            self._engine.pass_on(entry, why)
+            return self._by_gloo(tensors, opts)
         if self._engine.route is not None and not self._engine.route.takes(t.numel() * t.element_size()):
             # Faster through Gloo at this size (XAGG_ROUTE): decided by the call alone.
             self._engine.routed += 1
             self._engine.count(entry, ROUTED)
-            return self._gloo.allreduce(tensors, opts)
+            return self._by_gloo(tensors, opts)
+        if t.device.type != "cpu":
+            # Through host memory: a CPU copy reduced, the result copied back.
+            _, work = self._engine.allreduce(t.cpu().contiguous(), opts.reduceOp, target=t, entry=entry)
+            return work
         if not t.is_contiguous():
             # A strided view: reduced as a contiguous copy, copied back (Gloo 1.13 would
             # reduce the view's storage as if it were contiguous: wrong results).
@@ -363,6 +423,17 @@ class ProcessGroupXagg(dist.ProcessGroup):
             return work
         _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry)
         return work
+
+    def _by_gloo(self, tensors, opts):
+        """The allreduce by the inner Gloo group; bf16 and AVG, which Gloo 1.13 refuses,
+        made as the switch makes them (`_gloo_allreduce`), at once."""
+        t = tensors[0] if len(tensors) == 1 else None
+        if t is None or (t.dtype != torch.bfloat16 and opts.reduceOp != ReduceOp.AVG):
+            return self._gloo.allreduce(tensors, opts)
+        _gloo_allreduce(self._gloo, t, opts.reduceOp, self.size())
+        fut = torch.futures.Future()
+        fut.set_result(tensors)
+        return _Work(fut, self._engine)
 
 
 def _delegate(name):
