@@ -159,11 +159,19 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     ] {
         assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
     }
-    // The user-defined op went to Open MPI, counted with its reason.
+    // The user-defined op went to Open MPI, counted with its reason and said once by
+    // each process.
     assert!(
         passed >= 1 && err.contains("an op the switch does not take: 1"),
         "{err}"
     );
+    for r in 0..RANKS {
+        assert_eq!(
+            err.matches(&format!("rank {r}: MPI_Allreduce goes to Open MPI: an op the switch does not take (said once")).count(),
+            1,
+            "{err}"
+        );
+    }
     let after = lab.sw.counters();
     let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
     assert!(

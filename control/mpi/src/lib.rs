@@ -264,9 +264,16 @@ fn poll_all() {
     }
 }
 
-/// Counts a call handed to Open MPI unchanged.
+/// Counts a call handed to Open MPI unchanged; says why the first time for each reason.
 fn pass(st: &mut State, entry: &'static str, why: &str) {
-    *st.stats.passed.entry(why.to_string()).or_default() += 1;
+    let n = st.stats.passed.entry(why.to_string()).or_default();
+    *n += 1;
+    if *n == 1 {
+        say(&format!(
+            "rank {}: {entry} goes to Open MPI: {why} (said once; the summary at MPI_Finalize counts them)",
+            world_rank()
+        ));
+    }
     st.stats.table.count(entry, Way::Passed);
 }
 
