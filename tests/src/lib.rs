@@ -196,12 +196,7 @@ pub fn folded(counters: &BTreeMap<String, u64>) -> u64 {
 /// A tree lab of `topology` whose daemons let ranks, hosts and leaf switches join jobs by
 /// themselves ([`xagg_lab::tree::TreeLab::start_joinable`]).
 pub fn joinable_tree(prefix: &str, topology: xagg_lab::tree::Topology) -> xagg_lab::tree::TreeLab {
-    let mut lab = xagg_lab::tree::TreeLab::create(
-        prefix,
-        topology,
-        xagg_objects::HOST.bytes().expect("the worker's object"),
-    )
-    .expect("the tree lab");
+    let mut lab = xagg_lab::tree::TreeLab::create(prefix, topology).expect("the tree lab");
     lab.start_joinable().expect("joinable daemons");
     lab
 }
@@ -238,8 +233,7 @@ impl TestSwitch {
         tweak: impl FnOnce(&mut Config),
     ) -> Self {
         let mut lab = Lab::with_mtu(prefix, workers, mtu).expect("creating the lab");
-        lab.attach_hosts(xagg_objects::HOST.bytes().expect("the worker's object"))
-            .expect("attaching host programs");
+        lab.attach_hosts().expect("attaching host programs");
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}"));
         let pin = std::path::PathBuf::from(format!("/sys/fs/bpf/xagg-test-{prefix}"));
         Self(LabSwitch::start(lab, dir, pin, tweak).expect("starting the lab's daemon"))

@@ -816,3 +816,103 @@ fn one_daemon_per_dataplane_checked_before_it_attaches() {
         "pins or socket left"
     );
 }
+
+/// `xagg host attach|detach`: the rank's end of a veth behind a switch port gets
+/// `xagg_host` pinned by the product command (the lab attaches every rank's end that way),
+/// which outlives the command; attaching again says so; an interface running another
+/// program (a switch port) is refused, saying how to free it; a namespace can be named by
+/// a process in it; detach leaves no program and no pin.
+#[test]
+fn the_host_end_is_a_product_command() {
+    if !require_root("the_host_end_is_a_product_command") {
+        return;
+    }
+    let sw = TestSwitch::start("xth", 2, |_| {});
+    let host = |args: &[&str]| {
+        let out = Command::new(bin("xagg"))
+            .arg("host")
+            .args(args)
+            .output()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (out.status.success(), text)
+    };
+    let w0 = sw.lab.worker_ns(0);
+    let in_w0 = |args: &[&str]| xagg_lab::lab::ip(&[&["-n", &w0][..], args].concat()).unwrap();
+    let inode = std::fs::metadata(format!("/run/netns/{w0}")).unwrap();
+    let pin = std::path::PathBuf::from(format!(
+        "/sys/fs/bpf/xagg-host/{}/eth0",
+        std::os::unix::fs::MetadataExt::ino(&inode)
+    ));
+    // The lab attached it with the command, which has exited: pinned, and results arrive.
+    assert!(pin.join("link").exists() && in_w0(&["link", "show", "eth0"]).contains("xdp"));
+    assert!(matches!(
+        sw.add_job(3, 256, 8, &[0, 1]),
+        Response::Job { .. }
+    ));
+    let run = Allreduce {
+        job: 3,
+        message: 0,
+        segment: 256,
+        slots: 8,
+        workers: &[0, 1],
+        port: 47801,
+        elems: 4096,
+        seed: 7,
+    };
+    sw.allreduce(&run);
+    let (ok, out) = host(&["attach", "eth0", "--netns", &w0]);
+    assert!(
+        ok && out.contains("is attached to eth0 in network namespace") && out.contains("already"),
+        "{out}"
+    );
+    // A switch port runs the switch's program: refused, with the way to free it.
+    let (ok, e) = host(&["attach", "swp0", "--netns", &sw.lab.switch_ns()]);
+    assert!(
+        !ok && e.contains(
+            "swp0 already runs an XDP program (native mode) that is not a pinned xagg_host"
+        ) && e.contains("ip link set dev swp0 xdp off"),
+        "{e}"
+    );
+    assert!(has_xdp(&sw, "swp0"), "the switch's program is untouched");
+    // Detached, then attached again through a process of the namespace (a container's).
+    let (ok, out) = host(&["detach", "eth0", "--netns", &w0]);
+    assert!(ok && out.contains("detached"), "{out}");
+    assert!(!pin.exists() && !in_w0(&["link", "show", "eth0"]).contains("xdp"));
+    let (ok, e) = host(&["detach", "eth0", "--netns", &w0]);
+    assert!(!ok && e.contains("no xagg_host is pinned for eth0"), "{e}");
+    let mut holder = Command::new("ip")
+        .args(["netns", "exec", &w0, "sleep", "30"])
+        .spawn()
+        .unwrap();
+    let pid = holder.id();
+    eventually(
+        "the process is in the namespace",
+        Duration::from_secs(5),
+        || {
+            let ino = std::fs::metadata(format!("/proc/{pid}/ns/net"))
+                .map(|m| std::os::unix::fs::MetadataExt::ino(&m));
+            if ino.as_ref().ok() == Some(&std::os::unix::fs::MetadataExt::ino(&inode)) {
+                Ok(())
+            } else {
+                Err(ino.ok())
+            }
+        },
+    );
+    let (ok, out) = host(&["attach", "eth0", "--netns-pid", &pid.to_string()]);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert!(
+        ok && out.contains("(native XDP)") && pin.join("link").exists(),
+        "{out}"
+    );
+    sw.allreduce(&Allreduce {
+        message: 1,
+        seed: 8,
+        ..run
+    });
+}

@@ -298,10 +298,7 @@ fn a_paused_worker_resends_nothing_already_answered() {
         wire::{DType, Lane, Op},
         JobShape,
     };
-    use xagg_lab::{
-        workers::{AllreduceRun, Pause},
-        Object,
-    };
+    use xagg_lab::workers::{AllreduceRun, Pause};
     if !require_root("a_paused_worker_resends_nothing_already_answered") {
         return;
     }
@@ -330,7 +327,7 @@ fn a_paused_worker_resends_nothing_already_answered() {
     for afxdp in [true, false] {
         if !afxdp {
             // A UDP socket behind veth needs the host program on the worker's end.
-            sw.lab.attach_hosts(&Object::Host.read().unwrap()).unwrap();
+            sw.lab.attach_hosts().unwrap();
         }
         run.afxdp = afxdp;
         let reports = run.run(&sw.lab).unwrap();

@@ -15,12 +15,7 @@ const SLOTS: usize = 16;
 const TREE_LINK: (f64, f64) = (1.0, 1.05);
 
 fn lab(prefix: &str, topology: Topology, segment: usize) -> TreeLab {
-    let mut lab = TreeLab::create(
-        prefix,
-        topology,
-        xagg_objects::HOST.bytes().expect("the worker's object"),
-    )
-    .expect("the tree lab");
+    let mut lab = TreeLab::create(prefix, topology).expect("the tree lab");
     lab.start_daemons().expect("a daemon per aggregation point");
     lab.add_job(JOB, segment as u16, SLOTS as u32)
         .expect("the job at every point");

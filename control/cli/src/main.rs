@@ -7,6 +7,8 @@ mod allreduce;
 mod counters;
 mod daemon;
 mod detach;
+#[cfg(feature = "afxdp")]
+mod host;
 mod inject;
 mod job;
 mod keygen;
@@ -64,6 +66,11 @@ enum Cmd {
     },
     /// Allreduce a buffer through the switch, as one member of a job.
     Allreduce(Box<allreduce::AllreduceArgs>),
+    /// A rank's end of a veth behind a switch or host aggregator port: attach (pinned) or
+    /// detach the XDP program without which veth drops the results redirected into it.
+    #[cfg(feature = "afxdp")]
+    #[command(subcommand)]
+    Host(host::HostCmd),
     /// A live view of the jobs: segments and contributions per second, retransmissions,
     /// drops by reason, slots waiting and for whom. Ctrl-C ends it.
     Top {
@@ -113,6 +120,8 @@ fn run(cli: Cli) -> Result<()> {
         } => inject::run(socket, drop_contrib, drop_result),
         Cmd::Detach { pin_path } => detach::run(socket, pin_path),
         Cmd::Allreduce(a) => allreduce::run(*a),
+        #[cfg(feature = "afxdp")]
+        Cmd::Host(cmd) => host::run(cmd),
         Cmd::Top { interval_ms, count } => {
             top::run(socket, Duration::from_millis(interval_ms), count)
         }

@@ -37,6 +37,8 @@ pub enum Error {
     },
     #[error("asking the kernel (rtnetlink) how XDP is attached to `{name}`: {errno}")]
     Netlink { name: String, errno: Errno },
+    #[error("mounting a bpffs at /sys/fs/bpf (needed to pin programs): {errno}")]
+    MountBpffs { errno: Errno },
     #[error("mapping no memory")]
     EmptyMapping,
     #[error("mapping {size} bytes of buffers: {errno}")]

@@ -342,6 +342,15 @@ pub enum Error {
     #[error("{}", chain(.0))]
     Program(aya::programs::ProgramError),
     #[cfg(feature = "afxdp")]
+    #[error("{iface} already runs an XDP program ({mode} mode) that is not a pinned xagg_host: another tool's, or a program some process holds (`ip link show {iface}`). `ip link set dev {iface} xdp off` frees it; an xagg_host pinned elsewhere goes with `xagg host detach`")]
+    HostEndTaken { iface: String, mode: &'static str },
+    #[cfg(feature = "afxdp")]
+    #[error("pinning xagg_host at {}: {error}", path.display())]
+    HostEndPin {
+        path: std::path::PathBuf,
+        error: String,
+    },
+    #[cfg(feature = "afxdp")]
     #[error("attaching xagg_host to {iface}: {native}; if another XDP program is attached (`ip link show {iface}`), detach it (`ip link set dev {iface} xdp off`) or receive without AF_XDP")]
     Attach {
         iface: String,

@@ -68,6 +68,8 @@ pub mod codec;
 pub mod data;
 pub mod engine;
 mod error;
+#[cfg(feature = "afxdp")]
+pub mod host_end;
 pub mod join;
 mod params;
 mod peers;

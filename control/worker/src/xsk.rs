@@ -17,7 +17,6 @@ use std::{ffi::CString, num::NonZeroU32, os::fd::BorrowedFd};
 
 use aya::{
     maps::{HashMap, XskMap},
-    programs::{Xdp, XdpMode},
     Ebpf,
 };
 use xagg_linux::{pages::Pages, XdpObject};
@@ -80,25 +79,11 @@ impl XskReceiver {
         cookie: [u8; 8],
         object: XdpObject,
     ) -> Result<Self, Error> {
-        let mut ebpf = Ebpf::load(object.bytes().map_err(Error::NoObject)?).map_err(Error::Load)?;
+        let (mut ebpf, _) = crate::host_end::load(object, iface)?;
         {
             let map = ebpf.map_mut("XSK_PORTS").ok_or(Error::NoMap("XSK_PORTS"))?;
             let mut ports: HashMap<_, [u8; 2], u32> = HashMap::try_from(map).map_err(Error::Map)?;
             ports.insert(port.to_be_bytes(), 0, 0).map_err(Error::Map)?;
-        }
-        let prog: &mut Xdp = ebpf
-            .program_mut("xagg_host")
-            .ok_or(Error::NoProgram)?
-            .try_into()
-            .map_err(Error::Program)?;
-        prog.load().map_err(Error::Program)?;
-        // Native where the driver has it (veth does), generic otherwise.
-        if let Err(native) = prog.attach(iface, XdpMode::Driver) {
-            prog.attach(iface, XdpMode::Skb)
-                .map_err(|_| Error::Attach {
-                    iface: iface.into(),
-                    native,
-                })?;
         }
 
         let area = Pages::map((FRAMES * FRAME_SIZE) as usize).map_err(Error::Buffers)?;

@@ -2,7 +2,7 @@
 //! configured ports, and serves the local API the `xagg` CLI uses.
 
 use std::{
-    path::{Path, PathBuf},
+    path::PathBuf,
     sync::{Arc, Mutex},
 };
 
@@ -175,8 +175,11 @@ fn main() -> Result<()> {
             args.config.display()
         );
     }
-    if pinned {
-        ensure_bpffs(&cfg.daemon.pin_path)?;
+    if pinned
+        && xagg_linux::pins::ensure_bpffs(&cfg.daemon.pin_path)
+            .context("or set daemon.detach_on_exit = true")?
+    {
+        info!("mounted a bpffs at /sys/fs/bpf");
     }
     if args.reload && dataplane::unpin(&cfg.daemon.pin_path)? {
         info!(
@@ -355,19 +358,6 @@ fn private_mounts() -> bool {
         (Ok(mine), Ok(init)) => mine != init,
         _ => false,
     }
-}
-
-/// Mounts a bpffs at /sys/fs/bpf if the pin path is under it and none is mounted.
-fn ensure_bpffs(pin: &Path) -> Result<()> {
-    if pin.starts_with("/sys/fs/bpf")
-        && !xagg_linux::proc::mounted(Path::new("/sys/fs/bpf"), "bpf")
-            .context("reading this process's mounts")?
-    {
-        nix::mount::mount(Some("bpf"), "/sys/fs/bpf", Some("bpf"), nix::mount::MsFlags::empty(), None::<&str>)
-            .context("mounting a bpffs at /sys/fs/bpf (needed to pin the dataplane; or set daemon.detach_on_exit = true)")?;
-        info!("mounted a bpffs at /sys/fs/bpf");
-    }
-    Ok(())
 }
 
 /// Binds the API socket and gives it `daemon.socket_group` and `daemon.socket_mode`. It is

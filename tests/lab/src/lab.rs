@@ -12,7 +12,7 @@
 use std::{net::Ipv4Addr, process::Command};
 
 use anyhow::{bail, Context, Result};
-use aya::{programs::Xdp, Ebpf};
+use aya::Ebpf;
 use xagg_api::MemberSpec;
 
 /// The lab links' MTU unless chosen: the jumbo frames a real Ethernet network carries, and
@@ -35,7 +35,7 @@ pub struct Lab {
     /// Every link's MTU.
     pub mtu: usize,
     /// Host-side programs; dropping them detaches.
-    hosts: Vec<Ebpf>,
+    hosts: Vec<HostEnd>,
     /// Impairment programs (`xagg_impair` on worker egress, from the test programs' object).
     impairs: Vec<Ebpf>,
 }
@@ -189,10 +189,10 @@ impl Lab {
 
     /// Attaches `xagg_host` from `object`, a worker's XDP object (`xagg-host`,
     /// [`crate::Object::Host`]), to every worker's interface (native mode).
-    pub fn attach_hosts(&mut self, object: &[u8]) -> Result<()> {
+    pub fn attach_hosts(&mut self) -> Result<()> {
         for i in 0..self.workers {
-            let ebpf = attach_host(object, &self.worker_ns(i), "eth0")?;
-            self.hosts.push(ebpf);
+            let end = HostEnd::attach(&self.worker_ns(i), "eth0")?;
+            self.hosts.push(end);
         }
         Ok(())
     }
@@ -339,21 +339,37 @@ pub fn remove_namespaces(prefix: &str, numbered: &[&str], named: &[&str]) {
     }
 }
 
-/// Loads `xagg_host` from `object` (a worker's XDP object, `xagg-host`) and attaches it to
-/// `dev` in namespace `ns` (native mode); it stays attached while the returned object lives.
-pub fn attach_host(object: &[u8], ns: &str, dev: &str) -> Result<Ebpf> {
-    if object.is_empty() {
-        bail!("the XDP object is empty: run `cargo xtask build`");
+/// A rank's end of its link with `xagg_host`, attached as a user attaches it (`xagg host
+/// attach`, pinned) and detached (`xagg host detach`) when dropped, before its namespace
+/// goes.
+pub struct HostEnd {
+    ns: String,
+    dev: String,
+}
+
+impl HostEnd {
+    pub fn attach(ns: &str, dev: &str) -> Result<Self> {
+        let out = Command::new(crate::bin("xagg"))
+            .args(["host", "attach", dev, "--netns", ns])
+            .output()
+            .context("running `xagg host attach` (built by `cargo xtask build`)")?;
+        if !out.status.success() {
+            bail!(
+                "xagg host attach {dev} --netns {ns}: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(Self {
+            ns: ns.into(),
+            dev: dev.into(),
+        })
     }
-    in_netns(ns, || {
-        let mut ebpf = Ebpf::load(object)?;
-        let p: &mut Xdp = ebpf
-            .program_mut("xagg_host")
-            .context("no xagg_host")?
-            .try_into()?;
-        p.load()?;
-        p.attach(dev, aya::programs::XdpMode::Driver)
-            .with_context(|| format!("attaching xagg_host to {dev} in {ns}"))?;
-        Ok(ebpf)
-    })
+}
+
+impl Drop for HostEnd {
+    fn drop(&mut self) {
+        let _ = Command::new(crate::bin("xagg"))
+            .args(["host", "detach", &self.dev, "--netns", &self.ns])
+            .output();
+    }
 }

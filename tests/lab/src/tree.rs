@@ -17,7 +17,6 @@
 use std::{collections::BTreeMap, net::Ipv4Addr, net::SocketAddrV4, path::PathBuf};
 
 use anyhow::{bail, Context, Result};
-use aya::Ebpf;
 use xagg_api::{JobSpec, MemberSpec, Neighbour, ParentSpec, Request, Response, RingSpec};
 use xagg_common::{wire::DEFAULT_PORT, JobShape};
 use xagg_daemon::config::{Config, DaemonSection, SwitchSection};
@@ -139,7 +138,7 @@ pub struct TreeLab {
     pub job: (u32, usize, usize),
     /// `xagg_host` on every rank's interface and the plain bridge's ports; dropping
     /// detaches.
-    rank_programs: Vec<Ebpf>,
+    rank_programs: Vec<crate::lab::HostEnd>,
 }
 
 /// The port of a point facing its child `k`.
@@ -158,14 +157,14 @@ pub const RING_AFTER_MS: u64 = 2000;
 
 impl TreeLab {
     /// Builds the namespaces and links of `topology` (removing any leftover lab of this
-    /// prefix first), at the default [`MTU`], with `xagg_host` from `object` (a worker's XDP
-    /// object, `xagg-host`) on the ranks' ends; no daemon runs yet.
-    pub fn create(prefix: &str, topology: Topology, object: &[u8]) -> Result<Self> {
-        Self::with_mtu(prefix, topology, object, MTU)
+    /// prefix first), at the default [`MTU`], with `xagg_host` on the ranks' ends (`xagg host
+    /// attach`); no daemon runs yet.
+    pub fn create(prefix: &str, topology: Topology) -> Result<Self> {
+        Self::with_mtu(prefix, topology, MTU)
     }
 
     /// The same with every link at `mtu`.
-    pub fn with_mtu(prefix: &str, topology: Topology, object: &[u8], mtu: usize) -> Result<Self> {
+    pub fn with_mtu(prefix: &str, topology: Topology, mtu: usize) -> Result<Self> {
         crate::lab::check_mtu(mtu)?;
         destroy(prefix);
         let mut lab = TreeLab {
@@ -208,7 +207,7 @@ impl TreeLab {
         for p in &lab.points {
             ip(&["-n", &p.ns, "link", "set", "br0", "up"])?;
         }
-        lab.attach_ranks(object)?;
+        lab.attach_ranks()?;
         Ok(lab)
     }
 
@@ -312,7 +311,7 @@ impl TreeLab {
 
     /// `xagg_host` on every rank's eth0 and on the ports of a plain bridge (the ring's):
     /// a frame redirected into a veth is dropped unless its peer runs an XDP program.
-    fn attach_ranks(&mut self, object: &[u8]) -> Result<()> {
+    fn attach_ranks(&mut self) -> Result<()> {
         let mut ends: Vec<(String, String)> = self
             .ranks
             .iter()
@@ -322,8 +321,8 @@ impl TreeLab {
             ends.extend((0..p.children.len()).map(|k| (p.ns.clone(), child_port(k))));
         }
         for (ns, dev) in ends {
-            let ebpf = crate::lab::attach_host(object, &ns, &dev)?;
-            self.rank_programs.push(ebpf);
+            let end = crate::lab::HostEnd::attach(&ns, &dev)?;
+            self.rank_programs.push(end);
         }
         Ok(())
     }

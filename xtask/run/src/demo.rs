@@ -248,7 +248,7 @@ pub fn run(a: DemoArgs) -> Result<()> {
 fn joinable_lab(n: usize, mtu: usize) -> Result<LabSwitch> {
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::with_mtu(PREFIX, n, mtu)?;
-    lab.attach_hosts(&Object::Host.read()?)?;
+    lab.attach_hosts()?;
     start_switch(lab, &[])
 }
 
@@ -354,9 +354,8 @@ fn run_inner(a: &DemoArgs) -> Result<()> {
     let (op, dtype) = (a.op.name(), a.dtype.name());
     println!("lab: switch namespace {PREFIX}-sw (br0 {SWITCH_IP}/24, ports swp0..swp{}), {n} worker namespaces", n - 1);
     let mut lab = Lab::with_mtu(PREFIX, n, a.mtu)?;
-    let object = Object::Host.read()?;
     if a.no_afxdp {
-        lab.attach_hosts(&object)?;
+        lab.attach_hosts()?;
     }
     if let Some(i) = a.inject.filter(|i| i.dup_contrib > 0.0) {
         lab.impair(&Object::Test.read()?, 0.0, i.dup_contrib)?;

@@ -11,7 +11,6 @@ use xagg_common::{
     Role,
 };
 use xagg_lab::tree::{Child, Topology, TreeLab};
-use xagg_lab::Object;
 
 use crate::demo::{human, DemoArgs, JOB_ID, PREFIX};
 
@@ -74,7 +73,7 @@ pub fn run(a: &DemoArgs, topology: Topology) -> Result<()> {
         usize::from,
     );
     let elems = a.size / 4;
-    let mut lab = TreeLab::with_mtu(PREFIX, topology, &Object::Host.read()?, a.mtu)?;
+    let mut lab = TreeLab::with_mtu(PREFIX, topology, a.mtu)?;
     lab.start_daemons()?;
     lab.add_job(JOB_ID, segment as u16, a.slots)?;
     describe(&lab);

@@ -25,7 +25,6 @@ use xagg_common::{
     wire::{self, DType},
     Counter,
 };
-use xagg_lab::Object;
 use xagg_lab::{lab::Lab, placement::Placement, switch::LabSwitch};
 
 use super::{cpu, end_to_end::add_job, generator::Generator};
@@ -89,24 +88,18 @@ pub fn run(quick: bool, members: &[usize], steer: bool) -> Result<Vec<CapacityPo
         eprintln!("capacity: SKIPPED, this machine has one CPU and the measurement needs two");
         return Ok(Vec::new());
     }
-    let object = Object::Host.read()?;
     // The generator pins the calling thread to CPU 0.
-    cpu::keeping_affinity(|| points(&object, quick, members, steer))
+    cpu::keeping_affinity(|| points(quick, members, steer))
 }
 
-fn points(
-    object: &[u8],
-    quick: bool,
-    members: &[usize],
-    steer: bool,
-) -> Result<Vec<CapacityPoint>> {
+fn points(quick: bool, members: &[usize], steer: bool) -> Result<Vec<CapacityPoint>> {
     // Steered, the folds run in the cpumap's thread on the switch CPU: what steering costs.
     let steer_cpus = if steer { vec![SWITCH_CPU] } else { Vec::new() };
     let seconds = if quick { 0.3 } else { 2.0 };
     let mut out = Vec::new();
     for &n in members {
         let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?, &steer_cpus)?;
-        sw.lab.attach_hosts(object)?;
+        sw.lab.attach_hosts()?;
         thread_napi(&sw.lab)?;
         // 1 KiB, the longest single-buffer segment on veth, the longest (a 9000-byte MTU).
         let buffer = wire::BUFFER_PAYLOAD / 4;

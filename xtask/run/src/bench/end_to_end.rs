@@ -7,7 +7,6 @@ use xagg_common::{
     wire::{DType, Lane, Op},
     JobShape,
 };
-use xagg_lab::Object;
 use xagg_lab::{lab::Lab, placement::Placement, switch::LabSwitch, workers::AllreduceRun};
 use xagg_worker::report::{CpuWindow, RoundTrips};
 
@@ -91,8 +90,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // Its ranks receive on plain UDP sockets, which on veth needs the host program.
             let mut sw = sw;
             if e.mpi {
-                let object = Object::Host.read()?;
-                sw.lab.attach_hosts(&object)?;
+                sw.lab.attach_hosts()?;
             }
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
                 let r = mpi_run(&sw.lab, &mpi_bin, bytes, iterations(bytes), "mpi+xagg")?;

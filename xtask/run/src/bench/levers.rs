@@ -3,7 +3,6 @@
 use anyhow::Result;
 use serde::Serialize;
 use xagg_lab::lab::Lab;
-use xagg_lab::Object;
 
 use super::{
     end_to_end::{add_job, iterations, switch_point, switch_run},
@@ -32,7 +31,6 @@ pub struct LeverPoint {
 
 /// Each lever off and on, the others at their defaults.
 pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
-    let object = Object::Host.read()?;
     let n = 4;
     let bytes = if quick { 1 << 20 } else { 64 << 20 };
     let it = iterations(bytes, quick);
@@ -60,7 +58,7 @@ pub fn levers(quick: bool) -> Result<Vec<LeverPoint>> {
     let rounds = if quick { 1 } else { 3 };
     let mut samples: Vec<Vec<RunPoint>> = vec![Vec::new(); settings.len()];
     for round in 0..rounds {
-        sw.lab.attach_hosts(&object)?;
+        sw.lab.attach_hosts()?;
         let mut hosts = true;
         for (k, &(lever, setting, segment, slots, afxdp, extra)) in settings.iter().enumerate() {
             if afxdp && hosts {

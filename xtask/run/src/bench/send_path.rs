@@ -5,7 +5,6 @@ use anyhow::Result;
 use serde::Serialize;
 use xagg_common::wire::DType;
 use xagg_lab::lab::Lab;
-use xagg_lab::Object;
 
 use super::{
     capacity::{measure, thread_napi, SLOTS},
@@ -41,14 +40,13 @@ pub fn send_path(quick: bool) -> Result<Vec<SendPathPoint>> {
         cpu::count() >= 2,
         "the send-path measurement needs two CPUs"
     );
-    let object = Object::Host.read()?;
-    cpu::keeping_affinity(|| send_path_points(&object, quick))
+    cpu::keeping_affinity(|| send_path_points(quick))
 }
 
-fn send_path_points(object: &[u8], quick: bool) -> Result<Vec<SendPathPoint>> {
+fn send_path_points(quick: bool) -> Result<Vec<SendPathPoint>> {
     let (n, seconds, rounds) = (4, if quick { 0.3 } else { 2.0 }, if quick { 1 } else { 3 });
     let mut sw = crate::demo::start_switch(Lab::create(crate::demo::PREFIX, n)?, &[])?;
-    sw.lab.attach_hosts(object)?;
+    sw.lab.attach_hosts()?;
     thread_napi(&sw.lab)?;
     let (job, elements) = (20, DType::I32.max_elements());
     add_job(&sw, job, elements, SLOTS)?;

@@ -1,0 +1,102 @@
+//! `xagg host attach|detach IFACE [--netns NAME | --netns-pid PID]`: the rank's end of a
+//! veth whose peer is a switch's (or host aggregator's) port must run an XDP program, or
+//! veth drops every result redirected into it. `attach` gives it `xagg_host`, pinned so it
+//! outlives the command; ranks need nothing themselves (they may run unprivileged).
+
+use std::{os::unix::fs::MetadataExt, path::PathBuf};
+
+use anyhow::{Context, Result};
+use clap::{Args, Subcommand};
+use xagg_worker::host_end::{self, Outcome};
+
+#[derive(Subcommand)]
+pub enum HostCmd {
+    /// Attach xagg_host to a rank's interface (in its network namespace), pinned.
+    Attach(Target),
+    /// Detach it (remove its pin).
+    Detach(Target),
+}
+
+/// An interface, in this network namespace or another.
+#[derive(Args)]
+pub struct Target {
+    /// The rank's interface: its end of the veth (e.g. eth0 in a container).
+    iface: String,
+    /// The network namespace, as `ip netns` names it.
+    #[arg(long, conflicts_with = "netns_pid")]
+    netns: Option<String>,
+    /// The network namespace of this process (a container's, e.g. from `docker inspect
+    /// -f '{{.State.Pid}}'`).
+    #[arg(long)]
+    netns_pid: Option<u32>,
+}
+
+impl Target {
+    /// The namespace's file and what to call it.
+    fn netns(&self) -> (PathBuf, String) {
+        match (&self.netns, self.netns_pid) {
+            (Some(n), _) => (
+                format!("/run/netns/{n}").into(),
+                format!("network namespace {n}"),
+            ),
+            (None, Some(p)) => (
+                format!("/proc/{p}/ns/net").into(),
+                format!("the network namespace of process {p}"),
+            ),
+            (None, None) => ("/proc/self/ns/net".into(), "this network namespace".into()),
+        }
+    }
+}
+
+pub fn run(cmd: HostCmd) -> Result<()> {
+    let (t, attach) = match &cmd {
+        HostCmd::Attach(t) => (t, true),
+        HostCmd::Detach(t) => (t, false),
+    };
+    let (file, name) = t.netns();
+    let ns = std::fs::File::open(&file)
+        .with_context(|| format!("{name} ({}): no such namespace", file.display()))?;
+    let inode = ns.metadata()?.ino();
+    let pin = host_end::pin_dir(inode, &t.iface);
+    if !attach {
+        if host_end::detach(&pin)? {
+            println!(
+                "xagg_host detached from {} in {name} (its pin {} removed)",
+                t.iface,
+                pin.display()
+            );
+            return Ok(());
+        }
+        anyhow::bail!(
+            "no xagg_host is pinned for {} in {name} (nothing at {}): `xagg host attach` pins one",
+            t.iface,
+            pin.display()
+        );
+    }
+    // The namespace is entered by a thread of its own: the process stays where it is.
+    let iface = t.iface.clone();
+    let at = pin.clone();
+    let outcome = std::thread::spawn(move || -> Result<Outcome> {
+        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+            .with_context(|| format!("entering {}", file.display()))?;
+        Ok(host_end::attach(xagg_objects::HOST, &iface, &at)?)
+    })
+    .join()
+    .map_err(|_| anyhow::anyhow!("the attaching thread panicked"))??;
+    match outcome {
+        Outcome::Attached(mode) => println!(
+            "xagg_host attached to {} in {name} ({} XDP), pinned at {}: results redirected into {} now reach its sockets; `xagg host detach` removes it",
+            t.iface,
+            mode.name(),
+            pin.display(),
+            t.iface
+        ),
+        Outcome::Already(mode) => println!(
+            "xagg_host is attached to {} in {name} already ({} XDP, pinned at {})",
+            t.iface,
+            mode.name(),
+            pin.display()
+        ),
+    }
+    Ok(())
+}
