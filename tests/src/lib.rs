@@ -243,8 +243,13 @@ impl TestSwitch {
     /// credential [`CREDENTIAL`]: ranks join jobs by themselves (the MPI library, the
     /// Python module).
     pub fn joinable(prefix: &str, workers: usize) -> Self {
+        Self::joinable_with_mtu(prefix, workers, xagg_lab::lab::MTU)
+    }
+
+    /// [`Self::joinable`] with every lab link at `mtu`.
+    pub fn joinable_with_mtu(prefix: &str, workers: usize, mtu: usize) -> Self {
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}-credential"));
-        Self::start(prefix, workers, |c| {
+        Self::start_with_mtu(prefix, workers, mtu, |c| {
             xagg_lab::switch::joinable(c, &dir).expect("writing the credential's key")
         })
     }

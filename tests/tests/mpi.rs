@@ -22,9 +22,14 @@ struct MpiLab {
 
 impl MpiLab {
     fn start(prefix: &str) -> Self {
+        Self::start_with_mtu(prefix, xagg_lab::lab::MTU)
+    }
+
+    /// [`MpiLab::start`] with every lab link at `mtu`.
+    fn start_with_mtu(prefix: &str, mtu: usize) -> Self {
         let dir = std::env::temp_dir().join(format!("xagg-test-{prefix}-mpi"));
         std::fs::create_dir_all(&dir).unwrap();
-        let sw = TestSwitch::joinable(prefix, RANKS);
+        let sw = TestSwitch::joinable_with_mtu(prefix, RANKS, mtu);
         let agent = xagg_lab::mpi::agent(&sw.lab, &dir).unwrap();
         Self { sw, dir, agent }
     }
@@ -267,7 +272,7 @@ fn mpi_programs_fall_back_to_open_mpi() {
     let (out, err) = checked(&lab.run(check.to_str().unwrap(), &format!("{SWITCH_IP}:1"), &[]));
     assert!(out.contains("failures=0"), "{out}");
     assert!(
-        err.contains("MPI_COMM_WORLD (4 ranks): allreduces go to Open MPI: rank 0: join: the daemon's network listener"),
+        err.contains("MPI_COMM_WORLD (4 ranks): allreduces go to Open MPI: rank 0: the daemon's network listener at 10.77.0.1:1 does not answer"),
         "{err}"
     );
     assert_eq!(summary(&err).0, 0);
@@ -493,4 +498,54 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         err.contains("allreduces go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),
         "{err}"
     );
+}
+
+/// On a 1500-byte network the drop-ins take the switch: the job's segment comes from the
+/// path (the ranks' interfaces, the daemon's ports), 1432 bytes, not the 8928 a jumbo
+/// network carries, for MPI and for PyTorch alike; every call through the switch.
+#[test]
+fn a_1500_byte_network_takes_the_switch() {
+    if !require_root("a_1500_byte_network_takes_the_switch") {
+        return;
+    }
+    let lab = MpiLab::start_with_mtu("xm15", 1500);
+    let cases = lab.program("cases.c");
+    let (out, err) = checked(&lab.run(&format!("{} sizes", cases.display()), &lab.daemon(), &[]));
+    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert_eq!(summary(&err), (4, 0, 0), "{err}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [4, 0, 0, 0, 0, 0],
+        "{err}"
+    );
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert_eq!(log.matches("1432-byte segments").count(), 1, "{log}");
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/cases.py");
+    let mut env = xagg_lab::python::base_env();
+    env.extend(credential_env());
+    env.push(("XAGG_ROUTE", "all".into()));
+    env.push(("XAGG_DAEMON", LISTEN.to_string()));
+    let outputs =
+        xagg_lab::python::torchrun(&lab.sw.lab, RANKS, 29520, &env, &script, &["sizes"]).unwrap();
+    let mut all = String::new();
+    for (i, o) in outputs.iter().enumerate() {
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(o.status.success(), "rank {i}: {out}{err}");
+        all.push_str(&out);
+        all.push_str(&err);
+    }
+    for r in 0..RANKS {
+        assert!(all.contains(&format!("rank {r}: sizes ok=True")), "{all}");
+    }
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [3, 0, 0, 0, 0, 0],
+        "{all}"
+    );
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert_eq!(log.matches("1432-byte segments").count(), 2, "{log}");
 }

@@ -191,6 +191,10 @@ pub struct NonceReply {
     /// contributions to the `s % switch_ports`-th. Left out when 1.
     #[serde(default = "one_port", skip_serializing_if = "is_one_port")]
     pub switch_ports: u8,
+    /// The longest segment, in bytes, every port of this daemon carries in one packet (the
+    /// smallest port MTU's): joining ranks take no longer one. Left out by older daemons.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segment_bytes: Option<u32>,
 }
 
 fn one_port() -> u8 {

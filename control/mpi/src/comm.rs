@@ -122,6 +122,24 @@ pub fn op_min() -> crate::abi::MpiOp {
     handles().op_min
 }
 
+/// The smallest of every rank's `mine` over `comm` (collective).
+fn smallest(comm: Comm, mine: usize) -> usize {
+    let mine = mine as c_int;
+    let mut least: c_int = mine;
+    // Safety: one int each way over a communicator every rank passes here together.
+    unsafe {
+        (pmpi().allreduce)(
+            (&mine as *const c_int).cast(),
+            (&mut least as *mut c_int).cast(),
+            1,
+            handles().int,
+            op_min(),
+            comm,
+        )
+    };
+    least as usize
+}
+
 /// The communicator's description in messages.
 fn describe(comm: Comm, size: c_int) -> String {
     if comm == handles().comm_world {
@@ -185,6 +203,16 @@ pub fn create(comm: Comm) -> CommState {
     };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
     let secret = Secret(secrets[16..].try_into().expect("32 bytes"));
+    // The segment every rank's path carries: the smallest of the ranks' own (their
+    // interfaces' MTUs and their daemons' ports').
+    let segment = settings.segment_bytes().map_err(Error::from);
+    if let Err(e) = agree(private, segment.as_ref().map(|_| ())) {
+        return state(fail(&mut private, e.to_string()));
+    }
+    let settings = JoinSettings {
+        segment: Some(smallest(private, segment.expect("agreed"))),
+        ..settings
+    };
     let joined = daemons(private, settings.daemon, size)
         .and_then(|all| Ok(Placement::by_daemon(&all, rank as usize)?))
         .and_then(|placed| Ok(settings.join(key, secret, &placed)?))

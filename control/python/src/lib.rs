@@ -365,7 +365,7 @@ impl Job {
     /// one host's; rank 0's coordinates a ring), or this host's `local_rank` and
     /// `local_size` (the launcher's) and the `coordinator` (rank 0's host's daemon).
     #[staticmethod]
-    #[pyo3(signature = (daemon, rank, size, key, secret, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None))]
+    #[pyo3(signature = (daemon, rank, size, key, secret, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None, segment = None))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn join(
         py: Python<'_>,
@@ -382,6 +382,7 @@ impl Job {
         local_rank: Option<usize>,
         local_size: Option<usize>,
         coordinator: Option<&str>,
+        segment: Option<usize>,
     ) -> PyResult<Self> {
         let mut settings = JoinSettings::new(address("daemon", daemon)?);
         Overrides {
@@ -397,6 +398,7 @@ impl Job {
             local_size,
             coordinator,
         };
+        settings.segment = segment;
         Self::join_as(py, settings, rank, size, key, secret, place)
     }
 
@@ -407,7 +409,7 @@ impl Job {
     /// this host's ranks from the launcher. Keyword arguments override them; with
     /// `daemons` given, the launcher's host ranks are not read.
     #[staticmethod]
-    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None))]
+    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None, segment = None))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn from_env(
         py: Python<'_>,
@@ -424,6 +426,7 @@ impl Job {
         local_rank: Option<usize>,
         local_size: Option<usize>,
         coordinator: Option<String>,
+        segment: Option<usize>,
     ) -> PyResult<Self> {
         let mut place = Place {
             daemons,
@@ -495,6 +498,7 @@ impl Job {
             give_up,
         }
         .apply(&mut settings)?;
+        settings.segment = segment;
         Self::join_as(py, settings, rank, size, &key, &secret, place)
     }
 
@@ -618,12 +622,27 @@ fn new_key() -> (String, String) {
     (hex(&JobKey::random().0), hex(&Secret::random().0))
 }
 
+/// The longest segment, in bytes, this rank's path to the daemon `daemon` ("IP:PORT";
+/// default `XAGG_DAEMON`) carries: its interface's MTU and the daemon's ports'. Ranks
+/// take the smallest of theirs and pass it to `Job.join`/`from_env` as `segment`.
+#[pyfunction]
+#[pyo3(signature = (daemon = None))]
+fn segment_bytes(py: Python<'_>, daemon: Option<&str>) -> PyResult<usize> {
+    let settings = match daemon {
+        Some(d) => JoinSettings::new(address("daemon", d)?),
+        None => JoinSettings::from_env().map_err(|e| PyValueError::new_err(e.to_string()))?,
+    };
+    py.detach(move || settings.segment_bytes())
+        .map_err(|e| XaggError::new_err(e.to_string()))
+}
+
 #[pymodule]
 fn _xagg(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<Job>()?;
     m.add_class::<Request>()?;
     m.add_class::<Route>()?;
     m.add_function(wrap_pyfunction!(new_key, m)?)?;
+    m.add_function(wrap_pyfunction!(segment_bytes, m)?)?;
     m.add("XaggError", m.py().get_type::<XaggError>())?;
     Ok(())
 }

@@ -319,7 +319,7 @@ pub enum Error {
     NoInterface { ip: std::net::Ipv4Addr },
     #[error("AF_XDP receive: this build of the worker library lacks the `afxdp` feature")]
     NoAfXdp,
-    #[cfg(feature = "afxdp")]
+    /// This host's interfaces (their MTU, the one holding an address).
     #[error(transparent)]
     Host(#[from] xagg_linux::Error),
     /// Why the embedded object cannot be used.

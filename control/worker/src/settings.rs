@@ -10,7 +10,10 @@ use std::{
     time::Duration,
 };
 
-use xagg_common::JobShape;
+use xagg_common::{
+    wire::{payload_for_mtu, MAX_PAYLOAD},
+    JobShape,
+};
 
 use crate::{AllreduceError, CredentialKey, Error, JobKey, JoinParams, Placement, Secret, Worker};
 
@@ -45,6 +48,9 @@ pub struct JoinSettings {
     /// (`XAGG_TIMEOUT_S`; unset: the library's,
     /// [`crate::WorkerParams::collective_timeout`]).
     pub collective_timeout: Option<Duration>,
+    /// The job's segment in bytes, as every rank agreed (the smallest of their
+    /// [`JoinSettings::segment_bytes`]); unset: this rank's path's own.
+    pub segment: Option<usize>,
 }
 
 impl JoinSettings {
@@ -57,6 +63,7 @@ impl JoinSettings {
             join_timeout: JOIN_TIMEOUT,
             give_up: None,
             collective_timeout: None,
+            segment: None,
         }
     }
 
@@ -106,9 +113,27 @@ impl JoinSettings {
         })
     }
 
+    /// The longest segment this rank's path carries, in bytes: what the MTU of its
+    /// interface toward the daemon leaves, and what the daemon says its ports carry (the
+    /// smallest of its ports' MTUs). The ranks of a job take the smallest of theirs
+    /// ([`JoinSettings::segment`]), never a constant: a 1500-byte network gives 1432.
+    pub fn segment_bytes(&self) -> Result<usize, Error> {
+        let bind = local_address(self.daemon)?;
+        let mut bytes = MAX_PAYLOAD;
+        if let Some(iface) = xagg_linux::iface::holding(*bind.ip())? {
+            bytes = bytes.min(payload_for_mtu(xagg_linux::iface::mtu(&iface)?));
+        }
+        let reply = xagg_join::client::Client::new(self.daemon).nonce()?;
+        if let Some(b) = reply.segment_bytes {
+            bytes = bytes.min(b as usize);
+        }
+        Ok(bytes)
+    }
+
     /// Joins the job of `key` and `secret` as `placed` says, from this host's address
-    /// toward the daemon, with a job of full segments and [`JoinSettings::slots`] slots;
-    /// then learns the job's state from the switch ([`Worker::join_synced`]).
+    /// toward the daemon, with segments of [`JoinSettings::segment`] bytes (or this path's
+    /// longest) and [`JoinSettings::slots`] slots; then learns the job's state from the
+    /// switch ([`Worker::join_synced`]).
     pub fn join(
         &self,
         key: JobKey,
@@ -116,7 +141,13 @@ impl JoinSettings {
         placed: &Placement,
     ) -> Result<Worker, AllreduceError> {
         let bind = local_address(self.daemon).map_err(|e| AllreduceError::Join(e.into()))?;
-        let shape = JobShape::full(placed.members, self.slots)
+        let segment = match self.segment {
+            Some(b) => b,
+            None => self
+                .segment_bytes()
+                .map_err(|e| AllreduceError::Join(e.into()))?,
+        };
+        let shape = JobShape::new(placed.members, self.slots, segment)
             .map_err(|e| AllreduceError::Invalid(format!("the job's {}: {e}", e.field())))?;
         let j = JoinParams {
             daemon: self.daemon,

@@ -86,7 +86,9 @@ impl Handler for Daemon {
     }
 
     fn nonce(&self) -> NonceReply {
-        self.state().joins.nonce()
+        let st = &mut *self.state();
+        let segment = st.dp.segment_bytes();
+        st.joins.nonce(segment)
     }
 
     fn join(&self, req: JoinRequest) -> JoinReply {

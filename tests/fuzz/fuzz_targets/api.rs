@@ -142,7 +142,7 @@ impl Handler for StandIn {
         }
     }
     fn nonce(&self) -> NonceReply {
-        self.0.lock().unwrap().joins.nonce()
+        self.0.lock().unwrap().joins.nonce(None)
     }
     fn join(&self, req: JoinRequest) -> JoinReply {
         let st = &mut *self.0.lock().unwrap();

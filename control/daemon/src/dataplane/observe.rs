@@ -14,6 +14,16 @@ use xagg_common::{
 use crate::dataplane::{map_err, Dataplane, Result};
 
 impl Dataplane {
+    /// The longest segment, in bytes, every port carries in one packet (their smallest
+    /// MTU's), if any port's MTU can be read.
+    pub fn segment_bytes(&self) -> Option<u32> {
+        self.ports
+            .iter()
+            .filter_map(|p| xagg_linux::iface::mtu(p).ok())
+            .map(|mtu| xagg_common::wire::payload_for_mtu(mtu) as u32)
+            .min()
+    }
+
     /// The mode each port's program is attached in, as the kernel says: what "auto" gave,
     /// or "none" where someone detached it.
     pub fn xdp_in_use(&self) -> Vec<String> {

@@ -210,12 +210,15 @@ impl Joins {
     }
 
     /// A new single-use nonce, and where the switch takes hellos.
-    pub fn nonce(&mut self) -> NonceReply {
+    /// A nonce for a join, with where to send hellos and the longest segment
+    /// `segment_bytes` this daemon's ports carry.
+    pub fn nonce(&mut self, segment_bytes: Option<u32>) -> NonceReply {
         NonceReply {
             nonce: self.nonces.issue(),
             switch: self.switch,
             mac: self.mac.clone(),
             switch_ports: self.switch_ports,
+            segment_bytes,
         }
     }
 

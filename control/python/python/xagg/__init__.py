@@ -15,9 +15,9 @@ float64 (anything else raises, saying what to do). Failures raise ``xagg.XaggErr
 ``xagg.torch`` registers a ``torch.distributed`` backend named ``"xagg"``.
 """
 
-from ._xagg import Job, Request, Route, XaggError, new_key
+from ._xagg import Job, Request, Route, XaggError, new_key, segment_bytes
 
-__all__ = ["Job", "Request", "Route", "XaggError", "new_key", "from_env"]
+__all__ = ["Job", "Request", "Route", "XaggError", "new_key", "segment_bytes", "from_env"]
 
 
 def from_env(**kw):
@@ -43,6 +43,10 @@ def from_env(**kw):
 
     Keyword arguments override them (``daemon``, ``rank``, ``size``, ``key``, ``secret``,
     ``credential``, ``slots``, ``timeout`` and ``give_up`` in seconds, ``local_rank``,
-    ``local_size``, ``coordinator``, ``daemons``). ``Job.from_env`` is the same.
+    ``local_size``, ``coordinator``, ``daemons``, ``segment``). ``Job.from_env`` is the same.
+
+    The job's segment is the longest the path carries (``xagg.segment_bytes()``: this
+    rank's interface's MTU and its daemon's ports'); ranks whose paths differ pass the
+    smallest of theirs as ``segment`` (the ``"xagg"`` backend does).
     """
     return Job.from_env(**kw)

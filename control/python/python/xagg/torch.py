@@ -42,7 +42,7 @@ import torch
 import torch.distributed as dist
 from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
 
-from . import Job, Route, XaggError, new_key
+from . import Job, Route, XaggError, new_key, segment_bytes
 
 __all__ = ["ProcessGroupXagg", "HookState", "allreduce_hook"]
 
@@ -173,12 +173,29 @@ class _Engine:
             daemons = [store.get(f"xagg/daemon/{r}").decode() for r in range(size)]
             if daemon is None:
                 raise XaggError("XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. 10.77.0.1:47900")
+            # The segment every rank's path carries (its interface's MTU, its daemon's
+            # ports'): the job takes the smallest. Said by every rank, 0 where unknown.
+            mine, segment_why = 0, None
+            if daemon is not None:
+                try:
+                    mine = segment_bytes(daemon)
+                except XaggError as e:
+                    segment_why = str(e)
+            store.set(f"xagg/segment/{rank}", str(mine))
+            segments = [int(store.get(f"xagg/segment/{r}").decode()) for r in range(size)]
             unset = [r for r, d in enumerate(daemons) if not d]
             if unset:
                 raise XaggError(f"ranks {unset} have no XAGG_DAEMON")
+            if segment_why is not None:
+                raise XaggError(segment_why)
+            unknown = [r for r, b in enumerate(segments) if b == 0]
+            if unknown:
+                raise XaggError(f"ranks {unknown} could not learn the segment their path carries")
             # The credential, the slots and the timeouts from the environment, as
             # `xagg.from_env` reads them.
-            self.job = Job.from_env(daemon=daemon, rank=rank, size=size, key=key, secret=secret, daemons=daemons)
+            self.job = Job.from_env(
+                daemon=daemon, rank=rank, size=size, key=key, secret=secret, daemons=daemons, segment=min(segments)
+            )
             # Each rank's responder, where the others recover results if the switch stops
             # answering.
             store.set(f"xagg/peer/{rank}", self.job.serve_peers())

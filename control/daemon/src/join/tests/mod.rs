@@ -160,14 +160,14 @@ impl Switch {
         levels: Option<Levels>,
     ) -> JoinReply {
         self.table.hello(token, port);
-        let nonce = self.joins.nonce().nonce;
+        let nonce = self.joins.nonce(None).nonce;
         let admission = admit.then_some(("test", &CRED));
         let req = JoinRequest::new(key, &SECRET, shape, rank, token, nonce, admission, levels);
         self.joins.join(&mut self.table, &req)
     }
 
     fn leave(&mut self, key: JobKey, rank: u8) -> MemberReply {
-        let nonce = self.joins.nonce().nonce;
+        let nonce = self.joins.nonce(None).nonce;
         let req = MemberRequest::new(key, &SECRET, "leave", rank, nonce);
         self.joins.member(&mut self.table, "leave", &req)
     }
@@ -253,7 +253,7 @@ fn refused_joins_change_nothing() {
     assert!(s.joins.jobs.is_empty());
     // A job created by a join that is refused goes with it (a hello from no port).
     s.table.hellos.insert(9, MemberAddr::default());
-    let nonce = s.joins.nonce().nonce;
+    let nonce = s.joins.nonce(None).nonce;
     let req = JoinRequest::new(
         KEY,
         &SECRET,
@@ -278,7 +278,7 @@ fn refused_joins_change_nothing() {
     let r = s.join_as(KEY, shape(2, 8), 1, 20, 0, false, None);
     assert!(refusal(&r).contains("already behind port p0"), "{r:?}");
     // Another secret.
-    let nonce = s.joins.nonce().nonce;
+    let nonce = s.joins.nonce(None).nonce;
     s.table.hello(21, 1);
     let req = JoinRequest::new(KEY, &Secret([8; 32]), shape(2, 8), 1, 21, nonce, None, None);
     let r = s.joins.join(&mut s.table, &req);
@@ -290,7 +290,7 @@ fn refused_joins_change_nothing() {
 #[test]
 fn a_join_before_its_hello_is_told_so() {
     let mut s = Switch::new("no-hello");
-    let nonce = s.joins.nonce().nonce;
+    let nonce = s.joins.nonce(None).nonce;
     let req = JoinRequest::new(
         KEY,
         &SECRET,
