@@ -531,6 +531,54 @@ fn workers_join_jobs_over_the_network() {
         String::from_utf8_lossy(&out.stderr)
     );
     assert!(lab.joins().is_empty(), "the one-rank job left");
+
+    // A rank that proves the secret but states another shape (another segment) is
+    // refused, and the ranks already waiting hear it at once, naming it, instead of
+    // waiting out the daemon's join timeout (3 s here).
+    let (key, secret) = (JobKey::random(), Secret::random());
+    let lab_ref = &lab;
+    std::thread::scope(|s| {
+        let waiting: Vec<_> = (0..2)
+            .map(|w| {
+                s.spawn(move || {
+                    let p = lab_ref.params(key, secret, w as u8, w, 47851);
+                    let r = lab_ref.on(w, || Worker::join(p));
+                    (r.err().map(|e| e.to_string()), std::time::Instant::now())
+                })
+            })
+            .collect();
+        eventually("ranks 0 and 1 wait", Duration::from_secs(5), || {
+            let l = lab_ref.joins();
+            if l.len() == 1 && l[0].present == [0, 1] {
+                Ok(())
+            } else {
+                Err(l)
+            }
+        });
+        let other = lab_ref.on(2, || {
+            Worker::join(JoinParams {
+                shape: shape(16),
+                ..lab_ref.params(key, secret, 2, 2, 47851)
+            })
+        });
+        let refused_at = std::time::Instant::now();
+        assert!(
+            matches!(&other, Err(AllreduceError::Join(e)) if e.to_string().contains("same shape")),
+            "{:?}",
+            other.err()
+        );
+        for h in waiting {
+            let (e, at) = h.join().unwrap();
+            let e = e.expect("the waiting rank's join fails");
+            assert!(
+                e.contains("failed: rank 2's join was refused (the job has 3 members, 32 slots"),
+                "{e}"
+            );
+            let after = at.duration_since(refused_at);
+            assert!(after < Duration::from_millis(1500), "{after:?}");
+        }
+    });
+    assert!(lab.joins().is_empty(), "the failed job is gone");
 }
 
 /// A joined job with no progress for the idle time goes, its timer running on across a

@@ -18,21 +18,58 @@ type Answer<T> = Result<T, JoinReply>;
 
 impl Joins {
     pub(super) fn try_join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
-        match self.join_steps(dp, req) {
-            Ok(reply) | Err(reply) => reply,
+        let mut fatal = false;
+        match self.join_steps(dp, req, &mut fatal) {
+            Ok(reply) => reply,
+            Err(reply) => {
+                if let (true, JoinReply::Refused { reason }) = (fatal, &reply) {
+                    self.fail_gathering(req, reason);
+                }
+                reply
+            }
         }
     }
 
-    fn join_steps(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> Answer<JoinReply> {
+    /// A rank that proved the job's secret was refused for what cannot change — another
+    /// shape than the job's (a segment its path cannot carry), or a job the switch cannot
+    /// take (a port's MTU, no room): a job still gathering its ranks cannot run without
+    /// it, so it fails for every rank at once, with the reason (each rank's next poll is
+    /// refused with it), instead of waiting out the join timeout. A join without the proof
+    /// changes nothing for anyone; a running job runs on.
+    fn fail_gathering(&mut self, req: &JoinRequest, reason: &str) {
+        let Some(j) = self.jobs.get(&req.key) else {
+            return;
+        };
+        if !matches!(j.state, Lifecycle::Pending) {
+            return;
+        }
+        let why = format!("failed: rank {}'s join was refused ({reason})", req.rank);
+        log::warn!("job {} ({}) {why}", j.id, j.key);
+        self.jobs.remove(&req.key);
+        self.expired
+            .insert(req.key, (why, std::time::Instant::now()));
+        self.save();
+    }
+
+    fn join_steps(
+        &mut self,
+        dp: &mut impl JobTable,
+        req: &JoinRequest,
+        fatal: &mut bool,
+    ) -> Answer<JoinReply> {
         well_formed(req).map_err(refused)?;
         self.nonces.spend(&req.nonce).map_err(refused)?;
         // No job is created for a rank whose hellos have not arrived (yet): it asks again,
         // and at its own timeout says so, with nothing left pending here.
-        if !self.jobs.contains_key(&req.key) && !dp.has_hello(req.hello) {
+        let known = self.jobs.contains_key(&req.key) || self.expired.contains_key(&req.key);
+        if !known && !dp.has_hello(req.hello) {
             return Err(JoinReply::NoHello);
         }
         self.find_or_create(dp, req).map_err(refused)?;
-        self.agrees(req).map_err(refused)?;
+        self.proves(req).map_err(refused)?;
+        *fatal = true;
+        self.same_shape(req).map_err(refused)?;
+        *fatal = false;
         let at = self.place(req)?;
         let (addr, port) = self.member_addr(dp, req, at)?;
         // The same hello again is the member asking whether the job runs yet, not a
@@ -44,6 +81,8 @@ impl Joins {
             .flatten()
             .is_some_and(|m| m.hello != req.hello);
         self.take_in(dp, req, at, addr)?;
+        // What the job needs of the switch, checked when its last rank is in.
+        *fatal = true;
         let reply = self.next_step(dp, req, at, &port, again)?;
         self.save();
         Ok(reply)
@@ -60,12 +99,18 @@ impl Joins {
         self.create(dp, req)
     }
 
-    /// Whether the join proves the job's secret and states the job's shape.
-    fn agrees(&self, req: &JoinRequest) -> Result<()> {
+    /// Whether the join proves the job's secret.
+    fn proves(&self, req: &JoinRequest) -> Result<()> {
         let j = &self.jobs[&req.key];
         if !Proof::join(&j.secret, req).matches(&req.proof) {
             return Err(Error::JobProof);
         }
+        Ok(())
+    }
+
+    /// Whether the join states the job's shape.
+    fn same_shape(&self, req: &JoinRequest) -> Result<()> {
+        let j = &self.jobs[&req.key];
         let ranks = req.levels.map(|l| l.ranks);
         if j.shape != req.shape || j.level.ranks() != ranks {
             return Err(Error::ShapeDiffers {

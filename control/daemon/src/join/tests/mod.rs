@@ -271,9 +271,6 @@ fn refused_joins_change_nothing() {
     s.join(KEY, shape(2, 8), 0, true);
     let r = s.joins.join(&mut s.table, &req);
     assert!(refusal(&r).contains("nonce"), "{r:?}");
-    // Another shape.
-    let r = s.join(KEY, shape(3, 8), 1, false);
-    assert!(refusal(&r).contains("same shape"), "{r:?}");
     // Two ranks behind one port.
     let r = s.join_as(KEY, shape(2, 8), 1, 20, 0, false, None);
     assert!(refusal(&r).contains("already behind port p0"), "{r:?}");
@@ -285,6 +282,16 @@ fn refused_joins_change_nothing() {
     assert!(refusal(&r).contains("secret"), "{r:?}");
     let l = &s.joins.listing()[0];
     assert_eq!((l.present.as_slice(), l.ready), (&[0][..], false));
+    // Another shape, from a rank that proves the secret: it cannot run so, and every
+    // rank's next join hears why at once.
+    let r = s.join(KEY, shape(3, 8), 1, false);
+    assert!(refusal(&r).contains("same shape"), "{r:?}");
+    assert!(s.joins.jobs.is_empty());
+    let r = s.join(KEY, shape(2, 8), 0, false);
+    assert!(
+        refusal(&r).contains("failed: rank 1's join was refused (the job has 2 members"),
+        "{r:?}"
+    );
 }
 
 #[test]
