@@ -39,6 +39,31 @@ pub fn ranks(
     spawn(own, env, args)
 }
 
+/// A shell command line per rank (`line(i)`), as a user types it, run in worker i's
+/// namespace for ranks 0..n at once with `env` besides; each rank's output.
+pub fn shell_ranks(
+    lab: &Lab,
+    n: usize,
+    env: &[(&str, String)],
+    line: impl Fn(usize) -> String,
+) -> Result<Vec<Output>> {
+    let children = (0..n)
+        .map(|i| {
+            Command::new("ip")
+                .args(["netns", "exec", &lab.worker_ns(i), "sh", "-c", &line(i)])
+                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .context("starting a rank's command line")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    children
+        .into_iter()
+        .map(|c| c.wait_with_output().context("waiting for a rank"))
+        .collect()
+}
+
 /// [`ranks`] on every rank of a tree lab, each in its namespace with, besides `env`,
 /// `XAGG_DAEMON` set to its host's daemon, `LOCAL_RANK` and `LOCAL_WORLD_SIZE` to its place
 /// on its host (as a launcher sets them), and `XAGG_COORDINATOR` to rank 0's host's daemon.
