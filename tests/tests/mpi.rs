@@ -500,6 +500,15 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     );
 }
 
+/// The lab credential's key file, as the launches name it.
+fn key_file() -> String {
+    credential_env()
+        .into_iter()
+        .find(|(k, _)| *k == "XAGG_CREDENTIAL_FILE")
+        .expect("the key file's variable")
+        .1
+}
+
 /// On a 1500-byte network the drop-ins take the switch: the job's segment comes from the
 /// path (the ranks' interfaces, the daemon's ports), 1432 bytes, not the 8928 a jumbo
 /// network carries, for MPI and for PyTorch alike; every call through the switch.
@@ -521,6 +530,37 @@ fn a_1500_byte_network_takes_the_switch() {
     let log = std::fs::read_to_string(&lab.sw.log).unwrap();
     assert_eq!(log.matches("1432-byte segments").count(), 1, "{log}");
 
+    // The multi-host line docs/mpi.md prints, run as printed: only its placeholders (the
+    // library's path, the key file, the program) are the lab's, and mpirun gets what
+    // namespaces add (docs/mpi.md says what).
+    let doc =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/mpi.md")).unwrap();
+    let block = doc
+        .split("```sh")
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains("btl_tcp_if_include"))
+        .expect("the documented multi-host line");
+    let line = block.replace("\\\n", " ");
+    for placeholder in ["/path/to/libxagg_mpi.so", "/etc/xagg/lab.key", "./program"] {
+        assert!(line.contains(placeholder), "{line}");
+    }
+    let line = line
+        .replace(
+            "/path/to/libxagg_mpi.so",
+            &xagg_lab::bin("libxagg_mpi.so").display().to_string(),
+        )
+        .replace("/etc/xagg/lab.key", &key_file())
+        .replace("./program", &format!("{} sizes", cases.display()));
+    let (out, err) = checked(&xagg_lab::mpi::run_line(&lab.sw.lab, &lab.agent, &line).unwrap());
+    assert!(out.contains("checks=4 failures=0"), "{out}");
+    // The default route with 4 ranks: the first call and 1 KiB to the switch, 64 KiB and
+    // 1 MiB to Open MPI.
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [2, 0, 2, 0, 0, 0],
+        "{err}"
+    );
+
     // PyTorch, launched by docs/python.md's command as printed: only its placeholders
     // (the node rank, the interpreter, the key file, the script) are the lab's.
     let doc =
@@ -531,11 +571,7 @@ fn a_1500_byte_network_takes_the_switch() {
         .find(|b| b.contains("torch.distributed.run"))
         .expect("the documented launch");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/cases.py");
-    let key_file = credential_env()
-        .into_iter()
-        .find(|(k, _)| *k == "XAGG_CREDENTIAL_FILE")
-        .unwrap()
-        .1;
+    let key_file = key_file();
     let launch = block.replace("\\\n", " ");
     for placeholder in ["$i", "/etc/xagg/lab.key", "train.py", "python -m"] {
         assert!(launch.contains(placeholder), "{launch}");
@@ -569,5 +605,5 @@ fn a_1500_byte_network_takes_the_switch() {
         "{all}"
     );
     let log = std::fs::read_to_string(&lab.sw.log).unwrap();
-    assert_eq!(log.matches("1432-byte segments").count(), 2, "{log}");
+    assert_eq!(log.matches("1432-byte segments").count(), 3, "{log}");
 }

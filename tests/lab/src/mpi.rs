@@ -22,6 +22,9 @@ use crate::{lab::Lab, tree::TreeLab};
 /// that host gives its processes.
 pub struct Host {
     pub ns: String,
+    /// Its address on the lab's network: mpirun may name the host by it, as a user's
+    /// `--host` list does.
+    pub ip: std::net::Ipv4Addr,
     pub env: Vec<(String, String)>,
 }
 
@@ -29,6 +32,7 @@ fn lab_hosts(lab: &Lab) -> Vec<Host> {
     (0..lab.workers)
         .map(|i| Host {
             ns: lab.worker_ns(i),
+            ip: crate::lab::worker_ip(i),
             env: Vec::new(),
         })
         .collect()
@@ -41,6 +45,7 @@ pub fn tree_hosts(lab: &TreeLab) -> Vec<Host> {
         .iter()
         .map(|r| Host {
             ns: r.ns.clone(),
+            ip: r.ip,
             env: vec![(
                 "XAGG_DAEMON".into(),
                 lab.points[r.host].listener().to_string(),
@@ -114,7 +119,12 @@ fn write_agent(hosts: &[Host], dir: &Path, name: &str, wrap: &str) -> Result<Pat
         } else {
             format!(" export{env};")
         };
-        cases.push_str(&format!("  {}) ns={};{export};\n", host_name(i), h.ns));
+        cases.push_str(&format!(
+            "  {}|{}) ns={};{export};\n",
+            host_name(i),
+            h.ip,
+            h.ns
+        ));
     }
     std::fs::create_dir_all(dir)?;
     let agent = dir.join(format!("{name}.sh"));
@@ -131,6 +141,26 @@ fn write_agent(hosts: &[Host], dir: &Path, name: &str, wrap: &str) -> Result<Pat
 /// The name mpirun knows the `i`-th host by: one that resolves nowhere.
 fn host_name(i: usize) -> String {
     format!("h{i}")
+}
+
+/// Runs a user's `mpirun` command `line` as typed, in worker 0's namespace (with a host name
+/// of its own), with what namespaces add to a real cluster after `mpirun`: the agent that
+/// reaches the other hosts (`agent`, which knows them by their addresses too), hosts taken
+/// as named, and root allowed.
+pub fn run_line(lab: &Lab, agent: &Path, line: &str) -> Result<Output> {
+    let ns = lab.worker_ns(0);
+    let extras = format!(
+        "mpirun --allow-run-as-root --mca orte_do_not_resolve 1 --mca plm_rsh_agent {} ",
+        agent.display()
+    );
+    let line = line.replacen("mpirun ", &extras, 1);
+    Command::new("ip")
+        .args(["netns", "exec", &ns, "unshare", "--uts", "sh", "-c"])
+        .arg(format!("hostname {ns}; {line}"))
+        .env("OMPI_ALLOW_RUN_AS_ROOT", "1")
+        .env("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+        .output()
+        .context("running mpirun")
 }
 
 /// Runs `program` on `n` ranks (rank i in worker i's namespace) under mpirun, itself in
