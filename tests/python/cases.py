@@ -9,6 +9,8 @@ then:
 - `sizes`: all_reduce of 4 KiB and of 64 KiB (the route by size);
 - `callback`: a future's callback that makes (and waits for) another all_reduce;
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
+- `unwaited`: a last all_reduce, async and never waited for, that fails (rank 0 starts it
+  6 s late, past the test's XAGG_TIMEOUT_S of 2): the failure is said at exit;
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
   (passed to Gloo, which makes it as a sum then a floored division).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
@@ -98,6 +100,10 @@ elif case == "powersgd":
     dist.all_reduce(hi, op=dist.ReduceOp.MAX)
     dist.all_reduce(lo, op=dist.ReduceOp.MIN)
     ok = ok and torch.equal(hi, flat) and torch.equal(lo, flat)
+elif case == "unwaited":
+    if rank == 0:
+        time.sleep(6)
+    dist.all_reduce(ints(1024, 7), async_op=True)
 elif case == "types":
     b = torch.arange(64, dtype=torch.bfloat16) + rank
     dist.all_reduce(b)

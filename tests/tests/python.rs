@@ -458,6 +458,23 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "{all}"
     );
 
+    // A last all_reduce that fails and that the program never waits for: said at exit by
+    // every rank it failed on (ranks 1.. waited 2 s for rank 0, which came 6 s late and found
+    // their contributions at the switch: its call completed), not lost.
+    let mut short = e.clone();
+    short.push(("XAGG_TIMEOUT_S", "2".into()));
+    let all = all_ok(&run(29517, &["unwaited"], &short));
+    ok(&all, "unwaited");
+    assert!(!all.contains("rank 0: an allreduce failed"), "{all}");
+    for r in 1..RANKS {
+        assert!(
+            all.contains(&format!(
+                "rank {r}: an allreduce failed and no call of the program raised it"
+            )),
+            "{all}"
+        );
+    }
+
     // bf16 through the switch, AVG of f32 there and of int16 by Gloo (sum, then floored),
     // the reason said once and counted.
     let all = all_ok(&run(29516, &["types"], &e));

@@ -143,6 +143,8 @@ class _Engine:
         self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
         self.failed = None
         self.error = None
+        # Whether a call raised the error: one nobody raised is said at exit.
+        self.error_raised = False
         self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
         # Calls per entry point, by way (_WAYS); those passed to Gloo, by reason.
         self.table = {}
@@ -253,6 +255,7 @@ class _Engine:
 
     def check(self):
         if self.error is not None:
+            self.error_raised = True
             raise XaggError(f"the xagg backend failed earlier: {self.error}")
 
     def allreduce(self, tensor, op, target=None, entry="hook"):
@@ -354,6 +357,10 @@ class _Engine:
             except RuntimeError:
                 pass
         self._leave()
+        if self.error is not None and not self.error_raised:
+            # The program never waited for the call that failed (its last, say): said here,
+            # on every rank it failed on, rather than lost.
+            _say(f"rank {self.rank}: an allreduce failed and no call of the program raised it: {self.error}")
         if self.rank == 0 or _verbose():
             _say(
                 f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
@@ -384,7 +391,11 @@ class _Work(dist.Work):
         self._engine = engine
 
     def wait(self, timeout=None):
-        self._fut.wait()
+        try:
+            self._fut.wait()
+        except BaseException:
+            self._engine.error_raised = True
+            raise
         self._engine.check()
         return True
 
