@@ -283,8 +283,8 @@ impl Joins {
         };
         let route = Route::Root;
         if let Err(e) = activate(dp, j, &route, JOINED_OP, JOINED_DTYPE) {
-            self.jobs.remove(&req.key);
-            self.save();
+            // The job goes with this refusal, and every rank hears why
+            // (`fail_gathering`).
             return Err(refused(format!("the switch cannot take the job: {e}")));
         }
         j.state = Lifecycle::Running { route };

@@ -173,8 +173,6 @@ class _Engine:
             # Said by every rank, set or not, so none waits for another's.
             store.set(f"xagg/daemon/{rank}", daemon or "")
             daemons = [store.get(f"xagg/daemon/{r}").decode() for r in range(size)]
-            if daemon is None:
-                raise XaggError("XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. 10.77.0.1:47900")
             # The segment every rank's path carries (its interface's MTU, its daemon's
             # ports'): the job takes the smallest. Said by every rank, 0 where unknown.
             mine, segment_why = 0, None
@@ -185,6 +183,9 @@ class _Engine:
                     segment_why = str(e)
             store.set(f"xagg/segment/{rank}", str(mine))
             segments = [int(store.get(f"xagg/segment/{r}").decode()) for r in range(size)]
+            # Raised only once every rank has said its daemon and segment: none waits.
+            if daemon is None:
+                raise XaggError("XAGG_DAEMON is not set: give the switch daemon's network listener, e.g. 10.77.0.1:47900")
             unset = [r for r, d in enumerate(daemons) if not d]
             if unset:
                 raise XaggError(f"ranks {unset} have no XAGG_DAEMON")

@@ -295,6 +295,42 @@ fn refused_joins_change_nothing() {
 }
 
 #[test]
+fn a_job_the_switch_cannot_take_fails_for_every_rank() {
+    let mut s = Switch::new("cannot-take");
+    let r = s.join(KEY, shape(2, 8), 0, true);
+    assert!(matches!(r, JoinReply::Pending { .. }), "{r:?}");
+    // A job added by hand takes every slot while the ranks gather.
+    s.table.jobs.insert(
+        99,
+        (
+            0,
+            JobSpec {
+                id: 99,
+                op: xagg_common::wire::Op::Sum,
+                dtype: xagg_common::wire::DType::I32,
+                segment: 64,
+                slots: SLOTS,
+                members: Vec::new(),
+                slot_base: None,
+                parent: None,
+                ring: None,
+            },
+        ),
+    );
+    let r = s.join(KEY, shape(2, 8), 1, false);
+    assert!(
+        refusal(&r).contains("the switch cannot take the job"),
+        "{r:?}"
+    );
+    assert!(s.joins.jobs.is_empty());
+    let r = s.join(KEY, shape(2, 8), 0, false);
+    assert!(
+        refusal(&r).contains("failed: rank 1's join was refused (the switch cannot take the job"),
+        "{r:?}"
+    );
+}
+
+#[test]
 fn a_join_before_its_hello_is_told_so() {
     let mut s = Switch::new("no-hello");
     let nonce = s.joins.nonce(None).nonce;
