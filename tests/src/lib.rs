@@ -307,3 +307,35 @@ pub fn payload_i32(frame: &[u8], n: usize) -> Vec<i32> {
         .map(|c| i32::from_le_bytes(c.try_into().unwrap()))
         .collect()
 }
+
+/// Every rank's output, both streams in rank order, each rank's printed for the log; a rank
+/// that failed fails the test, saying its stderr.
+pub fn ranks_ok(outputs: &[std::process::Output]) -> String {
+    let mut all = String::new();
+    for (i, o) in outputs.iter().enumerate() {
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        eprintln!("rank {i} stdout:\n{out}\nrank {i} stderr:\n{err}");
+        assert!(o.status.success(), "rank {i} failed: {:?}\n{err}", o.status);
+        all.push_str(&out);
+        all.push_str(&err);
+    }
+    all
+}
+
+/// The block of language `lang` in `docs/DOC` that contains `marker`, as printed there,
+/// its shell line continuations joined: what a user copies.
+pub fn doc_block(doc: &str, lang: &str, marker: &str) -> String {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../docs")
+        .join(doc);
+    let text = std::fs::read_to_string(&path).expect("the docs");
+    text.split(&format!("```{lang}\n"))
+        .skip(1)
+        .filter_map(|b| b.split("```").next())
+        .find(|b| b.contains(marker))
+        .unwrap_or_else(|| panic!("no {lang} block with {marker:?} in {}", path.display()))
+        .replace("\\\n", " ")
+}

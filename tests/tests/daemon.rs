@@ -590,17 +590,7 @@ fn a_daemon_in_a_private_mount_namespace_warns() {
 /// The configuration the service steps of docs/daemon.md write, its placeholders (the
 /// ports and the address) made the lab's.
 fn documented_config(ports: &[String]) -> String {
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/daemon.md")).unwrap();
-    let steps = doc
-        .split("## Running on real interfaces as a service")
-        .nth(1)
-        .expect("the service section");
-    let block = steps
-        .split("```toml")
-        .nth(1)
-        .and_then(|b| b.split("```").next())
-        .expect("the service's configuration");
+    let block = doc_block("daemon.md", "toml", "state_dir = ");
     let text: String = block.lines().map(|l| format!("{}\n", l.trim())).collect();
     let ports: Vec<String> = ports.iter().map(|p| format!("{p:?}")).collect();
     let placeholders = r#"["enp1s0f0", "enp1s0f1", "enp2s0f0", "enp2s0f1"]"#;

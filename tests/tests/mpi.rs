@@ -533,14 +533,7 @@ fn a_1500_byte_network_takes_the_switch() {
     // The multi-host line docs/mpi.md prints, run as printed: only its placeholders (the
     // library's path, the key file, the program) are the lab's, and mpirun gets what
     // namespaces add (docs/mpi.md says what).
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/mpi.md")).unwrap();
-    let block = doc
-        .split("```sh")
-        .filter_map(|b| b.split("```").next())
-        .find(|b| b.contains("btl_tcp_if_include"))
-        .expect("the documented multi-host line");
-    let line = block.replace("\\\n", " ");
+    let line = doc_block("mpi.md", "sh", "btl_tcp_if_include");
     for placeholder in ["/path/to/libxagg_mpi.so", "/etc/xagg/lab.key", "./program"] {
         assert!(line.contains(placeholder), "{line}");
     }
@@ -563,16 +556,9 @@ fn a_1500_byte_network_takes_the_switch() {
 
     // PyTorch, launched by docs/python.md's command as printed: only its placeholders
     // (the node rank, the interpreter, the key file, the script) are the lab's.
-    let doc =
-        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/python.md")).unwrap();
-    let block = doc
-        .split("```sh")
-        .filter_map(|b| b.split("```").next())
-        .find(|b| b.contains("torch.distributed.run"))
-        .expect("the documented launch");
+    let launch = doc_block("python.md", "sh", "torch.distributed.run");
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/cases.py");
     let key_file = key_file();
-    let launch = block.replace("\\\n", " ");
     for placeholder in ["$i", "/etc/xagg/lab.key", "train.py", "python -m"] {
         assert!(launch.contains(placeholder), "{launch}");
     }
@@ -585,16 +571,7 @@ fn a_1500_byte_network_takes_the_switch() {
             .replace("python -m", &format!("{} -m", python.display()))
     })
     .unwrap();
-    let mut all = String::new();
-    for (i, o) in outputs.iter().enumerate() {
-        let (out, err) = (
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr),
-        );
-        assert!(o.status.success(), "rank {i}: {out}{err}");
-        all.push_str(&out);
-        all.push_str(&err);
-    }
+    let all = ranks_ok(&outputs);
     for r in 0..RANKS {
         assert!(all.contains(&format!("rank {r}: sizes ok=True")), "{all}");
     }

@@ -47,18 +47,6 @@ fn text(o: &Output) -> (String, String) {
     )
 }
 
-fn all_ok(outputs: &[Output]) -> String {
-    let mut all = String::new();
-    for (i, o) in outputs.iter().enumerate() {
-        let (out, err) = text(o);
-        eprintln!("rank {i} stdout:\n{out}\nrank {i} stderr:\n{err}");
-        assert!(o.status.success(), "rank {i} failed: {:?}\n{err}", o.status);
-        all.push_str(&out);
-        all.push_str(&err);
-    }
-    all
-}
-
 /// The number `name=` gives in a line `ddp_check.py` printed.
 fn field(line: &str, name: &str) -> f64 {
     line.split_whitespace()
@@ -97,7 +85,7 @@ fn numpy_arrays_through_the_switch() {
     e.push(("XAGG_JOB_KEY", key));
     e.push(("XAGG_JOB_SECRET", secret));
     let before = sw.counters();
-    let out = all_ok(&ranks(&sw, &e, |_| {
+    let out = ranks_ok(&ranks(&sw, &e, |_| {
         vec![script("check_module.py").display().to_string()]
     }));
     for r in 0..RANKS {
@@ -130,7 +118,7 @@ fn numpy_arrays_through_hosts() {
         vec![script("check_module.py").display().to_string()]
     })
     .unwrap();
-    let out = all_ok(&outputs);
+    let out = ranks_ok(&outputs);
     for r in 0..lab.ranks.len() {
         assert!(out.contains(&format!("rank {r}: path tree")), "{out}");
         assert!(
@@ -159,7 +147,7 @@ fn ddp_through_hosts() {
     std::fs::create_dir_all(&dir).unwrap();
     let out = dir.join("xagg.pt");
     let e = hosts_env();
-    let x = all_ok(
+    let x = ranks_ok(
         &xagg_lab::python::tree_torchrun(
             &lab,
             29504,
@@ -198,14 +186,14 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
     std::fs::create_dir_all(&dir).unwrap();
     let (xagg, gloo) = (dir.join("xagg.pt"), dir.join("gloo.pt"));
     let before = sw.counters();
-    let x = all_ok(&torchrun(
+    let x = ranks_ok(&torchrun(
         &sw,
         &env(),
         29500,
         &["xagg", "8", xagg.to_str().unwrap(), "compare"],
     ));
     let after = sw.counters();
-    let g = all_ok(&torchrun(
+    let g = ranks_ok(&torchrun(
         &sw,
         &env(),
         29501,
@@ -213,7 +201,7 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
     ));
     // Gloo as the backend, the gradients through the switch by the communication hook.
     let hooked = dir.join("hook.pt");
-    let h = all_ok(&torchrun(
+    let h = ranks_ok(&torchrun(
         &sw,
         &env(),
         29503,
@@ -328,7 +316,7 @@ fn ddp_survives_the_dataplane_going() {
         sw.api(Request::Detach);
         run.join().unwrap()
     });
-    let all = all_ok(&outputs);
+    let all = ranks_ok(&outputs);
     for r in 0..RANKS {
         assert!(
             all.contains(&format!("rank {r}: steps=80 identical=True")),
@@ -394,7 +382,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         }
     };
 
-    let all = all_ok(&run(29510, &["late"], &e));
+    let all = ranks_ok(&run(29510, &["late"], &e));
     ok(&all, "late");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
@@ -410,7 +398,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         .unwrap();
     assert!(waited > 2.0, "rank 1 waited {waited} s");
 
-    let all = all_ok(&run(29511, &["nan"], &e));
+    let all = ranks_ok(&run(29511, &["nan"], &e));
     ok(&all, "nan");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
@@ -421,7 +409,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     let go = std::env::temp_dir().join("xagg-test-xpc-go");
     let outputs =
         cut_rank0_after_first(&sw, &go, || run(29512, &["cut", go.to_str().unwrap()], &e));
-    let all = all_ok(&outputs);
+    let all = ranks_ok(&outputs);
     ok(&all, "cut");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
@@ -432,7 +420,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     // A future's callback that makes and waits for another all_reduce, and PowerSGD's DDP
     // hook, whose callbacks do: each hung while futures completed on the thread that waits
     // for the switch (cases.py ends a hung run after 120 s).
-    let all = all_ok(&run(29514, &["callback"], &e));
+    let all = ranks_ok(&run(29514, &["callback"], &e));
     ok(&all, "callback");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
@@ -445,7 +433,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "{all}"
     );
     // Two plain steps (a bucket each), then two of PowerSGD (three allreduces each).
-    let all = all_ok(&run(29515, &["powersgd"], &e));
+    let all = ranks_ok(&run(29515, &["powersgd"], &e));
     ok(&all, "powersgd");
     assert_eq!(
         entry_counts(&all, "all_reduce async"),
@@ -463,7 +451,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     // their contributions at the switch: its call completed), not lost.
     let mut short = e.clone();
     short.push(("XAGG_TIMEOUT_S", "2".into()));
-    let all = all_ok(&run(29517, &["unwaited"], &short));
+    let all = ranks_ok(&run(29517, &["unwaited"], &short));
     ok(&all, "unwaited");
     assert!(!all.contains("rank 0: an allreduce failed"), "{all}");
     for r in 1..RANKS {
@@ -477,7 +465,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
 
     // bf16 through the switch, AVG of f32 there and of int16 by Gloo (sum, then floored),
     // the reason said once and counted.
-    let all = all_ok(&run(29516, &["types"], &e));
+    let all = ranks_ok(&run(29516, &["types"], &e));
     ok(&all, "types");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
@@ -491,7 +479,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
 
     let mut default_route = e.clone();
     default_route.retain(|(k, _)| *k != "XAGG_ROUTE");
-    let all = all_ok(&run(29513, &["sizes"], &default_route));
+    let all = ranks_ok(&run(29513, &["sizes"], &default_route));
     ok(&all, "sizes");
     assert_eq!(
         entry_counts(&all, "all_reduce"),

@@ -47,15 +47,22 @@ pub fn shell_ranks(
     env: &[(&str, String)],
     line: impl Fn(usize) -> String,
 ) -> Result<Vec<Output>> {
-    let children = (0..n)
-        .map(|i| {
-            Command::new("ip")
-                .args(["netns", "exec", &lab.worker_ns(i), "sh", "-c", &line(i)])
-                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-                .stdout(Stdio::piped())
+    all_at_once((0..n).map(|i| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", &lab.worker_ns(i), "sh", "-c", &line(i)])
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())));
+        c
+    }))
+}
+
+/// Starts every command, then waits for each: their outputs, in order.
+fn all_at_once(commands: impl Iterator<Item = Command>) -> Result<Vec<Output>> {
+    let children = commands
+        .map(|mut c| {
+            c.stdout(Stdio::piped())
                 .stderr(Stdio::piped())
                 .spawn()
-                .context("starting a rank's command line")
+                .context("starting a rank")
         })
         .collect::<Result<Vec<_>>>()?;
     children
@@ -104,28 +111,17 @@ fn spawn(
         python.display()
     );
     let n = ranks.len();
-    let children = ranks
-        .iter()
-        .enumerate()
-        .map(|(i, (ns, own))| {
-            Command::new("ip")
-                .args(["netns", "exec", ns])
-                .arg(&python)
-                .args(args(i))
-                .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
-                .envs(own.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-                .env("RANK", i.to_string())
-                .env("WORLD_SIZE", n.to_string())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::piped())
-                .spawn()
-                .context("starting python")
-        })
-        .collect::<Result<Vec<_>>>()?;
-    children
-        .into_iter()
-        .map(|c| c.wait_with_output().context("waiting for python"))
-        .collect()
+    all_at_once(ranks.iter().enumerate().map(|(i, (ns, own))| {
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns])
+            .arg(&python)
+            .args(args(i))
+            .envs(env.iter().map(|(k, v)| (*k, v.as_str())))
+            .envs(own.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+            .env("RANK", i.to_string())
+            .env("WORLD_SIZE", n.to_string());
+        c
+    }))
 }
 
 /// torchrun on ranks 0..n, one node per worker namespace (one process each), rank 0's
