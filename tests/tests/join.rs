@@ -581,21 +581,26 @@ fn workers_join_jobs_over_the_network() {
     assert!(lab.joins().is_empty(), "the failed job is gone");
 }
 
-/// A joined job with no progress for the idle time goes, its timer running on across a
-/// daemon restart; `xagg job status` shows it pending first; its secret is in no log and
-/// only in the daemon's 0600 state file.
+/// A joined job lives by its ranks' leases: idle long past its lease while the ranks'
+/// processes live (renewing), it stays and reduces; once they stop renewing (a process
+/// gone), it goes one lease later, a daemon restart meanwhile giving the ranks a whole
+/// lease again. `xagg job status` shows it pending first; its secret is in no log and only
+/// in the daemon's 0600 state file.
 #[test]
-fn an_idle_joined_job_goes_and_secrets_stay_secret() {
-    if !require_root("an_idle_joined_job_goes_and_secrets_stay_secret") {
+fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
+    if !require_root("a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret") {
         return;
     }
     let dir = std::env::temp_dir().join("xagg-test-xjo");
     std::fs::create_dir_all(&dir).unwrap();
     let key_file = dir.join("lab.key");
     std::fs::write(&key_file, "5a".repeat(32)).unwrap();
+    let lease = Duration::from_secs(3);
     let sw = TestSwitch::start("xjo", MEMBERS, |c| {
         c.daemon.listen = Some(daemon_addr());
-        c.daemon.idle_timeout_s = 4;
+        // Not what keeps a job of ranks: their leases are.
+        c.daemon.idle_timeout_s = 1;
+        c.daemon.lease_s = lease.as_secs();
         c.credentials.push(CredentialSection {
             name: "lab".into(),
             key_file: key_file.clone(),
@@ -649,7 +654,6 @@ fn an_idle_joined_job_goes_and_secrets_stay_secret() {
         all
     });
     allreduce(&lab, &workers);
-    let idle_from = std::time::Instant::now();
 
     // The secret: only in the state file, which only its owner reads.
     use std::os::unix::fs::PermissionsExt;
@@ -675,11 +679,21 @@ fn an_idle_joined_job_goes_and_secrets_stay_secret() {
     };
     assert!(!serde_json::to_string(&joins).unwrap().contains(&hex));
 
-    // Idle: the daemon restarts half-way, and the timer goes on from the last progress.
-    // The state directory opened to others meanwhile: the daemon starts, and says so.
-    std::thread::sleep(Duration::from_millis(2500));
+    // Idle for more than two leases (and many idle times), the ranks' processes alive: the
+    // job stays, and reduces.
+    std::thread::sleep(lease * 2 + Duration::from_secs(1));
+    assert_eq!(lab.joins().len(), 1, "an idle job whose ranks live stays");
+    allreduce(&lab, &workers);
+
+    // The ranks stop renewing (as when their processes are gone); the daemon restarts
+    // half-way through a lease, the state directory opened to others meanwhile: it starts,
+    // says so, keeps the job, and removes it one lease after its start.
+    let id = workers[0].params().job;
+    drop(workers);
+    std::thread::sleep(Duration::from_millis(1500));
     lab.sw.stop_daemon(Signal::SIGTERM);
     std::fs::set_permissions(&state, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let restart = std::time::Instant::now();
     lab.sw.start_daemon();
     assert_eq!(lab.joins().len(), 1, "kept across the restart");
     let log = std::fs::read_to_string(&lab.sw.log).unwrap();
@@ -689,26 +703,28 @@ fn an_idle_joined_job_goes_and_secrets_stay_secret() {
     );
     let gone = loop {
         if lab.joins().is_empty() {
-            break idle_from.elapsed();
+            break restart.elapsed();
         }
         assert!(
-            idle_from.elapsed() < Duration::from_secs(12),
-            "the idle job never went"
+            restart.elapsed() < Duration::from_secs(12),
+            "a job whose ranks stopped renewing never went"
         );
         std::thread::sleep(Duration::from_millis(100));
     };
     assert!(
-        gone >= Duration::from_secs(4) && gone < Duration::from_millis(7300),
-        "removed {gone:?} after its last progress (idle time 4 s; a timer started again at the restart would take at least 7.5 s)"
+        gone >= lease && gone < lease + Duration::from_millis(3500),
+        "removed {gone:?} after the restart (lease 3 s, run again from the restart)"
     );
-    let id = workers[0].params().job;
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert!(
+        log.contains("lease ran out: no renewal for 3 s"),
+        "the log says why: {log}"
+    );
     let Response::Jobs { jobs } = lab.sw.api(Request::ListJobs) else {
         panic!()
     };
     assert!(jobs.iter().all(|j| j.id != id), "{jobs:?}");
-    let e = lab.on(0, || workers[0].leave()).unwrap_err().to_string();
-    assert!(e.contains("no job has this key"), "{e}");
-    eprintln!("idle job removed {gone:?} after its last progress, across a daemon restart");
+    eprintln!("a job whose ranks stopped renewing removed {gone:?} after a daemon restart");
 }
 
 /// A stranger's port floods the switch with hellos of new tokens: it fills its own share

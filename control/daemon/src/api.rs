@@ -71,7 +71,7 @@ pub trait Handler: Clone + Send + Sync + 'static {
     fn admin(&self, req: Request) -> Response;
     fn nonce(&self) -> NonceReply;
     fn join(&self, req: JoinRequest) -> JoinReply;
-    /// A member's `action` ("leave" or "status") on its job.
+    /// A member's `action` ("leave", "renew" or "status") on its job.
     fn member(&self, action: &'static str, req: MemberRequest) -> MemberReply;
     /// A host's word to this daemon as its job's ring coordinator.
     fn ring(&self, req: RingRequest) -> RingReply;
@@ -152,6 +152,18 @@ fn join_routes<H: Handler>(h: H) -> Router {
                     body(r).map(|r| {
                         let reply = h.ring(r);
                         join_answer(matches!(reply, RingReply::Refused { .. }), reply)
+                    })
+                }
+            }),
+        )
+        .route(
+            "/v1/joined/renew",
+            post({
+                let h = h.clone();
+                move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
+                    body(r).map(|r| {
+                        let reply = h.member("renew", r);
+                        join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
                     })
                 }
             }),

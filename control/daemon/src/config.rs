@@ -171,9 +171,15 @@ pub struct DaemonSection {
     /// Seconds a joined job waits for all its ranks before its joins fail.
     #[serde(default = "default_join_timeout")]
     pub join_timeout_s: u64,
-    /// Seconds a joined job may make no progress before it is removed.
+    /// Seconds an open level (a parent's job, whose members are other daemons) may make
+    /// no progress before it is removed.
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout_s: u64,
+    /// Seconds a rank keeps its membership of a joined job without renewing it: its
+    /// worker renews it while the rank's process lives, however long it is idle, and a
+    /// job whose rank stopped renewing (its process is gone) is removed.
+    #[serde(default = "default_lease")]
+    pub lease_s: u64,
 }
 
 impl Default for DaemonSection {
@@ -189,6 +195,7 @@ impl Default for DaemonSection {
             state_dir: default_state_dir(),
             join_timeout_s: default_join_timeout(),
             idle_timeout_s: default_idle_timeout(),
+            lease_s: default_lease(),
         }
     }
 }
@@ -201,6 +208,9 @@ fn default_join_timeout() -> u64 {
 }
 fn default_idle_timeout() -> u64 {
     600
+}
+fn default_lease() -> u64 {
+    30
 }
 fn default_port() -> u16 {
     xagg_common::wire::DEFAULT_PORT
@@ -326,7 +336,10 @@ impl Config {
         self.steer_cpus()?;
         self.daemon.socket_mode()?;
         self.daemon.socket_gid()?;
-        if self.daemon.join_timeout_s == 0 || self.daemon.idle_timeout_s == 0 {
+        if self.daemon.join_timeout_s == 0
+            || self.daemon.idle_timeout_s == 0
+            || self.daemon.lease_s < 3
+        {
             return Err(Error::ZeroTimeout);
         }
         let mut names = std::collections::BTreeSet::new();

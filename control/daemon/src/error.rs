@@ -79,7 +79,7 @@ pub enum Error {
     NoGroup { group: String },
     #[error("daemon.socket_group = \"{group}\": cannot look the group up ({errno}); name a group from /etc/group, or leave the key out")]
     GroupLookup { group: String, errno: nix::Error },
-    #[error("daemon.join_timeout_s and daemon.idle_timeout_s must be at least 1 (seconds)")]
+    #[error("daemon.join_timeout_s and daemon.idle_timeout_s must be at least 1 (seconds), daemon.lease_s at least 3 (a rank renews every third of it)")]
     ZeroTimeout,
     #[error("credential[{index}].name = \"{name}\": give each credential a name of its own")]
     CredentialName { index: usize, name: String },

@@ -27,6 +27,8 @@ pub struct Joined {
     pub slot_base: u32,
     pub slots: u32,
     pub path: Option<crate::Path>,
+    /// How long the membership lasts unrenewed, if the daemon keeps leases.
+    pub lease_s: Option<u32>,
     pub at: NonceReply,
 }
 
@@ -118,6 +120,7 @@ impl Client {
                     slot_base,
                     slots,
                     path,
+                    lease_s,
                 } => {
                     return Ok(Joined {
                         job,
@@ -125,6 +128,7 @@ impl Client {
                         slot_base,
                         slots,
                         path,
+                        lease_s,
                         at,
                     })
                 }

@@ -377,12 +377,16 @@ pub enum JoinReply {
         /// With levels: which way the job runs.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         path: Option<Path>,
+        /// The member's lease: it keeps its membership while it renews (`/v1/joined/renew`)
+        /// within this many seconds; a daemon without leases says nothing.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        lease_s: Option<u32>,
     },
     /// Refused, and why (nothing changed).
     Refused { reason: String },
 }
 
-/// Leave a job, or ask for its state, as one of its members.
+/// Leave a job, renew its lease, or ask for its state, as one of its members.
 #[derive(Clone, Debug, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct MemberRequest {
@@ -398,6 +402,10 @@ pub struct MemberRequest {
 #[serde(tag = "result", rename_all = "snake_case")]
 pub enum MemberReply {
     Left,
+    /// The lease runs again from now, for `lease_s` seconds.
+    Renewed {
+        lease_s: u32,
+    },
     Status {
         job: u32,
         ready: bool,
@@ -476,7 +484,7 @@ impl Proof {
         ))
     }
 
-    /// Proves knowledge of the job's secret for `action` ("leave", "status").
+    /// Proves knowledge of the job's secret for `action` ("leave", "renew", "status").
     pub fn member(secret: &Secret, action: &str, nonce: &Nonce, key: &JobKey, rank: u8) -> Self {
         Self(hmac(
             &secret.0,

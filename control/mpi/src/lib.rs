@@ -201,6 +201,8 @@ fn progress(c: &mut CommState, until: Option<u64>) {
             for later in job.calls.iter().skip(1) {
                 later.cancel_switch();
             }
+            // The job's slots are of no use to this communicator any more.
+            job.worker.leave_soon();
         }
         if phase == Phase::Done {
             let mut done = job.calls.pop_front().expect("the head");

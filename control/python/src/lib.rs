@@ -568,6 +568,12 @@ impl Job {
         py.detach(move || w.leave()).map_err(error)
     }
 
+    /// Leaves the job without waiting for the daemon's answer (this rank reduces another
+    /// way from now on).
+    fn leave_soon(&self) {
+        self.worker.leave_soon();
+    }
+
     /// This process's rank in the job and the job's ranks.
     #[getter]
     fn rank(&self) -> usize {

@@ -123,13 +123,15 @@ impl Placement {
     }
 }
 
-/// What a joined worker keeps to leave its job.
+/// What a joined worker keeps to renew its lease and leave its job.
 #[derive(Clone, Debug)]
 pub(crate) struct Membership {
     daemon: SocketAddr,
     key: JobKey,
     secret: Secret,
     rank: u8,
+    /// Its lease's length, if the daemon keeps leases.
+    pub(crate) lease_s: Option<u32>,
 }
 
 /// Joins the job; returns the worker's parameters (job id, member index, the switch) and
@@ -176,6 +178,7 @@ pub(crate) fn join(
         key: j.key,
         secret: j.secret,
         rank: j.rank,
+        lease_s: joined.lease_s,
     };
     Ok((p, sock, m))
 }
@@ -194,6 +197,14 @@ impl Membership {
             },
         };
         Err(AllreduceError::Join(failed.into()))
+    }
+
+    /// Renews the lease: the daemon keeps the membership for another lease from now.
+    pub(crate) fn renew(&self) -> Result<MemberReply, AllreduceError> {
+        let client = Client::new(self.daemon);
+        let n = client.nonce()?;
+        let req = MemberRequest::new(self.key, &self.secret, "renew", self.rank, n.nonce);
+        Ok(client.post("/v1/joined/renew", &req)?)
     }
 
     /// The job's state as the daemon sees it.

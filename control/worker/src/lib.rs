@@ -71,6 +71,7 @@ mod error;
 #[cfg(feature = "afxdp")]
 pub mod host_end;
 pub mod join;
+mod lease;
 mod params;
 mod peers;
 pub mod report;
@@ -82,7 +83,10 @@ pub mod window;
 #[cfg(feature = "afxdp")]
 pub mod xsk;
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{atomic::Ordering, Arc},
+    time::Duration,
+};
 
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Error, Missing};
@@ -181,6 +185,9 @@ impl Worker {
         check_mtu(&p)?;
         let transport = Transport::with_socket(sock, &p)?;
         let mut inner = WorkerInner::new(p, transport);
+        if let Some(l) = membership.lease_s {
+            inner.lease = std::sync::Mutex::new(Some(lease::Lease::start(membership.clone(), l)?));
+        }
         inner.membership = Some(membership);
         Ok(Self {
             inner: Arc::new(inner),
@@ -207,12 +214,46 @@ impl Worker {
     /// it. (A job added by hand has nobody to leave: an error.)
     pub fn leave(&self) -> Result<(), AllreduceError> {
         match &self.inner.membership {
-            Some(m) => m.leave(),
+            Some(m) => {
+                drop(self.take_lease());
+                if self.inner.left.swap(true, Ordering::SeqCst) {
+                    return Ok(());
+                }
+                m.leave()
+            }
             None => Err(AllreduceError::Invalid(
                 "this worker did not join its job over the network: there is nothing to leave"
                     .into(),
             )),
         }
+    }
+
+    /// Leaves the job without waiting for the daemon's answer (a rank moving to another
+    /// way of reducing: it should not hold the switch's slots, nor wait on a daemon that
+    /// may be what failed). A worker that did not join has nothing to leave.
+    pub fn leave_soon(&self) {
+        let Some(m) = &self.inner.membership else {
+            return;
+        };
+        let lease = self.take_lease();
+        if self.inner.left.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        match lease {
+            Some(l) => l.leave_soon(),
+            None => {
+                let m = m.clone();
+                std::thread::spawn(move || m.leave());
+            }
+        }
+    }
+
+    fn take_lease(&self) -> Option<lease::Lease> {
+        self.inner
+            .lease
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
     }
 
     /// The joined job's state as the daemon sees it: ranks missing, slots waiting and

@@ -218,6 +218,7 @@ impl Joins {
             hello: req.hello,
             left: false,
             stands_for: req.levels.map(|l| (l.first, l.weight)),
+            renewed_unix_s: unix_now(),
         });
         if at == j.members.len() {
             j.members.push(member);
@@ -243,6 +244,7 @@ impl Joins {
         again: bool,
     ) -> Answer<JoinReply> {
         let has_parent = self.parent.as_ref().is_some_and(|p| p.daemon.is_some());
+        let lease_s = self.lease.as_secs();
         let j = self.jobs.get_mut(&req.key).expect("found or created");
         if j.running() {
             if again {
@@ -251,7 +253,7 @@ impl Joins {
                     j.id, j.key
                 );
             }
-            return Ok(j.ready(at as u8, dp));
+            return Ok(j.ready(at as u8, dp, lease_s));
         }
         let gone_up = matches!(j.state, Lifecycle::JoiningParent { .. });
         // An open level below a parent goes up unless its first members stand for every
@@ -290,13 +292,15 @@ impl Joins {
         j.state = Lifecycle::Running { route };
         j.activity = None;
         j.active_unix_s = unix_now();
+        // The lease runs from here for every member, however long the first waited.
+        j.renew_all(j.active_unix_s);
         info!(
             "job {} ({}): all {} members in, running",
             j.id,
             j.key,
             j.members.len()
         );
-        Ok(j.ready(at as u8, dp))
+        Ok(j.ready(at as u8, dp, lease_s))
     }
 }
 

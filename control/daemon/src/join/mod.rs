@@ -67,6 +67,8 @@ pub struct Joins {
     saved: Instant,
     join_timeout: Duration,
     idle_timeout: Duration,
+    /// How long a rank's membership lasts unrenewed.
+    lease: Duration,
     switch: SocketAddrV4,
     /// Its collective ports from `switch`'s on, told with nonces.
     switch_ports: u8,
@@ -135,9 +137,13 @@ impl Joins {
             file: state_file.clone(),
             error: Box::new(e),
         })? {
+            let now = unix_now();
             if j.active_unix_s == 0 {
-                j.active_unix_s = unix_now();
+                j.active_unix_s = now;
             }
+            // Its ranks could not renew while the daemon was down: their leases run again
+            // from the start (a rank gone meanwhile is found one lease from now).
+            j.renew_all(now);
             if j.running() && !present.contains(&j.id) {
                 warn!(
                     "joined job {} ({}) is gone from the dataplane: dropped",
@@ -164,6 +170,7 @@ impl Joins {
             saved: Instant::now(),
             join_timeout: Duration::from_secs(cfg.daemon.join_timeout_s),
             idle_timeout: Duration::from_secs(cfg.daemon.idle_timeout_s),
+            lease: Duration::from_secs(cfg.daemon.lease_s),
             switch,
             switch_ports: cfg.switch.udp_ports,
             mac: None,
@@ -240,7 +247,8 @@ impl Joins {
         r
     }
 
-    /// A member leaving, or asking for its job's state (`action`: "leave", "status").
+    /// A member leaving, renewing its lease, or asking for its job's state (`action`:
+    /// "leave", "renew", "status").
     pub fn member(
         &mut self,
         dp: &mut impl JobTable,
@@ -263,6 +271,22 @@ impl Joins {
                 "rank {rank}: the job has {} members",
                 j.members.len()
             ));
+        }
+        let lease_s = self.lease.as_secs();
+        if action == "renew" || action == "status" {
+            match &mut j.members[rank] {
+                Some(m) if !m.left => m.renewed_unix_s = unix_now(),
+                _ if action == "renew" => return no(format!(
+                    "rank {rank} is not a member of job {} (it left, or never joined): join again",
+                    j.id
+                )),
+                _ => {}
+            }
+        }
+        if action == "renew" {
+            return MemberReply::Renewed {
+                lease_s: lease_s as u32,
+            };
         }
         if action == "status" {
             let waiting = if j.running() {

@@ -35,6 +35,9 @@ pub(super) struct Member {
     pub(super) left: bool,
     /// With levels: the first rank it stands for and how many.
     pub(super) stands_for: Option<(u32, u32)>,
+    /// Seconds since the Unix epoch of its lease's last renewal (its join, a renewal, a
+    /// status query, or a round of its job moving on).
+    pub(super) renewed_unix_s: u64,
 }
 
 /// How a joined job's members stand for its ranks.
@@ -254,8 +257,27 @@ impl Joined {
         }
     }
 
+    /// Whether its members are ranks, which hold leases (an open level's are daemons).
+    pub(super) fn leased(&self) -> bool {
+        !self.level.is_open()
+    }
+
+    /// A member whose lease ran out at `unix` (`lease_s` without renewal): its rank.
+    pub(super) fn lapsed(&self, unix: u64, lease_s: u64) -> Option<usize> {
+        self.members.iter().position(|m| {
+            m.is_some_and(|m| !m.left && unix.saturating_sub(m.renewed_unix_s) > lease_s)
+        })
+    }
+
+    /// Every member present renewed at `unix`.
+    pub(super) fn renew_all(&mut self, unix: u64) {
+        for m in self.members.iter_mut().flatten() {
+            m.renewed_unix_s = m.renewed_unix_s.max(unix);
+        }
+    }
+
     /// The answer to a join of member `member` once the job runs.
-    pub(super) fn ready(&self, member: u8, dp: &impl JobTable) -> JoinReply {
+    pub(super) fn ready(&self, member: u8, dp: &impl JobTable, lease_s: u64) -> JoinReply {
         let base = dp
             .jobs()
             .ok()
@@ -267,6 +289,7 @@ impl Joined {
             slot_base: base,
             slots: self.shape.slots() as u32,
             path: self.path(),
+            lease_s: self.leased().then_some(lease_s as u32),
         }
     }
 }

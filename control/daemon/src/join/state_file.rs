@@ -228,6 +228,8 @@ impl TryFrom<&SavedJob> for Joined {
                     hello: m.hello,
                     left: m.left,
                     stands_for: s.stands_for.get(i).copied().flatten(),
+                    // Leases run again from a restart (`Joins::new`).
+                    renewed_unix_s: 0,
                 })
             })
             .collect();

@@ -1,5 +1,6 @@
-//! The joins' timers, run once a second: pending jobs past the join timeout fail, idle
-//! jobs and jobs removed by hand go, jobs whose parents took them run.
+//! The joins' timers, run once a second: pending jobs past the join timeout fail, jobs
+//! whose ranks' leases ran out, idle open levels and jobs removed by hand go, jobs whose
+//! parents took them run.
 
 use std::time::{Duration, Instant};
 
@@ -11,8 +12,8 @@ const SAVE_IDLE_EVERY: Duration = Duration::from_secs(30);
 const EXPIRED_KEPT: Duration = Duration::from_secs(600);
 
 impl Joins {
-    /// Once a second: pending jobs past the join timeout fail, idle jobs and jobs removed
-    /// by hand go, jobs whose parents took them run.
+    /// Once a second: pending jobs past the join timeout fail, jobs whose ranks' leases ran
+    /// out, idle open levels and jobs removed by hand go, jobs whose parents took them run.
     pub fn tick(&mut self, dp: &mut impl JobTable) {
         self.settle_upstream(dp);
         let now = Instant::now();
@@ -56,14 +57,28 @@ impl Joins {
             // from the state file goes on.
             if j.activity.is_some_and(|last| last != a) {
                 j.active_unix_s = unix;
+                // A round moving on is every member's word that it lives.
+                j.renew_all(unix);
                 moved = true;
             }
             j.activity = Some(a);
-            if unix.saturating_sub(j.active_unix_s) > self.idle_timeout.as_secs() {
+            if !j.leased() {
+                // An open level's members are daemons, which renew nothing: its idle time.
+                if unix.saturating_sub(j.active_unix_s) > self.idle_timeout.as_secs() {
+                    gone.push((
+                        j.key,
+                        Some(j.id),
+                        format!("idle for {} s", self.idle_timeout.as_secs()),
+                    ));
+                }
+            } else if let Some(rank) = j.lapsed(unix, self.lease.as_secs()) {
                 gone.push((
                     j.key,
                     Some(j.id),
-                    format!("idle for {} s", self.idle_timeout.as_secs()),
+                    format!(
+                        "rank {rank}'s lease ran out: no renewal for {} s (its process is gone)",
+                        self.lease.as_secs()
+                    ),
                 ));
             }
         }

@@ -282,6 +282,7 @@ class _Engine:
                 req, why = None, str(e)
                 if self.failed is None:
                     self.failed = why
+                    self.job.leave_soon()
         work = _Work(fut, self)
         self.pending.add(work)
         self.queue.put((req, tensor, saved, op, fut, work, target, entry))
@@ -310,6 +311,8 @@ class _Engine:
                     raise XaggError(why)
                 if kind == "abandoned" and self.failed is None:
                     self.failed = why
+                    # Its slots are of no use to this group any more.
+                    self.job.leave_soon()
                     if self.rank == 0 or _verbose():
                         _say(f"rank {self.rank}: the switch failed, allreduces go to Gloo from now on: {why}")
                 if self.failed is None and kind is None:

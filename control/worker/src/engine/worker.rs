@@ -41,6 +41,10 @@ pub(crate) struct WorkerInner {
     pub active: AtomicU64,
     /// The job this worker joined over the network, to leave it.
     pub membership: Option<crate::join::Membership>,
+    /// Its lease's renewals, while the worker is a member.
+    pub lease: Mutex<Option<crate::lease::Lease>>,
+    /// Whether it left (or handed its leave to the lease's thread).
+    pub left: std::sync::atomic::AtomicBool,
     /// The responder started, waiting for the peers' addresses; then the peers.
     pub peers_setup: Mutex<Option<crate::peers::PeersSetup>>,
     pub peers: std::sync::OnceLock<crate::peers::Peers>,
@@ -59,6 +63,8 @@ impl WorkerInner {
             active: AtomicU64::new(0),
             p,
             membership: None,
+            lease: Mutex::new(None),
+            left: std::sync::atomic::AtomicBool::new(false),
             peers_setup: Mutex::new(None),
             peers: std::sync::OnceLock::new(),
         }

@@ -375,6 +375,52 @@ fn leaving() {
 }
 
 #[test]
+fn a_rank_holds_its_job_by_its_lease() {
+    let mut s = Switch::new("lease");
+    s.join(KEY, shape(2, 8), 0, true);
+    let r = s.join(KEY, shape(2, 8), 1, false);
+    let JoinReply::Ready { job, lease_s, .. } = r else {
+        panic!("{r:?}")
+    };
+    assert_eq!(lease_s, Some(30), "the default lease is told to the ranks");
+    // Idle long past the idle time: the ranks' leases hold the job.
+    s.joins.idle_timeout = Duration::ZERO;
+    let renew = |s: &mut Switch, rank: u8| {
+        let nonce = s.joins.nonce(None).nonce;
+        let req = MemberRequest::new(KEY, &SECRET, "renew", rank, nonce);
+        s.joins.member(&mut s.table, "renew", &req)
+    };
+    let age = |s: &mut Switch, rank: usize, by: u64| {
+        let m = s.joins.jobs.get_mut(&KEY).unwrap().members[rank]
+            .as_mut()
+            .unwrap();
+        m.renewed_unix_s -= by;
+    };
+    age(&mut s, 0, 25);
+    age(&mut s, 1, 25);
+    std::thread::sleep(Duration::from_millis(2));
+    s.joins.tick(&mut s.table);
+    assert!(s.table.jobs.contains_key(&job), "within its lease");
+    // Rank 0 renews; rank 1 does not, and its lease runs out: the job goes.
+    assert_eq!(renew(&mut s, 0), MemberReply::Renewed { lease_s: 30 });
+    age(&mut s, 1, 6);
+    s.joins.tick(&mut s.table);
+    assert!(s.joins.jobs.is_empty() && s.table.jobs.is_empty());
+    assert!(
+        matches!(renew(&mut s, 0), MemberReply::Refused { reason } if reason.contains("no job"))
+    );
+    // A rank that left renews nothing.
+    s.join(KEY, shape(2, 8), 0, true);
+    s.join(KEY, shape(2, 8), 1, false);
+    s.leave(KEY, 1);
+    let r = renew(&mut s, 1);
+    assert!(
+        matches!(&r, MemberReply::Refused { reason } if reason.contains("join again")),
+        "{r:?}"
+    );
+}
+
+#[test]
 fn a_credential_holds_no_more_slots_than_its_quota() {
     let mut s = Switch::new("quota");
     assert!(matches!(

@@ -89,5 +89,14 @@ fn a_restart_adopts_the_jobs_the_dataplane_still_has() {
     let kept: Vec<(u32, bool)> = joins.listing().iter().map(|l| (l.id, l.ready)).collect();
     assert_eq!(kept, [(65537, false), (65540, true)]);
     assert!(joins.jobs.values().all(|j| j.active_unix_s != 0));
+    // The ranks could not renew while the daemon was down: their leases run from now.
+    let now = crate::join::unix_now();
+    for m in joins.jobs.values().flat_map(|j| j.members.iter().flatten()) {
+        assert!(
+            m.renewed_unix_s + 1 >= now,
+            "renewed at {}",
+            m.renewed_unix_s
+        );
+    }
     let _ = std::fs::remove_dir_all(&d);
 }
