@@ -26,8 +26,6 @@ pub fn load_switch() -> Switch {
     Switch::load(xagg_objects::SWITCH.bytes().expect("the switch's object"))
 }
 
-/// Whether a test that needs root may run. Without root it skips loudly — except under
-/// `CI=true`, where it fails: CI runs as root and must run every test.
 /// `nft` commands in the network namespace `ns`: whether they took.
 pub fn nft(ns: &str, rules: &str) -> bool {
     use std::io::Write;
@@ -110,6 +108,8 @@ pub fn entry_counts(output: &str, name: &str) -> [u64; 6] {
     n.try_into().unwrap_or_else(|_| panic!("{line}"))
 }
 
+/// Whether a test that needs root may run. Without root it skips loudly — except under
+/// `CI=true`, where it fails: CI runs as root and must run every test.
 pub fn require_root(test: &str) -> bool {
     if nix::unistd::geteuid().is_root() {
         return true;

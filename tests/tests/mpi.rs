@@ -7,7 +7,7 @@
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
-use xagg_api::Request;
+use xagg_api::{Request, Response};
 use xagg_lab::lab::SWITCH_IP;
 use xagg_tests::*;
 
@@ -277,11 +277,14 @@ fn mpi_programs_fall_back_to_open_mpi() {
     );
     assert_eq!(summary(&err).0, 0);
 
-    // The dataplane detached in the middle of a run: the allreduce in flight and every one
-    // after complete through Open MPI, with the right result, and rank 0 says why.
-    let looping = format!("{} loop 150", check.display());
+    // The switch's answers stop reaching the ranks in the middle of a run (a firewall in
+    // each rank's namespace drops them: `cut_results`), the daemon reachable:
+    // the allreduce in flight and every one after complete through Open MPI, with the
+    // right result, and rank 0 says why. The ranks leave the job as they move to Open MPI:
+    // it is gone while the program still runs, not at its end or a lease later.
+    let looping = format!("{} loop 300", check.display());
     let sw = &lab.sw;
-    let (o, ()) = std::thread::scope(|s| {
+    let (o, gone_before_end) = std::thread::scope(|s| {
         let run = s.spawn(|| {
             lab.run(
                 &looping,
@@ -296,21 +299,41 @@ fn mpi_programs_fall_back_to_open_mpi() {
             waited += Duration::from_millis(100);
             assert!(waited < Duration::from_secs(30), "no traffic at the switch");
         }
-        sw.api(Request::Detach);
-        (run.join().unwrap(), ())
+        for w in 0..RANKS {
+            assert!(cut_results(&sw.lab.worker_ns(w), true), "nft could not add the rule");
+        }
+        let joins = || match sw.api(Request::Joins) {
+            Response::Joins { joins } => joins.len(),
+            r => panic!("{r:?}"),
+        };
+        while joins() > 0 && !run.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let gone = std::time::Instant::now();
+        let o = run.join().unwrap();
+        // The program goes on for seconds on Open MPI after it moved there; a job left
+        // only when the program ends (`MPI_Finalize`) goes moments before it does.
+        (o, gone.elapsed())
     });
     let (out, err) = checked(&o);
-    assert!(out.contains("checks=150 failures=0"), "{out}");
+    assert!(out.contains("checks=300 failures=0"), "{out}");
     let (switch, fallback, _) = summary(&err);
     assert!(
         switch > 0 && fallback > 0,
         "{switch} through the switch, {fallback} after"
     );
-    assert_eq!(switch + fallback, 150, "every allreduce once");
+    assert_eq!(switch + fallback, 300, "every allreduce once");
     assert!(
         err.contains("the switch failed, allreduces go to Open MPI from now on"),
         "{err}"
     );
+    assert!(
+        gone_before_end > Duration::from_secs(2),
+        "the ranks left the job when they moved to Open MPI: gone only {gone_before_end:?} before the program ended"
+    );
+    eprintln!("the job was gone {gone_before_end:?} before the program ended");
+    let log = std::fs::read_to_string(&sw.log).unwrap();
+    assert!(log.contains("removed: every rank left"), "{log}");
 }
 
 /// Two hosts of two ranks under a switch, each host's ranks told their host's daemon (as

@@ -12,7 +12,7 @@ use std::{
     time::Duration,
 };
 
-use xagg_api::Request;
+use xagg_api::{Request, Response};
 use xagg_tests::*;
 
 const RANKS: usize = 3;
@@ -286,8 +286,8 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
 }
 
 #[test]
-fn ddp_survives_the_dataplane_going() {
-    if !require_root("ddp_survives_the_dataplane_going") {
+fn ddp_survives_the_switch_going() {
+    if !require_root("ddp_survives_the_switch_going") {
         return;
     }
     let sw = TestSwitch::joinable("xdf", RANKS);
@@ -313,8 +313,27 @@ fn ddp_survives_the_dataplane_going() {
                 "no allreduce at the switch"
             );
         }
-        sw.api(Request::Detach);
-        run.join().unwrap()
+        // The switch's answers cut off, the daemon reachable: the ranks move to Gloo and
+        // leave the job then, not when the program ends.
+        for w in 0..RANKS {
+            assert!(cut_results(&sw.lab.worker_ns(w), true), "nft could not add the rule");
+        }
+        let joins = || match sw.api(Request::Joins) {
+            Response::Joins { joins } => joins.len(),
+            r => panic!("{r:?}"),
+        };
+        while joins() > 0 && !run.is_finished() {
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let gone = std::time::Instant::now();
+        let o = run.join().unwrap();
+        let gone_before_end = gone.elapsed();
+        assert!(
+            gone_before_end > Duration::from_secs(2),
+            "the ranks left the job when they moved to Gloo: gone only {gone_before_end:?} before the program ended"
+        );
+        eprintln!("the job was gone {gone_before_end:?} before the program ended");
+        o
     });
     let all = ranks_ok(&outputs);
     for r in 0..RANKS {
