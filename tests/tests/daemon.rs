@@ -106,11 +106,22 @@ fn detach_on_exit_and_detach_command() {
     let mut sw = TestSwitch::start("xtd", 2, |c| c.daemon.detach_on_exit = true);
     assert!(has_xdp(&sw, "swp0"));
     assert!(!sw.pin.exists(), "detach_on_exit pins nothing");
+    let locks = |sw: &TestSwitch| {
+        [
+            std::path::PathBuf::from(format!("{}.lock", sw.socket.display())),
+            sw.state_dir().join("xaggd.lock"),
+            xagg_daemon::owner::dataplane_lock(&sw.pin),
+        ]
+    };
+    assert!(locks(&sw)[..2].iter().all(|l| l.exists()), "locks held while it runs");
     assert!(sw.stop_daemon(Signal::SIGINT).success());
     assert!(
         !has_xdp(&sw, "swp0") && !has_xdp(&sw, "swp1"),
         "programs detached on exit"
     );
+    // (A daemon that detaches on exit claims no pinned dataplane.)
+    let left: Vec<_> = locks(&sw).into_iter().take(2).filter(|l| l.exists()).collect();
+    assert!(left.is_empty(), "a stopped daemon leaves no lock file: {left:?}");
 
     // Pinned (default), then `xagg detach`: the daemon stops, the programs and pins go.
     sw.write_config(&sw.default_config()).unwrap();
@@ -127,6 +138,9 @@ fn detach_on_exit_and_detach_command() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // Back once the daemon has stopped: no lock file, and a daemon can start at once.
+    let left: Vec<_> = locks(&sw).into_iter().filter(|l| l.exists()).collect();
+    assert!(left.is_empty(), "`xagg detach` returned before the daemon stopped: {left:?}");
     let status = sw.daemon.take().unwrap().wait().unwrap();
     assert!(status.success());
     assert!(!sw.pin.exists(), "pins removed");

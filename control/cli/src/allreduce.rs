@@ -250,7 +250,12 @@ pub fn run(a: AllreduceArgs) -> Result<()> {
     let me = Member::settle(&a, &file)?;
     let w = start::worker(&a, file, &me)?;
     let n = a.size / me.dtype.size();
-    let runs = timed::run(&w, &a, &me, n)?;
+    let runs = timed::run(&w, &a, &me, n);
+    if a.leave && runs.is_err() {
+        // A run that failed still leaves: its slots are of no use to anyone.
+        let _ = w.leave();
+    }
+    let runs = runs?;
     let check = report::verify(&a, &me, n, &runs.first);
     report::print(&a, &me, runs, &check)?;
     if a.leave {

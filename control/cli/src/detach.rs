@@ -27,6 +27,19 @@ pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
                 }
             }
             answer(call(socket, &Request::Detach)?)?;
+            // The daemon answers, then stops: back only once it has (its lock file goes
+            // last), so a daemon started next is not refused.
+            let lock = PathBuf::from(format!("{}.lock", socket.display()));
+            let since = std::time::Instant::now();
+            while lock.exists() && since.elapsed() < std::time::Duration::from_secs(10) {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            if lock.exists() {
+                bail!(
+                    "detached the dataplane, but the daemon at {} has not stopped after 10 s: see its log",
+                    socket.display()
+                );
+            }
             println!(
                 "detached the dataplane on {}{} and stopped the daemon at {}",
                 ports.join(", "),

@@ -1,7 +1,9 @@
 //! One daemon per API socket, per pinned dataplane and per state directory: each is
 //! claimed by a lock file (flock, released when the process ends however it ends) that
 //! names its owner, so a second daemon is refused saying which one holds it and how to
-//! stop that one without dropping its jobs.
+//! stop that one without dropping its jobs. A daemon that stops removes its lock files
+//! while it still holds them; a daemon that locks a file checks that it is still the one
+//! the path names, so a file removed meanwhile is never taken for the claim.
 
 use std::{
     fs::File,
@@ -17,9 +19,29 @@ use crate::{config::Config, Error, Result};
 /// Where the locks of pinned dataplanes are kept: a bpffs holds no plain files.
 pub const DATAPLANE_LOCKS: &str = "/run/xagg";
 
-/// The locks a running daemon holds; dropped with it.
+/// The locks a running daemon holds; dropped with it, removing their files.
 pub struct Owner {
-    _held: Vec<Flock<File>>,
+    held: Vec<(PathBuf, Flock<File>)>,
+}
+
+impl Drop for Owner {
+    fn drop(&mut self) {
+        // Removed while locked: a daemon that opened the file before it went finds it
+        // unnamed once it has the lock, and opens the path again.
+        for (path, lock) in self.held.drain(..) {
+            let _ = std::fs::remove_file(&path);
+            drop(lock);
+        }
+    }
+}
+
+/// Whether `file` is the file `path` names now.
+fn still_named(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => (a.dev(), a.ino()) == (b.dev(), b.ino()),
+        _ => false,
+    }
 }
 
 /// A resource a daemon claims, and the configuration key that names it.
@@ -82,10 +104,18 @@ impl Owner {
     /// Claims the configuration's socket, state directory and (when pinned) pin path, or
     /// says which daemon holds the first one taken.
     pub fn claim(cfg: &Config) -> Result<Self> {
-        let mut held = Vec::new();
+        let mut owner = Self { held: Vec::new() };
         for c in claims(cfg) {
-            let file = open(&c.lock, c.dir_mode)?;
-            match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+            let mut tries = 0;
+            let locked = loop {
+                let file = open(&c.lock, c.dir_mode)?;
+                match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
+                    // Its daemon removed it as it stopped: the path's file is another.
+                    Ok(f) if !still_named(&f, &c.lock) && tries < 10 => tries += 1,
+                    other => break other,
+                }
+            };
+            match locked {
                 Ok(mut f) => {
                     let io = |error| Error::Lock {
                         path: c.lock.clone(),
@@ -100,12 +130,12 @@ impl Owner {
                         cfg.daemon.socket.display()
                     )
                     .map_err(io)?;
-                    held.push(f);
+                    owner.held.push((c.lock, f));
                 }
                 Err((mut file, _)) => return Err(taken(&c, read_holder(&mut file))),
             }
         }
-        Ok(Self { _held: held })
+        Ok(owner)
     }
 }
 

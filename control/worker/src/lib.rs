@@ -181,9 +181,19 @@ impl Worker {
     ) -> Result<Self, AllreduceError> {
         let (mut p, sock, membership) = join::join(&j)?;
         tweak(&mut p);
-        p.lane()?;
-        check_mtu(&p)?;
-        let transport = Transport::with_socket(sock, &p)?;
+        let set_up = p
+            .lane()
+            .and_then(|_| check_mtu(&p))
+            .and_then(|()| Ok(Transport::with_socket(sock, &p)?));
+        let transport = match set_up {
+            Ok(t) => t,
+            Err(e) => {
+                // Joined but unable to take part (its settings, its MTU, an AF_XDP socket
+                // it cannot open): it leaves, so the job holds no slots for it.
+                let _ = membership.leave();
+                return Err(e);
+            }
+        };
         let mut inner = WorkerInner::new(p, transport);
         if let Some(l) = membership.lease_s {
             inner.lease = std::sync::Mutex::new(Some(lease::Lease::start(membership.clone(), l)?));
