@@ -113,15 +113,25 @@ fn detach_on_exit_and_detach_command() {
             xagg_daemon::owner::dataplane_lock(&sw.pin),
         ]
     };
-    assert!(locks(&sw)[..2].iter().all(|l| l.exists()), "locks held while it runs");
+    assert!(
+        locks(&sw)[..2].iter().all(|l| l.exists()),
+        "locks held while it runs"
+    );
     assert!(sw.stop_daemon(Signal::SIGINT).success());
     assert!(
         !has_xdp(&sw, "swp0") && !has_xdp(&sw, "swp1"),
         "programs detached on exit"
     );
     // (A daemon that detaches on exit claims no pinned dataplane.)
-    let left: Vec<_> = locks(&sw).into_iter().take(2).filter(|l| l.exists()).collect();
-    assert!(left.is_empty(), "a stopped daemon leaves no lock file: {left:?}");
+    let left: Vec<_> = locks(&sw)
+        .into_iter()
+        .take(2)
+        .filter(|l| l.exists())
+        .collect();
+    assert!(
+        left.is_empty(),
+        "a stopped daemon leaves no lock file: {left:?}"
+    );
 
     // Pinned (default), then `xagg detach`: the daemon stops, the programs and pins go.
     sw.write_config(&sw.default_config()).unwrap();
@@ -140,7 +150,10 @@ fn detach_on_exit_and_detach_command() {
     );
     // Back once the daemon has stopped: no lock file, and a daemon can start at once.
     let left: Vec<_> = locks(&sw).into_iter().filter(|l| l.exists()).collect();
-    assert!(left.is_empty(), "`xagg detach` returned before the daemon stopped: {left:?}");
+    assert!(
+        left.is_empty(),
+        "`xagg detach` returned before the daemon stopped: {left:?}"
+    );
     let status = sw.daemon.take().unwrap().wait().unwrap();
     assert!(status.success());
     assert!(!sw.pin.exists(), "pins removed");

@@ -21,6 +21,10 @@ use nix::{
 use xagg_api::{Request, Response, DEFAULT_SOCKET};
 use xagg_tests::*;
 
+/// The one-host deployment docs/topologies.md prints, run as printed.
+#[path = "deploy/one_host.rs"]
+mod one_host;
+
 /// The daemon's systemd unit, as shipped.
 const UNIT: &str = include_str!("../../control/daemon/xaggd.service");
 

@@ -300,7 +300,10 @@ fn mpi_programs_fall_back_to_open_mpi() {
             assert!(waited < Duration::from_secs(30), "no traffic at the switch");
         }
         for w in 0..RANKS {
-            assert!(cut_results(&sw.lab.worker_ns(w), true), "nft could not add the rule");
+            assert!(
+                cut_results(&sw.lab.worker_ns(w), true),
+                "nft could not add the rule"
+            );
         }
         let joins = || match sw.api(Request::Joins) {
             Response::Joins { joins } => joins.len(),
@@ -521,89 +524,4 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         err.contains("allreduces go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),
         "{err}"
     );
-}
-
-/// The lab credential's key file, as the launches name it.
-fn key_file() -> String {
-    credential_env()
-        .into_iter()
-        .find(|(k, _)| *k == "XAGG_CREDENTIAL_FILE")
-        .expect("the key file's variable")
-        .1
-}
-
-/// On a 1500-byte network the drop-ins take the switch: the job's segment comes from the
-/// path (the ranks' interfaces, the daemon's ports), 1432 bytes, not the 8928 a jumbo
-/// network carries, for MPI and for PyTorch alike; every call through the switch.
-#[test]
-fn a_1500_byte_network_takes_the_switch() {
-    if !require_root("a_1500_byte_network_takes_the_switch") {
-        return;
-    }
-    let lab = MpiLab::start_with_mtu("xm15", 1500);
-    let cases = lab.program("cases.c");
-    let (out, err) = checked(&lab.run(&format!("{} sizes", cases.display()), &lab.daemon(), &[]));
-    assert!(out.contains("checks=4 failures=0"), "{out}");
-    assert_eq!(summary(&err), (4, 0, 0), "{err}");
-    assert_eq!(
-        entry_counts(&err, "MPI_Allreduce"),
-        [4, 0, 0, 0, 0, 0],
-        "{err}"
-    );
-    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
-    assert_eq!(log.matches("1432-byte segments").count(), 1, "{log}");
-
-    // The multi-host line docs/mpi.md prints, run as printed: only its placeholders (the
-    // library's path, the key file, the program) are the lab's, and mpirun gets what
-    // namespaces add (docs/mpi.md says what).
-    let line = doc_block("mpi.md", "sh", "btl_tcp_if_include");
-    for placeholder in ["/path/to/libxagg_mpi.so", "/etc/xagg/lab.key", "./program"] {
-        assert!(line.contains(placeholder), "{line}");
-    }
-    let line = line
-        .replace(
-            "/path/to/libxagg_mpi.so",
-            &xagg_lab::bin("libxagg_mpi.so").display().to_string(),
-        )
-        .replace("/etc/xagg/lab.key", &key_file())
-        .replace("./program", &format!("{} sizes", cases.display()));
-    let (out, err) = checked(&xagg_lab::mpi::run_line(&lab.sw.lab, &lab.agent, &line).unwrap());
-    assert!(out.contains("checks=4 failures=0"), "{out}");
-    // The default route with 4 ranks: the first call and 1 KiB to the switch, 64 KiB and
-    // 1 MiB to Open MPI.
-    assert_eq!(
-        entry_counts(&err, "MPI_Allreduce"),
-        [2, 0, 2, 0, 0, 0],
-        "{err}"
-    );
-
-    // PyTorch, launched by docs/python.md's command as printed: only its placeholders
-    // (the node rank, the interpreter, the key file, the script) are the lab's.
-    let launch = doc_block("python.md", "sh", "torch.distributed.run");
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("python/cases.py");
-    let key_file = key_file();
-    for placeholder in ["$i", "/etc/xagg/lab.key", "train.py", "python -m"] {
-        assert!(launch.contains(placeholder), "{launch}");
-    }
-    let python = xagg_lab::python::interpreter();
-    let outputs = xagg_lab::python::shell_ranks(&lab.sw.lab, RANKS, &[], |i| {
-        launch
-            .replace("$i", &i.to_string())
-            .replace("/etc/xagg/lab.key", &key_file)
-            .replace("train.py", &format!("{} sizes", script.display()))
-            .replace("python -m", &format!("{} -m", python.display()))
-    })
-    .unwrap();
-    let all = ranks_ok(&outputs);
-    for r in 0..RANKS {
-        assert!(all.contains(&format!("rank {r}: sizes ok=True")), "{all}");
-    }
-    assert_eq!(
-        entry_counts(&all, "all_reduce"),
-        // The default route: 4 KiB to the switch, 64 KiB to Gloo (4 ranks).
-        [2, 0, 1, 0, 0, 0],
-        "{all}"
-    );
-    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
-    assert_eq!(log.matches("1432-byte segments").count(), 3, "{log}");
 }

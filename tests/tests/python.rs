@@ -316,7 +316,10 @@ fn ddp_survives_the_switch_going() {
         // The switch's answers cut off, the daemon reachable: the ranks move to Gloo and
         // leave the job then, not when the program ends.
         for w in 0..RANKS {
-            assert!(cut_results(&sw.lab.worker_ns(w), true), "nft could not add the rule");
+            assert!(
+                cut_results(&sw.lab.worker_ns(w), true),
+                "nft could not add the rule"
+            );
         }
         let joins = || match sw.api(Request::Joins) {
             Response::Joins { joins } => joins.len(),

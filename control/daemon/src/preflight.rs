@@ -144,7 +144,7 @@ fn pin_path(cfg: &Config, checking: Checking, r: &mut Report) -> bool {
     match Dataplane::pinned_at(cfg) {
         Ok(None) => {
             r.ok(format!(
-                "daemon.pin_path {}: nothing pinned; a fresh dataplane will be",
+                "daemon.pin_path {}: nothing pinned; a fresh dataplane is loaded and pinned there at start",
                 pin.display()
             ));
             false

@@ -184,7 +184,7 @@ impl Worker {
         let set_up = p
             .lane()
             .and_then(|_| check_mtu(&p))
-            .and_then(|()| Ok(Transport::with_socket(sock, &p)?));
+            .and_then(|()| Transport::with_socket(sock, &p));
         let transport = match set_up {
             Ok(t) => t,
             Err(e) => {

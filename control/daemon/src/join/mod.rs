@@ -276,10 +276,12 @@ impl Joins {
         if action == "renew" || action == "status" {
             match &mut j.members[rank] {
                 Some(m) if !m.left => m.renewed_unix_s = unix_now(),
-                _ if action == "renew" => return no(format!(
+                _ if action == "renew" => {
+                    return no(format!(
                     "rank {rank} is not a member of job {} (it left, or never joined): join again",
                     j.id
-                )),
+                ))
+                }
                 _ => {}
             }
         }
