@@ -167,7 +167,7 @@ fn afxdp_refuses_a_taken_interface_and_lets_other_traffic_in() {
     })
     .unwrap();
     assert!(
-        err.contains("xdp off") && err.contains("eth0"),
+        err.contains("xagg host detach") && err.contains("eth0"),
         "the error should say which interface and how to free it: {err}"
     );
 

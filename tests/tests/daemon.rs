@@ -932,4 +932,27 @@ fn the_host_end_is_a_product_command() {
         seed: 8,
         ..run
     });
+    // A namespace deleted before its end was detached leaves the pin; detaching by its
+    // name then removes the pins of every namespace that no longer exists.
+    let gone = "xth-gone";
+    let _ = xagg_lab::lab::ip(&["netns", "del", gone]);
+    xagg_lab::lab::ip(&["netns", "add", gone]).unwrap();
+    xagg_lab::lab::ip(&[
+        "-n", gone, "link", "add", "v0", "type", "veth", "peer", "v1",
+    ])
+    .unwrap();
+    let ino = std::os::unix::fs::MetadataExt::ino(
+        &std::fs::metadata(format!("/run/netns/{gone}")).unwrap(),
+    );
+    let (ok, out) = host(&["attach", "v0", "--netns", gone]);
+    let left = std::path::PathBuf::from(format!("/sys/fs/bpf/xagg-host/{ino}"));
+    assert!(ok && left.exists(), "{out}");
+    xagg_lab::lab::ip(&["netns", "del", gone]).unwrap();
+    let (ok, out) = host(&["detach", "v0", "--netns", gone]);
+    assert!(ok && out.contains("no longer exists"), "{out}");
+    assert!(
+        !left.exists(),
+        "the pin of the namespace that went is removed"
+    );
+    assert!(pin.join("link").exists(), "a live namespace's pin stays");
 }

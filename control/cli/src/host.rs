@@ -54,8 +54,23 @@ pub fn run(cmd: HostCmd) -> Result<()> {
         HostCmd::Detach(t) => (t, false),
     };
     let (file, name) = t.netns();
-    let ns = std::fs::File::open(&file)
-        .with_context(|| format!("{name} ({}): no such namespace", file.display()))?;
+    let ns = match std::fs::File::open(&file) {
+        Ok(ns) => ns,
+        Err(e) if !attach && e.kind() == std::io::ErrorKind::NotFound => {
+            // Deleted with the program pinned: the program went with the interface, its pin
+            // is left under the namespace's inode, which no name leads to any more.
+            let swept = sweep_gone()?;
+            println!(
+                "{name} ({}) no longer exists; removed the pins of {swept} namespace(s) that no longer exist",
+                file.display()
+            );
+            return Ok(());
+        }
+        Err(e) => {
+            return Err(e)
+                .with_context(|| format!("{name} ({}): no such namespace", file.display()))
+        }
+    };
     let inode = ns.metadata()?.ino();
     let pin = host_end::pin_dir(inode, &t.iface);
     if !attach {
@@ -99,4 +114,41 @@ pub fn run(cmd: HostCmd) -> Result<()> {
         ),
     }
     Ok(())
+}
+
+/// Removes the pin directories of network namespaces that no longer exist (none named in
+/// /run/netns, none a process is in); how many.
+fn sweep_gone() -> Result<usize> {
+    let inode = |p: PathBuf| std::fs::metadata(p).ok().map(|m| m.ino());
+    let mut live = std::collections::HashSet::new();
+    for dir in ["/run/netns", "/proc"] {
+        let Ok(entries) = std::fs::read_dir(dir) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let p = if dir == "/proc" {
+                e.path().join("ns/net")
+            } else {
+                e.path()
+            };
+            live.extend(inode(p));
+        }
+    }
+    let mut swept = 0;
+    let Ok(pins) = std::fs::read_dir(host_end::PIN_ROOT) else {
+        return Ok(0);
+    };
+    for e in pins.flatten() {
+        let gone = e
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u64>().ok())
+            .is_some_and(|ino| !live.contains(&ino));
+        if gone {
+            std::fs::remove_dir_all(e.path())
+                .with_context(|| format!("removing {}", e.path().display()))?;
+            swept += 1;
+        }
+    }
+    Ok(swept)
 }

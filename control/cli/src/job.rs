@@ -60,7 +60,11 @@ pub struct JobAddArgs {
 pub fn run(socket: &Path, cmd: JobCmd) -> Result<()> {
     match cmd {
         JobCmd::Add(a) => add(socket, a),
-        JobCmd::Remove { id } => answer(call(socket, &Request::RemoveJob { id })?),
+        JobCmd::Remove { id } => {
+            answer(call(socket, &Request::RemoveJob { id })?)?;
+            println!("job {id} removed: its slots are cleared and free");
+            Ok(())
+        }
         JobCmd::List { json } => list(socket, json),
         JobCmd::Status { id: None, json } => joins(socket, json),
         JobCmd::Status { id: Some(id), json } => slots(socket, id, json),

@@ -128,12 +128,18 @@ pub fn run(socket: &Path, interval: Duration, count: Option<u64>) -> Result<()> 
     };
     let mut last = BTreeMap::new();
     let mut out = std::io::stdout();
+    let tty = std::io::IsTerminal::is_terminal(&out);
     let mut n = 0;
     loop {
         let text = screen(socket, &mut last)?;
-        execute!(out, MoveTo(0, 0), Clear(ClearType::All))?;
-        // Raw line ends: the terminal may not translate \n while it draws.
-        write!(out, "{}", text.replace('\n', "\r\n"))?;
+        if tty {
+            execute!(out, MoveTo(0, 0), Clear(ClearType::All))?;
+            // Raw line ends: the terminal may not translate \n while it draws.
+            write!(out, "{}", text.replace('\n', "\r\n"))?;
+        } else {
+            // A pipe or a log: one view after another, no terminal codes.
+            writeln!(out, "{text}")?;
+        }
         out.flush()?;
         n += 1;
         if count.is_some_and(|c| n >= c) {

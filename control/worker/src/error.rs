@@ -71,7 +71,7 @@ impl std::fmt::Display for Missing {
             },
             (Some(m), _) if m.is_empty() => write!(
                 f,
-                "slot {slot} segment {segment}: the switch completed it and sent the result, which never arrived here (a packet filter on this host? on veth, this host's end of the link must run an XDP program: the lab's xagg_host, or receive with --afxdp)"
+                "slot {slot} segment {segment}: the switch completed it and sent the result, which never arrived here (a packet filter on this host? on veth, this host's end of the link must run an XDP program: `xagg host attach IFACE --netns NAME` as root on the host, or `xagg allreduce --afxdp`)"
             ),
             (Some(m), _) => write!(f, "slot {slot} segment {segment} waits for members {m:?}"),
             (None, true) => write!(
@@ -107,7 +107,7 @@ pub enum AllreduceError {
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("job {job}: no status reply from the switch at {switch} within {waited:?}: is the switch up, with job {job} on it and this member registered at this address and port? (on veth, replies are also lost when this host's end of the link runs no XDP program: the lab's xagg_host, or receive with --afxdp)")]
+    #[error("job {job}: no status reply from the switch at {switch} within {waited:?}: is the switch up, with job {job} on it and this member registered at this address and port? (on veth, replies are also lost when this host's end of the link runs no XDP program: `xagg host attach IFACE --netns NAME` as root on the host, or `xagg allreduce --afxdp`)")]
     NoSwitch {
         job: u32,
         switch: std::net::SocketAddrV4,
@@ -288,7 +288,7 @@ pub enum Error {
     CredentialUnnamed { file: String },
     #[error("XAGG_CREDENTIAL holds a key and XAGG_CREDENTIAL_FILE={file} another: give the key once — XAGG_CREDENTIAL=NAME with the file, which keeps it out of the environment")]
     CredentialTwice { file: String },
-    #[error("XAGG_CREDENTIAL_FILE={file}: {error} (the file `xagg keygen` wrote, readable by the ranks)")]
+    #[error("XAGG_CREDENTIAL_FILE={file}: {error} (the credential's key, 64 hex digits, as in the daemon's key_file: the ranks' user must be able to read it, e.g. a copy of its own, mode 0400)")]
     CredentialFile { file: String, error: io::Error },
     /// `what` names the setting.
     #[error("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits), or NAME with the key's file in XAGG_CREDENTIAL_FILE (--credential-file)")]
@@ -351,7 +351,7 @@ pub enum Error {
         error: String,
     },
     #[cfg(feature = "afxdp")]
-    #[error("attaching xagg_host to {iface}: {native}; if another XDP program is attached (`ip link show {iface}`), detach it (`ip link set dev {iface} xdp off`) or receive without AF_XDP")]
+    #[error("attaching xagg_host to {iface}: {native}; AF_XDP receive attaches an xagg_host of its own: if `xagg host attach` pinned one there, detach it first (`xagg host detach {iface}`), or receive without AF_XDP (the pinned one serves); another program (`ip link show {iface}`) is its owner's to remove")]
     Attach {
         iface: String,
         /// The native attach's error (the generic one's says less).

@@ -32,7 +32,7 @@ pub struct JoinSettings {
     /// daemon, this host's.
     pub daemon: SocketAddr,
     /// The admission credential, for the rank that creates the job: `XAGG_CREDENTIAL=NAME`
-    /// with the key in the file `XAGG_CREDENTIAL_FILE` names (as `xagg keygen` writes it:
+    /// with the key in the file `XAGG_CREDENTIAL_FILE` names (64 hex digits, as the daemon's `key_file`:
     /// no secret in the environment or on a launcher's command line), or
     /// `XAGG_CREDENTIAL=NAME:KEY`.
     pub credential: Option<(String, CredentialKey)>,
@@ -181,8 +181,8 @@ pub fn parse_credential(s: &str, what: &str) -> Result<(String, CredentialKey), 
     Ok((name.to_string(), CredentialKey(key)))
 }
 
-/// An admission credential from its name and the file holding its key (as `xagg keygen`
-/// writes it), or from `NAME:KEY` alone: the drop-ins' `XAGG_CREDENTIAL` and
+/// An admission credential from its name and the file holding its key (64 hex digits, as the
+/// daemon's `key_file` holds it), or from `NAME:KEY` alone: the drop-ins' `XAGG_CREDENTIAL` and
 /// `XAGG_CREDENTIAL_FILE`, `xagg allreduce`'s `--credential` and `--credential-file`.
 pub fn credential(
     name: Option<String>,

@@ -204,8 +204,9 @@ fn main() -> Result<()> {
             return Err(e.into());
         }
     };
+    let how = if dp.adopted { "running" } else { "attached" };
     for (port, mode) in cfg.switch.ports.iter().zip(dp.xdp_in_use()) {
-        info!("port {port}: XDP attached in {mode} mode");
+        info!("port {port}: XDP {how} in {mode} mode");
     }
     let state = match set_up(&cfg, dp) {
         Ok(state) => Arc::new(Mutex::new(state)),
@@ -264,11 +265,19 @@ fn check_only(args: &Args, cfg: &Config) -> Result<()> {
             args.config.display()
         );
     }
-    println!(
-        "{}: no errors, warnings {warnings}: `xaggd --config {}` would start (nothing was attached; the kernel's verifier sees the programs only then)",
-        args.config.display(),
-        args.config.display()
-    );
+    if xagg_daemon::owner::holders(cfg).is_empty() {
+        println!(
+            "{}: no errors, warnings {warnings}: `xaggd --config {}` would start (nothing was attached; the kernel's verifier sees the programs only then)",
+            args.config.display(),
+            args.config.display()
+        );
+    } else {
+        println!(
+            "{}: no errors, warnings {warnings}: the configuration is sound, and a daemon runs with it: `xaggd --config {}` would be refused until that one stops (nothing was attached)",
+            args.config.display(),
+            args.config.display()
+        );
+    }
     Ok(())
 }
 
