@@ -844,7 +844,7 @@ fn the_host_end_is_a_product_command() {
     if !require_root("the_host_end_is_a_product_command") {
         return;
     }
-    let sw = TestSwitch::start("xth", 2, |_| {});
+    let mut sw = TestSwitch::start("xth", 2, |_| {});
     let host = |args: &[&str]| {
         let out = Command::new(bin("xagg"))
             .arg("host")
@@ -955,4 +955,37 @@ fn the_host_end_is_a_product_command() {
         "the pin of the namespace that went is removed"
     );
     assert!(pin.join("link").exists(), "a live namespace's pin stays");
+
+    // A host daemon attaches the ends its configuration names at start; one whose
+    // namespace is not there yet is said, and the daemon serves on.
+    let w1 = sw.lab.worker_ns(1);
+    let (ok, out) = host(&["detach", "eth0", "--netns", &w1]);
+    assert!(ok, "{out}");
+    let mut cfg = sw.default_config();
+    for ns in [w1.as_str(), "xth-not-yet"] {
+        cfg.host_ends.push(xagg_daemon::config::HostEndSection {
+            iface: "eth0".into(),
+            netns: ns.into(),
+        });
+    }
+    sw.write_config(&cfg).unwrap();
+    sw.stop_daemon(Signal::SIGTERM);
+    sw.start_daemon();
+    let log = std::fs::read_to_string(&sw.log).unwrap();
+    assert!(
+        log.contains(&format!(
+            "host end eth0 in network namespace {w1}: xagg_host attached (native XDP)"
+        )),
+        "{log}"
+    );
+    assert!(
+        log.contains("host end eth0 in network namespace xth-not-yet")
+            && log.contains("xagg host attach eth0 --netns xth-not-yet"),
+        "{log}"
+    );
+    sw.allreduce(&Allreduce {
+        message: 2,
+        seed: 9,
+        ..run
+    });
 }

@@ -88,16 +88,8 @@ pub fn run(cmd: HostCmd) -> Result<()> {
             pin.display()
         );
     }
-    // The namespace is entered by a thread of its own: the process stays where it is.
-    let iface = t.iface.clone();
-    let at = pin.clone();
-    let outcome = std::thread::spawn(move || -> Result<Outcome> {
-        nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
-            .with_context(|| format!("entering {}", file.display()))?;
-        Ok(host_end::attach(xagg_objects::HOST, &iface, &at)?)
-    })
-    .join()
-    .map_err(|_| anyhow::anyhow!("the attaching thread panicked"))??;
+    drop(ns);
+    let (outcome, pin) = host_end::attach_in(xagg_objects::HOST, &file, &name, &t.iface)?;
     match outcome {
         Outcome::Attached(mode) => println!(
             "xagg_host attached to {} in {name} ({} XDP), pinned at {}: results redirected into {} now reach its sockets; `xagg host detach` removes it",

@@ -32,6 +32,21 @@ pub struct Config {
     /// here with ranks beyond this point's members join the parent's daemon as one member.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub parent: Option<ParentSection>,
+    /// Ranks' ends of veths whose host ends are this daemon's ports, given `xagg_host` at
+    /// start (as `xagg host attach` does), so their ranks get results.
+    #[serde(default, rename = "host_end", skip_serializing_if = "Vec::is_empty")]
+    pub host_ends: Vec<HostEndSection>,
+}
+
+/// A rank's end of a veth (`[[host_end]]`): its interface, in its network namespace.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HostEndSection {
+    /// The rank's interface (e.g. `eth0` in a container).
+    pub iface: String,
+    /// Its network namespace, as `ip netns` names it (a container's: `ip netns attach NAME
+    /// PID` names it).
+    pub netns: String,
 }
 
 /// The aggregation point above this one (`[parent]`): nothing is configured per job.

@@ -107,6 +107,24 @@ pub fn check(cfg: &Config, checking: Checking) -> Report {
         }
     }
     socket_dir(cfg, &mut r);
+    for h in &cfg.host_ends {
+        let file = std::path::Path::new("/run/netns").join(&h.netns);
+        if file.exists() {
+            r.ok(format!(
+                "[[host_end]] {} in network namespace {}: there",
+                h.iface, h.netns
+            ));
+        } else {
+            r.warn(format!(
+                "[[host_end]] {} in network namespace {}: no such namespace ({} is missing): a start attaches the others, and this one waits for `xagg host attach {} --netns {}` once it exists",
+                h.iface,
+                h.netns,
+                file.display(),
+                h.iface,
+                h.netns
+            ));
+        }
+    }
     state(cfg, &mut r);
     keys(cfg, &mut r);
     if checking.only && !running {

@@ -339,6 +339,13 @@ pub enum Error {
     #[error("no xagg_host program")]
     NoProgram,
     #[cfg(feature = "afxdp")]
+    #[error("{name} ({}): {error}", file.display())]
+    Netns {
+        name: String,
+        file: std::path::PathBuf,
+        error: io::Error,
+    },
+    #[cfg(feature = "afxdp")]
     #[error("{}", chain(.0))]
     Program(aya::programs::ProgramError),
     #[cfg(feature = "afxdp")]

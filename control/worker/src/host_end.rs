@@ -61,6 +61,37 @@ pub enum Outcome {
     Already(Attached),
 }
 
+/// [`attach`] in the network namespace `netns` (a file naming it: `/run/netns/NAME`,
+/// `/proc/PID/ns/net`; `name` says which in errors), entered by a thread of its own so the
+/// caller stays where it is; where it is pinned, with what happened.
+pub fn attach_in(
+    object: XdpObject,
+    netns: &Path,
+    name: &str,
+    iface: &str,
+) -> Result<(Outcome, PathBuf), Error> {
+    use std::os::unix::fs::MetadataExt;
+    let no = |error| Error::Netns {
+        name: name.into(),
+        file: netns.to_owned(),
+        error,
+    };
+    let ns = std::fs::File::open(netns).map_err(no)?;
+    let pin = pin_dir(ns.metadata().map_err(no)?.ino(), iface);
+    let at = pin.clone();
+    let iface = iface.to_owned();
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            nix::sched::setns(ns, nix::sched::CloneFlags::CLONE_NEWNET)
+                .map_err(|e| no(std::io::Error::from(e)))?;
+            attach(object, &iface, &at)
+        })
+        .join()
+        .map_err(|_| no(std::io::Error::other("the attaching thread panicked")))?
+    })?;
+    Ok((outcome, pin))
+}
+
 /// Attaches `xagg_host` to `iface` (in the calling thread's network namespace) and pins its
 /// link in `pin`, unless it is there already. An interface running another XDP program is
 /// refused, saying how to free it.

@@ -215,6 +215,7 @@ fn main() -> Result<()> {
             return Err(e);
         }
     };
+    host_ends(&cfg);
     let detach = rt.block_on(serve(state.clone(), &cfg.daemon, listeners))?;
     state
         .lock()
@@ -238,6 +239,34 @@ fn main() -> Result<()> {
         info!("dataplane detached (detach_on_exit)");
     }
     Ok(())
+}
+
+/// Gives the ranks' ends of `[[host_end]]` their `xagg_host`, as `xagg host attach` does
+/// (pinned: it outlives the daemon). One that cannot be attached (its namespace not made
+/// yet, say) is said, and the daemon serves on: its rank waits for it.
+fn host_ends(cfg: &Config) {
+    use xagg_worker::host_end::{attach_in, Outcome};
+    for h in &cfg.host_ends {
+        let file = std::path::Path::new("/run/netns").join(&h.netns);
+        let name = format!("network namespace {}", h.netns);
+        match attach_in(xagg_objects::HOST, &file, &name, &h.iface) {
+            Ok((Outcome::Attached(m), pin)) => info!(
+                "host end {} in {name}: xagg_host attached ({} XDP), pinned at {}",
+                h.iface,
+                m.name(),
+                pin.display()
+            ),
+            Ok((Outcome::Already(m), _)) => info!(
+                "host end {} in {name}: xagg_host there already ({} XDP)",
+                h.iface,
+                m.name()
+            ),
+            Err(e) => warn!(
+                "host end {} in {name}: {e}: its rank gets no results until it is attached (`xagg host attach {} --netns {}`)",
+                h.iface, h.iface, h.netns
+            ),
+        }
+    }
 }
 
 /// `xaggd --check`: every finding a start would make, attaching and claiming nothing;

@@ -242,6 +242,7 @@ impl LabSwitch {
             jobs: Vec::new(),
             credentials: Vec::new(),
             parent: None,
+            host_ends: Vec::new(),
         }
     }
 

@@ -377,6 +377,7 @@ impl TreeLab {
                 jobs: Vec::new(),
                 credentials: Vec::new(),
                 parent: None,
+                host_ends: Vec::new(),
             };
             let mut cfg = cfg;
             if joinable {
