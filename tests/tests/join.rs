@@ -764,7 +764,19 @@ fn a_hello_flood_from_one_port_keeps_no_one_else_from_joining() {
     };
     let before = lab.sw.counters();
     let flood = 2000;
-    send_hellos(0x000f_100d_0000..0x000f_100d_0000 + flood);
+    // From two threads on two CPUs at once: the switch takes the hellos on both together,
+    // and the port's share holds even so.
+    let half = 0x000f_100d_0000 + flood / 2;
+    std::thread::scope(|s| {
+        for (cpu, tokens) in [(0, 0x000f_100d_0000..half), (1, half..half + flood / 2)] {
+            s.spawn(move || {
+                let mut set = nix::sched::CpuSet::new();
+                set.set(cpu % num_cpus()).unwrap();
+                let _ = nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set);
+                send_hellos(tokens);
+            });
+        }
+    });
     let after = settled(&lab);
     let share = u64::from(xagg_common::job::HELLOS_PER_PORT);
     let d = |c: &str| after[c] - before[c];
@@ -791,4 +803,8 @@ fn a_hello_flood_from_one_port_keeps_no_one_else_from_joining() {
     let after = settled(&lab);
     let d = |c: &str| after[c] - before[c];
     assert_eq!((d("hello"), d("drop_hello_quota")), (10, 0), "{after:?}");
+}
+
+fn num_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }

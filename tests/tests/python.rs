@@ -473,9 +473,26 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     // their contributions at the switch: its call completed), not lost.
     let mut short = e.clone();
     short.push(("XAGG_TIMEOUT_S", "2".into()));
+    // Raised by destroy_process_group where the program calls it; said at exit where it
+    // does not.
     let all = ranks_ok(&run(29517, &["unwaited"], &short));
     ok(&all, "unwaited");
     assert!(!all.contains("rank 0: an allreduce failed"), "{all}");
+    assert!(
+        !all.contains("rank 0: destroy_process_group raised"),
+        "{all}"
+    );
+    for r in 1..RANKS {
+        assert!(
+            all.contains(&format!(
+                "rank {r}: destroy_process_group raised XaggError: rank {r}: an allreduce failed and no call of the program raised it"
+            )),
+            "{all}"
+        );
+    }
+    let all = ranks_ok(&run(29518, &["unwaited", "exit"], &short));
+    ok(&all, "unwaited");
+    assert!(!all.contains("destroy_process_group raised"), "{all}");
     for r in 1..RANKS {
         assert!(
             all.contains(&format!(

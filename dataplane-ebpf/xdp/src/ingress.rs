@@ -23,7 +23,7 @@ use crate::{
     fold::stage,
     maps::{
         cookie_index, count, count_job, faults, job_of, COOKIES, CPUS, DROPS, HELLOS, HELLO_COUNTS,
-        SLOTS, STEER, SWITCH,
+        HELLO_RELEASED, SLOTS, STEER, SWITCH,
     },
     upward::{parent_result, relay_status, up},
 };
@@ -219,10 +219,12 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
     if unsafe { HELLO_COUNTS.get(port) }.is_none() {
         let _ = HELLO_COUNTS.insert(port, 0, noexist);
     }
-    let waiting = HELLO_COUNTS
+    let recorded = HELLO_COUNTS
         .get_ptr_mut(port)
         .ok_or(Counter::DropHelloQuota)?;
-    if unsafe { *waiting } >= HELLOS_PER_PORT {
+    let released = unsafe { HELLO_RELEASED.get(port) }.map_or(0, |r| *r);
+    let waiting = || unsafe { core::ptr::read_volatile(recorded) }.wrapping_sub(released);
+    if waiting() >= HELLOS_PER_PORT {
         return Err(Counter::DropHelloQuota);
     }
     let hello = Hello {
@@ -230,8 +232,17 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
         seen_ns: unsafe { aya_ebpf::helpers::bpf_ktime_get_ns() },
     };
     if HELLOS.insert(token, hello, noexist).is_ok() {
-        // Not atomic: two CPUs may count one; the daemon's sweep recounts.
-        unsafe { *waiting += 1 };
+        // Counted once recorded, by an atomic add (whose value the BPF target cannot
+        // return), then checked again: of CPUs recording one port's hellos at once, those
+        // past its share take theirs back, so it never holds more.
+        use core::intrinsics::{atomic_xadd, AtomicOrdering::SeqCst};
+        unsafe { atomic_xadd::<u32, u32, { SeqCst }>(recorded, 1) };
+        if waiting() > HELLOS_PER_PORT {
+            let _ = HELLOS.remove(&token);
+            // An add of -1: there is no atomic subtract either.
+            unsafe { atomic_xadd::<u32, u32, { SeqCst }>(recorded, u32::MAX) };
+            return Err(Counter::DropHelloQuota);
+        }
     }
     Ok((xdp_action::XDP_DROP, Counter::Hello))
 }

@@ -48,10 +48,15 @@ pub static EGRESS: HashMap<EgressKey, u32, { MAX_JOBS * 8 }> = HashMap::new();
 #[btf_map]
 pub static HELLOS: HashMap<u64, Hello, MAX_HELLOS> = HashMap::new();
 
-/// Hellos waiting per port (by interface index), against `HELLOS_PER_PORT`: counted up
-/// here, recounted by the daemon's sweep.
+/// Hellos recorded per port (by interface index), counted here alone (atomic adds); the
+/// port's waiting ones are these less its `HELLO_RELEASED`, against `HELLOS_PER_PORT`.
 #[btf_map]
 pub static HELLO_COUNTS: HashMap<u32, u32, 256> = HashMap::new();
+
+/// Hellos per port the daemon took (a join) or swept, counted by the daemon alone: each
+/// side writes only its own count, so neither loses the other's.
+#[btf_map]
+pub static HELLO_RELEASED: HashMap<u32, u32, 256> = HashMap::new();
 
 /// Each member's cookie (`wire::Header::cookie`) by job index and member index, as its
 /// latest contribution or status query carried it (admitted: from the member's port and

@@ -11,7 +11,9 @@ impl Dataplane {
     /// Takes the hello recorded under `token`, if the switch saw one.
     pub fn take_hello(&mut self, token: u64) -> Option<MemberAddr> {
         let hello = self.hellos.get(&token, 0).ok()?;
-        let _ = self.hellos.remove(&token);
+        if self.hellos.remove(&token).is_ok() {
+            self.release_hellos(hello.addr.ifindex, 1);
+        }
         Some(hello.addr)
     }
 
@@ -20,31 +22,38 @@ impl Dataplane {
         self.hellos.get(&token, 0).is_ok()
     }
 
-    /// Removes the hellos nobody claimed within `HELLO_TTL_NS` and recounts each port's
-    /// waiting ones (the switch counts them up, and may miscount when two CPUs record one
-    /// at once; taken hellos count until now). Returns how many it removed.
+    /// Removes the hellos nobody claimed within `HELLO_TTL_NS`, each port's share given
+    /// back. Returns how many it removed.
     pub fn sweep_hellos(&mut self) -> usize {
         let Ok(now) = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC) else {
             return 0;
         };
         let now = now.tv_sec() as u64 * 1_000_000_000 + now.tv_nsec() as u64;
-        let mut waiting: BTreeMap<u32, u32> = BTreeMap::new();
-        let mut stale = Vec::new();
-        for (token, hello) in self.hellos.iter().filter_map(|r| r.ok()) {
-            if now.saturating_sub(hello.seen_ns) > HELLO_TTL_NS {
-                stale.push(token);
-            } else {
-                *waiting.entry(hello.addr.ifindex).or_default() += 1;
+        let stale: Vec<(u64, u32)> = self
+            .hellos
+            .iter()
+            .filter_map(|r| r.ok())
+            .filter(|(_, h)| now.saturating_sub(h.seen_ns) > HELLO_TTL_NS)
+            .map(|(token, h)| (token, h.addr.ifindex))
+            .collect();
+        let mut released: BTreeMap<u32, u32> = BTreeMap::new();
+        for (token, port) in &stale {
+            // Only what this removal took: a hello the switch took back itself, or a join
+            // took meanwhile, is not given back twice.
+            if self.hellos.remove(token).is_ok() {
+                *released.entry(*port).or_default() += 1;
             }
         }
-        for token in &stale {
-            let _ = self.hellos.remove(token);
-        }
-        let ports: Vec<u32> = self.hello_counts.keys().filter_map(|k| k.ok()).collect();
-        for port in ports.iter().chain(waiting.keys()) {
-            let n = waiting.get(port).copied().unwrap_or(0);
-            let _ = self.hello_counts.insert(port, n, 0);
+        for (port, n) in released {
+            self.release_hellos(port, n);
         }
         stale.len()
+    }
+
+    /// Gives `n` of `port`'s share back: the daemon's own count, which the switch subtracts
+    /// from its count of recorded hellos (only the daemon writes this one).
+    fn release_hellos(&mut self, port: u32, n: u32) {
+        let before = self.hello_released.get(&port, 0).unwrap_or(0);
+        let _ = self.hello_released.insert(port, before.wrapping_add(n), 0);
     }
 }

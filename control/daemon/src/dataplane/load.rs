@@ -260,8 +260,8 @@ impl Dataplane {
             faults: Array::try_from(take("FAULTS")).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(take("COUNTERS")).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(take("HELLOS")).map_err(map_err("HELLOS"))?,
-            hello_counts: HashMap::try_from(take("HELLO_COUNTS"))
-                .map_err(map_err("HELLO_COUNTS"))?,
+            hello_released: HashMap::try_from(take("HELLO_RELEASED"))
+                .map_err(map_err("HELLO_RELEASED"))?,
             parents: HashMap::try_from(take("PARENTS")).map_err(map_err("PARENTS"))?,
             job_counters: PerCpuArray::try_from(take("JOB_COUNTERS"))
                 .map_err(map_err("JOB_COUNTERS"))?,
@@ -302,8 +302,8 @@ impl Dataplane {
             faults: Array::try_from(open("FAULTS")?).map_err(map_err("FAULTS"))?,
             counters: PerCpuArray::try_from(open("COUNTERS")?).map_err(map_err("COUNTERS"))?,
             hellos: HashMap::try_from(open("HELLOS")?).map_err(map_err("HELLOS"))?,
-            hello_counts: HashMap::try_from(open("HELLO_COUNTS")?)
-                .map_err(map_err("HELLO_COUNTS"))?,
+            hello_released: HashMap::try_from(open("HELLO_RELEASED")?)
+                .map_err(map_err("HELLO_RELEASED"))?,
             parents: HashMap::try_from(open("PARENTS")?).map_err(map_err("PARENTS"))?,
             job_counters: PerCpuArray::try_from(open("JOB_COUNTERS")?)
                 .map_err(map_err("JOB_COUNTERS"))?,

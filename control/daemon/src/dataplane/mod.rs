@@ -26,7 +26,7 @@ pub(crate) use crate::{Error, Result};
 
 /// Every map the daemon pins. `LAYOUT` holds [`LAYOUT_VERSION`]; dataplanes pinned before
 /// it existed have layout 1.
-pub(crate) const MAP_NAMES: [&str; 17] = [
+pub(crate) const MAP_NAMES: [&str; 18] = [
     "JOBS",
     "EGRESS",
     "SLOTS",
@@ -37,6 +37,7 @@ pub(crate) const MAP_NAMES: [&str; 17] = [
     "LAYOUT",
     "HELLOS",
     "HELLO_COUNTS",
+    "HELLO_RELEASED",
     "JOB_COUNTERS",
     "DROPS",
     "FOLDS",
@@ -61,7 +62,8 @@ pub struct Dataplane {
     /// share).
     hellos: HashMap<MapData, u64, Hello>,
     /// Hellos waiting per port, which the sweep recounts.
-    hello_counts: HashMap<MapData, u32, u32>,
+    /// Hellos per port the daemon took or swept (the switch subtracts them from its count).
+    hello_released: HashMap<MapData, u32, u32>,
     /// Inner-level jobs by their id at the parent: where the parent's results go.
     parents: HashMap<MapData, u32, u32>,
     /// The pin directory, when the dataplane outlives the daemon.

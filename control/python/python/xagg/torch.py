@@ -140,10 +140,12 @@ class _Engine:
 
     def __init__(self, store, rank, size, timeout):
         self.rank, self.size = rank, size
+        self.closed = False
         self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
         self.failed = None
         self.error = None
-        # Whether a call raised the error: one nobody raised is said at exit.
+        # Whether a call raised the error: one nobody raised is raised by
+        # destroy_process_group, or said at exit.
         self.error_raised = False
         self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
         # Calls per entry point, by way (_WAYS); those passed to Gloo, by reason.
@@ -347,7 +349,12 @@ class _Engine:
                 self.pending.discard(work)
 
     def close(self):
-        """Stops the completion thread (after the calls in flight) and leaves the job."""
+        """Stops the completion thread (after the calls in flight) and leaves the job; once
+        (at ``destroy_process_group`` or at exit, whichever comes first). Returns the failure
+        no call of the program raised, if any."""
+        if self.closed:
+            return None
+        self.closed = True
         if self.thread.is_alive():
             self.queue.put(None)
             self.thread.join()
@@ -361,10 +368,13 @@ class _Engine:
             except RuntimeError:
                 pass
         self._leave()
+        unraised = None
         if self.error is not None and not self.error_raised:
             # The program never waited for the call that failed (its last, say): said here,
             # on every rank it failed on, rather than lost.
-            _say(f"rank {self.rank}: an allreduce failed and no call of the program raised it: {self.error}")
+            unraised = f"rank {self.rank}: an allreduce failed and no call of the program raised it: {self.error}"
+            _say(unraised)
+            self.error_raised = True
         if self.rank == 0 or _verbose():
             _say(
                 f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
@@ -376,6 +386,7 @@ class _Engine:
                 _say(f"rank {self.rank}: {entry}: {ways}")
             for why, n in sorted(self.passed.items()):
                 _say(f"rank {self.rank}: passed to Gloo: {n} ({why})")
+        return unraised
 
 
 def _complete(fut, failure, tensor):
@@ -503,6 +514,33 @@ def _create(store, rank, size, timeout):
 
 
 dist.Backend.register_backend("xagg", _create)
+
+
+def _closing(destroy):
+    """``destroy_process_group``, closing the engines of the groups it destroys first (their
+    summaries said, their jobs left) and raising, once they are destroyed, a failure no call
+    of the program raised (its last allreduce, never waited for)."""
+
+    def destroy_process_group(group=None):
+        c10d = dist.distributed_c10d
+        if group is None or group == c10d.GroupMember.WORLD:
+            groups = list(c10d._pg_map.keys())
+        else:
+            groups = [group]
+        unraised = [g._engine.close() for g in groups if isinstance(g, ProcessGroupXagg)]
+        destroy(group)
+        unraised = [u for u in unraised if u is not None]
+        if unraised:
+            raise XaggError("; ".join(unraised))
+
+    destroy_process_group.__wrapped__ = destroy
+    destroy_process_group.__doc__ = destroy.__doc__
+    return destroy_process_group
+
+
+if not hasattr(dist.destroy_process_group, "__wrapped__"):
+    dist.destroy_process_group = _closing(dist.destroy_process_group)
+    dist.distributed_c10d.destroy_process_group = dist.destroy_process_group
 
 
 class HookState:
