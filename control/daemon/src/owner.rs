@@ -27,8 +27,9 @@ pub struct Owner {
 impl Drop for Owner {
     fn drop(&mut self) {
         // Removed while locked: a daemon that opened the file before it went finds it
-        // unnamed once it has the lock, and opens the path again.
-        for (path, lock) in self.held.drain(..) {
+        // unnamed once it has the lock, and opens the path again. The socket's goes last:
+        // once it is gone, every claim is free (`xagg detach` waits for it).
+        for (path, lock) in self.held.drain(..).rev() {
             let _ = std::fs::remove_file(&path);
             drop(lock);
         }
