@@ -238,7 +238,7 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
         use core::intrinsics::{atomic_xadd, AtomicOrdering::SeqCst};
         unsafe { atomic_xadd::<u32, u32, { SeqCst }>(recorded, 1) };
         if waiting() > HELLOS_PER_PORT {
-            let _ = HELLOS.remove(&token);
+            let _ = HELLOS.remove(token);
             // An add of -1: there is no atomic subtract either.
             unsafe { atomic_xadd::<u32, u32, { SeqCst }>(recorded, u32::MAX) };
             return Err(Counter::DropHelloQuota);
