@@ -176,19 +176,6 @@ fn joins() -> usize {
 
 fn deploy(mtu: usize, mpi_program: &Path) {
     let d = Deployment::new(mtu);
-    // Set up, as printed.
-    let o = d.sh(
-        "set-up",
-        &doc_block(DOC, "sh", "ranks in namespaces: set up"),
-    );
-    assert!(o.status.success(), "the set-up failed");
-    let status = String::from_utf8_lossy(&o.stdout);
-    assert!(
-        status.contains("swp0") && status.contains("native"),
-        "{status}"
-    );
-    let key = std::fs::read_to_string(d.etc().join("lab.key")).unwrap();
-    assert_eq!(key.len(), 64, "{key:?}");
 
     // The documented lines, saved as the recipe says, with only their placeholders the
     // test's.
@@ -230,40 +217,53 @@ fn deploy(mtu: usize, mpi_program: &Path) {
     )
     .unwrap();
 
-    // Run, as printed, with the process table watched for the key meanwhile.
-    let status_before = counter("status_reply");
+    // Set up and run, as printed, in one shell (as the recipe says: the run block uses the
+    // set-up's variables, and the daemon is that shell's background job), with the process
+    // table watched for the key from the moment the set-up wrote it.
     let started = Instant::now();
+    let set_up = doc_block(DOC, "sh", "ranks in namespaces: set up");
     let run = doc_block(DOC, "sh", "ranks in namespaces: run");
+    let key_path = d.etc().join("lab.key");
     let done = std::sync::atomic::AtomicBool::new(false);
     let (o, seen) = std::thread::scope(|s| {
         let watch = s.spawn(|| {
             let mut seen = Vec::new();
             let mut looks = 0;
+            let mut key: Option<String> = None;
             while !done.load(std::sync::atomic::Ordering::Relaxed) {
-                seen.extend(
-                    command_lines()
-                        .into_iter()
-                        .filter(|c| c.contains(key.trim())),
-                );
-                looks += 1;
+                if key.is_none() {
+                    key = std::fs::read_to_string(&key_path)
+                        .ok()
+                        .filter(|k| k.trim().len() == 64);
+                }
+                if let Some(k) = &key {
+                    seen.extend(command_lines().into_iter().filter(|c| c.contains(k.trim())));
+                    looks += 1;
+                }
                 std::thread::sleep(Duration::from_millis(50));
             }
             (seen, looks)
         });
-        let o = d.sh("run", &run);
+        let o = d.sh("set-up-and-run", &format!("{set_up}\n{run}"));
         done.store(true, std::sync::atomic::Ordering::Relaxed);
         (o, watch.join().unwrap())
     });
     let ran = started.elapsed();
-    assert!(o.status.success(), "the run failed");
+    assert!(o.status.success(), "the set-up or the run failed");
     let (seen, looks) = seen;
     assert!(looks > 10, "the process table was read {looks} times");
     assert!(seen.is_empty(), "the key on a command line: {seen:?}");
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains("swp0 (XDP native)") && out.contains("would start"),
+        "xaggd --check and xagg status: {out}"
+    );
+    let key = std::fs::read_to_string(&key_path).unwrap();
+    assert_eq!(key.len(), 64, "{key:?}");
 
     // MPI: every call through the switch or where the size rule sends it (with 4 ranks:
     // the first call and 1 KiB to the switch, 64 KiB and 1 MiB to Open MPI), none fell back.
     let err = String::from_utf8_lossy(&o.stderr);
-    let out = String::from_utf8_lossy(&o.stdout);
     assert!(out.contains("checks=4 failures=0"), "{out}");
     assert_eq!(
         entry_counts(&err, "MPI_Allreduce"),
@@ -291,7 +291,8 @@ fn deploy(mtu: usize, mpi_program: &Path) {
     );
     // Status queries: a rank learning its job's state asks once about each copy of each
     // slot, then at most 20 a second (docs/protocol.md).
-    let queries = counter("status_reply") - status_before;
+    // (A fresh dataplane: its counters started at 0 with the set-up.)
+    let queries = counter("status_reply");
     assert_eq!(log.matches("128 slots").count(), 2, "{log}");
     let jobs = 2;
     let bound = jobs * RANKS as u64 * 2 * 128 + 20 * RANKS as u64 * ran.as_secs().max(1);
