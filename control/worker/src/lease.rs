@@ -57,13 +57,12 @@ impl Lease {
         })
     }
 
-    /// Hands the leave to the thread: the caller does not wait for the daemon.
-    pub(crate) fn leave_soon(mut self) {
-        if let Some(t) = self.tell.take() {
+    /// Hands the leave to the thread: the caller does not wait for the daemon. Dropping
+    /// the lease later waits for it (a process that exits right after still leaves).
+    pub(crate) fn leave_soon(&mut self) {
+        if let Some(t) = &self.tell {
             let _ = t.send(Word::Leave);
         }
-        // Detached: it ends once the daemon answered or gave up.
-        self.thread.take();
     }
 }
 

@@ -245,11 +245,12 @@ impl Worker {
         let Some(m) = &self.inner.membership else {
             return;
         };
-        let lease = self.take_lease();
+        let mut lease = self.inner.lease.lock().unwrap_or_else(|e| e.into_inner());
         if self.inner.left.swap(true, Ordering::SeqCst) {
             return;
         }
-        match lease {
+        match lease.as_mut() {
+            // Kept: [`Worker::leave`] and the worker's end wait for it to be done.
             Some(l) => l.leave_soon(),
             None => {
                 let m = m.clone();
