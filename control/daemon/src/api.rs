@@ -77,6 +77,18 @@ pub trait Handler: Clone + Send + Sync + 'static {
     fn ring(&self, req: RingRequest) -> RingReply;
 }
 
+/// The route of a member's `action` on its job (leave, renew, status).
+fn member_route<H: Handler>(h: H, action: &'static str) -> axum::routing::MethodRouter {
+    post(
+        move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
+            body(r).map(|r| {
+                let reply = h.member(action, r);
+                join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
+            })
+        },
+    )
+}
+
 /// A join protocol answer with its HTTP status: a refusal is 403.
 fn join_answer<T: Serialize>(refused: bool, body: T) -> axum::response::Response {
     let status = if refused {
@@ -132,18 +144,7 @@ fn join_routes<H: Handler>(h: H) -> Router {
                 }
             }),
         )
-        .route(
-            "/v1/leave",
-            post({
-                let h = h.clone();
-                move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
-                    body(r).map(|r| {
-                        let reply = h.member("leave", r);
-                        join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
-                    })
-                }
-            }),
-        )
+        .route("/v1/leave", member_route(h.clone(), "leave"))
         .route(
             "/v1/ring",
             post({
@@ -156,30 +157,8 @@ fn join_routes<H: Handler>(h: H) -> Router {
                 }
             }),
         )
-        .route(
-            "/v1/joined/renew",
-            post({
-                let h = h.clone();
-                move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
-                    body(r).map(|r| {
-                        let reply = h.member("renew", r);
-                        join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
-                    })
-                }
-            }),
-        )
-        .route(
-            "/v1/joined/status",
-            post({
-                let h = h.clone();
-                move |r: Result<Json<MemberRequest>, JsonRejection>| async move {
-                    body(r).map(|r| {
-                        let reply = h.member("status", r);
-                        join_answer(matches!(reply, MemberReply::Refused { .. }), reply)
-                    })
-                }
-            }),
-        )
+        .route("/v1/joined/renew", member_route(h.clone(), "renew"))
+        .route("/v1/joined/status", member_route(h.clone(), "status"))
 }
 
 /// The local socket's routes: every request, and the join protocol's.
