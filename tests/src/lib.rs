@@ -59,6 +59,32 @@ pub fn cut_results(ns: &str, cut: bool) -> bool {
     }
 }
 
+/// Cuts the switch's answers off from the first `ranks` workers ([`cut_results`]) while
+/// `run` goes on, then waits until the daemon lists no joined job or `run` ends: its
+/// output, and how long before its end the jobs were gone.
+pub fn cut_all_then_time_the_jobs_left<T>(
+    sw: &TestSwitch,
+    ranks: usize,
+    run: std::thread::ScopedJoinHandle<'_, T>,
+) -> (T, std::time::Duration) {
+    for w in 0..ranks {
+        assert!(
+            cut_results(&sw.lab.worker_ns(w), true),
+            "nft could not add the rule"
+        );
+    }
+    let joins = || match sw.api(Request::Joins) {
+        Response::Joins { joins } => joins.len(),
+        r => panic!("{r:?}"),
+    };
+    while joins() > 0 && !run.is_finished() {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let gone = std::time::Instant::now();
+    let out = run.join().unwrap();
+    (out, gone.elapsed())
+}
+
 /// Runs `run` (a job whose rank 0, after its first allreduce, waits for the file `go`) and
 /// cuts rank 0's results off (worker 0's namespace, [`cut_results`]) once that first
 /// allreduce completed at the switch; writes `go` either way, so the run ends; restores

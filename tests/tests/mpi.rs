@@ -7,7 +7,7 @@
 
 use std::{path::PathBuf, process::Output, time::Duration};
 
-use xagg_api::{Request, Response};
+use xagg_api::Request;
 use xagg_lab::lab::SWITCH_IP;
 use xagg_tests::*;
 
@@ -299,24 +299,9 @@ fn mpi_programs_fall_back_to_open_mpi() {
             waited += Duration::from_millis(100);
             assert!(waited < Duration::from_secs(30), "no traffic at the switch");
         }
-        for w in 0..RANKS {
-            assert!(
-                cut_results(&sw.lab.worker_ns(w), true),
-                "nft could not add the rule"
-            );
-        }
-        let joins = || match sw.api(Request::Joins) {
-            Response::Joins { joins } => joins.len(),
-            r => panic!("{r:?}"),
-        };
-        while joins() > 0 && !run.is_finished() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let gone = std::time::Instant::now();
-        let o = run.join().unwrap();
         // The program goes on for seconds on Open MPI after it moved there; a job left
         // only when the program ends (`MPI_Finalize`) goes moments before it does.
-        (o, gone.elapsed())
+        cut_all_then_time_the_jobs_left(sw, RANKS, run)
     });
     let (out, err) = checked(&o);
     assert!(out.contains("checks=300 failures=0"), "{out}");

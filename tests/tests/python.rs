@@ -12,7 +12,6 @@ use std::{
     time::Duration,
 };
 
-use xagg_api::{Request, Response};
 use xagg_tests::*;
 
 const RANKS: usize = 3;
@@ -315,22 +314,7 @@ fn ddp_survives_the_switch_going() {
         }
         // The switch's answers cut off, the daemon reachable: the ranks move to Gloo and
         // leave the job then, not when the program ends.
-        for w in 0..RANKS {
-            assert!(
-                cut_results(&sw.lab.worker_ns(w), true),
-                "nft could not add the rule"
-            );
-        }
-        let joins = || match sw.api(Request::Joins) {
-            Response::Joins { joins } => joins.len(),
-            r => panic!("{r:?}"),
-        };
-        while joins() > 0 && !run.is_finished() {
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        let gone = std::time::Instant::now();
-        let o = run.join().unwrap();
-        let gone_before_end = gone.elapsed();
+        let (o, gone_before_end) = cut_all_then_time_the_jobs_left(&sw, RANKS, run);
         assert!(
             gone_before_end > Duration::from_secs(2),
             "the ranks left the job when they moved to Gloo: gone only {gone_before_end:?} before the program ended"
