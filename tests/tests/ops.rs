@@ -4,7 +4,8 @@
 
 use xagg_common::{
     wire::{
-        self, DType, Header, Kind, Op, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN, PAYLOAD_OFFSET,
+        self, DType, Float, Header, Kind, Op, ENC_NONFINITE, ENC_OVERFLOW, HEADER_LEN,
+        PAYLOAD_OFFSET,
     },
     Counter,
 };
@@ -21,12 +22,26 @@ fn reduce(
     dtype: DType,
     inputs: &[Vec<u8>],
 ) -> (Vec<u8>, u16) {
+    let order: Vec<usize> = (0..inputs.len()).collect();
+    reduce_in(sw, jid, sid, (op, dtype, Float::Fast), inputs, &order)
+}
+
+/// [`reduce`] in float mode `float`, the members' contributions arriving in `order`.
+fn reduce_in(
+    sw: &mut Switch,
+    jid: u32,
+    sid: u32,
+    (op, dtype, float): (Op, DType, Float),
+    inputs: &[Vec<u8>],
+    order: &[usize],
+) -> (Vec<u8>, u16) {
     let n = inputs[0].len() / dtype.size();
-    let lane = wire::lane(op, dtype).unwrap();
+    let lane = wire::lane_in(op, dtype, float).unwrap();
     let mut last = None;
-    for (m, src) in inputs.iter().enumerate() {
+    for (k, &m) in order.iter().enumerate() {
+        let src = &inputs[m];
         let mut lanes = vec![0u8; n * lane.size()];
-        let enc = codec::encode(op, dtype, inputs.len(), src, &mut lanes);
+        let enc = codec::encode(op, dtype, float, inputs.len(), src, &mut lanes);
         let mut h = Header::builder(Kind::Contribution)
             .op(op)
             .dtype(dtype)
@@ -36,7 +51,9 @@ fn reduce(
             .slot(0)
             .member(m as u8)
             .flags(if sid % 2 == 1 { 1 } else { 0 })
+            .float(float)
             .count(n as u16)
+            .magnitude(enc.magnitude)
             .build();
         h.set_exponent(enc.exponent);
         h.set_enc_flags(enc.flags);
@@ -46,7 +63,7 @@ fn reduce(
         let r = sw.run(&f);
         // A single-buffer result is broadcast through the devmap; a multi-buffer one
         // (past 3520 bytes of frame) is passed to the kernel for `xagg_fanout`.
-        let want = match (m + 1 == inputs.len(), f.len() > 3520) {
+        let want = match (k + 1 == inputs.len(), f.len() > 3520) {
             (false, _) => XDP_DROP,
             (true, false) => XDP_REDIRECT,
             (true, true) => XDP_PASS,
@@ -54,7 +71,7 @@ fn reduce(
         assert_eq!(
             r.action,
             want,
-            "{} over {}: member {m}",
+            "{} over {} ({float}): member {m}",
             op.name(),
             dtype.name()
         );
@@ -64,8 +81,7 @@ fn reduce(
     let h = Header::from_bytes(&out[PAYLOAD_OFFSET - HEADER_LEN..]).unwrap();
     let mut result = vec![0u8; n * dtype.size()];
     codec::decode(
-        op,
-        dtype,
+        (op, dtype, float),
         inputs.len() as u32,
         &out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + n * lane.size()],
         h.exponent(),
@@ -305,4 +321,153 @@ fn edge_cases() {
         (0..5).map(|_| bytes(&[half::f16::from_f32(0.5)])).collect(),
     );
     assert_eq!(r, bytes(&[half::f16::from_f32(2.5)]));
+}
+
+/// A job's segment as the harness states it (in the fast lane's 4-byte elements): a full
+/// payload, which holds half as many of the exact lane's.
+const FULL_F32: u16 = (wire::MAX_PAYLOAD / 4) as u16;
+
+/// Every permutation of `0..n`, in lexicographic order.
+fn permutations(n: usize) -> Vec<Vec<usize>> {
+    if n == 0 {
+        return vec![Vec::new()];
+    }
+    let mut all = Vec::new();
+    for first in 0..n {
+        for rest in permutations(n - 1) {
+            let mut p = vec![first];
+            p.extend(rest.into_iter().map(|r| if r >= first { r + 1 } else { r }));
+            all.push(p);
+        }
+    }
+    all
+}
+
+/// The exact float lane: the switch's sum is the exact sum of the inputs, rounded once,
+/// whatever the order the contributions arrive in — where the fast lane's depends on it
+/// (the blocks 1, 1 and 2^24 give 2^24 + 2 in one order and 2^24 in another); a sum too
+/// wide for the lanes, within one member's segment or across members, is flagged; a
+/// contribution in the other lane is refused for the round.
+#[test]
+fn exact_float_sums_are_the_same_in_every_order() {
+    if !require_root("exact_float_sums_are_the_same_in_every_order") {
+        return;
+    }
+    let mut sw = load_switch();
+    let f32s = |v: &[f32]| bytes(v);
+    // 1, 1 and 2^24 from three members: every arrival order.
+    let inputs = vec![f32s(&[1.0]), f32s(&[1.0]), f32s(&[16_777_216.0])];
+    let want = f32s(&[16_777_218.0]);
+    let mut fast = std::collections::BTreeSet::new();
+    for (i, order) in permutations(3).into_iter().enumerate() {
+        let jid = 200 + i as u32;
+        sw.add_job(jid, job(3, Op::Sum, DType::F32, FULL_F32, 0, 1));
+        let (r, flags) = reduce_in(
+            &mut sw,
+            jid,
+            0,
+            (Op::Sum, DType::F32, Float::Exact),
+            &inputs,
+            &order,
+        );
+        assert_eq!((r, flags), (want.clone(), 0), "exact lane, order {order:?}");
+        let (r, _) = reduce_in(
+            &mut sw,
+            jid,
+            1,
+            (Op::Sum, DType::F32, Float::Fast),
+            &inputs,
+            &order,
+        );
+        fast.insert(f32::from_le_bytes(r[..4].try_into().unwrap()).to_bits());
+        sw.remove_job(jid);
+    }
+    assert!(
+        fast.len() > 1,
+        "the fast lane's sum depends on the order (that is why the exact lane exists)"
+    );
+
+    // Gradient-like data, 4 members, f32, f16 and bf16, sum and avg: every order gives the
+    // same bits, the exact sum rounded once.
+    // Job ids stay below the harness's 256; a job added again starts from cleared slots.
+    let jid = 210;
+    for (op, dtype) in [
+        (Op::Sum, DType::F32),
+        (Op::Avg, DType::F32),
+        (Op::Sum, DType::F16),
+        (Op::Sum, DType::Bf16),
+    ] {
+        let max = wire::max_elements_in(op, dtype, Float::Exact);
+        assert_eq!(max, wire::MAX_PAYLOAD / 8);
+        for len in [1usize, 64, max] {
+            let inputs: Vec<Vec<u8>> = (0..4)
+                .map(|m| data::generate(dtype, len as u64 ^ dtype as u64, m, len))
+                .collect();
+            let mut first: Option<Vec<u8>> = None;
+            for order in permutations(4).into_iter().step_by(5) {
+                sw.add_job(jid, job(4, op, dtype, FULL_F32, 0, 1));
+                let (r, flags) =
+                    reduce_in(&mut sw, jid, 0, (op, dtype, Float::Exact), &inputs, &order);
+                sw.remove_job(jid);
+                assert_eq!(flags, 0, "{op} over {dtype}, {len}");
+                match &first {
+                    None => first = Some(r),
+                    Some(f) => {
+                        assert!(f == &r, "{op} over {dtype}, {len}: order {order:?} differs")
+                    }
+                }
+            }
+            let r = first.unwrap();
+            assert!(
+                r == data::exact_float_sum(op, dtype, &inputs),
+                "{op} over {dtype}, {len}: not the exact sum rounded once"
+            );
+            data::check(op, dtype, len, &inputs, &r)
+                .unwrap_or_else(|e| panic!("{op} over {dtype}, {len}: {e}"));
+        }
+    }
+
+    let mut run = |inputs: Vec<Vec<u8>>| {
+        sw.add_job(jid, job(inputs.len(), Op::Sum, DType::F32, FULL_F32, 0, 1));
+        let order: Vec<usize> = (0..inputs.len()).collect();
+        reduce_in(
+            &mut sw,
+            jid,
+            0,
+            (Op::Sum, DType::F32, Float::Exact),
+            &inputs,
+            &order,
+        )
+    };
+    // Across members: 1 and 2^-60 fit (a sum of 62 bits), 1 and 2^-70 do not.
+    let (r, flags) = run(vec![f32s(&[1.0]), f32s(&[2f32.powi(-60)])]);
+    assert_eq!((r, flags), (f32s(&[1.0]), 0));
+    let (_, flags) = run(vec![f32s(&[1.0]), f32s(&[2f32.powi(-70)])]);
+    assert_eq!(flags & ENC_OVERFLOW, ENC_OVERFLOW, "flagged by the switch");
+    // Within one member's segment: 1e30 beside 1e-30 does not fit 63 bits.
+    let (_, flags) = run(vec![f32s(&[1e30, 1e-30]), f32s(&[1.0, 1.0])]);
+    assert_eq!(flags & ENC_OVERFLOW, ENC_OVERFLOW, "flagged by the member");
+    // Zeros beside anything, and all zeros.
+    let (r, flags) = run(vec![f32s(&[0.0, 0.0]), f32s(&[3e-40, 0.0])]);
+    assert_eq!((r, flags), (f32s(&[3e-40, 0.0]), 0));
+
+    // A round started in one lane refuses the other's contribution.
+    sw.add_job(jid, job(2, Op::Sum, DType::F32, FULL_F32, 0, 1));
+    let before = sw.counter(Counter::DropBadOp);
+    for (m, float) in [(0u8, Float::Fast), (1, Float::Exact)] {
+        let lane = wire::lane_in(Op::Sum, DType::F32, float).unwrap();
+        let lanes = vec![0u8; 4 * lane.size()];
+        let h = Header::builder(Kind::Contribution)
+            .op(Op::Sum)
+            .dtype(DType::F32)
+            .job(jid)
+            .member(m)
+            .float(float)
+            .count(4)
+            .build();
+        let mut udp = vec![0u8; HEADER_LEN + wire::payload_len(lanes.len(), 1)];
+        wire::encode(&h, &lanes, &mut udp).unwrap();
+        sw.run(&frame(&member(m), PORT, &udp));
+    }
+    assert_eq!(sw.counter(Counter::DropBadOp), before + 1);
 }

@@ -331,32 +331,42 @@ fn ring_of_hosts() {
 /// Ops and types through the aggregation points of `lab` (messages from `first`): through
 /// three levels (a spine over leaves over hosts: 7 points) and through a ring (4 hosts):
 /// integers bit-exact, float sums within the bound for N ranks and P points
-/// (docs/types.md), avg divided once, every rank the same bits.
+/// (docs/types.md), avg divided once, every rank the same bits; in the exact float lane,
+/// the exact sum rounded once, whatever the points in between.
 fn ops_and_types(lab: &TreeLab, points: usize, first: u32) {
-    use xagg_common::wire::{DType, Op};
+    use xagg_common::wire::{DType, Float, Op};
     let cases = [
-        (Op::Sum, DType::F32),
-        (Op::Avg, DType::F32),
-        (Op::Sum, DType::F64),
-        (Op::Avg, DType::Bf16),
-        (Op::Max, DType::F16),
-        (Op::Avg, DType::I64),
-        (Op::Xor, DType::U32),
-        (Op::Min, DType::I32),
+        (Op::Sum, DType::F32, Float::Fast),
+        (Op::Avg, DType::F32, Float::Fast),
+        (Op::Sum, DType::F64, Float::Fast),
+        (Op::Avg, DType::Bf16, Float::Fast),
+        (Op::Max, DType::F16, Float::Fast),
+        (Op::Avg, DType::I64, Float::Fast),
+        (Op::Xor, DType::U32, Float::Fast),
+        (Op::Min, DType::I32, Float::Fast),
+        (Op::Sum, DType::F32, Float::Exact),
+        (Op::Avg, DType::Bf16, Float::Exact),
     ];
     let topology = &lab.topology;
-    for (m, (op, dtype)) in cases.into_iter().enumerate() {
+    for (m, (op, dtype, float)) in cases.into_iter().enumerate() {
         let n = 9_001;
         let inputs: Vec<Vec<u8>> = (0..lab.ranks.len())
             .map(|r| xagg_worker::data::generate(dtype, m as u64, r as u32, n))
             .collect();
         let results = lab
-            .allreduce_as(first + m as u32, op, dtype, &inputs)
-            .unwrap_or_else(|e| panic!("{topology:?}, {op} over {dtype}: {e:#}"));
+            .allreduce_as(first + m as u32, (op, dtype, float), &inputs)
+            .unwrap_or_else(|e| panic!("{topology:?}, {op} over {dtype} ({float}): {e:#}"));
         assert!(
             results.iter().all(|r| r == &results[0]),
-            "{topology:?}, {op} over {dtype}: ranks differ"
+            "{topology:?}, {op} over {dtype} ({float}): ranks differ"
         );
+        if float == Float::Exact {
+            assert!(
+                results[0] == xagg_worker::data::exact_float_sum(op, dtype, &inputs),
+                "{topology:?}, {op} over {dtype}: not the exact sum rounded once"
+            );
+            continue;
+        }
         let lane = xagg_common::wire::lane(op, dtype).unwrap();
         let segment = xagg_common::wire::MAX_PAYLOAD / lane.size();
         let worst =

@@ -3,7 +3,7 @@
 
 use xagg_common::{
     slot::ShadowState,
-    wire::{DType, Header, Kind, Op, FLAG_LAST, FLAG_SHADOW, HEADER_LEN, PAYLOAD_OFFSET},
+    wire::{DType, Float, Header, Kind, Op, FLAG_LAST, FLAG_SHADOW, HEADER_LEN, PAYLOAD_OFFSET},
     Counter,
 };
 use xagg_tests::*;
@@ -160,7 +160,7 @@ fn f64_matches_its_vector() {
     let values = [1.0f64, -0.5];
     let src: Vec<u8> = values.iter().flat_map(|x| x.to_le_bytes()).collect();
     let mut lanes = [0u8; 16];
-    let enc = xagg_worker::codec::encode(Op::Sum, DType::F64, 2, &src, &mut lanes);
+    let enc = xagg_worker::codec::encode(Op::Sum, DType::F64, Float::Fast, 2, &src, &mut lanes);
     // Vector 1's coordinates, with this type, count and exponent.
     let mut h = vector1_header(Kind::Contribution);
     h.dtype = DType::F64 as u8;
@@ -174,6 +174,12 @@ fn f64_matches_its_vector() {
     let p = xagg_common::wire::decode(&v).unwrap();
     assert_eq!(p.header.exponent(), -55);
     let mut back = [0u8; 16];
-    xagg_worker::codec::decode(Op::Sum, DType::F64, 1, p.payload, -55, &mut back);
+    xagg_worker::codec::decode(
+        (Op::Sum, DType::F64, Float::Fast),
+        1,
+        p.payload,
+        -55,
+        &mut back,
+    );
     assert_eq!(back.to_vec(), src);
 }

@@ -17,7 +17,7 @@ use anyhow::{Context, Result};
 use serde::Deserialize;
 use xagg_api::lane;
 use xagg_common::{
-    wire::{DType, Op},
+    wire::{self, DType, Float, Op},
     JobShape,
 };
 
@@ -69,7 +69,14 @@ pub struct AllreduceArgs {
     /// The job's data type (default i32): i32 | u32 | i64 | f32 | f64 | f16 | bf16.
     #[arg(long)]
     dtype: Option<DType>,
-    /// The job's segment length in elements.
+    /// How float sums travel: fast (block floating point, one exponent per segment: a
+    /// bound on the error, the last bits dependent on the order contributions meet) or
+    /// exact (the exact sum of the inputs rounded once, the same bits whatever the order;
+    /// f32, f16 and bf16 travel as 8 bytes; a segment too wide for it fails, flagged).
+    /// Every member must use the same.
+    #[arg(long, default_value = "fast")]
+    pub(crate) float: Float,
+    /// The job's segment length in elements (of the lane the op and type travel in).
     #[arg(long)]
     segment: Option<usize>,
     /// The job's slot count.
@@ -228,7 +235,9 @@ impl Member {
             members,
             slots,
             segment,
-            lane(op, dtype).map_err(anyhow::Error::msg)?,
+            // What the switch does not reduce is refused in either mode.
+            wire::lane_in(op, dtype, a.float)
+                .map_or_else(|| lane(op, dtype).map_err(anyhow::Error::msg), Ok)?,
         )
         .map_err(|e| anyhow::anyhow!("--{}: {e}", e.field()))?;
         Ok(Member {

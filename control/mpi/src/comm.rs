@@ -15,6 +15,7 @@ use std::{
     net::{SocketAddr, SocketAddrV4},
 };
 
+use xagg_common::wire::Float;
 use xagg_worker::{route::Route, JobKey, JoinSettings, Placement, Secret, Worker};
 
 use crate::{
@@ -197,8 +198,24 @@ pub fn create(comm: Comm) -> CommState {
     }
     // Safety: 48 bytes from rank 0 over our duplicate.
     unsafe { (p.bcast)(secrets.as_mut_ptr().cast(), 48, handles().byte, 0, private) };
-    let route = match shared_route(private, rank, size) {
+    let route = Route::parse(
+        Some(&shared_setting(private, rank, "XAGG_ROUTE")),
+        size as usize,
+    )
+    .map_err(|e| format!("rank 0's {e}"));
+    let route = match route {
         Ok(r) => r,
+        Err(why) => return state(fail(&mut private, why)),
+    };
+    // Exact float sums unless rank 0 says otherwise: the fast lane may lose an element
+    // far smaller than its segment's largest, which Open MPI's sum keeps.
+    let float = xagg_worker::float_mode(
+        Some(&shared_setting(private, rank, "XAGG_FLOAT")),
+        Float::Exact,
+    )
+    .map_err(|e| format!("rank 0's {e}"));
+    let float = match float {
+        Ok(f) => f,
         Err(why) => return state(fail(&mut private, why)),
     };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
@@ -211,6 +228,7 @@ pub fn create(comm: Comm) -> CommState {
     }
     let settings = JoinSettings {
         segment: Some(smallest(private, segment.expect("agreed"))),
+        float,
         ..settings
     };
     let joined = daemons(private, settings.daemon, size)
@@ -243,12 +261,13 @@ pub fn create(comm: Comm) -> CommState {
     }
 }
 
-/// Rank 0's `XAGG_ROUTE`, read alike by every rank. Collective over `comm`.
-fn shared_route(comm: Comm, rank: c_int, size: c_int) -> Result<Route, String> {
+/// Rank 0's value of the environment variable `name` (empty if unset), read alike by every
+/// rank. Collective over `comm`.
+fn shared_setting(comm: Comm, rank: c_int, name: &str) -> String {
     const LEN: usize = 256;
     let mut text = [0u8; LEN];
     if rank == 0 {
-        let v = std::env::var("XAGG_ROUTE").unwrap_or_default();
+        let v = std::env::var(name).unwrap_or_default();
         let n = v.len().min(LEN - 1);
         text[..n].copy_from_slice(&v.as_bytes()[..n]);
     }
@@ -263,8 +282,7 @@ fn shared_route(comm: Comm, rank: c_int, size: c_int) -> Result<Route, String> {
         )
     };
     let end = text.iter().position(|&b| b == 0).unwrap_or(LEN);
-    let v = String::from_utf8_lossy(&text[..end]);
-    Route::parse(Some(&v), size as usize).map_err(|e| format!("rank 0's {e}"))
+    String::from_utf8_lossy(&text[..end]).into_owned()
 }
 
 /// Every rank's peer responder, in rank order. Collective over `comm`.

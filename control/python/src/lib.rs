@@ -11,7 +11,7 @@ use pyo3::{
     exceptions::{PyException, PyTypeError, PyValueError},
     prelude::*,
 };
-use xagg_common::wire::{DType, Op};
+use xagg_common::wire::{DType, Float, Op};
 use xagg_worker::{
     settings::parse_credential, AllreduceError, Buffer, JobKey, JoinSettings, Placement, Secret,
     Worker,
@@ -404,12 +404,13 @@ impl Job {
 
     /// Joins the job the environment describes (`xagg.from_env`): the settings from
     /// `XAGG_DAEMON`, `XAGG_CREDENTIAL`, `XAGG_CREDENTIAL_FILE`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS` and
-    /// `XAGG_GIVE_UP_MS`; the job's key and secret from `XAGG_JOB_KEY` and
+    /// `XAGG_GIVE_UP_MS`, the float mode from `XAGG_FLOAT` (`fast`, the default, or `exact`);
+    /// the job's key and secret from `XAGG_JOB_KEY` and
     /// `XAGG_JOB_SECRET`; the rank and size from the launcher; with `XAGG_COORDINATOR`,
     /// this host's ranks from the launcher. Keyword arguments override them; with
     /// `daemons` given, the launcher's host ranks are not read.
     #[staticmethod]
-    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None, segment = None))]
+    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None, segment = None, float = None))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn from_env(
         py: Python<'_>,
@@ -427,6 +428,7 @@ impl Job {
         local_size: Option<usize>,
         coordinator: Option<String>,
         segment: Option<usize>,
+        float: Option<String>,
     ) -> PyResult<Self> {
         let mut place = Place {
             daemons,
@@ -499,6 +501,10 @@ impl Job {
         }
         .apply(&mut settings)?;
         settings.segment = segment;
+        // How float sums travel: `float`, else XAGG_FLOAT; the fast lane by default.
+        let float = float.or_else(|| std::env::var("XAGG_FLOAT").ok());
+        settings.float = xagg_worker::float_mode(float.as_deref(), Float::Fast)
+            .map_err(PyValueError::new_err)?;
         Self::join_as(py, settings, rank, size, &key, &secret, place)
     }
 

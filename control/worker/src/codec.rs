@@ -19,7 +19,7 @@
 //! Buffers hold little-endian elements (the native layout of the hosts this runs on).
 
 use half::{bf16, f16};
-use xagg_common::wire::{lane, DType, Lane, Op, ENC_NONFINITE};
+use xagg_common::wire::{lane_in, DType, Float, Lane, Op, ENC_NONFINITE, ENC_OVERFLOW};
 
 /// Mantissa bits of block floating point.
 pub const BFP_BITS: i32 = 24;
@@ -39,6 +39,8 @@ pub const fn native_size(dtype: DType) -> usize {
 pub struct Encoded {
     pub exponent: i16,
     pub flags: u16,
+    /// The exact lane's: every mantissa below 2^`magnitude` in magnitude.
+    pub magnitude: u8,
 }
 
 /// Writes `x` rounded once (to nearest even) to `dtype`.
@@ -147,10 +149,17 @@ pub const fn bfp_bits(dtype: DType, ranks: usize) -> i32 {
     }
 }
 
-/// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op`, in
-/// a job of `ranks` ranks.
-pub fn encode(op: Op, dtype: DType, ranks: usize, src: &[u8], out: &mut [u8]) -> Encoded {
-    let l = lane(op, dtype).expect("the job's op and type have a lane");
+/// Encodes the `src` elements of `dtype` into `out` (count x lane size bytes) for `op` in
+/// float mode `float`, in a job of `ranks` ranks.
+pub fn encode(
+    op: Op,
+    dtype: DType,
+    float: Float,
+    ranks: usize,
+    src: &[u8],
+    out: &mut [u8],
+) -> Encoded {
+    let l = lane_in(op, dtype, float).expect("the job's op and type have a lane");
     let mut enc = Encoded::default();
     match l {
         Lane::I32 | Lane::U32 => out[..src.len()].copy_from_slice(src),
@@ -205,6 +214,19 @@ pub fn encode(op: Op, dtype: DType, ranks: usize, src: &[u8], out: &mut [u8]) ->
             _ => enc = key_encode(src, out, 2, bf16_bytes_to_f32),
         },
         Lane::Bfp64 => enc = bfp64_encode(src, out, bfp_bits(dtype, ranks)),
+        Lane::Exact => match dtype {
+            DType::F32 => {
+                enc = exact_encode(src, out, 4, |b| {
+                    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                })
+            }
+            DType::F16 => {
+                enc = exact_encode(src, out, 2, |b| {
+                    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+                })
+            }
+            _ => enc = exact_encode(src, out, 2, bf16_bytes_to_f32),
+        },
         Lane::Key64 => {
             let mut nan = false;
             for (s, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
@@ -308,6 +330,76 @@ fn bfp_encode(
     enc
 }
 
+/// Bits the exact lane's mantissas may have: 63 and the sign.
+pub const EXACT_BITS: i32 = 63;
+
+/// An f32's value as `mantissa * 2^exponent` (the mantissa below 2^24; subnormals too).
+#[inline(always)]
+fn f32_parts(x: f32) -> (u32, i32) {
+    let bits = x.to_bits();
+    let biased = ((bits >> 23) & 0xff) as i32;
+    let fraction = bits & 0x7f_ffff;
+    if biased == 0 {
+        (fraction, -149)
+    } else {
+        (fraction | 0x80_0000, biased - 150)
+    }
+}
+
+/// The exact lane: every element an exact multiple of 2^k, k the lowest set bit's weight
+/// over the segment, so the mantissas `x / 2^k` are integers that lose nothing. A segment
+/// whose mantissas would need more than [`EXACT_BITS`] is flagged ([`ENC_OVERFLOW`]) and
+/// travels as zeros; NaN and infinities are flagged as in every float lane.
+#[inline(always)]
+fn exact_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f32) -> Encoded {
+    let mut enc = Encoded::default();
+    // The lowest set bit's weight and the highest bit's, over the finite non-zero elements.
+    let (mut low, mut top) = (i32::MAX, i32::MIN);
+    for b in src.chunks_exact(size) {
+        let x = load(b);
+        if !x.is_finite() {
+            enc.flags |= ENC_NONFINITE;
+        } else if x != 0.0 {
+            let (m, e) = f32_parts(x);
+            low = low.min(e + m.trailing_zeros() as i32);
+            top = top.max(e + 32 - m.leading_zeros() as i32);
+        }
+    }
+    let zeros = |out: &mut [u8]| out[..src.len() / size * 8].fill(0);
+    if top == i32::MIN {
+        zeros(out);
+        return enc;
+    }
+    if top - low > EXACT_BITS {
+        enc.flags |= ENC_OVERFLOW;
+        zeros(out);
+        return enc;
+    }
+    enc.exponent = low as i16;
+    enc.magnitude = (top - low) as u8;
+    for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(8)) {
+        let x = load(b);
+        let v = if x.is_finite() && x != 0.0 {
+            let (m, e) = f32_parts(x);
+            // m's low bits below 2^low are zero: a right shift loses nothing.
+            let v = if e >= low {
+                (m as i64) << (e - low)
+            } else {
+                (m >> (low - e)) as i64
+            };
+            if x < 0.0 {
+                -v
+            } else {
+                v
+            }
+        } else {
+            0
+        };
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    enc
+}
+
 /// Order-preserving keys; NaN is flagged.
 #[inline(always)]
 fn key_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f32) -> Encoded {
@@ -318,15 +410,22 @@ fn key_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f
         o.copy_from_slice(&key(x).to_le_bytes());
     }
     Encoded {
-        exponent: 0,
         flags: if nan { ENC_NONFINITE } else { 0 },
+        ..Encoded::default()
     }
 }
 
-/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`. `ranks` is the
-/// number of contributions in all levels (for `avg`, divided once, here).
-pub fn decode(op: Op, dtype: DType, ranks: u32, payload: &[u8], exponent: i16, dst: &mut [u8]) {
-    let l = lane(op, dtype).expect("the job's op and type have a lane");
+/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`, `op` in float
+/// mode `float`. `ranks` is the number of contributions in all levels (for `avg`, divided
+/// once, here).
+pub fn decode(
+    (op, dtype, float): (Op, DType, Float),
+    ranks: u32,
+    payload: &[u8],
+    exponent: i16,
+    dst: &mut [u8],
+) {
+    let l = lane_in(op, dtype, float).expect("the job's op and type have a lane");
     let size = dtype.size();
     let n = dst.len() / size;
     let avg = op == Op::Avg;
@@ -367,6 +466,29 @@ pub fn decode(op: Op, dtype: DType, ranks: u32, payload: &[u8], exponent: i16, d
             for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
                 let m = i64::from_le_bytes(p.try_into().unwrap()) as f64;
                 d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+            }
+        }
+        Lane::Exact => {
+            // The exact sum, rounded once: an i64 converts to the nearest f32 (ties to
+            // even), and scaling a 24-bit value by a power of two is exact but into the
+            // subnormals. f16 and bf16 round once from the f64 (exact below 2^53); avg
+            // divides the f64 and rounds again. A pure function of the sum: the same bits
+            // on every rank, every run.
+            let scale = Scale::new(exponent as i32);
+            let sums = payload
+                .chunks_exact(8)
+                .take(n)
+                .map(|p| i64::from_le_bytes(p.try_into().unwrap()));
+            match (dtype, avg) {
+                (DType::F32, false) => sums.zip(dst.chunks_exact_mut(4)).for_each(|(m, d)| {
+                    let x = scale.apply((m as f32) as f64) as f32;
+                    d.copy_from_slice(&x.to_le_bytes())
+                }),
+                _ => {
+                    let div = if avg { ranks as f64 } else { 1.0 };
+                    sums.zip(dst.chunks_exact_mut(size))
+                        .for_each(|(m, d)| put(dtype, scale.apply(m as f64) / div, d))
+                }
             }
         }
         Lane::Key64 => {
@@ -521,9 +643,15 @@ mod tests {
         let xs: Vec<f64> = vec![1.0, -2.5, 1e-3, 123.456, 0.0, 1.0 / 3.0];
         let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut lanes = vec![0u8; src.len()];
-        let e = encode(Op::Sum, DType::F64, 2, &src, &mut lanes);
+        let e = encode(Op::Sum, DType::F64, Float::Fast, 2, &src, &mut lanes);
         let mut dst = vec![0u8; src.len()];
-        decode(Op::Sum, DType::F64, 1, &lanes, e.exponent, &mut dst);
+        decode(
+            (Op::Sum, DType::F64, Float::Fast),
+            1,
+            &lanes,
+            e.exponent,
+            &mut dst,
+        );
         for (i, x) in xs.iter().enumerate() {
             let y = f64::from_le_bytes(dst[i * 8..i * 8 + 8].try_into().unwrap());
             assert!((y - x).abs() <= 123.456 * 2f64.powi(-55), "{x} -> {y}");
@@ -531,10 +659,9 @@ mod tests {
         // Segments of tiny (subnormal) and huge values keep their bits too.
         for x in [5e-324f64, 3e-310, 1.7e308] {
             let src = [x.to_le_bytes(), (-x).to_le_bytes()].concat();
-            let e = encode(Op::Sum, DType::F64, 2, &src, &mut lanes[..16]);
+            let e = encode(Op::Sum, DType::F64, Float::Fast, 2, &src, &mut lanes[..16]);
             decode(
-                Op::Sum,
-                DType::F64,
+                (Op::Sum, DType::F64, Float::Fast),
                 1,
                 &lanes[..16],
                 e.exponent,
@@ -549,9 +676,15 @@ mod tests {
         let xs: Vec<f32> = vec![1.0, -2.5, 1e-3, 123.456, 0.0];
         let src: Vec<u8> = xs.iter().flat_map(|x| x.to_le_bytes()).collect();
         let mut lanes = vec![0u8; xs.len() * 4];
-        let e = encode(Op::Sum, DType::F32, 2, &src, &mut lanes);
+        let e = encode(Op::Sum, DType::F32, Float::Fast, 2, &src, &mut lanes);
         let mut dst = vec![0u8; src.len()];
-        decode(Op::Sum, DType::F32, 1, &lanes, e.exponent, &mut dst);
+        decode(
+            (Op::Sum, DType::F32, Float::Fast),
+            1,
+            &lanes,
+            e.exponent,
+            &mut dst,
+        );
         for (i, x) in xs.iter().enumerate() {
             let y = f32::from_le_bytes(dst[i * 4..i * 4 + 4].try_into().unwrap());
             assert!((y - x).abs() <= 123.456 * 2f32.powi(-23), "{x} -> {y}");
@@ -566,11 +699,11 @@ mod tests {
             .collect();
         let mut lanes = vec![0u8; 8];
         assert_eq!(
-            encode(Op::Sum, DType::F32, 2, &src, &mut lanes).flags,
+            encode(Op::Sum, DType::F32, Float::Fast, 2, &src, &mut lanes).flags,
             ENC_NONFINITE
         );
         assert_eq!(
-            encode(Op::Max, DType::F32, 2, &src, &mut lanes).flags,
+            encode(Op::Max, DType::F32, Float::Fast, 2, &src, &mut lanes).flags,
             ENC_NONFINITE
         );
         let src: Vec<u8> = [1.0f32, f32::INFINITY]
@@ -578,13 +711,79 @@ mod tests {
             .flat_map(|x| x.to_le_bytes())
             .collect();
         assert_eq!(
-            encode(Op::Sum, DType::F32, 2, &src, &mut lanes).flags,
+            encode(Op::Sum, DType::F32, Float::Fast, 2, &src, &mut lanes).flags,
             ENC_NONFINITE
         );
         assert_eq!(
-            encode(Op::Max, DType::F32, 2, &src, &mut lanes).flags,
+            encode(Op::Max, DType::F32, Float::Fast, 2, &src, &mut lanes).flags,
             0,
             "max carries infinities exactly"
         );
+    }
+}
+
+#[cfg(test)]
+mod exact_tests {
+    use super::*;
+
+    /// The switch's exact fold, in Rust: every block aligned to the smallest exponent.
+    fn fold(blocks: &[(Vec<u8>, Encoded)]) -> (Vec<u8>, i16) {
+        let k = blocks
+            .iter()
+            .filter(|(_, e)| e.magnitude > 0)
+            .map(|(_, e)| e.exponent)
+            .min()
+            .unwrap_or(0);
+        let n = blocks[0].0.len() / 8;
+        let mut acc = vec![0i64; n];
+        for (b, e) in blocks {
+            if e.magnitude == 0 {
+                continue;
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let m = i64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
+                *a += m << (e.exponent - k);
+            }
+        }
+        (acc.iter().flat_map(|a| a.to_le_bytes()).collect(), k)
+    }
+
+    #[test]
+    fn exact_lane_gives_the_exact_sum_rounded_once() {
+        for (op, dtype) in [
+            (Op::Sum, DType::F32),
+            (Op::Avg, DType::F32),
+            (Op::Sum, DType::Bf16),
+        ] {
+            for seed in 0..50u64 {
+                let inputs: Vec<Vec<u8>> = (0..4)
+                    .map(|m| crate::data::generate(dtype, seed, m, 64))
+                    .collect();
+                let blocks: Vec<(Vec<u8>, Encoded)> = inputs
+                    .iter()
+                    .map(|src| {
+                        let mut out = vec![0u8; 64 * 8];
+                        let e = encode(op, dtype, Float::Exact, 4, src, &mut out);
+                        (out, e)
+                    })
+                    .collect();
+                let (sum, k) = fold(&blocks);
+                let mut got = vec![0u8; 64 * dtype.size()];
+                decode((op, dtype, Float::Exact), 4, &sum, k, &mut got);
+                let want = crate::data::exact_float_sum(op, dtype, &inputs);
+                for i in 0..64 {
+                    let s = dtype.size();
+                    assert_eq!(
+                        got[i * s..i * s + s],
+                        want[i * s..i * s + s],
+                        "{op} {dtype} seed {seed} element {i}: inputs {:?}",
+                        inputs
+                            .iter()
+                            .map(|b| &b[i * s..i * s + s])
+                            .collect::<Vec<_>>()
+                    );
+                }
+            }
+        }
     }
 }

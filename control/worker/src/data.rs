@@ -98,6 +98,62 @@ fn exact_sum(xs: &[f64]) -> f64 {
     s + c
 }
 
+/// The bits the exact float lane must give for `op` (sum or avg) over the f32, f16 or bf16
+/// `inputs` (one buffer per member): each element's exact sum — the members' values as
+/// integers times 2^k, k the smallest of their exponents, summed in i128 (exact while they
+/// span under 100 binary orders) — rounded once to `dtype` (f32 straight from the integer;
+/// f16 and bf16 from its f64, exact below 2^53), avg's f64 divided once more. Computed
+/// apart from the codec's arithmetic, as the tests' reference.
+pub fn exact_float_sum(op: Op, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
+    let size = dtype.size();
+    let n = inputs[0].len() / size;
+    let mut out = Vec::with_capacity(n * size);
+    // x * 2^k for any k an f32 sum reaches, as two factors within f64's normal range.
+    let scale = |x: f64, k: i32| x * 2f64.powi(k / 2) * 2f64.powi(k - k / 2);
+    for i in 0..n {
+        // Each value as (sign, integer mantissa, exponent).
+        let parts: Vec<(bool, i128, i32)> = inputs
+            .iter()
+            .map(|b| as_f64(dtype, &b[i * size..]) as f32)
+            .filter(|x| *x != 0.0)
+            .map(|x| {
+                let bits = x.to_bits();
+                let (biased, fraction) = (((bits >> 23) & 0xff) as i32, (bits & 0x7f_ffff) as i128);
+                let (m, e) = if biased == 0 {
+                    (fraction, -149)
+                } else {
+                    (fraction | 0x80_0000, biased - 150)
+                };
+                (x < 0.0, m, e)
+            })
+            .collect();
+        let k = parts.iter().map(|p| p.2).min().unwrap_or(0);
+        let acc: i128 = parts
+            .iter()
+            .map(|&(neg, m, e)| if neg { -(m << (e - k)) } else { m << (e - k) })
+            .sum();
+        match (dtype, op) {
+            (DType::F32, Op::Sum) => {
+                out.extend_from_slice(&(scale((acc as f32) as f64, k) as f32).to_le_bytes())
+            }
+            _ => {
+                let div = if op == Op::Avg {
+                    inputs.len() as f64
+                } else {
+                    1.0
+                };
+                let x = scale(acc as f64, k) / div;
+                match dtype {
+                    DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
+                    DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_bits().to_le_bytes()),
+                    _ => out.extend_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes()),
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Relative rounding of a value converted to `dtype`, and the smallest step near zero. A
 /// double result is rounded twice (the sum of mantissas to a double, then avg's division):
 /// a whole ulp.

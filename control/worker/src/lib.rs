@@ -95,9 +95,9 @@ pub use params::{WorkerParams, COLLECTIVE_TIMEOUT, MIN_TIMEOUT};
 pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
-pub use settings::{JoinSettings, JOIN_TIMEOUT};
+pub use settings::{float_mode, JoinSettings, JOIN_TIMEOUT};
 use transport::Transport;
-use xagg_common::wire::{self, DType, Lane, Op};
+use xagg_common::wire::{self, DType, Float, Lane, Op};
 pub use xagg_join::{CredentialKey, JobKey, Levels, MemberReply, Secret};
 
 /// Writes `xagg: msg` to stderr in one write (the lines of processes sharing a terminal do
@@ -126,23 +126,30 @@ macro_rules! element {
 }
 element!(i32 => I32, u32 => U32, i64 => I64, f32 => F32, half::f16 => F16, half::bf16 => Bf16, f64 => F64);
 
-/// What a message reduces: its op and data type, and the lane they travel in.
+/// What a message reduces: its op and data type, the float mode, and the lane they
+/// travel in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Reduction {
     pub op: Op,
     pub dtype: DType,
+    pub float: Float,
     pub lane: Lane,
 }
 
 impl Reduction {
-    /// `op` over `dtype`, if the switch reduces it.
-    pub fn new(op: Op, dtype: DType) -> Result<Self, AllreduceError> {
-        let lane = wire::lane(op, dtype).ok_or_else(|| {
+    /// `op` over `dtype` in float mode `float`, if the switch reduces it.
+    pub fn new(op: Op, dtype: DType, float: Float) -> Result<Self, AllreduceError> {
+        let lane = wire::lane_in(op, dtype, float).ok_or_else(|| {
             AllreduceError::Invalid(format!(
                 "{op} over {dtype} is not supported (floats take sum, min, max, avg)"
             ))
         })?;
-        Ok(Self { op, dtype, lane })
+        Ok(Self {
+            op,
+            dtype,
+            float,
+            lane,
+        })
     }
 }
 
@@ -159,7 +166,7 @@ impl Worker {
     pub fn new(p: WorkerParams) -> Result<Self, AllreduceError> {
         p.lane()?;
         check_mtu(&p)?;
-        Reduction::new(p.op, p.dtype)?;
+        Reduction::new(p.op, p.dtype, p.float)?;
         let transport = Transport::new(&p)?;
         Ok(Self {
             inner: Arc::new(WorkerInner::new(p, transport)),
@@ -432,7 +439,7 @@ impl Worker {
         shared: Arc<Shared>,
     ) -> Result<(), AllreduceError> {
         let dtype = output.dtype();
-        let r = Reduction::new(op, dtype)?;
+        let r = Reduction::new(op, dtype, self.params().float)?;
         if let Some(i) = &input {
             if i.dtype() != dtype || i.len() != output.len() {
                 return Err(AllreduceError::Invalid(format!(

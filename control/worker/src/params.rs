@@ -4,7 +4,7 @@
 use std::{net::SocketAddrV4, time::Duration};
 
 use xagg_common::{
-    wire::{self, DType, Lane, Op},
+    wire::{self, DType, Float, Lane, Op},
     JobShape,
 };
 
@@ -77,6 +77,11 @@ pub struct WorkerParams {
     /// `None`: learned from the switch ([`crate::Worker::sync`]) — the message in progress
     /// on the job, or the one after the newest.
     pub first_message: Option<u32>,
+    /// How float sums travel ([`Float`]): the fast lane (one exponent per segment, a bound
+    /// on the error) or the exact one (the sum of exactly the inputs, the same bits
+    /// whatever the order; twice f32's bytes). Every member of a job must use the same:
+    /// the switch refuses a contribution in the other lane (`drop_bad_op`).
+    pub float: Float,
 }
 
 impl WorkerParams {
@@ -112,6 +117,7 @@ impl WorkerParams {
             afxdp: None,
             spin: Duration::from_micros(100),
             first_message: None,
+            float: Float::Fast,
         }
     }
 
@@ -161,13 +167,16 @@ impl WorkerParams {
         if let Some(ms) = optional::<u64>("XAGG_GIVE_UP_MS", "10000")? {
             p.give_up = Duration::from_millis(ms);
         }
+        if let Some(f) = optional::<Float>("XAGG_FLOAT", "exact")? {
+            p.float = f;
+        }
         Ok(p)
     }
 
     /// The wire lane of the job's op and type, checked against the shape: what every
     /// segment's payload is made of.
     pub fn lane(&self) -> Result<Lane, AllreduceError> {
-        let lane = wire::lane(self.op, self.dtype).ok_or_else(|| {
+        let lane = wire::lane_in(self.op, self.dtype, self.float).ok_or_else(|| {
             AllreduceError::Invalid(format!(
                 "{} over {} is not supported (floats take sum, min, max, avg)",
                 self.op, self.dtype

@@ -1,6 +1,6 @@
 //! Joining a job from the settings a launcher hands every rank (`XAGG_DAEMON`,
 //! `XAGG_CREDENTIAL`, `XAGG_CREDENTIAL_FILE`, `XAGG_SLOTS`, `XAGG_JOIN_TIMEOUT_MS`,
-//! `XAGG_GIVE_UP_MS`, `XAGG_TIMEOUT_S`): what the
+//! `XAGG_GIVE_UP_MS`, `XAGG_TIMEOUT_S`; `XAGG_FLOAT`, as rank 0 has it): what the
 //! MPI library and the Python module share. The caller brings what its ranks agree on —
 //! the job's key and secret, and this rank's [`Placement`] — and gets a worker that has
 //! joined and learnt the job's state from the switch.
@@ -11,7 +11,7 @@ use std::{
 };
 
 use xagg_common::{
-    wire::{payload_for_mtu, MAX_PAYLOAD},
+    wire::{payload_for_mtu, Float, MAX_PAYLOAD},
     JobShape,
 };
 
@@ -51,6 +51,9 @@ pub struct JoinSettings {
     /// The job's segment in bytes, as every rank agreed (the smallest of their
     /// [`JoinSettings::segment_bytes`]); unset: this rank's path's own.
     pub segment: Option<usize>,
+    /// How float sums travel (`XAGG_FLOAT`, as rank 0 has it: the caller shares it, since
+    /// every rank must use the same); the library's default is the fast lane.
+    pub float: Float,
 }
 
 impl JoinSettings {
@@ -64,6 +67,7 @@ impl JoinSettings {
             give_up: None,
             collective_timeout: None,
             segment: None,
+            float: Float::Fast,
         }
     }
 
@@ -167,7 +171,17 @@ impl JoinSettings {
             if let Some(t) = self.collective_timeout {
                 p.collective_timeout = t;
             }
+            p.float = self.float;
         })
+    }
+}
+
+/// The float mode `XAGG_FLOAT=value` names (`fast` or `exact`); `default` where it is
+/// empty or unset. The error names the setting and the values it takes.
+pub fn float_mode(value: Option<&str>, default: Float) -> Result<Float, String> {
+    match value.map(str::trim) {
+        None | Some("") => Ok(default),
+        Some(v) => v.parse().map_err(|e| format!("XAGG_FLOAT={v}: {e}")),
     }
 }
 

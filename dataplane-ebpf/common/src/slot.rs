@@ -40,10 +40,12 @@ pub enum Fold {
     And,
     Or,
     Xor,
+    /// Exact sum of 64-bit mantissas, aligned to the smaller exponent by left shifts.
+    SumExact,
 }
 
 impl Fold {
-    pub const COUNT: usize = 15;
+    pub const COUNT: usize = 16;
 
     pub const ALL: [Fold; Self::COUNT] = [
         Self::Sum32,
@@ -61,6 +63,7 @@ impl Fold {
         Self::And,
         Self::Or,
         Self::Xor,
+        Self::SumExact,
     ];
 
     /// The fold of `op` over `lane`, if the switch reduces it.
@@ -71,6 +74,7 @@ impl Fold {
             (Op::Sum | Op::Avg, I64) | (Op::Avg, I64Split) => Self::Sum64,
             (Op::Sum | Op::Avg, Bfp32) => Self::SumBfp,
             (Op::Sum | Op::Avg, Bfp64) => Self::SumBfp64,
+            (Op::Sum | Op::Avg, Exact) => Self::SumExact,
             (Op::Min, I32) => Self::MinI32,
             (Op::Min, U32 | Key32) => Self::MinU32,
             (Op::Min, I64 | Key64) => Self::MinI64,
@@ -104,6 +108,7 @@ impl Fold {
             Self::And => "xagg_fold_and",
             Self::Or => "xagg_fold_or",
             Self::Xor => "xagg_fold_xor",
+            Self::SumExact => "xagg_fold_sum_exact",
         }
     }
 }
@@ -128,6 +133,7 @@ impl Fold {
             Self::And => "xagg_cpu_and",
             Self::Or => "xagg_cpu_or",
             Self::Xor => "xagg_cpu_xor",
+            Self::SumExact => "xagg_cpu_sum_exact",
         }
     }
 }
@@ -195,10 +201,17 @@ pub struct ShadowCopy {
     /// The round's op and data type, fixed by its first contribution: every message
     /// carries its own, and a contribution that disagrees is refused.
     pub op: u8,
+    /// With [`DTYPE_EXACT`](crate::wire::DTYPE_EXACT) for a round in the exact lane.
     pub dtype: u8,
-    pub _pad: [u8; 6],
+    /// Exact lane: every value the data sums so far is below 2^`top` in magnitude (once
+    /// complete: the sum itself is), [`EMPTY_TOP`] while all of them are zero.
+    pub top: i16,
+    pub _pad: [u8; 4],
     pub data: [u64; SLOT_WORDS],
 }
+
+/// [`ShadowCopy::top`] of a copy whose values are all zero.
+pub const EMPTY_TOP: i16 = i16::MIN;
 
 /// Bytes of a shadow copy in front of its data.
 pub const COPY_HEADER: usize = 40;

@@ -68,10 +68,16 @@ pub fn stage<const STEERED: bool>(
 ) -> Result<(u32, Counter), Counter> {
     let hdr = frame.header();
     // Each message carries its op and type; the round's first contribution fixes them.
+    let float = wire::Float::of_flags(hdr.flags);
     let (op, lane) = match (wire::Op::from_u8(hdr.op), wire::DType::from_u8(hdr.dtype)) {
-        (Some(op), Some(dtype)) => (op, wire::lane(op, dtype).ok_or(Counter::DropBadOp)?),
+        (Some(op), Some(dtype)) => (
+            op,
+            wire::lane_in(op, dtype, float).ok_or(Counter::DropBadOp)?,
+        ),
         _ => return Err(Counter::DropBadOp),
     };
+    // The lane is part of what a round's first contribution fixes.
+    let exact = lane == wire::Lane::Exact;
     let elems = hdr.count() as usize;
     if elems == 0 || elems * lane.size() > job.segment_bytes as usize {
         return Err(Counter::DropBadCount);
@@ -115,9 +121,11 @@ pub fn stage<const STEERED: bool>(
         exponent: hdr.exponent() as i32,
         flags: hdr.enc_flags() as u32,
         op: hdr.op,
-        dtype: hdr.dtype,
+        dtype: hdr.dtype | if exact { wire::DTYPE_EXACT } else { 0 },
         inner: inner as u8,
-        _pad: [0; 5],
+        magnitude: if exact { hdr.magnitude } else { 0 },
+        headroom: headroom(members),
+        _pad: [0; 3],
     };
     st.row = job.index as u32;
     st.member = member as u32;
@@ -137,6 +145,18 @@ pub fn stage<const STEERED: bool>(
     }
     // Only if the fold program is missing: a dataplane loaded without it.
     Err(Counter::RedirectError)
+}
+
+/// ceil(log2(n)) of the number n of members in `members` (at most 64): the bits by which
+/// their sum may exceed the largest of them. A population count without loops (the BPF
+/// target has no instruction for it).
+#[inline(always)]
+fn headroom(members: u64) -> u8 {
+    let mut x = members - ((members >> 1) & 0x5555_5555_5555_5555);
+    x = (x & 0x3333_3333_3333_3333) + ((x >> 2) & 0x3333_3333_3333_3333);
+    x = (x + (x >> 4)) & 0x0f0f_0f0f_0f0f_0f0f;
+    let n = x.wrapping_mul(0x0101_0101_0101_0101) >> 56;
+    (n > 1) as u8 + (n > 2) as u8 + (n > 4) as u8 + (n > 8) as u8 + (n > 16) as u8 + (n > 32) as u8
 }
 
 /// Runs fold `F` for the contribution `xagg_switch` staged: counts what came of it like
@@ -315,6 +335,7 @@ fold_programs! {
     xagg_fold_sum64, xagg_cpu_sum64 = Sum64;
     xagg_fold_sum_bfp, xagg_cpu_sum_bfp = SumBfp;
     xagg_fold_sum_bfp64, xagg_cpu_sum_bfp64 = SumBfp64;
+    xagg_fold_sum_exact, xagg_cpu_sum_exact = SumExact;
     xagg_fold_min_i32, xagg_cpu_min_i32 = MinI32;
     xagg_fold_min_u32, xagg_cpu_min_u32 = MinU32;
     xagg_fold_min_i64, xagg_cpu_min_i64 = MinI64;

@@ -291,6 +291,7 @@ impl Frame {
         hdr.set_kind(Kind::Result);
         hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
+        hdr.magnitude = stored.magnitude;
     }
 
     /// Turns the contribution whose payload now holds its round's partial (at an inner
@@ -304,6 +305,7 @@ impl Frame {
         hdr.member = job.parent_member;
         hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
+        hdr.magnitude = stored.magnitude;
         // The completing member's cookie is its own: it does not leave the level.
         hdr.set_cookie([0; 8]);
         from_switch(self.data, cfg);

@@ -4,8 +4,8 @@
 //! buffer, or staged out of a multi-buffer frame.
 
 use xagg_common::{
-    slot::{Fold, SLOT_WORDS},
-    wire::BUFFER_PAYLOAD,
+    slot::{Fold, EMPTY_TOP, SLOT_WORDS},
+    wire::{BUFFER_PAYLOAD, ENC_OVERFLOW},
     ShadowCopy,
 };
 
@@ -178,6 +178,7 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
     const AND: u32 = Fold::And as u32;
     const OR: u32 = Fold::Or as u32;
     const XOR: u32 = Fold::Xor as u32;
+    const SUM_EXACT: u32 = Fold::SumExact as u32;
     let w = r.words;
     match F {
         SUM32 => sum_32(v, src, w, write),
@@ -211,6 +212,10 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
         AND => fold_words(v, src, w, write, |a, b| a & b),
         OR => fold_words(v, src, w, write, |a, b| a | b),
         XOR => fold_words(v, src, w, write, |a, b| a ^ b),
+        SUM_EXACT => {
+            let (sa, sb) = align_exact(v, r);
+            fold_words(v, src, w, write, |a, b| (a << sa).wrapping_add(b << sb));
+        }
         // `Fold` has no other value.
         _ => {}
     }
@@ -227,6 +232,47 @@ fn align(v: &mut ShadowCopy, r: &Round, max: i32) -> (u32, u32) {
         (s, 0)
     } else {
         (0, (v.exponent - r.exponent).min(max) as u32)
+    }
+}
+
+/// Aligns two blocks of the exact lane to the smaller exponent: the left shifts of the
+/// stored values and of the payload's, which lose nothing while the sum fits (checked from
+/// the headers' magnitudes alone: [`ENC_OVERFLOW`] where it would not). A block of zeros
+/// (magnitude 0) changes nothing; a copy of zeros so far takes the payload's exponent.
+#[inline(always)]
+fn align_exact(v: &mut ShadowCopy, r: &Round) -> (u32, u32) {
+    if r.magnitude == 0 {
+        // The payload's words are zero: shifted or not, they add nothing.
+        return (0, 0);
+    }
+    let top = r.exponent + r.magnitude as i32;
+    if v.top == EMPTY_TOP {
+        v.exponent = r.exponent;
+        v.top = top as i16;
+        check_fits(v, r);
+        return (0, 0);
+    }
+    let (sa, sb) = if r.exponent < v.exponent {
+        let s = v.exponent - r.exponent;
+        v.exponent = r.exponent;
+        (s, 0)
+    } else {
+        (0, r.exponent - v.exponent)
+    };
+    if top > v.top as i32 {
+        v.top = top as i16;
+    }
+    check_fits(v, r);
+    (sa.min(63) as u32, sb.min(63) as u32)
+}
+
+/// Flags a copy whose sum of the round's members may not fit a signed 64-bit lane: each
+/// value is below 2^`top`, so the sum of 2^`headroom` of them is below 2^(top + headroom),
+/// in units of 2^`exponent`.
+#[inline(always)]
+pub fn check_fits(v: &mut ShadowCopy, r: &Round) {
+    if v.top != EMPTY_TOP && v.top as i32 + r.headroom as i32 - v.exponent > 63 {
+        v.flags |= ENC_OVERFLOW as u32;
     }
 }
 

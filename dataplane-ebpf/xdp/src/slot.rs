@@ -39,7 +39,10 @@
 //! Everything between lock and unlock is inlined: the verifier allows no calls there.
 
 use aya_ebpf::{bindings::bpf_spin_lock, helpers};
-use xagg_common::{slot::ShadowState, ShadowCopy};
+use xagg_common::{
+    slot::{ShadowState, EMPTY_TOP},
+    ShadowCopy,
+};
 
 use crate::reduce::{self, Words};
 
@@ -68,28 +71,50 @@ pub struct Round {
     pub exponent: i32,
     pub flags: u32,
     pub op: u8,
+    /// The header's, with `DTYPE_EXACT` in the exact lane.
     pub dtype: u8,
     /// Whether the job is at an inner level: a complete copy holds a partial.
     pub inner: u8,
-    pub _pad: [u8; 5],
+    /// The packet's magnitude (exact lane; else 0).
+    pub magnitude: u8,
+    /// Bits the sum of the round's members may grow by: ceil(log2(members)).
+    pub headroom: u8,
+    pub _pad: [u8; 3],
 }
 
-/// What a finished copy holds besides its data: the result header's block exponent
-/// and sticky flags.
+/// What a finished copy holds besides its data: the result header's block exponent,
+/// sticky flags and magnitude.
 #[derive(Default)]
 pub struct Stored {
     pub exponent: i32,
     pub flags: u32,
+    pub magnitude: u8,
 }
 
 impl Stored {
     /// What copy `v` holds besides its data, read under the lock.
     #[inline(always)]
     fn of(v: &ShadowCopy) -> Self {
+        let magnitude = if v.top == EMPTY_TOP {
+            0
+        } else {
+            (v.top as i32 - v.exponent).clamp(0, 63) as u8
+        };
         Self {
             exponent: v.exponent,
             flags: v.flags,
+            magnitude,
         }
+    }
+}
+
+/// A copy's `top` for a first block of magnitude `magnitude` at `exponent`.
+#[inline(always)]
+fn first_top(r: &Round) -> i16 {
+    if r.magnitude == 0 {
+        EMPTY_TOP
+    } else {
+        (r.exponent + r.magnitude as i32) as i16
     }
 }
 
@@ -161,6 +186,10 @@ fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
 /// past its budget).
 #[inline(always)]
 fn complete(v: &mut ShadowCopy, r: &Round) -> Outcome {
+    // The sum of every member's values: at most `headroom` bits above the largest.
+    if v.top != EMPTY_TOP {
+        v.top = v.top.saturating_add(r.headroom as i16);
+    }
     if r.inner != 0 {
         v.state = ShadowState::PartialSent as u32;
         Outcome::Partial
@@ -230,6 +259,8 @@ pub unsafe fn accept<const F: u32, W: Words>(
         v.dtype = r.dtype;
         v.exponent = r.exponent;
         v.flags = r.flags;
+        v.top = first_top(r);
+        reduce::check_fits(v, r);
         v.seen = r.bit;
         if r.bit == r.members {
             complete(v, r)
@@ -273,6 +304,7 @@ pub unsafe fn deliver<W: Words>(
         reduce::copy_in(v, src, r.words);
         v.exponent = r.exponent;
         v.flags = r.flags;
+        v.top = first_top(r);
         v.state = ShadowState::Done as u32;
         Outcome::Delivered
     } else {

@@ -597,17 +597,21 @@ impl TreeLab {
         self.on_ranks(|_, r, host| self.configured(message, r, host, &tweak), sum)
     }
 
-    /// One allreduce (message `message`) of `op` over `dtype` on every rank at once, rank
+    /// One allreduce (message `message`) of `op` over `dtype` in float mode `float` on
+    /// every rank at once, rank
     /// r starting from `inputs[r]` (the elements' bytes): every rank's result.
     pub fn allreduce_as(
         &self,
         message: u32,
-        op: xagg_common::Op,
-        dtype: xagg_common::DType,
+        (op, dtype, float): (
+            xagg_common::Op,
+            xagg_common::DType,
+            xagg_common::wire::Float,
+        ),
         inputs: &[Vec<u8>],
     ) -> Result<Vec<Vec<u8>>> {
         self.on_ranks(
-            |_, r, host| self.configured(message, r, host, &|_| {}),
+            |_, r, host| self.configured(message, r, host, &|p| p.float = float),
             |g, wk| {
                 let mut buf = inputs[g].clone();
                 wk.allreduce_bytes_as(op, dtype, &mut buf)?;

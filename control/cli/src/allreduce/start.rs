@@ -102,6 +102,7 @@ fn parse_switch(s: &str) -> Result<SocketAddrV4> {
 fn settings(p: &mut WorkerParams, a: &AllreduceArgs, op: Op, dtype: DType) {
     p.op = op;
     p.dtype = dtype;
+    p.float = a.float;
     if a.mid.is_some() {
         p.first_message = a.mid;
     }

@@ -165,6 +165,7 @@ class _Engine:
                 store.set("xagg/key", key)
                 store.set("xagg/secret", secret)
                 store.set("xagg/route", os.environ.get("XAGG_ROUTE", ""))
+                store.set("xagg/float", os.environ.get("XAGG_FLOAT", ""))
             # Which calls go to the switch by size: rank 0's XAGG_ROUTE, alike everywhere.
             self.route = Route(store.get("xagg/route").decode(), size)
             key = store.get("xagg/key").decode()
@@ -198,8 +199,17 @@ class _Engine:
                 raise XaggError(f"ranks {unknown} could not learn the segment their path carries")
             # The credential, the slots and the timeouts from the environment, as
             # `xagg.from_env` reads them.
+            # How float sums travel (fast unless XAGG_FLOAT=exact): rank 0's, alike everywhere.
+            float_mode = store.get("xagg/float").decode()
             self.job = Job.from_env(
-                daemon=daemon, rank=rank, size=size, key=key, secret=secret, daemons=daemons, segment=min(segments)
+                daemon=daemon,
+                rank=rank,
+                size=size,
+                key=key,
+                secret=secret,
+                daemons=daemons,
+                segment=min(segments),
+                float=float_mode,
             )
             # Each rank's responder, where the others recover results if the switch stops
             # answering.

@@ -52,7 +52,13 @@ impl Engine {
                     packet.payload.len(),
                     out.len() / r.dtype.size() * r.lane.size()
                 );
-                codec::decode(r.op, r.dtype, ranks, packet.payload, h.exponent(), out);
+                codec::decode(
+                    (r.op, r.dtype, r.float),
+                    ranks,
+                    packet.payload,
+                    h.exponent(),
+                    out,
+                );
             }
             answered.push((a, flags));
         })
@@ -72,6 +78,7 @@ impl Engine {
         let enc = codec::encode(
             r.op,
             r.dtype,
+            r.float,
             self.p.ranks(),
             &src[range],
             &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
@@ -89,6 +96,8 @@ impl Engine {
             .count(f.count)
             .exponent(enc.exponent)
             .enc_flags(enc.flags)
+            .magnitude(enc.magnitude)
+            .float(r.float)
             .cookie(cookie)
             .build();
         wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");

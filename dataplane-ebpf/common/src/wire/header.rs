@@ -33,8 +33,10 @@ pub struct Header {
     /// In a status reply: 1 when it is the answer of the level above the member's own
     /// aggregation point (to a forwarded query). 0 otherwise.
     pub above: u8,
-    /// Must be zero when sent; ignored when received.
-    reserved: u8,
+    /// In a packet of the exact float lane ([`Lane::Exact`]): every mantissa's magnitude is
+    /// below 2^`magnitude` (0: all of them zero), so an aggregation point knows from the
+    /// header alone whether the aligned sum fits its 64-bit lanes. Zero otherwise.
+    pub magnitude: u8,
     /// The member's cookie (`docs/protocol.md#trust-model`): in a member's contribution and
     /// status query, a random number its process drew; in every result, status reply and
     /// refusal the switch sends a member, that member's latest. A worker takes nothing that
@@ -101,6 +103,11 @@ impl Builder {
         }
         self
     }
+    /// Marks a message whose float sums travel in the exact lane ([`FLAG_EXACT`]).
+    pub const fn float(mut self, float: Float) -> Self {
+        self.0.flags = (self.0.flags & !FLAG_EXACT) | float.flags();
+        self
+    }
     /// The flags byte as it is ([`FLAG_SHADOW`], [`FLAG_LAST`]).
     pub const fn flags(mut self, flags: u8) -> Self {
         self.0.flags = flags;
@@ -116,6 +123,10 @@ impl Builder {
     }
     pub const fn enc_flags(mut self, flags: u16) -> Self {
         self.0.enc_flags = flags.to_be_bytes();
+        self
+    }
+    pub const fn magnitude(mut self, magnitude: u8) -> Self {
+        self.0.magnitude = magnitude;
         self
     }
     pub const fn cookie(mut self, cookie: u64) -> Self {
@@ -147,7 +158,7 @@ impl Header {
             enc_flags: [0; 2],
             relay: 0,
             above: 0,
-            reserved: 0,
+            magnitude: 0,
             cookie: [0; 8],
         })
     }
@@ -267,7 +278,7 @@ impl Header {
         out[25..27].copy_from_slice(&self.enc_flags);
         out[27] = self.relay;
         out[28] = self.above;
-        out[29] = self.reserved;
+        out[29] = self.magnitude;
         out[30..38].copy_from_slice(&self.cookie);
     }
 
@@ -294,7 +305,7 @@ impl Header {
             enc_flags: [b[25], b[26]],
             relay: b[27],
             above: b[28],
-            reserved: b[29],
+            magnitude: b[29],
             cookie: [b[30], b[31], b[32], b[33], b[34], b[35], b[36], b[37]],
         })
     }

@@ -10,11 +10,12 @@ mod reduction;
 
 pub use header::{Builder, Header};
 pub use reduction::{
-    lane, max_elements, DType, Lane, Op, UnknownName, ENC_NONFINITE, ENC_OVERFLOW,
+    lane, lane_in, max_elements, max_elements_in, DType, Float, Lane, Op, UnknownName,
+    ENC_NONFINITE, ENC_OVERFLOW,
 };
 
 /// Protocol version carried in every header.
-pub const VERSION: u8 = 3;
+pub const VERSION: u8 = 4;
 /// Default UDP port the switch listens on (configurable per switch).
 pub const DEFAULT_PORT: u16 = 47800;
 /// Length of the collective header. Ethernet (14) + IPv4 (20) + UDP (8) + 38 = 80, so the
@@ -70,6 +71,12 @@ pub const FLAG_FORWARD: u8 = 1 << 2;
 /// partial: the pass round the ring was lost before it): the host passes it back to its
 /// predecessor, which may lack it too, rather than on.
 pub const FLAG_BACKWARD: u8 = 1 << 3;
+/// Flag bit of a contribution, partial or result whose float sum travels in the exact lane
+/// ([`Lane::Exact`]): the message's float mode, the same on every rank.
+pub const FLAG_EXACT: u8 = 1 << 4;
+/// The bit a slot adds to the data type it keeps for a round in the exact lane, so that a
+/// contribution of the same type in the other lane is refused like one of another type.
+pub const DTYPE_EXACT: u8 = 0x80;
 
 /// Packet kinds.
 #[repr(u8)]
@@ -193,7 +200,7 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
     }
     let op = Op::from_u8(header.op).ok_or(DecodeError::Op(header.op))?;
     let dtype = DType::from_u8(header.dtype).ok_or(DecodeError::DType(header.dtype))?;
-    let size = match lane(op, dtype) {
+    let size = match lane_in(op, dtype, Float::of_flags(header.flags)) {
         Some(l) => l.size(),
         None => return Err(DecodeError::Op(header.op)),
     };

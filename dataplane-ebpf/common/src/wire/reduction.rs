@@ -90,6 +90,10 @@ impl UnknownName {
         what: "dtype",
         valid: "i32, u32, i64, f32, f16, bf16, f64",
     };
+    pub const FLOAT: Self = Self {
+        what: "float mode",
+        valid: "fast, exact",
+    };
 }
 
 impl core::error::Error for UnknownName {}
@@ -206,13 +210,19 @@ pub enum Lane {
     /// Order-preserving signed 64-bit keys of doubles (min and max): the switch takes the
     /// signed min or max, as of i64.
     Key64 = 8,
+    /// Exact sums of f32, f16 and bf16: each element an exact signed 64-bit multiple of
+    /// 2^`exponent` (the packet's; [`Header::magnitude`](super::Header) bounds them); the
+    /// switch aligns every block to the smallest exponent seen, with left shifts, which
+    /// lose nothing, so its sum is the exact sum whatever the arrival order or level. A sum
+    /// too wide for the lanes is flagged ([`ENC_OVERFLOW`]), never rounded.
+    Exact = 9,
 }
 
 impl Lane {
     /// Bytes per element on the wire.
     pub const fn size(self) -> usize {
         match self {
-            Self::I64 | Self::Bfp64 | Self::Key64 => 8,
+            Self::I64 | Self::Bfp64 | Self::Key64 | Self::Exact => 8,
             Self::I64Split => 16,
             _ => 4,
         }
@@ -228,13 +238,79 @@ impl Lane {
             6 => Some(Self::I64Split),
             7 => Some(Self::Bfp64),
             8 => Some(Self::Key64),
+            9 => Some(Self::Exact),
             _ => None,
         }
     }
 }
 
-/// The wire encoding of `op` over `dtype`, or `None` if the switch does not reduce it
-/// (products and bitwise ops of floats).
+/// The wire encoding of `op` over `dtype` in float mode `float`: sums of f32, f16 and bf16
+/// in the exact mode travel in [`Lane::Exact`]; everything else as [`lane`] says.
+pub const fn lane_in(op: Op, dtype: DType, float: Float) -> Option<Lane> {
+    match (float, op, dtype) {
+        (Float::Exact, Op::Sum | Op::Avg, DType::F32 | DType::F16 | DType::Bf16) => {
+            Some(Lane::Exact)
+        }
+        _ => lane(op, dtype),
+    }
+}
+
+/// How a message's float sums travel: block floating point (fast: one exponent per
+/// segment, a bound on the error, the result dependent on the order contributions meet),
+/// or exact (twice the bytes of f32 on the wire; the sum of exactly the inputs, the same
+/// whatever the order; a segment too wide for the lanes flagged). Doubles take the fast
+/// lane in both modes (docs/types.md).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Float {
+    #[default]
+    Fast,
+    Exact,
+}
+
+impl Float {
+    /// The header flags of a message in this mode.
+    pub const fn flags(self) -> u8 {
+        match self {
+            Self::Fast => 0,
+            Self::Exact => super::FLAG_EXACT,
+        }
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::Fast => "fast",
+            Self::Exact => "exact",
+        }
+    }
+
+    /// The mode a header's flags say.
+    pub const fn of_flags(flags: u8) -> Self {
+        if flags & super::FLAG_EXACT != 0 {
+            Self::Exact
+        } else {
+            Self::Fast
+        }
+    }
+}
+
+impl core::str::FromStr for Float {
+    type Err = UnknownName;
+    fn from_str(s: &str) -> Result<Self, UnknownName> {
+        [Self::Fast, Self::Exact]
+            .into_iter()
+            .find(|f| f.name() == s)
+            .ok_or(UnknownName::FLOAT)
+    }
+}
+
+impl core::fmt::Display for Float {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The wire encoding of `op` over `dtype` in the fast float mode, or `None` if the switch
+/// does not reduce it (products and bitwise ops of floats).
 pub const fn lane(op: Op, dtype: DType) -> Option<Lane> {
     match (op, dtype) {
         (Op::Avg, DType::I32 | DType::U32) => Some(Lane::I64),
@@ -253,13 +329,20 @@ pub const fn lane(op: Op, dtype: DType) -> Option<Lane> {
 /// `enc_flags` bit: some member's segment held NaN or an infinity that the encoding cannot
 /// carry; the switch keeps it sticky in the slot and returns it with the result.
 pub const ENC_NONFINITE: u16 = 1 << 0;
-/// `enc_flags` bit: reserved for an encoding whose sum can overflow (none now: the mean of
-/// i64 travels in two lanes).
+/// `enc_flags` bit: a sum too wide for its lanes ([`Lane::Exact`]: the members' blocks span
+/// more binary orders than 64 bits hold); set by the member whose own segment does not fit,
+/// or by the aggregation point where the aligned sum would not; sticky like
+/// [`ENC_NONFINITE`], so every member finds it in the result of that segment.
 pub const ENC_OVERFLOW: u16 = 1 << 1;
 
 /// Most elements one segment of `op` over `dtype` carries.
 pub const fn max_elements(op: Op, dtype: DType) -> usize {
-    match lane(op, dtype) {
+    max_elements_in(op, dtype, Float::Fast)
+}
+
+/// Most elements one segment of `op` over `dtype` carries in float mode `float`.
+pub const fn max_elements_in(op: Op, dtype: DType, float: Float) -> usize {
+    match lane_in(op, dtype, float) {
         Some(l) => MAX_PAYLOAD / l.size(),
         None => 0,
     }

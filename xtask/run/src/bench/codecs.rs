@@ -1,7 +1,7 @@
 //! The worker's conversions (encode into lanes, decode from them), one core.
 
 use serde::Serialize;
-use xagg_common::wire::{DType, Op};
+use xagg_common::wire::{DType, Float, Op};
 
 use super::report::median;
 
@@ -9,6 +9,8 @@ use super::report::median;
 pub struct CodecPoint {
     pub op: &'static str,
     pub dtype: &'static str,
+    /// The float mode (`fast` or `exact`: the lane a float sum travels in).
+    pub float: &'static str,
     /// Buffer bytes encoded (or decoded) per second, in GB/s (1e9), one core.
     pub encode_gbps: f64,
     pub decode_gbps: f64,
@@ -21,18 +23,20 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
     let bytes = if quick { 1 << 20 } else { 32 << 20 };
     let passes = if quick { 2 } else { 7 };
     let mut out = Vec::new();
-    for (op, dtype) in [
-        (Op::Sum, DType::I32),
-        (Op::Avg, DType::I32),
-        (Op::Sum, DType::F32),
-        (Op::Max, DType::F32),
-        (Op::Sum, DType::F64),
-        (Op::Sum, DType::F16),
-        (Op::Sum, DType::Bf16),
-        (Op::Min, DType::Bf16),
+    for (op, dtype, float) in [
+        (Op::Sum, DType::I32, Float::Fast),
+        (Op::Avg, DType::I32, Float::Fast),
+        (Op::Sum, DType::F32, Float::Fast),
+        (Op::Sum, DType::F32, Float::Exact),
+        (Op::Max, DType::F32, Float::Fast),
+        (Op::Sum, DType::F64, Float::Fast),
+        (Op::Sum, DType::F16, Float::Fast),
+        (Op::Sum, DType::Bf16, Float::Fast),
+        (Op::Sum, DType::Bf16, Float::Exact),
+        (Op::Min, DType::Bf16, Float::Fast),
     ] {
-        let lane = xagg_common::wire::lane(op, dtype).unwrap();
-        let seg = xagg_common::wire::max_elements(op, dtype);
+        let lane = xagg_common::wire::lane_in(op, dtype, float).unwrap();
+        let seg = xagg_common::wire::max_elements_in(op, dtype, float);
         let src = xagg_worker::data::generate(dtype, 1, 0, bytes / dtype.size());
         let mut lanes = vec![0u8; seg * lane.size()];
         let mut dst = vec![0u8; src.len()];
@@ -50,19 +54,20 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
         let encode_gbps = time(&mut || {
             for chunk in src.chunks(seg_bytes) {
                 let n = chunk.len() / dtype.size() * lane.size();
-                std::hint::black_box(codec::encode(op, dtype, 4, chunk, &mut lanes[..n]));
+                std::hint::black_box(codec::encode(op, dtype, float, 4, chunk, &mut lanes[..n]));
             }
         });
         let decode_gbps = time(&mut || {
             for chunk in dst.chunks_mut(seg_bytes) {
                 let n = chunk.len() / dtype.size() * lane.size();
-                codec::decode(op, dtype, 4, &lanes[..n], -10, chunk);
+                codec::decode((op, dtype, float), 4, &lanes[..n], -10, chunk);
             }
             std::hint::black_box(&dst);
         });
         out.push(CodecPoint {
             op: op.name(),
             dtype: dtype.name(),
+            float: float.name(),
             encode_gbps,
             decode_gbps,
         });

@@ -69,11 +69,14 @@ pub(super) fn compare_table(this: &[DataplanePoint], against: &[DataplanePoint],
 pub(super) fn codecs_table(codec_points: &[CodecPoint]) {
     println!();
     println!("worker conversions, one core (GB/s of buffer):");
-    println!("{:>5} {:>6} {:>8} {:>8}", "op", "dtype", "encode", "decode");
+    println!(
+        "{:>5} {:>6} {:>6} {:>8} {:>8}",
+        "op", "dtype", "float", "encode", "decode"
+    );
     for c in codec_points {
         println!(
-            "{:>5} {:>6} {:>8.2} {:>8.2}",
-            c.op, c.dtype, c.encode_gbps, c.decode_gbps
+            "{:>5} {:>6} {:>6} {:>8.2} {:>8.2}",
+            c.op, c.dtype, c.float, c.encode_gbps, c.decode_gbps
         );
     }
 }
