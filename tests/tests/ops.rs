@@ -387,8 +387,8 @@ fn exact_float_sums_are_the_same_in_every_order() {
         "the fast lane's sum depends on the order (that is why the exact lane exists)"
     );
 
-    // Gradient-like data, 4 members, f32, f16 and bf16, sum and avg: every order gives the
-    // same bits, the exact sum rounded once.
+    // Gradient-like data, 4 members, f32, f16, bf16 and f64, sum and avg: every order gives
+    // the same bits, the exact sum rounded once.
     // Job ids stay below the harness's 256; a job added again starts from cleared slots.
     let jid = 210;
     for (op, dtype) in [
@@ -396,16 +396,22 @@ fn exact_float_sums_are_the_same_in_every_order() {
         (Op::Avg, DType::F32),
         (Op::Sum, DType::F16),
         (Op::Sum, DType::Bf16),
+        (Op::Sum, DType::F64),
+        (Op::Avg, DType::F64),
     ] {
         let max = wire::max_elements_in(op, dtype, Float::Exact);
-        assert_eq!(max, wire::MAX_PAYLOAD / 8);
+        // 8 bytes an element, 16 for doubles.
+        assert_eq!(max * dtype.size().max(4), wire::MAX_PAYLOAD / 2);
         for len in [1usize, 64, max] {
             let inputs: Vec<Vec<u8>> = (0..4)
                 .map(|m| data::generate(dtype, len as u64 ^ dtype as u64, m, len))
                 .collect();
             let mut first: Option<Vec<u8>> = None;
             for order in permutations(4).into_iter().step_by(5) {
-                sw.add_job(jid, job(4, op, dtype, FULL_F32, 0, 1));
+                sw.add_job(
+                    jid,
+                    job(4, op, dtype, wire::max_elements(op, dtype) as u16, 0, 1),
+                );
                 let (r, flags) =
                     reduce_in(&mut sw, jid, 0, (op, dtype, Float::Exact), &inputs, &order);
                 sw.remove_job(jid);
@@ -450,6 +456,28 @@ fn exact_float_sums_are_the_same_in_every_order() {
     // Zeros beside anything, and all zeros.
     let (r, flags) = run(vec![f32s(&[0.0, 0.0]), f32s(&[3e-40, 0.0])]);
     assert_eq!((r, flags), (f32s(&[3e-40, 0.0]), 0));
+    // Doubles: 1 and 2^-70 fit 128-bit lanes (the fast lane's 56-bit block loses the
+    // small one); 1 beside 2^-130 in one segment does not fit.
+    let mut run64 = |inputs: Vec<Vec<u8>>| {
+        sw.add_job(jid, job(inputs.len(), Op::Sum, DType::F64, 1116, 0, 1));
+        let order: Vec<usize> = (0..inputs.len()).collect();
+        reduce_in(
+            &mut sw,
+            jid,
+            0,
+            (Op::Sum, DType::F64, Float::Exact),
+            &inputs,
+            &order,
+        )
+    };
+    let tiny = 2f64.powi(-70);
+    let (r, flags) = run64(vec![bytes(&[1.0f64, tiny]), bytes(&[tiny, tiny])]);
+    assert_eq!((r, flags), (bytes(&[1.0 + tiny, 2.0 * tiny]), 0));
+    let (_, flags) = run64(vec![
+        bytes(&[1.0f64, 2f64.powi(-130)]),
+        bytes(&[1.0f64, 1.0]),
+    ]);
+    assert_eq!(flags & ENC_OVERFLOW, ENC_OVERFLOW, "flagged by the member");
 
     // A round started in one lane refuses the other's contribution.
     sw.add_job(jid, job(2, Op::Sum, DType::F32, FULL_F32, 0, 1));

@@ -227,6 +227,7 @@ pub fn encode(
             }
             _ => enc = exact_encode(src, out, 2, bf16_bytes_to_f32),
         },
+        Lane::Exact128 => enc = exact128_encode(src, out),
         Lane::Key64 => {
             let mut nan = false;
             for (s, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
@@ -400,6 +401,70 @@ fn exact_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) ->
     enc
 }
 
+/// Bits the 128-bit exact lane's mantissas may have: 127 and the sign.
+pub const EXACT128_BITS: i32 = 127;
+
+/// A double's value as `mantissa * 2^exponent` (the mantissa below 2^53; subnormals too).
+#[inline(always)]
+fn f64_parts(x: f64) -> (u64, i32) {
+    let bits = x.to_bits();
+    let biased = ((bits >> 52) & 0x7ff) as i32;
+    let fraction = bits & ((1 << 52) - 1);
+    if biased == 0 {
+        (fraction, -1074)
+    } else {
+        (fraction | 1 << 52, biased - 1075)
+    }
+}
+
+/// The exact lane of doubles: [`exact_encode`]'s scheme in 128-bit lanes (low word first).
+fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
+    let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+    let mut enc = Encoded::default();
+    let (mut low, mut top) = (i32::MAX, i32::MIN);
+    for b in src.chunks_exact(8) {
+        let x = load(b);
+        if !x.is_finite() {
+            enc.flags |= ENC_NONFINITE;
+        } else if x != 0.0 {
+            let (m, e) = f64_parts(x);
+            low = low.min(e + m.trailing_zeros() as i32);
+            top = top.max(e + 64 - m.leading_zeros() as i32);
+        }
+    }
+    let n = src.len() / 8;
+    if top == i32::MIN || top - low > EXACT128_BITS {
+        if top != i32::MIN {
+            enc.flags |= ENC_OVERFLOW;
+        }
+        out[..n * 16].fill(0);
+        return enc;
+    }
+    enc.exponent = low as i16;
+    enc.magnitude = (top - low) as u8;
+    for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(16)) {
+        let x = load(b);
+        let v = if x.is_finite() && x != 0.0 {
+            let (m, e) = f64_parts(x);
+            // m's low bits below 2^low are zero: a right shift loses nothing.
+            let v = if e >= low {
+                (m as i128) << (e - low)
+            } else {
+                (m >> (low - e)) as i128
+            };
+            if x < 0.0 {
+                -v
+            } else {
+                v
+            }
+        } else {
+            0
+        };
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+    enc
+}
+
 /// Order-preserving keys; NaN is flagged.
 #[inline(always)]
 fn key_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f32) -> Encoded {
@@ -489,6 +554,20 @@ pub fn decode(
                     sums.zip(dst.chunks_exact_mut(size))
                         .for_each(|(m, d)| put(dtype, scale.apply(m as f64) / div, d))
                 }
+            }
+        }
+        Lane::Exact128 => {
+            // The exact sum rounded once to a double (an i128 converts to the nearest),
+            // scaled exactly but into the subnormals; avg divides and rounds once more.
+            let scale = Scale::new(exponent as i32);
+            let div = if avg { ranks as f64 } else { 1.0 };
+            for (p, d) in payload
+                .chunks_exact(16)
+                .take(n)
+                .zip(dst.chunks_exact_mut(8))
+            {
+                let m = i128::from_le_bytes(p.try_into().unwrap()) as f64;
+                d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
             }
         }
         Lane::Key64 => {
@@ -746,6 +825,55 @@ mod exact_tests {
             }
         }
         (acc.iter().flat_map(|a| a.to_le_bytes()).collect(), k)
+    }
+
+    /// The switch's exact fold over 128-bit lanes, in Rust.
+    fn fold128(blocks: &[(Vec<u8>, Encoded)]) -> (Vec<u8>, i16) {
+        let k = blocks
+            .iter()
+            .filter(|(_, e)| e.magnitude > 0)
+            .map(|(_, e)| e.exponent)
+            .min()
+            .unwrap_or(0);
+        let n = blocks[0].0.len() / 16;
+        let mut acc = vec![0i128; n];
+        for (b, e) in blocks {
+            if e.magnitude == 0 {
+                continue;
+            }
+            for (i, a) in acc.iter_mut().enumerate() {
+                let m = i128::from_le_bytes(b[i * 16..i * 16 + 16].try_into().unwrap());
+                *a += m << (e.exponent - k);
+            }
+        }
+        (acc.iter().flat_map(|a| a.to_le_bytes()).collect(), k)
+    }
+
+    #[test]
+    fn exact_lane_of_doubles_gives_the_exact_sum_rounded_once() {
+        for op in [Op::Sum, Op::Avg] {
+            for seed in 0..50u64 {
+                let inputs: Vec<Vec<u8>> = (0..4)
+                    .map(|m| crate::data::generate(DType::F64, seed, m, 64))
+                    .collect();
+                let blocks: Vec<(Vec<u8>, Encoded)> = inputs
+                    .iter()
+                    .map(|src| {
+                        let mut out = vec![0u8; 64 * 16];
+                        let e = encode(op, DType::F64, Float::Exact, 4, src, &mut out);
+                        assert_eq!(e.flags, 0);
+                        (out, e)
+                    })
+                    .collect();
+                let (sum, k) = fold128(&blocks);
+                let mut got = vec![0u8; 64 * 8];
+                decode((op, DType::F64, Float::Exact), 4, &sum, k, &mut got);
+                assert!(
+                    got == crate::data::exact_float_sum(op, DType::F64, &inputs),
+                    "{op} seed {seed}"
+                );
+            }
+        }
     }
 
     #[test]

@@ -98,11 +98,11 @@ fn exact_sum(xs: &[f64]) -> f64 {
     s + c
 }
 
-/// The bits the exact float lane must give for `op` (sum or avg) over the f32, f16 or bf16
-/// `inputs` (one buffer per member): each element's exact sum — the members' values as
-/// integers times 2^k, k the smallest of their exponents, summed in i128 (exact while they
-/// span under 100 binary orders) — rounded once to `dtype` (f32 straight from the integer;
-/// f16 and bf16 from its f64, exact below 2^53), avg's f64 divided once more. Computed
+/// The bits the exact float lane must give for `op` (sum or avg) over the float `inputs`
+/// (one buffer per member): each element's exact sum — the members' values as integers
+/// times 2^k, k the smallest of their exponents, summed in i128 (exact while they span
+/// under 70 binary orders) — rounded once to `dtype` (f32 and f64 straight from the
+/// integer; f16 and bf16 from its f64, exact below 2^53), avg's f64 divided once more. Computed
 /// apart from the codec's arithmetic, as the tests' reference.
 pub fn exact_float_sum(op: Op, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
     let size = dtype.size();
@@ -111,18 +111,22 @@ pub fn exact_float_sum(op: Op, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
     // x * 2^k for any k an f32 sum reaches, as two factors within f64's normal range.
     let scale = |x: f64, k: i32| x * 2f64.powi(k / 2) * 2f64.powi(k - k / 2);
     for i in 0..n {
-        // Each value as (sign, integer mantissa, exponent).
+        // Each value as (sign, integer mantissa, exponent): a double's 53 bits, or
+        // an f32's 24 (f16 and bf16 widen to f32 exactly).
         let parts: Vec<(bool, i128, i32)> = inputs
             .iter()
-            .map(|b| as_f64(dtype, &b[i * size..]) as f32)
+            .map(|b| as_f64(dtype, &b[i * size..]))
             .filter(|x| *x != 0.0)
             .map(|x| {
                 let bits = x.to_bits();
-                let (biased, fraction) = (((bits >> 23) & 0xff) as i32, (bits & 0x7f_ffff) as i128);
+                let (biased, fraction) = (
+                    ((bits >> 52) & 0x7ff) as i32,
+                    (bits & ((1 << 52) - 1)) as i128,
+                );
                 let (m, e) = if biased == 0 {
-                    (fraction, -149)
+                    (fraction, -1074)
                 } else {
-                    (fraction | 0x80_0000, biased - 150)
+                    (fraction | 1 << 52, biased - 1075)
                 };
                 (x < 0.0, m, e)
             })
@@ -144,6 +148,7 @@ pub fn exact_float_sum(op: Op, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
                 };
                 let x = scale(acc as f64, k) / div;
                 match dtype {
+                    DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
                     DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
                     DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_bits().to_le_bytes()),
                     _ => out.extend_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes()),

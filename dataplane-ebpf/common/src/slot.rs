@@ -42,10 +42,12 @@ pub enum Fold {
     Xor,
     /// Exact sum of 64-bit mantissas, aligned to the smaller exponent by left shifts.
     SumExact,
+    /// The same over 128-bit mantissas (doubles).
+    SumExact128,
 }
 
 impl Fold {
-    pub const COUNT: usize = 16;
+    pub const COUNT: usize = 17;
 
     pub const ALL: [Fold; Self::COUNT] = [
         Self::Sum32,
@@ -64,6 +66,7 @@ impl Fold {
         Self::Or,
         Self::Xor,
         Self::SumExact,
+        Self::SumExact128,
     ];
 
     /// The fold of `op` over `lane`, if the switch reduces it.
@@ -75,6 +78,7 @@ impl Fold {
             (Op::Sum | Op::Avg, Bfp32) => Self::SumBfp,
             (Op::Sum | Op::Avg, Bfp64) => Self::SumBfp64,
             (Op::Sum | Op::Avg, Exact) => Self::SumExact,
+            (Op::Sum | Op::Avg, Exact128) => Self::SumExact128,
             (Op::Min, I32) => Self::MinI32,
             (Op::Min, U32 | Key32) => Self::MinU32,
             (Op::Min, I64 | Key64) => Self::MinI64,
@@ -109,6 +113,7 @@ impl Fold {
             Self::Or => "xagg_fold_or",
             Self::Xor => "xagg_fold_xor",
             Self::SumExact => "xagg_fold_sum_exact",
+            Self::SumExact128 => "xagg_fold_sum_exact128",
         }
     }
 }
@@ -134,6 +139,7 @@ impl Fold {
             Self::Or => "xagg_cpu_or",
             Self::Xor => "xagg_cpu_xor",
             Self::SumExact => "xagg_cpu_sum_exact",
+            Self::SumExact128 => "xagg_cpu_sum_exact128",
         }
     }
 }

@@ -77,7 +77,7 @@ pub fn stage<const STEERED: bool>(
         _ => return Err(Counter::DropBadOp),
     };
     // The lane is part of what a round's first contribution fixes.
-    let exact = lane == wire::Lane::Exact;
+    let exact = matches!(lane, wire::Lane::Exact | wire::Lane::Exact128);
     let elems = hdr.count() as usize;
     if elems == 0 || elems * lane.size() > job.segment_bytes as usize {
         return Err(Counter::DropBadCount);
@@ -336,6 +336,7 @@ fold_programs! {
     xagg_fold_sum_bfp, xagg_cpu_sum_bfp = SumBfp;
     xagg_fold_sum_bfp64, xagg_cpu_sum_bfp64 = SumBfp64;
     xagg_fold_sum_exact, xagg_cpu_sum_exact = SumExact;
+    xagg_fold_sum_exact128, xagg_cpu_sum_exact128 = SumExact128;
     xagg_fold_min_i32, xagg_cpu_min_i32 = MinI32;
     xagg_fold_min_u32, xagg_cpu_min_u32 = MinU32;
     xagg_fold_min_i64, xagg_cpu_min_i64 = MinI64;

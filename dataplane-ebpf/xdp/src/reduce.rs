@@ -3,9 +3,11 @@
 //! constant bounds. The payload is read where it is ([`Words`]): in the frame's one
 //! buffer, or staged out of a multi-buffer frame.
 
+use core::cell::Cell;
+
 use xagg_common::{
     slot::{Fold, EMPTY_TOP, SLOT_WORDS},
-    wire::{BUFFER_PAYLOAD, ENC_OVERFLOW},
+    wire::{DType, BUFFER_PAYLOAD, DTYPE_EXACT, ENC_OVERFLOW},
     ShadowCopy,
 };
 
@@ -179,6 +181,7 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
     const OR: u32 = Fold::Or as u32;
     const XOR: u32 = Fold::Xor as u32;
     const SUM_EXACT: u32 = Fold::SumExact as u32;
+    const SUM_EXACT128: u32 = Fold::SumExact128 as u32;
     let w = r.words;
     match F {
         SUM32 => sum_32(v, src, w, write),
@@ -213,8 +216,26 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
         OR => fold_words(v, src, w, write, |a, b| a | b),
         XOR => fold_words(v, src, w, write, |a, b| a ^ b),
         SUM_EXACT => {
-            let (sa, sb) = align_exact(v, r);
-            fold_words(v, src, w, write, |a, b| (a << sa).wrapping_add(b << sb));
+            let (sa, sb) = align_exact(v, r, 63);
+            // The sums' magnitudes, ored: what a complete copy holds is exact, so its
+            // magnitude is a pure function of the inputs (a level above checks its bound
+            // with it, not with each level's headroom added up).
+            let seen = Cell::new(0u64);
+            fold_words(v, src, w, write, |a, b| {
+                let s = (a << sa).wrapping_add(b << sb);
+                seen.set(seen.get() | (s ^ ((s as i64 >> 63) as u64)));
+                s
+            });
+            if write {
+                settle_top(v, bit_length(seen.get()));
+            }
+        }
+        SUM_EXACT128 => {
+            let (sa, sb) = align_exact(v, r, 127);
+            let m = fold_pairs(v, src, w, write, sa, sb);
+            if write {
+                settle_top(v, m);
+            }
         }
         // `Fold` has no other value.
         _ => {}
@@ -240,7 +261,7 @@ fn align(v: &mut ShadowCopy, r: &Round, max: i32) -> (u32, u32) {
 /// the headers' magnitudes alone: [`ENC_OVERFLOW`] where it would not). A block of zeros
 /// (magnitude 0) changes nothing; a copy of zeros so far takes the payload's exponent.
 #[inline(always)]
-fn align_exact(v: &mut ShadowCopy, r: &Round) -> (u32, u32) {
+fn align_exact(v: &mut ShadowCopy, r: &Round, max: i32) -> (u32, u32) {
     if r.magnitude == 0 {
         // The payload's words are zero: shifted or not, they add nothing.
         return (0, 0);
@@ -263,17 +284,134 @@ fn align_exact(v: &mut ShadowCopy, r: &Round) -> (u32, u32) {
         v.top = top as i16;
     }
     check_fits(v, r);
-    (sa.min(63) as u32, sb.min(63) as u32)
+    (sa.min(max) as u32, sb.min(max) as u32)
 }
 
-/// Flags a copy whose sum of the round's members may not fit a signed 64-bit lane: each
-/// value is below 2^`top`, so the sum of 2^`headroom` of them is below 2^(top + headroom),
-/// in units of 2^`exponent`.
+/// Flags a copy whose sum of the round's members may not fit its signed lane (64 bits, or
+/// 128 for doubles; the dtype tells): each value lies in [-2^`top`, 2^`top`), so the sum
+/// of 2^`headroom` of them in [-2^(top + headroom), 2^(top + headroom)), in units of
+/// 2^`exponent`. The lanes add modulo 2^64 (2^128), so only the sum's bound matters, not
+/// the order partial sums meet in: the flag is a pure function of the inputs.
 #[inline(always)]
 pub fn check_fits(v: &mut ShadowCopy, r: &Round) {
-    if v.top != EMPTY_TOP && v.top as i32 + r.headroom as i32 - v.exponent > 63 {
+    let bits = if r.dtype & !DTYPE_EXACT == DType::F64 as u8 {
+        127
+    } else {
+        63
+    };
+    if v.top != EMPTY_TOP && v.top as i32 + r.headroom as i32 - v.exponent > bits {
         v.flags |= ENC_OVERFLOW as u32;
     }
+}
+
+/// `x << s` of a 128-bit value in two words (low, high), `s` in 0..=127, without branches:
+/// a branch per element multiplies the states the verifier walks past its budget.
+#[inline(always)]
+fn shl_128(lo: u64, hi: u64, s: u32) -> (u64, u64) {
+    let t = s & 63;
+    let low = lo << t;
+    // The bits of `lo` that cross into the high word; `lo >> 1 >> (63 - t)` is 0 at t = 0.
+    let high = (hi << t) | ((lo >> 1) >> (63 - t));
+    // All ones from a shift of 64 on: the low word moves up whole.
+    let far = 0u64.wrapping_sub((s >> 6) as u64 & 1);
+    (low & !far, (high & !far) | (low & far))
+}
+
+/// One element of [`fold_pairs`]: words `i` (low) and `i + 1` (high). A function, not a
+/// closure, so that it is inlined: nothing may be called under the slot's lock.
+#[inline(always)]
+fn fold_pair<W: Words>(
+    v: &mut ShadowCopy,
+    src: &W,
+    i: usize,
+    write: bool,
+    (sa, sb): (u32, u32),
+    seen: &mut (u64, u64),
+) {
+    let (alo, ahi) = shl_128(
+        unsafe { *v.data.get_unchecked(i) },
+        unsafe { *v.data.get_unchecked(i + 1) },
+        sa,
+    );
+    let (blo, bhi) = shl_128(unsafe { src.get(i) }, unsafe { src.get(i + 1) }, sb);
+    let lo = alo.wrapping_add(blo);
+    // The carry out of the low words, from their top bits (no compare: no branch).
+    let carry = ((alo & blo) | ((alo | blo) & !lo)) >> 63;
+    let hi = ahi.wrapping_add(bhi).wrapping_add(carry);
+    let sign = (hi as i64 >> 63) as u64;
+    seen.0 |= hi ^ sign;
+    seen.1 |= lo ^ sign;
+    unsafe {
+        *v.data.get_unchecked_mut(i) = lo;
+        *v.data.get_unchecked_mut(i + 1) = hi;
+    }
+    if write {
+        unsafe {
+            src.set(i, lo);
+            src.set(i + 1, hi);
+        }
+    }
+}
+
+/// The exact sum over 128-bit lanes (words 2i and 2i + 1: low, high): the stored value
+/// shifted left by `sa`, the payload's by `sb`, added with the carry; with `write`, the
+/// payload becomes the sum. Returns the sums' magnitude (bits of the largest).
+#[inline(always)]
+fn fold_pairs<W: Words>(
+    v: &mut ShadowCopy,
+    src: &W,
+    words: usize,
+    write: bool,
+    sa: u32,
+    sb: u32,
+) -> i32 {
+    // The sums' high and low words, each xored with its sign and ored.
+    let mut seen = (0u64, 0u64);
+    if words == BUFFER_WORDS && src.has_buffer() {
+        let mut i = 0usize;
+        while i + 2 <= BUFFER_WORDS {
+            fold_pair(v, src, i, write, (sa, sb), &mut seen);
+            i += 2;
+        }
+    } else {
+        let mut i = 0usize;
+        while i + 2 <= W::MAX {
+            if i + 2 > words || !src.has(i + 1) {
+                break;
+            }
+            fold_pair(v, src, i, write, (sa, sb), &mut seen);
+            i += 2;
+        }
+    }
+    if seen.0 != 0 {
+        64 + bit_length(seen.0)
+    } else {
+        bit_length(seen.1)
+    }
+}
+
+/// Bits of `x` up to its highest set bit (0 for 0), without loops: the BPF target has no
+/// instruction for it.
+#[inline(always)]
+fn bit_length(mut x: u64) -> i32 {
+    let mut n = 0;
+    for s in [32, 16, 8, 4, 2, 1] {
+        if x >> s != 0 {
+            n += s;
+            x >>= s;
+        }
+    }
+    n + x as i32
+}
+
+/// A complete copy's `top`: its exact sum lies in [-2^m, 2^m) of its exponent's units.
+#[inline(always)]
+fn settle_top(v: &mut ShadowCopy, m: i32) {
+    v.top = if m == 0 {
+        EMPTY_TOP
+    } else {
+        (v.exponent + m) as i16
+    };
 }
 
 /// The sum of 32-bit integer lanes, two per word: the commonest fold, and the bench's floor

@@ -98,7 +98,7 @@ impl Stored {
         let magnitude = if v.top == EMPTY_TOP {
             0
         } else {
-            (v.top as i32 - v.exponent).clamp(0, 63) as u8
+            (v.top as i32 - v.exponent).clamp(0, 127) as u8
         };
         Self {
             exponent: v.exponent,
@@ -186,10 +186,6 @@ fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
 /// past its budget).
 #[inline(always)]
 fn complete(v: &mut ShadowCopy, r: &Round) -> Outcome {
-    // The sum of every member's values: at most `headroom` bits above the largest.
-    if v.top != EMPTY_TOP {
-        v.top = v.top.saturating_add(r.headroom as i16);
-    }
     if r.inner != 0 {
         v.state = ShadowState::PartialSent as u32;
         Outcome::Partial

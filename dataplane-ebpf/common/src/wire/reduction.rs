@@ -216,6 +216,10 @@ pub enum Lane {
     /// lose nothing, so its sum is the exact sum whatever the arrival order or level. A sum
     /// too wide for the lanes is flagged ([`ENC_OVERFLOW`]), never rounded.
     Exact = 9,
+    /// Exact sums of doubles: the same in signed 128-bit lanes (16 bytes an element, the
+    /// low 64-bit word first), room for a double's 53 bits and 70 binary orders between
+    /// the members' values.
+    Exact128 = 10,
 }
 
 impl Lane {
@@ -223,7 +227,7 @@ impl Lane {
     pub const fn size(self) -> usize {
         match self {
             Self::I64 | Self::Bfp64 | Self::Key64 | Self::Exact => 8,
-            Self::I64Split => 16,
+            Self::I64Split | Self::Exact128 => 16,
             _ => 4,
         }
     }
@@ -239,18 +243,21 @@ impl Lane {
             7 => Some(Self::Bfp64),
             8 => Some(Self::Key64),
             9 => Some(Self::Exact),
+            10 => Some(Self::Exact128),
             _ => None,
         }
     }
 }
 
 /// The wire encoding of `op` over `dtype` in float mode `float`: sums of f32, f16 and bf16
-/// in the exact mode travel in [`Lane::Exact`]; everything else as [`lane`] says.
+/// in the exact mode travel in [`Lane::Exact`], of doubles in [`Lane::Exact128`]; everything
+/// else as [`lane`] says.
 pub const fn lane_in(op: Op, dtype: DType, float: Float) -> Option<Lane> {
     match (float, op, dtype) {
         (Float::Exact, Op::Sum | Op::Avg, DType::F32 | DType::F16 | DType::Bf16) => {
             Some(Lane::Exact)
         }
+        (Float::Exact, Op::Sum | Op::Avg, DType::F64) => Some(Lane::Exact128),
         _ => lane(op, dtype),
     }
 }
@@ -258,8 +265,8 @@ pub const fn lane_in(op: Op, dtype: DType, float: Float) -> Option<Lane> {
 /// How a message's float sums travel: block floating point (fast: one exponent per
 /// segment, a bound on the error, the result dependent on the order contributions meet),
 /// or exact (twice the bytes of f32 on the wire; the sum of exactly the inputs, the same
-/// whatever the order; a segment too wide for the lanes flagged). Doubles take the fast
-/// lane in both modes (docs/types.md).
+/// whatever the order; a segment too wide for the lanes flagged; doubles in 128-bit
+/// lanes, twice their bytes).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Float {
     #[default]
