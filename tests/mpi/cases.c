@@ -16,6 +16,11 @@
  *                        on the second (MPI allows this order; only one collective at a
  *                        time on one communicator is required)
  *        cases status    MPI_Iallreduce, then MPI_Request_get_status until it says done
+ *        cases packed    float and double sums of {1e10, 1e-10} on every rank: the tiny
+ *                        residual beside the large energy must come back as Open MPI's does
+ *        cases order D   f32 and f64 sums of 1 MiB, rank r starting r (D = 0) or
+ *                        size - 1 - r (D = 1) times 50 ms late; rank 0 prints the results'
+ *                        hashes (the same bits whatever the order, in the exact mode)
  *                        (20 s at most), then MPI_Wait
  * Rank 0 prints "checks=C failures=F"; the exit status is 1 if anything failed. */
 #include <math.h>
@@ -35,6 +40,14 @@ static void expect(const char *what, long got, long want) {
         failures++;
         fprintf(stderr, "rank %d: %s: got %ld, want %ld\n", rank, what, got, want);
     }
+}
+
+/* FNV-1a of n bytes. */
+static unsigned long long fnv(const void *p, size_t n) {
+    const unsigned char *b = p;
+    unsigned long long h = 1469598103934665603ULL;
+    for (size_t i = 0; i < n; i++) h = (h ^ b[i]) * 1099511628211ULL;
+    return h;
 }
 
 static double now(void) {
@@ -184,6 +197,34 @@ int main(int argc, char **argv) {
         expect("status says done", flag, 1);
         MPI_Wait(&r, MPI_STATUS_IGNORE);
         expect("status", wrong(x, N, 6), 0);
+    } else if (strcmp(mode, "packed") == 0) {
+        float f[2] = {1e10f, 1e-10f};
+        double d[2] = {1e10, 1e-10};
+        MPI_Allreduce(MPI_IN_PLACE, f, 2, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        MPI_Allreduce(MPI_IN_PLACE, d, 2, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        /* Sums of `size` equal values: exact in either type. */
+        expect("packed f32 residual", f[1] == size * 1e-10f && f[0] == size * 1e10f, 1);
+        expect("packed f64 residual", d[1] == size * 1e-10 && d[0] == size * 1e10, 1);
+    } else if (strcmp(mode, "order") == 0 && argc > 2) {
+        enum { M = 1 << 18 };
+        float *f = malloc(M * sizeof(float));
+        double *d = malloc(M * sizeof(double));
+        /* Each rank's values of its own scale: blocks of different exponents meet. */
+        for (int i = 0; i < M; i++) {
+            long h = (rank * 7919L + i * 104729L) % 2001 - 1000;
+            d[i] = h / (1000.0 * (1 + 3 * rank)) * (1 + i % 7);
+            f[i] = (float)d[i];
+        }
+        int late = atoi(argv[2]) ? size - 1 - rank : rank;
+        usleep(late * 50000);
+        MPI_Allreduce(MPI_IN_PLACE, f, M, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        usleep(late * 50000);
+        MPI_Allreduce(MPI_IN_PLACE, d, M, MPI_DOUBLE, MPI_SUM, MPI_COMM_WORLD);
+        if (rank == 0)
+            printf("hashes f32 %016llx f64 %016llx\n", fnv(f, M * sizeof(float)),
+                   fnv(d, M * sizeof(double)));
+        free(f);
+        free(d);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

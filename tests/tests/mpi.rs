@@ -509,4 +509,52 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         err.contains("allreduces go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),
         "{err}"
     );
+
+    // Packed scalars: 1e10 beside 1e-10 in one buffer. By default (the exact lane) the
+    // double sum is exact through the switch, and the float one, too wide for 64 bits, is
+    // flagged and redone by Open MPI: both keep the residual, as Open MPI's sum does. The
+    // fast lane (one exponent per segment) loses it in both.
+    let (out, err) = checked(&run("packed", &[]));
+    assert!(out.contains("checks=3 failures=0"), "{out}");
+    assert_eq!(summary(&err), (2, 0, 0), "{err}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [2, 0, 0, 1, 0, 0],
+        "{err}"
+    );
+    let o = run("packed", &[("XAGG_FLOAT", "fast".into())]);
+    let out = String::from_utf8_lossy(&o.stdout);
+    assert!(
+        out.contains(&format!("failures={}", 2 * RANKS)),
+        "the fast lane loses both residuals: {out}"
+    );
+
+    // The same bits whatever order the ranks' contributions arrive in (ranks late by 50 ms
+    // each, first in rank order, then reversed), every call through the switch; the fast
+    // lane's bits depend on the order (which shows the orders differed).
+    let hashes = |late: u32, float: &str| {
+        let (out, err) = checked(&run(
+            &format!("order {late}"),
+            &[("XAGG_ROUTE", "all".into()), ("XAGG_FLOAT", float.into())],
+        ));
+        assert_eq!(
+            entry_counts(&err, "MPI_Allreduce"),
+            [3, 0, 0, 0, 0, 0],
+            "{err}"
+        );
+        out.lines()
+            .find(|l| l.starts_with("hashes "))
+            .unwrap_or_else(|| panic!("{out}"))
+            .to_string()
+    };
+    assert_eq!(
+        hashes(0, "exact"),
+        hashes(1, "exact"),
+        "exact: the same bits"
+    );
+    assert_ne!(
+        hashes(0, "fast"),
+        hashes(1, "fast"),
+        "fast: the order shows"
+    );
 }

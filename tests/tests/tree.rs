@@ -345,6 +345,7 @@ fn ops_and_types(lab: &TreeLab, points: usize, first: u32) {
         (Op::Xor, DType::U32, Float::Fast),
         (Op::Min, DType::I32, Float::Fast),
         (Op::Sum, DType::F32, Float::Exact),
+        (Op::Sum, DType::F64, Float::Exact),
         (Op::Avg, DType::Bf16, Float::Exact),
     ];
     let topology = &lab.topology;
