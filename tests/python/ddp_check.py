@@ -1,11 +1,13 @@
 """DDP training, as a user's script would do it, on the backend named by argv (nothing of
 xagg imported: the installed package registers "xagg" at its first use):
-`ddp_check.py BACKEND STEPS OUT [compare|slow|hook]`, launched by torchrun (one process per lab
+`ddp_check.py BACKEND STEPS OUT [compare|slow|hook|late0|late1]`, launched by torchrun (one process per lab
 namespace). A small model trained STEPS steps; rank 0 saves the final parameters to OUT and
 prints whether every rank's are identical. `compare` checks each bucket's allreduce through
 the backend against Gloo's of the same gradients (a comm hook running both); `slow` sleeps
 between steps (a run to disturb); `hook` sends the gradients through the switch by
-xagg's DDP communication hook, the backend staying what it is. On the xagg backend it also checks that an allreduce's
+xagg's DDP communication hook, the backend staying what it is; `late0` and `late1` pin the
+buckets (`static_graph`) and start each rank's backward pass 20 ms per rank late, in rank
+order or reversed, so that contributions meet in another order. On the xagg backend it also checks that an allreduce's
 future is not complete when the call returns, and is after it is waited for."""
 import math
 import sys
@@ -32,7 +34,14 @@ model = torch.nn.Sequential(
     torch.nn.ReLU(),
     torch.nn.Linear(1024, 10),
 )
-ddp = DDP(model, bucket_cap_mb=1)
+late = mode in ("late0", "late1")
+if late:
+    # A hang (DDP's reducer waited forever on a work the backend handed it from C++, with
+    # static_graph) ends the run with every thread's stack instead.
+    import faulthandler
+
+    faulthandler.dump_traceback_later(90, exit=True)
+ddp = DDP(model, bucket_cap_mb=1, static_graph=late)
 stats = {"buckets": 0, "exact": 0, "worst": 0.0}
 
 if mode == "compare":
@@ -82,6 +91,8 @@ for step in range(steps):
     y = torch.randint(0, 10, (32,), generator=g)
     loss = torch.nn.functional.cross_entropy(ddp(x), y)
     opt.zero_grad()
+    if late:
+        time.sleep(0.02 * (rank if mode == "late0" else size - 1 - rank))
     loss.backward()
     opt.step()
     if mode == "slow":

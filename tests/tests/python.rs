@@ -273,6 +273,35 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
         x.contains("allreduces through the switch, 0 made by Gloo"),
         "{x}"
     );
+    // The exact float lane: buckets pinned, the ranks' backward passes late in rank order
+    // and then reversed, so their contributions meet in other orders; every bucket
+    // through the switch both times, the final parameters the same bits.
+    let mut exact = env();
+    exact.push(("XAGG_FLOAT", "exact".into()));
+    let runs: Vec<_> = [("late0", 29504), ("late1", 29505)]
+        .into_iter()
+        .map(|(mode, port)| {
+            let file = dir.join(format!("{mode}.pt"));
+            let o = ranks_ok(&torchrun(
+                &sw,
+                &exact,
+                port,
+                &["xagg", "3", file.to_str().unwrap(), mode],
+            ));
+            assert!(
+                o.contains("allreduces through the switch, 0 made by Gloo"),
+                "{o}"
+            );
+            let buckets = entry_counts(&o, "DDP bucket (ProcessGroup.allreduce)");
+            assert!(buckets[0] >= 3 && buckets[1..] == [0; 5], "{o}");
+            file
+        })
+        .collect();
+    let (largest, _) = difference(&runs[0], &runs[1]);
+    assert_eq!(
+        largest, 0.0,
+        "the exact lane gave other bits in another order"
+    );
     // The final parameters against Gloo's.
     for (run, file) in [("the backend", &xagg), ("the hook", &hooked)] {
         let (largest, scale) = difference(file, &gloo);

@@ -40,7 +40,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllreduceOptions, ReduceOp
+from torch._C._distributed_c10d import AllreduceOptions, ReduceOp, _create_work_from_future
 
 from . import Job, Route, XaggError, new_key, segment_bytes
 
@@ -407,6 +407,18 @@ def _complete(fut, failure, tensor):
         fut.set_result([tensor])
 
 
+def _for_caller(work, entry):
+    """`work` as the caller can keep it. torch.distributed's functions hand the Python
+    object to the program, which holds it. Other callers are C++ (DDP's reducer): they keep
+    only the C++ half of a Python subclass of Work, whose Python methods are gone once the
+    Python object is collected — a later `wait` from C++ (the reducer's, for the map of
+    used parameters with `static_graph`) then waits on a completion the base class never
+    sees, forever. Those get a C++ work that waits on the same future."""
+    if entry in ("all_reduce", "all_reduce async"):
+        return work
+    return _create_work_from_future(work.get_future())
+
+
 class _Work(dist.Work):
     """An allreduce in flight: its future completes from the completion thread."""
 
@@ -459,25 +471,25 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None:
             # Decided by the call alone, the same on every rank.
             self._engine.pass_on(entry, why)
-            return self._by_gloo(tensors, opts)
+            return self._by_gloo(tensors, opts, entry)
         if self._engine.route is not None and not self._engine.route.takes(t.numel() * t.element_size()):
             # Faster through Gloo at this size (XAGG_ROUTE): decided by the call alone.
             self._engine.routed += 1
             self._engine.count(entry, ROUTED)
-            return self._by_gloo(tensors, opts)
+            return self._by_gloo(tensors, opts, entry)
         if t.device.type != "cpu":
             # Through host memory: a CPU copy reduced, the result copied back.
             _, work = self._engine.allreduce(t.cpu().contiguous(), opts.reduceOp, target=t, entry=entry)
-            return work
+            return _for_caller(work, entry)
         if not t.is_contiguous():
             # A strided view: reduced as a contiguous copy, copied back (Gloo 1.13 would
             # reduce the view's storage as if it were contiguous: wrong results).
             _, work = self._engine.allreduce(t.contiguous(), opts.reduceOp, target=t, entry=entry)
-            return work
+            return _for_caller(work, entry)
         _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry)
-        return work
+        return _for_caller(work, entry)
 
-    def _by_gloo(self, tensors, opts):
+    def _by_gloo(self, tensors, opts, entry):
         """The allreduce by the inner Gloo group; bf16 and AVG, which Gloo 1.13 refuses,
         made as the switch makes them (`_gloo_allreduce`), at once."""
         t = tensors[0] if len(tensors) == 1 else None
@@ -486,7 +498,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         _gloo_allreduce(self._gloo, t, opts.reduceOp, self.size())
         fut = torch.futures.Future()
         fut.set_result(tensors)
-        return _Work(fut, self._engine)
+        return _for_caller(_Work(fut, self._engine), entry)
 
 
 def _delegate(name):

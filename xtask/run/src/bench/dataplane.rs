@@ -147,6 +147,90 @@ pub fn compare(quick: bool, objects: &[Vec<u8>]) -> Result<Vec<Vec<DataplanePoin
     Ok(out)
 }
 
+/// Float sums in the switch in each float mode: `accumulate` of full segments in a job of
+/// 8 members, ns per packet and per KiB of the buffer's own elements (the exact lanes carry
+/// an f32 in 8 bytes and an f64 in 16, so a KiB of buffer takes twice the packets).
+pub fn float_sums(quick: bool) -> Result<Vec<DataplanePoint>> {
+    use xagg_common::wire::{self, Float};
+    const JID: u32 = 1;
+    const MEMBERS: u8 = 8;
+    let object = Object::Switch.read()?;
+    let rounds = if quick { 4 } else { 100 };
+    let mut out = Vec::new();
+    for (path, dtype, float) in [
+        ("f32 sum, fast", DType::F32, Float::Fast),
+        ("f32 sum, exact", DType::F32, Float::Exact),
+        ("f64 sum, fast", DType::F64, Float::Fast),
+        ("f64 sum, exact", DType::F64, Float::Exact),
+    ] {
+        let mut sw = Switch::load(&object);
+        let elements = wire::max_elements_in(Op::Sum, dtype, float);
+        let lane = wire::lane_in(Op::Sum, dtype, float).context("a float sum's lane")?;
+        sw.add_job(
+            JID,
+            job(
+                MEMBERS as usize,
+                Op::Sum,
+                dtype,
+                wire::max_elements(Op::Sum, dtype) as u16,
+                0,
+                SLOTS,
+            ),
+        );
+        // Each member's segment, encoded once; every round sends the same.
+        let segments: Vec<(Vec<u8>, xagg_worker::codec::Encoded)> = (0..MEMBERS)
+            .map(|m| {
+                let src = xagg_worker::data::generate(dtype, 1, m.into(), elements);
+                let mut lanes = vec![0u8; elements * lane.size()];
+                let enc = xagg_worker::codec::encode(
+                    Op::Sum,
+                    dtype,
+                    float,
+                    MEMBERS.into(),
+                    &src,
+                    &mut lanes,
+                );
+                (lanes, enc)
+            })
+            .collect();
+        let mut acc = Vec::new();
+        for r in 0..rounds {
+            for m in 0..MEMBERS {
+                let (lanes, enc) = &segments[m as usize];
+                let h = Header::builder(Kind::Contribution)
+                    .op(Op::Sum)
+                    .dtype(dtype)
+                    .job(JID)
+                    .segment(r)
+                    .slot((r % SLOTS) as u16)
+                    .member(m)
+                    .flags(if (r / SLOTS) % 2 == 1 { FLAG_SHADOW } else { 0 })
+                    .float(float)
+                    .count(elements as u16)
+                    .exponent(enc.exponent)
+                    .enc_flags(enc.flags)
+                    .magnitude(enc.magnitude)
+                    .build();
+                let mut udp = vec![0u8; wire::HEADER_LEN + wire::payload_len(lanes.len(), 1)];
+                wire::encode(&h, lanes, &mut udp).context("encoding a contribution")?;
+                let run = sw.run(&frame(&member(m), PORT, &udp));
+                if (1..MEMBERS - 1).contains(&m) {
+                    anyhow::ensure!(run.action == XDP_DROP, "{path}: member {m} not accumulated");
+                    acc.push(run.duration.as_nanos() as f64);
+                }
+            }
+        }
+        let ns = median(acc);
+        out.push(DataplanePoint {
+            path,
+            elements,
+            ns_per_packet: ns,
+            ns_per_kib: ns / (elements as f64 * dtype.size() as f64 / 1024.0),
+        });
+    }
+    Ok(out)
+}
+
 /// Two CPUs contributing at the same instant (repeat-1 runs behind a barrier, each thread
 /// pinned to its CPU), 860 i32 per packet, every slot taking two contributions (one `first`,
 /// one `complete`): either both CPUs on the same slot each round — its lock and its cache

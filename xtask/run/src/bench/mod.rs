@@ -186,6 +186,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let mut points = dataplane::dataplane(a.quick)?;
     points.extend(dataplane::contention(a.quick)?);
+    points.extend(dataplane::float_sums(a.quick)?);
     let codec_points = codecs::codecs(a.quick);
     dataplane_table(&points, a.quick);
     codecs_table(&codec_points);
