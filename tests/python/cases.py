@@ -9,10 +9,11 @@ then:
 - `sizes`: all_reduce of 4 KiB and of 64 KiB (the route by size);
 - `callback`: a future's callback that makes (and waits for) another all_reduce;
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
-- `unwaited`: a last all_reduce, async and never waited for, that fails (rank 0 starts it
-  6 s late, past the test's XAGG_TIMEOUT_S of 2): `destroy_process_group` raises the
-  failure (printed here); with `exit` after the case, the program exits without it, and
-  the failure is said at exit;
+- `unwaited`: a last all_reduce, async and never waited for, that fails on every rank
+  (rank 0 starts it 6 s late, past the test's XAGG_TIMEOUT_S of 2: the others give up on
+  it, rank 0's finds them gone): `destroy_process_group` raises the failure (printed here);
+  with `exit` after the case, the program exits without it, and the failure is said at
+  exit;
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
   (passed to Gloo, which makes it as a sum then a floored division).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""

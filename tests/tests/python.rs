@@ -488,13 +488,11 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     short.push(("XAGG_TIMEOUT_S", "2".into()));
     // Raised by destroy_process_group where the program calls it; said at exit where it
     // does not.
+    // The failure reaches every rank for the same call: ranks 1-3 give up on their
+    // rounds at the switch at their timeout, so rank 0's late contribution completes a
+    // round marked so, and its call fails too (before, it succeeded alone).
     let all = ranks_ok(&run(29517, &["unwaited"], &short));
     ok(&all, "unwaited");
-    assert!(!all.contains("rank 0: an allreduce failed"), "{all}");
-    assert!(
-        !all.contains("rank 0: destroy_process_group raised"),
-        "{all}"
-    );
     for r in 1..RANKS {
         assert!(
             all.contains(&format!(
@@ -503,10 +501,15 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
             "{all}"
         );
     }
+    assert!(
+        all.contains("rank 0: destroy_process_group raised XaggError: rank 0: an allreduce failed and no call of the program raised it")
+            && all.contains("other members gave up on it"),
+        "{all}"
+    );
     let all = ranks_ok(&run(29518, &["unwaited", "exit"], &short));
     ok(&all, "unwaited");
     assert!(!all.contains("destroy_process_group raised"), "{all}");
-    for r in 1..RANKS {
+    for r in 0..RANKS {
         assert!(
             all.contains(&format!(
                 "rank {r}: an allreduce failed and no call of the program raised it"

@@ -373,3 +373,59 @@ fn multi_buffer_segments() {
     ];
     run_table(&mut sw, &rows);
 }
+
+/// A member giving up on a round (its contribution sent again, marked `ENC_WITHDRAWN`, at
+/// its collective timeout): while the round fills, the switch keeps the mark — its status
+/// reply says so, and the late member's contribution completes the round with a result
+/// that carries it, so every member fails that call; a round complete before is answered
+/// with its result, unmarked, and the call succeeds everywhere.
+#[test]
+fn a_member_giving_up_marks_the_round() {
+    if !require_root("a_member_giving_up_marks_the_round") {
+        return;
+    }
+    use Counter::*;
+    let mut sw = load_switch();
+    sw.add_job(JID, job(3, Op::Sum, DType::I32, ELEMENTS, 0, 4));
+    let v = |m: u8| values(m, 4);
+    let giving_up = |m: u8, slot: u16| {
+        let mut h = header(JID, m, slot, 0, 4);
+        h.set_enc_flags(wire::ENC_WITHDRAWN);
+        frame(&member(m), PORT, &contribution(h, &v(m)))
+    };
+    let query = |m: u8, slot: u16| {
+        let h = Header::builder(Kind::StatusQuery)
+            .job(JID)
+            .message(1)
+            .slot(slot)
+            .member(m)
+            .build();
+        frame(&member(m), PORT, &[&h.to_bytes()[..], &[0u8; 16]].concat())
+    };
+    // The header's enc_flags, big-endian, in the output frame.
+    let flags = |f: u16| {
+        Out::Bytes(
+            PAYLOAD_OFFSET - wire::HEADER_LEN + 25,
+            f.to_be_bytes().to_vec(),
+            "enc_flags",
+        )
+    };
+    #[rustfmt::skip]
+    let rows = [
+        row("member 0 on slot 0", contrib(0, 0, 0, &v(0)), XDP_DROP, Contribution),
+        row("member 1 on slot 0", contrib(1, 0, 0, &v(1)), XDP_DROP, Contribution),
+        row("member 0 gives up", giving_up(0, 0), XDP_DROP, DropDuplicate),
+        row("member 0 asks", query(0, 0), XDP_TX, StatusReply)
+            .out([Out::Status(ShadowState::Filling), flags(wire::ENC_WITHDRAWN)]),
+        row("the late member 2 completes it", contrib(2, 0, 0, &v(2)), XDP_REDIRECT, Complete)
+            .out([payload(i32s(&sum(3, 4))), flags(wire::ENC_WITHDRAWN)]),
+        // Slot 1: complete before member 0 gives up.
+        row("member 0 on slot 1", contrib(0, 1, 0, &v(0)), XDP_DROP, Contribution),
+        row("member 1 on slot 1", contrib(1, 1, 0, &v(1)), XDP_DROP, Contribution),
+        row("member 2 completes slot 1", contrib(2, 1, 0, &v(2)), XDP_REDIRECT, Complete)
+            .out([flags(0)]),
+        row("member 0 gives up too late", giving_up(0, 1), XDP_TX, ResultReplay)
+            .out([payload(i32s(&sum(3, 4))), flags(0)]),
+    ];
+    run_table(&mut sw, &rows);
+}

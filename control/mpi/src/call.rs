@@ -188,7 +188,10 @@ impl Call {
                     // error of the call's own arguments, the same on every rank.
                     Some(Err(AllreduceError::Cancelled { .. })) | None => Taken::Fallback,
                     Some(Err(e)) => {
-                        let why = if matches!(e, AllreduceError::Timeout { .. }) {
+                        let why = if matches!(
+                            e,
+                            AllreduceError::Timeout { .. } | AllreduceError::GivenUp { .. }
+                        ) {
                             "waited past the collective timeout (XAGG_TIMEOUT_S) for the members the switch names"
                         } else {
                             "failed and cannot be made another way (the other ranks may have its result)"

@@ -128,7 +128,7 @@ impl Request {
                     AllreduceError::Overflow { .. } => "overflow",
                     AllreduceError::Cancelled { .. } => "cancelled",
                     AllreduceError::Abandoned { .. } => "abandoned",
-                    AllreduceError::Timeout { .. } => "timeout",
+                    AllreduceError::Timeout { .. } | AllreduceError::GivenUp { .. } => "timeout",
                     _ => "failed",
                 });
                 self.outcome = Some(Some(e.to_string()));

@@ -34,7 +34,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             println!("non-finite input in segments {segments:?}")
         }
         Err(AllreduceError::Overflow { segments, .. }) => {
-            println!("overflow in segments {segments:?}")
+            println!("too wide for the lanes in segments {segments:?}")
+        }
+        Err(AllreduceError::GivenUp { segments, .. }) => {
+            println!("other members gave up on segments {segments:?}")
         }
         Err(AllreduceError::Cancelled { .. }) => println!("cancelled"),
         Err(AllreduceError::Io(e)) => println!("socket error: {e}"),

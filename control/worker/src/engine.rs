@@ -28,7 +28,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use xagg_common::wire::{self, Header, ENC_NONFINITE, ENC_OVERFLOW};
+use xagg_common::wire::{self, Header, ENC_NONFINITE, ENC_OVERFLOW, ENC_WITHDRAWN};
 
 pub(crate) use self::worker::{now_ns, wait_readable, Pending, WorkerInner};
 use self::{diagnosis::Diagnosis, schedule::slots_of, sync::JobState};
@@ -62,6 +62,8 @@ struct Active {
     in_flight: usize,
     nonfinite: Vec<u32>,
     overflow: Vec<u32>,
+    /// Segments whose result says another member gave up on the call.
+    given_up: Vec<u32>,
     report: Report,
     started: Option<Instant>,
     last_progress: Instant,
@@ -173,6 +175,7 @@ impl Engine {
                 in_flight: 0,
                 nonfinite: Vec::new(),
                 overflow: Vec::new(),
+                given_up: Vec::new(),
                 report: Report {
                     bytes: len,
                     segments: len.div_ceil(segment_bytes),
@@ -322,7 +325,7 @@ impl Engine {
                 let Some(i) = self.index_of(f.message) else {
                     continue;
                 };
-                self.send(i, slot, &f)?;
+                self.send(i, slot, &f, false)?;
                 f.sent = Instant::now();
                 self.window.sent(slot, f);
                 self.active[i].report.retransmissions += 1;
@@ -387,6 +390,9 @@ impl Engine {
                 }
                 if flags & ENC_OVERFLOW != 0 {
                     req.overflow.push(f.segment as u32);
+                }
+                if flags & ENC_WITHDRAWN != 0 {
+                    req.given_up.push(f.segment as u32);
                 }
                 if req.done == req.segments {
                     self.end(i, Ok(()));
@@ -501,6 +507,14 @@ fn deliver(
         rep.refused = transport.refused() - a.refused0;
         rep.lost_sends = transport.lost_sends() - a.lost0;
         let message = message.unwrap_or(0);
+        if !a.given_up.is_empty() {
+            a.given_up.sort();
+            return Err(AllreduceError::GivenUp {
+                job,
+                message,
+                segments: std::mem::take(&mut a.given_up),
+            });
+        }
         if !a.nonfinite.is_empty() {
             a.nonfinite.sort();
             return Err(AllreduceError::NonFinite {

@@ -33,6 +33,9 @@ pub struct Missing {
     /// aggregation point forwarded: its members still missing (empty: it completed the
     /// round, and its result did not come down).
     pub above_members: Option<Vec<u8>>,
+    /// Whether this rank's giving up on the round is kept where it waits (the status
+    /// reply after it carries `ENC_WITHDRAWN`), or the round was complete.
+    pub withdrawn: bool,
 }
 
 impl Missing {
@@ -101,8 +104,14 @@ pub enum AllreduceError {
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("allreduce of job {job} message {message}: the 64-bit sum overflowed in {} segments ({}), so their mean is wrong", segments.len(), first_few(segments))]
+    #[error("allreduce of job {job} message {message}: the exact float sum is too wide for its lanes in {} segments ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segments.len(), first_few(segments))]
     Overflow {
+        job: u32,
+        message: u32,
+        segments: Vec<u32>,
+    },
+    #[error("allreduce of job {job} message {message} failed: other members gave up on it (their collective timeout, XAGG_TIMEOUT_S, passed while they waited for this rank) in {} segments ({})", segments.len(), first_few(segments))]
+    GivenUp {
         job: u32,
         message: u32,
         segments: Vec<u32>,
@@ -184,6 +193,15 @@ impl Clone for AllreduceError {
                 message,
                 segments,
             } => Self::NonFinite {
+                job: *job,
+                message: *message,
+                segments: segments.clone(),
+            },
+            Self::GivenUp {
+                job,
+                message,
+                segments,
+            } => Self::GivenUp {
                 job: *job,
                 message: *message,
                 segments: segments.clone(),

@@ -402,6 +402,7 @@ impl Frame {
         hdr.set_segment(st.segment);
         hdr.set_count(st.count as u16);
         hdr.status = st.state as u8;
+        hdr.set_enc_flags(st.flags as u16);
         true
     }
 

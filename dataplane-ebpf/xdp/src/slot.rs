@@ -5,7 +5,7 @@
 //! | the copy holds                | contribution from member m             | outcome   |
 //! |-------------------------------|----------------------------------------|-----------|
 //! | same round, m already in      | Done: send the stored result to m only | Replay    |
-//! |                               | Filling: never add twice               | Duplicate |
+//! |                               | Filling: never add twice (a member giving up, `ENC_WITHDRAWN`, marks the round) | Duplicate |
 //! | same round, m not in          | add; the last member completes it      | Added / Complete |
 //! | same round, other count       | refuse                                 | Mismatch  |
 //! | same round, other op or type  | refuse: its first contribution fixed them | OpMismatch |
@@ -22,7 +22,7 @@
 //! | the copy holds                     | packet                                  | outcome   |
 //! |------------------------------------|-----------------------------------------|-----------|
 //! | same round, m not in, m the last   | contribution from member m              | Partial: send it up |
-//! | PartialSent, same round, m in      | contribution from member m (a resend)   | PartialAgain: the stored partial up again |
+//! | PartialSent, same round, m in      | contribution from member m (a resend)   | PartialAgain: the stored partial up again (marked by a member giving up) |
 //! | PartialSent, same round            | the parent's result                     | Delivered: stored, sent to every member |
 //! | anything else                      | the parent's result                     | Unawaited |
 //! | PartialSent with an older round    | contribution from member m              | Reclaimed (abandoned, like Filling) |
@@ -41,6 +41,7 @@
 use aya_ebpf::{bindings::bpf_spin_lock, helpers};
 use xagg_common::{
     slot::{ShadowState, EMPTY_TOP},
+    wire::ENC_WITHDRAWN,
     ShadowCopy,
 };
 
@@ -152,6 +153,8 @@ pub struct Status {
     pub seen: u64,
     pub state: u32,
     pub count: u32,
+    /// Its sticky `enc_flags` (a member gave up on it: `ENC_WITHDRAWN`).
+    pub flags: u32,
 }
 
 /// Reads shadow copy `shadow` of `slot` under its lock.
@@ -168,6 +171,7 @@ pub unsafe fn status(slot: *mut Slot, shadow: usize) -> Status {
         seen: v.seen,
         state: v.state,
         count: v.count,
+        flags: v.flags,
     };
     unsafe { helpers::bpf_spin_unlock(&raw mut (*slot).lock) };
     s
@@ -219,9 +223,16 @@ pub unsafe fn accept<const F: u32, W: Words>(
         } else if v.count != r.elems {
             Outcome::Mismatch
         } else if v.seen & r.bit != 0 {
+            // A member giving up on a round not yet complete: kept, so that the round's
+            // result fails the call on every member (`ENC_WITHDRAWN`).
+            let withdrawn = r.flags & ENC_WITHDRAWN as u32;
             if state == ShadowState::Filling as u32 {
+                v.flags |= withdrawn;
                 Outcome::Duplicate
             } else {
+                if state == ShadowState::PartialSent as u32 {
+                    v.flags |= withdrawn;
+                }
                 // One copy for both answers: the verifier walks each loop once.
                 reduce::copy_out(v, src, r.words);
                 if state == ShadowState::Done as u32 {

@@ -1,7 +1,11 @@
 //! A request without progress: after the give-up time without a result it asks the
 //! switch, for each of its rounds in flight, which members the slot waits for. A switch
 //! that answers is alive — the request waits on slow members, saying whom, up to the
-//! collective timeout; one that refused, or did not answer at all, ends it.
+//! collective timeout; one that refused, or did not answer at all, ends it. At the
+//! collective timeout the request first gives up on its rounds at the switch (its
+//! contributions sent again, marked `ENC_WITHDRAWN`, and the switch asked once more): a
+//! round still waiting keeps the mark, so the late member's call fails too; a round
+//! complete meanwhile answers with its result, and the call succeeds after all.
 
 use std::{
     io,
@@ -11,7 +15,7 @@ use std::{
 use xagg_common::{
     job::members_of,
     slot::ShadowState,
-    wire::{self, Header},
+    wire::{self, Header, ENC_WITHDRAWN},
 };
 
 use super::Engine;
@@ -27,6 +31,18 @@ pub(super) struct Diagnosis {
     waited: Duration,
     missing: Vec<Missing>,
     refusal: Option<(u8, u16)>,
+    /// Asking after the request gave up on its rounds: each answer says whether the mark
+    /// is kept.
+    withdrawing: bool,
+}
+
+/// What a complete diagnosis means for its request.
+enum Verdict {
+    /// The switch answered: go on waiting.
+    Wait,
+    /// The collective timeout passed: give up on the rounds at the switch first.
+    Withdraw(Duration),
+    Fail(AllreduceError),
 }
 
 impl Engine {
@@ -50,11 +66,19 @@ impl Engine {
                 continue;
             }
             if let Some(d) = &a.diagnosis {
-                let answered = d.missing.iter().all(Missing::complete);
+                let answered = if d.withdrawing {
+                    d.missing.iter().all(|m| m.withdrawn && m.complete())
+                } else {
+                    d.missing.iter().all(Missing::complete)
+                };
                 if now >= d.until || answered || d.refusal.is_some() {
-                    if let Some(e) = self.diagnosed(i, now) {
-                        self.give_up(i, e);
-                        continue;
+                    match self.diagnosed(i, now) {
+                        Verdict::Fail(e) => {
+                            self.give_up(i, e);
+                            continue;
+                        }
+                        Verdict::Withdraw(waited) => self.withdraw_rounds(i, waited)?,
+                        Verdict::Wait => {}
                     }
                 }
             } else if a.running()
@@ -80,6 +104,30 @@ impl Engine {
     /// Asks the switch, for each of request `i`'s rounds in flight, which members the slot
     /// waits for; the rounds stay in flight.
     fn diagnose(&mut self, i: usize, waited: Duration) -> io::Result<()> {
+        self.ask(i, waited, false)
+    }
+
+    /// Gives up on request `i`'s rounds in flight at the switch (each contribution sent
+    /// again, twice, marked `ENC_WITHDRAWN`), then asks as [`Self::diagnose`] does.
+    fn withdraw_rounds(&mut self, i: usize, waited: Duration) -> io::Result<()> {
+        let message = self.active[i].message.expect("running");
+        let flights: Vec<(usize, InFlight)> = self
+            .window
+            .in_flight()
+            .filter(|(_, f)| f.message == message)
+            .map(|(s, f)| (s, *f))
+            .collect();
+        for (slot, f) in flights {
+            for _ in 0..2 {
+                self.send(i, slot, &f, true)?;
+            }
+        }
+        self.flush()?;
+        self.ask(i, waited, true)
+    }
+
+    /// The queries of a diagnosis (`withdrawing`: after giving up on the rounds).
+    fn ask(&mut self, i: usize, waited: Duration, withdrawing: bool) -> io::Result<()> {
         let message = self.active[i].message.expect("running");
         let flights: Vec<(usize, InFlight)> = self
             .window
@@ -100,6 +148,7 @@ impl Engine {
                 answered: false,
                 above: false,
                 above_members: None,
+                withdrawn: false,
             });
         }
         self.active[i].diagnosis = Some(Diagnosis {
@@ -107,6 +156,7 @@ impl Engine {
             waited,
             missing,
             refusal: None,
+            withdrawing,
         });
         Ok(())
     }
@@ -146,6 +196,12 @@ impl Engine {
             return;
         }
         let m = &mut d.missing[at];
+        if h.message() == message && h.segment() == m.segment {
+            // Giving up is kept there, or the round is complete (its result comes back
+            // for the contribution sent again).
+            m.withdrawn |=
+                h.enc_flags() & ENC_WITHDRAWN != 0 || h.status == ShadowState::Done as u8;
+        }
         if above {
             if h.message() == message && h.segment() == m.segment {
                 let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
@@ -164,43 +220,55 @@ impl Engine {
     }
 
     /// What a complete diagnosis of request `i` means: the error it ends with — refused,
-    /// no switch (no reply at all), waited longer than the collective timeout — or `None`
-    /// when the switch answered and the request goes on waiting (said once per give-up
-    /// time, naming whom it waits for).
-    fn diagnosed(&mut self, i: usize, now: Instant) -> Option<AllreduceError> {
+    /// no switch (no reply at all), waited longer than the collective timeout (once it gave
+    /// up on its rounds at the switch) — or waiting on when the switch answered (said once
+    /// per give-up time, naming whom it waits for).
+    fn diagnosed(&mut self, i: usize, now: Instant) -> Verdict {
+        match self.verdict(i, now) {
+            Some(Ok(waited)) => Verdict::Withdraw(waited),
+            Some(Err(e)) => Verdict::Fail(e),
+            None => Verdict::Wait,
+        }
+    }
+
+    /// [`Self::diagnosed`]: `Some(Ok(waited))` to give up on the rounds first.
+    fn verdict(&mut self, i: usize, now: Instant) -> Option<Result<Duration, AllreduceError>> {
         let (job, give_up, limit) = (self.p.job, self.p.give_up, self.p.collective_timeout);
         let a = &mut self.active[i];
         let d = a.diagnosis.take().expect("diagnosed");
         let message = a.message.expect("running");
         if let Some((code, slot)) = d.refusal {
-            return Some(self.refused(code, slot));
+            return Some(Err(self.refused(code, slot)));
         }
         if !d.missing.is_empty() && d.missing.iter().all(|m| !m.answered) {
-            return Some(AllreduceError::NoSwitch {
+            return Some(Err(AllreduceError::NoSwitch {
                 job,
                 switch: self.p.switch,
                 waited: d.waited,
-            });
+            }));
         }
         // Nobody waited for and still no result: lost on the way here, or the level above
         // silent (the peers may hold the results).
-        if d.missing.iter().all(Missing::stuck) {
-            return Some(AllreduceError::Timeout {
+        if d.withdrawing {
+            return Some(Err(AllreduceError::Timeout {
                 job,
                 message,
                 waited: d.waited,
                 missing: d.missing,
-            });
+            }));
+        }
+        if d.missing.iter().all(Missing::stuck) {
+            return Some(Err(AllreduceError::Timeout {
+                job,
+                message,
+                waited: d.waited,
+                missing: d.missing,
+            }));
         }
         let since = *a.waiting_since.get_or_insert(now - d.waited);
         let waited = now.duration_since(since);
         if waited >= limit {
-            return Some(AllreduceError::Timeout {
-                job,
-                message,
-                waited,
-                missing: d.missing,
-            });
+            return Some(Ok(waited));
         }
         a.last_progress = now;
         // Said at the give-up time, then each time the wait doubles.

@@ -3,7 +3,7 @@
 
 use std::{io, time::Duration};
 
-use xagg_common::wire::{self, Header, Kind, ENC_NONFINITE, HEADER_LEN};
+use xagg_common::wire::{self, Header, Kind, ENC_NONFINITE, ENC_WITHDRAWN, HEADER_LEN};
 
 use super::Engine;
 use crate::{codec, window::InFlight};
@@ -65,8 +65,14 @@ impl Engine {
     }
 
     /// Encodes the contribution `f` of request `i` on `slot` in place into the
-    /// transport's send buffer.
-    pub(super) fn send(&mut self, i: usize, slot: usize, f: &InFlight) -> io::Result<()> {
+    /// transport's send buffer; `withdraw`: marked as given up on (`ENC_WITHDRAWN`).
+    pub(super) fn send(
+        &mut self,
+        i: usize,
+        slot: usize,
+        f: &InFlight,
+        withdraw: bool,
+    ) -> io::Result<()> {
         let a = &self.active[i];
         let r = a.r;
         let range = a.range(f.segment);
@@ -95,7 +101,7 @@ impl Engine {
             .last(f.segment + 1 == a.segments)
             .count(f.count)
             .exponent(enc.exponent)
-            .enc_flags(enc.flags)
+            .enc_flags(enc.flags | if withdraw { ENC_WITHDRAWN } else { 0 })
             .magnitude(enc.magnitude)
             .float(r.float)
             .cookie(cookie)

@@ -76,7 +76,7 @@ impl Engine {
         }
         a.highest_sent = a.highest_sent.max(Some(segment));
         a.last_progress = a.last_progress.max(f.sent);
-        self.send(i, slot, &f)?;
+        self.send(i, slot, &f, false)?;
         self.window.sent(slot, f);
         Ok(())
     }

@@ -11,7 +11,7 @@ mod reduction;
 pub use header::{Builder, Header};
 pub use reduction::{
     lane, lane_in, max_elements, max_elements_in, DType, Float, Lane, Op, UnknownName,
-    ENC_NONFINITE, ENC_OVERFLOW,
+    ENC_NONFINITE, ENC_OVERFLOW, ENC_WITHDRAWN,
 };
 
 /// Protocol version carried in every header.

@@ -341,6 +341,12 @@ pub const ENC_NONFINITE: u16 = 1 << 0;
 /// or by the aggregation point where the aligned sum would not; sticky like
 /// [`ENC_NONFINITE`], so every member finds it in the result of that segment.
 pub const ENC_OVERFLOW: u16 = 1 << 1;
+/// `enc_flags` bit: in a member's contribution sent again, the member gave up on the round
+/// (its collective timeout passed); the switch keeps it in a round still filling (or
+/// waiting for its parent, and sends it up with the partial) and returns it with the
+/// result, so every member fails that call, the late one included. A round already
+/// complete is answered with its result instead, and the call succeeds everywhere.
+pub const ENC_WITHDRAWN: u16 = 1 << 2;
 
 /// Most elements one segment of `op` over `dtype` carries.
 pub const fn max_elements(op: Op, dtype: DType) -> usize {
