@@ -522,6 +522,18 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         [2, 0, 0, 1, 0, 0],
         "{err}"
     );
+    // XAGG_FLOAT=none: float sums are Open MPI's, each rank saying why once.
+    let (out, err) = checked(&run("packed", &[("XAGG_FLOAT", "none".into())]));
+    assert!(out.contains("checks=3 failures=0"), "{out}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [1, 0, 0, 0, 0, 2],
+        "{err}"
+    );
+    assert!(
+        err.contains("float sums go to Open MPI (rank 0's XAGG_FLOAT=none)"),
+        "{err}"
+    );
     let o = run("packed", &[("XAGG_FLOAT", "fast".into())]);
     let out = String::from_utf8_lossy(&o.stdout);
     assert!(

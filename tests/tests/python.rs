@@ -532,6 +532,24 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "{all}"
     );
 
+    // XAGG_FLOAT=none: the float sums by Gloo (bf16 and AVG as the switch would make
+    // them), the int16 mean passed as before.
+    let mut floats_to_gloo = e.clone();
+    floats_to_gloo.push(("XAGG_FLOAT", "none".into()));
+    let all = ranks_ok(&run(29519, &["types"], &floats_to_gloo));
+    ok(&all, "types");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [0, 0, 0, 0, 0, 3],
+        "{all}"
+    );
+    assert!(
+        all.contains(
+            "rank 0: passed to Gloo: 2 (float sums go to Gloo (rank 0's XAGG_FLOAT=none))"
+        ),
+        "{all}"
+    );
+
     let mut default_route = e.clone();
     default_route.retain(|(k, _)| *k != "XAGG_ROUTE");
     let all = ranks_ok(&run(29513, &["sizes"], &default_route));

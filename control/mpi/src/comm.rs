@@ -48,6 +48,8 @@ pub struct Job {
     pub spares: Vec<Vec<u8>>,
     /// Which calls go to the switch, by size (rank 0's `XAGG_ROUTE`).
     pub route: Route,
+    /// Whether float sums take the switch (rank 0's `XAGG_FLOAT` is not `none`).
+    pub float_sums: bool,
 }
 
 // Safety: `private` is an MPI handle, used only under the library's lock.
@@ -214,8 +216,8 @@ pub fn create(comm: Comm) -> CommState {
         Float::Exact,
     )
     .map_err(|e| format!("rank 0's {e}"));
-    let float = match float {
-        Ok(f) => f,
+    let (float, float_sums) = match float {
+        Ok(f) => (f.unwrap_or(Float::Exact), f.is_some()),
         Err(why) => return state(fail(&mut private, why)),
     };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));
@@ -250,6 +252,7 @@ pub fn create(comm: Comm) -> CommState {
                 calls: VecDeque::new(),
                 spares: Vec::new(),
                 route,
+                float_sums,
             }))
         }
         Err(e) => {

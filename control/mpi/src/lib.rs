@@ -310,6 +310,16 @@ fn allreduce(
         with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
         return None;
     };
+    if !job.float_sums && matches!(dtype, DType::F32 | DType::F64) && wire_op == Op::Sum {
+        with_state(|st| {
+            pass(
+                st,
+                entry,
+                "float sums go to Open MPI (rank 0's XAGG_FLOAT=none)",
+            )
+        });
+        return None;
+    }
     // Decided from the type signature (elements and their type), alike on every rank.
     let bytes = count as u64 * dtype.size() as u64;
     if !job.route.takes(bytes) {

@@ -503,8 +503,10 @@ impl Job {
         settings.segment = segment;
         // How float sums travel: `float`, else XAGG_FLOAT; the fast lane by default.
         let float = float.or_else(|| std::env::var("XAGG_FLOAT").ok());
+        // `none` is the caller's to act on (float sums by Gloo): the worker keeps the fast lane.
         settings.float = xagg_worker::float_mode(float.as_deref(), Float::Fast)
-            .map_err(PyValueError::new_err)?;
+            .map_err(PyValueError::new_err)?
+            .unwrap_or(Float::Fast);
         Self::join_as(py, settings, rank, size, &key, &secret, place)
     }
 

@@ -177,11 +177,16 @@ impl JoinSettings {
 }
 
 /// The float mode `XAGG_FLOAT=value` names (`fast` or `exact`); `default` where it is
-/// empty or unset. The error names the setting and the values it takes.
-pub fn float_mode(value: Option<&str>, default: Float) -> Result<Float, String> {
+/// empty or unset; `None` for `none` (float sums do not take the switch: the drop-ins hand
+/// them to Open MPI or Gloo). The error names the setting and the values it takes.
+pub fn float_mode(value: Option<&str>, default: Float) -> Result<Option<Float>, String> {
     match value.map(str::trim) {
-        None | Some("") => Ok(default),
-        Some(v) => v.parse().map_err(|e| format!("XAGG_FLOAT={v}: {e}")),
+        None | Some("") => Ok(Some(default)),
+        Some("none") => Ok(None),
+        Some(v) => v
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("XAGG_FLOAT={v}: {e}, or none (float sums by Open MPI or Gloo)")),
     }
 }
 

@@ -159,6 +159,7 @@ class _Engine:
         self.spares_lock = threading.Lock()
         self.job = None
         self.route = None
+        self.floats_to_gloo = False
         try:
             if rank == 0:
                 key, secret = new_key()
@@ -201,6 +202,10 @@ class _Engine:
             # `xagg.from_env` reads them.
             # How float sums travel (fast unless XAGG_FLOAT=exact): rank 0's, alike everywhere.
             float_mode = store.get("xagg/float").decode()
+            # `none`: float sums go to Gloo (the worker's own mode is then moot).
+            self.floats_to_gloo = float_mode.strip() == "none"
+            if self.floats_to_gloo:
+                float_mode = ""
             self.job = Job.from_env(
                 daemon=daemon,
                 rank=rank,
@@ -471,6 +476,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None:
             # Decided by the call alone, the same on every rank.
             self._engine.pass_on(entry, why)
+            return self._by_gloo(tensors, opts, entry)
+        if self._engine.floats_to_gloo and t.is_floating_point() and opts.reduceOp in (ReduceOp.SUM, ReduceOp.AVG):
+            # Rank 0's XAGG_FLOAT=none: the same on every rank.
+            self._engine.pass_on(entry, "float sums go to Gloo (rank 0's XAGG_FLOAT=none)")
             return self._by_gloo(tensors, opts, entry)
         if self._engine.route is not None and not self._engine.route.takes(t.numel() * t.element_size()):
             # Faster through Gloo at this size (XAGG_ROUTE): decided by the call alone.
