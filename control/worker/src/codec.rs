@@ -217,15 +217,17 @@ pub fn encode(
         Lane::Exact => match dtype {
             DType::F32 => {
                 enc = exact_encode(src, out, 4, |b| {
-                    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
                 })
             }
             DType::F16 => {
                 enc = exact_encode(src, out, 2, |b| {
-                    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+                    f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                        .to_f32()
+                        .to_bits()
                 })
             }
-            _ => enc = exact_encode(src, out, 2, bf16_bytes_to_f32),
+            _ => enc = exact_encode(src, out, 2, |b| bf16_bytes_to_f32(b).to_bits()),
         },
         Lane::Exact128 => enc = exact128_encode(src, out),
         Lane::Key64 => {
@@ -334,68 +336,58 @@ fn bfp_encode(
 /// Bits the exact lane's mantissas may have: 63 and the sign.
 pub const EXACT_BITS: i32 = 63;
 
-/// An f32's value as `mantissa * 2^exponent` (the mantissa below 2^24; subnormals too).
-#[inline(always)]
-fn f32_parts(x: f32) -> (u32, i32) {
-    let bits = x.to_bits();
-    let biased = ((bits >> 23) & 0xff) as i32;
-    let fraction = bits & 0x7f_ffff;
-    if biased == 0 {
-        (fraction, -149)
-    } else {
-        (fraction | 0x80_0000, biased - 150)
-    }
-}
-
 /// The exact lane: every element an exact multiple of 2^k, k the lowest set bit's weight
 /// over the segment, so the mantissas `x / 2^k` are integers that lose nothing. A segment
 /// whose mantissas would need more than [`EXACT_BITS`] is flagged ([`ENC_OVERFLOW`]) and
-/// travels as zeros; NaN and infinities are flagged as in every float lane.
+/// travels as zeros; NaN and infinities are flagged as in every float lane. Works on the
+/// f32 bits (`bits` of each element; f16 and bf16 widen exactly) with integer operations
+/// and selects rather than branches, which the compiler turns into straight-line code.
 #[inline(always)]
-fn exact_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f32) -> Encoded {
+fn exact_encode(src: &[u8], out: &mut [u8], size: usize, bits: impl Fn(&[u8]) -> u32) -> Encoded {
     let mut enc = Encoded::default();
-    // The lowest set bit's weight and the highest bit's, over the finite non-zero elements.
-    let (mut low, mut top) = (i32::MAX, i32::MIN);
+    // Per element: its magnitude's bits `a`; finite and non-zero when `a` is in
+    // 1..0x7f80_0000; then `m * 2^(e - 150)` with `m` below 2^24 (no implicit bit for a
+    // subnormal, whose `e` counts as 1).
+    let parts = |a: u32| {
+        let e = (a >> 23).max(1);
+        let m = (a & 0x7f_ffff) | (((a >> 23) != 0) as u32) << 23;
+        (e, m)
+    };
+    let (mut low, mut top, mut nonfinite) = (u32::MAX, 0u32, false);
     for b in src.chunks_exact(size) {
-        let x = load(b);
-        if !x.is_finite() {
-            enc.flags |= ENC_NONFINITE;
-        } else if x != 0.0 {
-            let (m, e) = f32_parts(x);
-            low = low.min(e + m.trailing_zeros() as i32);
-            top = top.max(e + 32 - m.leading_zeros() as i32);
+        let a = bits(b) & 0x7fff_ffff;
+        nonfinite |= a >= 0x7f80_0000;
+        let counts = a.wrapping_sub(1) < 0x7f7f_ffff;
+        let (e, m) = parts(a);
+        // Weights relative to 2^-150: the lowest set bit, and one past the highest.
+        let lowest = e + (m | 1 << 31).trailing_zeros();
+        let highest = e + 32 - m.leading_zeros();
+        low = low.min(if counts { lowest } else { u32::MAX });
+        top = top.max(if counts { highest } else { 0 });
+    }
+    if nonfinite {
+        enc.flags |= ENC_NONFINITE;
+    }
+    let n = src.len() / size;
+    if low == u32::MAX || (top - low) as i32 > EXACT_BITS {
+        if low != u32::MAX {
+            enc.flags |= ENC_OVERFLOW;
         }
-    }
-    let zeros = |out: &mut [u8]| out[..src.len() / size * 8].fill(0);
-    if top == i32::MIN {
-        zeros(out);
+        out[..n * 8].fill(0);
         return enc;
     }
-    if top - low > EXACT_BITS {
-        enc.flags |= ENC_OVERFLOW;
-        zeros(out);
-        return enc;
-    }
-    enc.exponent = low as i16;
+    enc.exponent = (low as i32 - 150) as i16;
     enc.magnitude = (top - low) as u8;
     for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(8)) {
-        let x = load(b);
-        let v = if x.is_finite() && x != 0.0 {
-            let (m, e) = f32_parts(x);
-            // m's low bits below 2^low are zero: a right shift loses nothing.
-            let v = if e >= low {
-                (m as i64) << (e - low)
-            } else {
-                (m >> (low - e)) as i64
-            };
-            if x < 0.0 {
-                -v
-            } else {
-                v
-            }
-        } else {
-            0
-        };
+        let x = bits(b);
+        let a = x & 0x7fff_ffff;
+        let counts = a.wrapping_sub(1) < 0x7f7f_ffff;
+        let (e, m) = parts(a);
+        // m's bits below 2^(low - e) are zero: shifted out first, the rest shifted left.
+        let t = (m | 1 << 31).trailing_zeros();
+        let v = ((m >> t) as i64) << ((e + t).wrapping_sub(low) & 63);
+        let v = if counts { v } else { 0 };
+        let v = if x >> 31 != 0 { -v } else { v };
         o.copy_from_slice(&v.to_le_bytes());
     }
     enc
@@ -404,62 +396,51 @@ fn exact_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) ->
 /// Bits the 128-bit exact lane's mantissas may have: 127 and the sign.
 pub const EXACT128_BITS: i32 = 127;
 
-/// A double's value as `mantissa * 2^exponent` (the mantissa below 2^53; subnormals too).
-#[inline(always)]
-fn f64_parts(x: f64) -> (u64, i32) {
-    let bits = x.to_bits();
-    let biased = ((bits >> 52) & 0x7ff) as i32;
-    let fraction = bits & ((1 << 52) - 1);
-    if biased == 0 {
-        (fraction, -1074)
-    } else {
-        (fraction | 1 << 52, biased - 1075)
-    }
-}
-
-/// The exact lane of doubles: [`exact_encode`]'s scheme in 128-bit lanes (low word first).
+/// The exact lane of doubles: [`exact_encode`]'s scheme over a double's bits (11-bit
+/// exponent, mantissas below 2^53), in 128-bit lanes (low word first).
 fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
-    let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+    let bits = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+    const INF: u64 = 0x7ff0_0000_0000_0000;
     let mut enc = Encoded::default();
-    let (mut low, mut top) = (i32::MAX, i32::MIN);
+    // `m * 2^(e - 1075)`, a subnormal's `e` counting as 1.
+    let parts = |a: u64| {
+        let e = (a >> 52).max(1);
+        let m = (a & ((1 << 52) - 1)) | (((a >> 52) != 0) as u64) << 52;
+        (e, m)
+    };
+    let (mut low, mut top, mut nonfinite) = (u64::MAX, 0u64, false);
     for b in src.chunks_exact(8) {
-        let x = load(b);
-        if !x.is_finite() {
-            enc.flags |= ENC_NONFINITE;
-        } else if x != 0.0 {
-            let (m, e) = f64_parts(x);
-            low = low.min(e + m.trailing_zeros() as i32);
-            top = top.max(e + 64 - m.leading_zeros() as i32);
-        }
+        let a = bits(b) & !(1 << 63);
+        nonfinite |= a >= INF;
+        let counts = a.wrapping_sub(1) < INF - 1;
+        let (e, m) = parts(a);
+        let lowest = e + (m | 1 << 63).trailing_zeros() as u64;
+        let highest = e + 64 - m.leading_zeros() as u64;
+        low = low.min(if counts { lowest } else { u64::MAX });
+        top = top.max(if counts { highest } else { 0 });
+    }
+    if nonfinite {
+        enc.flags |= ENC_NONFINITE;
     }
     let n = src.len() / 8;
-    if top == i32::MIN || top - low > EXACT128_BITS {
-        if top != i32::MIN {
+    if low == u64::MAX || (top - low) as i32 > EXACT128_BITS {
+        if low != u64::MAX {
             enc.flags |= ENC_OVERFLOW;
         }
         out[..n * 16].fill(0);
         return enc;
     }
-    enc.exponent = low as i16;
+    enc.exponent = (low as i32 - 1075) as i16;
     enc.magnitude = (top - low) as u8;
     for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(16)) {
-        let x = load(b);
-        let v = if x.is_finite() && x != 0.0 {
-            let (m, e) = f64_parts(x);
-            // m's low bits below 2^low are zero: a right shift loses nothing.
-            let v = if e >= low {
-                (m as i128) << (e - low)
-            } else {
-                (m >> (low - e)) as i128
-            };
-            if x < 0.0 {
-                -v
-            } else {
-                v
-            }
-        } else {
-            0
-        };
+        let x = bits(b);
+        let a = x & !(1 << 63);
+        let counts = a.wrapping_sub(1) < INF - 1;
+        let (e, m) = parts(a);
+        let t = (m | 1 << 63).trailing_zeros() as u64;
+        let v = ((m >> t) as i128) << ((e + t).wrapping_sub(low) & 127);
+        let v = if counts { v } else { 0 };
+        let v = if x >> 63 != 0 { -v } else { v };
         o.copy_from_slice(&v.to_le_bytes());
     }
     enc
@@ -805,48 +786,33 @@ mod tests {
 mod exact_tests {
     use super::*;
 
-    /// The switch's exact fold, in Rust: every block aligned to the smallest exponent.
-    fn fold(blocks: &[(Vec<u8>, Encoded)]) -> (Vec<u8>, i16) {
+    /// The switch's exact fold, in Rust: every block aligned to the smallest exponent, in
+    /// lanes of `width` bytes (8, or 16 for doubles), written back as such.
+    fn fold(blocks: &[(Vec<u8>, Encoded)], width: usize) -> (Vec<u8>, i16) {
         let k = blocks
             .iter()
             .filter(|(_, e)| e.magnitude > 0)
             .map(|(_, e)| e.exponent)
             .min()
             .unwrap_or(0);
-        let n = blocks[0].0.len() / 8;
-        let mut acc = vec![0i64; n];
-        for (b, e) in blocks {
-            if e.magnitude == 0 {
-                continue;
-            }
-            for (i, a) in acc.iter_mut().enumerate() {
-                let m = i64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().unwrap());
-                *a += m << (e.exponent - k);
-            }
-        }
-        (acc.iter().flat_map(|a| a.to_le_bytes()).collect(), k)
-    }
-
-    /// The switch's exact fold over 128-bit lanes, in Rust.
-    fn fold128(blocks: &[(Vec<u8>, Encoded)]) -> (Vec<u8>, i16) {
-        let k = blocks
-            .iter()
-            .filter(|(_, e)| e.magnitude > 0)
-            .map(|(_, e)| e.exponent)
-            .min()
-            .unwrap_or(0);
-        let n = blocks[0].0.len() / 16;
+        let n = blocks[0].0.len() / width;
         let mut acc = vec![0i128; n];
-        for (b, e) in blocks {
-            if e.magnitude == 0 {
-                continue;
-            }
+        for (b, e) in blocks.iter().filter(|(_, e)| e.magnitude > 0) {
             for (i, a) in acc.iter_mut().enumerate() {
-                let m = i128::from_le_bytes(b[i * 16..i * 16 + 16].try_into().unwrap());
+                let lane = &b[i * width..i * width + width];
+                let m = if width == 8 {
+                    i64::from_le_bytes(lane.try_into().unwrap()) as i128
+                } else {
+                    i128::from_le_bytes(lane.try_into().unwrap())
+                };
                 *a += m << (e.exponent - k);
             }
         }
-        (acc.iter().flat_map(|a| a.to_le_bytes()).collect(), k)
+        let out = acc
+            .iter()
+            .flat_map(|a| a.to_le_bytes()[..width].to_vec())
+            .collect();
+        (out, k)
     }
 
     #[test]
@@ -865,7 +831,7 @@ mod exact_tests {
                         (out, e)
                     })
                     .collect();
-                let (sum, k) = fold128(&blocks);
+                let (sum, k) = fold(&blocks, 16);
                 let mut got = vec![0u8; 64 * 8];
                 decode((op, DType::F64, Float::Exact), 4, &sum, k, &mut got);
                 assert!(
@@ -895,7 +861,7 @@ mod exact_tests {
                         (out, e)
                     })
                     .collect();
-                let (sum, k) = fold(&blocks);
+                let (sum, k) = fold(&blocks, 8);
                 let mut got = vec![0u8; 64 * dtype.size()];
                 decode((op, dtype, Float::Exact), 4, &sum, k, &mut got);
                 let want = crate::data::exact_float_sum(op, dtype, &inputs);

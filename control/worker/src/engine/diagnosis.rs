@@ -110,13 +110,7 @@ impl Engine {
     /// Gives up on request `i`'s rounds in flight at the switch (each contribution sent
     /// again, twice, marked `ENC_WITHDRAWN`), then asks as [`Self::diagnose`] does.
     fn withdraw_rounds(&mut self, i: usize, waited: Duration) -> io::Result<()> {
-        let message = self.active[i].message.expect("running");
-        let flights: Vec<(usize, InFlight)> = self
-            .window
-            .in_flight()
-            .filter(|(_, f)| f.message == message)
-            .map(|(s, f)| (s, *f))
-            .collect();
+        let (_, flights) = self.flights(i);
         for (slot, f) in flights {
             for _ in 0..2 {
                 self.send(i, slot, &f, true)?;
@@ -126,15 +120,21 @@ impl Engine {
         self.ask(i, waited, true)
     }
 
-    /// The queries of a diagnosis (`withdrawing`: after giving up on the rounds).
-    fn ask(&mut self, i: usize, waited: Duration, withdrawing: bool) -> io::Result<()> {
+    /// Request `i`'s message and its rounds in flight, by slot.
+    fn flights(&self, i: usize) -> (u32, Vec<(usize, InFlight)>) {
         let message = self.active[i].message.expect("running");
-        let flights: Vec<(usize, InFlight)> = self
+        let flights = self
             .window
             .in_flight()
             .filter(|(_, f)| f.message == message)
             .map(|(s, f)| (s, *f))
             .collect();
+        (message, flights)
+    }
+
+    /// The queries of a diagnosis (`withdrawing`: after giving up on the rounds).
+    fn ask(&mut self, i: usize, waited: Duration, withdrawing: bool) -> io::Result<()> {
+        let (message, flights) = self.flights(i);
         let mut missing = Vec::new();
         for (slot, f) in flights {
             // Asked twice: what this rank's aggregation point waits for, and (where that
