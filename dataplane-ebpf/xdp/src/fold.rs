@@ -124,7 +124,8 @@ pub fn stage<const STEERED: bool>(
         dtype: hdr.dtype | if exact { wire::DTYPE_EXACT } else { 0 },
         inner: inner as u8,
         magnitude: if exact { hdr.magnitude } else { 0 },
-        headroom: headroom(members),
+        // Only the exact lane's fold reads it.
+        headroom: if exact { headroom(members) } else { 0 },
         _pad: [0; 3],
     };
     st.row = job.index as u32;

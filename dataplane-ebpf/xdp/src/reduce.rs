@@ -217,13 +217,16 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
         XOR => fold_words(v, src, w, write, |a, b| a ^ b),
         SUM_EXACT => {
             let (sa, sb) = align_exact(v, r, 63);
-            // The sums' magnitudes, ored: what a complete copy holds is exact, so its
+            // The sums' magnitudes, ored, by the completing contribution only (`write`, a
+            // constant once inlined): what a complete copy holds is exact, so its
             // magnitude is a pure function of the inputs (a level above checks its bound
             // with it, not with each level's headroom added up).
             let seen = Cell::new(0u64);
             fold_words(v, src, w, write, |a, b| {
                 let s = (a << sa).wrapping_add(b << sb);
-                seen.set(seen.get() | (s ^ ((s as i64 >> 63) as u64)));
+                if write {
+                    seen.set(seen.get() | (s ^ ((s as i64 >> 63) as u64)));
+                }
                 s
             });
             if write {
@@ -338,14 +341,14 @@ fn fold_pair<W: Words>(
     // The carry out of the low words, from their top bits (no compare: no branch).
     let carry = ((alo & blo) | ((alo | blo) & !lo)) >> 63;
     let hi = ahi.wrapping_add(bhi).wrapping_add(carry);
-    let sign = (hi as i64 >> 63) as u64;
-    seen.0 |= hi ^ sign;
-    seen.1 |= lo ^ sign;
     unsafe {
         *v.data.get_unchecked_mut(i) = lo;
         *v.data.get_unchecked_mut(i + 1) = hi;
     }
     if write {
+        let sign = (hi as i64 >> 63) as u64;
+        seen.0 |= hi ^ sign;
+        seen.1 |= lo ^ sign;
         unsafe {
             src.set(i, lo);
             src.set(i + 1, hi);
@@ -355,7 +358,7 @@ fn fold_pair<W: Words>(
 
 /// The exact sum over 128-bit lanes (words 2i and 2i + 1: low, high): the stored value
 /// shifted left by `sa`, the payload's by `sb`, added with the carry; with `write`, the
-/// payload becomes the sum. Returns the sums' magnitude (bits of the largest).
+/// payload becomes the sum and the sums' magnitude (bits of the largest) is returned.
 #[inline(always)]
 fn fold_pairs<W: Words>(
     v: &mut ShadowCopy,
