@@ -446,6 +446,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         cut_rank0_after_first(&sw, &go, || run(29512, &["cut", go.to_str().unwrap()], &e));
     let all = ranks_ok(&outputs);
     ok(&all, "cut");
+    stalled_for_the_give_up_time(&all, 1.0);
     assert_eq!(
         entry_counts(&all, "all_reduce"),
         [1, 1, 0, 0, 0, 0],

@@ -12,6 +12,10 @@
  * 8 KiB and 100 above (warm-up 200 and 10) — here at most ITERATIONS above 1 MiB, to keep
  * the bench's time — and the latency is the mean over the ranks of each rank's mean
  * (`osu_us`).
+ * Last, ITERATIONS calls back to back, as the switch's own workers (`xagg allreduce
+ * --repeat`) time theirs: each rank times each call from the end of its previous one, with
+ * no barrier between them, and each call's time is its slowest rank's (`back_to_back`):
+ * the figure the drop-in's time over the switch path alone compares like with like.
  * Usage: allreduce BYTES ITERATIONS SEED [cpu]. Rank 0 prints one JSON object. */
 #include <mpi.h>
 #include <stdint.h>
@@ -120,6 +124,17 @@ int main(int argc, char **argv) {
     }
     double osu_latency = osu_timer / osu_iters;
     MPI_Reduce(&osu_latency, &osu_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    /* Back to back: the clocks of all calls first, their slowest ranks after. */
+    double *b2b = calloc(iters, sizeof(double)), *b2b_slowest = calloc(iters, sizeof(double));
+    MPI_Barrier(MPI_COMM_WORLD);
+    double last = MPI_Wtime();
+    for (int it = 0; it < iters; it++) {
+        MPI_Allreduce(data, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        double now = MPI_Wtime();
+        b2b[it] = now - last;
+        last = now;
+    }
+    MPI_Reduce(b2b, b2b_slowest, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     /* Verification after every clock has stopped. */
     for (size_t i = 0; i < n && ok; i++) {
         uint32_t want = 0;
@@ -133,6 +148,8 @@ int main(int argc, char **argv) {
         printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"tx_bytes_per_rank\":%.0f,\"osu_us\":%.3f,\"osu_iterations\":%d,\"seconds\":[",
                size, n * 4, all_ok ? "true" : "false", tx_sum / size, osu_sum / size * 1e6, osu_iters);
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", times[it]);
+        printf("],\"back_to_back\":[");
+        for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", b2b_slowest[it]);
         printf("]");
         if (cpu) {
             /* The switch workers' report format (CpuWindow): counters in seconds. */

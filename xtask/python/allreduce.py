@@ -1,6 +1,6 @@
 """PyTorch's baseline and xagg's backend in `cargo xtask bench`: dist.all_reduce (int32 sum)
 of each size, timed like the MPI baseline (a barrier, then the call, the run's time the
-slowest rank's), verified after the clock stops.
+slowest rank's), verified after the clock stops; then the same calls back to back.
 Usage: allreduce.py BACKEND SEED BYTES:ITERATIONS...; one process per rank (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON object per size."""
 import json
@@ -48,6 +48,19 @@ for nbytes, iterations in points:
     tx = float(tx_bytes() - tx0)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control)
+    # Back to back, as the switch's own workers time theirs (no barrier between calls,
+    # each call from the end of the rank's previous one, its slowest rank's time): what
+    # the backend's time over the switch path alone compares like with like.
+    b2b = []
+    dist.barrier(group=control)
+    last = time.perf_counter()
+    for it in range(iterations):
+        dist.all_reduce(buf)
+        now = time.perf_counter()
+        b2b.append(now - last)
+        last = now
+    b2b = torch.tensor(b2b, dtype=torch.float64)
+    dist.all_reduce(b2b, op=dist.ReduceOp.MAX, group=control)
     want = sum(member(r, n).to(torch.int64) for r in range(size))
     want = ((want + 2**31) % 2**32 - 2**31).to(torch.int32)
     ok = torch.tensor([int(torch.equal(first, want))])
@@ -60,6 +73,7 @@ for nbytes, iterations in points:
                 {
                     "bytes": nbytes,
                     "seconds": slowest.tolist(),
+                    "back_to_back": b2b.tolist(),
                     "verified": bool(ok.item()),
                     "tx_bytes_per_rank": total_tx.item() / size,
                 }

@@ -89,7 +89,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // its MPI_Allreduce through the switch.
             // Its ranks receive on plain UDP sockets, which on veth needs the host program.
             let mut sw = sw;
-            if e.mpi {
+            if e.mpi || e.torch {
                 sw.lab.attach_hosts()?;
             }
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
@@ -110,6 +110,28 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             }
             if e.torch {
                 for r in torch_runs(&sw.lab, "xagg", e.sizes, iterations)? {
+                    round_line(round, &r);
+                    this.push(r);
+                }
+            }
+            if e.mpi || e.torch {
+                // The switch path as the drop-ins take it (results on a UDP socket, not
+                // AF_XDP): their time over it is what they add to the switch path.
+                for &bytes in e.sizes {
+                    let it = iterations(bytes);
+                    let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
+                    run.repeat = it as u32;
+                    run.first_message = mid;
+                    run.placement = e.placement.clone();
+                    run.afxdp = false;
+                    if let Some(us) = e.spin_us {
+                        run.flags.extend(["--spin-us".into(), us.to_string()]);
+                    }
+                    let r = RunPoint {
+                        system: SWITCH_SOCKET,
+                        ..switch_point(&sw.lab, &run)?
+                    };
+                    mid += it as u32;
                     round_line(round, &r);
                     this.push(r);
                 }
@@ -140,6 +162,9 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
     }
     Ok(runs)
 }
+
+/// The switch's runs whose workers receive on UDP sockets, as the drop-ins' ranks do.
+pub(super) const SWITCH_SOCKET: &str = "switch/socket";
 
 /// Allreduces per point of `bytes` unless `--iterations` says otherwise: fewer as the
 /// buffers grow, fewer still with `--quick`.

@@ -7,7 +7,7 @@ use anyhow::{Context, Result};
 use xagg_lab::lab::Lab;
 use xagg_worker::report::CpuWindow;
 
-use super::{end_to_end::CPU_WINDOWS_FROM, run_point::RunPoint};
+use super::{end_to_end::CPU_WINDOWS_FROM, report::median, run_point::RunPoint};
 use xtask::build::target_dir;
 
 /// Open MPI's MPI_Allreduce over TCP on the same lab (`xagg_lab::mpi::run`: one rank per
@@ -169,7 +169,7 @@ pub(super) fn torch_runs(
 
 /// A point from one line of JSON of the MPI program or the PyTorch script: `bytes`,
 /// `seconds` (each iteration's slowest rank), `tx_bytes_per_rank`, `verified`, and
-/// optionally `cpu_windows`.
+/// optionally `cpu_windows` and `back_to_back` (seconds, as `seconds`).
 fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoint> {
     let v: serde_json::Value = serde_json::from_str(line)?;
     let times: Vec<f64> = v["seconds"]
@@ -178,7 +178,7 @@ fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoi
         .iter()
         .filter_map(|x| x.as_f64())
         .collect();
-    Ok(RunPoint::new(
+    let mut p = RunPoint::new(
         system,
         workers,
         v["bytes"].as_u64().context("bytes")? as usize,
@@ -186,7 +186,13 @@ fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoi
         v["tx_bytes_per_rank"].as_f64().unwrap_or(0.0),
         &serde_json::from_value::<Vec<CpuWindow>>(v["cpu_windows"].clone()).unwrap_or_default(),
         v["verified"].as_bool() == Some(true),
-    ))
+    );
+    let back_to_back: Vec<f64> = v["back_to_back"]
+        .as_array()
+        .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())
+        .unwrap_or_default();
+    p.back_to_back_us = (!back_to_back.is_empty()).then(|| median(back_to_back) * 1e6);
+    Ok(p)
 }
 
 /// The MPI baseline: beside the binaries in a bundle (built there by

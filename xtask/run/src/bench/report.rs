@@ -5,7 +5,9 @@ use std::path::PathBuf;
 
 use anyhow::Result;
 
-use super::{codecs::CodecPoint, dataplane::DataplanePoint, run_point::RunPoint};
+use super::{
+    codecs::CodecPoint, dataplane::DataplanePoint, end_to_end::SWITCH_SOCKET, run_point::RunPoint,
+};
 use xtask::build::target_dir;
 
 /// The middle of `v` (the upper middle of an even count).
@@ -137,24 +139,28 @@ pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
             continue;
         }
         println!();
-        println!("{title} (goodput Gbit/s | latency µs | the drop-in's time over the switch path alone's | nccl-tests' busbw, algbw x 2(n-1)/n | osu_allreduce's latency µs):");
+        println!("{title} (goodput Gbit/s | latency µs | the drop-in's time over the switch path alone's, all timed back to back: results on a UDP socket as the drop-in's, and with AF_XDP | nccl-tests' busbw, algbw x 2(n-1)/n | osu_allreduce's latency µs):");
         println!(
-            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>7} {:>6} | {:>7} {:>7} | {:>9} {:>9} {:>6}",
-            "n", "bytes", a_name, b_name, "x", a_name, b_name, "x", "path", "/alone", "busbw", "busbw", "osu", "osu", "x"
+            "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>7} {:>7} {:>6} | {:>7} {:>7} | {:>9} {:>9} {:>6}",
+            "n", "bytes", a_name, b_name, "x", a_name, b_name, "x", "path", "/socket", "/afxdp", "busbw", "busbw", "osu", "osu", "x"
         );
         for &(r, m) in &pairs {
-            let alone = runs
-                .iter()
-                .find(|s| s.system == "switch" && s.workers == r.workers && s.bytes == r.bytes)
-                .filter(|_| r.path == Some("switch"))
-                .map_or(f64::NAN, |s| r.latency_us / s.latency_us);
+            let over = |system: &str| {
+                runs.iter()
+                    .find(|s| s.system == system && s.workers == r.workers && s.bytes == r.bytes)
+                    .filter(|_| r.path == Some("switch"))
+                    .map_or(f64::NAN, |s| {
+                        r.back_to_back_us.unwrap_or(f64::NAN) / s.latency_us
+                    })
+            };
+            let (alone, afxdp) = (over(SWITCH_SOCKET), over("switch"));
             let bus = |g: f64| g * 2.0 * (r.workers as f64 - 1.0) / r.workers as f64;
             let (osu_a, osu_b) = (r.osu_us.unwrap_or(f64::NAN), m.osu_us.unwrap_or(f64::NAN));
             println!(
-                "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>7} {:>6.2} | {:>7.2} {:>7.2} | {:>9.1} {:>9.1} {:>6.2}{}",
+                "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>7} {:>7.2} {:>6.2} | {:>7.2} {:>7.2} | {:>9.1} {:>9.1} {:>6.2}{}",
                 r.workers, r.bytes, r.goodput_gbps, m.goodput_gbps, r.goodput_gbps / m.goodput_gbps,
                 r.latency_us, m.latency_us, r.latency_us / m.latency_us,
-                r.path.unwrap_or("?"), alone, bus(r.goodput_gbps), bus(m.goodput_gbps),
+                r.path.unwrap_or("?"), alone, afxdp, bus(r.goodput_gbps), bus(m.goodput_gbps),
                 osu_a, osu_b, osu_a / osu_b,
                 if r.verified && m.verified { "" } else { "  NOT VERIFIED" }
             );

@@ -37,6 +37,12 @@ pub struct RunPoint {
     /// over its calls, timed alone after a warm-up, averaged over the ranks), µs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub osu_us: Option<f64>,
+    /// The drop-ins' programs: the calls timed back to back, as the switch's own workers
+    /// time theirs (each call from the end of the rank's previous one, no barrier between
+    /// them; the median of each call's slowest rank), µs — what their time over the switch
+    /// path alone is reckoned from.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub back_to_back_us: Option<f64>,
     /// The drop-ins' runs: where their calls went — "switch", or "routed" when the route
     /// by size (`XAGG_ROUTE`, its default here) sent them to Open MPI or Gloo.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -150,6 +156,7 @@ impl RunPoint {
             round_trip_us: None,
             verified,
             osu_us: None,
+            back_to_back_us: None,
             path: None,
         }
     }
@@ -212,6 +219,10 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
             .iter()
             .all(|p| p.osu_us.is_some())
             .then(|| m(|p| p.osu_us.unwrap_or(0.0))),
+        back_to_back_us: points
+            .iter()
+            .all(|p| p.back_to_back_us.is_some())
+            .then(|| m(|p| p.back_to_back_us.unwrap_or(0.0))),
         ..points[0].clone()
     }
 }
