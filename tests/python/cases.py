@@ -6,7 +6,7 @@ then:
 - `nan`: rank 1 puts a NaN into element 5 of a float sum;
 - `cut GO`: rank 0 waits for the file GO (the test cuts its results off first), then every
   rank makes an all_reduce;
-- `sizes`: all_reduce of 4 KiB and of 64 KiB (the route by size);
+- `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size);
 - `callback`: a future's callback that makes (and waits for) another all_reduce;
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
 - `unwaited`: a last all_reduce, async and never waited for, that fails on every rank
@@ -72,7 +72,7 @@ elif case == "cut":
         print(f"rank 0 recovered in {time.time() - t:.2f} s", flush=True)
     ok = ok and torch.equal(x, expected(1024, 2))
 elif case == "sizes":
-    for n, k in [(1024, 3), (16384, 4)]:
+    for n, k in [(1024, 3), (1 << 18, 5), (1 << 20, 4)]:
         x = ints(n, k)
         dist.all_reduce(x)
         ok = ok and torch.equal(x, expected(n, k))

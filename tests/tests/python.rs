@@ -398,8 +398,8 @@ fn difference(a: &std::path::Path, b: &std::path::Path) -> (f64, f64) {
 /// The backend's case table (docs/python.md), each run of `tests/python/cases.py` with
 /// exact counts of how its all_reduce calls were made: a rank 3 s late is waited for and
 /// named, no failure; a NaN makes every rank redo that call with Gloo; a rank whose
-/// results are cut off finishes its call from its peers; the route by size sends 64 KiB to
-/// Gloo and 4 KiB to the switch (the default with 4 ranks).
+/// results are cut off finishes its call from its peers, stalled for the give-up time; the
+/// default route by size sends 4 KiB and 1 MiB to the switch, 4 MiB to Gloo.
 #[test]
 fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     if !require_root("torch_calls_wait_redo_and_recover_as_the_case_table_says") {
@@ -558,7 +558,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     ok(&all, "sizes");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
-        [2, 0, 1, 0, 0, 0],
+        [3, 0, 1, 0, 0, 0],
         "{all}"
     );
 }

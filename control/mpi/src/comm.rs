@@ -16,7 +16,10 @@ use std::{
 };
 
 use xagg_common::wire::Float;
-use xagg_worker::{route::Route, JobKey, JoinSettings, Placement, Secret, Worker};
+use xagg_worker::{
+    route::{Other, Route},
+    JobKey, JoinSettings, Placement, Secret, Worker,
+};
 
 use crate::{
     abi::{handles, pmpi, Comm, SUCCESS},
@@ -203,6 +206,7 @@ pub fn create(comm: Comm) -> CommState {
     let route = Route::parse(
         Some(&shared_setting(private, rank, "XAGG_ROUTE")),
         size as usize,
+        Other::OpenMpi,
     )
     .map_err(|e| format!("rank 0's {e}"));
     let route = match route {

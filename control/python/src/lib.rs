@@ -604,8 +604,8 @@ impl Job {
 }
 
 /// Which calls go to the switch by size: `XAGG_ROUTE`'s value (rank 0's, shared) for a
-/// job of `ranks` (`None` or "auto": the bench's figures; "all"; "none"; byte ranges
-/// such as "0-16KiB,32MiB-").
+/// job of `ranks` (`None` or "auto": the bench's figures against Gloo; "all"; "none";
+/// byte ranges such as "0-16KiB,32MiB-").
 #[pyclass(module = "xagg")]
 struct Route(xagg_worker::route::Route);
 
@@ -614,7 +614,7 @@ impl Route {
     #[new]
     #[pyo3(signature = (value, ranks))]
     fn new(value: Option<&str>, ranks: usize) -> PyResult<Self> {
-        xagg_worker::route::Route::parse(value, ranks)
+        xagg_worker::route::Route::parse(value, ranks, xagg_worker::route::Other::Gloo)
             .map(Self)
             .map_err(PyValueError::new_err)
     }

@@ -5,7 +5,8 @@
 //!
 //! The value is `all`, `none`, or byte ranges served by the switch, `LO-HI` (HI excluded)
 //! with either end left open, suffixes `KiB`, `MiB`, `GiB`: `0-16KiB,32MiB-`. Unset (or
-//! `auto`), [`Route::measured`] picks by the job's ranks from the bench's figures.
+//! `auto`), [`Route::measured`] picks by the job's ranks and the other way (Open MPI or
+//! Gloo) from the bench's figures.
 
 use std::fmt;
 
@@ -15,14 +16,25 @@ pub struct Route {
     ranges: Vec<(u64, u64)>,
 }
 
-/// Below this the drop-ins' switch path took at most 0.9x Open MPI's time in the bench on
-/// the 2-core VM (docs/bench.md, "Which calls take the switch"; the switch's runs receiving
-/// on UDP sockets, as the drop-ins' ranks do; 4 KiB: 0.58x at 2 ranks, 0.43x at 4, 0.31x at
-/// 8), and above it nowhere (64 KiB to 16 MiB: 1.1-2.3x; 64 MiB: 2.01x at 2 ranks, 1.25x at
-/// 4, 1.31x at 8). An earlier table, from switch runs receiving with AF_XDP, had 64 MiB at
-/// 0.75-0.86x with 4 ranks or more; the drop-ins do not receive that way, and on a machine
-/// where every rank has a core Open MPI's TCP was 2-3.7x faster from 1 MiB up.
-const SMALL: u64 = 16 << 10;
+/// The way a call not taken by the switch goes, against which the defaults were measured.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Other {
+    /// The MPI library's: Open MPI's own allreduce.
+    OpenMpi,
+    /// The PyTorch backend's: Gloo's.
+    Gloo,
+}
+
+/// The defaults, from the bench on the 2-core VM (docs/bench.md, "Which calls take the
+/// switch"): the switch wherever its path, as the drop-ins take it (results on UDP
+/// sockets), took at most 0.9x the other's time, the boundary at the geometric middle
+/// between two measured sizes. Against Open MPI: 4 KiB 0.59x (2 ranks), 0.45x (4), 0.30x
+/// (8); 64 KiB 1.39x, 1.37x, 0.81x; 1 MiB and up 1.24-2.99x. Against Gloo, whose small
+/// calls are slow here: 4 KiB to 1 MiB at most 0.64x at every size of job; 16 MiB and up
+/// 1.36-2.11x.
+const BELOW_OPEN_MPI: u64 = 16 << 10;
+const BELOW_OPEN_MPI_FROM_8: u64 = 256 << 10;
+const BELOW_GLOO: u64 = 4 << 20;
 
 impl Route {
     /// Every call to the switch.
@@ -32,20 +44,25 @@ impl Route {
         }
     }
 
-    /// The default for a job of `ranks`, from the bench's figures (see [`SMALL`]): the
-    /// same at every size of job today, kept per job size for a machine whose figures
-    /// differ by it.
-    pub fn measured(_ranks: usize) -> Self {
+    /// The default for a job of `ranks` whose other way is `other`, from the bench's
+    /// figures (see [`BELOW_OPEN_MPI`]).
+    pub fn measured(ranks: usize, other: Other) -> Self {
+        let below = match other {
+            Other::OpenMpi if ranks >= 8 => BELOW_OPEN_MPI_FROM_8,
+            Other::OpenMpi => BELOW_OPEN_MPI,
+            Other::Gloo => BELOW_GLOO,
+        };
         Self {
-            ranges: vec![(0, SMALL)],
+            ranges: vec![(0, below)],
         }
     }
 
-    /// `XAGG_ROUTE`'s value for a job of `ranks` (`None`, empty or `auto`: measured).
-    pub fn parse(value: Option<&str>, ranks: usize) -> Result<Self, String> {
+    /// `XAGG_ROUTE`'s value for a job of `ranks` whose other way is `other` (`None`,
+    /// empty or `auto`: measured).
+    pub fn parse(value: Option<&str>, ranks: usize, other: Other) -> Result<Self, String> {
         let v = value.map(str::trim).unwrap_or("");
         match v {
-            "" | "auto" => return Ok(Self::measured(ranks)),
+            "" | "auto" => return Ok(Self::measured(ranks, other)),
             "all" => return Ok(Self::all()),
             "none" => return Ok(Self { ranges: Vec::new() }),
             _ => {}
@@ -136,22 +153,33 @@ mod tests {
 
     #[test]
     fn ranges_take_their_sizes_and_read_back_as_written() {
-        let r = Route::parse(Some("0-16KiB, 32MiB-"), 2).unwrap();
+        let r = Route::parse(Some("0-16KiB, 32MiB-"), 2, Other::OpenMpi).unwrap();
         assert!(r.takes(0) && r.takes(16383) && !r.takes(16384));
         assert!(!r.takes((32 << 20) - 1) && r.takes(32 << 20) && r.takes(u64::MAX - 1));
         assert_eq!(r.to_string(), "0-16KiB,32MiB-");
-        assert_eq!(Route::parse(Some(&r.to_string()), 2).unwrap(), r);
-        assert!(Route::parse(Some("all"), 2).unwrap().takes(1 << 40));
-        assert!(!Route::parse(Some("none"), 2).unwrap().takes(4));
+        assert_eq!(
+            Route::parse(Some(&r.to_string()), 2, Other::OpenMpi).unwrap(),
+            r
+        );
+        assert!(Route::parse(Some("all"), 2, Other::OpenMpi)
+            .unwrap()
+            .takes(1 << 40));
+        assert!(!Route::parse(Some("none"), 2, Other::OpenMpi)
+            .unwrap()
+            .takes(4));
     }
 
     #[test]
-    fn the_default_takes_small_calls_at_every_size_of_job() {
-        for ranks in [2, 4, 8, 64] {
-            for r in [Route::parse(None, ranks), Route::parse(Some("auto"), ranks)] {
-                let r = r.unwrap();
-                assert!(r.takes(4096) && r.takes((16 << 10) - 1), "{r}");
-                assert!(!r.takes(16 << 10) && !r.takes(64 << 20), "{r}");
+    fn the_default_follows_the_other_way_and_the_jobs_ranks() {
+        for value in [None, Some("auto")] {
+            let mpi = |ranks| Route::parse(value, ranks, Other::OpenMpi).unwrap();
+            let (two, four, eight) = (mpi(2), mpi(4), mpi(8));
+            assert!(two.takes(4096) && !two.takes(16 << 10) && !two.takes(64 << 20));
+            assert!(four.takes(4096) && !four.takes(64 << 10) && !four.takes(64 << 20));
+            assert!(eight.takes(64 << 10) && !eight.takes(256 << 10) && !eight.takes(64 << 20));
+            for ranks in [2, 4, 8] {
+                let gloo = Route::parse(value, ranks, Other::Gloo).unwrap();
+                assert!(gloo.takes(1 << 20) && !gloo.takes(4 << 20) && !gloo.takes(64 << 20));
             }
         }
     }
@@ -159,7 +187,7 @@ mod tests {
     #[test]
     fn a_bad_value_says_what_to_write() {
         for v in ["16KiB", "5-5", "1-x", "9999999999999GiB-"] {
-            let e = Route::parse(Some(v), 2).unwrap_err();
+            let e = Route::parse(Some(v), 2, Other::OpenMpi).unwrap_err();
             assert!(
                 e.contains("XAGG_ROUTE") && e.contains("0-16KiB,32MiB-"),
                 "{e}"

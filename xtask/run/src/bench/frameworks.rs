@@ -149,7 +149,8 @@ pub(super) fn torch_runs(
         .then(|| std::env::var("XAGG_ROUTE").ok())
         .flatten();
     let route =
-        xagg_worker::route::Route::parse(route.as_deref(), n).map_err(|e| anyhow::anyhow!(e))?;
+        xagg_worker::route::Route::parse(route.as_deref(), n, xagg_worker::route::Other::Gloo)
+            .map_err(|e| anyhow::anyhow!(e))?;
     String::from_utf8_lossy(&outputs[0].stdout)
         .lines()
         .filter(|l| l.starts_with('{'))
