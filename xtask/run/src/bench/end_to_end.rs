@@ -109,9 +109,15 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(&sw.lab, "xagg", e.sizes, iterations)? {
+                for r in torch_runs(&sw.lab, "torch+xagg", e.sizes, iterations)? {
                     round_line(round, &r);
                     this.push(r);
+                }
+                if e.mpi_on_switch {
+                    for r in torch_runs(&sw.lab, "gloo+switch", e.sizes, iterations)? {
+                        round_line(round, &r);
+                        this.push(r);
+                    }
                 }
             }
             if e.mpi || e.torch {

@@ -90,15 +90,21 @@ pub(super) fn mpi_run(
     Ok(p)
 }
 
-/// PyTorch's `dist.all_reduce` through `backend` ("xagg": the switch; "gloo": PyTorch's
-/// own, on the plain bridge), every size in one run of `xtask/python/allreduce.py` per rank
-/// (system `torch+xagg` or `gloo`).
+/// PyTorch's `dist.all_reduce` as `system` has it (`torch+xagg`: the xagg backend, through
+/// the switch; `gloo`: PyTorch's own, on the plain bridge; `gloo+switch`: Gloo with the
+/// switch's programs on the path), every size in one run of `xtask/python/allreduce.py` per
+/// rank.
 pub(super) fn torch_runs(
     lab: &Lab,
-    backend: &str,
+    system: &'static str,
     sizes: &[usize],
     iterations: impl Fn(usize) -> usize,
 ) -> Result<Vec<RunPoint>> {
+    let backend = if system == "torch+xagg" {
+        "xagg"
+    } else {
+        "gloo"
+    };
     let n = lab.workers;
     let mut env = xagg_lab::python::base_env();
     env.extend([
@@ -139,11 +145,6 @@ pub(super) fn torch_runs(
             "PyTorch's allreduce through the xagg backend did not go through the switch: {err}"
         );
     }
-    let system = if backend == "xagg" {
-        "torch+xagg"
-    } else {
-        "gloo"
-    };
     // The script says per point where the calls went (the backend's route by size).
     let route = (backend == "xagg")
         .then(|| std::env::var("XAGG_ROUTE").ok())

@@ -71,9 +71,9 @@ pub struct BenchArgs {
     /// not installed, as on a bundle's machine.
     #[arg(long)]
     pub no_torch: bool,
-    /// Also Open MPI alone with the switch's programs on the path (system
-    /// `openmpi+switch`): what ordinary traffic pays for crossing the switch, and the
-    /// baseline of calls the drop-ins route to Open MPI.
+    /// Also Open MPI and Gloo alone with the switch's programs on the path (systems
+    /// `openmpi+switch`, `gloo+switch`): what ordinary traffic pays for crossing the
+    /// switch, and the baseline of calls the drop-ins route to Open MPI or Gloo.
     #[arg(long)]
     pub mpi_on_switch: bool,
     /// i32 elements per segment of the switch's end-to-end runs; by default as many as the

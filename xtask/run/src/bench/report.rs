@@ -133,6 +133,7 @@ pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
         ("mpi+xagg", "openmpi", "an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone", "preload", "openmpi"),
         ("torch+xagg", "gloo", "PyTorch's dist.all_reduce (xtask/python/allreduce.py), the xagg backend | Gloo", "xagg", "gloo"),
         ("openmpi+switch", "openmpi", "Open MPI alone, the switch's programs on the path | on the plain bridge", "on sw", "bridge"),
+        ("gloo+switch", "gloo", "Gloo alone, the switch's programs on the path | on the plain bridge", "on sw", "bridge"),
     ] {
         let pairs = pairs_of(runs, system, baseline);
         if pairs.is_empty() {
