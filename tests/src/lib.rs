@@ -116,16 +116,22 @@ pub fn cut_rank0_after_first<T: Send>(
     out
 }
 
+/// The seconds a case program printed after `phrase` ("rank 1 waited 3.0 s"); panics with
+/// the output if it printed none.
+pub fn seconds_after(output: &str, phrase: &str) -> f64 {
+    output
+        .split(phrase)
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no {phrase:?} and seconds: {output}"))
+}
+
 /// Rank 0's "recovered in S s" in a case program's output, whose results were cut off: the
 /// switch's silence stalls the call for the give-up time (`XAGG_GIVE_UP_MS`, `give_up_s`)
 /// and the status queries after it (300 ms), then its peers answer — not twice that.
 pub fn stalled_for_the_give_up_time(output: &str, give_up_s: f64) {
-    let stalled: f64 = output
-        .split("rank 0 recovered in ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("no \"rank 0 recovered in\": {output}"));
+    let stalled = seconds_after(output, "rank 0 recovered in ");
     assert!(
         stalled >= give_up_s && stalled < give_up_s + 0.8,
         "rank 0's call stalled {stalled} s with a give-up time of {give_up_s} s"

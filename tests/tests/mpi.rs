@@ -410,12 +410,7 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert!(out.contains("checks=2 failures=0"), "{out}");
     assert_eq!(summary(&err), (2, 0, 0), "{err}");
     assert!(err.contains("waits for members [0]"), "{err}");
-    let waited: f64 = out
-        .split("rank 1 waited ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap_or_else(|| panic!("{out}"));
+    let waited = seconds_after(&out, "rank 1 waited ");
     assert!(waited > 2.0, "rank 1 waited {waited} s");
 
     // A NaN on rank 1: every rank redoes that call with Open MPI, which carries it.

@@ -425,12 +425,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "{all}"
     );
     assert!(all.contains("waits for members [0]"), "{all}");
-    let waited: f64 = all
-        .split("rank 1 waited ")
-        .nth(1)
-        .and_then(|s| s.split(' ').next())
-        .and_then(|n| n.parse().ok())
-        .unwrap();
+    let waited = seconds_after(&all, "rank 1 waited ");
     assert!(waited > 2.0, "rank 1 waited {waited} s");
 
     let all = ranks_ok(&run(29511, &["nan"], &e));

@@ -51,9 +51,17 @@ pub struct E2e<'a> {
     pub steer: Vec<usize>,
 }
 
+impl E2e<'_> {
+    /// Allreduces per point of `bytes`: `--iterations`, else by size.
+    fn iterations_at(&self, bytes: usize) -> usize {
+        self.iterations
+            .unwrap_or_else(|| iterations(bytes, self.quick))
+    }
+}
+
 /// Both systems on the same lab topology, for each worker count and size.
 pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
-    let iterations = |bytes| e.iterations.unwrap_or_else(|| iterations(bytes, e.quick));
+    let iterations = |bytes| e.iterations_at(bytes);
     let mpi_bin = mpi_setup()?;
     // Rounds outermost, each over every worker count on a lab of its own: the VM's speed
     // drifts by a fifth within minutes, and figures compared across worker counts (n x
@@ -68,23 +76,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             e.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;
-            for &bytes in e.sizes {
-                let it = iterations(bytes);
-                let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
-                run.repeat = it as u32;
-                run.first_message = mid;
-                run.placement = e.placement.clone();
-                if bytes >= CPU_WINDOWS_FROM {
-                    run.flags.push("--cpu-windows".into());
-                }
-                if let Some(us) = e.spin_us {
-                    run.flags.extend(["--spin-us".into(), us.to_string()]);
-                }
-                let r = switch_point(&sw.lab, &run)?;
-                mid += it as u32;
-                round_line(round, &r);
-                this.push(r);
-            }
+            switch_points(e, &sw.lab, true, &mut mid, round, &mut this)?;
             // The same MPI program as Open MPI's runs, with the MPI library preloaded:
             // its MPI_Allreduce through the switch.
             // Its ranks receive on plain UDP sockets, which on veth needs the host program.
@@ -123,24 +115,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             if e.mpi || e.torch {
                 // The switch path as the drop-ins take it (results on a UDP socket, not
                 // AF_XDP): their time over it is what they add to the switch path.
-                for &bytes in e.sizes {
-                    let it = iterations(bytes);
-                    let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
-                    run.repeat = it as u32;
-                    run.first_message = mid;
-                    run.placement = e.placement.clone();
-                    run.afxdp = false;
-                    if let Some(us) = e.spin_us {
-                        run.flags.extend(["--spin-us".into(), us.to_string()]);
-                    }
-                    let r = RunPoint {
-                        system: SWITCH_SOCKET,
-                        ..switch_point(&sw.lab, &run)?
-                    };
-                    mid += it as u32;
-                    round_line(round, &r);
-                    this.push(r);
-                }
+                switch_points(e, &sw.lab, false, &mut mid, round, &mut this)?;
             }
             sw.lab.detach_hosts();
             // Open MPI runs over the plain bridge: the switch's programs detached.
@@ -167,6 +142,42 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
         }
     }
     Ok(runs)
+}
+
+/// The switch's runs of every size on the lab's job (`crate::demo::JOB_ID`), its workers
+/// receiving with AF_XDP (each attaching its own `xagg_host`; system `switch`) or on UDP
+/// sockets (the lab's host programs attached; [`SWITCH_SOCKET`]), message ids from `*mid`.
+fn switch_points(
+    e: &E2e,
+    lab: &Lab,
+    afxdp: bool,
+    mid: &mut u32,
+    round: usize,
+    points: &mut Vec<RunPoint>,
+) -> Result<()> {
+    let n = lab.workers;
+    for &bytes in e.sizes {
+        let it = e.iterations_at(bytes);
+        let mut run = switch_run(n, crate::demo::JOB_ID, bytes, e.segment, e.slots)?;
+        run.repeat = it as u32;
+        run.first_message = *mid;
+        run.placement = e.placement.clone();
+        run.afxdp = afxdp;
+        if bytes >= CPU_WINDOWS_FROM {
+            run.flags.push("--cpu-windows".into());
+        }
+        if let Some(us) = e.spin_us {
+            run.flags.extend(["--spin-us".into(), us.to_string()]);
+        }
+        let mut r = switch_point(lab, &run)?;
+        if !afxdp {
+            r.system = SWITCH_SOCKET;
+        }
+        *mid += it as u32;
+        round_line(round, &r);
+        points.push(r);
+    }
+    Ok(())
 }
 
 /// The switch's runs whose workers receive on UDP sockets, as the drop-ins' ranks do.
