@@ -23,7 +23,7 @@ pub use wire::{DType, Header, Kind, Op};
 /// adopts a pinned dataplane only when it agrees; dataplanes pinned before the version
 /// existed count as 1. Bump it with any change a running dataplane would misread, and say
 /// what changed in `CHANGELOG.md`.
-pub const LAYOUT_VERSION: u32 = 17;
+pub const LAYOUT_VERSION: u32 = 18;
 
 /// The mark `xagg_switch` writes in front of a multi-buffer result of its own (in the
 /// frame's XDP metadata, followed by the job's wire id) for `xagg_fanout`, which copies only

@@ -44,10 +44,13 @@ pub enum Fold {
     SumExact,
     /// The same over 128-bit mantissas (doubles).
     SumExact128,
+    /// No reduction: a gather's round (all-gather, broadcast) stores its root's payload
+    /// as it is, whatever its lanes hold.
+    Move,
 }
 
 impl Fold {
-    pub const COUNT: usize = 17;
+    pub const COUNT: usize = 18;
 
     pub const ALL: [Fold; Self::COUNT] = [
         Self::Sum32,
@@ -67,6 +70,7 @@ impl Fold {
         Self::Xor,
         Self::SumExact,
         Self::SumExact128,
+        Self::Move,
     ];
 
     /// The fold of `op` over `lane`, if the switch reduces it.
@@ -114,6 +118,7 @@ impl Fold {
             Self::Xor => "xagg_fold_xor",
             Self::SumExact => "xagg_fold_sum_exact",
             Self::SumExact128 => "xagg_fold_sum_exact128",
+            Self::Move => "xagg_fold_move",
         }
     }
 }
@@ -140,6 +145,7 @@ impl Fold {
             Self::Xor => "xagg_cpu_xor",
             Self::SumExact => "xagg_cpu_sum_exact",
             Self::SumExact128 => "xagg_cpu_sum_exact128",
+            Self::Move => "xagg_cpu_move",
         }
     }
 }
@@ -212,7 +218,11 @@ pub struct ShadowCopy {
     /// Exact lane: every value the data sums so far is below 2^`top` in magnitude (once
     /// complete: the sum itself is), [`EMPTY_TOP`] while all of them are zero.
     pub top: i16,
-    pub _pad: [u8; 4],
+    /// The round's [`Collective`](crate::wire::Collective) and root, fixed by its first
+    /// contribution like the op.
+    pub collective: u8,
+    pub root: u8,
+    pub _pad: [u8; 2],
     pub data: [u64; SLOT_WORDS],
 }
 

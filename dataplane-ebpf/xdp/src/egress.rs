@@ -3,6 +3,7 @@
 //! host's uplink) to the ring's next host.
 
 use aya_ebpf::{bindings::xdp_action, macros::xdp, programs::XdpContext};
+use network_types::udp::UdpHdr;
 use xagg_common::{
     job::{EgressKey, MemberAddr, Role, EGRESS_SUCCESSOR},
     wire::{self, Kind},
@@ -55,6 +56,26 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     };
     let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;
     let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
+    // A member that does not get the round's data (`Collective::delivers_to`): its copy
+    // is cut to the header (the completion), or, a gather's pending data to its root, not
+    // sent at all.
+    let collective = wire::Collective::from_u8(hdr.collective());
+    let frame = if collective.is_some_and(|c| !c.delivers_to(member as u8, hdr.root())) {
+        if hdr.flags & wire::FLAG_PENDING != 0 {
+            return Ok(xdp_action::XDP_DROP);
+        }
+        if !hdr.is_header_only() {
+            let payload = (u16::from_be_bytes(frame.udp().len) as usize)
+                .saturating_sub(UdpHdr::LEN + wire::HEADER_LEN);
+            packet::header_only(ctx, payload)?;
+        }
+        Udp4::parse(ctx.data(), ctx.data_end()).ok_or(Counter::DropTruncated)?
+    } else {
+        frame
+    };
+    let Some(hdr) = frame.header() else {
+        return Err(Counter::DropTruncated);
+    };
     let addr = if member == EGRESS_SUCCESSOR {
         // A ring host's uplink: the result goes on round the ring (back, if it came from
         // the successor), or no further. Its neighbour checks addresses, not cookies.

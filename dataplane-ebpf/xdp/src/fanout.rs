@@ -3,12 +3,13 @@
 //! the kernel, and `xagg_fanout` on the port's tc ingress copies it to every member.
 
 use aya_ebpf::{
-    helpers::{bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_meta},
+    helpers::{bpf_skb_change_tail, bpf_skb_load_bytes, bpf_skb_store_bytes, bpf_xdp_adjust_meta},
     macros::classifier,
     programs::{TcContext, XdpContext},
 };
+use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
 use xagg_common::{
-    wire::{self, Kind, PAYLOAD_OFFSET},
+    wire::{self, Kind, HEADER_LEN, PAYLOAD_OFFSET},
     Counter, OWN_RESULT,
 };
 use xagg_ebpf::{
@@ -72,6 +73,23 @@ pub fn xagg_fanout(ctx: TcContext) -> i32 {
     }
 }
 
+/// Cuts the result in `ctx` to its headers, and its headers' copy at `heads` (written
+/// over the frame's before each copy leaves) to match: the IPv4 and UDP lengths, and the
+/// header marked `FLAG_HEADER_ONLY`. The IPv4 checksum is the addressing's.
+#[inline(always)]
+fn cut_to_header(ctx: &TcContext, heads: usize) -> bool {
+    if unsafe { bpf_skb_change_tail(ctx.skb.skb, PAYLOAD_OFFSET as u32, 0) } != 0 {
+        return false;
+    }
+    let ip = unsafe { &mut *((heads + EthHdr::LEN) as *mut Ipv4Hdr) };
+    ip.tot_len = ((Ipv4Hdr::LEN + UdpHdr::LEN + HEADER_LEN) as u16).to_be_bytes();
+    let udp = unsafe { &mut *((heads + EthHdr::LEN + Ipv4Hdr::LEN) as *mut UdpHdr) };
+    udp.len = ((UdpHdr::LEN + HEADER_LEN) as u16).to_be_bytes();
+    unsafe { &mut *((heads + packet::HEADERS_LEN) as *mut xagg_common::Header) }.flags |=
+        wire::FLAG_HEADER_ONLY;
+    true
+}
+
 /// The job `xagg_switch` marked the frame in `ctx` as its own result of, if it did.
 #[inline(always)]
 fn own_result(ctx: &TcContext) -> Option<u32> {
@@ -120,9 +138,28 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     }
     let header = at + packet::HEADERS_LEN;
     let drop_result = faults().drop_result;
+    // Members that get the round's data first; then, the frame cut to its headers, those
+    // that get only the completion (none for allreduce), and none at all for a gather's
+    // pending data (its root sent it).
+    let collective = wire::Collective::from_u8(hdr.collective()).unwrap_or(wire::Collective::Allreduce);
+    let root = hdr.root();
+    let pending = hdr.flags & wire::FLAG_PENDING != 0;
     let mut m = 0;
-    while m < wire::MAX_MEMBERS {
-        if job.members & (1u64 << m) != 0 {
+    while m < 2 * wire::MAX_MEMBERS {
+        let phase = m / wire::MAX_MEMBERS;
+        let member = m % wire::MAX_MEMBERS;
+        if m == wire::MAX_MEMBERS {
+            if collective == wire::Collective::Allreduce || pending {
+                break;
+            }
+            if !cut_to_header(ctx, at) {
+                count(Counter::DropTruncated);
+                break;
+            }
+        }
+        let wanted = collective.delivers_to(member as u8, root) == (phase == 0);
+        if wanted && job.members & (1u64 << member) != 0 {
+            let m = member;
             if inject(drop_result) {
                 count(Counter::InjectDropResult);
             } else if let Some(addr) = job.member.get(m) {

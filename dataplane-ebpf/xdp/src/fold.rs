@@ -82,11 +82,40 @@ pub fn stage<const STEERED: bool>(
     if elems == 0 || elems * lane.size() > job.segment_bytes as usize {
         return Err(Counter::DropBadCount);
     }
-    let words = wire::payload_len(elems, lane.size()) / 8;
+    // The collective, and who is the segment's root; only a job's top level serves the
+    // collectives other than allreduce (a lower level would have to map the root).
+    let collective = wire::Collective::from_u8(hdr.collective()).ok_or(Counter::DropBadOp)?;
+    let root = hdr.root();
+    if collective == wire::Collective::Allreduce {
+        if root != 0 {
+            return Err(Counter::DropBadOp);
+        }
+    } else if job.role != Role::Root as u8
+        || root as usize >= wire::MAX_MEMBERS
+        || job.members & (1u64 << (root & 63)) == 0
+    {
+        return Err(Counter::DropBadOp);
+    }
+    let gather = collective.gathers();
+    let data = gather && member == root as usize;
+    // Only a gather's members other than its root send without payload.
+    let header_only = hdr.is_header_only();
+    if header_only && (!gather || data) {
+        return Err(Counter::DropBadLength);
+    }
+    let words = if header_only {
+        0
+    } else {
+        wire::payload_len(elems, lane.size()) / 8
+    };
     if frame.payload_len() != words * 8 {
         return Err(Counter::DropBadLength);
     }
-    let fold = Fold::of(op, lane).ok_or(Counter::DropBadOp)?;
+    let fold = if gather {
+        Fold::Move
+    } else {
+        Fold::of(op, lane).ok_or(Counter::DropBadOp)?
+    };
     let index = slot_index(job, hdr)?;
     // Who the round waits for, and whether its sum is a partial for the next hop.
     let (members, inner) = if job.role == Role::Ring as u8 {
@@ -126,7 +155,9 @@ pub fn stage<const STEERED: bool>(
         magnitude: if exact { hdr.magnitude } else { 0 },
         // Only the exact lane's fold reads it.
         headroom: if exact { headroom(members) } else { 0 },
-        _pad: [0; 3],
+        collective: collective as u8,
+        root,
+        data: data as u8,
     };
     st.row = job.index as u32;
     st.member = member as u32;
@@ -230,29 +261,45 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             Frame::again(ctx.data(), ctx.data_end(), multi).ok_or(Counter::DropTruncated)?;
         Ok((frame, SWITCH.get(0).ok_or(Counter::RedirectError)?))
     };
+    // A gather's data, in before every member: sent now, marked pending, so that the
+    // members waiting for it do not wait for the last one to join too.
+    let posted = F == Fold::Move as u32 && r.data != 0;
     match outcome {
-        slot::Outcome::Added => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
-        slot::Outcome::Complete if multi => {
+        slot::Outcome::Added if !posted => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
+        slot::Outcome::Added | slot::Outcome::Complete if multi => {
             store()?;
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
+            frame.set_pending(matches!(outcome, slot::Outcome::Added));
             frame.from_switch(cfg);
             let id = frame.header().job();
             // The devmap broadcast cannot clone a multi-buffer frame: the kernel hands it
             // to `xagg_fanout` on this port's tc ingress, which copies it to each member.
             mark_own_result(ctx, id)?;
-            Ok((xdp_action::XDP_PASS, Counter::Complete))
+            let counter = match outcome {
+                slot::Outcome::Added => Counter::Contribution,
+                _ => Counter::Complete,
+            };
+            Ok((xdp_action::XDP_PASS, counter))
         }
-        slot::Outcome::Complete => {
+        slot::Outcome::Added | slot::Outcome::Complete => {
             if staged {
                 store()?;
             }
             let (frame, cfg) = result()?;
-            // Each copy is addressed to its member by `xagg_result` on the way out.
+            // Each copy is addressed to its member by `xagg_result` on the way out (and
+            // cut to its header for a member that does not get the round's data).
             frame.into_result(&stored);
+            let pending = matches!(outcome, slot::Outcome::Added);
+            frame.set_pending(pending);
             frame.from_switch(cfg);
+            let counter = if pending {
+                Counter::Contribution
+            } else {
+                Counter::Complete
+            };
             match PORTS.redirect(0, BPF_F_BROADCAST as u64) {
-                Ok(action) => Ok((action, Counter::Complete)),
+                Ok(action) => Ok((action, counter)),
                 Err(_) => Err(Counter::RedirectError),
             }
         }
@@ -297,6 +344,9 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             if staged {
                 store()?;
             }
+            // Whole, also to a member that does not get the round's data (it takes the
+            // completion from it): cutting it here would leave the exact folds past the
+            // verifier's budget (measured), and a replay answers a loss only.
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
             // A ring predecessor's resent partial: answered in its own job id.
@@ -349,6 +399,7 @@ fold_programs! {
     xagg_fold_and, xagg_cpu_and = And;
     xagg_fold_or, xagg_cpu_or = Or;
     xagg_fold_xor, xagg_cpu_xor = Xor;
+    xagg_fold_move, xagg_cpu_move = Move;
 }
 
 /// At an inner level: stores the parent's result (checked and staged by `xagg_switch`)

@@ -3,12 +3,15 @@
 //! contribution into a result or a status reply. Each bounds check sits next to the reads
 //! it guards; no other file reads packet bytes at fixed offsets.
 
-use aya_ebpf::programs::XdpContext;
+use aya_ebpf::{helpers::bpf_xdp_adjust_tail, programs::XdpContext};
 use network_types::{eth::EthHdr, ip::Ipv4Hdr, udp::UdpHdr};
 use xagg_common::{
     counter::MAX_TAGS,
     job::{Job, MemberAddr, SwitchConfig},
-    wire::{Header, Kind, FLAG_BACKWARD, HEADER_LEN, MAX_IP_PACKET, PAYLOAD_OFFSET},
+    wire::{
+        Header, Kind, FLAG_BACKWARD, FLAG_HEADER_ONLY, FLAG_PENDING, HEADER_LEN, MAX_IP_PACKET,
+        MAX_PAYLOAD, PAYLOAD_OFFSET,
+    },
     Counter,
 };
 
@@ -365,6 +368,16 @@ impl Frame {
         }
     }
 
+    /// Marks a gather's data sent before its round completes (`FLAG_PENDING`), or not.
+    #[inline(always)]
+    pub fn set_pending(&self, pending: bool) {
+        let hdr = self.header_mut();
+        hdr.flags &= !FLAG_PENDING;
+        if pending {
+            hdr.flags |= FLAG_PENDING;
+        }
+    }
+
     /// Makes the packet come from the switch (see [`from_switch`]); its link addresses and
     /// destination are written per copy by `xagg_result`.
     #[inline(always)]
@@ -422,6 +435,30 @@ impl Frame {
         from_switch(self.data, cfg);
         address_to(self.data, &sender, cfg);
     }
+}
+
+/// Cuts the collective frame in `ctx` (its headers checked) to its headers: `payload`
+/// bytes off its end, the IPv4 and UDP lengths set to match and the header marked
+/// `FLAG_HEADER_ONLY`. The IPv4 checksum is left to the addressing that follows
+/// ([`address_to`]). What a member that does not get a round's data is sent.
+#[inline(always)]
+pub fn header_only(ctx: &XdpContext, payload: usize) -> Result<Frame, Counter> {
+    if payload > MAX_PAYLOAD {
+        return Err(Counter::DropBadLength);
+    }
+    if payload != 0 && unsafe { bpf_xdp_adjust_tail(ctx.ctx, -(payload as i32)) } != 0 {
+        return Err(Counter::DropTruncated);
+    }
+    let frame = Frame::again(ctx.data(), ctx.data_end(), false).ok_or(Counter::DropTruncated)?;
+    let ip = unsafe { &mut *((frame.data + IP_OFF) as *mut Ipv4Hdr) };
+    ip.tot_len = ((Ipv4Hdr::LEN + UdpHdr::LEN + HEADER_LEN) as u16).to_be_bytes();
+    let udp = unsafe { &mut *((frame.data + UDP_OFF) as *mut UdpHdr) };
+    udp.len = ((UdpHdr::LEN + HEADER_LEN) as u16).to_be_bytes();
+    frame.header_mut().flags |= FLAG_HEADER_ONLY;
+    Ok(Frame {
+        udp_len: UdpHdr::LEN + HEADER_LEN,
+        ..frame
+    })
 }
 
 /// Makes the IPv4 packet at `data` (checked to hold Ethernet, IPv4 and UDP headers) come

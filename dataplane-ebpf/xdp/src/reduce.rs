@@ -182,6 +182,7 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
     const XOR: u32 = Fold::Xor as u32;
     const SUM_EXACT: u32 = Fold::SumExact as u32;
     const SUM_EXACT128: u32 = Fold::SumExact128 as u32;
+    const MOVE: u32 = Fold::Move as u32;
     let w = r.words;
     match F {
         SUM32 => sum_32(v, src, w, write),
@@ -238,6 +239,15 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
             let m = fold_pairs(v, src, w, write, sa, sb);
             if write {
                 settle_top(v, m);
+            }
+        }
+        MOVE => {
+            // The root's payload is stored; another member's completing frame gets the
+            // stored data if it has room for it (none: a header-only completion). A mask,
+            // not a branch per word: the verifier walks one path.
+            let data = 0u64.wrapping_sub((r.data != 0) as u64);
+            if r.data != 0 || write {
+                fold_words(v, src, w, write, |a, b| (b & data) | (a & !data));
             }
         }
         // `Fold` has no other value.

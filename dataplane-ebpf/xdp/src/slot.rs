@@ -8,11 +8,24 @@
 //! |                               | Filling: never add twice (a member giving up, `ENC_WITHDRAWN`, marks the round) | Duplicate |
 //! | same round, m not in          | add; the last member completes it      | Added / Complete |
 //! | same round, other count       | refuse                                 | Mismatch  |
-//! | same round, other op or type  | refuse: its first contribution fixed them | OpMismatch |
+//! | same round, other op or type, collective or root | refuse: its first contribution fixed them | OpMismatch |
 //! | a newer round than m's        | a late packet from the past            | Stale     |
 //! | Filling an older round        | abandoned (a failed allreduce): start m's round | Reclaimed / Complete |
 //! | Done with an older round      | everyone has moved on: start m's round | Added / Complete |
 //! | Empty                         | start m's round                        | Added / Complete |
+//!
+//! The collectives other than allreduce take the same rows (`docs/protocol.md`, "The
+//! collectives"). A reduce-scatter or reduce folds like allreduce: only who gets the
+//! result's data differs, decided per copy on the way out. A gather (all-gather,
+//! broadcast) runs `Fold::Move`: only its root's contribution carries data, which the
+//! fold stores as it is; the others contribute header-only (no words, nothing folded) or,
+//! sent again by a member that lacks the data, with room for it, which a finished copy's
+//! replay fills. So the rows hold as they are, with two outcomes of their own:
+//!
+//! | the copy holds                | contribution from member m             | outcome   |
+//! |-------------------------------|----------------------------------------|-----------|
+//! | same round, m the root, not the last | store the data                  | Posted: the data to every member, marked pending |
+//! | same round, m not the root, the last | the frame gets the stored data if it has room | Complete |
 //!
 //! At an inner level (`Role::Inner`: a host reducing its ranks, a lower switch) a copy
 //! with every member in holds their *partial*, which goes to the parent, not to the
@@ -80,7 +93,12 @@ pub struct Round {
     pub magnitude: u8,
     /// Bits the sum of the round's members may grow by: ceil(log2(members)).
     pub headroom: u8,
-    pub _pad: [u8; 3],
+    /// The message's collective and the segment's root (`wire::Collective`).
+    pub collective: u8,
+    pub root: u8,
+    /// Whether the payload is the round's data to store as it is: a gather's root's
+    /// (`Fold::Move`). A gather's other members send none, or room for a replay.
+    pub data: u8,
 }
 
 /// What a finished copy holds besides its data: the result header's block exponent,
@@ -218,7 +236,8 @@ pub unsafe fn accept<const F: u32, W: Words>(
     let same =
         state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment;
     let outcome = if same {
-        if v.op != r.op || v.dtype != r.dtype {
+        if v.op != r.op || v.dtype != r.dtype || v.collective != r.collective || v.root != r.root
+        {
             Outcome::OpMismatch
         } else if v.count != r.elems {
             Outcome::Mismatch
@@ -264,6 +283,8 @@ pub unsafe fn accept<const F: u32, W: Words>(
         v.count = r.elems;
         v.op = r.op;
         v.dtype = r.dtype;
+        v.collective = r.collective;
+        v.root = r.root;
         v.exponent = r.exponent;
         v.flags = r.flags;
         v.top = first_top(r);

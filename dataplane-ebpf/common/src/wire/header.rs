@@ -21,6 +21,8 @@ pub struct Header {
     pub member: u8,
     pub flags: u8,
     count: [u8; 2],
+    /// In a status reply: the copy's state or a refusal ([`status`]). In a contribution
+    /// or result: the message's [`Collective`] (0, allreduce, in a status query).
     pub status: u8,
     /// Per-packet exponent for block floating point (0 for other lanes): 16 bits, since a
     /// double's range spans about 2100 binary orders of magnitude.
@@ -31,7 +33,9 @@ pub struct Header {
     /// member. 0 otherwise.
     pub relay: u8,
     /// In a status reply: 1 when it is the answer of the level above the member's own
-    /// aggregation point (to a forwarded query). 0 otherwise.
+    /// aggregation point (to a forwarded query). In a contribution or result: the
+    /// segment's root, the member that owns its block or is the collective's root
+    /// ([`Collective`]; 0 for allreduce). 0 otherwise.
     pub above: u8,
     /// In a packet of the exact float lane ([`Lane::Exact`]): every mantissa's magnitude is
     /// below 2^`magnitude` (0: all of them zero), so an aggregation point knows from the
@@ -129,6 +133,12 @@ impl Builder {
         self.0.magnitude = magnitude;
         self
     }
+    /// The message's collective and the segment's root (contributions and results).
+    pub const fn collective(mut self, c: Collective, root: u8) -> Self {
+        self.0.status = c as u8;
+        self.0.above = root;
+        self
+    }
     pub const fn cookie(mut self, cookie: u64) -> Self {
         self.0.cookie = cookie.to_be_bytes();
         self
@@ -210,6 +220,21 @@ impl Header {
     #[inline(always)]
     pub const fn is_last(&self) -> bool {
         self.flags & FLAG_LAST != 0
+    }
+    /// Whether the packet carries no payload ([`FLAG_HEADER_ONLY`]).
+    #[inline(always)]
+    pub const fn is_header_only(&self) -> bool {
+        self.flags & FLAG_HEADER_ONLY != 0
+    }
+    /// A contribution's or result's collective, as the byte on the wire ([`Collective`]).
+    #[inline(always)]
+    pub const fn collective(&self) -> u8 {
+        self.status
+    }
+    /// A contribution's or result's root member ([`Collective`]).
+    #[inline(always)]
+    pub const fn root(&self) -> u8 {
+        self.above
     }
 
     #[inline(always)]

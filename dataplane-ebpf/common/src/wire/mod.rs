@@ -5,9 +5,11 @@
 //! workers and switches are little-endian machines, and this spares the switch a byte swap
 //! per element.
 
+mod collective;
 mod header;
 mod reduction;
 
+pub use collective::Collective;
 pub use header::{Builder, Header};
 pub use reduction::{
     lane, lane_in, max_elements, max_elements_in, DType, Float, Lane, Op, UnknownName,
@@ -15,7 +17,7 @@ pub use reduction::{
 };
 
 /// Protocol version carried in every header.
-pub const VERSION: u8 = 4;
+pub const VERSION: u8 = 5;
 /// Default UDP port the switch listens on (configurable per switch).
 pub const DEFAULT_PORT: u16 = 47800;
 /// Length of the collective header. Ethernet (14) + IPv4 (20) + UDP (8) + 38 = 80, so the
@@ -74,6 +76,15 @@ pub const FLAG_BACKWARD: u8 = 1 << 3;
 /// Flag bit of a contribution, partial or result whose float sum travels in the exact lane
 /// ([`Lane::Exact`]): the message's float mode, the same on every rank.
 pub const FLAG_EXACT: u8 = 1 << 4;
+/// Flag bit of a contribution or result without payload: `count` still says how many
+/// elements the round has. A member that does not send a round's data (all-gather,
+/// broadcast) contributes one; a member that does not get a round's data (reduce-scatter,
+/// reduce, or a gather's root) is answered with one.
+pub const FLAG_HEADER_ONLY: u8 = 1 << 5;
+/// Flag bit of a gather round's result sent when its data arrived but some member is not
+/// in yet: the data, not the round's completion (a header-only result without it follows,
+/// or the data again once complete). A member may not reuse the slot on it.
+pub const FLAG_PENDING: u8 = 1 << 6;
 /// The bit a slot adds to the data type it keeps for a round in the exact lane, so that a
 /// contribution of the same type in the other lane is refused like one of another type.
 pub const DTYPE_EXACT: u8 = 0x80;
@@ -156,6 +167,8 @@ pub enum DecodeError {
     DType(u8),
     /// Element count of zero.
     Count,
+    /// A collective this version does not know.
+    Collective(u8),
     /// Length does not match the element count (or, for status packets, 16 bytes).
     Length,
 }
@@ -207,6 +220,18 @@ pub fn decode(d: &[u8]) -> Result<Packet<'_>, DecodeError> {
     let count = header.count() as usize;
     if count == 0 {
         return Err(DecodeError::Count);
+    }
+    if Collective::from_u8(header.collective()).is_none() {
+        return Err(DecodeError::Collective(header.collective()));
+    }
+    if header.is_header_only() {
+        if !body.is_empty() {
+            return Err(DecodeError::Length);
+        }
+        return Ok(Packet {
+            header,
+            payload: body,
+        });
     }
     if body.len() != payload_len(count, size) {
         return Err(DecodeError::Length);

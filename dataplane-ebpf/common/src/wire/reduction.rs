@@ -90,6 +90,10 @@ impl UnknownName {
         what: "dtype",
         valid: "i32, u32, i64, f32, f16, bf16, f64",
     };
+    pub const COLLECTIVE: Self = Self {
+        what: "collective",
+        valid: "allreduce, reduce_scatter, all_gather, broadcast, reduce",
+    };
     pub const FLOAT: Self = Self {
         what: "float mode",
         valid: "fast, exact",
