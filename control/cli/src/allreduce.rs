@@ -82,6 +82,14 @@ pub struct AllreduceArgs {
     /// The job's slot count.
     #[arg(long)]
     slots: Option<usize>,
+    /// The collective to run instead of allreduce: reduce_scatter, all_gather, broadcast
+    /// or reduce. --size is its whole message (a reduce-scatter's input, an all-gather's
+    /// output: --members blocks of --size / --members bytes, member i owning block i).
+    #[arg(long, default_value = "allreduce")]
+    collective: wire::Collective,
+    /// The root member of a broadcast or reduce.
+    #[arg(long, default_value_t = 0)]
+    root: usize,
     /// Bytes to allreduce (suffixes: KiB, MiB, GiB, KB, MB, GB).
     #[arg(long, default_value = "1MiB", value_parser = xagg_worker::parse_size)]
     size: usize,

@@ -51,8 +51,8 @@ struct Active {
     output: Buffer,
     /// Its message id, from when the engine knows the job's next one.
     message: Option<u32>,
-    /// Buffer bytes of a full segment, and the number of segments.
-    segment_bytes: usize,
+    /// How its buffers map onto segments, and the number of segments.
+    layout: crate::Layout,
     segments: usize,
     /// Segments sent at least once, the highest sent so far, segments answered, and
     /// segments in flight now.
@@ -82,9 +82,9 @@ struct Active {
 }
 
 impl Active {
-    fn range(&self, segment: usize) -> std::ops::Range<usize> {
-        let lo = segment * self.segment_bytes;
-        lo..(lo + self.segment_bytes).min(self.output.len())
+    /// Whether peers may recover its results ([`crate::peers`]): allreduce only.
+    fn with_peers(&self) -> bool {
+        self.layout.collective == crate::Collective::Allreduce
     }
 
     /// Whether it is still sending and taking results.
@@ -112,6 +112,8 @@ pub(crate) struct Engine {
     /// When queued sends last went out (explicitly: a full burst goes out by itself).
     flushed: Instant,
     answered: Vec<(Answered, u16)>,
+    /// Rounds whose data (a gather's, sent pending) came before this member sent them.
+    early: std::collections::HashSet<(u32, usize)>,
     replies: Vec<(Header, [u8; wire::STATUS_PAYLOAD])>,
     /// What the peers' responder answers from, once it runs ([`crate::peers`]).
     pub(crate) view: Option<Arc<std::sync::Mutex<crate::peers::View>>>,
@@ -138,6 +140,7 @@ impl Engine {
             last_step: now,
             flushed: now,
             answered: Vec::with_capacity(64),
+            early: Default::default(),
             replies: Vec::new(),
             view: None,
             transport,
@@ -158,17 +161,24 @@ impl Engine {
     /// knows it, and its first rounds go out on the slots it finds free.
     fn admit(&mut self, pending: Vec<Pending>) {
         for q in pending {
-            let len = q.output.len();
             let elements = self.p.shape.segment_bytes() / q.r.lane.size();
-            let segment_bytes = elements * q.r.dtype.size();
+            let layout = crate::Layout::new(
+                q.collective,
+                q.block,
+                q.blocks,
+                elements * q.r.dtype.size(),
+                q.root,
+                self.p.member,
+            );
+            let len = layout.message_bytes();
             let mut a = Active {
                 shared: q.shared,
                 r: q.r,
                 input: q.input,
                 output: q.output,
                 message: None,
-                segment_bytes,
-                segments: len.div_ceil(segment_bytes),
+                layout,
+                segments: layout.segments(),
                 sent: 0,
                 highest_sent: None,
                 done: 0,
@@ -178,7 +188,7 @@ impl Engine {
                 given_up: Vec::new(),
                 report: Report {
                     bytes: len,
-                    segments: len.div_ceil(segment_bytes),
+                    segments: layout.segments(),
                     path: self.p.path,
                     why: self.p.path_why.clone(),
                     ..Report::default()
@@ -216,13 +226,13 @@ impl Engine {
         let message = self.next_message;
         a.message = Some(message);
         self.next_message = self.next_message.wrapping_add(1);
-        if let Some(v) = &self.view {
+        if let Some(v) = self.view.as_ref().filter(|_| a.with_peers()) {
             let out = a.output.bytes();
             a.withdrawn = lock(v).start(
                 message,
                 out.as_ptr(),
                 out.len(),
-                a.segment_bytes,
+                a.layout.segment_bytes,
                 self.next_message,
             );
         }
@@ -370,7 +380,7 @@ impl Engine {
             if let Some(i) = self.index_of(f.message) {
                 let req = &mut self.active[i];
                 req.in_flight -= 1;
-                if let Some(v) = &self.view {
+                if let Some(v) = self.view.as_ref().filter(|_| req.with_peers()) {
                     if !lock(v).took(f.message, f.segment, *flags) {
                         // Promised to a peer not to be taken: recovered from the peers.
                         req.withdrawn = Some(f.segment as u32);
@@ -476,6 +486,9 @@ impl Engine {
     /// segments).
     fn end(&mut self, i: usize, status: Result<(), AllreduceError>) {
         let a = self.active.remove(i).expect("an active request");
+        if !self.early.is_empty() {
+            self.early.retain(|&(m, _)| Some(m) != a.message);
+        }
         deliver(a, status, &self.transport, self.view_slots());
     }
 
@@ -495,7 +508,7 @@ fn deliver(
     view: Option<(&std::sync::Mutex<crate::peers::View>, usize)>,
 ) {
     let (job, message) = (a.shared.job, a.message);
-    if let (Some((v, slots)), Some(m)) = (view, message) {
+    if let (Some((v, slots)), Some(m), true) = (view, message, a.with_peers()) {
         lock(v).finish(m, a.output.bytes(), status.is_ok(), slots);
     }
     let status = status.and_then(|()| {

@@ -65,6 +65,7 @@
 //! ```
 
 pub mod codec;
+pub mod collective;
 pub mod data;
 pub mod engine;
 mod error;
@@ -88,6 +89,7 @@ use std::{
     time::Duration,
 };
 
+pub use collective::Layout;
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Error, Missing};
 pub use join::{JoinParams, Placement};
@@ -97,6 +99,7 @@ use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
 pub use settings::{float_mode, JoinSettings, JOIN_TIMEOUT};
 use transport::Transport;
+pub use xagg_common::wire::Collective;
 use xagg_common::wire::{self, DType, Float, Lane, Op};
 pub use xagg_join::{CredentialKey, JobKey, Levels, MemberReply, Secret};
 
@@ -134,6 +137,17 @@ pub struct Reduction {
     pub dtype: DType,
     pub float: Float,
     pub lane: Lane,
+}
+
+impl Reduction {
+    /// What a gather (all-gather, broadcast) carries: bytes, moved rather than reduced,
+    /// in 4-byte words (`or` over u32 on the wire; the switch stores them as they come).
+    pub const MOVE: Self = Self {
+        op: Op::Or,
+        dtype: DType::U32,
+        float: Float::Fast,
+        lane: Lane::U32,
+    };
 }
 
 impl Reduction {
@@ -464,8 +478,152 @@ impl Worker {
                 r.lane.size()
             )));
         }
+        let block = output.len();
         self.inner.enqueue(Pending {
             r,
+            collective: Collective::Allreduce,
+            root: 0,
+            block,
+            blocks: 1,
+            input,
+            output,
+            shared,
+        });
+        Ok(())
+    }
+
+    /// Submits `collective` and returns its handle at once, on the same completion path
+    /// as [`Self::submit`] (each call takes the job's next message, so every member submits
+    /// the job's calls, whatever their collective, in the same order). The buffers, for
+    /// a job of n members where this one is member (and rank) i:
+    ///
+    /// | collective | `input` | `output` |
+    /// |---|---|---|
+    /// | allreduce | `None` (in place) or S bytes | S bytes: the reduced buffer |
+    /// | reduce-scatter | n·B bytes | B bytes: block i of the reduced buffer |
+    /// | all-gather | B bytes: block i | n·B bytes: every member's block, in member order |
+    /// | broadcast | `None` | S bytes: the root's, sent from it, received into it |
+    /// | reduce | `None` (in place) or S bytes | S bytes: the reduced buffer at the root; left as it was elsewhere |
+    ///
+    /// `op` is the reduction's (ignored by all-gather and broadcast, which move bytes);
+    /// `root` the root's member index (reduce, broadcast; ignored otherwise). Member i owns
+    /// block i, and a block's segments never straddle two owners ([`Layout`]). Only a job
+    /// whose ranks are the switch's own members serves the collectives other than
+    /// allreduce: behind a host level, submit allreduce or use another way.
+    pub fn submit_collective(
+        &self,
+        collective: Collective,
+        op: Op,
+        root: usize,
+        input: Option<Buffer>,
+        output: Buffer,
+    ) -> Result<Request, AllreduceError> {
+        let shared = Shared::new(self.params().job, None);
+        if collective == Collective::Allreduce {
+            self.enqueue(op, input, output, shared.clone())?;
+        } else {
+            self.enqueue_collective(collective, op, root, input, output, shared.clone())?;
+        }
+        Ok(Request::new(shared, self.inner.clone()))
+    }
+
+    /// Checks a call of a collective other than allreduce and hands it to the engine.
+    fn enqueue_collective(
+        &self,
+        collective: Collective,
+        op: Op,
+        root: usize,
+        input: Option<Buffer>,
+        mut output: Buffer,
+        shared: Arc<Shared>,
+    ) -> Result<(), AllreduceError> {
+        let p = self.params();
+        let invalid = |s: String| Err(AllreduceError::Invalid(format!("{collective}: {s}")));
+        if p.ranks.is_some() {
+            return invalid(format!(
+                "this member is a host level's rank; the host levels serve allreduce alone (submit \
+                 {collective} through another way, or run the job's ranks as the switch's members)"
+            ));
+        }
+        let n = p.shape.members();
+        let member = usize::from(p.member);
+        let dtype = output.dtype();
+        if !output.len().is_multiple_of(dtype.size()) {
+            return invalid(format!(
+                "the output of {} bytes is not a whole number of {dtype} elements",
+                output.len()
+            ));
+        }
+        let input_len = input.as_ref().map(Buffer::len);
+        if let Some(i) = input.as_ref().filter(|i| i.dtype() != dtype) {
+            return invalid(format!(
+                "the input's type ({}) is not the output's ({dtype})",
+                i.dtype()
+            ));
+        }
+        let (block, blocks) = match collective {
+            Collective::ReduceScatter => {
+                if input_len != Some(n * output.len()) {
+                    return invalid(format!(
+                        "the input must be the {n} members' blocks of {} bytes ({} bytes), not {}",
+                        output.len(),
+                        n * output.len(),
+                        input_len.map_or("none".into(), |l| format!("{l} bytes"))
+                    ));
+                }
+                (output.len(), n)
+            }
+            Collective::AllGather => {
+                let Some(b) = input_len.filter(|b| b * n == output.len()) else {
+                    return invalid(format!(
+                        "the output ({} bytes) must hold the {n} members' blocks of the input's length ({})",
+                        output.len(),
+                        input_len.map_or("no input".into(), |l| format!("{l} bytes"))
+                    ));
+                };
+                // This member's own block is in its output at once.
+                let own = input.as_ref().expect("checked").bytes();
+                output.bytes_mut()[member * b..(member + 1) * b].copy_from_slice(own);
+                (b, n)
+            }
+            Collective::Broadcast | Collective::Reduce => {
+                if root >= n {
+                    return invalid(format!("root {root} is not a member (the job has {n})"));
+                }
+                if collective == Collective::Broadcast && input.is_some() {
+                    return invalid(
+                        "a broadcast is in place: give the buffer as the output alone".into(),
+                    );
+                }
+                if input_len.is_some_and(|l| l != output.len()) {
+                    return invalid(format!(
+                        "the input ({} bytes) and the output ({} bytes) differ in length",
+                        input_len.unwrap_or(0),
+                        output.len()
+                    ));
+                }
+                (output.len(), 1)
+            }
+            Collective::Allreduce => unreachable!("served by enqueue"),
+        };
+        let r = if collective.gathers() {
+            Reduction::MOVE
+        } else {
+            Reduction::new(op, dtype, p.float)?
+        };
+        if p.shape.segment_bytes() < r.lane.size() {
+            return invalid(format!(
+                "the job's segments of {} bytes hold no {}-byte lane",
+                p.shape.segment_bytes(),
+                r.lane.size()
+            ));
+        }
+        self.inner.enqueue(Pending {
+            r,
+            collective,
+            root: root as u8,
+            block,
+            blocks,
             input,
             output,
             shared,
@@ -534,6 +692,24 @@ impl Worker {
         let input = unsafe { Buffer::from_raw(input.as_ptr().cast_mut(), input.len(), dtype, ()) };
         let output = unsafe { Buffer::borrowed(output, dtype) };
         self.wait_borrowed(self.submit_separate(op, input, output)?)
+    }
+
+    /// [`Self::submit_collective`] over borrowed buffers of `dtype` (an input, if any, only
+    /// read), waiting for it.
+    pub fn collective_bytes_into(
+        &self,
+        collective: Collective,
+        op: Op,
+        root: usize,
+        dtype: DType,
+        input: Option<&[u8]>,
+        output: &mut [u8],
+    ) -> Result<Report, AllreduceError> {
+        // Safety: as in `allreduce_bytes_into`.
+        let input =
+            input.map(|i| unsafe { Buffer::from_raw(i.as_ptr().cast_mut(), i.len(), dtype, ()) });
+        let output = unsafe { Buffer::borrowed(output, dtype) };
+        self.wait_borrowed(self.submit_collective(collective, op, root, input, output)?)
     }
 
     /// Waits for a request over borrowed memory; if anything unwinds first, `Waited` takes

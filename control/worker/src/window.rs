@@ -25,6 +25,10 @@ pub struct InFlight {
     /// Retransmission timeout of this contribution.
     pub rto: Duration,
     pub retransmitted: bool,
+    /// A gather's data came in, marked pending, while its completion had not.
+    pub has_data: bool,
+    /// A gather's completion came in without its data, which had not.
+    pub complete: bool,
 }
 
 /// A result the window took: its slot and the contribution it answers.
@@ -118,6 +122,29 @@ impl Window {
             return None;
         }
         Some(Answered { slot, flight: f })
+    }
+
+    /// Notes that `a`'s round's data came in, marked pending (a gather's); whether its
+    /// completion came already, so that the round is over.
+    pub fn data_came(&mut self, a: &Answered) -> bool {
+        self.round_of(a).is_some_and(|f| {
+            f.has_data = true;
+            f.complete
+        })
+    }
+
+    /// Notes that `a`'s round is complete but its data (a gather's, sent pending) has not
+    /// come; the round stays in flight until it does.
+    pub fn completion_came(&mut self, a: &Answered) {
+        if let Some(f) = self.round_of(a) {
+            f.complete = true;
+        }
+    }
+
+    fn round_of(&mut self, a: &Answered) -> Option<&mut InFlight> {
+        self.flight[a.slot]
+            .as_mut()
+            .filter(|f| f.segment == a.flight.segment && f.message == a.flight.message)
     }
 
     /// Takes the contribution a result answered out of flight, unless it already left:
@@ -230,6 +257,8 @@ mod tests {
                     sent: now,
                     rto: w.rto(),
                     retransmitted: false,
+                    has_data: false,
+                    complete: false,
                 },
             );
         }

@@ -138,44 +138,58 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     }
     let header = at + packet::HEADERS_LEN;
     let drop_result = faults().drop_result;
-    // Members that get the round's data first; then, the frame cut to its headers, those
-    // that get only the completion (none for allreduce), and none at all for a gather's
-    // pending data (its root sent it).
-    let collective = wire::Collective::from_u8(hdr.collective()).unwrap_or(wire::Collective::Allreduce);
-    let root = hdr.root();
+    // Who gets the data: for allreduce every member; for the other collectives either the
+    // root alone (reduce-scatter, reduce: its copy first, then the frame is cut to its
+    // headers for the others) or everyone but the root (a gather: the root's copy, cut,
+    // last; none at all for a pending result, whose data the root sent). So one loop over
+    // the members but the root: a loop per phase is past the verifier's budget (measured).
+    let collective =
+        wire::Collective::from_u8(hdr.collective()).unwrap_or(wire::Collective::Allreduce);
+    let root = (hdr.root() as usize) & (wire::MAX_MEMBERS - 1);
     let pending = hdr.flags & wire::FLAG_PENDING != 0;
-    let mut m = 0;
-    while m < 2 * wire::MAX_MEMBERS {
-        let phase = m / wire::MAX_MEMBERS;
-        let member = m % wire::MAX_MEMBERS;
-        if m == wire::MAX_MEMBERS {
-            if collective == wire::Collective::Allreduce || pending {
-                break;
-            }
-            if !cut_to_header(ctx, at) {
-                count(Counter::DropTruncated);
-                break;
+    let alone = collective != wire::Collective::Allreduce && job.members & (1u64 << root) != 0;
+    let send = |m: usize| {
+        if inject(drop_result) {
+            count(Counter::InjectDropResult);
+        } else if let Some(addr) = job.member.get(m) {
+            packet::address_to(at, addr, cfg);
+            unsafe { &mut *(header as *mut xagg_common::Header) }
+                .set_cookie(cookie_of(job.index as u32, m));
+            // The constant, not `len`: the closure may be its own subprogram, where a
+            // captured length is no longer known to the verifier.
+            let heads_len = PAYLOAD_OFFSET as u32;
+            let stored =
+                unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, heads_len, 0) } == 0;
+            if stored && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
+                count(Counter::ResultCopy);
+            } else {
+                count(Counter::RedirectError);
             }
         }
-        let wanted = collective.delivers_to(member as u8, root) == (phase == 0);
-        if wanted && job.members & (1u64 << member) != 0 {
-            let m = member;
-            if inject(drop_result) {
-                count(Counter::InjectDropResult);
-            } else if let Some(addr) = job.member.get(m) {
-                packet::address_to(at, addr, cfg);
-                unsafe { &mut *(header as *mut xagg_common::Header) }
-                    .set_cookie(cookie_of(job.index as u32, m));
-                let stored =
-                    unsafe { bpf_skb_store_bytes(ctx.skb.skb, 0, at as *const _, len, 0) } == 0;
-                if stored && ctx.clone_redirect(addr.ifindex, 0).is_ok() {
-                    count(Counter::ResultCopy);
-                } else {
-                    count(Counter::RedirectError);
-                }
-            }
+    };
+    let scatter = matches!(
+        collective,
+        wire::Collective::ReduceScatter | wire::Collective::Reduce
+    );
+    if alone && scatter {
+        send(root);
+        if !cut_to_header(ctx, at) {
+            return Err(Counter::DropTruncated);
+        }
+    }
+    let others = if alone { !(1u64 << root) } else { u64::MAX };
+    let mut m = 0;
+    while m < wire::MAX_MEMBERS {
+        if job.members & others & (1u64 << m) != 0 {
+            send(m);
         }
         m += 1;
+    }
+    if alone && !scatter && !pending {
+        if !cut_to_header(ctx, at) {
+            return Err(Counter::DropTruncated);
+        }
+        send(root);
     }
     // A ring host passes the result on to its successor, in the neighbour's id of the job;
     // the neighbour checks addresses, not cookies.

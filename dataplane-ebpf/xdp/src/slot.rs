@@ -236,8 +236,7 @@ pub unsafe fn accept<const F: u32, W: Words>(
     let same =
         state != ShadowState::Empty as u32 && v.message == r.message && v.segment == r.segment;
     let outcome = if same {
-        if v.op != r.op || v.dtype != r.dtype || v.collective != r.collective || v.root != r.root
-        {
+        if v.op != r.op || v.dtype != r.dtype || v.collective != r.collective || v.root != r.root {
             Outcome::OpMismatch
         } else if v.count != r.elems {
             Outcome::Mismatch

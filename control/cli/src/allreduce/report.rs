@@ -1,7 +1,7 @@
 //! The run's check against every member's inputs, and its report.
 
 use anyhow::Result;
-use xagg_worker::report::RunReport;
+use xagg_worker::{report::RunReport, Collective};
 
 use super::{timed::Runs, AllreduceArgs, Member};
 
@@ -20,7 +20,37 @@ pub(super) fn verify(a: &AllreduceArgs, me: &Member, n: usize, first: &[u8]) -> 
         let inputs: Vec<Vec<u8>> = (0..me.members as u32)
             .map(|k| xagg_worker::data::generate(me.dtype, a.seed, k, n))
             .collect();
-        match xagg_worker::data::check(me.op, me.dtype, me.segment, &inputs, first) {
+        let block = inputs[0].len() / me.members;
+        let own = me.index as usize * block..(me.index as usize + 1) * block;
+        let reduced = |range: std::ops::Range<usize>| {
+            let parts: Vec<Vec<u8>> = inputs.iter().map(|i| i[range.clone()].to_vec()).collect();
+            xagg_worker::data::check(me.op, me.dtype, me.segment, &parts, first)
+                .map_err(|e| e.to_string())
+        };
+        // Each collective's result against what it must be.
+        let moved = |expected: &[u8]| {
+            if first == expected {
+                Ok(0.0)
+            } else {
+                let at = first.iter().zip(expected).position(|(x, y)| x != y);
+                Err(format!("differs from the expected bytes at byte {at:?}"))
+            }
+        };
+        let r = match a.collective {
+            Collective::Allreduce => reduced(0..inputs[0].len()),
+            Collective::ReduceScatter => reduced(own),
+            Collective::Reduce if a.root == me.index as usize => reduced(0..inputs[0].len()),
+            // Left as it was: the member's own data.
+            Collective::Reduce => moved(&inputs[me.index as usize]),
+            Collective::AllGather => {
+                let all: Vec<u8> = (0..me.members)
+                    .flat_map(|k| inputs[k][k * block..(k + 1) * block].to_vec())
+                    .collect();
+                moved(&all)
+            }
+            Collective::Broadcast => moved(&inputs[a.root]),
+        };
+        match r {
             Ok(e) => check.worst_float_error = e,
             Err(e) => {
                 eprintln!("member {}: result wrong: {e}", me.index);

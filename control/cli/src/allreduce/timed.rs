@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use anyhow::Result;
 use xagg_worker::{
     report::{CpuSample, CpuWindow},
-    Report, Worker,
+    Collective, Report, Worker,
 };
 
 use super::{AllreduceArgs, Member};
@@ -28,7 +28,8 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
     // The results go to a buffer of their own (its pages touched now, not in the first
     // window): the data is only read, so nothing is copied between repeats — on a CPU
     // shared by several workers that copy would run inside the others' windows.
-    let mut buf = data.clone();
+    let call = Call::of(a, me, &data);
+    let mut buf = call.output.clone();
     let (op, dtype) = (w.params().op, w.params().dtype);
     let mut first = Vec::new();
     let mut reports = Vec::new();
@@ -47,7 +48,15 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
         if r == 0 {
             tx0 = tx_bytes(iface.as_deref());
         }
-        let mut rep = w.allreduce_bytes_into(op, dtype, &data, &mut buf)?;
+        let mut rep = match a.collective {
+            Collective::Allreduce => w.allreduce_bytes_into(op, dtype, &data, &mut buf)?,
+            Collective::Broadcast => {
+                // In place: each repeat broadcasts the root's data again.
+                buf.copy_from_slice(&call.output);
+                w.collective_bytes_into(a.collective, op, a.root, dtype, None, &mut buf)?
+            }
+            c => w.collective_bytes_into(c, op, a.root, dtype, Some(&call.input), &mut buf)?,
+        };
         // Wall time from the common start, so the slowest worker defines the run.
         rep.seconds = started.elapsed().as_secs_f64();
         if let Some(start) = window_start {
@@ -75,6 +84,39 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
         first,
         tx_bytes: tx_bytes(iface.as_deref()) - tx0,
     })
+}
+
+/// What a collective sends and where its result goes, from this member's generated data
+/// (`data`, the whole message): a reduce-scatter and a reduce send it all, an all-gather
+/// its own block of it, a broadcast's root its data (the others start from zeros).
+pub(super) struct Call {
+    pub(super) input: Vec<u8>,
+    pub(super) output: Vec<u8>,
+}
+
+impl Call {
+    pub(super) fn of(a: &AllreduceArgs, me: &Member, data: &[u8]) -> Self {
+        let block = data.len() / me.members;
+        let own = me.index as usize * block..(me.index as usize + 1) * block;
+        match a.collective {
+            Collective::ReduceScatter => Self {
+                input: data.to_vec(),
+                output: vec![0; block],
+            },
+            Collective::AllGather => Self {
+                input: data[own].to_vec(),
+                output: vec![0; data.len()],
+            },
+            Collective::Broadcast if a.root != me.index as usize => Self {
+                input: Vec::new(),
+                output: vec![0; data.len()],
+            },
+            _ => Self {
+                input: data.to_vec(),
+                output: data.to_vec(),
+            },
+        }
+    }
 }
 
 /// A long run shows its progress on a terminal (never in --json output).

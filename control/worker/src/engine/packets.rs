@@ -18,6 +18,7 @@ impl Engine {
             active,
             answered,
             replies,
+            early,
             p,
             ..
         } = self;
@@ -34,31 +35,56 @@ impl Engine {
                 replies.push((h, payload));
                 return;
             }
-            let Some(a) = window.check(&h) else { return };
+            let Some(a) = window.check(&h) else {
+                take_early(active, early, &h, packet.payload);
+                return;
+            };
             let Some(req) = active
                 .iter_mut()
                 .find(|r| r.message == Some(a.flight.message) && r.diagnosis.is_none())
             else {
                 return;
             };
-            let range = req.range(a.flight.segment);
-            let r = req.r;
             let flags = h.enc_flags();
-            let out = &mut req.output.bytes_mut()[range];
-            if flags & ENC_NONFINITE != 0 {
-                codec::fill_nan(r.dtype, out);
-            } else {
-                debug_assert_eq!(
-                    packet.payload.len(),
-                    out.len() / r.dtype.size() * r.lane.size()
-                );
-                codec::decode(
-                    (r.op, r.dtype, r.float),
-                    ranks,
-                    packet.payload,
-                    h.exponent(),
-                    out,
-                );
+            // Only what this member gets of the call is written: a copy carrying data it
+            // does not get (a replay, whole to everyone) is a completion like any other.
+            let destination = req.layout.destination(a.flight.segment);
+            let data = !h.is_header_only();
+            if let Some(range) = destination.clone().filter(|_| data) {
+                let r = req.r;
+                let out = &mut req.output.bytes_mut()[range];
+                if req.layout.collective.gathers() {
+                    out.copy_from_slice(&packet.payload[..out.len()]);
+                } else if flags & ENC_NONFINITE != 0 {
+                    codec::fill_nan(r.dtype, out);
+                } else {
+                    debug_assert_eq!(
+                        packet.payload.len(),
+                        out.len() / r.dtype.size() * r.lane.size()
+                    );
+                    codec::decode(
+                        (r.op, r.dtype, r.float),
+                        ranks,
+                        packet.payload,
+                        h.exponent(),
+                        out,
+                    );
+                }
+            }
+            if h.flags & wire::FLAG_PENDING != 0 {
+                // A gather's data, sent before its round was complete: the round ends here
+                // only if its completion came first (both are sent at once, from two
+                // CPUs, and either may arrive first).
+                if data && window.data_came(&a) {
+                    answered.push((a, flags));
+                }
+                return;
+            }
+            if destination.is_some() && !data && !a.flight.has_data {
+                // Complete, its data (sent pending) not here yet: on its way, or lost and
+                // asked for again, with room for it, when the contribution is due.
+                window.completion_came(&a);
+                return;
             }
             answered.push((a, flags));
         })
@@ -75,20 +101,38 @@ impl Engine {
     ) -> io::Result<()> {
         let a = &self.active[i];
         let r = a.r;
-        let range = a.range(f.segment);
-        let lane_bytes = usize::from(f.count) * r.lane.size();
+        let source = a.layout.source(f.segment);
+        let sends = source.is_some();
+        // A gather's member without the data sends its header, or, sent again while the
+        // data has not come, room for the switch to put it in.
+        let room = !sends && f.retransmitted && !f.has_data;
+        let lane_bytes = if sends || room {
+            usize::from(f.count) * r.lane.size()
+        } else {
+            0
+        };
         let len = HEADER_LEN + wire::payload_len(lane_bytes, 1);
         let cookie = self.transport.cookie();
         let out = self.transport.reserve(slot, len)?;
         let src = a.input.as_ref().unwrap_or(&a.output).bytes();
-        let enc = codec::encode(
-            r.op,
-            r.dtype,
-            r.float,
-            self.p.ranks(),
-            &src[range],
-            &mut out[HEADER_LEN..HEADER_LEN + lane_bytes],
-        );
+        let body = &mut out[HEADER_LEN..HEADER_LEN + lane_bytes];
+        let enc = match source {
+            Some(range) if a.layout.collective.gathers() => {
+                body[..range.len()].copy_from_slice(&src[range.clone()]);
+                body[range.len()..].fill(0);
+                codec::Encoded::default()
+            }
+            Some(range) => codec::encode(r.op, r.dtype, r.float, self.p.ranks(), &src[range], body),
+            None => {
+                body.fill(0);
+                codec::Encoded::default()
+            }
+        };
+        let header_only = if !sends && !room {
+            wire::FLAG_HEADER_ONLY
+        } else {
+            0
+        };
         let h = Header::builder(Kind::Contribution)
             .op(r.op)
             .dtype(r.dtype)
@@ -104,8 +148,11 @@ impl Engine {
             .enc_flags(enc.flags | if withdraw { ENC_WITHDRAWN } else { 0 })
             .magnitude(enc.magnitude)
             .float(r.float)
+            .collective(a.layout.collective, a.layout.root_of(f.segment))
             .cookie(cookie)
             .build();
+        let mut h = h;
+        h.flags |= header_only;
         wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
         self.transport.commit(len)
     }
@@ -150,4 +197,40 @@ impl Engine {
         let n = wire::finish(&h, wire::STATUS_PAYLOAD, &mut q).expect("room for a query");
         self.transport.send_now(&q[..n])
     }
+}
+
+/// A gather's data, sent pending, for a round of a running request that this member has not
+/// sent yet (its slot still holds an earlier round: members are at different points of a
+/// pipelined message): taken into the output now, and the round, once sent, waits for its
+/// completion alone. Without this a member behind the others would get every such round's
+/// completion without its data, and ask for the data again a timeout later.
+fn take_early(
+    active: &mut std::collections::VecDeque<super::Active>,
+    early: &mut std::collections::HashSet<(u32, usize)>,
+    h: &Header,
+    payload: &[u8],
+) {
+    if h.kind != Kind::Result as u8 || h.flags & wire::FLAG_PENDING == 0 || h.is_header_only() {
+        return;
+    }
+    let Some(req) = active
+        .iter_mut()
+        .find(|r| r.message == Some(h.message()) && r.layout.collective.gathers())
+    else {
+        return;
+    };
+    let segment = h.segment() as usize;
+    if segment >= req.segments {
+        return;
+    }
+    let Some(range) = req.layout.destination(segment) else {
+        return;
+    };
+    if usize::from(h.count()) != range.len().div_ceil(req.r.dtype.size())
+        || payload.len() < range.len()
+    {
+        return;
+    }
+    req.output.bytes_mut()[range.clone()].copy_from_slice(&payload[..range.len()]);
+    early.insert((h.message(), segment));
 }

@@ -55,7 +55,7 @@ impl Engine {
         };
         let a = &self.active[i];
         let message = a.message.expect("running");
-        let count = a.range(segment).len() / a.r.dtype.size();
+        let count = a.layout.range(segment).len().div_ceil(a.r.dtype.size());
         let f = InFlight {
             message,
             segment,
@@ -66,6 +66,8 @@ impl Engine {
             sent: Instant::now(),
             rto: self.window.rto(),
             retransmitted: false,
+            has_data: self.early.remove(&(message, segment)),
+            complete: false,
         };
         self.cursor[slot] = (message, segment + self.window.slots());
         let a = &mut self.active[i];

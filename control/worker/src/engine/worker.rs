@@ -20,6 +20,12 @@ use crate::{
 /// A request handed to the worker and not yet taken up by the engine.
 pub(crate) struct Pending {
     pub r: Reduction,
+    /// The call's collective and its root (reduce, broadcast), and the bytes of one
+    /// block of its message ([`crate::Layout`]) with their number.
+    pub collective: crate::Collective,
+    pub root: u8,
+    pub block: usize,
+    pub blocks: usize,
     pub input: Option<Buffer>,
     pub output: Buffer,
     pub shared: Arc<Shared>,

@@ -1,0 +1,206 @@
+//! Reduce-scatter, all-gather, broadcast and reduce through the switch, end to end in a
+//! netns lab of 4 members, each keeping one worker across its calls as a program does:
+//! every call exact (single- and multi-buffer segments, one element per block, blocks of a
+//! segment and one element more, more segments than slots), each round completed once,
+//! and under loss of contributions and of results at 1, 5 and 20 %.
+
+use std::net::SocketAddrV4;
+
+use xagg_api::{Request, Response};
+use xagg_common::{
+    wire::{self, Collective, Lane, Op, DEFAULT_PORT},
+    JobShape,
+};
+use xagg_lab::lab;
+use xagg_tests::*;
+use xagg_worker::{Buffer, Report, Worker, WorkerParams};
+
+const WORKERS: [usize; 4] = [0, 1, 2, 3];
+
+/// The collectives with their roots (reduce-scatter and all-gather have an owner per
+/// block instead).
+const ALL: [(Collective, usize); 4] = [
+    (Collective::ReduceScatter, 0),
+    (Collective::AllGather, 0),
+    (Collective::Broadcast, 2),
+    (Collective::Reduce, 1),
+];
+
+/// One call: the collective, its root, the elements (i32) of its message, the data's seed.
+type Call = (Collective, usize, usize, u64);
+
+/// Runs `calls` in order on every member at once, from message `message` of job `job`
+/// (segments of `segment` elements), each member's result of each call checked against
+/// what it must be; the members' reports per call.
+fn run(
+    sw: &TestSwitch,
+    job: u32,
+    segment: usize,
+    message: u32,
+    calls: &[Call],
+) -> Vec<Vec<Report>> {
+    let n = WORKERS.len();
+    let shape = JobShape::with_elements(n, 64, segment, Lane::I32).expect("a valid shape");
+    let data = |m: usize, elems: usize, seed: u64| {
+        let mut v = vec![0i32; elems];
+        xagg_worker::data::fill(seed, m as u32, &mut v);
+        v
+    };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = WORKERS
+            .iter()
+            .map(|&m| {
+                let data = &data;
+                s.spawn(move || {
+                    xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
+                    let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
+                    let to = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
+                    let mut p = WorkerParams::new(to, bind, job, m as u8, shape);
+                    p.first_message = Some(message);
+                    let w = Worker::new(p).expect("a worker");
+                    let mut reports = Vec::new();
+                    for &(collective, root, elems, seed) in calls {
+                        let block = elems / n;
+                        let mine = data(m, elems, seed);
+                        let own = m * block..(m + 1) * block;
+                        let sum = xagg_worker::data::expected_sum(seed, n as u32, elems);
+                        let (input, output, expected): (Option<Vec<i32>>, Vec<i32>, Vec<i32>) =
+                            match collective {
+                                Collective::ReduceScatter => {
+                                    (Some(mine), vec![0; block], sum[own].to_vec())
+                                }
+                                Collective::AllGather => (
+                                    Some(mine[own].to_vec()),
+                                    vec![0; elems],
+                                    (0..n)
+                                        .flat_map(|k| {
+                                            data(k, elems, seed)[k * block..(k + 1) * block]
+                                                .to_vec()
+                                        })
+                                        .collect(),
+                                ),
+                                Collective::Broadcast => (
+                                    None,
+                                    if m == root { mine } else { vec![0; elems] },
+                                    data(root, elems, seed),
+                                ),
+                                Collective::Reduce => (
+                                    Some(mine.clone()),
+                                    mine.clone(),
+                                    if m == root { sum } else { mine },
+                                ),
+                                Collective::Allreduce => unreachable!(),
+                            };
+                        let c = w
+                            .submit_collective(
+                                collective,
+                                Op::Sum,
+                                root,
+                                input.map(Buffer::from),
+                                Buffer::from(output),
+                            )
+                            .expect("submitted")
+                            .wait();
+                        let rep = c.status.unwrap_or_else(|e| {
+                            panic!("{collective} member {m}: {e}; counters {:?}", sw.counters())
+                        });
+                        let got: Vec<i32> = c.buffer.into_vec().expect("i32");
+                        assert_eq!(got.len(), expected.len());
+                        if let Some(i) = got.iter().zip(&expected).position(|(a, b)| a != b) {
+                            panic!(
+                                "{collective} of {elems} member {m}: element {i} is {} but must be {}",
+                                got[i], expected[i]
+                            );
+                        }
+                        reports.push(rep);
+                    }
+                    reports
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("member"))
+            .collect()
+    })
+}
+
+fn inject(sw: &TestSwitch, drop_contribution: f64, drop_result: f64) {
+    assert!(matches!(
+        sw.api(Request::Inject {
+            drop_contribution,
+            drop_result
+        }),
+        Response::Ok
+    ));
+}
+
+#[test]
+fn every_collective_exact_through_the_switch_and_under_loss() {
+    if !require_root("every_collective_exact_through_the_switch_and_under_loss") {
+        return;
+    }
+    let sw = TestSwitch::start("xco", WORKERS.len(), |_| {});
+    // Job 1 in single-buffer segments, job 2 in full (multi-buffer) ones.
+    let jobs = [(1u32, 860usize), (2, wire::MAX_PAYLOAD / 4)];
+    for (job, segment) in jobs {
+        assert!(matches!(
+            sw.add_job_on(job, segment as u16, 64, &WORKERS, 47801 + job as u16),
+            Response::Job { .. }
+        ));
+    }
+    let mut message = [0u32; 3];
+    let mut phase = |what: &str, job: u32, segment: usize, calls: &[Call]| {
+        let before = sw.counters();
+        let reps = run(&sw, job, segment, message[job as usize], calls);
+        message[job as usize] += calls.len() as u32;
+        let after = sw.counters();
+        let d = move |k: &str| after[k] - before[k];
+        let segments: u64 = reps[0].iter().map(|r| r.segments as u64).sum();
+        let retx: u64 = reps.iter().flatten().map(|r| r.retransmissions).sum();
+        eprintln!(
+            "{what}, job {job}: {} calls, {segments} segments exact, {retx} retransmissions (per member {:?})",
+            calls.len(),
+            reps.iter().map(|r| r.iter().map(|r| r.retransmissions).sum::<u64>()).collect::<Vec<_>>()
+        );
+        (d, segments, retx)
+    };
+    // Exact at sizes around the segments; each round completed once, every member in
+    // once, where nothing was sent twice.
+    for (job, segment) in jobs {
+        let calls: Vec<Call> = ALL
+            .iter()
+            .flat_map(|&(c, root)| {
+                [4, 4 * (segment + 1), 4 * 20 * segment + 12]
+                    .map(|elems| (c, root, elems, elems as u64))
+            })
+            .collect();
+        let (d, segments, retx) = phase("every collective", job, segment, &calls);
+        if retx == 0 {
+            assert_eq!(d("complete"), segments, "one completion per round");
+            assert_eq!(
+                d("contribution") + d("complete"),
+                segments * WORKERS.len() as u64,
+                "every member in once per round"
+            );
+        }
+    }
+    // Loss of contributions and of results, each rate, each collective.
+    for rate in [0.01, 0.05, 0.20] {
+        for (dc, dr) in [(rate, 0.0), (0.0, rate)] {
+            inject(&sw, dc, dr);
+            for (job, segment) in jobs {
+                let calls: Vec<Call> = ALL
+                    .iter()
+                    .map(|&(c, root)| (c, root, 4 * 30 * segment + 8, 7 + job as u64))
+                    .collect();
+                let what = format!("contributions dropped at {dc}, results at {dr}");
+                let (d, _, retx) = phase(&what, job, segment, &calls);
+                let dropped = d("inject_drop_contribution") + d("inject_drop_result");
+                assert!(dropped > 0, "{what}: nothing was dropped");
+                assert!(retx > 0, "{what}: the drops needed retransmissions");
+            }
+        }
+    }
+    inject(&sw, 0.0, 0.0);
+}
