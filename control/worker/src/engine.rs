@@ -114,6 +114,8 @@ pub(crate) struct Engine {
     answered: Vec<(Answered, u16)>,
     /// Rounds whose data (a gather's, sent pending) came before this member sent them.
     early: std::collections::HashSet<(u32, usize)>,
+    /// A gather's pending data for messages this member has not started yet.
+    ahead: VecDeque<(Header, Vec<u8>)>,
     replies: Vec<(Header, [u8; wire::STATUS_PAYLOAD])>,
     /// What the peers' responder answers from, once it runs ([`crate::peers`]).
     pub(crate) view: Option<Arc<std::sync::Mutex<crate::peers::View>>>,
@@ -141,6 +143,7 @@ impl Engine {
             flushed: now,
             answered: Vec::with_capacity(64),
             early: Default::default(),
+            ahead: VecDeque::new(),
             replies: Vec::new(),
             view: None,
             transport,
@@ -226,6 +229,16 @@ impl Engine {
         let message = self.next_message;
         a.message = Some(message);
         self.next_message = self.next_message.wrapping_add(1);
+        // A gather's data that came before this member started the message.
+        if !self.ahead.is_empty() {
+            let (now, later): (VecDeque<_>, VecDeque<_>) = std::mem::take(&mut self.ahead)
+                .into_iter()
+                .partition(|(h, _)| h.message() == message);
+            self.ahead = later;
+            for (h, payload) in &now {
+                packets::take_into(a, &mut self.early, h, payload);
+            }
+        }
         if let Some(v) = self.view.as_ref().filter(|_| a.with_peers()) {
             let out = a.output.bytes();
             a.withdrawn = lock(v).start(

@@ -337,7 +337,7 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             }
         }
         slot::Outcome::Unawaited => Err(Counter::DropUnawaitedResult),
-        slot::Outcome::Replay => {
+        slot::Outcome::Replay | slot::Outcome::ReplayPending => {
             if inject(faults().drop_result) {
                 return Err(Counter::InjectDropResult);
             }
@@ -349,6 +349,9 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             // verifier's budget (measured), and a replay answers a loss only.
             let (frame, cfg) = result()?;
             frame.into_result(&stored);
+            if F == Fold::Move as u32 {
+                frame.set_pending(matches!(outcome, slot::Outcome::ReplayPending));
+            }
             // A ring predecessor's resent partial: answered in its own job id.
             let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
             if job.role == Role::Ring as u8 && st.member == u32::from(job.predecessor) {

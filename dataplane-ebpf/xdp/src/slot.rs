@@ -26,6 +26,7 @@
 //! |-------------------------------|----------------------------------------|-----------|
 //! | same round, m the root, not the last | store the data                  | Posted: the data to every member, marked pending |
 //! | same round, m not the root, the last | the frame gets the stored data if it has room | Complete |
+//! | same round, m in, Filling with the data, m's frame with room | the data back to m | ReplayPending |
 //!
 //! At an inner level (`Role::Inner`: a host reducing its ranks, a lower switch) a copy
 //! with every member in holds their *partial*, which goes to the parent, not to the
@@ -53,7 +54,7 @@
 
 use aya_ebpf::{bindings::bpf_spin_lock, helpers};
 use xagg_common::{
-    slot::{ShadowState, EMPTY_TOP},
+    slot::{Fold, ShadowState, EMPTY_TOP},
     wire::ENC_WITHDRAWN,
     ShadowCopy,
 };
@@ -155,6 +156,9 @@ pub enum Outcome {
     Unawaited,
     /// Retransmission to a finished copy: the frame's payload is the stored result.
     Replay,
+    /// A gather's member without the data, sent again with room for it to a copy that has
+    /// the data but still waits for a member: the frame's payload is the data, pending.
+    ReplayPending,
     /// Started a new round over an abandoned one.
     Reclaimed,
     Duplicate,
@@ -244,7 +248,16 @@ pub unsafe fn accept<const F: u32, W: Words>(
             // A member giving up on a round not yet complete: kept, so that the round's
             // result fails the call on every member (`ENC_WITHDRAWN`).
             let withdrawn = r.flags & ENC_WITHDRAWN as u32;
-            if state == ShadowState::Filling as u32 {
+            if F == Fold::Move as u32
+                && state == ShadowState::Filling as u32
+                && r.words != 0
+                && v.seen & (1u64 << (r.root & 63)) != 0
+            {
+                // A gather's member asking for data it lost, the round still waiting for
+                // another member: the data, pending.
+                reduce::copy_out(v, src, r.words);
+                Outcome::ReplayPending
+            } else if state == ShadowState::Filling as u32 {
                 v.flags |= withdrawn;
                 Outcome::Duplicate
             } else {

@@ -19,9 +19,12 @@ impl Engine {
             answered,
             replies,
             early,
+            ahead,
+            next_message,
             p,
             ..
         } = self;
+        let next_message = *next_message;
         let (job, ranks) = (p.job, p.ranks() as u32);
         transport.receive(nonblocking, spin, &mut |d: &[u8]| {
             let Ok(packet) = wire::decode(d) else { return };
@@ -36,7 +39,7 @@ impl Engine {
                 return;
             }
             let Some(a) = window.check(&h) else {
-                take_early(active, early, &h, packet.payload);
+                take_early(active, early, ahead, next_message, &h, packet.payload);
                 return;
             };
             let Some(req) = active
@@ -199,28 +202,50 @@ impl Engine {
     }
 }
 
-/// A gather's data, sent pending, for a round of a running request that this member has not
-/// sent yet (its slot still holds an earlier round: members are at different points of a
-/// pipelined message): taken into the output now, and the round, once sent, waits for its
-/// completion alone. Without this a member behind the others would get every such round's
-/// completion without its data, and ask for the data again a timeout later.
+/// A gather's data, sent pending, for a round of a request that this member has not sent
+/// yet (its slot still holds an earlier round, or the request is not yet submitted here or
+/// has no message id yet: members are at different points of their calls): taken into the
+/// output now, or kept in `ahead` until the request starts, and the round, once sent,
+/// waits for its completion alone. Without this a member behind the others would get every
+/// such round's completion without its data, and ask for the data again a timeout later.
 fn take_early(
     active: &mut std::collections::VecDeque<super::Active>,
     early: &mut std::collections::HashSet<(u32, usize)>,
+    ahead: &mut std::collections::VecDeque<(Header, Vec<u8>)>,
+    next_message: u32,
     h: &Header,
     payload: &[u8],
 ) {
     if h.kind != Kind::Result as u8 || h.flags & wire::FLAG_PENDING == 0 || h.is_header_only() {
         return;
     }
-    let Some(req) = active
-        .iter_mut()
-        .find(|r| r.message == Some(h.message()) && r.layout.collective.gathers())
-    else {
-        return;
-    };
+    if let Some(req) = active.iter_mut().find(|r| r.message == Some(h.message())) {
+        take_into(req, early, h, payload);
+    } else if !xagg_common::Round::first(h.message())
+        .is_before(xagg_common::Round::first(next_message))
+    {
+        // For a message this member has not started: kept, a bounded number (the oldest
+        // go first), until it does.
+        if ahead.len() >= AHEAD {
+            ahead.pop_front();
+        }
+        ahead.push_back((*h, payload.to_vec()));
+    }
+}
+
+/// Pending data kept for messages not started yet, at most.
+pub(super) const AHEAD: usize = 256;
+
+/// Takes a gather's pending data for `req`'s round into its output, noting the round in
+/// `early`.
+pub(super) fn take_into(
+    req: &mut super::Active,
+    early: &mut std::collections::HashSet<(u32, usize)>,
+    h: &Header,
+    payload: &[u8],
+) {
     let segment = h.segment() as usize;
-    if segment >= req.segments {
+    if !req.layout.collective.gathers() || segment >= req.segments {
         return;
     }
     let Some(range) = req.layout.destination(segment) else {
