@@ -1,5 +1,6 @@
 ! An ordinary Fortran MPI program: sums, minima and maxima of INTEGER, REAL and DOUBLE
-! PRECISION arrays, in place and not, checked against local values. It takes MPI's
+! PRECISION arrays, in place and not, then a reduce-scatter, an all-gather, a broadcast
+! and a reduce, checked against local values. It takes MPI's
 ! bindings from the `mpi` module, or with -DMPIF_H from `mpif.h` (the tests build both).
 program check_fortran
 #ifdef MPIF_H
@@ -11,7 +12,7 @@ program check_fortran
 #endif
   integer, parameter :: n = 20000
   integer :: ierr, rank, nranks, i, r, failures, all_failures, checks
-  integer :: ia(n), ib(n), iwant(n), ixor(n)
+  integer :: ia(n), ib(n), iwant(n), ixor(n), iblock(n / 4)
   real :: ra(n), rb(n)
   double precision :: da(n), db(n), dwant(n)
 
@@ -55,6 +56,23 @@ program check_fortran
   call MPI_Allreduce(1, i, 1, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
   call tally(i == nranks)
   call MPI_Barrier(MPI_COMM_WORLD, ierr)
+
+  ! The other collectives (n / nranks elements a block: n is a multiple of 4 ranks).
+  call MPI_Reduce_scatter_block(ia, iblock, n / nranks, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
+  call tally(all(iblock(1:n / nranks) == iwant(rank * (n / nranks) + 1:(rank + 1) * (n / nranks))))
+  iblock(1:n / nranks) = ia(rank * (n / nranks) + 1:(rank + 1) * (n / nranks))
+  ib = 0
+  call MPI_Allgather(iblock, n / nranks, MPI_INTEGER, ib, n / nranks, MPI_INTEGER, MPI_COMM_WORLD, ierr)
+  do r = 0, nranks - 1
+    call tally(all(ib(r * (n / nranks) + 1:(r + 1) * (n / nranks)) == &
+      [(mod(r * 7 + i * 13, 17) - 8, i = r * (n / nranks) + 1, (r + 1) * (n / nranks))]))
+  end do
+  db = da
+  call MPI_Bcast(db, n, MPI_DOUBLE_PRECISION, 1, MPI_COMM_WORLD, ierr)
+  call tally(all(db == [(0.125d0 * (mod(7 + i * 13, 17) - 8), i = 1, n)]))
+  db = 0
+  call MPI_Reduce(da, db, n, MPI_DOUBLE_PRECISION, MPI_SUM, 2, MPI_COMM_WORLD, ierr)
+  if (rank == 2) call tally(all(db == dwant))
 
   call MPI_Reduce(failures, all_failures, 1, MPI_INTEGER, MPI_SUM, 0, MPI_COMM_WORLD, ierr)
   if (rank == 0) print '(a,i0,a,i0)', 'checks=', checks, ' failures=', all_failures

@@ -29,16 +29,32 @@ const ALL: [(Collective, usize); 4] = [
 /// One call: the collective, its root, the elements (i32) of its message, the data's seed.
 type Call = (Collective, usize, usize, u64);
 
+/// Bytes received and sent on the calling thread's network namespace's interfaces but
+/// loopback.
+fn link_bytes() -> (u64, u64) {
+    let dev = std::fs::read_to_string("/proc/thread-self/net/dev").expect("/proc net/dev");
+    dev.lines()
+        .skip(2)
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(name, _)| name.trim() != "lo")
+        .map(|(_, v)| {
+            let f: Vec<u64> = v.split_whitespace().map(|x| x.parse().unwrap()).collect();
+            (f[0], f[8])
+        })
+        .fold((0, 0), |(r, t), (a, b)| (r + a, t + b))
+}
+
+/// What one member's call did: its report, and the bytes its link received and sent.
+struct Done {
+    report: Report,
+    received: u64,
+    sent: u64,
+}
+
 /// Runs `calls` in order on every member at once, from message `message` of job `job`
 /// (segments of `segment` elements), each member's result of each call checked against
-/// what it must be; the members' reports per call.
-fn run(
-    sw: &TestSwitch,
-    job: u32,
-    segment: usize,
-    message: u32,
-    calls: &[Call],
-) -> Vec<Vec<Report>> {
+/// what it must be; what each member's calls did.
+fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) -> Vec<Vec<Done>> {
     let n = WORKERS.len();
     let shape = JobShape::with_elements(n, 64, segment, Lane::I32).expect("a valid shape");
     let data = |m: usize, elems: usize, seed: u64| {
@@ -46,11 +62,14 @@ fn run(
         xagg_worker::data::fill(seed, m as u32, &mut v);
         v
     };
+    // Every member takes its links' counts before any sends a call's first datagram and
+    // after its own call ended, before any starts the next: each call's bytes its own.
+    let barrier = std::sync::Barrier::new(n);
     std::thread::scope(|s| {
         let handles: Vec<_> = WORKERS
             .iter()
             .map(|&m| {
-                let data = &data;
+                let (data, barrier) = (&data, &barrier);
                 s.spawn(move || {
                     xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
                     let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
@@ -91,6 +110,8 @@ fn run(
                                 ),
                                 Collective::Allreduce => unreachable!(),
                             };
+                        let (rx, tx) = link_bytes();
+                        barrier.wait();
                         let c = w
                             .submit_collective(
                                 collective,
@@ -101,7 +122,9 @@ fn run(
                             )
                             .expect("submitted")
                             .wait();
-                        let rep = c.status.unwrap_or_else(|e| {
+                        let (rx2, tx2) = link_bytes();
+                        barrier.wait();
+                        let report = c.status.unwrap_or_else(|e| {
                             panic!("{collective} member {m}: {e}; counters {:?}", sw.counters())
                         });
                         let got: Vec<i32> = c.buffer.into_vec().expect("i32");
@@ -112,7 +135,11 @@ fn run(
                                 got[i], expected[i]
                             );
                         }
-                        reports.push(rep);
+                        reports.push(Done {
+                            report,
+                            received: rx2 - rx,
+                            sent: tx2 - tx,
+                        });
                     }
                     reports
                 })
@@ -161,15 +188,19 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
             .map(|(k, v)| (k.clone(), v - before[k]))
             .collect();
         let d = move |k: &str| after[k] - before[k];
-        let segments: u64 = reps[0].iter().map(|r| r.segments as u64).sum();
-        let retx: u64 = reps.iter().flatten().map(|r| r.retransmissions).sum();
+        let segments: u64 = reps[0].iter().map(|r| r.report.segments as u64).sum();
+        let retx: u64 = reps
+            .iter()
+            .flatten()
+            .map(|r| r.report.retransmissions)
+            .sum();
         eprintln!(
             "{what}, job {job}: {} calls, {segments} segments exact, {retx} retransmissions (per member {:?})",
             calls.len(),
-            reps.iter().map(|r| r.iter().map(|r| r.retransmissions).sum::<u64>()).collect::<Vec<_>>()
+            reps.iter().map(|r| r.iter().map(|r| r.report.retransmissions).sum::<u64>()).collect::<Vec<_>>()
         );
         eprintln!("  counters moved: {moved:?}");
-        (d, segments, retx)
+        (d, segments, retx, reps)
     };
     // Exact at sizes around the segments; each round completed once, every member in
     // once, where nothing was sent twice.
@@ -181,7 +212,7 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
                     .map(|elems| (c, root, elems, elems as u64))
             })
             .collect();
-        let (d, segments, _) = phase("every collective", job, segment, &calls);
+        let (d, segments, _, reps) = phase("every collective", job, segment, &calls);
         // A contribution sent again is a duplicate or a replay, never counted here.
         assert_eq!(d("complete"), segments, "one completion per round");
         assert_eq!(
@@ -189,6 +220,42 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
             segments * WORKERS.len() as u64,
             "every member in once per round"
         );
+        // Each member's link carries what the collective moves for it, and little more:
+        // the largest call of each collective, S bytes over 4 members, against the table
+        // of docs/protocol.md (the data; collective, UDP, IPv4 and Ethernet headers of
+        // every frame are the rest, at most a tenth and 200 bytes a segment).
+        for (i, &(c, root, elems, _)) in calls.iter().enumerate() {
+            if elems < 4 * 20 * segment {
+                continue;
+            }
+            let s = 4 * elems as u64;
+            for (m, done) in reps.iter().map(|r| &r[i]).enumerate() {
+                let owner = m == root;
+                let (tx, rx) = match c {
+                    Collective::ReduceScatter => (s, s / 4),
+                    Collective::AllGather => (s / 4, 3 * s / 4),
+                    Collective::Broadcast if owner => (s, 0),
+                    Collective::Broadcast => (0, s),
+                    Collective::Reduce if owner => (s, s),
+                    Collective::Reduce => (s, 0),
+                    Collective::Allreduce => unreachable!(),
+                };
+                let segs = done.report.segments as u64;
+                let within =
+                    |got: u64, data: u64| got >= data && got <= data + data / 10 + 200 * segs;
+                eprintln!(
+                    "  {c} of {s} bytes, member {m}: sent {:.3} S, received {:.3} S",
+                    done.sent as f64 / s as f64,
+                    done.received as f64 / s as f64
+                );
+                assert!(
+                    within(done.sent, tx) && within(done.received, rx),
+                    "{c} of {s} bytes, member {m}: sent {} and received {} bytes, the data {tx} and {rx}",
+                    done.sent,
+                    done.received
+                );
+            }
+        }
     }
     // Loss of contributions and of results, each rate, each collective.
     for rate in [0.01, 0.05, 0.20] {
@@ -200,7 +267,7 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
                     .map(|&(c, root)| (c, root, 4 * 30 * segment + 8, 7 + job as u64))
                     .collect();
                 let what = format!("contributions dropped at {dc}, results at {dr}");
-                let (d, _, retx) = phase(&what, job, segment, &calls);
+                let (d, _, retx, _) = phase(&what, job, segment, &calls);
                 let dropped = d("inject_drop_contribution") + d("inject_drop_result");
                 assert!(dropped > 0, "{what}: nothing was dropped");
                 assert!(retx > 0, "{what}: the drops needed retransmissions");

@@ -161,6 +161,8 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
         ("MPI_Iallreduce by MPI_Waitall", [2, 0, 0, 0, 0, 0]),
         ("MPI_Iallreduce by MPI_Waitany", [1, 0, 0, 0, 0, 0]),
         ("MPI_Iallreduce by MPI_Waitsome", [2, 0, 0, 0, 0, 0]),
+        // The checks' tally at the end.
+        ("MPI_Reduce", [1, 0, 0, 0, 0, 0]),
     ] {
         assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
     }
@@ -211,7 +213,61 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
             [1, 0, 0, 0, 0, 0],
             "{err}"
         );
+        for (entry, n) in [
+            ("MPI_REDUCE_SCATTER_BLOCK (Fortran)", 1),
+            ("MPI_ALLGATHER (Fortran)", 1),
+            ("MPI_BCAST (Fortran)", 1),
+            // One checked, and the checks' tally at the end.
+            ("MPI_REDUCE (Fortran)", 2),
+        ] {
+            assert_eq!(
+                entry_counts(&err, entry),
+                [n, 0, 0, 0, 0, 0],
+                "{entry}: {err}"
+            );
+        }
     }
+
+    // The collectives besides allreduce, every one through the switch (MPI_Reduce_scatter
+    // with unequal counts passed to Open MPI), exact; then again with 5 % of the
+    // contributions and of the result copies dropped at the switch.
+    let coll = lab.program("collectives.c");
+    for drop in [0.0, 0.05] {
+        assert!(matches!(
+            lab.sw.api(Request::Inject {
+                drop_contribution: drop,
+                drop_result: drop
+            }),
+            xagg_api::Response::Ok
+        ));
+        let before = lab.sw.counters();
+        let (out, err) = checked(&lab.run(coll.to_str().unwrap(), &lab.daemon(), &[]));
+        assert!(
+            out.contains("checks=") && out.contains("failures=0"),
+            "{out}"
+        );
+        for (name, counts) in [
+            ("MPI_Reduce_scatter_block", [30, 0, 0, 0, 0, 0]),
+            ("MPI_Reduce_scatter", [15, 0, 0, 0, 0, 1]),
+            ("MPI_Allgather", [30, 0, 0, 0, 0, 0]),
+            ("MPI_Bcast", [60, 0, 0, 0, 0, 0]),
+            ("MPI_Reduce", [120, 0, 0, 0, 0, 0]),
+        ] {
+            assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
+        }
+        let after = lab.sw.counters();
+        let dropped = after["inject_drop_contribution"] + after["inject_drop_result"]
+            - before["inject_drop_contribution"]
+            - before["inject_drop_result"];
+        assert_eq!(dropped > 0, drop > 0.0, "dropped {dropped}");
+    }
+    assert!(matches!(
+        lab.sw.api(Request::Inject {
+            drop_contribution: 0.0,
+            drop_result: 0.0
+        }),
+        xagg_api::Response::Ok
+    ));
 
     // mpi4py's Comm.Allreduce on NumPy arrays of each served type.
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/check_mpi4py.py");

@@ -16,6 +16,9 @@
  * --repeat`) time theirs: each rank times each call from the end of its previous one, with
  * no barrier between them, and each call's time is its slowest rank's (`back_to_back`):
  * the figure the drop-in's time over the switch path alone compares like with like.
+ * With BENCH_COLLECTIVE in the environment (reduce_scatter, all_gather, broadcast,
+ * reduce), every timed call is that collective over the same BYTES instead (the
+ * message: all the blocks of a reduce-scatter or all-gather; root 0), each checked.
  * Usage: allreduce BYTES ITERATIONS SEED [cpu]. Rank 0 prints one JSON object. */
 #include <mpi.h>
 #include <stdint.h>
@@ -55,20 +58,42 @@ static void cpu_sample(unsigned long long out[FIELDS]) {
     out[SOFTIRQ] = v[5] + v[6];
 }
 
-/* Bytes this rank's network namespace sent on eth0. */
-static unsigned long long tx_bytes(void) {
+/* Bytes this rank's network namespace sent or received (`tx` or `rx`) on eth0. */
+static unsigned long long link_bytes(const char *way) {
     unsigned long long b = 0;
-    FILE *f = fopen("/sys/class/net/eth0/statistics/tx_bytes", "r");
+    char path[64];
+    snprintf(path, sizeof path, "/sys/class/net/eth0/statistics/%s_bytes", way);
+    FILE *f = fopen(path, "r");
     if (f) {
         if (fscanf(f, "%llu", &b) != 1) b = 0;
         fclose(f);
     }
     return b;
 }
+static unsigned long long tx_bytes(void) { return link_bytes("tx"); }
+
+enum { ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, REDUCE };
+static int which = ALLREDUCE, rank, size;
+
+/* The timed call over `n` int32: from `in` into `out` (a broadcast in `out`, which the
+ * root filled). */
+static void call(int32_t *in, int32_t *out, size_t n) {
+    int b = (int)(n / size);
+    switch (which) {
+    case REDUCE_SCATTER: MPI_Reduce_scatter_block(in, out, b, MPI_INT, MPI_SUM, MPI_COMM_WORLD); break;
+    case ALL_GATHER: MPI_Allgather(in + (size_t)rank * b, b, MPI_INT, out, b, MPI_INT, MPI_COMM_WORLD); break;
+    case BROADCAST: MPI_Bcast(out, (int)n, MPI_INT, 0, MPI_COMM_WORLD); break;
+    case REDUCE: MPI_Reduce(in, out, (int)n, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD); break;
+    default: MPI_Allreduce(in, out, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    }
+}
 
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
-    int rank, size;
+    const char *names[] = {"allreduce", "reduce_scatter", "all_gather", "broadcast", "reduce"};
+    const char *chosen = getenv("BENCH_COLLECTIVE");
+    for (int k = 0; chosen && k < 5; k++)
+        if (strcmp(chosen, names[k]) == 0) which = k;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc != 4 && !(argc == 5 && strcmp(argv[4], "cpu") == 0)) {
@@ -86,15 +111,22 @@ int main(int argc, char **argv) {
     unsigned long long (*ends)[FIELDS] = calloc(iters, sizeof *ends);
     int ok = 1;
     MPI_Barrier(MPI_COMM_WORLD);
-    unsigned long long tx0 = tx_bytes();
+    unsigned long long tx0 = tx_bytes(), rx0 = link_bytes("rx");
     for (int it = 0; it < iters; it++) {
-        memcpy(buf, data, n * 4);
+        /* A broadcast's other ranks start from zeros. */
+        if (which == BROADCAST && rank != 0)
+            memset(buf, 0, n * 4);
+        else
+            memcpy(buf, data, n * 4);
         unsigned long long start[FIELDS], end[FIELDS];
         MPI_Barrier(MPI_COMM_WORLD);
         /* Read before the clock starts and after it stops: the readings are outside. */
         if (cpu) cpu_sample(start);
         double t0 = MPI_Wtime();
-        MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        if (which == ALLREDUCE)
+            MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        else
+            call(data, buf, n);
         double t = MPI_Wtime() - t0;
         if (cpu) {
             cpu_sample(end);
@@ -108,6 +140,7 @@ int main(int argc, char **argv) {
     }
     MPI_Barrier(MPI_COMM_WORLD);
     double tx = (double)(tx_bytes() - tx0), tx_sum;
+    double rx = (double)(link_bytes("rx") - rx0), rx_sum;
     /* osu_allreduce's convention. */
     int osu_iters = n * 4 <= 8192 ? 1000 : 100, osu_skip = n * 4 <= 8192 ? 200 : 10;
     if (n * 4 > (1 << 20)) {
@@ -117,7 +150,7 @@ int main(int argc, char **argv) {
     double osu_timer = 0, osu_sum = 0;
     for (int it = 0; it < osu_iters + osu_skip; it++) {
         double t0 = MPI_Wtime();
-        MPI_Allreduce(data, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        call(data, buf, n);
         double t1 = MPI_Wtime();
         if (it >= osu_skip) osu_timer += t1 - t0;
         MPI_Barrier(MPI_COMM_WORLD);
@@ -129,24 +162,33 @@ int main(int argc, char **argv) {
     MPI_Barrier(MPI_COMM_WORLD);
     double last = MPI_Wtime();
     for (int it = 0; it < iters; it++) {
-        MPI_Allreduce(data, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        call(data, buf, n);
         double now = MPI_Wtime();
         b2b[it] = now - last;
         last = now;
     }
     MPI_Reduce(b2b, b2b_slowest, iters, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
     /* Verification after every clock has stopped. */
-    for (size_t i = 0; i < n && ok; i++) {
+    size_t b = n / size, lo = which == REDUCE_SCATTER ? (size_t)rank * b : 0;
+    size_t hi = which == REDUCE_SCATTER ? lo + b : n;
+    if (which == REDUCE && rank != 0) hi = 0;
+    for (size_t i = lo; i < hi && ok; i++) {
         uint32_t want = 0;
-        for (int m = 0; m < size; m++) want += (uint32_t)element(seed, m, i);
-        ok = (uint32_t)first[i] == want;
+        if (which == ALL_GATHER)
+            want = (uint32_t)element(seed, (int)(i / b), i);
+        else if (which == BROADCAST)
+            want = (uint32_t)element(seed, 0, i);
+        else
+            for (int m = 0; m < size; m++) want += (uint32_t)element(seed, m, i);
+        ok = (uint32_t)first[i - lo] == want;
     }
     int all_ok;
     MPI_Reduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, 0, MPI_COMM_WORLD);
     MPI_Reduce(&tx, &tx_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
+    MPI_Reduce(&rx, &rx_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {
-        printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"tx_bytes_per_rank\":%.0f,\"osu_us\":%.3f,\"osu_iterations\":%d,\"seconds\":[",
-               size, n * 4, all_ok ? "true" : "false", tx_sum / size, osu_sum / size * 1e6, osu_iters);
+        printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"tx_bytes_per_rank\":%.0f,\"rx_bytes_per_rank\":%.0f,\"osu_us\":%.3f,\"osu_iterations\":%d,\"seconds\":[",
+               size, n * 4, all_ok ? "true" : "false", tx_sum / size, rx_sum / size, osu_sum / size * 1e6, osu_iters);
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", times[it]);
         printf("],\"back_to_back\":[");
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", b2b_slowest[it]);

@@ -40,6 +40,43 @@ pub const IN_PLACE: *const c_void = 1 as *const c_void;
 
 type AllreduceFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, c_int, Datatype, MpiOp, Comm) -> c_int;
+pub type IreduceScatterBlockFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    c_int,
+    Datatype,
+    MpiOp,
+    Comm,
+    *mut Request,
+) -> c_int;
+pub type IallgatherFn = unsafe extern "C" fn(
+    *const c_void,
+    c_int,
+    Datatype,
+    *mut c_void,
+    c_int,
+    Datatype,
+    Comm,
+    *mut Request,
+) -> c_int;
+pub type IbcastFn =
+    unsafe extern "C" fn(*mut c_void, c_int, Datatype, c_int, Comm, *mut Request) -> c_int;
+pub type IreduceFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    c_int,
+    Datatype,
+    MpiOp,
+    c_int,
+    Comm,
+    *mut Request,
+) -> c_int;
+pub type ReduceScatterFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, *const c_int, Datatype, MpiOp, Comm) -> c_int;
+pub type ReduceScatterBlockFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, c_int, Datatype, MpiOp, Comm) -> c_int;
+pub type ReduceFn =
+    unsafe extern "C" fn(*const c_void, *mut c_void, c_int, Datatype, MpiOp, c_int, Comm) -> c_int;
 type IallreduceFn = unsafe extern "C" fn(
     *const c_void,
     *mut c_void,
@@ -97,6 +134,13 @@ pub struct Pmpi {
     pub request_free: unsafe extern "C" fn(*mut Request) -> c_int,
     pub request_get_status: unsafe extern "C" fn(Request, *mut c_int, *mut Status) -> c_int,
     pub abort: unsafe extern "C" fn(Comm, c_int) -> c_int,
+    pub ireduce_scatter_block: IreduceScatterBlockFn,
+    pub iallgather: IallgatherFn,
+    pub ibcast: IbcastFn,
+    pub ireduce: IreduceFn,
+    pub reduce_scatter: ReduceScatterFn,
+    pub reduce_scatter_block: ReduceScatterBlockFn,
+    pub reduce: ReduceFn,
     pub comm_f2c: unsafe extern "C" fn(Fint) -> Comm,
     pub type_f2c: unsafe extern "C" fn(Fint) -> Datatype,
     pub op_f2c: unsafe extern "C" fn(Fint) -> MpiOp,
@@ -205,6 +249,13 @@ fn load() -> Option<Pmpi> {
         request_free: function("PMPI_Request_free")?,
         request_get_status: function("PMPI_Request_get_status")?,
         abort: function("PMPI_Abort")?,
+        ireduce_scatter_block: function("PMPI_Ireduce_scatter_block")?,
+        iallgather: function("PMPI_Iallgather")?,
+        ibcast: function("PMPI_Ibcast")?,
+        ireduce: function("PMPI_Ireduce")?,
+        reduce_scatter: function("PMPI_Reduce_scatter")?,
+        reduce_scatter_block: function("PMPI_Reduce_scatter_block")?,
+        reduce: function("PMPI_Reduce")?,
         comm_f2c: function("PMPI_Comm_f2c")?,
         type_f2c: function("PMPI_Type_f2c")?,
         op_f2c: function("PMPI_Op_f2c")?,

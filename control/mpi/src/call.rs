@@ -23,7 +23,7 @@
 
 use std::ffi::{c_int, c_void};
 
-use xagg_common::wire::{DType, Op};
+use xagg_common::wire::{Collective, DType, Op};
 use xagg_worker::{AllreduceError, Buffer, Request as SwitchRequest, Worker};
 
 use crate::{
@@ -51,7 +51,30 @@ pub enum Taken {
     Fallback,
 }
 
-/// One served allreduce.
+/// Which collective a served call is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    Allreduce,
+    /// `MPI_Reduce_scatter_block`, and `MPI_Reduce_scatter` with equal counts.
+    ReduceScatter,
+    Allgather,
+    Bcast,
+    Reduce,
+}
+
+impl Kind {
+    pub fn collective(self) -> Collective {
+        match self {
+            Self::Allreduce => Collective::Allreduce,
+            Self::ReduceScatter => Collective::ReduceScatter,
+            Self::Allgather => Collective::AllGather,
+            Self::Bcast => Collective::Broadcast,
+            Self::Reduce => Collective::Reduce,
+        }
+    }
+}
+
+/// One served call.
 pub struct Call {
     pub id: u64,
     /// The program's entry point that made it ([`crate::entry`]).
@@ -63,9 +86,16 @@ pub struct Call {
     count: c_int,
     datatype: Datatype,
     op: MpiOp,
+    pub kind: Kind,
+    root: c_int,
+    /// The message's bytes (all ranks' blocks for a reduce-scatter or all-gather).
     pub bytes: usize,
-    /// The in-place input, kept until the result is agreed on.
+    /// The in-place input, kept until the result is agreed on, and where in the receive
+    /// buffer it goes back for a fallback.
     saved: Option<Vec<u8>>,
+    saved_at: usize,
+    /// Where a reduce's result goes on a rank that is not its root (MPI gives it none).
+    scratch: Option<Vec<u8>>,
     switch: Option<SwitchRequest>,
     /// Why the switch did not serve it on this rank.
     pub error: Option<String>,
@@ -79,7 +109,9 @@ pub struct Call {
 // library's lock while the call is in flight (MPI's own rules on buffers apply).
 unsafe impl Send for Call {}
 
-/// The arguments of an allreduce the switch takes.
+/// The arguments of a call the switch takes: `count` is the elements of one rank's block
+/// for a reduce-scatter (its receive count) and an all-gather (its send count), of the
+/// buffer otherwise; `op` is Open MPI's sum where the call has none.
 pub struct Args {
     pub send: *const c_void,
     pub recv: *mut c_void,
@@ -88,12 +120,21 @@ pub struct Args {
     pub op: MpiOp,
     pub dtype: DType,
     pub wire_op: Op,
+    pub kind: Kind,
+    pub root: c_int,
+    /// This rank and the communicator's size.
+    pub rank: c_int,
+    pub size: c_int,
 }
 
 impl Call {
     /// Starts a call on `job`: submitted to the switch unless the job failed before.
     pub fn start(job: &mut Job, id: u64, request: Request, entry: &'static str, a: &Args) -> Self {
-        let bytes = a.count as usize * a.dtype.size();
+        let block = a.count as usize * a.dtype.size();
+        let bytes = match a.kind {
+            Kind::ReduceScatter | Kind::Allgather => block * a.size as usize,
+            _ => block,
+        };
         let mut call = Self {
             id,
             entry,
@@ -103,8 +144,12 @@ impl Call {
             count: a.count,
             datatype: a.datatype,
             op: a.op,
+            kind: a.kind,
+            root: a.root,
             bytes,
             saved: None,
+            saved_at: 0,
+            scratch: None,
             switch: None,
             error: None,
             pending: Box::new(std::ptr::null_mut()),
@@ -116,6 +161,15 @@ impl Call {
             return call;
         }
         let recv = a.recv.cast::<u8>();
+        if a.kind != Kind::Allreduce {
+            // Safety: MPI's contract, as below, for each collective's buffers.
+            let submitted = unsafe { call.submit_collective(job, a, block) };
+            match submitted {
+                Ok(r) => call.switch = Some(r),
+                Err(e) => call.error = Some(e.to_string()),
+            }
+            return call;
+        }
         // Safety: MPI's contract: the buffers hold `count` elements of the datatype and
         // are not touched by the program until the call completes.
         let submitted = unsafe {
@@ -138,6 +192,74 @@ impl Call {
             Err(e) => call.error = Some(e.to_string()),
         }
         call
+    }
+
+    /// Submits a collective other than allreduce: its input (the send buffer, or a kept
+    /// copy of the in-place part of the receive buffer) and its output (the receive
+    /// buffer, or scratch memory on a reduce's other ranks).
+    ///
+    /// # Safety
+    /// MPI's contract on the call's buffers: each holds what the collective reads or
+    /// writes, untouched by the program until the call completes.
+    unsafe fn submit_collective(
+        &mut self,
+        job: &mut Job,
+        a: &Args,
+        block: usize,
+    ) -> Result<SwitchRequest, AllreduceError> {
+        let recv = a.recv.cast::<u8>();
+        let n = a.size as usize;
+        let mut keep = |from: usize, len: usize| -> *mut u8 {
+            let mut k = job.spares.pop().unwrap_or_default();
+            k.clear();
+            // Safety: the part of the receive buffer the call reads in place.
+            k.extend_from_slice(unsafe { std::slice::from_raw_parts(recv.add(from), len) });
+            self.saved_at = from;
+            self.saved.insert(k).as_mut_ptr()
+        };
+        let in_place = a.send == IN_PLACE;
+        let raw = |p: *mut u8, len: usize| unsafe { Buffer::from_raw(p, len, a.dtype, ()) };
+        let (input, output) = match a.kind {
+            Kind::ReduceScatter => {
+                let input = if in_place {
+                    keep(0, n * block)
+                } else {
+                    a.send as *mut u8
+                };
+                (Some(raw(input, n * block)), raw(recv, block))
+            }
+            Kind::Allgather => {
+                let me = a.rank as usize;
+                let input = if in_place {
+                    keep(me * block, block)
+                } else {
+                    a.send as *mut u8
+                };
+                (Some(raw(input, block)), raw(recv, n * block))
+            }
+            Kind::Bcast => (None, raw(recv, block)),
+            Kind::Reduce => {
+                let input = if in_place {
+                    keep(0, block)
+                } else {
+                    a.send as *mut u8
+                };
+                let output = if a.rank == a.root {
+                    recv
+                } else {
+                    self.scratch.insert(vec![0u8; block]).as_mut_ptr()
+                };
+                (Some(raw(input, block)), raw(output, block))
+            }
+            Kind::Allreduce => unreachable!("submitted by start"),
+        };
+        job.worker.submit_collective(
+            a.kind.collective(),
+            a.wire_op,
+            a.root as usize,
+            input,
+            output,
+        )
     }
 
     /// Takes the call one step further if it can; with `block`, waits for that step.
@@ -224,16 +346,16 @@ impl Call {
         }
     }
 
-    /// Starts Open MPI's allreduce of the kept input, on `private`.
+    /// Starts Open MPI's same call with the kept input, on `private`.
     fn fallback(&mut self, private: Comm) {
         let p = pmpi();
         let send = match &self.saved {
             Some(saved) => {
-                // Safety: the program's buffer of `bytes` bytes, as at the start.
+                // Safety: the part of the program's buffer kept at the start, put back.
                 unsafe {
                     std::ptr::copy_nonoverlapping(
                         saved.as_ptr(),
-                        self.recv.cast::<u8>(),
+                        self.recv.cast::<u8>().add(self.saved_at),
                         saved.len(),
                     )
                 };
@@ -241,23 +363,26 @@ impl Call {
             }
             None => self.send,
         };
+        let req = &mut *self.pending;
+        let (recv, count, dt, op, root) =
+            (self.recv, self.count, self.datatype, self.op, self.root);
         // Safety: the program's arguments, over our communicator, started in the same
         // order on every rank.
         let rc = unsafe {
-            (p.iallreduce)(
-                send,
-                self.recv,
-                self.count,
-                self.datatype,
-                self.op,
-                private,
-                &mut *self.pending,
-            )
+            match self.kind {
+                Kind::Allreduce => (p.iallreduce)(send, recv, count, dt, op, private, req),
+                Kind::ReduceScatter => {
+                    (p.ireduce_scatter_block)(send, recv, count, dt, op, private, req)
+                }
+                Kind::Allgather => (p.iallgather)(send, count, dt, recv, count, dt, private, req),
+                Kind::Bcast => (p.ibcast)(recv, count, dt, root, private, req),
+                Kind::Reduce => (p.ireduce)(send, recv, count, dt, op, root, private, req),
+            }
         };
         if rc != SUCCESS {
             // Open MPI's errors are fatal by default; if the program chose otherwise,
             // there is nothing left to fall back on.
-            say(&format!("the fallback MPI_Iallreduce failed ({rc})"));
+            say(&format!("the fallback of {:?} failed ({rc})", self.kind));
             // Safety: MPI is initialized.
             unsafe { (p.abort)(handles().comm_world, 1) };
         }

@@ -53,6 +53,11 @@ pub struct Job {
     pub route: Route,
     /// Whether float sums take the switch (rank 0's `XAGG_FLOAT` is not `none`).
     pub float_sums: bool,
+    /// Whether the collectives other than allreduce take the switch: every rank is the
+    /// switch's own member (a host level serves allreduce alone). Agreed by every rank.
+    pub collectives: bool,
+    /// The communicator's size.
+    pub size: c_int,
 }
 
 // Safety: `private` is an MPI handle, used only under the library's lock.
@@ -249,6 +254,8 @@ pub fn create(comm: Comm) -> CommState {
         Ok(()) => {
             let (worker, at) = joined.expect("agreed");
             worker.set_peers(rank as usize, responders(private, at, size));
+            let on_switch = worker.params().path == xagg_worker::Path::Switch;
+            let collectives = smallest(private, on_switch as usize) == 1;
             state(Path::Switch(Job {
                 worker,
                 private,
@@ -257,6 +264,8 @@ pub fn create(comm: Comm) -> CommState {
                 spares: Vec::new(),
                 route,
                 float_sums,
+                collectives,
+                size,
             }))
         }
         Err(e) => {

@@ -69,6 +69,111 @@ unsafe fn fortran_allreduce(
     set_ierr(ierr, rc);
 }
 
+/// A Fortran send buffer as C's: `MPI_IN_PLACE` is Fortran's own.
+fn send_of(send: *const c_void) -> *const c_void {
+    if send == handles().fortran_in_place {
+        IN_PLACE
+    } else {
+        send
+    }
+}
+
+unsafe fn fortran_reduce_scatter_block(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    op: *const Fint,
+    c: *const Fint,
+    ierr: *mut Fint,
+) {
+    let _entry = crate::entry::enter("MPI_REDUCE_SCATTER_BLOCK (Fortran)");
+    let p = pmpi();
+    // Safety: the program's Fortran handles and count, converted to C's.
+    let rc = unsafe {
+        crate::MPI_Reduce_scatter_block(
+            send_of(send),
+            recv,
+            *count,
+            (p.type_f2c)(*datatype),
+            (p.op_f2c)(*op),
+            comm(c),
+        )
+    };
+    set_ierr(ierr, rc);
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn fortran_allgather(
+    send: *const c_void,
+    send_count: *const Fint,
+    send_type: *const Fint,
+    recv: *mut c_void,
+    recv_count: *const Fint,
+    recv_type: *const Fint,
+    c: *const Fint,
+    ierr: *mut Fint,
+) {
+    let _entry = crate::entry::enter("MPI_ALLGATHER (Fortran)");
+    let p = pmpi();
+    // Safety: the program's Fortran handles and counts, converted to C's.
+    let rc = unsafe {
+        crate::MPI_Allgather(
+            send_of(send),
+            *send_count,
+            (p.type_f2c)(*send_type),
+            recv,
+            *recv_count,
+            (p.type_f2c)(*recv_type),
+            comm(c),
+        )
+    };
+    set_ierr(ierr, rc);
+}
+
+unsafe fn fortran_bcast(
+    buffer: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    root: *const Fint,
+    c: *const Fint,
+    ierr: *mut Fint,
+) {
+    let _entry = crate::entry::enter("MPI_BCAST (Fortran)");
+    let p = pmpi();
+    // Safety: the program's Fortran handles and count, converted to C's.
+    let rc = unsafe { crate::MPI_Bcast(buffer, *count, (p.type_f2c)(*datatype), *root, comm(c)) };
+    set_ierr(ierr, rc);
+}
+
+#[allow(clippy::too_many_arguments)]
+unsafe fn fortran_reduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: *const Fint,
+    datatype: *const Fint,
+    op: *const Fint,
+    root: *const Fint,
+    c: *const Fint,
+    ierr: *mut Fint,
+) {
+    let _entry = crate::entry::enter("MPI_REDUCE (Fortran)");
+    let p = pmpi();
+    // Safety: the program's Fortran handles and count, converted to C's.
+    let rc = unsafe {
+        crate::MPI_Reduce(
+            send_of(send),
+            recv,
+            *count,
+            (p.type_f2c)(*datatype),
+            (p.op_f2c)(*op),
+            *root,
+            comm(c),
+        )
+    };
+    set_ierr(ierr, rc);
+}
+
 unsafe fn fortran_barrier(c: *const Fint, ierr: *mut Fint) {
     let _entry = crate::entry::enter("MPI_BARRIER (Fortran)");
     // Safety: the C entry point with the converted handle.
@@ -143,7 +248,91 @@ macro_rules! finalize_spellings {
     )*};
 }
 
+macro_rules! reduce_scatter_block_spellings {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            send: *const c_void,
+            recv: *mut c_void,
+            count: *const Fint,
+            datatype: *const Fint,
+            op: *const Fint,
+            c: *const Fint,
+            ierr: *mut Fint,
+        ) {
+            // Safety: the program's arguments.
+            unsafe { fortran_reduce_scatter_block(send, recv, count, datatype, op, c, ierr) }
+        }
+    )*};
+}
+
+macro_rules! allgather_spellings {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            send: *const c_void,
+            send_count: *const Fint,
+            send_type: *const Fint,
+            recv: *mut c_void,
+            recv_count: *const Fint,
+            recv_type: *const Fint,
+            c: *const Fint,
+            ierr: *mut Fint,
+        ) {
+            // Safety: the program's arguments.
+            unsafe {
+                fortran_allgather(send, send_count, send_type, recv, recv_count, recv_type, c, ierr)
+            }
+        }
+    )*};
+}
+
+macro_rules! bcast_spellings {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        pub unsafe extern "C" fn $name(
+            buffer: *mut c_void,
+            count: *const Fint,
+            datatype: *const Fint,
+            root: *const Fint,
+            c: *const Fint,
+            ierr: *mut Fint,
+        ) {
+            // Safety: the program's arguments.
+            unsafe { fortran_bcast(buffer, count, datatype, root, c, ierr) }
+        }
+    )*};
+}
+
+macro_rules! reduce_spellings {
+    ($($name:ident)*) => {$(
+        #[no_mangle]
+        #[allow(clippy::too_many_arguments)]
+        pub unsafe extern "C" fn $name(
+            send: *const c_void,
+            recv: *mut c_void,
+            count: *const Fint,
+            datatype: *const Fint,
+            op: *const Fint,
+            root: *const Fint,
+            c: *const Fint,
+            ierr: *mut Fint,
+        ) {
+            // Safety: the program's arguments.
+            unsafe { fortran_reduce(send, recv, count, datatype, op, root, c, ierr) }
+        }
+    )*};
+}
+
 allreduce_spellings!(mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE);
+reduce_scatter_block_spellings!(
+    mpi_reduce_scatter_block_ mpi_reduce_scatter_block__ mpi_reduce_scatter_block
+    MPI_REDUCE_SCATTER_BLOCK
+);
+allgather_spellings!(mpi_allgather_ mpi_allgather__ mpi_allgather MPI_ALLGATHER);
+bcast_spellings!(mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST);
+reduce_spellings!(mpi_reduce_ mpi_reduce__ mpi_reduce MPI_REDUCE);
 barrier_spellings!(mpi_barrier_ mpi_barrier__ mpi_barrier MPI_BARRIER);
 comm_free_spellings!(mpi_comm_free_ mpi_comm_free__ mpi_comm_free MPI_COMM_FREE);
 finalize_spellings!(mpi_finalize_ mpi_finalize__ mpi_finalize MPI_FINALIZE);

@@ -43,7 +43,7 @@ use std::{
 };
 
 use abi::{handles, pmpi, Comm, Datatype, MpiOp, Request, Status, IN_PLACE, SUCCESS, UNDEFINED};
-use call::{Args, Call, Phase, Taken};
+use call::{Args, Call, Kind, Phase, Taken};
 use comm::{key, CommState, Path};
 use entry::{enter, Way};
 use xagg_common::wire::{self, DType, Op};
@@ -226,6 +226,10 @@ fn progress(c: &mut CommState, until: Option<u64>) {
                     st.finished.insert(key(done.request), way);
                     st.requests.remove(&key(done.request));
                 }
+                // The summary's headline counts allreduces; every call is in the table.
+                if done.kind != Kind::Allreduce {
+                    return;
+                }
                 match done.taken {
                     Some(t @ (Taken::Switch | Taken::Recovered)) => {
                         st.stats.switch_calls += 1;
@@ -306,6 +310,7 @@ fn allreduce(
     let slot = slot(key(comm));
     let mut guard = lock(&slot);
     let c = comm_state(&mut guard, comm);
+    let rank = c.rank;
     let Path::Switch(job) = &mut c.path else {
         with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
         return None;
@@ -342,6 +347,10 @@ fn allreduce(
         op,
         dtype,
         wire_op,
+        kind: Kind::Allreduce,
+        root: 0,
+        rank,
+        size: job.size,
     };
     let call = Call::start(job, id, greq, entry, &args);
     job.calls.push_back(call);
@@ -354,6 +363,96 @@ fn allreduce(
             unsafe { *out = greq };
         }
     }
+    Some(SUCCESS)
+}
+
+/// A collective other than allreduce (blocking): served, or `None` for Open MPI. `count`
+/// as [`Args`] says; `op` is ignored by an all-gather and a broadcast, which move bytes
+/// (their type must still be one the switch takes).
+#[allow(clippy::too_many_arguments)]
+fn collective(
+    kind: Kind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    root: c_int,
+    comm: Comm,
+) -> Option<c_int> {
+    let entry = entry::current();
+    let moves = matches!(kind, Kind::Allgather | Kind::Bcast);
+    let op = if moves { handles().op_sum } else { op };
+    let (dtype, wire_op) = match served(count, datatype, op) {
+        Ok(x) => x,
+        Err(why) => {
+            with_state(|st| pass(st, entry, why));
+            return None;
+        }
+    };
+    let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+    let slot = slot(key(comm));
+    let mut guard = lock(&slot);
+    let c = comm_state(&mut guard, comm);
+    let rank = c.rank;
+    let Path::Switch(job) = &mut c.path else {
+        with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
+        return None;
+    };
+    if !job.collectives {
+        with_state(|st| {
+            pass(
+                st,
+                entry,
+                "ranks reach the switch through their hosts, which serve allreduce alone",
+            )
+        });
+        return None;
+    }
+    if matches!(kind, Kind::Bcast | Kind::Reduce) && !(0..job.size).contains(&root) {
+        // Open MPI says what is wrong with it.
+        with_state(|st| pass(st, entry, "a root that is not a rank"));
+        return None;
+    }
+    if !moves && !job.float_sums && matches!(dtype, DType::F32 | DType::F64) && wire_op == Op::Sum {
+        with_state(|st| {
+            pass(
+                st,
+                entry,
+                "float sums go to Open MPI (rank 0's XAGG_FLOAT=none)",
+            )
+        });
+        return None;
+    }
+    let block = count as u64 * dtype.size() as u64;
+    let bytes = match kind {
+        Kind::ReduceScatter | Kind::Allgather => block * job.size as u64,
+        _ => block,
+    };
+    // Decided from the type signature, alike on every rank (the allreduce's route).
+    if !job.route.takes(bytes) {
+        with_state(|st| {
+            st.stats.routed += 1;
+            st.stats.table.count(entry, Way::Routed);
+        });
+        return None;
+    }
+    let args = Args {
+        send,
+        recv,
+        count,
+        datatype,
+        op,
+        dtype,
+        wire_op,
+        kind,
+        root,
+        rank,
+        size: job.size,
+    };
+    let call = Call::start(job, id, std::ptr::null_mut(), entry, &args);
+    job.calls.push_back(call);
+    progress(c, Some(id));
     Some(SUCCESS)
 }
 
@@ -587,6 +686,168 @@ pub unsafe extern "C" fn MPI_Iallreduce(
         allreduce(send, recv, count, datatype, op, comm, Some(request)).unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().iallreduce)(send, recv, count, datatype, op, comm, request) }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Reduce_scatter_block(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    comm: Comm,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Reduce_scatter_block");
+        collective(
+            Kind::ReduceScatter,
+            send,
+            recv,
+            count,
+            datatype,
+            op,
+            0,
+            comm,
+        )
+        .unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().reduce_scatter_block)(send, recv, count, datatype, op, comm) }
+        })
+    })
+}
+
+/// Served when every rank's count is the same (a reduce-scatter of equal blocks); other
+/// counts go to Open MPI.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Reduce_scatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    counts: *const c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    comm: Comm,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Reduce_scatter");
+        let mut size: c_int = 0;
+        // Safety: the program's communicator; its counts, one per rank.
+        let counts_of = unsafe {
+            (pmpi().comm_size)(comm, &mut size);
+            std::slice::from_raw_parts(counts, size.max(0) as usize)
+        };
+        let equal = counts_of.windows(2).all(|w| w[0] == w[1]);
+        let served = match counts_of.first() {
+            Some(&count) if equal => collective(
+                Kind::ReduceScatter,
+                send,
+                recv,
+                count,
+                datatype,
+                op,
+                0,
+                comm,
+            ),
+            _ => {
+                with_state(|st| pass(st, "MPI_Reduce_scatter", "unequal counts"));
+                None
+            }
+        };
+        served.unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().reduce_scatter)(send, recv, counts, datatype, op, comm) }
+        })
+    })
+}
+
+/// Served when each rank sends what it receives from each (the same count and type).
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Allgather(
+    send: *const c_void,
+    send_count: c_int,
+    send_type: Datatype,
+    recv: *mut c_void,
+    recv_count: c_int,
+    recv_type: Datatype,
+    comm: Comm,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Allgather");
+        let served = if send == IN_PLACE || (send_count == recv_count && send_type == recv_type) {
+            collective(
+                Kind::Allgather,
+                send,
+                recv,
+                recv_count,
+                recv_type,
+                handles().op_sum,
+                0,
+                comm,
+            )
+        } else {
+            with_state(|st| {
+                pass(
+                    st,
+                    "MPI_Allgather",
+                    "a send count or type other than the receive's",
+                )
+            });
+            None
+        };
+        served.unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe {
+                (pmpi().allgather)(
+                    send, send_count, send_type, recv, recv_count, recv_type, comm,
+                )
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Bcast(
+    buffer: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    root: c_int,
+    comm: Comm,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Bcast");
+        collective(
+            Kind::Bcast,
+            buffer,
+            buffer,
+            count,
+            datatype,
+            handles().op_sum,
+            root,
+            comm,
+        )
+        .unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().bcast)(buffer, count, datatype, root, comm) }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Reduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    root: c_int,
+    comm: Comm,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Reduce");
+        collective(Kind::Reduce, send, recv, count, datatype, op, root, comm).unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().reduce)(send, recv, count, datatype, op, root, comm) }
         })
     })
 }

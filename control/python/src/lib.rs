@@ -535,6 +535,40 @@ impl Job {
         })
     }
 
+    /// Starts `collective` ("reduce_scatter", "all_gather", "broadcast", "reduce" or
+    /// "allreduce") with its result in `output` and returns its `Request`; `input` is what
+    /// the rank sends where it differs from the output (a reduce-scatter's n blocks, an
+    /// all-gather's own block, a reduce's buffer when not in place), `op` the reduction
+    /// (reduce-scatter, reduce, allreduce), `root` the root rank (broadcast, reduce).
+    /// Every rank submits the job's calls in the same order; the arrays must stay
+    /// untouched until the request ends. `dtype` as for `submit`.
+    #[pyo3(signature = (collective, output, input = None, op = "sum", root = 0, dtype = None))]
+    fn submit_collective(
+        &self,
+        collective: &str,
+        output: &Bound<'_, PyUntypedArray>,
+        input: Option<&Bound<'_, PyUntypedArray>>,
+        op: &str,
+        root: usize,
+        dtype: Option<&str>,
+    ) -> PyResult<Request> {
+        let c: xagg_worker::Collective = collective
+            .parse()
+            .map_err(|e: xagg_common::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
+        let input = input.map(|i| buffer(i, dtype)).transpose()?;
+        let r = self
+            .worker
+            .submit_collective(c, op_of(op)?, root, input, buffer(output, dtype)?)
+            .map_err(error)?;
+        Ok(Request {
+            inner: Some(r),
+            worker: self.worker.clone(),
+            recovered: 0,
+            outcome: None,
+            kind: None,
+        })
+    }
+
     /// Starts answering the other ranks for results this rank holds; returns the address
     /// ("IP:PORT") to hand them. Every rank then calls `set_peers` with everyone's.
     fn serve_peers(&self) -> PyResult<String> {

@@ -158,6 +158,9 @@ pub struct RunReport {
     pub cpu_windows: Vec<CpuWindow>,
     /// Bytes the member's interface sent over the run.
     pub tx_bytes: u64,
+    /// Bytes the member's interface received over the run.
+    #[serde(default)]
+    pub rx_bytes: u64,
 }
 
 /// The machine's CPU time counters (`/proc/stat`, all CPUs, in seconds) and the wall clock

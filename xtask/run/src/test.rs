@@ -60,7 +60,7 @@ pub fn run_suite(a: &TestArgs) -> Result<()> {
         demos()?;
         bundle()?;
     }
-    quick_bench()
+    quick_bench(a.long)
 }
 
 /// `cargo fmt --check` over both workspaces (the project's and the fuzz targets'), and
@@ -131,8 +131,8 @@ fn demos() -> Result<()> {
 
 /// The benchmark, quick (for breakage, not figures): every path of it runs, both systems
 /// verified; then the send path, quick: both ways of sending reach the switch; then the
-/// switch object against itself, interleaved.
-fn quick_bench() -> Result<()> {
+/// switch object against itself, interleaved; with `long`, the collectives' bench too.
+fn quick_bench(long: bool) -> Result<()> {
     // The switch's runs placed as on a switch host (its ports' NAPI on CPU 1, the workers
     // on CPU 0), so that the placement is exercised too, where there are two CPUs.
     let two = std::thread::available_parallelism().is_ok_and(|n| n.get() >= 2);
@@ -159,6 +159,7 @@ fn quick_bench() -> Result<()> {
         worker_cpus: cpu(0),
         steer: true,
         levers: false,
+        collectives: false,
         send_path,
         bundle: None,
     };
@@ -174,7 +175,17 @@ fn quick_bench() -> Result<()> {
     crate::bench::run(crate::bench::BenchArgs {
         against: Some(object),
         ..quick(false, "bench/compare_quick.json")
-    })
+    })?;
+    if long {
+        // The collectives' bench at 2 workers, 64 KiB: that it runs and verifies.
+        eprintln!("cargo xtask bench --quick --collectives --workers 2 --sizes 64KiB");
+        crate::bench::run(crate::bench::BenchArgs {
+            collectives: true,
+            sizes: vec![64 << 10],
+            ..quick(false, "bench/collectives_quick.json")
+        })?;
+    }
+    Ok(())
 }
 
 /// The bench's bundle, made and run quick from a copy, with this machine's Open MPI and

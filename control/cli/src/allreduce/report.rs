@@ -89,6 +89,7 @@ pub(super) fn print(a: &AllreduceArgs, me: &Member, runs: Runs, check: &Check) -
             float_error_of_bound: check.worst_float_error,
             cpu_windows: runs.windows,
             tx_bytes: runs.tx_bytes,
+            rx_bytes: runs.rx_bytes,
         };
         println!("{}", serde_json::to_string(&out)?);
     } else {

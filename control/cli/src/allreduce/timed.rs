@@ -18,6 +18,7 @@ pub(super) struct Runs {
     pub(super) windows: Vec<CpuWindow>,
     pub(super) first: Vec<u8>,
     pub(super) tx_bytes: u64,
+    pub(super) rx_bytes: u64,
 }
 
 /// The `--repeat` allreduces of `n` elements each, timed.
@@ -34,7 +35,7 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
     let mut first = Vec::new();
     let mut reports = Vec::new();
     let iface = xagg_linux::iface::holding(*me.bind.ip()).ok().flatten();
-    let mut tx0 = 0;
+    let (mut tx0, mut rx0) = (0, 0);
     let bar = progress_bar(a);
     let mut windows = Vec::new();
     for r in 0..a.repeat {
@@ -46,7 +47,8 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
         let window_start = a.cpu_windows.then(cpu_sample);
         let started = common.unwrap_or_else(Instant::now);
         if r == 0 {
-            tx0 = tx_bytes(iface.as_deref());
+            tx0 = link_bytes(iface.as_deref(), "tx");
+            rx0 = link_bytes(iface.as_deref(), "rx");
         }
         let mut rep = match a.collective {
             Collective::Allreduce => w.allreduce_bytes_into(op, dtype, &data, &mut buf)?,
@@ -82,7 +84,8 @@ pub(super) fn run(w: &Worker, a: &AllreduceArgs, me: &Member, n: usize) -> Resul
         reports,
         windows,
         first,
-        tx_bytes: tx_bytes(iface.as_deref()) - tx0,
+        tx_bytes: link_bytes(iface.as_deref(), "tx") - tx0,
+        rx_bytes: link_bytes(iface.as_deref(), "rx") - rx0,
     })
 }
 
@@ -131,11 +134,11 @@ fn progress_bar(a: &AllreduceArgs) -> Option<indicatif::ProgressBar> {
     })
 }
 
-/// The bytes the interface has sent, 0 when unknown.
-fn tx_bytes(iface: Option<&str>) -> u64 {
+/// The bytes the interface has sent (`way` tx) or received (rx), 0 when unknown.
+fn link_bytes(iface: Option<&str>, way: &str) -> u64 {
     iface
         .and_then(|i| {
-            std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/tx_bytes")).ok()
+            std::fs::read_to_string(format!("/sys/class/net/{i}/statistics/{way}_bytes")).ok()
         })
         .and_then(|s| s.trim().parse().ok())
         .unwrap_or(0)

@@ -40,7 +40,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllreduceOptions, ReduceOp, _create_work_from_future
+from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp, _create_work_from_future
 
 from . import Job, Route, XaggError, new_key, segment_bytes
 
@@ -160,6 +160,8 @@ class _Engine:
         self.job = None
         self.route = None
         self.floats_to_gloo = False
+        # Why the collectives other than allreduce go to Gloo (None: through the switch).
+        self.collectives_why = None
         try:
             if rank == 0:
                 key, secret = new_key()
@@ -232,6 +234,12 @@ class _Engine:
                 _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
         else:
             self.job.set_peers([store.get(f"xagg/peer/{r}").decode() for r in range(size)])
+            # The collectives other than allreduce need every rank on the switch itself
+            # (a host level serves allreduce alone): the same answer on every rank.
+            store.set(f"xagg/path/{rank}", self.job.path)
+            paths = {store.get(f"xagg/path/{r}").decode() for r in range(size)}
+            if paths != {"switch"}:
+                self.collectives_why = f"ranks reach the switch through their hosts ({', '.join(sorted(paths))}): host levels serve allreduce alone"
             if _verbose():
                 _say(f"rank {rank}: joined the switch")
         self.queue = queue.Queue()
@@ -305,11 +313,77 @@ class _Engine:
         self.queue.put((req, tensor, saved, op, fut, work, target, entry))
         return fut, work
 
+    def collective(self, kind, output, input, op, root, fallback, finish, entry):
+        """Starts `kind` (a collective other than allreduce) through the switch, its result
+        in the contiguous CPU tensor `output` (from `input`, where it differs); once done,
+        `finish()` hands the result to the caller's tensors. Made by Gloo instead
+        (`fallback()`, on every rank, in the calls' order) when the switch failed at this
+        call or an earlier one, or flagged its result. Returns (future, work)."""
+        self.check()
+        fut = torch.futures.Future()
+        req = None
+        if self.failed is None:
+            try:
+                view = lambda t: t.detach().view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.detach().numpy()
+                dtype = "bf16" if output.dtype == torch.bfloat16 else None
+                req = self.job.submit_collective(
+                    kind,
+                    view(output),
+                    input=None if input is None else view(input),
+                    op=_op_name(op, output.dtype) or "sum",
+                    root=root,
+                    dtype=dtype,
+                )
+            except (XaggError, ValueError, TypeError) as e:
+                if self.failed is None:
+                    self.failed = str(e)
+                    self.job.leave_soon()
+        work = _Work(fut, self)
+        self.pending.add(work)
+        self.queue.put((_COLLECTIVE, req, fallback, finish, fut, work, entry))
+        return fut, work
+
+    def _run_collective(self, item):
+        _, req, fallback, finish, fut, work, entry = item
+        failure = None
+        try:
+            kind, why = None, None
+            if req is not None:
+                if self.failed is not None:
+                    req.cancel()
+                try:
+                    req.wait()
+                except XaggError:
+                    kind, why = req.status()
+            if kind in ("timeout", "failed") and self.failed is None:
+                raise XaggError(why)
+            if kind == "abandoned" and self.failed is None:
+                self.failed = why
+                self.job.leave_soon()
+                if self.rank == 0 or _verbose():
+                    _say(f"rank {self.rank}: the switch failed, collectives go to Gloo from now on: {why}")
+            # Counted in the table, by entry; the summary's headline counts allreduces.
+            if self.failed is None and kind is None:
+                self.count(entry, SWITCH)
+            else:
+                fallback()
+                self.count(entry, FLAGGED if self.failed is None else FALLBACK)
+            result = finish()
+        except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
+            self.error = f"{type(e).__name__}: {e}"
+            failure, result = e, None
+        finally:
+            self.deliver.submit(_complete, fut, failure, result)
+            self.pending.discard(work)
+
     def _run(self):
         while True:
             item = self.queue.get()
             if item is None:
                 return
+            if item[0] is _COLLECTIVE:
+                self._run_collective(item)
+                continue
             req, tensor, saved, op, fut, work, target, entry = item
             failure = None
             try:
@@ -404,12 +478,17 @@ class _Engine:
         return unraised
 
 
+# Marks a queued collective other than allreduce.
+_COLLECTIVE = object()
+
+
 def _complete(fut, failure, tensor):
-    """Completes an allreduce's future, running its callbacks (on a delivery thread)."""
+    """Completes a call's future, running its callbacks (on a delivery thread): with
+    [tensor], or the list of tensors a collective returns."""
     if failure is not None:
         fut.set_exception(failure)
     else:
-        fut.set_result([tensor])
+        fut.set_result(tensor if isinstance(tensor, list) else [tensor])
 
 
 def _for_caller(work, entry):
@@ -498,6 +577,120 @@ class ProcessGroupXagg(dist.ProcessGroup):
         _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry)
         return _for_caller(work, entry)
 
+    def _served(self, tensors):
+        """Why the switch does not make a collective over `tensors` (None: it does)."""
+        if self._engine.failed is not None:
+            return None
+        if self._engine.collectives_why is not None:
+            return self._engine.collectives_why
+        for t in tensors:
+            if t.dtype not in _DTYPES:
+                return f"{t.dtype} is not a type the switch moves"
+            if t.device.type != "cpu":
+                return "a tensor not in host memory"
+        return None
+
+    def reduce_scatter(self, output_tensors, input_tensors, opts=None):
+        """Reduce-scatter through the switch: each rank sends its n blocks and gets its own
+        block reduced (Gloo 1.13 has none: a fallback is an allreduce, then the block)."""
+        self._engine.check()
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        out, ins = output_tensors[0], input_tensors[0]
+        n = self.size()
+        entry = "reduce_scatter"
+        why = None
+        if len(output_tensors) != 1 or len(input_tensors) != 1 or len(ins) != n:
+            why = "several tensors in one call"
+        elif any(t.shape != out.shape or t.dtype != out.dtype for t in ins):
+            why = "blocks of different shapes or types"
+        elif _op_name(op, out.dtype) is None:
+            why = f"{op} over {out.dtype} is not an op the switch makes"
+        else:
+            why = self._served([out, *ins])
+        whole = torch.cat([t.reshape(-1) for t in ins])
+        block = torch.empty(out.numel(), dtype=out.dtype)
+
+        def fallback(group=None):
+            # Gloo 1.13 has no reduce-scatter: the whole buffer reduced, this rank's block kept.
+            _gloo_allreduce(group or self._engine.private, whole, op, n)
+            block.copy_(whole[self.rank() * out.numel() : (self.rank() + 1) * out.numel()])
+
+        def finish():
+            out.copy_(block.view(out.shape))
+            return out
+
+        if why is not None:
+            self._engine.pass_on(entry, why)
+            # On the caller's thread, like every call passed to Gloo: its inner group.
+            fallback(self._gloo)
+            fut = torch.futures.Future()
+            fut.set_result([finish()])
+            return _for_caller(_Work(fut, self._engine), entry)
+        _, work = self._engine.collective("reduce_scatter", block, whole, op, 0, fallback, finish, entry)
+        return _for_caller(work, entry)
+
+    def allgather(self, output_tensors, input_tensors, opts=None):
+        """All-gather through the switch: each rank sends its tensor once and gets every
+        rank's."""
+        self._engine.check()
+        entry = "all_gather"
+        n = self.size()
+        why = None
+        if len(output_tensors) != 1 or len(input_tensors) != 1 or len(output_tensors[0]) != n:
+            why = "several tensors in one call"
+        else:
+            mine, outs = input_tensors[0], output_tensors[0]
+            if any(t.numel() != mine.numel() or t.dtype != mine.dtype for t in outs):
+                why = "outputs of another size or type than the input"
+            else:
+                why = self._served([mine, *outs])
+        if why is not None:
+            self._engine.pass_on(entry, why)
+            return self._gloo.allgather(output_tensors, input_tensors, opts) if opts is not None else self._gloo.allgather(output_tensors, input_tensors)
+        own = mine.contiguous().reshape(-1)
+        whole = torch.empty(n * own.numel(), dtype=own.dtype)
+
+        def fallback():
+            parts = list(whole.chunk(n))
+            self._engine.private.allgather([parts], [own]).wait()
+
+        def finish():
+            for t, part in zip(outs, whole.chunk(n)):
+                t.copy_(part.view(t.shape))
+            return outs
+
+        _, work = self._engine.collective("all_gather", whole, own, ReduceOp.SUM, 0, fallback, finish, entry)
+        return _for_caller(work, entry)
+
+    def broadcast(self, tensors, opts=None):
+        """Broadcast through the switch: the root sends its tensor once, the others get it."""
+        self._engine.check()
+        entry = "broadcast"
+        root = opts.rootRank if opts is not None else 0
+        why = None
+        if len(tensors) != 1:
+            why = "several tensors in one call"
+        else:
+            why = self._served(tensors)
+        if why is not None:
+            self._engine.pass_on(entry, why)
+            return self._gloo.broadcast(tensors, opts) if opts is not None else self._gloo.broadcast(tensors)
+        t = tensors[0]
+        buf = t if t.is_contiguous() else t.contiguous()
+
+        def fallback():
+            o = BroadcastOptions()
+            o.rootRank = root
+            self._engine.private.broadcast([buf], o).wait()
+
+        def finish():
+            if buf is not t:
+                t.copy_(buf)
+            return t
+
+        _, work = self._engine.collective("broadcast", buf, None, ReduceOp.SUM, root, fallback, finish, entry)
+        return _for_caller(work, entry)
+
     def _by_gloo(self, tensors, opts, entry):
         """The allreduce by the inner Gloo group; bf16 and AVG, which Gloo 1.13 refuses,
         made as the switch makes them (`_gloo_allreduce`), at once."""
@@ -520,19 +713,16 @@ def _delegate(name):
 
 
 for _name in [
-    "allgather",
     "_allgather_base",
     "allgather_coalesced",
     "allreduce_coalesced",
     "alltoall",
     "alltoall_base",
     "barrier",
-    "broadcast",
     "gather",
     "recv",
     "recv_anysource",
     "reduce",
-    "reduce_scatter",
     "_reduce_scatter_base",
     "scatter",
     "send",

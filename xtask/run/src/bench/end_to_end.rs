@@ -222,12 +222,14 @@ pub(super) fn switch_point(lab: &Lab, run: &AllreduceRun) -> Result<RunPoint> {
         })
         .collect();
     let tx = outs.iter().map(|w| w.tx_bytes as f64).sum::<f64>() / n as f64;
+    let rx = outs.iter().map(|w| w.rx_bytes as f64).sum::<f64>() / n as f64;
     let windows: Vec<&[CpuWindow]> = outs.iter().map(|w| &w.cpu_windows[..]).collect();
     let verified = outs.iter().all(|w| w.verified);
     let retransmissions = outs.iter().map(|w| w.retransmissions).sum::<u64>();
     let mut round_trips = RoundTrips::default();
     outs.iter().for_each(|w| round_trips.merge(&w.round_trips));
     Ok(RunPoint {
+        rx_ratio: Some(rx / (run.bytes as f64 * run.repeat.max(1) as f64)),
         round_trip_us: RoundTripFigures::new(&round_trips),
         retransmissions: Some(retransmissions as f64 / run.repeat.max(1) as f64),
         interface_drops: Some(drops as f64 / run.repeat.max(1) as f64),

@@ -21,9 +21,22 @@ pub(super) fn mpi_run(
     iterations: usize,
     system: &'static str,
 ) -> Result<RunPoint> {
+    mpi_collective(lab, mpi_bin, bytes, iterations, system, None)
+}
+
+/// [`mpi_run`] of `collective` instead of allreduce, where given (the program's
+/// `BENCH_COLLECTIVE`): the point carries it and the bytes each rank received.
+pub(super) fn mpi_collective(
+    lab: &Lab,
+    mpi_bin: &std::path::Path,
+    bytes: usize,
+    iterations: usize,
+    system: &'static str,
+    collective: Option<&'static str>,
+) -> Result<RunPoint> {
     let preload = system == "mpi+xagg";
     let n = lab.workers;
-    let env = if preload {
+    let mut env: Vec<(&str, String)> = if preload {
         vec![
             (
                 "LD_PRELOAD",
@@ -40,6 +53,9 @@ pub(super) fn mpi_run(
     } else {
         Vec::new()
     };
+    if let Some(c) = collective {
+        env.push(("BENCH_COLLECTIVE", c.to_string()));
+    }
     let agent = xagg_lab::mpi::agent(lab, &target_dir().join("bench"))?;
     let program = format!(
         "{bin} {bytes} {iterations} 7{cpu}",
@@ -86,7 +102,12 @@ pub(super) fn mpi_run(
     })?;
     let mut p = json_point(system, n, line)?;
     p.path = path;
-    p.osu_us = serde_json::from_str::<serde_json::Value>(line)?["osu_us"].as_f64();
+    let v = serde_json::from_str::<serde_json::Value>(line)?;
+    p.osu_us = v["osu_us"].as_f64();
+    p.collective = collective;
+    p.rx_ratio = v["rx_bytes_per_rank"]
+        .as_f64()
+        .map(|rx| rx / (p.bytes as f64 * p.iterations as f64));
     Ok(p)
 }
 

@@ -9,6 +9,7 @@
 //! - `capacity`: what one switch CPU takes, from one `generator`'s traffic; `send_path`: what
 //!   that traffic costs the sending side;
 //! - `levers`: each lever of the end-to-end speed off and on;
+//! - `collectives`: reduce-scatter, all-gather, broadcast and reduce end to end;
 //! - `report`: the tables, the plot, the JSON and the medians;
 //! - `bundle`: the bench (all but PyTorch's runs) in a directory that runs on another
 //!   machine.
@@ -16,6 +17,7 @@
 pub mod bundle;
 mod capacity;
 mod codecs;
+mod collectives;
 mod cpu;
 mod dataplane;
 mod end_to_end;
@@ -121,6 +123,12 @@ pub struct BenchArgs {
     /// 64 MiB): segment length, slots in flight, UDP GSO, UDP GRO, AF_XDP receive.
     #[arg(long)]
     pub levers: bool,
+    /// Measure the collectives besides allreduce instead: reduce-scatter, all-gather,
+    /// broadcast and reduce through the switch, against the switch's allreduce of the same
+    /// S and Open MPI's same call, at each of `--workers` and `--sizes`, `--rounds` rounds;
+    /// with the bytes each rank sent and received over S.
+    #[arg(long)]
+    pub collectives: bool,
     /// Measure the send path instead: contributions sent with UDP GSO (as the workers do)
     /// and with AF_XDP, CPU per contribution on each side (4 members, full segments).
     #[arg(long)]
@@ -177,6 +185,35 @@ pub fn run(a: BenchArgs) -> Result<()> {
         .segment
         .unwrap_or(xagg_common::wire::payload_for_mtu(a.mtu) / 4);
     let placement = crate::demo::placement(&a.switch_cpus, &a.worker_cpus)?;
+    if a.collectives {
+        let sizes: Vec<usize> = if a.quick {
+            a.sizes.iter().copied().filter(|&s| s <= 1 << 20).collect()
+        } else {
+            a.sizes.clone()
+        };
+        let r = collectives::collectives(&collectives::Runs {
+            quick: a.quick,
+            workers: &a.workers,
+            sizes: &sizes,
+            rounds: a.rounds,
+            segment,
+            mtu: a.mtu,
+            slots: a.slots,
+            placement: placement.clone(),
+        });
+        crate::demo::clean_up();
+        let points = r?;
+        collectives::tables(&points);
+        anyhow::ensure!(
+            points.iter().all(|r| r.verified),
+            "a run's result was wrong: its figures do not count"
+        );
+        return write_figures(
+            a.json,
+            "collectives",
+            serde_json::json!({ "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "placement": placement }, "collectives": points }),
+        );
+    }
     let capacity = if a.dataplane_only || a.no_capacity {
         Vec::new()
     } else {

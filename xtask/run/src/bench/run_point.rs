@@ -47,6 +47,12 @@ pub struct RunPoint {
     /// by size (`XAGG_ROUTE`, its default here) sent them to Open MPI or Gloo.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub path: Option<&'static str>,
+    /// The collective timed, where not allreduce (`cargo xtask bench --collectives`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub collective: Option<&'static str>,
+    /// Bytes each worker received (interface rx counters) / S, where measured.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rx_ratio: Option<f64>,
 }
 
 /// Quantiles of the segments' round trips, µs.
@@ -158,6 +164,8 @@ impl RunPoint {
             osu_us: None,
             back_to_back_us: None,
             path: None,
+            collective: None,
+            rx_ratio: None,
         }
     }
 
@@ -223,6 +231,10 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
             .iter()
             .all(|p| p.back_to_back_us.is_some())
             .then(|| m(|p| p.back_to_back_us.unwrap_or(0.0))),
+        rx_ratio: points
+            .iter()
+            .all(|p| p.rx_ratio.is_some())
+            .then(|| m(|p| p.rx_ratio.unwrap_or(0.0))),
         ..points[0].clone()
     }
 }

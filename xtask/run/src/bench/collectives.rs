@@ -1,0 +1,154 @@
+//! The collectives besides allreduce, end to end (`cargo xtask bench --collectives`):
+//! reduce-scatter, all-gather, broadcast and reduce through the switch (`xagg allreduce
+//! --collective`, its workers on AF_XDP as the allreduce runs'), the switch's allreduce of
+//! the same S beside them, and Open MPI's same call (`xtask/mpi/allreduce.c` with
+//! `BENCH_COLLECTIVE`) on the same lab; the bytes each rank sent and received over S.
+
+use anyhow::Result;
+use xagg_common::wire::Collective;
+use xagg_lab::lab::Lab;
+
+use super::{
+    end_to_end::{add_job, iterations, switch_point, switch_run},
+    frameworks::{mpi_collective, mpi_setup},
+    report::round_line,
+    run_point::{median_point, RunPoint},
+};
+
+/// The collectives timed, allreduce first (the reference).
+pub const ALL: [Collective; 5] = [
+    Collective::Allreduce,
+    Collective::ReduceScatter,
+    Collective::AllGather,
+    Collective::Broadcast,
+    Collective::Reduce,
+];
+
+/// What [`collectives`] runs.
+pub struct Runs<'a> {
+    pub quick: bool,
+    pub workers: &'a [usize],
+    pub sizes: &'a [usize],
+    pub rounds: usize,
+    pub segment: usize,
+    pub mtu: usize,
+    pub slots: u32,
+    pub placement: xagg_lab::placement::Placement,
+}
+
+/// Every collective at every worker count and size, through the switch then Open MPI, in
+/// rounds (each figure the median over them).
+pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
+    let mpi_bin = mpi_setup()?;
+    let mut all: Vec<RunPoint> = Vec::new();
+    for round in 0..r.rounds.max(1) {
+        for &n in r.workers {
+            let lab = Lab::with_mtu(crate::demo::PREFIX, n, r.mtu)?;
+            let mut sw = crate::demo::start_switch(lab, &[])?;
+            r.placement.pin_switch(&sw.lab)?;
+            add_job(&sw, crate::demo::JOB_ID, r.segment, r.slots)?;
+            let mut mid = 0u32;
+            for c in ALL {
+                for &size in r.sizes {
+                    // Whole blocks of i32 for every member.
+                    let bytes = size / (4 * n) * 4 * n;
+                    let it = iterations(bytes, r.quick);
+                    let mut run = switch_run(n, crate::demo::JOB_ID, bytes, r.segment, r.slots)?;
+                    run.repeat = it as u32;
+                    run.first_message = mid;
+                    run.placement = r.placement.clone();
+                    run.afxdp = true;
+                    run.flags.extend(["--collective".into(), c.name().into()]);
+                    let mut p = switch_point(&sw.lab, &run)?;
+                    p.collective = Some(c.name());
+                    mid += it as u32;
+                    round_line(round, &p);
+                    all.push(p);
+                }
+            }
+            // Open MPI's ranks receive on sockets: on veth that needs the host program.
+            sw.lab.attach_hosts()?;
+            for c in ALL {
+                for &size in r.sizes {
+                    let bytes = size / (4 * n) * 4 * n;
+                    let it = iterations(bytes, r.quick);
+                    let p =
+                        mpi_collective(&sw.lab, &mpi_bin, bytes, it, "openmpi", Some(c.name()))?;
+                    round_line(round, &p);
+                    all.push(p);
+                }
+            }
+            sw.lab.detach_hosts();
+        }
+    }
+    // The rounds' medians, point by point.
+    let mut merged: Vec<RunPoint> = Vec::new();
+    for p in &all {
+        if merged.iter().any(|m| same(m, p)) {
+            continue;
+        }
+        merged.push(median_point(all.iter().filter(|q| same(q, p)).collect()));
+    }
+    Ok(merged)
+}
+
+fn same(a: &RunPoint, b: &RunPoint) -> bool {
+    a.system == b.system
+        && a.workers == b.workers
+        && a.bytes == b.bytes
+        && a.collective == b.collective
+}
+
+/// A table per collective: its time through the switch against the switch's allreduce of
+/// the same S and against Open MPI's same call, and the bytes each rank sent and received
+/// over S (means over the ranks).
+pub fn tables(points: &[RunPoint]) {
+    let find = |system: &str, c: &str, n: usize, bytes: usize| {
+        points.iter().find(|p| {
+            p.system == system && p.collective == Some(c) && p.workers == n && p.bytes == bytes
+        })
+    };
+    for c in ALL.iter().skip(1) {
+        println!();
+        println!(
+            "{c}, i32 (sum where it reduces): time µs (the slowest rank's, median) | x the switch's allreduce of the same S | x Open MPI's same call | bytes sent and received per rank / S (mean over the ranks):"
+        );
+        println!(
+            "{:>3} {:>9} | {:>10} {:>10} {:>10} | {:>6} {:>6} | {:>5} {:>5} {:>5} {:>5}",
+            "n",
+            "bytes",
+            "switch",
+            "allreduce",
+            "openmpi",
+            "x ar",
+            "x ompi",
+            "tx",
+            "rx",
+            "o tx",
+            "o rx"
+        );
+        for p in points
+            .iter()
+            .filter(|p| p.system == "switch" && p.collective == Some(c.name()))
+        {
+            let ar = find("switch", "allreduce", p.workers, p.bytes);
+            let o = find("openmpi", c.name(), p.workers, p.bytes);
+            let t = |q: Option<&RunPoint>| q.map_or(f64::NAN, |q| q.latency_us);
+            println!(
+                "{:>3} {:>9} | {:>10.1} {:>10.1} {:>10.1} | {:>6.2} {:>6.2} | {:>5.3} {:>5.3} {:>5.3} {:>5.3}{}",
+                p.workers,
+                p.bytes,
+                p.latency_us,
+                t(ar),
+                t(o),
+                p.latency_us / t(ar),
+                p.latency_us / t(o),
+                p.wire_ratio,
+                p.rx_ratio.unwrap_or(f64::NAN),
+                o.map_or(f64::NAN, |o| o.wire_ratio),
+                o.and_then(|o| o.rx_ratio).unwrap_or(f64::NAN),
+                if p.verified && o.is_none_or(|o| o.verified) { "" } else { "  NOT VERIFIED" }
+            );
+        }
+    }
+}
