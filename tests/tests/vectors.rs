@@ -183,3 +183,74 @@ fn f64_matches_its_vector() {
     );
     assert_eq!(back.to_vec(), src);
 }
+
+/// Vector 6: a header-only contribution to an all-gather, against the encoder and the
+/// decoder; through the switch program it joins its round (counted as a contribution,
+/// nothing stored), the root's data then sent pending, and the last member's header-only
+/// contribution completes the round with a header-only result.
+#[test]
+fn gather_matches_its_vector() {
+    use xagg_common::wire::{Collective, FLAG_HEADER_ONLY, FLAG_PENDING};
+    let h = Header::builder(Kind::Contribution)
+        .op(Op::Or)
+        .dtype(DType::U32)
+        .job(7)
+        .message(1)
+        .segment(2)
+        .slot(3)
+        .member(1)
+        .flags(FLAG_SHADOW | FLAG_LAST | FLAG_HEADER_ONLY)
+        .count(3)
+        .collective(Collective::AllGather, 2)
+        .cookie(0x0123_4567_89ab_cdef)
+        .build();
+    assert_eq!(h.to_bytes().to_vec(), vector("gather"));
+    let bytes = vector("gather");
+    let p = xagg_common::wire::decode(&bytes).expect("a header-only contribution decodes");
+    assert_eq!(
+        (p.header.collective(), p.header.root(), p.payload.len()),
+        (2, 2, 0)
+    );
+    if !require_root("gather_matches_its_vector") {
+        return;
+    }
+    let mut sw = load_switch();
+    sw.add_job(7, job(3, Op::Or, DType::U32, 8, 100, 4));
+    let r = sw.run(&frame(&member(1), PORT, &vector("gather")));
+    assert_eq!((r.action, sw.counter(Counter::Contribution)), (XDP_DROP, 1));
+    // The root's data: stored and sent to every member, marked pending.
+    let mut root = h;
+    root.member = 2;
+    root.flags = FLAG_SHADOW | FLAG_LAST;
+    let r = sw.run(&frame(&member(2), PORT, &contribution(root, &[10, 20, 30])));
+    assert_eq!(r.action, XDP_REDIRECT);
+    let out = Header::from_bytes(&r.out[PAYLOAD_OFFSET - HEADER_LEN..]).unwrap();
+    assert_eq!(
+        (out.kind, out.flags & FLAG_PENDING),
+        (Kind::Result as u8, FLAG_PENDING)
+    );
+    assert_eq!(
+        &r.out[PAYLOAD_OFFSET..PAYLOAD_OFFSET + 12],
+        &[10i32, 20, 30].map(i32::to_le_bytes).concat()[..]
+    );
+    // Member 0's header-only contribution completes it: a header-only completion.
+    let mut last = h;
+    last.member = 0;
+    let r = sw.run(&frame(&member(0), PORT, &last.to_bytes()));
+    assert_eq!((r.action, sw.counter(Counter::Complete)), (XDP_REDIRECT, 1));
+    let out = Header::from_bytes(&r.out[PAYLOAD_OFFSET - HEADER_LEN..]).unwrap();
+    assert_eq!(
+        out.flags & (FLAG_PENDING | FLAG_HEADER_ONLY),
+        FLAG_HEADER_ONLY
+    );
+    assert_eq!(r.out.len(), PAYLOAD_OFFSET);
+    // A header-only contribution from the root, or to an allreduce, is refused.
+    let mut bad = h;
+    bad.member = 2;
+    bad.set_segment(9);
+    let r = sw.run(&frame(&member(2), PORT, &bad.to_bytes()));
+    assert_eq!(
+        (r.action, sw.counter(Counter::DropBadLength)),
+        (XDP_DROP, 1)
+    );
+}
