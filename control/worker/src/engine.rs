@@ -53,6 +53,9 @@ struct Active {
     message: Option<u32>,
     /// How its buffers map onto segments, and the number of segments.
     layout: crate::Layout,
+    /// A reduce-scatter made as an allreduce (`output` the whole result): the caller's
+    /// output and where its block is in the result.
+    block_of: Option<(Buffer, std::ops::Range<usize>)>,
     segments: usize,
     /// Segments sent at least once, the highest sent so far, segments answered, and
     /// segments in flight now.
@@ -181,6 +184,7 @@ impl Engine {
                 output: q.output,
                 message: None,
                 layout,
+                block_of: q.block_of,
                 segments: layout.segments(),
                 sent: 0,
                 highest_sent: None,
@@ -559,13 +563,24 @@ fn deliver(
         }
         Ok(std::mem::take(rep))
     });
+    // A reduce-scatter made as an allreduce: its block of the result, into the caller's
+    // output.
+    let buffer = match a.block_of.take() {
+        Some((mut output, range)) => {
+            if status.is_ok() {
+                output.bytes_mut().copy_from_slice(&a.output.bytes()[range]);
+            }
+            output
+        }
+        None => a.output,
+    };
     let shared = a.shared.clone();
     shared.complete(Completion {
         id: shared.id,
         job,
         message,
         status,
-        buffer: a.output,
+        buffer,
         input: a.input,
     });
 }

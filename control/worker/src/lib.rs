@@ -485,6 +485,7 @@ impl Worker {
             root: 0,
             block,
             blocks: 1,
+            block_of: None,
             input,
             output,
             shared,
@@ -611,6 +612,51 @@ impl Worker {
         } else {
             Reduction::new(op, dtype, p.float)?
         };
+        // A message of one segment: a reduce-scatter or all-gather in blocks would take a
+        // segment (a round, a packet each way) per member; made as an allreduce it takes
+        // one — the whole result to every member, at most a segment's bytes more.
+        let one_segment =
+            block * blocks <= p.shape.segment_bytes() / r.lane.size() * r.dtype.size();
+        if one_segment && blocks > 1 && (block * blocks).is_multiple_of(r.dtype.size()) {
+            if collective == Collective::AllGather {
+                // Every member's block at its place, zeros elsewhere, or-ed together.
+                let own = member * block..(member + 1) * block;
+                let bytes = output.bytes_mut();
+                bytes[..own.start].fill(0);
+                bytes[own.end..].fill(0);
+                self.inner.enqueue(Pending {
+                    r,
+                    collective: Collective::Allreduce,
+                    root: 0,
+                    block: block * blocks,
+                    blocks: 1,
+                    block_of: None,
+                    // Sent from the output, which holds this member's block already.
+                    input: None,
+                    output,
+                    shared,
+                });
+                return Ok(());
+            }
+            if collective == Collective::ReduceScatter {
+                let mut whole = vec![0u8; block * blocks];
+                let (ptr, len) = (whole.as_mut_ptr(), whole.len());
+                // Safety: the Vec's heap block, owned by the buffer (it does not move).
+                let result = unsafe { Buffer::from_raw(ptr, len, dtype, whole) };
+                self.inner.enqueue(Pending {
+                    r,
+                    collective: Collective::Allreduce,
+                    root: 0,
+                    block: block * blocks,
+                    blocks: 1,
+                    block_of: Some((output, member * block..(member + 1) * block)),
+                    input,
+                    output: result,
+                    shared,
+                });
+                return Ok(());
+            }
+        }
         if p.shape.segment_bytes() < r.lane.size() {
             return invalid(format!(
                 "the job's segments of {} bytes hold no {}-byte lane",
@@ -624,6 +670,7 @@ impl Worker {
             root: root as u8,
             block,
             blocks,
+            block_of: None,
             input,
             output,
             shared,

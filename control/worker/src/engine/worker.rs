@@ -26,6 +26,9 @@ pub(crate) struct Pending {
     pub root: u8,
     pub block: usize,
     pub blocks: usize,
+    /// A reduce-scatter made as an allreduce: the caller's output, and where its block is
+    /// in the whole result (`output`).
+    pub block_of: Option<(crate::Buffer, std::ops::Range<usize>)>,
     pub input: Option<Buffer>,
     pub output: Buffer,
     pub shared: Arc<Shared>,
