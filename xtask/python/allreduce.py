@@ -1,8 +1,12 @@
 """PyTorch's baseline and xagg's backend in `cargo xtask bench`: dist.all_reduce (int32 sum)
 of each size, timed like the MPI baseline (a barrier, then the call, the run's time the
 slowest rank's), verified after the clock stops; then the same calls back to back.
+With BENCH_COLLECTIVE in the environment (all_gather, broadcast, reduce: what Gloo has
+of the collectives besides allreduce), every call is that collective over the same BYTES
+instead (an all-gather's message is all the blocks; root 0), as the MPI baseline does.
 Usage: allreduce.py BACKEND SEED BYTES:ITERATIONS...; one process per rank (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON object per size."""
+import os
 import json
 import sys
 import time
@@ -23,9 +27,46 @@ def member(r, n):
     return torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
 
 
-def tx_bytes():
-    with open("/sys/class/net/eth0/statistics/tx_bytes") as f:
+def link_bytes(way):
+    with open(f"/sys/class/net/eth0/statistics/{way}_bytes") as f:
         return int(f.read())
+
+
+collective = os.environ.get("BENCH_COLLECTIVE", "allreduce")
+if collective not in ("allreduce", "all_gather", "broadcast", "reduce"):
+    sys.exit(f"BENCH_COLLECTIVE={collective}: this script times allreduce, all_gather, broadcast or reduce")
+
+
+def call(data, buf):
+    """One timed call; `buf` holds what the caller gets (at every rank: the others'
+    `reduce` outputs are not checked)."""
+    if collective == "all_gather":
+        b = buf.numel() // size
+        dist.all_gather(list(buf.split(b)), data[rank * b : (rank + 1) * b])
+    elif collective == "broadcast":
+        dist.broadcast(buf, 0)
+    elif collective == "reduce":
+        dist.reduce(buf, 0)
+    else:
+        dist.all_reduce(buf)
+
+
+def start(data, buf):
+    """The buffer before a call: a broadcast's other ranks start from zeros."""
+    if collective == "broadcast" and rank != 0:
+        buf.zero_()
+    else:
+        buf.copy_(data)
+
+
+def wanted(n):
+    if collective == "all_gather":
+        b = n // size
+        return torch.cat([member(r, n)[r * b : (r + 1) * b] for r in range(size)])
+    if collective == "broadcast":
+        return member(0, n)
+    want = sum(member(r, n).to(torch.int64) for r in range(size))
+    return ((want + 2**31) % 2**32 - 2**31).to(torch.int32)
 
 
 for nbytes, iterations in points:
@@ -35,17 +76,17 @@ for nbytes, iterations in points:
     times = []
     first = None
     dist.barrier(group=control)
-    tx0 = tx_bytes()
+    tx0, rx0 = link_bytes("tx"), link_bytes("rx")
     for it in range(iterations):
-        buf.copy_(data)
+        start(data, buf)
         dist.barrier(group=control)
         t0 = time.perf_counter()
-        dist.all_reduce(buf)
+        call(data, buf)
         times.append(time.perf_counter() - t0)
         if it == 0:
             first = buf.clone()
     dist.barrier(group=control)
-    tx = float(tx_bytes() - tx0)
+    tx, rx = float(link_bytes("tx") - tx0), float(link_bytes("rx") - rx0)
     slowest = torch.tensor(times, dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=control)
     # Back to back, as the switch's own workers time theirs (no barrier between calls,
@@ -55,18 +96,18 @@ for nbytes, iterations in points:
     dist.barrier(group=control)
     last = time.perf_counter()
     for it in range(iterations):
-        dist.all_reduce(buf)
+        call(data, buf)
         now = time.perf_counter()
         b2b.append(now - last)
         last = now
     b2b = torch.tensor(b2b, dtype=torch.float64)
     dist.all_reduce(b2b, op=dist.ReduceOp.MAX, group=control)
-    want = sum(member(r, n).to(torch.int64) for r in range(size))
-    want = ((want + 2**31) % 2**32 - 2**31).to(torch.int32)
-    ok = torch.tensor([int(torch.equal(first, want))])
+    # A reduce's result is only the root's.
+    checked = collective != "reduce" or rank == 0
+    ok = torch.tensor([int(not checked or torch.equal(first, wanted(n)))])
     dist.all_reduce(ok, op=dist.ReduceOp.MIN, group=control)
-    total_tx = torch.tensor([tx], dtype=torch.float64)
-    dist.all_reduce(total_tx, group=control)
+    total = torch.tensor([tx, rx], dtype=torch.float64)
+    dist.all_reduce(total, group=control)
     if rank == 0:
         print(
             json.dumps(
@@ -75,7 +116,8 @@ for nbytes, iterations in points:
                     "seconds": slowest.tolist(),
                     "back_to_back": b2b.tolist(),
                     "verified": bool(ok.item()),
-                    "tx_bytes_per_rank": total_tx.item() / size,
+                    "tx_bytes_per_rank": total[0].item() / size,
+                    "rx_bytes_per_rank": total[1].item() / size,
                 }
             ),
             flush=True,

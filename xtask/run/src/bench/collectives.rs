@@ -1,8 +1,9 @@
 //! The collectives besides allreduce, end to end (`cargo xtask bench --collectives`):
 //! reduce-scatter, all-gather, broadcast and reduce through the switch (`xagg allreduce
 //! --collective`, its workers on AF_XDP as the allreduce runs'), the switch's allreduce of
-//! the same S beside them, and Open MPI's same call (`xtask/mpi/allreduce.c` with
-//! `BENCH_COLLECTIVE`) on the same lab; the bytes each rank sent and received over S.
+//! the same S beside them, and Open MPI's and Gloo's same call (`xtask/mpi/allreduce.c`
+//! and `xtask/python/allreduce.py` with `BENCH_COLLECTIVE`; Gloo's where torch 1.13 has
+//! it: not reduce-scatter) on the same lab; the bytes each rank sent and received over S.
 
 use anyhow::Result;
 use xagg_common::wire::Collective;
@@ -10,7 +11,7 @@ use xagg_lab::lab::Lab;
 
 use super::{
     end_to_end::{add_job, iterations, switch_point, switch_run},
-    frameworks::{mpi_collective, mpi_setup},
+    frameworks::{mpi_collective, mpi_setup, torch_runs},
     report::round_line,
     run_point::{median_point, RunPoint},
 };
@@ -36,8 +37,8 @@ pub struct Runs<'a> {
     pub placement: xagg_lab::placement::Placement,
 }
 
-/// Every collective at every worker count and size, through the switch then Open MPI, in
-/// rounds (each figure the median over them).
+/// Every collective at every worker count and size, through the switch, then Open MPI,
+/// then Gloo, in rounds (each figure the median over them).
 pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
     let mpi_bin = mpi_setup()?;
     let mut all: Vec<RunPoint> = Vec::new();
@@ -78,6 +79,14 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                     all.push(p);
                 }
             }
+            for c in ALL.iter().filter(|&&c| gloo_has(c)) {
+                let sizes: Vec<usize> = r.sizes.iter().map(|&s| s / (4 * n) * 4 * n).collect();
+                let it = |bytes| iterations(bytes, r.quick);
+                for p in torch_runs(&sw.lab, "gloo", &sizes, it, Some(c.name()))? {
+                    round_line(round, &p);
+                    all.push(p);
+                }
+            }
             sw.lab.detach_hosts();
         }
     }
@@ -92,6 +101,11 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
     Ok(merged)
 }
 
+/// Whether torch 1.13's Gloo has `c` (it has no reduce-scatter).
+fn gloo_has(c: Collective) -> bool {
+    c != Collective::ReduceScatter
+}
+
 fn same(a: &RunPoint, b: &RunPoint) -> bool {
     a.system == b.system
         && a.workers == b.workers
@@ -100,8 +114,8 @@ fn same(a: &RunPoint, b: &RunPoint) -> bool {
 }
 
 /// A table per collective: its time through the switch against the switch's allreduce of
-/// the same S and against Open MPI's same call, and the bytes each rank sent and received
-/// over S (means over the ranks).
+/// the same S and against Open MPI's and Gloo's same call, and the bytes each rank sent
+/// and received over S (means over the ranks).
 pub fn tables(points: &[RunPoint]) {
     let find = |system: &str, c: &str, n: usize, bytes: usize| {
         points.iter().find(|p| {
@@ -111,17 +125,19 @@ pub fn tables(points: &[RunPoint]) {
     for c in ALL.iter().skip(1) {
         println!();
         println!(
-            "{c}, i32 (sum where it reduces): time µs (the slowest rank's, median) | x the switch's allreduce of the same S | x Open MPI's same call | bytes sent and received per rank / S (mean over the ranks):"
+            "{c}, i32 (sum where it reduces): time µs (the slowest rank's, median) | x the switch's allreduce of the same S | x Open MPI's, Gloo's same call | bytes sent and received per rank / S (mean over the ranks):"
         );
         println!(
-            "{:>3} {:>9} | {:>10} {:>10} {:>10} | {:>6} {:>6} | {:>5} {:>5} {:>5} {:>5}",
+            "{:>3} {:>9} | {:>10} {:>10} {:>10} {:>10} | {:>6} {:>6} {:>6} | {:>5} {:>5} {:>5} {:>5}",
             "n",
             "bytes",
             "switch",
             "allreduce",
             "openmpi",
+            "gloo",
             "x ar",
             "x ompi",
+            "x gloo",
             "tx",
             "rx",
             "o tx",
@@ -133,21 +149,24 @@ pub fn tables(points: &[RunPoint]) {
         {
             let ar = find("switch", "allreduce", p.workers, p.bytes);
             let o = find("openmpi", c.name(), p.workers, p.bytes);
+            let g = find("gloo", c.name(), p.workers, p.bytes);
             let t = |q: Option<&RunPoint>| q.map_or(f64::NAN, |q| q.latency_us);
             println!(
-                "{:>3} {:>9} | {:>10.1} {:>10.1} {:>10.1} | {:>6.2} {:>6.2} | {:>5.3} {:>5.3} {:>5.3} {:>5.3}{}",
+                "{:>3} {:>9} | {:>10.1} {:>10.1} {:>10.1} {:>10.1} | {:>6.2} {:>6.2} {:>6.2} | {:>5.3} {:>5.3} {:>5.3} {:>5.3}{}",
                 p.workers,
                 p.bytes,
                 p.latency_us,
                 t(ar),
                 t(o),
+                t(g),
                 p.latency_us / t(ar),
                 p.latency_us / t(o),
+                p.latency_us / t(g),
                 p.wire_ratio,
                 p.rx_ratio.unwrap_or(f64::NAN),
                 o.map_or(f64::NAN, |o| o.wire_ratio),
                 o.and_then(|o| o.rx_ratio).unwrap_or(f64::NAN),
-                if p.verified && o.is_none_or(|o| o.verified) { "" } else { "  NOT VERIFIED" }
+                if p.verified && o.is_none_or(|o| o.verified) && g.is_none_or(|g| g.verified) { "" } else { "  NOT VERIFIED" }
             );
         }
     }

@@ -101,12 +101,12 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(&sw.lab, "torch+xagg", e.sizes, iterations)? {
+                for r in torch_runs(&sw.lab, "torch+xagg", e.sizes, iterations, None)? {
                     round_line(round, &r);
                     this.push(r);
                 }
                 if e.mpi_on_switch {
-                    for r in torch_runs(&sw.lab, "gloo+switch", e.sizes, iterations)? {
+                    for r in torch_runs(&sw.lab, "gloo+switch", e.sizes, iterations, None)? {
                         round_line(round, &r);
                         this.push(r);
                     }
@@ -126,7 +126,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(&lab, "gloo", e.sizes, iterations)? {
+                for r in torch_runs(&lab, "gloo", e.sizes, iterations, None)? {
                     round_line(round, &r);
                     this.push(r);
                 }

@@ -105,21 +105,29 @@ pub(super) fn mpi_collective(
     let v = serde_json::from_str::<serde_json::Value>(line)?;
     p.osu_us = v["osu_us"].as_f64();
     p.collective = collective;
-    p.rx_ratio = v["rx_bytes_per_rank"]
-        .as_f64()
-        .map(|rx| rx / (p.bytes as f64 * p.iterations as f64));
+    p.rx_ratio = rx_ratio(&p, line)?;
     Ok(p)
+}
+
+/// Bytes a rank received over the timed calls' S, from the line's `rx_bytes_per_rank`.
+fn rx_ratio(p: &RunPoint, line: &str) -> Result<Option<f64>> {
+    let v: serde_json::Value = serde_json::from_str(line)?;
+    Ok(v["rx_bytes_per_rank"]
+        .as_f64()
+        .map(|rx| rx / (p.bytes as f64 * p.iterations as f64)))
 }
 
 /// PyTorch's `dist.all_reduce` as `system` has it (`torch+xagg`: the xagg backend, through
 /// the switch; `gloo`: PyTorch's own, on the plain bridge; `gloo+switch`: Gloo with the
 /// switch's programs on the path), every size in one run of `xtask/python/allreduce.py` per
-/// rank.
+/// rank; with `collective`, that collective instead (`BENCH_COLLECTIVE`: all_gather,
+/// broadcast, reduce).
 pub(super) fn torch_runs(
     lab: &Lab,
     system: &'static str,
     sizes: &[usize],
     iterations: impl Fn(usize) -> usize,
+    collective: Option<&'static str>,
 ) -> Result<Vec<RunPoint>> {
     let backend = if system == "torch+xagg" {
         "xagg"
@@ -135,6 +143,7 @@ pub(super) fn torch_runs(
     ]);
     env.extend(crate::demo::credential_env());
     env.extend(std::env::var("XAGG_ROUTE").ok().map(|r| ("XAGG_ROUTE", r)));
+    env.extend(collective.map(|c| ("BENCH_COLLECTIVE", c.to_string())));
     let script = xtask::build::root().join("xtask/python/allreduce.py");
     let points: Vec<String> = sizes
         .iter()
@@ -178,6 +187,8 @@ pub(super) fn torch_runs(
         .filter(|l| l.starts_with('{'))
         .map(|line| {
             let mut p = json_point(system, n, line)?;
+            p.collective = collective;
+            p.rx_ratio = rx_ratio(&p, line)?;
             if backend == "xagg" {
                 p.path = Some(if route.takes(p.bytes as u64) {
                     "switch"
