@@ -57,11 +57,6 @@ struct Done {
 fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) -> Vec<Vec<Done>> {
     let n = WORKERS.len();
     let shape = JobShape::with_elements(n, 64, segment, Lane::I32).expect("a valid shape");
-    let data = |m: usize, elems: usize, seed: u64| {
-        let mut v = vec![0i32; elems];
-        xagg_worker::data::fill(seed, m as u32, &mut v);
-        v
-    };
     // Every member takes its links' counts before any sends a call's first datagram and
     // after its own call ended, before any starts the next: each call's bytes its own.
     let barrier = std::sync::Barrier::new(n);
@@ -69,7 +64,7 @@ fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) 
         let handles: Vec<_> = WORKERS
             .iter()
             .map(|&m| {
-                let (data, barrier) = (&data, &barrier);
+                let barrier = &barrier;
                 s.spawn(move || {
                     xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
                     let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
@@ -79,37 +74,13 @@ fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) 
                     let w = Worker::new(p).expect("a worker");
                     let mut reports = Vec::new();
                     for &(collective, root, elems, seed) in calls {
-                        let block = elems / n;
-                        let mine = data(m, elems, seed);
-                        let own = m * block..(m + 1) * block;
-                        let sum = xagg_worker::data::expected_sum(seed, n as u32, elems);
-                        let (input, output, expected): (Option<Vec<i32>>, Vec<i32>, Vec<i32>) =
-                            match collective {
-                                Collective::ReduceScatter => {
-                                    (Some(mine), vec![0; block], sum[own].to_vec())
-                                }
-                                Collective::AllGather => (
-                                    Some(mine[own].to_vec()),
-                                    vec![0; elems],
-                                    (0..n)
-                                        .flat_map(|k| {
-                                            data(k, elems, seed)[k * block..(k + 1) * block]
-                                                .to_vec()
-                                        })
-                                        .collect(),
-                                ),
-                                Collective::Broadcast => (
-                                    None,
-                                    if m == root { mine } else { vec![0; elems] },
-                                    data(root, elems, seed),
-                                ),
-                                Collective::Reduce => (
-                                    Some(mine.clone()),
-                                    mine.clone(),
-                                    if m == root { sum } else { mine },
-                                ),
-                                Collective::Allreduce => unreachable!(),
-                            };
+                        let xagg_worker::data::CollectiveCase {
+                            input,
+                            output,
+                            expected,
+                        } = xagg_worker::data::CollectiveCase::new(
+                            collective, root, m, n, elems, seed,
+                        );
                         let (rx, tx) = link_bytes();
                         barrier.wait();
                         let c = w

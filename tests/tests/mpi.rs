@@ -418,6 +418,31 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
         "each host sent its partials up: {c:?}"
     );
     assert!(c[0]["complete"] > 250, "the switch completed them: {c:?}");
+
+    // The collectives besides allreduce, made as allreduces through both levels: exact,
+    // every call through the switch but the unequal counts, each segment a partial of
+    // each host and completed once at the switch.
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/collectives.c");
+    let coll = dir.join("collectives");
+    xagg_lab::mpi::compile(&src, &coll, &[]).unwrap();
+    let before = lab.counters();
+    let o = xagg_lab::mpi::run_on_hosts(&hosts, &agent, &env, coll.to_str().unwrap()).unwrap();
+    let (out, err) = checked(&o);
+    assert!(out.contains("failures=0"), "{out}");
+    for (name, counts) in [
+        ("MPI_Reduce_scatter_block", [30, 0, 0, 0, 0, 0]),
+        ("MPI_Reduce_scatter", [15, 0, 0, 0, 0, 1]),
+        ("MPI_Allgather", [30, 0, 0, 0, 0, 0]),
+        ("MPI_Bcast", [60, 0, 0, 0, 0, 0]),
+        ("MPI_Reduce", [120, 0, 0, 0, 0, 0]),
+    ] {
+        assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
+    }
+    let c = lab.counters();
+    let grew = |i: usize, k: &str| c[i][k] - before[i][k];
+    assert!(grew(0, "complete") > 0, "{c:?}");
+    assert_eq!(grew(1, "partial"), grew(0, "complete"), "{c:?}");
+    assert_eq!(grew(2, "partial"), grew(0, "complete"), "{c:?}");
 }
 
 /// The cases of docs/mpi.md's table, each run of `tests/mpi/cases.c` asserting exact

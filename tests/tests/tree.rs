@@ -125,6 +125,56 @@ fn two_hosts_of_two_ranks() {
     let lab = lab("th", Topology::Hosts { hosts: 2, ranks: 2 }, 860);
     hosts_under_a_switch(&lab);
     loss_at_every_level(&lab, 100);
+    let c = collectives_through_levels(&lab, 300, 860);
+    // The switch completed each segment once, each host sent its partial of each once.
+    assert_eq!(c.switch, c.segments);
+    assert_eq!(c.partial, 2 * c.segments);
+}
+
+/// What [`collectives_through_levels`] counted: the segments of its calls' messages, and
+/// the points' `complete` at the top and `partial` below it (a ring: `complete` at the
+/// hosts) over them.
+struct LevelCounts {
+    segments: u64,
+    switch: u64,
+    complete: u64,
+    partial: u64,
+}
+
+/// Reduce-scatter, all-gather, broadcast (root: the last rank, on the last host) and
+/// reduce (root 1) through a tree's or a ring's levels, made as allreduces of the whole
+/// message (messages from `first`): one element per block and many segments (`segment`
+/// elements each), every rank's result exact.
+fn collectives_through_levels(lab: &TreeLab, first: u32, segment: usize) -> LevelCounts {
+    use xagg_worker::Collective as C;
+    let n = lab.ranks.len();
+    let before = lab.counters();
+    let mut calls = Vec::new();
+    for (k, elems) in [n, 3000 * n].into_iter().enumerate() {
+        for (c, root) in [
+            (C::ReduceScatter, 0),
+            (C::AllGather, 0),
+            (C::Broadcast, n - 1),
+            (C::Reduce, 1),
+        ] {
+            calls.push((c, root, elems, 40 + k as u64));
+        }
+    }
+    lab.collectives(first, &calls)
+        .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    let c = since(&before, &lab.counters());
+    no_refusals(&c);
+    let inner = 1..c.len();
+    LevelCounts {
+        segments: calls
+            .iter()
+            .map(|&(_, _, elems, _)| elems.div_ceil(segment) as u64)
+            .sum(),
+        // A ring's point 0 is a plain bridge, without counters.
+        switch: c[0].get("complete").copied().unwrap_or(0),
+        complete: inner.clone().map(|i| c[i]["complete"]).sum(),
+        partial: inner.map(|i| c[i]["partial"]).sum(),
+    }
 }
 
 /// Exact from one element to many windows, each link within 1.05·S, one partial per
@@ -326,6 +376,13 @@ fn ring_of_hosts() {
     let sum = |name: &str| (1..c.len()).map(|i| c[i][name]).sum::<u64>();
     assert!(sum("inject_drop_contribution") > 0 && sum("inject_drop_result") > 0);
     assert!(sum("partial_resend") > 0, "partials re-sent");
+
+    lab.inject(1, 0.0, 0.0).unwrap();
+    let c = collectives_through_levels(&lab, 300, seg);
+    // Each segment completed once, at its chain's last host; the three others sent a
+    // partial each.
+    assert_eq!(c.complete, c.segments);
+    assert_eq!(c.partial, 3 * c.segments);
 }
 
 /// Ops and types through the aggregation points of `lab` (messages from `first`): through

@@ -53,9 +53,10 @@ pub struct Job {
     pub route: Route,
     /// Whether float sums take the switch (rank 0's `XAGG_FLOAT` is not `none`).
     pub float_sums: bool,
-    /// Whether the collectives other than allreduce take the switch: every rank is the
-    /// switch's own member (a host level serves allreduce alone). Agreed by every rank.
-    pub collectives: bool,
+    /// Whether every rank is the switch's own member; if not (a tree, a ring) the
+    /// collectives other than allreduce are made as allreduces, and all-gather and
+    /// broadcast move 4-byte words. Agreed by every rank.
+    pub flat: bool,
     /// The communicator's size.
     pub size: c_int,
 }
@@ -255,7 +256,7 @@ pub fn create(comm: Comm) -> CommState {
             let (worker, at) = joined.expect("agreed");
             worker.set_peers(rank as usize, responders(private, at, size));
             let on_switch = worker.params().path == xagg_worker::Path::Switch;
-            let collectives = smallest(private, on_switch as usize) == 1;
+            let flat = smallest(private, on_switch as usize) == 1;
             state(Path::Switch(Job {
                 worker,
                 private,
@@ -264,7 +265,7 @@ pub fn create(comm: Comm) -> CommState {
                 spares: Vec::new(),
                 route,
                 float_sums,
-                collectives,
+                flat,
                 size,
             }))
         }

@@ -399,16 +399,6 @@ fn collective(
         with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
         return None;
     };
-    if !job.collectives {
-        with_state(|st| {
-            pass(
-                st,
-                entry,
-                "ranks reach the switch through their hosts, which serve allreduce alone",
-            )
-        });
-        return None;
-    }
     if matches!(kind, Kind::Bcast | Kind::Reduce) && !(0..job.size).contains(&root) {
         // Open MPI says what is wrong with it.
         with_state(|st| pass(st, entry, "a root that is not a rank"));
@@ -429,6 +419,16 @@ fn collective(
         Kind::ReduceScatter | Kind::Allgather => block * job.size as u64,
         _ => block,
     };
+    if moves && !job.flat && bytes % 4 != 0 {
+        with_state(|st| {
+            pass(
+                st,
+                entry,
+                "behind a host level it moves 4-byte words, and its bytes are not a whole number of them",
+            )
+        });
+        return None;
+    }
     // Decided from the type signature, alike on every rank (the allreduce's route).
     if !job.route.takes(bytes) {
         with_state(|st| {

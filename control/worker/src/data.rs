@@ -33,6 +33,58 @@ pub fn expected_sum(seed: u64, members: u32, len: usize) -> Vec<i32> {
     out
 }
 
+/// One member's call of `collective` (root `root`) over a message of `elems` i32 in a job
+/// of `n` ranks, the data of seed `seed`, sum where it reduces: the input (if any), the
+/// output as the call starts, and the output it must end with (`Worker::submit_collective`'s
+/// buffers; blocks of `elems / n`).
+pub struct CollectiveCase {
+    pub input: Option<Vec<i32>>,
+    pub output: Vec<i32>,
+    pub expected: Vec<i32>,
+}
+
+impl CollectiveCase {
+    pub fn new(
+        collective: crate::Collective,
+        root: usize,
+        member: usize,
+        n: usize,
+        elems: usize,
+        seed: u64,
+    ) -> Self {
+        use crate::Collective as C;
+        let data = |m: usize| {
+            let mut v = vec![0i32; elems];
+            fill(seed, m as u32, &mut v);
+            v
+        };
+        let block = elems / n;
+        let own = member * block..(member + 1) * block;
+        let sum = || expected_sum(seed, n as u32, elems);
+        let mine = data(member);
+        let (input, output, expected) = match collective {
+            C::Allreduce => (Some(mine), vec![0; elems], sum()),
+            C::ReduceScatter => (Some(mine), vec![0; block], sum()[own].to_vec()),
+            C::AllGather => (
+                Some(mine[own].to_vec()),
+                vec![0; elems],
+                (0..n)
+                    .flat_map(|k| data(k)[k * block..(k + 1) * block].to_vec())
+                    .collect(),
+            ),
+            C::Broadcast if member == root => (None, mine.clone(), mine),
+            C::Broadcast => (None, vec![0; elems], data(root)),
+            C::Reduce if member == root => (Some(mine.clone()), mine, sum()),
+            C::Reduce => (Some(mine.clone()), mine.clone(), mine),
+        };
+        Self {
+            input,
+            output,
+            expected,
+        }
+    }
+}
+
 use half::{bf16, f16};
 use xagg_common::wire::{DType, Op};
 

@@ -563,11 +563,11 @@ fn deliver(
         }
         Ok(std::mem::take(rep))
     });
-    // A reduce-scatter made as an allreduce: its block of the result, into the caller's
-    // output.
+    // A collective made as an allreduce: its part of the result into the caller's output
+    // (none: a reduce's other members).
     let buffer = match a.block_of.take() {
         Some((mut output, range)) => {
-            if status.is_ok() {
+            if status.is_ok() && !range.is_empty() {
                 output.bytes_mut().copy_from_slice(&a.output.bytes()[range]);
             }
             output

@@ -168,6 +168,7 @@ pub(crate) fn join(
     p.first_message = None;
     p.switch_ports = joined.at.switch_ports;
     p.ranks = j.levels.map(|l| l.ranks as usize);
+    p.rank = j.levels.map(|l| l.first as usize);
     (p.path, p.path_why) = match joined.path {
         None => (crate::Path::Switch, None),
         Some(xagg_join::Path::Tree) => (crate::Path::Tree, None),

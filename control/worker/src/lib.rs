@@ -139,6 +139,77 @@ pub struct Reduction {
     pub lane: Lane,
 }
 
+/// A collective's call as one member makes it: what [`Call::as_allreduce`] needs.
+struct Call {
+    collective: Collective,
+    member: usize,
+    root: usize,
+    block: usize,
+}
+
+impl Call {
+    /// The call made as an allreduce of its whole message (`whole` bytes), each member
+    /// taking its part of the result: a reduce-scatter its block; a reduce the whole at
+    /// the root, nothing elsewhere; an all-gather (every member's block at its place,
+    /// zeros elsewhere) and a broadcast (zeros but at the root) moved by `or`.
+    fn as_allreduce(
+        self,
+        r: Reduction,
+        whole: usize,
+        input: Option<Buffer>,
+        mut output: Buffer,
+        shared: Arc<Shared>,
+    ) -> Pending {
+        let owned = |dtype| {
+            let mut bytes = vec![0u8; whole];
+            let (ptr, len) = (bytes.as_mut_ptr(), bytes.len());
+            // Safety: the Vec's heap block, owned by the buffer (it does not move).
+            unsafe { Buffer::from_raw(ptr, len, dtype, bytes) }
+        };
+        let mine = self.member * self.block..(self.member + 1) * self.block;
+        let (input, output, block_of) = match self.collective {
+            Collective::AllGather => {
+                // The output holds this member's block already.
+                let bytes = output.bytes_mut();
+                bytes[..mine.start].fill(0);
+                bytes[mine.end..].fill(0);
+                (None, output, None)
+            }
+            Collective::Broadcast => {
+                if self.member != self.root {
+                    output.bytes_mut().fill(0);
+                }
+                (None, output, None)
+            }
+            Collective::ReduceScatter => {
+                let result = owned(output.dtype());
+                (input, result, Some((output, mine)))
+            }
+            Collective::Reduce if self.member != self.root => {
+                let result = owned(output.dtype());
+                // In place: the data is in the output, which must stay as it was.
+                let input = input.unwrap_or_else(|| {
+                    // Safety: only read, while the output (kept in `block_of`) lives.
+                    unsafe { Buffer::from_raw(output.as_ptr(), output.len(), output.dtype(), ()) }
+                });
+                (Some(input), result, Some((output, 0..0)))
+            }
+            Collective::Reduce | Collective::Allreduce => (input, output, None),
+        };
+        Pending {
+            r,
+            collective: Collective::Allreduce,
+            root: 0,
+            block: whole,
+            blocks: 1,
+            block_of,
+            input,
+            output,
+            shared,
+        }
+    }
+}
+
 impl Reduction {
     /// What a gather (all-gather, broadcast) carries: bytes, moved rather than reduced,
     /// in 4-byte words (`or` over u32 on the wire; the switch stores them as they come).
@@ -508,9 +579,11 @@ impl Worker {
     ///
     /// `op` is the reduction's (ignored by all-gather and broadcast, which move bytes);
     /// `root` the root's member index (reduce, broadcast; ignored otherwise). Member i owns
-    /// block i, and a block's segments never straddle two owners ([`Layout`]). Only a job
-    /// whose ranks are the switch's own members serves the collectives other than
-    /// allreduce: behind a host level, submit allreduce or use another way.
+    /// block i, and a block's segments never straddle two owners ([`Layout`]). Behind a
+    /// host level (a tree, a ring) i is the member's rank in the job
+    /// ([`WorkerParams::rank`]), and each call is made as an allreduce of the whole message
+    /// (docs/protocol.md, "The collectives"): an all-gather or broadcast then moves 4-byte
+    /// words, and one of other bytes is refused.
     pub fn submit_collective(
         &self,
         collective: Collective,
@@ -540,14 +613,20 @@ impl Worker {
     ) -> Result<(), AllreduceError> {
         let p = self.params();
         let invalid = |s: String| Err(AllreduceError::Invalid(format!("{collective}: {s}")));
-        if p.ranks.is_some() {
-            return invalid(format!(
-                "this member is a host level's rank; the host levels serve allreduce alone (submit \
-                 {collective} through another way, or run the job's ranks as the switch's members)"
-            ));
-        }
-        let n = p.shape.members();
-        let member = usize::from(p.member);
+        // Behind a host level the blocks are the job's ranks', in the launcher's order.
+        let hosted = p.ranks.is_some();
+        let (n, member) = if hosted {
+            let Some(rank) = p.rank else {
+                return invalid(
+                    "this member is a host level's rank and does not know its rank in the job \
+                     (join with `levels`, or set `WorkerParams::rank`)"
+                        .into(),
+                );
+            };
+            (p.ranks(), rank)
+        } else {
+            (p.shape.members(), usize::from(p.member))
+        };
         let dtype = output.dtype();
         if !output.len().is_multiple_of(dtype.size()) {
             return invalid(format!(
@@ -612,50 +691,36 @@ impl Worker {
         } else {
             Reduction::new(op, dtype, p.float)?
         };
+        // Behind a host level every collective is made as an allreduce of the whole
+        // message: the levels below the switch fold and deliver allreduce alone (each rank
+        // sends and receives S; a host sends one partial up per segment, S each way).
         // A message of one segment: a reduce-scatter or all-gather in blocks would take a
         // segment (a round, a packet each way) per member; made as an allreduce it takes
         // one — the whole result to every member, at most a segment's bytes more.
-        let one_segment =
-            block * blocks <= p.shape.segment_bytes() / r.lane.size() * r.dtype.size();
-        if one_segment && blocks > 1 && (block * blocks).is_multiple_of(r.dtype.size()) {
-            if collective == Collective::AllGather {
-                // Every member's block at its place, zeros elsewhere, or-ed together.
-                let own = member * block..(member + 1) * block;
-                let bytes = output.bytes_mut();
-                bytes[..own.start].fill(0);
-                bytes[own.end..].fill(0);
-                self.inner.enqueue(Pending {
-                    r,
-                    collective: Collective::Allreduce,
-                    root: 0,
-                    block: block * blocks,
-                    blocks: 1,
-                    block_of: None,
-                    // Sent from the output, which holds this member's block already.
-                    input: None,
-                    output,
-                    shared,
-                });
-                return Ok(());
-            }
-            if collective == Collective::ReduceScatter {
-                let mut whole = vec![0u8; block * blocks];
-                let (ptr, len) = (whole.as_mut_ptr(), whole.len());
-                // Safety: the Vec's heap block, owned by the buffer (it does not move).
-                let result = unsafe { Buffer::from_raw(ptr, len, dtype, whole) };
-                self.inner.enqueue(Pending {
-                    r,
-                    collective: Collective::Allreduce,
-                    root: 0,
-                    block: block * blocks,
-                    blocks: 1,
-                    block_of: Some((output, member * block..(member + 1) * block)),
-                    input,
-                    output: result,
-                    shared,
-                });
-                return Ok(());
-            }
+        let whole = block * blocks;
+        let one_segment = whole <= p.shape.segment_bytes() / r.lane.size() * r.dtype.size();
+        let small_in_blocks = one_segment
+            && blocks > 1
+            && matches!(
+                collective,
+                Collective::AllGather | Collective::ReduceScatter
+            );
+        let words = whole.is_multiple_of(r.dtype.size());
+        if hosted && !words {
+            return invalid(format!(
+                "behind a host level it moves 4-byte words: {whole} bytes are not a whole number of them (pass it to another way)"
+            ));
+        }
+        if hosted || (small_in_blocks && words) {
+            let call = Call {
+                collective,
+                member,
+                root,
+                block,
+            };
+            self.inner
+                .enqueue(call.as_allreduce(r, whole, input, output, shared));
+            return Ok(());
         }
         if p.shape.segment_bytes() < r.lane.size() {
             return invalid(format!(

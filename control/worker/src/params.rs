@@ -32,6 +32,9 @@ pub struct WorkerParams {
     /// job's members (a flat job). Float sums scale their mantissas for it, and `avg`
     /// divides by it.
     pub ranks: Option<usize>,
+    /// This member's rank among those `ranks` (the launcher's numbering, which the
+    /// collectives' blocks follow); `None`: its member index (a flat job).
+    pub rank: Option<usize>,
     /// Which way the job's results are made (told by the join), and why: reported with
     /// every completion.
     pub path: crate::Path,
@@ -103,6 +106,7 @@ impl WorkerParams {
             dtype: DType::I32,
             shape,
             ranks: None,
+            rank: None,
             path: crate::Path::Switch,
             path_why: None,
             switch_ports: 1,
@@ -199,6 +203,11 @@ impl WorkerParams {
                 "{ranks} ranks in a job of {} members here: a job has at least its members and at most {} ranks",
                 self.shape.members(),
                 crate::codec::MAX_RANKS
+            )));
+        }
+        if let Some(rank) = self.rank.filter(|&r| r >= ranks) {
+            return Err(AllreduceError::Invalid(format!(
+                "rank {rank} of a job of {ranks} ranks: ranks are 0..{ranks}"
             )));
         }
         Ok(lane)

@@ -99,6 +99,11 @@ impl Buffer {
         unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
     }
 
+    /// Where the bytes are (for a second, read-only view of them).
+    pub(crate) fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
     pub fn bytes_mut(&mut self) -> &mut [u8] {
         // Safety: as in `bytes`, and the buffer is the only way to these bytes.
         unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }

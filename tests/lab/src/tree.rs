@@ -20,7 +20,7 @@ use anyhow::{bail, Context, Result};
 use xagg_api::{JobSpec, MemberSpec, Neighbour, ParentSpec, Request, Response, RingSpec};
 use xagg_common::{wire::DEFAULT_PORT, JobShape};
 use xagg_daemon::config::{Config, DaemonSection, SwitchSection};
-use xagg_worker::{Report, Worker, WorkerParams};
+use xagg_worker::{data::CollectiveCase, Buffer, Collective, Report, Worker, WorkerParams};
 
 use crate::{
     lab::{in_netns, ip, MTU, WORKER_PORT},
@@ -594,7 +594,10 @@ impl TreeLab {
         tweak: impl Fn(&mut WorkerParams) + Sync,
     ) -> Result<Vec<Report>> {
         let sum = self.exact_sum(elems, seed);
-        self.on_ranks(|_, r, host| self.configured(message, r, host, &tweak), sum)
+        self.on_ranks(
+            |g, r, host| self.configured(message, g, r, host, &tweak),
+            sum,
+        )
     }
 
     /// One allreduce (message `message`) of `op` over `dtype` in float mode `float` on
@@ -611,11 +614,56 @@ impl TreeLab {
         inputs: &[Vec<u8>],
     ) -> Result<Vec<Vec<u8>>> {
         self.on_ranks(
-            |_, r, host| self.configured(message, r, host, &|p| p.float = float),
+            |g, r, host| self.configured(message, g, r, host, &|p| p.float = float),
             |g, wk| {
                 let mut buf = inputs[g].clone();
                 wk.allreduce_bytes_as(op, dtype, &mut buf)?;
                 Ok(buf)
+            },
+        )
+    }
+
+    /// `calls` — (collective, root, i32 elements of the message, data seed) — one after
+    /// the other on every rank at once (messages from `first`), one worker per rank across
+    /// them, each rank's result of each call checked ([`CollectiveCase`]): every rank's
+    /// reports, in rank order.
+    pub fn collectives(
+        &self,
+        first: u32,
+        calls: &[(Collective, usize, usize, u64)],
+    ) -> Result<Vec<Vec<Report>>> {
+        let n = self.ranks.len();
+        self.on_ranks(
+            |g, r, host| self.configured(first, g, r, host, &|_| {}),
+            |g, wk| {
+                calls
+                    .iter()
+                    .map(|&(c, root, elems, seed)| {
+                        let case = CollectiveCase::new(c, root, g, n, elems, seed);
+                        let done = wk
+                            .submit_collective(
+                                c,
+                                xagg_common::Op::Sum,
+                                root,
+                                case.input.map(Buffer::from),
+                                Buffer::from(case.output),
+                            )?
+                            .wait();
+                        let report = done.status.with_context(|| format!("{c} of {elems}"))?;
+                        let got: Vec<i32> = done
+                            .buffer
+                            .into_vec()
+                            .map_err(|_| anyhow::anyhow!("{c}: the output is not the i32 given"))?;
+                        if let Some(i) = got.iter().zip(&case.expected).position(|(a, b)| a != b) {
+                            bail!(
+                                "{c} of {elems} (root {root}): element {i} is {} but must be {}",
+                                got[i],
+                                case.expected[i]
+                            );
+                        }
+                        Ok(report)
+                    })
+                    .collect()
             },
         )
     }
@@ -667,11 +715,12 @@ impl TreeLab {
         })
     }
 
-    /// Rank `r`'s worker of the job [`TreeLab::add_job`] added: its host as its aggregation
+    /// Rank `r`'s (rank `g` of the job's) worker of the job [`TreeLab::add_job`] added: its host as its aggregation
     /// point, all ranks as the job's ranks, [`Self::tune`]d, then adjusted by `tweak`.
     fn configured(
         &self,
         message: u32,
+        g: usize,
         r: &Rank,
         host: &Point,
         tweak: &(impl Fn(&mut WorkerParams) + Sync),
@@ -686,6 +735,7 @@ impl TreeLab {
             shape,
         );
         p.ranks = Some(self.ranks.len());
+        p.rank = Some(g);
         p.first_message = Some(message);
         self.tune(&mut p);
         tweak(&mut p);

@@ -161,7 +161,9 @@ class _Engine:
         self.route = None
         self.floats_to_gloo = False
         # Why the collectives other than allreduce go to Gloo (None: through the switch).
-        self.collectives_why = None
+        # Whether ranks reach the switch through host levels, where every collective is
+        # made as an allreduce: all-gather and broadcast then move 4-byte words.
+        self.hosted = False
         try:
             if rank == 0:
                 key, secret = new_key()
@@ -234,12 +236,10 @@ class _Engine:
                 _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
         else:
             self.job.set_peers([store.get(f"xagg/peer/{r}").decode() for r in range(size)])
-            # The collectives other than allreduce need every rank on the switch itself
-            # (a host level serves allreduce alone): the same answer on every rank.
+            # Behind host levels the collectives other than allreduce are made as
+            # allreduces: the same answer on every rank.
             store.set(f"xagg/path/{rank}", self.job.path)
-            paths = {store.get(f"xagg/path/{r}").decode() for r in range(size)}
-            if paths != {"switch"}:
-                self.collectives_why = f"ranks reach the switch through their hosts ({', '.join(sorted(paths))}): host levels serve allreduce alone"
+            self.hosted = {store.get(f"xagg/path/{r}").decode() for r in range(size)} != {"switch"}
             if _verbose():
                 _say(f"rank {rank}: joined the switch")
         self.queue = queue.Queue()
@@ -577,12 +577,13 @@ class ProcessGroupXagg(dist.ProcessGroup):
         _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry)
         return _for_caller(work, entry)
 
-    def _served(self, tensors):
-        """Why the switch does not make a collective over `tensors` (None: it does)."""
+    def _served(self, tensors, moved=None):
+        """Why the switch does not make a collective over `tensors` (None: it does);
+        `moved`: the bytes an all-gather or broadcast moves."""
         if self._engine.failed is not None:
             return None
-        if self._engine.collectives_why is not None:
-            return self._engine.collectives_why
+        if moved is not None and self._engine.hosted and moved % 4:
+            return f"behind a host level it moves 4-byte words, and {moved} bytes are not a whole number of them"
         for t in tensors:
             if t.dtype not in _DTYPES:
                 return f"{t.dtype} is not a type the switch moves"
@@ -643,7 +644,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
             if any(t.numel() != mine.numel() or t.dtype != mine.dtype for t in outs):
                 why = "outputs of another size or type than the input"
             else:
-                why = self._served([mine, *outs])
+                why = self._served([mine, *outs], moved=n * mine.numel() * mine.element_size())
         if why is not None:
             self._engine.pass_on(entry, why)
             return self._gloo.allgather(output_tensors, input_tensors, opts) if opts is not None else self._gloo.allgather(output_tensors, input_tensors)
@@ -671,7 +672,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if len(tensors) != 1:
             why = "several tensors in one call"
         else:
-            why = self._served(tensors)
+            why = self._served(tensors, moved=tensors[0].numel() * tensors[0].element_size())
         if why is not None:
             self._engine.pass_on(entry, why)
             return self._gloo.broadcast(tensors, opts) if opts is not None else self._gloo.broadcast(tensors)

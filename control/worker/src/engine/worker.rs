@@ -26,8 +26,8 @@ pub(crate) struct Pending {
     pub root: u8,
     pub block: usize,
     pub blocks: usize,
-    /// A reduce-scatter made as an allreduce: the caller's output, and where its block is
-    /// in the whole result (`output`).
+    /// A collective made as an allreduce: the caller's output, and which bytes of the
+    /// whole result (`output`) go there (none: it stays as it was).
     pub block_of: Option<(crate::Buffer, std::ops::Range<usize>)>,
     pub input: Option<Buffer>,
     pub output: Buffer,
