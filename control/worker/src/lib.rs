@@ -139,7 +139,7 @@ pub struct Reduction {
     pub lane: Lane,
 }
 
-/// A collective's call as one member makes it: what [`Call::as_allreduce`] needs.
+/// A collective's call as one member makes it: what [`Call::into_allreduce`] needs.
 struct Call {
     collective: Collective,
     member: usize,
@@ -152,7 +152,7 @@ impl Call {
     /// taking its part of the result: a reduce-scatter its block; a reduce the whole at
     /// the root, nothing elsewhere; an all-gather (every member's block at its place,
     /// zeros elsewhere) and a broadcast (zeros but at the root) moved by `or`.
-    fn as_allreduce(
+    fn into_allreduce(
         self,
         r: Reduction,
         whole: usize,
@@ -719,7 +719,7 @@ impl Worker {
                 block,
             };
             self.inner
-                .enqueue(call.as_allreduce(r, whole, input, output, shared));
+                .enqueue(call.into_allreduce(r, whole, input, output, shared));
             return Ok(());
         }
         if p.shape.segment_bytes() < r.lane.size() {
