@@ -129,6 +129,85 @@ fn two_hosts_of_two_ranks() {
     // The switch completed each segment once, each host sent its partial of each once.
     assert_eq!(c.switch, c.segments);
     assert_eq!(c.partial, 2 * c.segments);
+    a_collective_behind_hosts_recovers_from_peers(&lab, 400, 860);
+}
+
+/// A rank whose results are cut off (nftables in its namespace: nothing from its host)
+/// in the middle of a reduce-scatter through the hosts finishes it from its peers, as an
+/// allreduce would: every segment of the whole message from the ranks that hold it, then
+/// its block of it; the other ranks' calls done by the switch. One window's segments (the
+/// others hold their results until later rounds take the slots).
+fn a_collective_behind_hosts_recovers_from_peers(lab: &TreeLab, message: u32, segment: usize) {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Barrier, Mutex,
+    };
+    use xagg_worker::{data::CollectiveCase, Buffer, Collective};
+    let n = lab.ranks.len();
+    let cut = n - 1;
+    let elems = SLOTS * segment * 7 / 8 / n * n;
+    let secret = xagg_worker::Secret([9; 32]);
+    let addresses = Mutex::new(vec![None; n]);
+    let barrier = Barrier::new(n);
+    let cut_off = AtomicBool::new(false);
+    let ns = &lab.ranks[cut].ns;
+    let host = lab.points[lab.ranks[cut].host].ip;
+    let outcomes = lab
+        .on_every_rank(
+            message,
+            |g, p| {
+                // A failure here ends the test instead of leaving the ranks waiting.
+                p.collective_timeout = Duration::from_secs(30);
+                if g == cut {
+                    p.give_up = Duration::from_secs(1);
+                }
+            },
+            |g, wk| {
+                // The job's state learnt before the cut (its replies come from the host).
+                wk.sync()?;
+                addresses.lock().unwrap()[g] = Some(wk.serve_peers(&secret)?);
+                barrier.wait();
+                let all = addresses.lock().unwrap().iter().flatten().copied().collect();
+                wk.set_peers(g, all);
+                if g == cut {
+                    let rule = format!(
+                        "table inet xagg_cut {{\n chain input {{\n type filter hook input priority 0;\n ip saddr {host} meta l4proto udp drop\n }}\n}}\n"
+                    );
+                    cut_off.store(nft(ns, &rule), Ordering::SeqCst);
+                }
+                // Every rank past the cut before any calls (a rank failing alone would
+                // leave the others waiting for it).
+                barrier.wait();
+                anyhow::ensure!(cut_off.load(Ordering::SeqCst), "nft (nftables) took no rule");
+                let case = CollectiveCase::new(Collective::ReduceScatter, 0, g, n, elems, 51);
+                let mut c = wk
+                    .submit_collective(
+                        Collective::ReduceScatter,
+                        xagg_common::Op::Sum,
+                        0,
+                        case.input.map(Buffer::from),
+                        Buffer::from(case.output),
+                    )?
+                    .wait();
+                let tried = wk.recover(&mut c);
+                // Every worker (and its responder) kept until every rank is done.
+                barrier.wait();
+                let report = c.status?;
+                let got: Vec<i32> = c.buffer.into_vec().expect("i32");
+                anyhow::ensure!(got == case.expected, "rank {g}'s block is not the sum's");
+                Ok((tried, report.recovered))
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    assert!(nft(ns, "delete table inet xagg_cut\n"));
+    let segments = (elems * 4).div_ceil(segment * 4);
+    for (g, &(tried, recovered)) in outcomes.iter().enumerate() {
+        if g == cut {
+            assert_eq!((tried, recovered), (true, segments), "rank {g}");
+        } else {
+            assert_eq!((tried, recovered), (false, 0), "rank {g}");
+        }
+    }
 }
 
 /// What [`collectives_through_levels`] counted: the segments of its calls' messages, and

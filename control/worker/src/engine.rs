@@ -564,15 +564,18 @@ fn deliver(
         Ok(std::mem::take(rep))
     });
     // A collective made as an allreduce: its part of the result into the caller's output
-    // (none: a reduce's other members).
-    let buffer = match a.block_of.take() {
+    // (none: a reduce's other members); after a failure the whole result so far stays
+    // with the completion, for the peers to finish.
+    let (buffer, part) = match a.block_of.take() {
         Some((mut output, range)) => {
-            if status.is_ok() && !range.is_empty() {
-                output.bytes_mut().copy_from_slice(&a.output.bytes()[range]);
+            if status.is_ok() {
+                crate::request::take_part(&mut output, &a.output, range);
+                (output, None)
+            } else {
+                (output, Some((a.output, range)))
             }
-            output
         }
-        None => a.output,
+        None => (a.output, None),
     };
     let shared = a.shared.clone();
     shared.complete(Completion {
@@ -582,5 +585,6 @@ fn deliver(
         status,
         buffer,
         input: a.input,
+        part,
     });
 }

@@ -423,10 +423,15 @@ impl Worker {
             .collect();
         let asked = missing.len();
         let job = self.params().job;
+        let whole = match c.part.as_mut() {
+            Some((whole, _)) => whole,
+            None => &mut c.buffer,
+        };
+        let bytes = whole.len();
         c.status = match peers.recover(
             message,
             missing,
-            c.buffer.bytes_mut(),
+            whole.bytes_mut(),
             segment_bytes,
             &mut flags,
             self.params().give_up,
@@ -452,8 +457,11 @@ impl Worker {
                         segments: overflow,
                     })
                 } else {
+                    if let Some((whole, range)) = c.part.take() {
+                        request::take_part(&mut c.buffer, &whole, range);
+                    }
                     Ok(Report {
-                        bytes: c.buffer.len(),
+                        bytes,
                         segments: have.len(),
                         recovered: asked,
                         path: self.params().path,

@@ -153,11 +153,22 @@ pub struct Completion {
     /// The input buffer of [`Worker::submit_separate`](crate::Worker::submit_separate),
     /// unchanged whatever happened.
     pub input: Option<Buffer>,
+    /// A collective made as an allreduce that failed: the whole result so far, and which
+    /// of its bytes are the caller's output ([`crate::Worker::recover`] finishes the
+    /// whole, then takes them).
+    pub(crate) part: Option<(Buffer, std::ops::Range<usize>)>,
 }
 
 impl Completion {
     pub fn is_ok(&self) -> bool {
         self.status.is_ok()
+    }
+}
+
+/// Bytes `range` of `whole` into `output` (none: it stays as it was).
+pub(crate) fn take_part(output: &mut Buffer, whole: &Buffer, range: std::ops::Range<usize>) {
+    if !range.is_empty() {
+        output.bytes_mut().copy_from_slice(&whole.bytes()[range]);
     }
 }
 

@@ -668,6 +668,21 @@ impl TreeLab {
         )
     }
 
+    /// Runs `work` on every rank at once, each with its worker of the job
+    /// [`TreeLab::add_job`] added (messages from `first`; its parameters adjusted by
+    /// `tweak` with the rank): what each returned, in rank order.
+    pub fn on_every_rank<T: Send>(
+        &self,
+        first: u32,
+        tweak: impl Fn(usize, &mut WorkerParams) + Sync,
+        work: impl Fn(usize, &Worker) -> Result<T> + Sync,
+    ) -> Result<Vec<T>> {
+        self.on_ranks(
+            |g, r, host| self.configured(first, g, r, host, &|p| tweak(g, p)),
+            work,
+        )
+    }
+
     /// Every rank joins job `key` at its host's daemon by itself (stating the job's ranks
     /// and its own global rank), the hosts join their parents, then one allreduce of `elems`
     /// i32 (sum) runs, each result checked against the sum over all ranks; then each leaves.
