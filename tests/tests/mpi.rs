@@ -124,6 +124,24 @@ fn summary_count(stderr: &str, words: &str) -> u64 {
         .unwrap_or_else(|| panic!("no count before {words:?} in {line}"))
 }
 
+/// `tests/mpi/collectives.c`'s run: every check passed, and every call through the switch
+/// by exact count per entry point (the reduce-scatter of unequal counts passed on).
+fn collectives_all_exact_through_the_switch(out: &str, err: &str) {
+    assert!(
+        out.contains("checks=") && out.contains("failures=0"),
+        "{out}"
+    );
+    for (name, counts) in [
+        ("MPI_Reduce_scatter_block", [30, 0, 0, 0, 0, 0]),
+        ("MPI_Reduce_scatter", [15, 0, 0, 0, 0, 1]),
+        ("MPI_Allgather", [30, 0, 0, 0, 0, 0]),
+        ("MPI_Bcast", [60, 0, 0, 0, 0, 0]),
+        ("MPI_Reduce", [120, 0, 0, 0, 0, 0]),
+    ] {
+        assert_eq!(entry_counts(err, name), counts, "{name}: {err}");
+    }
+}
+
 fn checked(o: &Output) -> (String, String) {
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -242,19 +260,7 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
         ));
         let before = lab.sw.counters();
         let (out, err) = checked(&lab.run(coll.to_str().unwrap(), &lab.daemon(), &[]));
-        assert!(
-            out.contains("checks=") && out.contains("failures=0"),
-            "{out}"
-        );
-        for (name, counts) in [
-            ("MPI_Reduce_scatter_block", [30, 0, 0, 0, 0, 0]),
-            ("MPI_Reduce_scatter", [15, 0, 0, 0, 0, 1]),
-            ("MPI_Allgather", [30, 0, 0, 0, 0, 0]),
-            ("MPI_Bcast", [60, 0, 0, 0, 0, 0]),
-            ("MPI_Reduce", [120, 0, 0, 0, 0, 0]),
-        ] {
-            assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
-        }
+        collectives_all_exact_through_the_switch(&out, &err);
         let after = lab.sw.counters();
         let dropped = after["inject_drop_contribution"] + after["inject_drop_result"]
             - before["inject_drop_contribution"]
@@ -428,16 +434,7 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
     let before = lab.counters();
     let o = xagg_lab::mpi::run_on_hosts(&hosts, &agent, &env, coll.to_str().unwrap()).unwrap();
     let (out, err) = checked(&o);
-    assert!(out.contains("failures=0"), "{out}");
-    for (name, counts) in [
-        ("MPI_Reduce_scatter_block", [30, 0, 0, 0, 0, 0]),
-        ("MPI_Reduce_scatter", [15, 0, 0, 0, 0, 1]),
-        ("MPI_Allgather", [30, 0, 0, 0, 0, 0]),
-        ("MPI_Bcast", [60, 0, 0, 0, 0, 0]),
-        ("MPI_Reduce", [120, 0, 0, 0, 0, 0]),
-    ] {
-        assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
-    }
+    collectives_all_exact_through_the_switch(&out, &err);
     let c = lab.counters();
     let grew = |i: usize, k: &str| c[i][k] - before[i][k];
     assert!(grew(0, "complete") > 0, "{c:?}");

@@ -160,7 +160,6 @@ class _Engine:
         self.job = None
         self.route = None
         self.floats_to_gloo = False
-        # Why the collectives other than allreduce go to Gloo (None: through the switch).
         # Whether ranks reach the switch through host levels, where every collective is
         # made as an allreduce: all-gather and broadcast then move 4-byte words.
         self.hosted = False
