@@ -85,7 +85,8 @@ struct Active {
 }
 
 impl Active {
-    /// Whether peers may recover its results ([`crate::peers`]): allreduce only.
+    /// Whether peers recover its results as an allreduce's ([`crate::peers`]); the
+    /// other collectives' as a flat collective's.
     fn with_peers(&self) -> bool {
         self.layout.collective == crate::Collective::Allreduce
     }
@@ -243,15 +244,21 @@ impl Engine {
                 packets::take_into(a, &mut self.early, h, payload);
             }
         }
-        if let Some(v) = self.view.as_ref().filter(|_| a.with_peers()) {
+        if let Some(v) = self.view.as_ref() {
             let out = a.output.bytes();
-            a.withdrawn = lock(v).start(
-                message,
-                out.as_ptr(),
-                out.len(),
-                a.layout.segment_bytes,
-                self.next_message,
-            );
+            if a.with_peers() {
+                a.withdrawn = lock(v).start(
+                    message,
+                    out.as_ptr(),
+                    out.len(),
+                    a.layout.segment_bytes,
+                    self.next_message,
+                );
+            } else {
+                let source = a.input.as_ref().unwrap_or(&a.output).bytes();
+                let flat = crate::peers::Flat::new(a.layout, a.r, source);
+                lock(v).start_flat(message, out, flat, self.next_message);
+            }
         }
         let now = Instant::now();
         a.started = Some(now);
@@ -397,7 +404,7 @@ impl Engine {
             if let Some(i) = self.index_of(f.message) {
                 let req = &mut self.active[i];
                 req.in_flight -= 1;
-                if let Some(v) = self.view.as_ref().filter(|_| req.with_peers()) {
+                if let Some(v) = self.view.as_ref() {
                     if !lock(v).took(f.message, f.segment, *flags) {
                         // Promised to a peer not to be taken: recovered from the peers.
                         req.withdrawn = Some(f.segment as u32);
@@ -525,8 +532,9 @@ fn deliver(
     view: Option<(&std::sync::Mutex<crate::peers::View>, usize)>,
 ) {
     let (job, message) = (a.shared.job, a.message);
-    if let (Some((v, slots)), Some(m), true) = (view, message, a.with_peers()) {
-        lock(v).finish(m, a.output.bytes(), status.is_ok(), slots);
+    if let (Some((v, slots)), Some(m)) = (view, message) {
+        let source = a.input.as_ref().unwrap_or(&a.output).bytes();
+        lock(v).finish(m, a.output.bytes(), source, status.is_ok(), slots);
     }
     let status = status.and_then(|()| {
         let rep = &mut a.report;

@@ -69,6 +69,7 @@ pub mod collective;
 pub mod data;
 pub mod engine;
 mod error;
+mod fold;
 #[cfg(feature = "afxdp")]
 pub mod host_end;
 pub mod join;
@@ -414,6 +415,11 @@ impl Worker {
         if !c.status.as_ref().is_err_and(AllreduceError::recoverable) {
             return false;
         }
+        let flat = request::lock(&peers.view).parked_flat(message);
+        if let Some(p) = flat {
+            c.status = self.recover_flat(peers, message, p, &mut c.buffer);
+            return true;
+        }
         let Some((have, mut flags, segment_bytes)) = request::lock(&peers.view).parked(message)
         else {
             return false;
@@ -477,6 +483,63 @@ impl Worker {
             Err(e) => Err(e),
         };
         true
+    }
+
+    /// [`Worker::recover`] of a flat collective (reduce-scatter, all-gather, broadcast or
+    /// reduce through the switch's own members): the segments this rank gets and lacks,
+    /// each from a peer that got it or made here from every rank's contribution.
+    fn recover_flat(
+        &self,
+        peers: &peers::Peers,
+        message: u32,
+        mut p: peers::ParkedFlat,
+        output: &mut Buffer,
+    ) -> Result<Report, AllreduceError> {
+        let layout = p.flat.layout;
+        let missing: Vec<u32> = (0..layout.segments())
+            .filter(|&s| layout.destination(s).is_some() && !p.have[s])
+            .map(|s| s as u32)
+            .collect();
+        let asked = missing.len();
+        let params = self.params();
+        let job = params.job;
+        peers.recover_flat(
+            message,
+            missing,
+            (p.flat, &p.source),
+            params.ranks(),
+            output.bytes_mut(),
+            &mut p.flags,
+            (params.give_up, params.collective_timeout),
+        )?;
+        let flagged = |bit| -> Vec<u32> {
+            (0..layout.segments() as u32)
+                .filter(|&s| layout.destination(s as usize).is_some())
+                .filter(|&s| p.flags[s as usize] & bit != 0)
+                .collect()
+        };
+        let (nonfinite, overflow) = (flagged(wire::ENC_NONFINITE), flagged(wire::ENC_OVERFLOW));
+        if !nonfinite.is_empty() {
+            return Err(AllreduceError::NonFinite {
+                job,
+                message,
+                segments: nonfinite,
+            });
+        }
+        if !overflow.is_empty() {
+            return Err(AllreduceError::Overflow {
+                job,
+                message,
+                segments: overflow,
+            });
+        }
+        Ok(Report {
+            bytes: layout.message_bytes(),
+            segments: layout.segments(),
+            recovered: asked,
+            path: params.path,
+            ..Report::default()
+        })
     }
 
     /// Learns the job's state from the switch (which message comes next, which shadow

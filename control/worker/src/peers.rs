@@ -38,11 +38,14 @@ use std::{
     time::{Duration, Instant},
 };
 
+use xagg_common::wire;
 use xagg_join::{hmac, Secret};
 
-use crate::{engine::WorkerInner, request::lock, AllreduceError};
+use crate::{engine::WorkerInner, request::lock, AllreduceError, Layout, Reduction};
 
 const MAGIC: &[u8; 4] = b"XAGP";
+/// A question about a flat collective's segments ([`View::answer_flat`]).
+const MAGIC_FLAT: &[u8; 4] = b"XAGF";
 /// Segments asked for in one request (a request is read whole before it is answered).
 const MAX_ASK: usize = 1 << 16;
 /// Requests that failed, kept aside while they are recovered (the newest).
@@ -53,8 +56,13 @@ const PARKED: usize = 8;
 pub(crate) enum Answer {
     /// The result's bytes, and the flags the switch set in it.
     Result { flags: u16, bytes: Vec<u8> },
-    /// Not held, and promised never to be taken from the switch.
+    /// A flat reduce-scatter's or reduce's segment this rank does not get: its own data
+    /// for it, as the program gave it (not encoded).
+    Contribution { bytes: Vec<u8> },
+    /// Not held (an allreduce's: and promised never to be taken from the switch).
     None,
+    /// A flat collective's message not started here yet: ask again.
+    NotYet,
     /// Delivered and proven held by every member: nobody should be asking.
     Gone,
 }
@@ -67,6 +75,29 @@ struct Live {
     segment_bytes: usize,
     have: Vec<bool>,
     flags: Vec<u16>,
+    flat: Option<Flat>,
+}
+
+/// A flat collective's request (reduce-scatter, all-gather, broadcast, reduce through the
+/// switch's own members): how its segments map, what it reduces, and where this rank's
+/// own data is (the input, or the output in place).
+#[derive(Clone, Copy)]
+pub(crate) struct Flat {
+    pub layout: Layout,
+    pub r: Reduction,
+    source: usize,
+    source_len: usize,
+}
+
+impl Flat {
+    pub fn new(layout: Layout, r: Reduction, source: &[u8]) -> Self {
+        Self {
+            layout,
+            r,
+            source: source.as_ptr() as usize,
+            source_len: source.len(),
+        }
+    }
 }
 
 /// A failed request's results so far, copied aside while it is recovered.
@@ -76,14 +107,27 @@ struct Parked {
     have: Vec<bool>,
     flags: Vec<u16>,
     bytes: Vec<u8>,
+    /// A flat collective's layout and reduction, and a copy of this rank's own data.
+    flat: Option<(Flat, Vec<u8>)>,
 }
 
-/// The last result delivered on a slot.
+/// The last result delivered on a slot, or this rank's own data for a flat collective's
+/// segment it did not get.
 struct Kept {
     message: u32,
     segment: u32,
     flags: u16,
+    contribution: bool,
     bytes: Vec<u8>,
+}
+
+/// What a failed flat collective holds: which segments came, their flags, its layout
+/// and reduction, and this rank's own data.
+pub(crate) struct ParkedFlat {
+    pub have: Vec<bool>,
+    pub flags: Vec<u16>,
+    pub flat: Flat,
+    pub source: Vec<u8>,
 }
 
 /// What the responder answers from: shared by the engine (which updates it as results
@@ -123,8 +167,25 @@ impl View {
             segment_bytes,
             have: vec![false; segments],
             flags: vec![0; segments],
+            flat: None,
         });
         self.withdrawn(message)
+    }
+
+    /// A flat collective started as `message` with `output`: nothing is promised for
+    /// it (every rank's contribution to it exists in the end), so nothing is withdrawn.
+    pub fn start_flat(&mut self, message: u32, output: &[u8], flat: Flat, next: u32) {
+        let segments = flat.layout.segments();
+        self.next_message = Some(next);
+        self.live.push(Live {
+            message,
+            ptr: output.as_ptr() as usize,
+            len: output.len(),
+            segment_bytes: flat.layout.segment_bytes,
+            have: vec![false; segments],
+            flags: vec![0; segments],
+            flat: Some(flat),
+        });
     }
 
     /// A result came for `message`'s `segment` (already in the output buffer): false if
@@ -134,8 +195,13 @@ impl View {
             return false;
         }
         if let Some(l) = self.live.iter_mut().find(|l| l.message == message) {
-            l.have[segment] = true;
-            l.flags[segment] = flags;
+            // A flat collective's completion without data for this rank holds nothing.
+            if l.flat
+                .is_none_or(|f| f.layout.destination(segment).is_some())
+            {
+                l.have[segment] = true;
+                l.flags[segment] = flags;
+            }
         }
         true
     }
@@ -150,37 +216,70 @@ impl View {
 
     /// The request of `message` is delivered, out of `buffer`: a complete one leaves its
     /// last result on each of its slots (of `slots`); any other is copied aside.
-    pub fn finish(&mut self, message: u32, buffer: &[u8], complete: bool, slots: usize) {
+    ///
+    /// A flat collective's (`source`: this rank's own data) keeps, per slot, the result
+    /// this rank got there or else its own data for the round: a round whose result
+    /// went to another member ends here on its completion, and the owner may still lack
+    /// it — until a later round on the slot completes, which needs the owner's next
+    /// contribution there, sent only once it had this result.
+    pub fn finish(
+        &mut self,
+        message: u32,
+        buffer: &[u8],
+        source: &[u8],
+        complete: bool,
+        slots: usize,
+    ) {
         let Some(at) = self.live.iter().position(|l| l.message == message) else {
             return;
         };
         let l = self.live.swap_remove(at);
         let segments = l.have.len();
-        if complete && l.have.iter().all(|&h| h) {
+        let held = |s: usize| -> Option<std::ops::Range<usize>> {
+            match l.flat {
+                Some(f) => f.layout.destination(s),
+                None => Some(range(l.segment_bytes, l.len, s)),
+            }
+        };
+        let all = (0..segments).all(|s| l.have[s] || held(s).is_none());
+        if complete && all {
             if self.kept.len() < slots {
                 self.kept.resize_with(slots, || None);
             }
             for segment in segments.saturating_sub(slots)..segments {
                 let slot = (message as usize + segment) % slots;
-                let r = range(l.segment_bytes, l.len, segment);
+                let (bytes, contribution) = match (held(segment), l.flat) {
+                    (Some(r), _) => (&buffer[r], false),
+                    (None, Some(f)) => match f.layout.source(segment) {
+                        Some(r) => (&source[r], !f.layout.collective.gathers()),
+                        None => {
+                            self.kept[slot] = None;
+                            continue;
+                        }
+                    },
+                    (None, None) => unreachable!("an allreduce holds every segment"),
+                };
                 let k = self.kept[slot].get_or_insert_with(|| Kept {
                     message,
                     segment: segment as u32,
                     flags: 0,
+                    contribution,
                     bytes: Vec::with_capacity(l.segment_bytes),
                 });
                 k.message = message;
                 k.segment = segment as u32;
                 k.flags = l.flags[segment];
+                k.contribution = contribution;
                 k.bytes.clear();
-                k.bytes.extend_from_slice(&buffer[r]);
+                k.bytes.extend_from_slice(bytes);
             }
             return;
         }
         let mut bytes = vec![0; l.len];
         for (s, _) in l.have.iter().enumerate().filter(|(_, &h)| h) {
-            let r = range(l.segment_bytes, l.len, s);
-            bytes[r.clone()].copy_from_slice(&buffer[r]);
+            if let Some(r) = held(s) {
+                bytes[r.clone()].copy_from_slice(&buffer[r]);
+            }
         }
         if self.parked.len() == PARKED {
             self.parked.pop_front();
@@ -191,6 +290,7 @@ impl View {
             have: l.have,
             flags: l.flags,
             bytes,
+            flat: l.flat.map(|f| (f, source.to_vec())),
         });
     }
 
@@ -198,6 +298,9 @@ impl View {
     pub fn answer(&mut self, message: u32, segment: u32) -> Answer {
         let s = segment as usize;
         if let Some(l) = self.live.iter().find(|l| l.message == message) {
+            if l.flat.is_some() {
+                return Answer::Gone;
+            }
             if l.have.get(s) == Some(&true) {
                 let r = range(l.segment_bytes, l.len, s);
                 // Safety: a live request's output buffer stays valid until the engine
@@ -212,6 +315,9 @@ impl View {
                 };
             }
         } else if let Some(p) = self.parked.iter().find(|p| p.message == message) {
+            if p.flat.is_some() {
+                return Answer::Gone;
+            }
             if p.have.get(s) == Some(&true) {
                 let r = range(p.segment_bytes, p.bytes.len(), s);
                 return Answer::Result {
@@ -225,6 +331,9 @@ impl View {
             .flatten()
             .find(|k| k.message == message && k.segment == segment)
         {
+            if k.contribution {
+                return Answer::Gone;
+            }
             return Answer::Result {
                 flags: k.flags,
                 bytes: k.bytes.clone(),
@@ -234,6 +343,96 @@ impl View {
         }
         self.promised.insert((message, segment));
         Answer::None
+    }
+
+    /// What this rank holds of a flat collective's `segment` of `message`: the result if
+    /// it got it, else its own data for it (a gather's root's data is the result), else
+    /// nothing; "not yet" for a message not started here. Nothing is promised: every
+    /// rank's contribution exists in the end, and a rank that gets its result from the
+    /// switch after all gets the same.
+    pub fn answer_flat(&self, message: u32, segment: u32) -> Answer {
+        let s = segment as usize;
+        let own = |f: &Flat, bytes: &[u8]| -> Answer {
+            match f.layout.source(s) {
+                Some(r) if f.layout.collective.gathers() => Answer::Result {
+                    flags: 0,
+                    bytes: bytes[r].to_vec(),
+                },
+                Some(r) => Answer::Contribution {
+                    bytes: bytes[r].to_vec(),
+                },
+                None => Answer::None,
+            }
+        };
+        if let Some(l) = self.live.iter().find(|l| l.message == message) {
+            let Some(f) = l.flat.filter(|f| s < f.layout.segments()) else {
+                return Answer::Gone;
+            };
+            if l.have[s] {
+                let r = f.layout.destination(s).expect("held: a destination");
+                // Safety: as in `answer`: the output stays valid while the request is
+                // live, and a held segment is not written again.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts((l.ptr as *const u8).add(r.start), r.len())
+                };
+                return Answer::Result {
+                    flags: l.flags[s],
+                    bytes: bytes.to_vec(),
+                };
+            }
+            // Safety: the request's own data, valid while it is live (the caller's
+            // buffer, not written by the request but where its own results go, which
+            // are the segments held above).
+            let source = unsafe { std::slice::from_raw_parts(f.source as *const u8, f.source_len) };
+            return own(&f, source);
+        }
+        if let Some(p) = self.parked.iter().find(|p| p.message == message) {
+            let Some((f, source)) = p.flat.as_ref().filter(|(f, _)| s < f.layout.segments()) else {
+                return Answer::Gone;
+            };
+            if p.have[s] {
+                let r = f.layout.destination(s).expect("held: a destination");
+                return Answer::Result {
+                    flags: p.flags[s],
+                    bytes: p.bytes[r].to_vec(),
+                };
+            }
+            return own(f, source);
+        }
+        if let Some(k) = self
+            .kept
+            .iter()
+            .flatten()
+            .find(|k| k.message == message && k.segment == segment)
+        {
+            return if k.contribution {
+                Answer::Contribution {
+                    bytes: k.bytes.clone(),
+                }
+            } else {
+                Answer::Result {
+                    flags: k.flags,
+                    bytes: k.bytes.clone(),
+                }
+            };
+        }
+        if self.future(message) {
+            Answer::NotYet
+        } else {
+            Answer::Gone
+        }
+    }
+
+    /// A failed flat collective's state, for its recovery.
+    pub fn parked_flat(&self, message: u32) -> Option<ParkedFlat> {
+        let p = self.parked.iter().find(|p| p.message == message)?;
+        let (flat, source) = p.flat.as_ref()?;
+        Some(ParkedFlat {
+            have: p.have.clone(),
+            flags: p.flags.clone(),
+            flat: *flat,
+            source: source.clone(),
+        })
     }
 
     /// Whether `message` has not started here yet (ids wrap: within half the space
@@ -255,7 +454,13 @@ impl View {
     /// A parked request's segment came from a peer: held now, to answer others.
     fn recovered(&mut self, message: u32, segment: usize, flags: u16, bytes: &[u8]) {
         if let Some(p) = self.parked.iter_mut().find(|p| p.message == message) {
-            let r = range(p.segment_bytes, p.bytes.len(), segment);
+            let r = match &p.flat {
+                Some((f, _)) => match f.layout.destination(segment) {
+                    Some(r) => r,
+                    None => return,
+                },
+                None => range(p.segment_bytes, p.bytes.len(), segment),
+            };
             if r.len() == bytes.len() {
                 p.bytes[r].copy_from_slice(bytes);
                 p.have[segment] = true;
@@ -292,12 +497,14 @@ impl Peers {
             if rank == self.rank || missing.is_empty() {
                 continue;
             }
-            let answers = self.ask(at, message, &missing, patience).map_err(|e| {
-                AllreduceError::Invalid(format!(
-                    "job {}: recovering message {message} from rank {rank} at {at}: {e}",
-                    self.job
-                ))
-            })?;
+            let answers = self
+                .ask(at, message, &missing, false, patience)
+                .map_err(|e| {
+                    AllreduceError::Invalid(format!(
+                        "job {}: recovering message {message} from rank {rank} at {at}: {e}",
+                        self.job
+                    ))
+                })?;
             let mut still = Vec::new();
             for (&segment, answer) in missing.iter().zip(answers) {
                 let s = segment as usize;
@@ -317,7 +524,7 @@ impl Peers {
                         )))
                     }
                     Answer::None => still.push(segment),
-                    Answer::Gone => {
+                    Answer::Gone | Answer::Contribution { .. } | Answer::NotYet => {
                         return Err(AllreduceError::Invalid(format!(
                             "job {}: rank {rank} no longer holds segment {segment} of message {message}, which every rank took: the ranks' calls are out of order",
                             self.job
@@ -330,17 +537,161 @@ impl Peers {
         Ok(missing)
     }
 
-    /// One question to one peer, retried until `patience` runs out.
+    /// Finishes a flat collective's `missing` segments of `message` (the ones this rank
+    /// gets) from the peers: a segment's result from any rank that got it (a gather's
+    /// from its root's own data), or else every other rank's contribution to it, folded
+    /// here with this rank's own (`flat`'s reduction, as the switch folds) — asking again
+    /// the ranks that have not started the message, until `wait` runs out. Writes each
+    /// into `out` (this rank's output) and its flags into `flags`. Gives up when a peer
+    /// cannot be reached within `patience`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn recover_flat(
+        &self,
+        message: u32,
+        missing: Vec<u32>,
+        (flat, source): (Flat, &[u8]),
+        ranks: usize,
+        out: &mut [u8],
+        flags: &mut [u16],
+        (patience, wait): (Duration, Duration),
+    ) -> Result<(), AllreduceError> {
+        let layout = flat.layout;
+        let n = self.addresses.len();
+        let job = self.job;
+        let invalid = |rank: usize, what: String| {
+            AllreduceError::Invalid(format!(
+                "job {job}: recovering message {message} from rank {rank}: {what}"
+            ))
+        };
+        // Per missing segment, what each rank answered so far (None: ask again).
+        let mut pending: Vec<(u32, Vec<Option<Vec<u8>>>)> =
+            missing.into_iter().map(|s| (s, vec![None; n])).collect();
+        let until = Instant::now() + wait;
+        loop {
+            for (rank, &at) in self.addresses.iter().enumerate() {
+                if rank == self.rank {
+                    continue;
+                }
+                let ask: Vec<u32> = pending
+                    .iter()
+                    .filter(|(_, got)| got[rank].is_none())
+                    .map(|&(s, _)| s)
+                    .collect();
+                if ask.is_empty() {
+                    continue;
+                }
+                let answers = self
+                    .ask(at, message, &ask, true, patience)
+                    .map_err(|e| invalid(rank, format!("at {at}: {e}")))?;
+                for (&segment, answer) in ask.iter().zip(answers) {
+                    let s = segment as usize;
+                    let Some(dest) = layout.destination(s) else {
+                        continue;
+                    };
+                    let at = pending
+                        .iter()
+                        .position(|&(p, _)| p == segment)
+                        .expect("asked: pending");
+                    match answer {
+                        Answer::Result { flags: f, bytes } if bytes.len() == dest.len() => {
+                            out[dest].copy_from_slice(&bytes);
+                            flags[s] = f;
+                            lock(&self.view).recovered(message, s, f, &bytes);
+                            pending.swap_remove(at);
+                        }
+                        Answer::Contribution { bytes } if bytes.len() == dest.len() => {
+                            pending[at].1[rank] = Some(bytes);
+                        }
+                        Answer::Result { bytes, .. } | Answer::Contribution { bytes } => {
+                            return Err(invalid(
+                                rank,
+                                format!(
+                                    "{} bytes for segment {segment}, which has {}",
+                                    bytes.len(),
+                                    dest.len()
+                                ),
+                            ))
+                        }
+                        // A gather's member without the data: its root has it.
+                        Answer::None => pending[at].1[rank] = Some(Vec::new()),
+                        Answer::NotYet => {}
+                        Answer::Gone => {
+                            return Err(invalid(
+                                rank,
+                                format!("it no longer holds segment {segment}, which every rank took: the ranks' calls are out of order"),
+                            ))
+                        }
+                    }
+                }
+            }
+            // The segments every other rank contributed to, folded here.
+            let (ready, rest): (Vec<_>, Vec<_>) = std::mem::take(&mut pending)
+                .into_iter()
+                .partition(|(_, got)| {
+                    !layout.collective.gathers()
+                        && got
+                            .iter()
+                            .enumerate()
+                            .all(|(rank, g)| rank == self.rank || g.is_some())
+                });
+            pending = rest;
+            for (segment, got) in ready {
+                let s = segment as usize;
+                let own = layout.source(s).expect("a reduction's member contributes");
+                let inputs: Vec<&[u8]> = got
+                    .iter()
+                    .enumerate()
+                    .map(|(rank, g)| match g {
+                        _ if rank == self.rank => &source[own.clone()],
+                        Some(b) => &b[..],
+                        None => unreachable!("every other rank answered"),
+                    })
+                    .collect();
+                let folded = crate::fold::fold(flat.r, ranks, &inputs);
+                let dest = layout.destination(s).expect("missing: a destination");
+                let r = flat.r;
+                if folded.flags & wire::ENC_NONFINITE != 0 {
+                    crate::codec::fill_nan(r.dtype, &mut out[dest.clone()]);
+                } else {
+                    crate::codec::decode(
+                        (r.op, r.dtype, r.float),
+                        ranks as u32,
+                        &folded.lanes,
+                        folded.exponent,
+                        &mut out[dest.clone()],
+                    );
+                }
+                flags[s] = folded.flags;
+                let bytes = out[dest].to_vec();
+                lock(&self.view).recovered(message, s, folded.flags, &bytes);
+            }
+            if pending.is_empty() {
+                return Ok(());
+            }
+            if Instant::now() >= until {
+                let mut segments: Vec<u32> = pending.iter().map(|&(s, _)| s).collect();
+                segments.sort();
+                return Err(AllreduceError::Invalid(format!(
+                    "job {job}: segments {segments:?} of message {message} could not be finished from the peers within the collective timeout ({wait:?}): a rank never made the call"
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// One question to one peer (about a flat collective's segments with `flat`),
+    /// retried until `patience` runs out.
     fn ask(
         &self,
         at: SocketAddrV4,
         message: u32,
         segments: &[u32],
+        flat: bool,
         patience: Duration,
     ) -> io::Result<Vec<Answer>> {
         let until = Instant::now() + patience;
         loop {
-            match self.ask_once(at, message, segments) {
+            match self.ask_once(at, message, segments, flat) {
                 Ok(a) => return Ok(a),
                 Err(e) if Instant::now() >= until => return Err(e),
                 Err(_) => std::thread::sleep(Duration::from_millis(50)),
@@ -353,6 +704,7 @@ impl Peers {
         at: SocketAddrV4,
         message: u32,
         segments: &[u32],
+        flat: bool,
     ) -> io::Result<Vec<Answer>> {
         let mut s = TcpStream::connect_timeout(&at.into(), Duration::from_secs(2))?;
         s.set_read_timeout(Some(Duration::from_secs(10)))?;
@@ -360,7 +712,7 @@ impl Peers {
         let mut nonce = [0u8; 16];
         getrandom::fill(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
         let mut q = Vec::with_capacity(32 + 4 * segments.len() + 32);
-        q.extend_from_slice(MAGIC);
+        q.extend_from_slice(if flat { MAGIC_FLAT } else { MAGIC });
         q.extend_from_slice(&self.job.to_le_bytes());
         q.extend_from_slice(&message.to_le_bytes());
         q.extend_from_slice(&(segments.len() as u32).to_le_bytes());
@@ -374,26 +726,29 @@ impl Peers {
         let mut answers = Vec::with_capacity(segments.len());
         let mut mac_input = Vec::new();
         for _ in segments {
-            // Kind (1 result, 0 none, 2 gone), flags, length.
+            // Kind (1 result, 0 none, 2 gone, 3 contribution, 4 not yet), flags, length.
             let mut head = [0u8; 7];
             s.read_exact(&mut head)?;
             mac_input.extend_from_slice(&head);
             let len = u32::from_le_bytes(head[3..7].try_into().expect("4 bytes")) as usize;
-            answers.push(match head[0] {
-                1 => {
-                    if len > 1 << 20 {
-                        return Err(io::Error::other("an answer longer than any segment"));
-                    }
-                    let mut bytes = vec![0; len];
-                    s.read_exact(&mut bytes)?;
-                    mac_input.extend_from_slice(&bytes);
-                    Answer::Result {
-                        flags: u16::from_le_bytes([head[1], head[2]]),
-                        bytes,
-                    }
+            let mut bytes = || -> io::Result<Vec<u8>> {
+                if len > 1 << 20 {
+                    return Err(io::Error::other("an answer longer than any segment"));
                 }
+                let mut bytes = vec![0; len];
+                s.read_exact(&mut bytes)?;
+                mac_input.extend_from_slice(&bytes);
+                Ok(bytes)
+            };
+            answers.push(match head[0] {
+                1 => Answer::Result {
+                    flags: u16::from_le_bytes([head[1], head[2]]),
+                    bytes: bytes()?,
+                },
+                3 => Answer::Contribution { bytes: bytes()? },
                 0 => Answer::None,
                 2 => Answer::Gone,
+                4 => Answer::NotYet,
                 k => return Err(io::Error::other(format!("answer kind {k}"))),
             });
         }
@@ -516,7 +871,8 @@ fn answer(
     let mut head = [0u8; 32];
     s.read_exact(&mut head)?;
     let count = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
-    if &head[..4] != MAGIC
+    let flat = &head[..4] == MAGIC_FLAT;
+    if (&head[..4] != MAGIC && !flat)
         || u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) != job
         || count > MAX_ASK
     {
@@ -544,16 +900,22 @@ fn answer(
         let mut v = lock(view);
         for seg in body.chunks_exact(4) {
             let segment = u32::from_le_bytes(seg.try_into().expect("4 bytes"));
-            match v.answer(message, segment) {
-                Answer::Result { flags, bytes } => {
-                    out.push(1);
-                    out.extend_from_slice(&flags.to_le_bytes());
-                    out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
-                    out.extend_from_slice(&bytes);
-                }
-                Answer::None => out.extend_from_slice(&[0; 7]),
-                Answer::Gone => out.extend_from_slice(&[2, 0, 0, 0, 0, 0, 0]),
-            }
+            let a = if flat {
+                v.answer_flat(message, segment)
+            } else {
+                v.answer(message, segment)
+            };
+            let (kind, flags, bytes) = match a {
+                Answer::Result { flags, bytes } => (1, flags, bytes),
+                Answer::Contribution { bytes } => (3, 0, bytes),
+                Answer::None => (0, 0, Vec::new()),
+                Answer::Gone => (2, 0, Vec::new()),
+                Answer::NotYet => (4, 0, Vec::new()),
+            };
+            out.push(kind);
+            out.extend_from_slice(&flags.to_le_bytes());
+            out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+            out.extend_from_slice(&bytes);
         }
     }
     let tag = hmac(key, &[b"peer answer", &head[16..32], &out]);
@@ -583,7 +945,7 @@ mod tests {
         assert_eq!(v.answer(5, 1), Answer::None);
         assert!(!v.took(5, 1, 0));
         assert_eq!(v.withdrawn(5), Some(1));
-        v.finish(5, &out5, false, 2);
+        v.finish(5, &out5, &[], false, 2);
         assert_eq!(v.parked(5).map(|p| p.0), Some(vec![true, false, false]));
 
         // Message 6 complete over 2 slots: its last result on each slot is kept; the
@@ -593,7 +955,7 @@ mod tests {
         for s in 0..3 {
             assert!(v.took(6, s, 0));
         }
-        v.finish(6, &out6, true, 2);
+        v.finish(6, &out6, &[], true, 2);
         assert_eq!(
             v.answer(6, 2),
             Answer::Result {
@@ -607,5 +969,81 @@ mod tests {
         assert_eq!(v.answer(9, 3), Answer::None);
         let out9 = [0u8; 16];
         assert_eq!(v.start(9, out9.as_ptr(), out9.len(), 4, 10), Some(3));
+    }
+
+    #[test]
+    fn a_flat_collective_answers_its_result_or_its_contribution() {
+        use xagg_common::wire::{Collective, DType, Float, Lane, Op};
+        let r = Reduction {
+            op: Op::Sum,
+            dtype: DType::I32,
+            float: Float::Fast,
+            lane: Lane::I32,
+        };
+        let contribution = |bytes: &[u8]| Answer::Contribution {
+            bytes: bytes.to_vec(),
+        };
+        let mut v = View::default();
+        // A reduce-scatter of 2 blocks of 8 bytes in segments of 4, as member 1 sees it:
+        // segments 2 and 3 are its block's.
+        let layout = Layout::new(Collective::ReduceScatter, 8, 2, 4, 0, 1);
+        let input: Vec<u8> = (0..16).collect();
+        let out = [9u8; 8];
+        v.start_flat(3, &out, Flat::new(layout, r, &input), 4);
+        assert!(v.took(3, 2, 0));
+        // Held: the result; another's block or its own not held: its contribution.
+        let result = Answer::Result {
+            flags: 0,
+            bytes: vec![9; 4],
+        };
+        assert_eq!(v.answer_flat(3, 2), result);
+        assert_eq!(v.answer_flat(3, 0), contribution(&input[0..4]));
+        assert_eq!(v.answer_flat(3, 3), contribution(&input[12..16]));
+        // Not started here: asked again later, nothing promised.
+        assert_eq!(v.answer_flat(5, 0), Answer::NotYet);
+        assert!(v.promised.is_empty());
+        // Failed: the same answers from the copies.
+        v.finish(3, &out, &input, false, 2);
+        assert_eq!(v.answer_flat(3, 2), result);
+        assert_eq!(v.answer_flat(3, 1), contribution(&input[4..8]));
+        assert_eq!(
+            v.parked_flat(3).map(|p| p.have),
+            Some(vec![false, false, true, false])
+        );
+
+        // Message 4 complete over 2 slots: the last round on each slot keeps this rank's
+        // result there, or its contribution; the earlier ones are gone.
+        let out4 = [7u8; 8];
+        v.start_flat(4, &out4, Flat::new(layout, r, &input), 5);
+        for s in 0..4 {
+            assert!(v.took(4, s, 0));
+        }
+        v.finish(4, &out4, &input, true, 2);
+        assert_eq!(
+            v.answer_flat(4, 3),
+            Answer::Result {
+                flags: 0,
+                bytes: vec![7; 4]
+            }
+        );
+        assert_eq!(
+            v.answer_flat(4, 2),
+            Answer::Result {
+                flags: 0,
+                bytes: vec![7; 4]
+            }
+        );
+        assert_eq!(v.answer_flat(4, 1), Answer::Gone);
+
+        // A broadcast's root answers its own data as the result.
+        let b = Layout::new(Collective::Broadcast, 8, 1, 4, 1, 1);
+        v.start_flat(5, &out, Flat::new(b, r, &input[..8]), 6);
+        assert_eq!(
+            v.answer_flat(5, 1),
+            Answer::Result {
+                flags: 0,
+                bytes: input[4..8].to_vec()
+            }
+        );
     }
 }
