@@ -123,6 +123,110 @@ fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) 
     })
 }
 
+/// One collective of `elems` i32 on job `job` from message `message`, every member
+/// serving its peers, with member `cut`'s results from the switch cut off (nftables)
+/// before it starts: every member's result exact after [`Worker::recover`]; what each
+/// recovered (`None`: it did not need to) and how many segments the call had.
+#[allow(clippy::too_many_arguments)]
+fn run_cut(
+    sw: &TestSwitch,
+    job: u32,
+    segment: usize,
+    message: u32,
+    (collective, root): (Collective, usize),
+    elems: usize,
+    cut: usize,
+) -> (Vec<Option<usize>>, usize) {
+    use std::sync::{
+        atomic::{AtomicBool, Ordering},
+        Barrier, Mutex,
+    };
+    let n = WORKERS.len();
+    let shape = JobShape::with_elements(n, 64, segment, Lane::I32).expect("a valid shape");
+    let secret = xagg_worker::Secret([5; 32]);
+    let addresses = Mutex::new(vec![None; n]);
+    let barrier = Barrier::new(n);
+    let cut_off = AtomicBool::new(false);
+    let ns = sw.lab.worker_ns(cut);
+    let outcomes: Vec<(Option<usize>, usize)> = std::thread::scope(|s| {
+        let handles: Vec<_> = WORKERS
+            .iter()
+            .map(|&m| {
+                let (barrier, addresses, cut_off, secret, ns) =
+                    (&barrier, &addresses, &cut_off, &secret, &ns);
+                s.spawn(move || {
+                    xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
+                    let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
+                    let to = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
+                    let mut p = WorkerParams::new(to, bind, job, m as u8, shape);
+                    p.first_message = Some(message);
+                    // A failure ends the test instead of leaving the others waiting.
+                    p.collective_timeout = std::time::Duration::from_secs(30);
+                    if m == cut {
+                        p.give_up = std::time::Duration::from_secs(1);
+                    }
+                    let w = Worker::new(p).expect("a worker");
+                    // The job's state learnt before the cut.
+                    w.sync().expect("synced");
+                    addresses.lock().unwrap()[m] = Some(w.serve_peers(secret).expect("served"));
+                    barrier.wait();
+                    let all = addresses.lock().unwrap().iter().flatten().copied().collect();
+                    w.set_peers(m, all);
+                    if m == cut {
+                        let rule = format!(
+                            "table inet xagg_cut {{\n chain input {{\n type filter hook input priority 0;\n ip saddr {} meta l4proto udp drop\n }}\n}}\n",
+                            lab::SWITCH_IP
+                        );
+                        cut_off.store(nft(ns, &rule), Ordering::SeqCst);
+                    }
+                    barrier.wait();
+                    if !cut_off.load(Ordering::SeqCst) {
+                        return Err("nft (nftables) took no rule".to_string());
+                    }
+                    let case = xagg_worker::data::CollectiveCase::new(
+                        collective, root, m, n, elems, 77,
+                    );
+                    let mut c = w
+                        .submit_collective(
+                            collective,
+                            Op::Sum,
+                            root,
+                            case.input.map(Buffer::from),
+                            Buffer::from(case.output),
+                        )
+                        .expect("submitted")
+                        .wait();
+                    let tried = w.recover(&mut c);
+                    // Every worker (and its responder) kept until every member is done.
+                    barrier.wait();
+                    let report = c.status.map_err(|e| format!("member {m}: {e}"))?;
+                    let got: Vec<i32> = c.buffer.into_vec().expect("i32");
+                    if let Some(i) = got.iter().zip(&case.expected).position(|(a, b)| a != b) {
+                        return Err(format!(
+                            "member {m}: element {i} is {} but must be {}",
+                            got[i], case.expected[i]
+                        ));
+                    }
+                    Ok((tried.then_some(report.recovered), report.segments))
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("member"))
+            .collect::<Result<_, _>>()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "{collective}, member {cut} cut off: {e}; counters {:?}",
+                    sw.counters()
+                )
+            })
+    });
+    assert!(nft(&ns, "delete table inet xagg_cut\n"));
+    let segments = outcomes[0].1;
+    (outcomes.into_iter().map(|o| o.0).collect(), segments)
+}
+
 fn inject(sw: &TestSwitch, drop_contribution: f64, drop_result: f64) {
     assert!(matches!(
         sw.api(Request::Inject {
@@ -147,11 +251,18 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
             Response::Job { .. }
         ));
     }
-    let mut message = [0u32; 3];
-    let mut phase = |what: &str, job: u32, segment: usize, calls: &[Call]| {
+    // Each job's next message id.
+    let message = std::cell::Cell::new([0u32; 3]);
+    let next = |job: u32, calls: usize| {
+        let mut m = message.get();
+        let first = m[job as usize];
+        m[job as usize] += calls as u32;
+        message.set(m);
+        first
+    };
+    let phase = |what: &str, job: u32, segment: usize, calls: &[Call]| {
         let before = sw.counters();
-        let reps = run(&sw, job, segment, message[job as usize], calls);
-        message[job as usize] += calls.len() as u32;
+        let reps = run(&sw, job, segment, next(job, calls.len()), calls);
         let after = sw.counters();
         let moved: Vec<(String, u64)> = after
             .iter()
@@ -246,4 +357,45 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
         }
     }
     inject(&sw, 0.0, 0.0);
+
+    // A member's results cut off in the middle of each collective, three windows long:
+    // it gives up on the switch and finishes every segment it gets from the peers (a
+    // reduction's from every member's contribution, folded on the host), and the others,
+    // which wait at the switch for its later rounds, finish theirs likewise; then every
+    // collective through the switch again.
+    let (job, segment) = jobs[0];
+    let elems = WORKERS.len() * 48 * segment;
+    for (c, root) in ALL {
+        let cut = if c == Collective::Reduce { root } else { 3 };
+        let (recovered, segments) = run_cut(&sw, job, segment, next(job, 1), (c, root), elems, cut);
+        eprintln!("{c}, member {cut} cut off: {segments} segments, recovered {recovered:?}");
+        let n = WORKERS.len();
+        // The segments the cut member gets: its block's, every other block's, all, all.
+        let gets = match c {
+            Collective::ReduceScatter => segments / n,
+            Collective::AllGather => segments - segments / n,
+            _ => segments,
+        };
+        assert_eq!(
+            recovered[cut],
+            Some(gets),
+            "{c}: the cut member took all it gets from the peers"
+        );
+        for (m, r) in recovered.iter().enumerate() {
+            assert!(
+                r.is_none_or(|r| r <= gets),
+                "{c}: member {m} recovered {r:?}"
+            );
+        }
+    }
+    let calls: Vec<Call> = ALL
+        .iter()
+        .map(|&(c, root)| (c, root, 4 * segment + 8, 9))
+        .collect();
+    let (d, segments, _, _) = phase("after the cuts", job, segment, &calls);
+    assert_eq!(
+        d("complete"),
+        segments,
+        "one completion per round after the cuts"
+    );
 }

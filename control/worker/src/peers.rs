@@ -50,6 +50,8 @@ const MAGIC_FLAT: &[u8; 4] = b"XAGF";
 const MAX_ASK: usize = 1 << 16;
 /// Requests that failed, kept aside while they are recovered (the newest).
 const PARKED: usize = 8;
+/// Flat collectives remembered as finished from the peers (the newest).
+const MAX_ABANDONED: usize = 64;
 
 /// What one rank holds of a message's segment, as it answers a peer.
 #[derive(Debug, PartialEq, Eq)]
@@ -138,6 +140,10 @@ pub(crate) struct View {
     parked: VecDeque<Parked>,
     kept: Vec<Option<Kept>>,
     promised: HashSet<(u32, u32)>,
+    /// Flat collectives a peer is finishing from the peers (the first segment it asked
+    /// for): it sends that message's later rounds to nobody, so this rank's request for
+    /// it, which would wait at the switch for them, is finished from the peers as well.
+    abandoned: VecDeque<(u32, u32)>,
     /// The engine's next message id: ids from it on are not yet started here.
     next_message: Option<u32>,
 }
@@ -206,12 +212,26 @@ impl View {
         true
     }
 
-    /// A segment of `message` a peer was promised this rank lacks, if any.
+    /// A segment of `message` a peer was promised this rank lacks, or that a peer
+    /// finishing the flat collective `message` from the peers asked for, if any.
     pub fn withdrawn(&self, message: u32) -> Option<u32> {
         self.promised
             .iter()
+            .chain(self.abandoned.iter())
             .find(|&&(m, _)| m == message)
             .map(|&(_, s)| s)
+    }
+
+    /// A peer asked for `segment` of the flat collective `message`: it finishes it from
+    /// the peers ([`View::withdrawn`]).
+    fn abandon(&mut self, message: u32, segment: u32) {
+        if self.abandoned.iter().any(|&(m, _)| m == message) {
+            return;
+        }
+        if self.abandoned.len() == MAX_ABANDONED {
+            self.abandoned.pop_front();
+        }
+        self.abandoned.push_back((message, segment));
     }
 
     /// The request of `message` is delivered, out of `buffer`: a complete one leaves its
@@ -567,6 +587,7 @@ impl Peers {
         let mut pending: Vec<(u32, Vec<Option<Vec<u8>>>)> =
             missing.into_iter().map(|s| (s, vec![None; n])).collect();
         let until = Instant::now() + wait;
+        let mut told = vec![false; n];
         loop {
             for (rank, &at) in self.addresses.iter().enumerate() {
                 if rank == self.rank {
@@ -577,9 +598,12 @@ impl Peers {
                     .filter(|(_, got)| got[rank].is_none())
                     .map(|&(s, _)| s)
                     .collect();
-                if ask.is_empty() {
+                // Every peer is asked once, even with nothing left to ask: it learns that
+                // this rank sends the message's later rounds to nobody.
+                if ask.is_empty() && told[rank] {
                     continue;
                 }
+                told[rank] = true;
                 let answers = self
                     .ask(at, message, &ask, true, patience)
                     .map_err(|e| invalid(rank, format!("at {at}: {e}")))?;
@@ -665,8 +689,11 @@ impl Peers {
                 let bytes = out[dest].to_vec();
                 lock(&self.view).recovered(message, s, folded.flags, &bytes);
             }
-            if pending.is_empty() {
+            if pending.is_empty() && told.iter().enumerate().all(|(r, &t)| t || r == self.rank) {
                 return Ok(());
+            }
+            if pending.is_empty() {
+                continue;
             }
             if Instant::now() >= until {
                 let mut segments: Vec<u32> = pending.iter().map(|&(s, _)| s).collect();
@@ -849,7 +876,18 @@ fn respond(
         } else {
             Duration::from_millis(200)
         };
+        // Only the listener polled: the worker is not held meanwhile, so that a program
+        // dropping it frees its address at once (a new worker may bind it right away).
+        let w = if away {
+            Some(w)
+        } else {
+            drop(w);
+            None
+        };
         let _ = poll(&mut polled, PollTimeout::from(wait.as_millis() as u16));
+        let Some(w) = w.or_else(|| worker.upgrade()) else {
+            return;
+        };
         while let Ok((s, _)) = listener.accept() {
             // A peer that stalls mid-question holds this rank's answers up only so long.
             let _ = s.set_nonblocking(false);
@@ -898,6 +936,12 @@ fn answer(
     let mut out = Vec::new();
     {
         let mut v = lock(view);
+        if flat {
+            let first = body
+                .get(..4)
+                .map_or(0, |b| u32::from_le_bytes(b.try_into().expect("4 bytes")));
+            v.abandon(message, first);
+        }
         for seg in body.chunks_exact(4) {
             let segment = u32::from_le_bytes(seg.try_into().expect("4 bytes"));
             let a = if flat {
