@@ -8,6 +8,10 @@
  *        cases nan       rank 1 puts a NaN into element 5 of a float sum
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
  *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
+ *        cases collectives GO   after a first allreduce, rank 0 waits for the file GO (the
+ *                        test cuts its results off first); then MPI_Reduce_scatter_block
+ *                        (blocks of 200,000 int), MPI_Reduce to rank 0, MPI_Allgather and
+ *                        MPI_Bcast from rank 1, each of size x 200,000 int
  *        cases unwrapped rank 0: MPI_Iallreduce of 4 MiB, MPI_Wait, MPI_Send to 1; rank 1:
  *                        MPI_Iallreduce, MPI_Recv from 0, MPI_Wait: more segments than
  *                        slots, so rank 1's later rounds go out while it sits in MPI_Recv
@@ -229,6 +233,34 @@ int main(int argc, char **argv) {
                    fnv(d, M * sizeof(double)));
         free(f);
         free(d);
+    } else if (strcmp(mode, "collectives") == 0 && argc > 2) {
+        enum { B = 200000 };
+        long all = (long)size * B, bad = 0;
+        int *send = malloc(all * sizeof(int)), *recv = malloc(all * sizeof(int));
+        int base = size * (size - 1) / 2;
+        if (rank == 0)
+            while (access(argv[2], F_OK) != 0) usleep(10000);
+        for (long i = 0; i < all; i++) send[i] = rank + (int)(i % 1000003);
+        MPI_Reduce_scatter_block(send, recv, B, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        for (long j = 0; j < B; j++) bad += recv[j] != size * (int)((rank * B + j) % 1000003) + base;
+        expect("reduce_scatter_block", bad, 0);
+        bad = 0;
+        MPI_Reduce(send, recv, all, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD);
+        if (rank == 0)
+            for (long i = 0; i < all; i++) bad += recv[i] != size * (int)(i % 1000003) + base;
+        expect("reduce", bad, 0);
+        for (long j = 0; j < B; j++) send[j] = rank + 7 * (int)j;
+        MPI_Allgather(send, B, MPI_INT, recv, B, MPI_INT, MPI_COMM_WORLD);
+        bad = 0;
+        for (long i = 0; i < all; i++) bad += recv[i] != (int)(i / B) + 7 * (int)(i % B);
+        expect("allgather", bad, 0);
+        for (long i = 0; i < all; i++) recv[i] = rank == 1 ? 3 * (int)i : -1;
+        MPI_Bcast(recv, all, MPI_INT, 1, MPI_COMM_WORLD);
+        bad = 0;
+        for (long i = 0; i < all; i++) bad += recv[i] != 3 * (int)i;
+        expect("bcast", bad, 0);
+        free(send);
+        free(recv);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

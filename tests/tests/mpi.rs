@@ -481,6 +481,30 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         "{err}"
     );
 
+    // The same cut before a reduce-scatter, a reduce to rank 0, an all-gather and a
+    // broadcast, each several windows long and routed to the switch: rank 0 finishes every
+    // call from the peers (its reduce-scatter's block and the reduce from every rank's
+    // contribution, folded on rank 0; the gathers' data from the ranks that got it), the
+    // others theirs once rank 0 asked them; every result exact.
+    let route = [give_up[0].clone(), ("XAGG_ROUTE", "all".to_string())];
+    let o = cut_rank0_after_first(&lab.sw, &go, || {
+        run(&format!("collectives {}", go.display()), &route)
+    });
+    let (out, err) = checked(&o);
+    assert!(out.contains("checks=5 failures=0"), "{out}");
+    for entry in [
+        "MPI_Reduce_scatter_block",
+        "MPI_Reduce",
+        "MPI_Allgather",
+        "MPI_Bcast",
+    ] {
+        assert_eq!(
+            entry_counts(&err, entry),
+            [0, 1, 0, 0, 0, 0],
+            "{entry}: {err}"
+        );
+    }
+
     // Rank 0 three seconds late, the give-up time one: waited for, no failure, named.
     let (out, err) = checked(&run("slow 3", &give_up));
     assert!(out.contains("checks=2 failures=0"), "{out}");
