@@ -12,6 +12,9 @@
  *                        test cuts its results off first); then MPI_Reduce_scatter_block
  *                        (blocks of 200,000 int), MPI_Reduce to rank 0, MPI_Allgather and
  *                        MPI_Bcast from rank 1, each of size x 200,000 int
+ *        cases icollectives   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast (root
+ *                        1) and MPI_Ireduce (root 2) in flight together (blocks of 50,000
+ *                        int), completed by one MPI_Waitall; then an MPI_Ibcast by MPI_Wait
  *        cases unwrapped rank 0: MPI_Iallreduce of 4 MiB, MPI_Wait, MPI_Send to 1; rank 1:
  *                        MPI_Iallreduce, MPI_Recv from 0, MPI_Wait: more segments than
  *                        slots, so rank 1's later rounds go out while it sits in MPI_Recv
@@ -261,6 +264,48 @@ int main(int argc, char **argv) {
         expect("bcast", bad, 0);
         free(send);
         free(recv);
+    } else if (strcmp(mode, "icollectives") == 0) {
+        enum { B = 50000 };
+        long all = (long)size * B, bad = 0;
+        int *in = malloc(all * sizeof(int)), *rs = malloc(B * sizeof(int));
+        int *ag = malloc(all * sizeof(int)), *bc = malloc(all * sizeof(int));
+        int *red = malloc(all * sizeof(int)), *mine = malloc(B * sizeof(int));
+        int base = size * (size - 1) / 2;
+        MPI_Request r[4];
+        for (long i = 0; i < all; i++) {
+            in[i] = rank + (int)i;
+            bc[i] = rank == 1 ? 5 * (int)i : -1;
+        }
+        for (long j = 0; j < B; j++) mine[j] = 11 * rank + (int)j;
+        MPI_Ireduce_scatter_block(in, rs, B, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r[0]);
+        MPI_Iallgather(mine, B, MPI_INT, ag, B, MPI_INT, MPI_COMM_WORLD, &r[1]);
+        MPI_Ibcast(bc, all, MPI_INT, 1, MPI_COMM_WORLD, &r[2]);
+        MPI_Ireduce(in, red, all, MPI_INT, MPI_SUM, 2, MPI_COMM_WORLD, &r[3]);
+        MPI_Waitall(4, r, MPI_STATUSES_IGNORE);
+        for (long j = 0; j < B; j++) bad += rs[j] != size * (int)(rank * B + j) + base;
+        expect("ireduce_scatter_block", bad, 0);
+        bad = 0;
+        for (long i = 0; i < all; i++) bad += ag[i] != 11 * (int)(i / B) + (int)(i % B);
+        expect("iallgather", bad, 0);
+        bad = 0;
+        for (long i = 0; i < all; i++) bad += bc[i] != 5 * (int)i;
+        expect("ibcast", bad, 0);
+        bad = 0;
+        if (rank == 2)
+            for (long i = 0; i < all; i++) bad += red[i] != size * (int)i + base;
+        expect("ireduce", bad, 0);
+        for (long i = 0; i < all; i++) bc[i] = rank == 0 ? 9 - (int)i : 0;
+        MPI_Ibcast(bc, all, MPI_INT, 0, MPI_COMM_WORLD, &r[0]);
+        MPI_Wait(&r[0], MPI_STATUS_IGNORE);
+        bad = 0;
+        for (long i = 0; i < all; i++) bad += bc[i] != 9 - (int)i;
+        expect("ibcast by MPI_Wait", bad, 0);
+        free(in);
+        free(rs);
+        free(ag);
+        free(bc);
+        free(red);
+        free(mine);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

@@ -505,6 +505,24 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         );
     }
 
+    // The nonblocking forms, four in flight together on one communicator and one more:
+    // each through the switch, counted under the completion call that handed it back.
+    let (out, err) = checked(&run("icollectives", &route[1..]));
+    assert!(out.contains("checks=6 failures=0"), "{out}");
+    for entry in [
+        "MPI_Ireduce_scatter_block by MPI_Waitall",
+        "MPI_Iallgather by MPI_Waitall",
+        "MPI_Ibcast by MPI_Waitall",
+        "MPI_Ireduce by MPI_Waitall",
+        "MPI_Ibcast by MPI_Wait",
+    ] {
+        assert_eq!(
+            entry_counts(&err, entry),
+            [1, 0, 0, 0, 0, 0],
+            "{entry}: {err}"
+        );
+    }
+
     // Rank 0 three seconds late, the give-up time one: waited for, no failure, named.
     let (out, err) = checked(&run("slow 3", &give_up));
     assert!(out.contains("checks=2 failures=0"), "{out}");

@@ -76,7 +76,7 @@ struct State {
     requests: HashMap<usize, usize>,
     /// The program's requests whose calls are done and not yet handed back by a completion
     /// call: how each was made (counted under the call that hands it back).
-    finished: HashMap<usize, Way>,
+    finished: HashMap<usize, (&'static str, Way)>,
     stats: Stats,
 }
 
@@ -223,7 +223,7 @@ fn progress(c: &mut CommState, until: Option<u64>) {
                 if done.request.is_null() {
                     st.stats.table.count(done.entry, way);
                 } else {
-                    st.finished.insert(key(done.request), way);
+                    st.finished.insert(key(done.request), (done.entry, way));
                     st.requests.remove(&key(done.request));
                 }
                 // The summary's headline counts allreduces; every call is in the table.
@@ -366,9 +366,10 @@ fn allreduce(
     Some(SUCCESS)
 }
 
-/// A collective other than allreduce (blocking): served, or `None` for Open MPI. `count`
-/// as [`Args`] says; `op` is ignored by an all-gather and a broadcast, which move bytes
-/// (their type must still be one the switch takes).
+/// A collective other than allreduce: served, or `None` for Open MPI; with `request`, a
+/// nonblocking one, whose generalized request is written there. `count` as [`Args`]
+/// says; `op` is ignored by an all-gather and a broadcast, which move bytes (their type
+/// must still be one the switch takes).
 #[allow(clippy::too_many_arguments)]
 fn collective(
     kind: Kind,
@@ -379,6 +380,7 @@ fn collective(
     op: MpiOp,
     root: c_int,
     comm: Comm,
+    request: Option<*mut Request>,
 ) -> Option<c_int> {
     let entry = entry::current();
     let moves = matches!(kind, Kind::Allgather | Kind::Bcast);
@@ -450,9 +452,22 @@ fn collective(
         rank,
         size: job.size,
     };
-    let call = Call::start(job, id, std::ptr::null_mut(), entry, &args);
+    let mut greq: Request = std::ptr::null_mut();
+    if request.is_some() {
+        // Safety: callbacks that touch nothing of the library's state.
+        unsafe { (pmpi().grequest_start)(query, free, cancel, std::ptr::null_mut(), &mut greq) };
+    }
+    let call = Call::start(job, id, greq, entry, &args);
     job.calls.push_back(call);
-    progress(c, Some(id));
+    match request {
+        None => progress(c, Some(id)),
+        Some(out) => {
+            with_state(|st| st.requests.insert(key(greq), key(comm)));
+            progress(c, None);
+            // Safety: the program's request handle.
+            unsafe { *out = greq };
+        }
+    }
     Some(SUCCESS)
 }
 
@@ -479,7 +494,7 @@ unsafe extern "C" fn cancel(_extra: *mut c_void, _complete: c_int) -> c_int {
 
 /// Runs a completion call over the program's requests `reqs` (`n` of them) and counts
 /// this library's calls it handed back (their handles changed: freed or set to null) as
-/// `MPI_Iallreduce by NAME`.
+/// `ENTRY by NAME` (`MPI_Iallreduce by MPI_Wait`).
 ///
 /// # Safety
 /// `reqs` points to `n` requests, as for the completion call.
@@ -497,10 +512,8 @@ unsafe fn handing_back(
     with_state(|st| {
         for (b, a) in before.iter().zip(after) {
             if b != a {
-                if let Some(way) = st.finished.remove(&key(*b)) {
-                    st.stats
-                        .table
-                        .count(&format!("MPI_Iallreduce by {name}"), way);
+                if let Some((entry, way)) = st.finished.remove(&key(*b)) {
+                    st.stats.table.count(&format!("{entry} by {name}"), way);
                 }
             }
         }
@@ -710,10 +723,43 @@ pub unsafe extern "C" fn MPI_Reduce_scatter_block(
             op,
             0,
             comm,
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().reduce_scatter_block)(send, recv, count, datatype, op, comm) }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Ireduce_scatter_block(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    comm: Comm,
+    request: *mut Request,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Ireduce_scatter_block");
+        collective(
+            Kind::ReduceScatter,
+            send,
+            recv,
+            count,
+            datatype,
+            op,
+            0,
+            comm,
+            Some(request),
+        )
+        .unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe {
+                (pmpi().ireduce_scatter_block)(send, recv, count, datatype, op, comm, request)
+            }
         })
     })
 }
@@ -748,6 +794,7 @@ pub unsafe extern "C" fn MPI_Reduce_scatter(
                 op,
                 0,
                 comm,
+                None,
             ),
             _ => {
                 with_state(|st| pass(st, "MPI_Reduce_scatter", "unequal counts"));
@@ -761,7 +808,43 @@ pub unsafe extern "C" fn MPI_Reduce_scatter(
     })
 }
 
-/// Served when each rank sends what it receives from each (the same count and type).
+/// An all-gather, served when each rank sends what it receives from each (the same count
+/// and type); with `request`, nonblocking.
+#[allow(clippy::too_many_arguments)]
+fn allgather(
+    send: *const c_void,
+    send_count: c_int,
+    send_type: Datatype,
+    recv: *mut c_void,
+    recv_count: c_int,
+    recv_type: Datatype,
+    comm: Comm,
+    request: Option<*mut Request>,
+) -> Option<c_int> {
+    if send == IN_PLACE || (send_count == recv_count && send_type == recv_type) {
+        collective(
+            Kind::Allgather,
+            send,
+            recv,
+            recv_count,
+            recv_type,
+            handles().op_sum,
+            0,
+            comm,
+            request,
+        )
+    } else {
+        with_state(|st| {
+            pass(
+                st,
+                entry::current(),
+                "a send count or type other than the receive's",
+            )
+        });
+        None
+    }
+}
+
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Allgather(
     send: *const c_void,
@@ -774,32 +857,48 @@ pub unsafe extern "C" fn MPI_Allgather(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Allgather");
-        let served = if send == IN_PLACE || (send_count == recv_count && send_type == recv_type) {
-            collective(
-                Kind::Allgather,
-                send,
-                recv,
-                recv_count,
-                recv_type,
-                handles().op_sum,
-                0,
-                comm,
-            )
-        } else {
-            with_state(|st| {
-                pass(
-                    st,
-                    "MPI_Allgather",
-                    "a send count or type other than the receive's",
-                )
-            });
-            None
-        };
+        let served = allgather(
+            send, send_count, send_type, recv, recv_count, recv_type, comm, None,
+        );
         served.unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe {
                 (pmpi().allgather)(
                     send, send_count, send_type, recv, recv_count, recv_type, comm,
+                )
+            }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Iallgather(
+    send: *const c_void,
+    send_count: c_int,
+    send_type: Datatype,
+    recv: *mut c_void,
+    recv_count: c_int,
+    recv_type: Datatype,
+    comm: Comm,
+    request: *mut Request,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Iallgather");
+        let served = allgather(
+            send,
+            send_count,
+            send_type,
+            recv,
+            recv_count,
+            recv_type,
+            comm,
+            Some(request),
+        );
+        served.unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe {
+                (pmpi().iallgather)(
+                    send, send_count, send_type, recv, recv_count, recv_type, comm, request,
                 )
             }
         })
@@ -825,10 +924,40 @@ pub unsafe extern "C" fn MPI_Bcast(
             handles().op_sum,
             root,
             comm,
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().bcast)(buffer, count, datatype, root, comm) }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Ibcast(
+    buffer: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    root: c_int,
+    comm: Comm,
+    request: *mut Request,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Ibcast");
+        collective(
+            Kind::Bcast,
+            buffer,
+            buffer,
+            count,
+            datatype,
+            handles().op_sum,
+            root,
+            comm,
+            Some(request),
+        )
+        .unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().ibcast)(buffer, count, datatype, root, comm, request) }
         })
     })
 }
@@ -845,9 +974,51 @@ pub unsafe extern "C" fn MPI_Reduce(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Reduce");
-        collective(Kind::Reduce, send, recv, count, datatype, op, root, comm).unwrap_or_else(|| {
+        collective(
+            Kind::Reduce,
+            send,
+            recv,
+            count,
+            datatype,
+            op,
+            root,
+            comm,
+            None,
+        )
+        .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().reduce)(send, recv, count, datatype, op, root, comm) }
+        })
+    })
+}
+
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Ireduce(
+    send: *const c_void,
+    recv: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    root: c_int,
+    comm: Comm,
+    request: *mut Request,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Ireduce");
+        collective(
+            Kind::Reduce,
+            send,
+            recv,
+            count,
+            datatype,
+            op,
+            root,
+            comm,
+            Some(request),
+        )
+        .unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().ireduce)(send, recv, count, datatype, op, root, comm, request) }
         })
     })
 }
