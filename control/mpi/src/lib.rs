@@ -1,6 +1,7 @@
 //! `libxagg_mpi.so`: preloaded under an unmodified Open MPI program (`mpirun -x
-//! LD_PRELOAD=libxagg_mpi.so ...`), it serves `MPI_Allreduce`, `MPI_Iallreduce` and
-//! `MPI_Barrier` through the switch and hands everything else to Open MPI (`PMPI_`).
+//! LD_PRELOAD=libxagg_mpi.so ...`), it serves `MPI_Allreduce`, `MPI_Iallreduce`,
+//! `MPI_Barrier`, and reduce-scatter, all-gather, broadcast and reduce (blocking and
+//! nonblocking) through the switch and hands everything else to Open MPI (`PMPI_`).
 //!
 //! - A communicator becomes a job at its first served call ([`comm`]): rank 0 draws the
 //!   job's key and secret and broadcasts them, every rank joins through the daemon's
@@ -9,7 +10,7 @@
 //!   the communicator and rank 0 says why.
 //! - Each call ([`call`]) goes to the switch, then the ranks agree it succeeded everywhere;
 //!   otherwise Open MPI makes it again from the kept input.
-//! - `MPI_Iallreduce` returns a generalized request; the completion calls (`MPI_Wait`,
+//! - `MPI_Iallreduce` and the other nonblocking collectives return a generalized request; the completion calls (`MPI_Wait`,
 //!   `MPI_Test`, their `all`/`any`/`some` forms, `MPI_Request_free`,
 //!   `MPI_Request_get_status`) are wrapped so they make this library's requests progress,
 //!   mixed with any of Open MPI's.
