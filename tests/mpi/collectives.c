@@ -1,5 +1,5 @@
 /* An ordinary MPI program using the collectives besides allreduce: MPI_Reduce_scatter_block,
- * MPI_Reduce_scatter (equal counts, and unequal ones), MPI_Allgather, MPI_Bcast and
+ * MPI_Reduce_scatter (equal counts, and unequal ones, in place too), MPI_Allgather, MPI_Bcast and
  * MPI_Reduce, over int, unsigned, long, float and double, in place and not, every root,
  * from one element a block to more than a window of segments; each result checked
  * against values computed here. Prints `checks=N failures=M` on rank 0. */
@@ -104,7 +104,7 @@ int main(int argc, char **argv) {
         check_float(blocks[b]);
         check_double(blocks[b]);
     }
-    /* Unequal counts: Open MPI's. */
+    /* Unequal counts (blocks of the largest, each rank's part padded), and in place. */
     int *counts = malloc(size * sizeof(int)), total = 0;
     for (int r = 0; r < size; r++) total += counts[r] = r + 1;
     int *in = malloc(total * sizeof(int)), out[64];
@@ -118,6 +118,13 @@ int main(int argc, char **argv) {
         ok &= out[i] == w;
     }
     expect("reduce_scatter with unequal counts", ok, total);
+    int *inplace = malloc(total * sizeof(int));
+    memcpy(inplace, in, total * sizeof(int));
+    MPI_Reduce_scatter(MPI_IN_PLACE, inplace, counts, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    ok = 1;
+    for (int i = 0; i < counts[rank]; i++) ok &= inplace[i] == out[i];
+    expect("reduce_scatter with unequal counts in place", ok, total);
+    free(inplace);
     free(in);
     free(counts);
     int all_failures = 0;

@@ -73,6 +73,15 @@ pub type IreduceFn = unsafe extern "C" fn(
 ) -> c_int;
 pub type ReduceScatterFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, *const c_int, Datatype, MpiOp, Comm) -> c_int;
+pub type IreduceScatterFn = unsafe extern "C" fn(
+    *const c_void,
+    *mut c_void,
+    *const c_int,
+    Datatype,
+    MpiOp,
+    Comm,
+    *mut Request,
+) -> c_int;
 pub type ReduceScatterBlockFn =
     unsafe extern "C" fn(*const c_void, *mut c_void, c_int, Datatype, MpiOp, Comm) -> c_int;
 pub type ReduceFn =
@@ -135,6 +144,7 @@ pub struct Pmpi {
     pub request_get_status: unsafe extern "C" fn(Request, *mut c_int, *mut Status) -> c_int,
     pub abort: unsafe extern "C" fn(Comm, c_int) -> c_int,
     pub ireduce_scatter_block: IreduceScatterBlockFn,
+    pub ireduce_scatter: IreduceScatterFn,
     pub iallgather: IallgatherFn,
     pub ibcast: IbcastFn,
     pub ireduce: IreduceFn,
@@ -250,6 +260,7 @@ fn load() -> Option<Pmpi> {
         request_get_status: function("PMPI_Request_get_status")?,
         abort: function("PMPI_Abort")?,
         ireduce_scatter_block: function("PMPI_Ireduce_scatter_block")?,
+        ireduce_scatter: function("PMPI_Ireduce_scatter")?,
         iallgather: function("PMPI_Iallgather")?,
         ibcast: function("PMPI_Ibcast")?,
         ireduce: function("PMPI_Ireduce")?,

@@ -94,8 +94,14 @@ pub struct Call {
     /// buffer it goes back for a fallback.
     saved: Option<Vec<u8>>,
     saved_at: usize,
-    /// Where a reduce's result goes on a rank that is not its root (MPI gives it none).
+    /// Where a reduce's result goes on a rank that is not its root (MPI gives it none),
+    /// and a reduce-scatter's of unequal counts before its part is copied out.
     scratch: Option<Vec<u8>>,
+    /// A reduce-scatter of unequal counts: the counts (for Open MPI's same call), the
+    /// bytes of this rank's part, and the input with every rank's part padded to the
+    /// largest (the switch's blocks are equal; the padding's results are not used).
+    unequal: Option<(Vec<c_int>, usize)>,
+    padded: Option<Vec<u8>>,
     switch: Option<SwitchRequest>,
     /// Why the switch did not serve it on this rank.
     pub error: Option<String>,
@@ -125,6 +131,8 @@ pub struct Args {
     /// This rank and the communicator's size.
     pub rank: c_int,
     pub size: c_int,
+    /// A reduce-scatter's counts where they differ (`count` is then the largest).
+    pub counts: Option<Vec<c_int>>,
 }
 
 impl Call {
@@ -150,6 +158,11 @@ impl Call {
             saved: None,
             saved_at: 0,
             scratch: None,
+            unequal: a.counts.clone().map(|c| {
+                let mine = c[a.rank as usize] as usize * a.dtype.size();
+                (c, mine)
+            }),
+            padded: None,
             switch: None,
             error: None,
             pending: Box::new(std::ptr::null_mut()),
@@ -220,6 +233,28 @@ impl Call {
         let in_place = a.send == IN_PLACE;
         let raw = |p: *mut u8, len: usize| unsafe { Buffer::from_raw(p, len, a.dtype, ()) };
         let (input, output) = match a.kind {
+            Kind::ReduceScatter if a.counts.is_some() => {
+                // Each rank's part at the start of an equal block; the program's buffers
+                // untouched until the result is copied out.
+                let counts = a.counts.as_deref().expect("checked");
+                let from = if in_place {
+                    recv.cast_const()
+                } else {
+                    a.send.cast::<u8>()
+                };
+                let mut padded = vec![0u8; n * block];
+                let mut at = 0;
+                for (i, &c) in counts.iter().enumerate() {
+                    let len = c as usize * a.dtype.size();
+                    // Safety: the program's input holds every rank's part, in rank order.
+                    let part = unsafe { std::slice::from_raw_parts(from.add(at), len) };
+                    padded[i * block..i * block + len].copy_from_slice(part);
+                    at += len;
+                }
+                let input = self.padded.insert(padded).as_mut_ptr();
+                let output = self.scratch.insert(vec![0u8; block]).as_mut_ptr();
+                (Some(raw(input, n * block)), raw(output, block))
+            }
             Kind::ReduceScatter => {
                 let input = if in_place {
                     keep(0, n * block)
@@ -329,6 +364,16 @@ impl Call {
                 };
                 self.taken = Some(taken);
                 if matches!(taken, Taken::Switch | Taken::Recovered) {
+                    if let (Some((_, mine)), Some(scratch)) = (&self.unequal, &self.scratch) {
+                        // Safety: the program's receive buffer holds its part.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(
+                                scratch.as_ptr(),
+                                self.recv.cast::<u8>(),
+                                *mine,
+                            )
+                        };
+                    }
                     self.phase = Phase::Done;
                     return true;
                 }
@@ -371,9 +416,12 @@ impl Call {
         let rc = unsafe {
             match self.kind {
                 Kind::Allreduce => (p.iallreduce)(send, recv, count, dt, op, private, req),
-                Kind::ReduceScatter => {
-                    (p.ireduce_scatter_block)(send, recv, count, dt, op, private, req)
-                }
+                Kind::ReduceScatter => match &self.unequal {
+                    Some((counts, _)) => {
+                        (p.ireduce_scatter)(send, recv, counts.as_ptr(), dt, op, private, req)
+                    }
+                    None => (p.ireduce_scatter_block)(send, recv, count, dt, op, private, req),
+                },
                 Kind::Allgather => (p.iallgather)(send, count, dt, recv, count, dt, private, req),
                 Kind::Bcast => (p.ibcast)(recv, count, dt, root, private, req),
                 Kind::Reduce => (p.ireduce)(send, recv, count, dt, op, root, private, req),

@@ -352,6 +352,7 @@ fn allreduce(
         root: 0,
         rank,
         size: job.size,
+        counts: None,
     };
     let call = Call::start(job, id, greq, entry, &args);
     job.calls.push_back(call);
@@ -381,7 +382,7 @@ fn collective(
     op: MpiOp,
     root: c_int,
     comm: Comm,
-    request: Option<*mut Request>,
+    (request, counts): (Option<*mut Request>, Option<Vec<c_int>>),
 ) -> Option<c_int> {
     let entry = entry::current();
     let moves = matches!(kind, Kind::Allgather | Kind::Bcast);
@@ -452,6 +453,7 @@ fn collective(
         root,
         rank,
         size: job.size,
+        counts,
     };
     let mut greq: Request = std::ptr::null_mut();
     if request.is_some() {
@@ -724,7 +726,7 @@ pub unsafe extern "C" fn MPI_Reduce_scatter_block(
             op,
             0,
             comm,
-            None,
+            (None, None),
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -754,7 +756,7 @@ pub unsafe extern "C" fn MPI_Ireduce_scatter_block(
             op,
             0,
             comm,
-            Some(request),
+            (Some(request), None),
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -765,8 +767,8 @@ pub unsafe extern "C" fn MPI_Ireduce_scatter_block(
     })
 }
 
-/// Served when every rank's count is the same (a reduce-scatter of equal blocks); other
-/// counts go to Open MPI.
+/// Served for any counts: unequal ones as a reduce-scatter of blocks of the largest, each
+/// rank's part padded ([`call`]).
 #[no_mangle]
 pub unsafe extern "C" fn MPI_Reduce_scatter(
     send: *const c_void,
@@ -785,8 +787,10 @@ pub unsafe extern "C" fn MPI_Reduce_scatter(
             std::slice::from_raw_parts(counts, size.max(0) as usize)
         };
         let equal = counts_of.windows(2).all(|w| w[0] == w[1]);
-        let served = match counts_of.first() {
-            Some(&count) if equal => collective(
+        let served = match counts_of.iter().copied().max() {
+            // Open MPI says what is wrong with them.
+            Some(_) if counts_of.iter().any(|&c| c < 0) => None,
+            Some(count) => collective(
                 Kind::ReduceScatter,
                 send,
                 recv,
@@ -795,12 +799,9 @@ pub unsafe extern "C" fn MPI_Reduce_scatter(
                 op,
                 0,
                 comm,
-                None,
+                (None, (!equal).then(|| counts_of.to_vec())),
             ),
-            _ => {
-                with_state(|st| pass(st, "MPI_Reduce_scatter", "unequal counts"));
-                None
-            }
+            None => None,
         };
         served.unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -832,7 +833,7 @@ fn allgather(
             handles().op_sum,
             0,
             comm,
-            request,
+            (request, None),
         )
     } else {
         with_state(|st| {
@@ -925,7 +926,7 @@ pub unsafe extern "C" fn MPI_Bcast(
             handles().op_sum,
             root,
             comm,
-            None,
+            (None, None),
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -954,7 +955,7 @@ pub unsafe extern "C" fn MPI_Ibcast(
             handles().op_sum,
             root,
             comm,
-            Some(request),
+            (Some(request), None),
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -984,7 +985,7 @@ pub unsafe extern "C" fn MPI_Reduce(
             op,
             root,
             comm,
-            None,
+            (None, None),
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -1015,7 +1016,7 @@ pub unsafe extern "C" fn MPI_Ireduce(
             op,
             root,
             comm,
-            Some(request),
+            (Some(request), None),
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
