@@ -637,7 +637,7 @@ pub unsafe extern "C" fn MPI_Init(argc: *mut c_int, argv: *mut *mut *mut c_char)
     let rc = unsafe { (pmpi().init)(argc, argv) };
     if verbose() {
         say(&format!(
-            "rank {}: serving MPI_Allreduce, MPI_Iallreduce and MPI_Barrier through the switch",
+            "rank {}: serving MPI_Allreduce, MPI_Iallreduce, MPI_Barrier, and reduce-scatter, all-gather, broadcast and reduce (blocking and nonblocking) through the switch",
             world_rank()
         ));
     }
@@ -654,7 +654,7 @@ pub unsafe extern "C" fn MPI_Init_thread(
     // Safety: the program's arguments, passed on.
     let rc = unsafe { (pmpi().init_thread)(argc, argv, required, provided) };
     if verbose() {
-        say(&format!("rank {}: serving MPI_Allreduce, MPI_Iallreduce and MPI_Barrier through the switch (thread level {})", world_rank(), unsafe { *provided }));
+        say(&format!("rank {}: serving MPI_Allreduce, MPI_Iallreduce, MPI_Barrier, and reduce-scatter, all-gather, broadcast and reduce (blocking and nonblocking) through the switch (thread level {})", world_rank(), unsafe { *provided }));
     }
     rc
 }
