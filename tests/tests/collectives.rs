@@ -51,12 +51,31 @@ struct Done {
     sent: u64,
 }
 
+/// Member `m`'s worker on job `job` (segments of `segment` elements) from message
+/// `message`, in its namespace (the calling thread enters it), its parameters as `tweak`
+/// leaves them.
+fn member(
+    sw: &TestSwitch,
+    m: usize,
+    (job, segment, message): (u32, usize, u32),
+    tweak: impl FnOnce(&mut WorkerParams),
+) -> Worker {
+    let shape =
+        JobShape::with_elements(WORKERS.len(), 64, segment, Lane::I32).expect("a valid shape");
+    xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
+    let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
+    let to = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
+    let mut p = WorkerParams::new(to, bind, job, m as u8, shape);
+    p.first_message = Some(message);
+    tweak(&mut p);
+    Worker::new(p).expect("a worker")
+}
+
 /// Runs `calls` in order on every member at once, from message `message` of job `job`
 /// (segments of `segment` elements), each member's result of each call checked against
 /// what it must be; what each member's calls did.
 fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) -> Vec<Vec<Done>> {
     let n = WORKERS.len();
-    let shape = JobShape::with_elements(n, 64, segment, Lane::I32).expect("a valid shape");
     // Every member takes its links' counts before any sends a call's first datagram and
     // after its own call ended, before any starts the next: each call's bytes its own.
     let barrier = std::sync::Barrier::new(n);
@@ -66,12 +85,7 @@ fn run(sw: &TestSwitch, job: u32, segment: usize, message: u32, calls: &[Call]) 
             .map(|&m| {
                 let barrier = &barrier;
                 s.spawn(move || {
-                    xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
-                    let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
-                    let to = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
-                    let mut p = WorkerParams::new(to, bind, job, m as u8, shape);
-                    p.first_message = Some(message);
-                    let w = Worker::new(p).expect("a worker");
+                    let w = member(sw, m, (job, segment, message), |_| {});
                     let mut reports = Vec::new();
                     for &(collective, root, elems, seed) in calls {
                         let xagg_worker::data::CollectiveCase {
@@ -142,7 +156,6 @@ fn run_cut(
         Barrier, Mutex,
     };
     let n = WORKERS.len();
-    let shape = JobShape::with_elements(n, 64, segment, Lane::I32).expect("a valid shape");
     let secret = xagg_worker::Secret([5; 32]);
     let addresses = Mutex::new(vec![None; n]);
     let barrier = Barrier::new(n);
@@ -155,17 +168,13 @@ fn run_cut(
                 let (barrier, addresses, cut_off, secret, ns) =
                     (&barrier, &addresses, &cut_off, &secret, &ns);
                 s.spawn(move || {
-                    xagg_linux::iface::enter_netns(&sw.lab.worker_ns(m)).unwrap();
-                    let bind = SocketAddrV4::new(lab::worker_ip(m), 47801 + job as u16);
-                    let to = SocketAddrV4::new(lab::SWITCH_IP, DEFAULT_PORT);
-                    let mut p = WorkerParams::new(to, bind, job, m as u8, shape);
-                    p.first_message = Some(message);
-                    // A failure ends the test instead of leaving the others waiting.
-                    p.collective_timeout = std::time::Duration::from_secs(30);
-                    if m == cut {
-                        p.give_up = std::time::Duration::from_secs(1);
-                    }
-                    let w = Worker::new(p).expect("a worker");
+                    let w = member(sw, m, (job, segment, message), |p| {
+                        // A failure ends the test instead of leaving the others waiting.
+                        p.collective_timeout = std::time::Duration::from_secs(30);
+                        if m == cut {
+                            p.give_up = std::time::Duration::from_secs(1);
+                        }
+                    });
                     // The job's state learnt before the cut.
                     w.sync().expect("synced");
                     addresses.lock().unwrap()[m] = Some(w.serve_peers(secret).expect("served"));

@@ -786,33 +786,10 @@ mod tests {
 mod exact_tests {
     use super::*;
 
-    /// The switch's exact fold, in Rust: every block aligned to the smallest exponent, in
-    /// lanes of `width` bytes (8, or 16 for doubles), written back as such.
+    /// The switch's exact fold, as a host makes it ([`crate::fold`]): lanes and exponent.
     fn fold(blocks: &[(Vec<u8>, Encoded)], width: usize) -> (Vec<u8>, i16) {
-        let k = blocks
-            .iter()
-            .filter(|(_, e)| e.magnitude > 0)
-            .map(|(_, e)| e.exponent)
-            .min()
-            .unwrap_or(0);
-        let n = blocks[0].0.len() / width;
-        let mut acc = vec![0i128; n];
-        for (b, e) in blocks.iter().filter(|(_, e)| e.magnitude > 0) {
-            for (i, a) in acc.iter_mut().enumerate() {
-                let lane = &b[i * width..i * width + width];
-                let m = if width == 8 {
-                    i64::from_le_bytes(lane.try_into().unwrap()) as i128
-                } else {
-                    i128::from_le_bytes(lane.try_into().unwrap())
-                };
-                *a += m << (e.exponent - k);
-            }
-        }
-        let out = acc
-            .iter()
-            .flat_map(|a| a.to_le_bytes()[..width].to_vec())
-            .collect();
-        (out, k)
+        let (lanes, k, _) = crate::fold::exact(blocks, width, blocks.len());
+        (lanes, k)
     }
 
     #[test]

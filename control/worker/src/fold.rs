@@ -129,7 +129,7 @@ fn blocks(encoded: &[(Vec<u8>, codec::Encoded)], width: usize, max: i32) -> (Vec
 /// The exact lanes (`width` 8 or 16 bytes): every block of nonzero values aligned to the
 /// smallest exponent by left shifts and added; flagged where the sum of `members` values
 /// may not fit the lane, as the switch checks it from the blocks' magnitudes.
-fn exact(
+pub(crate) fn exact(
     encoded: &[(Vec<u8>, codec::Encoded)],
     width: usize,
     members: usize,
