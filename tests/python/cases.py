@@ -5,7 +5,8 @@ then:
 - `late`: rank 0 starts its all_reduce 3 s after the others;
 - `nan`: rank 1 puts a NaN into element 5 of a float sum;
 - `cut GO`: rank 0 waits for the file GO (the test cuts its results off first), then every
-  rank makes an all_reduce;
+  rank makes an all_reduce, a reduce_scatter, an all_gather and a broadcast from rank 1
+  (each of many segments: rank 0 finishes each from its peers);
 - `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size);
 - `callback`: a future's callback that makes (and waits for) another all_reduce;
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
@@ -71,6 +72,17 @@ elif case == "cut":
         # How long the switch's silence stalled the call: the give-up time, not twice.
         print(f"rank 0 recovered in {time.time() - t:.2f} s", flush=True)
     ok = ok and torch.equal(x, expected(1024, 2))
+    # The flat collectives, 128 KiB a block: more than one segment per rank's block.
+    m = 1 << 15
+    block = torch.empty(m, dtype=torch.int32)
+    dist.reduce_scatter(block, list(ints(size * m, 7).chunk(size)))
+    ok = ok and torch.equal(block, expected(size * m, 7)[rank * m : (rank + 1) * m])
+    parts = [torch.empty(m, dtype=torch.int32) for _ in range(size)]
+    dist.all_gather(parts, torch.arange(m, dtype=torch.int32) * (rank + 1))
+    ok = ok and all(torch.equal(p, torch.arange(m, dtype=torch.int32) * (r + 1)) for r, p in enumerate(parts))
+    b = ints(size * m, 8) if rank == 1 else torch.zeros(size * m, dtype=torch.int32)
+    dist.broadcast(b, src=1)
+    ok = ok and torch.equal(b, torch.arange(size * m, dtype=torch.int32) + 9)
 elif case == "sizes":
     for n, k in [(1024, 3), (1 << 18, 5), (1 << 20, 4)]:
         x = ints(n, k)

@@ -402,7 +402,8 @@ fn difference(a: &std::path::Path, b: &std::path::Path) -> (f64, f64) {
 /// The backend's case table (docs/python.md), each run of `tests/python/cases.py` with
 /// exact counts of how its all_reduce calls were made: a rank 3 s late is waited for and
 /// named, no failure; a NaN makes every rank redo that call with Gloo; a rank whose
-/// results are cut off finishes its call from its peers, stalled for the give-up time; the
+/// results are cut off finishes its calls from its peers (an all_reduce, then a reduce_scatter,
+/// an all_gather and a broadcast), stalled for the give-up time; the
 /// default route by size sends 4 KiB and 1 MiB to the switch, 4 MiB to Gloo.
 #[test]
 fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
@@ -451,6 +452,9 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         [1, 1, 0, 0, 0, 0],
         "{all}"
     );
+    for entry in ["reduce_scatter", "all_gather", "broadcast"] {
+        assert_eq!(entry_counts(&all, entry), [0, 1, 0, 0, 0, 0], "{entry}: {all}");
+    }
 
     // A future's callback that makes and waits for another all_reduce, and PowerSGD's DDP
     // hook, whose callbacks do: each hung while futures completed on the thread that waits

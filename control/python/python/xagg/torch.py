@@ -363,7 +363,7 @@ class _Engine:
                     _say(f"rank {self.rank}: the switch failed, collectives go to Gloo from now on: {why}")
             # Counted in the table, by entry; the summary's headline counts allreduces.
             if self.failed is None and kind is None:
-                self.count(entry, SWITCH)
+                self.count(entry, RECOVERED if req.recovered else SWITCH)
             else:
                 fallback()
                 self.count(entry, FLAGGED if self.failed is None else FALLBACK)
