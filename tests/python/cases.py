@@ -16,7 +16,9 @@ then:
   with `exit` after the case, the program exits without it, and the failure is said at
   exit;
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
-  (passed to Gloo, which makes it as a sum then a floored division).
+  (passed to Gloo, which makes it as a sum then a floored division); then what Gloo 1.13
+  refuses, passed to it (an int16 sum that wraps, a bool max, an int16 reduce_scatter and
+  all_gather, a bool broadcast) and an f32 product (not an op of the switch's).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
 import faulthandler
 import math
@@ -133,6 +135,27 @@ elif case == "types":
     h = torch.arange(64, dtype=torch.int16) + rank
     dist.all_reduce(h, op=dist.ReduceOp.AVG)
     ok = ok and torch.equal(h, torch.arange(64, dtype=torch.int16) + (size - 1) // 2)
+    # What Gloo 1.13 refuses ("Invalid scalar type"), passed to it: an int16 sum that wraps,
+    # a bool max, an int16 reduce-scatter, all-gather and a bool broadcast; and a product
+    # of floats, which it takes.
+    w = torch.full((64,), 30000, dtype=torch.int16) + rank
+    dist.all_reduce(w)
+    ok = ok and torch.equal(w, (torch.full((64,), 30000 * size + size * (size - 1) // 2, dtype=torch.int32)).to(torch.int16))
+    flags = torch.arange(64) % size == rank
+    dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+    ok = ok and bool(flags.all())
+    block = torch.empty(8, dtype=torch.int16)
+    dist.reduce_scatter(block, list((torch.arange(8 * size, dtype=torch.int16) + rank).chunk(size)))
+    ok = ok and torch.equal(block, (torch.arange(8 * size, dtype=torch.int16) * size + size * (size - 1) // 2)[rank * 8 : (rank + 1) * 8])
+    parts = [torch.empty(5, dtype=torch.int16) for _ in range(size)]
+    dist.all_gather(parts, torch.arange(5, dtype=torch.int16) - 1000 * rank)
+    ok = ok and all(torch.equal(p, torch.arange(5, dtype=torch.int16) - 1000 * r) for r, p in enumerate(parts))
+    said = torch.arange(7) % 2 == 0 if rank == 1 else torch.zeros(7, dtype=torch.bool)
+    dist.broadcast(said, src=1)
+    ok = ok and torch.equal(said, torch.arange(7) % 2 == 0)
+    g = torch.full((16,), 2.0) if rank == 0 else torch.ones(16)
+    dist.all_reduce(g, op=dist.ReduceOp.PRODUCT)
+    ok = ok and torch.equal(g, torch.full((16,), 2.0))
 else:
     ok = False
 print(f"rank {rank}: {case} ok={ok}", flush=True)

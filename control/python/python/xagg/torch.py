@@ -55,6 +55,8 @@ _FAILED, _OK = 0, 2
 # How a call was made: the summary's columns, per entry point.
 _WAYS = ["switch", "recovered from peers", "routed by size", "flagged and redone", "fallback", "passed"]
 SWITCH, RECOVERED, ROUTED, FLAGGED, FALLBACK, PASSED = range(6)
+# The entry points of the collectives besides allreduce.
+_OTHERS = ("reduce_scatter", "all_gather", "broadcast")
 
 
 def _entry():
@@ -92,15 +94,31 @@ def _op_name(op, dtype):
     return None
 
 
+# What Gloo 1.13 refuses to reduce or move ("Invalid scalar type"), and the type it is
+# reduced in instead: results the same as the type's own wrapping arithmetic, rounded
+# once for bf16.
+_GLOO_WIDER = {torch.bfloat16: torch.float32, torch.int16: torch.int32, torch.bool: torch.int32}
+
+
+def _op_label(op):
+    """A ReduceOp's name (torch 1.13 prints the object's address)."""
+    for name in ("SUM", "MIN", "MAX", "AVG", "PRODUCT", "BAND", "BOR", "BXOR", "PREMUL_SUM"):
+        if hasattr(ReduceOp, name) and op == getattr(ReduceOp, name):
+            return name
+    return str(op)
+
+
 def _gloo_allreduce(group, tensor, op, size):
     """An allreduce through Gloo made as the switch makes it, where Gloo 1.13 cannot: bf16
-    is reduced in float32 and rounded back; AVG is a sum, then divided (integers from an
-    exact int64 sum, floored, as the switch does)."""
+    is reduced in float32 and rounded back, int16 and bool in int32 and cut back (the
+    int16 sum, product and bitwise ops wrap as int16's own; a bool is true where nonzero);
+    AVG is a sum, then divided (integers from an exact int64 sum, floored, as the switch
+    does)."""
     wide = tensor
-    if tensor.dtype == torch.bfloat16:
-        wide = tensor.float()
-    elif op == ReduceOp.AVG and not tensor.is_floating_point():
+    if op == ReduceOp.AVG and not tensor.is_floating_point():
         wide = tensor.long()
+    elif tensor.dtype in _GLOO_WIDER:
+        wide = tensor.to(_GLOO_WIDER[tensor.dtype])
     o = AllreduceOptions()
     o.reduceOp = ReduceOp.SUM if op == ReduceOp.AVG else op
     group.allreduce([wide], o).wait()
@@ -110,7 +128,19 @@ def _gloo_allreduce(group, tensor, op, size):
         else:
             wide = torch.div(wide, size, rounding_mode="floor")
     if wide is not tensor:
+        # int32 to int16 keeps the low 16 bits: the wrapped result.
         tensor.copy_(wide)
+
+
+def _gloo_moves_bytes(why, tensors):
+    """Whether a gather passed on for `why` is made over its tensors' bytes: CPU tensors of
+    a type Gloo 1.13 refuses (as they are, it would raise)."""
+    return why.endswith("the switch moves") and all(t.dtype in _GLOO_WIDER and t.device.type == "cpu" for t in tensors)
+
+
+def _movable(t):
+    """`t` (contiguous) as Gloo 1.13 moves it: its bytes, for the types it refuses."""
+    return t.view(torch.uint8) if t.dtype in _GLOO_WIDER else t
 
 
 def _unserved(tensors, op):
@@ -121,7 +151,7 @@ def _unserved(tensors, op):
     if t.dtype not in _DTYPES:
         return f"{t.dtype} is not a type the switch reduces"
     if _op_name(op, t.dtype) is None:
-        return f"{op} over {t.dtype} is not an op the switch makes"
+        return f"{_op_label(op)} over {t.dtype} is not an op the switch makes"
     return None
 
 
@@ -464,10 +494,14 @@ class _Engine:
             _say(unraised)
             self.error_raised = True
         if self.rank == 0 or _verbose():
+            # The headline counts allreduces; the other collectives the switch made, in a
+            # clause of their own (a ZeRO step makes no allreduce at all).
+            others = sum(c[SWITCH] + c[RECOVERED] for e, c in self.table.items() if e in _OTHERS)
             _say(
                 f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
                 f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers, "
-                f"{self.routed} routed to Gloo by size (XAGG_ROUTE)"
+                f"{self.routed} routed to Gloo by size (XAGG_ROUTE); "
+                f"{others} reduce-scatters, all-gathers and broadcasts through the switch (their lines below)"
             )
             for entry, counts in sorted(self.table.items()):
                 ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
@@ -604,7 +638,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         elif any(t.shape != out.shape or t.dtype != out.dtype for t in ins):
             why = "blocks of different shapes or types"
         elif _op_name(op, out.dtype) is None:
-            why = f"{op} over {out.dtype} is not an op the switch makes"
+            why = f"{_op_label(op)} over {out.dtype} is not an op the switch makes"
         else:
             why = self._served([out, *ins])
         whole = torch.cat([t.reshape(-1) for t in ins])
@@ -617,15 +651,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
 
         def finish():
             out.copy_(block.view(out.shape))
-            return out
+            return [out]
 
         if why is not None:
-            self._engine.pass_on(entry, why)
-            # On the caller's thread, like every call passed to Gloo: its inner group.
-            fallback(self._gloo)
-            fut = torch.futures.Future()
-            fut.set_result([finish()])
-            return _for_caller(_Work(fut, self._engine), entry)
+            return self._passed(entry, why, fallback, finish)
         _, work = self._engine.collective("reduce_scatter", block, whole, op, 0, fallback, finish, entry)
         return _for_caller(work, entry)
 
@@ -644,21 +673,24 @@ class ProcessGroupXagg(dist.ProcessGroup):
                 why = "outputs of another size or type than the input"
             else:
                 why = self._served([mine, *outs], moved=n * mine.numel() * mine.element_size())
-        if why is not None:
+        if why is not None and not _gloo_moves_bytes(why, [mine, *outs]):
             self._engine.pass_on(entry, why)
             return self._gloo.allgather(output_tensors, input_tensors, opts) if opts is not None else self._gloo.allgather(output_tensors, input_tensors)
         own = mine.contiguous().reshape(-1)
         whole = torch.empty(n * own.numel(), dtype=own.dtype)
 
-        def fallback():
-            parts = list(whole.chunk(n))
-            self._engine.private.allgather([parts], [own]).wait()
+        def fallback(group=None):
+            parts = [_movable(p) for p in whole.chunk(n)]
+            (group or self._engine.private).allgather([parts], [_movable(own)]).wait()
 
         def finish():
             for t, part in zip(outs, whole.chunk(n)):
                 t.copy_(part.view(t.shape))
             return outs
 
+        if why is not None:
+            # A type Gloo 1.13 refuses: its bytes gathered.
+            return self._passed(entry, why, fallback, finish)
         _, work = self._engine.collective("all_gather", whole, own, ReduceOp.SUM, 0, fallback, finish, entry)
         return _for_caller(work, entry)
 
@@ -672,30 +704,44 @@ class ProcessGroupXagg(dist.ProcessGroup):
             why = "several tensors in one call"
         else:
             why = self._served(tensors, moved=tensors[0].numel() * tensors[0].element_size())
-        if why is not None:
+        if why is not None and not _gloo_moves_bytes(why, tensors):
             self._engine.pass_on(entry, why)
             return self._gloo.broadcast(tensors, opts) if opts is not None else self._gloo.broadcast(tensors)
         t = tensors[0]
         buf = t if t.is_contiguous() else t.contiguous()
 
-        def fallback():
+        def fallback(group=None):
             o = BroadcastOptions()
             o.rootRank = root
-            self._engine.private.broadcast([buf], o).wait()
+            (group or self._engine.private).broadcast([_movable(buf)], o).wait()
 
         def finish():
             if buf is not t:
                 t.copy_(buf)
-            return t
+            return [t]
 
+        if why is not None:
+            # A type Gloo 1.13 refuses: its bytes broadcast.
+            return self._passed(entry, why, fallback, finish)
         _, work = self._engine.collective("broadcast", buf, None, ReduceOp.SUM, root, fallback, finish, entry)
         return _for_caller(work, entry)
 
+    def _passed(self, entry, why, fallback, finish):
+        """A call passed to Gloo that the switch's way of making it serves there too: made
+        at once by `fallback` on the inner group, on the caller's thread like every call
+        passed to Gloo (a reduce-scatter, which Gloo 1.13 lacks; a gather of a type it
+        refuses, over the tensor's bytes)."""
+        self._engine.pass_on(entry, why)
+        fallback(self._gloo)
+        fut = torch.futures.Future()
+        fut.set_result(finish())
+        return _for_caller(_Work(fut, self._engine), entry)
+
     def _by_gloo(self, tensors, opts, entry):
-        """The allreduce by the inner Gloo group; bf16 and AVG, which Gloo 1.13 refuses,
-        made as the switch makes them (`_gloo_allreduce`), at once."""
+        """The allreduce by the inner Gloo group; bf16, int16, bool and AVG, which Gloo
+        1.13 refuses, made as the switch makes them (`_gloo_allreduce`), at once."""
         t = tensors[0] if len(tensors) == 1 else None
-        if t is None or (t.dtype != torch.bfloat16 and opts.reduceOp != ReduceOp.AVG):
+        if t is None or (t.dtype not in _GLOO_WIDER and opts.reduceOp != ReduceOp.AVG):
             return self._gloo.allreduce(tensors, opts)
         _gloo_allreduce(self._gloo, t, opts.reduceOp, self.size())
         fut = torch.futures.Future()
