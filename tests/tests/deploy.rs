@@ -142,6 +142,8 @@ fn api_socket_mode_and_group() {
     let _ = std::fs::remove_dir_all(&sub);
     sw.socket = sub.join("xaggd.sock");
     let mut cfg = sw.default_config();
+    // Out of the socket's directory, so that nothing else keeps it when the daemon stops.
+    cfg.daemon.state_dir = dir.join("state-elsewhere");
     cfg.daemon.socket_mode = "0600".into();
     cfg.daemon.socket_group = Some(group.name.clone());
     sw.write_config(&cfg).unwrap();
@@ -165,6 +167,14 @@ fn api_socket_mode_and_group() {
     assert_eq!(
         connect_as(&sw.socket, Uid::from_raw(0), Gid::from_raw(0)),
         Ok(())
+    );
+    // Stopped, the daemon takes its socket away, and the directory it made for it.
+    sw.stop_daemon(Signal::SIGTERM);
+    assert!(!sw.socket.exists(), "the socket left behind");
+    assert!(
+        !sub.exists(),
+        "the socket's directory left behind: {:?}",
+        std::fs::read_dir(&sub).map(|d| d.flatten().map(|e| e.file_name()).collect::<Vec<_>>())
     );
 }
 

@@ -22,6 +22,9 @@ pub const DATAPLANE_LOCKS: &str = "/run/xagg";
 /// The locks a running daemon holds; dropped with it, removing their files.
 pub struct Owner {
     held: Vec<(PathBuf, Flock<File>)>,
+    /// The runtime directories the locks' files made (the socket's, the dataplane locks'),
+    /// the deepest first: removed after them where nothing else is in them.
+    made: Vec<PathBuf>,
 }
 
 impl Drop for Owner {
@@ -32,6 +35,10 @@ impl Drop for Owner {
         for (path, lock) in self.held.drain(..).rev() {
             let _ = std::fs::remove_file(&path);
             drop(lock);
+        }
+        // Another daemon's files, or the API socket still there, keep a directory.
+        for dir in &self.made {
+            let _ = std::fs::remove_dir(dir);
         }
     }
 }
@@ -52,6 +59,9 @@ struct Claim {
     key: &'static str,
     /// The mode of the lock's directory, should it be created.
     dir_mode: u32,
+    /// Whether that directory is the daemon's for as long as it runs only (not the state
+    /// directory, which outlives it).
+    runtime: bool,
 }
 
 /// The daemon holding a lock: its pid and API socket, as it wrote them.
@@ -69,6 +79,7 @@ fn claims(cfg: &Config) -> Vec<Claim> {
             what: format!("serves the API socket {}", d.socket.display()),
             key: "daemon.socket",
             dir_mode: 0o755,
+            runtime: true,
         },
         Claim {
             lock: d.state_dir.join("xaggd.lock"),
@@ -79,6 +90,7 @@ fn claims(cfg: &Config) -> Vec<Claim> {
             key: "daemon.state_dir",
             // The state file holds the joined jobs' secrets.
             dir_mode: 0o700,
+            runtime: false,
         },
     ];
     if !d.detach_on_exit {
@@ -87,6 +99,7 @@ fn claims(cfg: &Config) -> Vec<Claim> {
             what: format!("runs the dataplane pinned at {}", d.pin_path.display()),
             key: "daemon.pin_path",
             dir_mode: 0o755,
+            runtime: true,
         });
     }
     c
@@ -105,11 +118,17 @@ impl Owner {
     /// Claims the configuration's socket, state directory and (when pinned) pin path, or
     /// says which daemon holds the first one taken.
     pub fn claim(cfg: &Config) -> Result<Self> {
-        let mut owner = Self { held: Vec::new() };
+        let mut owner = Self {
+            held: Vec::new(),
+            made: Vec::new(),
+        };
         for c in claims(cfg) {
             let mut tries = 0;
             let locked = loop {
-                let file = open(&c.lock, c.dir_mode)?;
+                let (file, made) = open(&c.lock, c.dir_mode)?;
+                if c.runtime {
+                    owner.made.extend(made);
+                }
                 match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                     // Its daemon removed it as it stopped: the path's file is another.
                     Ok(f) if !still_named(&f, &c.lock) && tries < 10 => tries += 1,
@@ -169,39 +188,49 @@ fn taken(c: &Claim, h: Option<Holder>) -> Error {
     }
 }
 
-fn open(path: &Path, dir_mode: u32) -> Result<File> {
-    if let Some(dir) = path.parent() {
-        create_dir(dir, dir_mode).map_err(|error| Error::Lock {
-            path: path.to_owned(),
-            error,
-        })?;
+/// Opens (or creates) the lock file `path`, and any missing directory of its with
+/// `dir_mode`: the file and the directories made.
+fn open(path: &Path, dir_mode: u32) -> Result<(File, Vec<PathBuf>)> {
+    let lock_error = |error| Error::Lock {
+        path: path.to_owned(),
+        error,
+    };
+    let mut made = Vec::new();
+    // Twice: a daemon stopping may remove the directory, empty a moment, between the two
+    // steps.
+    for _ in 0..2 {
+        if let Some(dir) = path.parent() {
+            made.extend(create_dir(dir, dir_mode).map_err(lock_error)?);
+        }
+        match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .mode(0o644)
+            .open(path)
+        {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            r => return Ok((r.map_err(lock_error)?, made)),
+        }
     }
-    std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .mode(0o644)
-        .open(path)
-        .map_err(|error| Error::Lock {
-            path: path.to_owned(),
-            error,
-        })
+    Err(lock_error(std::io::ErrorKind::NotFound.into()))
 }
 
 /// Creates a missing directory (and its parents) with `mode` whatever the umask (0755:
 /// readable by all, writable only by the daemon). An existing directory is left as it is.
-pub fn create_dir(dir: &Path, mode: u32) -> std::io::Result<()> {
+/// Returns the directories it made, the deepest first (what to remove again, in order).
+pub fn create_dir(dir: &Path, mode: u32) -> std::io::Result<Vec<PathBuf>> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let missing: Vec<&Path> = dir
         .ancestors()
         .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
         .collect();
-    for d in missing.into_iter().rev() {
+    for d in missing.iter().rev() {
         std::fs::DirBuilder::new().mode(mode).create(d)?;
         std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
     }
-    Ok(())
+    Ok(missing.into_iter().map(Path::to_owned).collect())
 }
 
 fn read_holder(file: &mut File) -> Option<Holder> {

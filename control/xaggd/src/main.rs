@@ -413,6 +413,7 @@ fn bind_api(daemon: &DaemonSection) -> Result<UnixListener> {
     if let Some(dir) = socket.parent() {
         // 0755: readable by all (the socket's own mode decides who may connect),
         // writable only by the daemon (nobody else can put a socket in its place).
+        // Made already by the socket's lock (`Owner::claim`), which removes it again.
         xagg_daemon::owner::create_dir(dir, 0o755)
             .with_context(|| format!("creating {}", dir.display()))?;
     }
