@@ -16,8 +16,6 @@ use xagg_api::{call, Request, Response};
 use xagg_tests::*;
 
 const DOC: &str = "topologies.md";
-const SOCKET: &str = "/run/xagg/xaggd.sock";
-const PIN: &str = "/sys/fs/bpf/xagg";
 const RANKS: usize = 4;
 
 /// One deployment's names and files.
@@ -29,6 +27,8 @@ struct Deployment {
     vars: String,
     sw: String,
     rank: String,
+    /// The recipe's `NAME`: the daemon's socket, pins and state directory.
+    name: String,
 }
 
 impl Deployment {
@@ -42,7 +42,11 @@ impl Deployment {
             .take_while(|l| !l.trim().is_empty())
             .map(|l| format!("{l}\n"))
             .collect();
-        let (sw, rank) = (format!("xd{mtu}s"), format!("xd{mtu}r"));
+        let (sw, rank, name) = (
+            format!("xd{mtu}s"),
+            format!("xd{mtu}r"),
+            format!("xagg-test-deploy{mtu}"),
+        );
         let vars = [
             ("MTU=9000", format!("MTU={mtu}")),
             ("SW=xsw", format!("SW={sw}")),
@@ -52,6 +56,7 @@ impl Deployment {
                 "ETC=/etc/xagg",
                 format!("ETC={}", dir.join("etc").display()),
             ),
+            ("NAME=xagg", format!("NAME={name}")),
         ]
         .iter()
         .fold(printed.clone(), |text, (from, to)| {
@@ -68,6 +73,7 @@ impl Deployment {
             vars,
             sw,
             rank,
+            name,
         };
         d.clear();
         d
@@ -116,6 +122,31 @@ impl Deployment {
         self.dir.join("etc")
     }
 
+    /// The daemon's socket, pins and state directory, as the recipe names them.
+    fn socket(&self) -> PathBuf {
+        PathBuf::from(format!("/run/{}/xaggd.sock", self.name))
+    }
+    fn pins(&self) -> PathBuf {
+        PathBuf::from(format!("/sys/fs/bpf/{}", self.name))
+    }
+    fn state(&self) -> PathBuf {
+        PathBuf::from(format!("/var/lib/{}", self.name))
+    }
+
+    fn counter(&self, name: &str) -> u64 {
+        match call(&self.socket(), &Request::Counters) {
+            Ok(Response::Counters { counters }) => counters.get(name).copied().unwrap_or(0),
+            r => panic!("counters: {r:?}"),
+        }
+    }
+
+    fn joins(&self) -> usize {
+        match call(&self.socket(), &Request::Joins) {
+            Ok(Response::Joins { joins }) => joins.len(),
+            r => panic!("joins: {r:?}"),
+        }
+    }
+
     /// What a run that failed half-way left: its daemon, its namespaces, its pins.
     fn clear(&self) {
         let config = self.etc().join("xaggd.toml");
@@ -124,7 +155,10 @@ impl Deployment {
             .status();
         std::thread::sleep(Duration::from_millis(200));
         let _ = Command::new(bin("xagg"))
-            .args(["detach", "--pin-path", PIN, "--socket", "/nonexistent"])
+            .arg("detach")
+            .arg("--pin-path")
+            .arg(self.pins())
+            .args(["--socket", "/nonexistent"])
             .output();
         for ns in (0..RANKS)
             .map(|i| format!("{}{i}", self.rank))
@@ -158,20 +192,6 @@ fn command_lines() -> Vec<String> {
         .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
         .map(|b| String::from_utf8_lossy(&b).replace('\0', " "))
         .collect()
-}
-
-fn counter(name: &str) -> u64 {
-    match call(Path::new(SOCKET), &Request::Counters) {
-        Ok(Response::Counters { counters }) => counters.get(name).copied().unwrap_or(0),
-        r => panic!("counters: {r:?}"),
-    }
-}
-
-fn joins() -> usize {
-    match call(Path::new(SOCKET), &Request::Joins) {
-        Ok(Response::Joins { joins }) => joins.len(),
-        r => panic!("joins: {r:?}"),
-    }
 }
 
 fn deploy(mtu: usize, mpi_program: &Path) {
@@ -292,14 +312,14 @@ fn deploy(mtu: usize, mpi_program: &Path) {
     // Status queries: a rank learning its job's state asks once about each copy of each
     // slot, then at most 20 a second (docs/protocol.md).
     // (A fresh dataplane: its counters started at 0 with the set-up.)
-    let queries = counter("status_reply");
+    let queries = d.counter("status_reply");
     assert_eq!(log.matches("128 slots").count(), 2, "{log}");
     let jobs = 2;
     let bound = jobs * RANKS as u64 * 2 * 128 + 20 * RANKS as u64 * ran.as_secs().max(1);
     assert!(queries <= bound, "{queries} status queries in {ran:?}");
     eprintln!("MTU {mtu}: {queries} status queries in {ran:?}; the key on no command line ({looks} looks)");
     // The programs ended, and their ranks left their jobs.
-    assert_eq!(joins(), 0, "every job left as its program ended");
+    assert_eq!(d.joins(), 0, "every job left as its program ended");
 
     // Take down, as printed: first the switch and the ranks' ends, then the namespaces.
     let inodes: Vec<u64> = (0..RANKS)
@@ -336,13 +356,17 @@ fn deploy(mtu: usize, mpi_program: &Path) {
         assert!(!pins.exists(), "{} left", pins.display());
     }
     let locks = [
-        PathBuf::from(format!("{SOCKET}.lock")),
-        PathBuf::from("/var/lib/xagg/xaggd.lock"),
-        xagg_daemon::owner::dataplane_lock(Path::new(PIN)),
+        PathBuf::from(format!("{}.lock", d.socket().display())),
+        d.state().join("xaggd.lock"),
+        xagg_daemon::owner::dataplane_lock(&d.pins()),
     ];
     let left: Vec<_> = locks.iter().filter(|l| l.exists()).collect();
     assert!(left.is_empty(), "lock files left: {left:?}");
-    assert!(!Path::new(PIN).exists(), "{PIN} left");
+    assert!(!d.pins().exists(), "{} left", d.pins().display());
+    let run = d.socket().parent().unwrap().to_owned();
+    assert!(!run.exists(), "{} left", run.display());
+    // What the recipe says it leaves: the state directory, taken away here.
+    let _ = std::fs::remove_dir_all(d.state());
     assert!(
         !command_lines()
             .iter()
@@ -364,11 +388,6 @@ fn the_documented_deployment_at_9000_and_1500() {
     if !require_root("the_documented_deployment_at_9000_and_1500") {
         return;
     }
-    // The recipe uses the daemon's default socket, pins and state directory.
-    assert!(
-        call(Path::new(SOCKET), &Request::Status).is_err(),
-        "a daemon answers at {SOCKET}: this test deploys with the documented defaults; stop it first"
-    );
     let dir = std::env::temp_dir().join("xagg-test-deploy");
     std::fs::create_dir_all(&dir).unwrap();
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/cases.c");
