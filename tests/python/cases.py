@@ -7,7 +7,8 @@ then:
 - `cut GO`: rank 0 waits for the file GO (the test cuts its results off first), then every
   rank makes an all_reduce, a reduce_scatter, an all_gather and a broadcast from rank 1
   (each of many segments: rank 0 finishes each from its peers);
-- `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size);
+- `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size); then a
+  reduce_scatter_tensor, an all_gather_into_tensor and a reduce to rank 1;
 - `callback`: a future's callback that makes (and waits for) another all_reduce;
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
 - `unwaited`: a last all_reduce, async and never waited for, that fails on every rank
@@ -90,6 +91,18 @@ elif case == "sizes":
         x = ints(n, k)
         dist.all_reduce(x)
         ok = ok and torch.equal(x, expected(n, k))
+    # What ZeRO and FSDP call, and a reduce: served by the backend though torch 1.13's
+    # process group has them in C++ only (Gloo 1.13 has neither of the first two).
+    m = 1 << 14
+    block = torch.empty(m, dtype=torch.int32)
+    dist.reduce_scatter_tensor(block, ints(size * m, 6))
+    ok = ok and torch.equal(block, expected(size * m, 6)[rank * m : (rank + 1) * m])
+    whole = torch.empty(size * m, dtype=torch.int32)
+    dist.all_gather_into_tensor(whole, torch.arange(m, dtype=torch.int32) * (rank + 1))
+    ok = ok and all(torch.equal(p, torch.arange(m, dtype=torch.int32) * (r + 1)) for r, p in enumerate(whole.chunk(size)))
+    r = ints(4 * m, 7)
+    dist.reduce(r, dst=1)
+    ok = ok and torch.equal(r, expected(4 * m, 7) if rank == 1 else ints(4 * m, 7))
 elif case == "callback":
     x = ints(1024, 5)
 

@@ -122,5 +122,19 @@ if backend == "xagg":
     pending = not work.is_completed()
     work.wait()
     print(f"rank {rank}: pending_after_submit={pending} done_after_wait={work.is_completed()} result_ok={bool((big == size).all())}", flush=True)
+    # The one-tensor forms ZeRO and FSDP call, and a reduce to the last rank (through the
+    # switch, behind hosts, or by Gloo after the switch failed).
+    m = 3000
+    mine = torch.arange(size * m, dtype=torch.float32) + rank
+    block = torch.empty(m)
+    dist.reduce_scatter_tensor(block, mine)
+    summed = torch.arange(size * m, dtype=torch.float32) * size + size * (size - 1) // 2
+    ok = torch.equal(block, summed[rank * m : (rank + 1) * m])
+    whole = torch.empty(size * m)
+    dist.all_gather_into_tensor(whole, torch.full((m,), float(rank)))
+    ok = ok and torch.equal(whole, torch.arange(size).repeat_interleave(m).float())
+    dist.reduce(mine, dst=size - 1)
+    ok = ok and torch.equal(mine, summed if rank == size - 1 else torch.arange(size * m, dtype=torch.float32) + rank)
+    print(f"rank {rank}: tensor_forms_ok={ok}", flush=True)
 
 dist.destroy_process_group()

@@ -40,7 +40,7 @@ from datetime import timedelta
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp, _create_work_from_future
+from torch._C._distributed_c10d import AllreduceOptions, BroadcastOptions, ReduceOp, ReduceOptions, _create_work_from_future
 
 from . import Job, Route, XaggError, new_key, segment_bytes
 
@@ -56,7 +56,7 @@ _FAILED, _OK = 0, 2
 _WAYS = ["switch", "recovered from peers", "routed by size", "flagged and redone", "fallback", "passed"]
 SWITCH, RECOVERED, ROUTED, FLAGGED, FALLBACK, PASSED = range(6)
 # The entry points of the collectives besides allreduce.
-_OTHERS = ("reduce_scatter", "all_gather", "broadcast")
+_OTHERS = ("reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor", "broadcast", "reduce")
 
 
 def _entry():
@@ -501,7 +501,7 @@ class _Engine:
                 f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
                 f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers, "
                 f"{self.routed} routed to Gloo by size (XAGG_ROUTE); "
-                f"{others} reduce-scatters, all-gathers and broadcasts through the switch (their lines below)"
+                f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)"
             )
             for entry, counts in sorted(self.table.items()):
                 ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
@@ -630,24 +630,47 @@ class ProcessGroupXagg(dist.ProcessGroup):
         self._engine.check()
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         out, ins = output_tensors[0], input_tensors[0]
-        n = self.size()
-        entry = "reduce_scatter"
         why = None
-        if len(output_tensors) != 1 or len(input_tensors) != 1 or len(ins) != n:
+        if len(output_tensors) != 1 or len(input_tensors) != 1 or len(ins) != self.size():
             why = "several tensors in one call"
         elif any(t.shape != out.shape or t.dtype != out.dtype for t in ins):
             why = "blocks of different shapes or types"
-        elif _op_name(op, out.dtype) is None:
-            why = f"{_op_label(op)} over {out.dtype} is not an op the switch makes"
         else:
-            why = self._served([out, *ins])
+            why = self._reduces(op, [out, *ins])
         whole = torch.cat([t.reshape(-1) for t in ins])
+        return self._reduce_scatter(whole, out, op, "reduce_scatter", why)
+
+    def _reduce_scatter_base(self, output, input, opts=None):
+        """`reduce_scatter_tensor` (and `_reduce_scatter_base`): the n blocks flat in one
+        input tensor, this rank's reduced block into `output`. Gloo 1.13 has none."""
+        self._engine.check()
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        why = None
+        if input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
+            why = "an input of another size or type than the ranks' outputs"
+        else:
+            why = self._reduces(op, [output, input])
+        return self._reduce_scatter(input.contiguous().reshape(-1), output, op, "reduce_scatter_tensor", why)
+
+    def _reduces(self, op, tensors):
+        """Why the switch does not reduce `tensors` with `op` (None: it does)."""
+        if tensors[0].dtype not in _DTYPES:
+            return f"{tensors[0].dtype} is not a type the switch reduces"
+        if _op_name(op, tensors[0].dtype) is None:
+            return f"{_op_label(op)} over {tensors[0].dtype} is not an op the switch makes"
+        return self._served(tensors)
+
+    def _reduce_scatter(self, whole, out, op, entry, why):
+        """`whole` (flat, n blocks; left as it is) reduce-scattered into `out`, through the
+        switch unless `why`."""
+        n = self.size()
         block = torch.empty(out.numel(), dtype=out.dtype)
 
         def fallback(group=None):
             # Gloo 1.13 has no reduce-scatter: the whole buffer reduced, this rank's block kept.
-            _gloo_allreduce(group or self._engine.private, whole, op, n)
-            block.copy_(whole[self.rank() * out.numel() : (self.rank() + 1) * out.numel()])
+            reduced = whole.clone()
+            _gloo_allreduce(group or self._engine.private, reduced, op, n)
+            block.copy_(reduced[self.rank() * out.numel() : (self.rank() + 1) * out.numel()])
 
         def finish():
             out.copy_(block.view(out.shape))
@@ -676,22 +699,90 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None and not _gloo_moves_bytes(why, [mine, *outs]):
             self._engine.pass_on(entry, why)
             return self._gloo.allgather(output_tensors, input_tensors, opts) if opts is not None else self._gloo.allgather(output_tensors, input_tensors)
-        own = mine.contiguous().reshape(-1)
-        whole = torch.empty(n * own.numel(), dtype=own.dtype)
-
-        def fallback(group=None):
-            parts = [_movable(p) for p in whole.chunk(n)]
-            (group or self._engine.private).allgather([parts], [_movable(own)]).wait()
+        whole = torch.empty(n * mine.numel(), dtype=mine.dtype)
 
         def finish():
             for t, part in zip(outs, whole.chunk(n)):
                 t.copy_(part.view(t.shape))
             return outs
 
+        return self._all_gather(mine, whole, finish, entry, why)
+
+    def _allgather_base(self, output, input, opts=None):
+        """`all_gather_into_tensor` (and `_all_gather_base`): every rank's tensor, in rank
+        order, into one output tensor. Gloo 1.13 has none: passed on, it is Gloo's list
+        all-gather into the output's blocks."""
+        self._engine.check()
+        entry = "all_gather_into_tensor"
+        if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
+            # As Gloo's own group answers this call: it raises.
+            self._engine.pass_on(entry, "an output of another size or type than the ranks' inputs")
+            return self._gloo._allgather_base(output, input)
+        why = self._served([output, input], moved=output.numel() * output.element_size())
+        whole = output.view(-1) if output.is_contiguous() else torch.empty(output.numel(), dtype=output.dtype)
+
+        def finish():
+            if not output.is_contiguous():
+                output.copy_(whole.view(output.shape))
+            return [output]
+
+        return self._all_gather(input, whole, finish, entry, why)
+
+    def _all_gather(self, mine, whole, finish, entry, why):
+        """Every rank's `mine` into `whole` (flat, rank order), through the switch unless
+        `why` (then by Gloo's list all-gather, over the bytes of a type it refuses)."""
+        n = self.size()
+        own = mine.contiguous().reshape(-1)
+
+        def fallback(group=None):
+            parts = [_movable(p) for p in whole.chunk(n)]
+            (group or self._engine.private).allgather([parts], [_movable(own)]).wait()
+
         if why is not None:
-            # A type Gloo 1.13 refuses: its bytes gathered.
             return self._passed(entry, why, fallback, finish)
         _, work = self._engine.collective("all_gather", whole, own, ReduceOp.SUM, 0, fallback, finish, entry)
+        return _for_caller(work, entry)
+
+    def reduce(self, tensors, opts=None):
+        """Reduce through the switch: every rank sends its tensor once, only the root gets
+        the result (the others' tensors stay as they were)."""
+        self._engine.check()
+        entry = "reduce"
+        op = opts.reduceOp if opts is not None else ReduceOp.SUM
+        root = opts.rootRank if opts is not None else 0
+        if len(tensors) != 1:
+            self._engine.pass_on(entry, "several tensors in one call")
+            return self._gloo.reduce(tensors, opts)
+        t = tensors[0]
+        why = self._reduces(op, [t])
+        buf = t if t.is_contiguous() else t.contiguous()
+        # The root's result apart from its data, which a fallback after a failure in the
+        # middle still needs whole; the others get none (in place).
+        result = torch.empty_like(buf) if self.rank() == root else buf
+
+        def fallback(group=None):
+            g = group or self._engine.private
+            reduced = buf.clone()
+            if buf.dtype in _GLOO_WIDER or op == ReduceOp.AVG:
+                # What Gloo 1.13 refuses, made as the switch makes it: reduced everywhere.
+                _gloo_allreduce(g, reduced, op, self.size())
+            else:
+                o = ReduceOptions()
+                o.reduceOp = op
+                o.rootRank = root
+                g.reduce([reduced], o).wait()
+            if result is not buf:
+                result.copy_(reduced)
+
+        def finish():
+            if result is not buf:
+                t.copy_(result)
+            return [t]
+
+        if why is not None:
+            return self._passed(entry, why, fallback, finish)
+        given = buf if result is not buf else None
+        _, work = self._engine.collective("reduce", result, given, op, root, fallback, finish, entry)
         return _for_caller(work, entry)
 
     def broadcast(self, tensors, opts=None):
@@ -727,10 +818,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
         return _for_caller(work, entry)
 
     def _passed(self, entry, why, fallback, finish):
-        """A call passed to Gloo that the switch's way of making it serves there too: made
-        at once by `fallback` on the inner group, on the caller's thread like every call
-        passed to Gloo (a reduce-scatter, which Gloo 1.13 lacks; a gather of a type it
-        refuses, over the tensor's bytes)."""
+        """A call passed to Gloo, made at once by `fallback` on the inner group, on the
+        caller's thread like every call passed to Gloo: the way the switch's calls fall
+        back, which serves what Gloo 1.13 lacks (reduce-scatter, all-gather into one
+        tensor) or refuses (int16, bool, bf16: reduced wider, gathered as bytes)."""
         self._engine.pass_on(entry, why)
         fallback(self._gloo)
         fut = torch.futures.Future()
@@ -759,7 +850,6 @@ def _delegate(name):
 
 
 for _name in [
-    "_allgather_base",
     "allgather_coalesced",
     "allreduce_coalesced",
     "alltoall",
@@ -768,8 +858,6 @@ for _name in [
     "gather",
     "recv",
     "recv_anysource",
-    "reduce",
-    "_reduce_scatter_base",
     "scatter",
     "send",
 ]:
