@@ -13,8 +13,9 @@
  *                        (blocks of 200,000 int), MPI_Reduce to rank 0, MPI_Allgather and
  *                        MPI_Bcast from rank 1, each of size x 200,000 int
  *        cases icollectives   MPI_Ireduce_scatter_block, MPI_Iallgather, MPI_Ibcast (root
- *                        1) and MPI_Ireduce (root 2) in flight together (blocks of 50,000
- *                        int), completed by one MPI_Waitall; then an MPI_Ibcast by MPI_Wait
+ *                        1), MPI_Ireduce (root 2) and MPI_Ireduce_scatter of unequal counts
+ *                        in flight together (blocks of 50,000 int), completed by one
+ *                        MPI_Waitall; then an MPI_Ibcast by MPI_Wait
  *        cases unwrapped rank 0: MPI_Iallreduce of 4 MiB, MPI_Wait, MPI_Send to 1; rank 1:
  *                        MPI_Iallreduce, MPI_Recv from 0, MPI_Wait: more segments than
  *                        slots, so rank 1's later rounds go out while it sits in MPI_Recv
@@ -271,7 +272,10 @@ int main(int argc, char **argv) {
         int *ag = malloc(all * sizeof(int)), *bc = malloc(all * sizeof(int));
         int *red = malloc(all * sizeof(int)), *mine = malloc(B * sizeof(int));
         int base = size * (size - 1) / 2;
-        MPI_Request r[4];
+        MPI_Request r[5];
+        int *counts = malloc(size * sizeof(int)), *part = malloc(B * sizeof(int)), at = 0;
+        for (int q = 0; q < size; q++) counts[q] = B / 2 + 7 * q;
+        for (int q = 0; q < rank; q++) at += counts[q];
         for (long i = 0; i < all; i++) {
             in[i] = rank + (int)i;
             bc[i] = rank == 1 ? 5 * (int)i : -1;
@@ -281,7 +285,11 @@ int main(int argc, char **argv) {
         MPI_Iallgather(mine, B, MPI_INT, ag, B, MPI_INT, MPI_COMM_WORLD, &r[1]);
         MPI_Ibcast(bc, all, MPI_INT, 1, MPI_COMM_WORLD, &r[2]);
         MPI_Ireduce(in, red, all, MPI_INT, MPI_SUM, 2, MPI_COMM_WORLD, &r[3]);
-        MPI_Waitall(4, r, MPI_STATUSES_IGNORE);
+        MPI_Ireduce_scatter(in, part, counts, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &r[4]);
+        MPI_Waitall(5, r, MPI_STATUSES_IGNORE);
+        for (int j = 0; j < counts[rank]; j++) bad += part[j] != size * (at + j) + base;
+        expect("ireduce_scatter, unequal counts", bad, 0);
+        bad = 0;
         for (long j = 0; j < B; j++) bad += rs[j] != size * (int)(rank * B + j) + base;
         expect("ireduce_scatter_block", bad, 0);
         bad = 0;
@@ -306,6 +314,8 @@ int main(int argc, char **argv) {
         free(bc);
         free(red);
         free(mine);
+        free(counts);
+        free(part);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

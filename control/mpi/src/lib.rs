@@ -780,34 +780,67 @@ pub unsafe extern "C" fn MPI_Reduce_scatter(
 ) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Reduce_scatter");
-        let mut size: c_int = 0;
-        // Safety: the program's communicator; its counts, one per rank.
-        let counts_of = unsafe {
-            (pmpi().comm_size)(comm, &mut size);
-            std::slice::from_raw_parts(counts, size.max(0) as usize)
-        };
-        let equal = counts_of.windows(2).all(|w| w[0] == w[1]);
-        let served = match counts_of.iter().copied().max() {
-            // Open MPI says what is wrong with them.
-            Some(_) if counts_of.iter().any(|&c| c < 0) => None,
-            Some(count) => collective(
-                Kind::ReduceScatter,
-                send,
-                recv,
-                count,
-                datatype,
-                op,
-                0,
-                comm,
-                (None, (!equal).then(|| counts_of.to_vec())),
-            ),
-            None => None,
-        };
-        served.unwrap_or_else(|| {
+        reduce_scatter(send, recv, counts, datatype, op, comm, None).unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
             unsafe { (pmpi().reduce_scatter)(send, recv, counts, datatype, op, comm) }
         })
     })
+}
+
+/// [`MPI_Reduce_scatter`], nonblocking.
+#[no_mangle]
+pub unsafe extern "C" fn MPI_Ireduce_scatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    counts: *const c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    comm: Comm,
+    request: *mut Request,
+) -> c_int {
+    guard(|| {
+        let _entry = enter("MPI_Ireduce_scatter");
+        reduce_scatter(send, recv, counts, datatype, op, comm, Some(request)).unwrap_or_else(|| {
+            // Safety: the program's arguments, passed on.
+            unsafe { (pmpi().ireduce_scatter)(send, recv, counts, datatype, op, comm, request) }
+        })
+    })
+}
+
+/// A reduce-scatter of per-rank `counts`, through the switch as blocks of the largest
+/// count (unequal ones padded); with `request`, nonblocking. `None`: not served (negative
+/// counts included: Open MPI says what is wrong with them).
+fn reduce_scatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    counts: *const c_int,
+    datatype: Datatype,
+    op: MpiOp,
+    comm: Comm,
+    request: Option<*mut Request>,
+) -> Option<c_int> {
+    let mut size: c_int = 0;
+    // Safety: the program's communicator; its counts, one per rank.
+    let counts_of = unsafe {
+        (pmpi().comm_size)(comm, &mut size);
+        std::slice::from_raw_parts(counts, size.max(0) as usize)
+    };
+    let equal = counts_of.windows(2).all(|w| w[0] == w[1]);
+    match counts_of.iter().copied().max() {
+        Some(_) if counts_of.iter().any(|&c| c < 0) => None,
+        Some(count) => collective(
+            Kind::ReduceScatter,
+            send,
+            recv,
+            count,
+            datatype,
+            op,
+            0,
+            comm,
+            (request, (!equal).then(|| counts_of.to_vec())),
+        ),
+        None => None,
+    }
 }
 
 /// An all-gather, served when each rank sends what it receives from each (the same count
