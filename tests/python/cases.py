@@ -18,8 +18,9 @@ then:
   exit;
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
   (passed to Gloo, which makes it as a sum then a floored division); then what Gloo 1.13
-  refuses, passed to it (an int16 sum that wraps, a bool max, an int16 reduce_scatter and
-  all_gather, a bool broadcast) and an f32 product (not an op of the switch's).
+  refuses, passed to it (an int16 sum that wraps, a bool max, an int16 reduce_scatter, a
+  broadcast of 7 bools), an int16 and a bool all_gather (through the switch as words) and
+  an f32 product (not an op of the switch's).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
 import faulthandler
 import math
@@ -160,9 +161,14 @@ elif case == "types":
     block = torch.empty(8, dtype=torch.int16)
     dist.reduce_scatter(block, list((torch.arange(8 * size, dtype=torch.int16) + rank).chunk(size)))
     ok = ok and torch.equal(block, (torch.arange(8 * size, dtype=torch.int16) * size + size * (size - 1) // 2)[rank * 8 : (rank + 1) * 8])
+    # Gathers move bytes: an int16 and a bool all-gather through the switch as words; a
+    # broadcast of 7 bools (an odd number of bytes) passed to Gloo, as bytes.
     parts = [torch.empty(5, dtype=torch.int16) for _ in range(size)]
     dist.all_gather(parts, torch.arange(5, dtype=torch.int16) - 1000 * rank)
     ok = ok and all(torch.equal(p, torch.arange(5, dtype=torch.int16) - 1000 * r) for r, p in enumerate(parts))
+    marks = [torch.empty(8, dtype=torch.bool) for _ in range(size)]
+    dist.all_gather(marks, torch.arange(8) % (rank + 2) == 0)
+    ok = ok and all(torch.equal(p, torch.arange(8) % (r + 2) == 0) for r, p in enumerate(marks))
     said = torch.arange(7) % 2 == 0 if rank == 1 else torch.zeros(7, dtype=torch.bool)
     dist.broadcast(said, src=1)
     ok = ok and torch.equal(said, torch.arange(7) % 2 == 0)

@@ -551,8 +551,8 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
 
     // bf16 through the switch, AVG of f32 there and of int16 by Gloo (sum, then floored),
     // the reason said once and counted; then the types Gloo 1.13 refuses, passed to it and
-    // made all the same (each raised "Invalid scalar type" before), and a product of floats
-    // whose reason names the op.
+    // made all the same (each raised "Invalid scalar type" before), gathers of them through
+    // the switch as words, and a product of floats whose reason names the op.
     let all = ranks_ok(&run(29516, &["types"], &e));
     ok(&all, "types");
     assert_eq!(
@@ -560,15 +560,24 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         [3, 0, 0, 0, 0, 4],
         "{all}"
     );
-    for (entry, n) in [("reduce_scatter", 1), ("all_gather", 1), ("broadcast", 1)] {
+    for entry in ["reduce_scatter", "broadcast"] {
         assert_eq!(
             entry_counts(&all, entry),
-            [0, 0, 0, 0, 0, n],
+            [0, 0, 0, 0, 0, 1],
             "{entry}: {all}"
         );
     }
+    // Gathers move bytes: int16 and bool ones of an even number of bytes take the switch.
+    assert_eq!(
+        entry_counts(&all, "all_gather"),
+        [2, 0, 0, 0, 0, 0],
+        "{all}"
+    );
+    assert!(
+        !all.contains("torch.int16 is not a type the switch moves"),
+        "{all}"
+    );
     for reason in [
-        "1 (torch.int16 is not a type the switch moves)",
         "3 (torch.int16 is not a type the switch reduces)",
         "1 (torch.bool is not a type the switch reduces)",
         "1 (torch.bool is not a type the switch moves)",

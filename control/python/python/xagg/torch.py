@@ -132,6 +132,26 @@ def _gloo_allreduce(group, tensor, op, size):
         tensor.copy_(wide)
 
 
+def _words(t):
+    """`t` (contiguous, CPU) as an array the switch takes and its type's name for the
+    binding: its own for the switch's types (bf16 as 2-byte integers); another type — in
+    an all-gather or broadcast, which only move bytes — as 2-byte words (named bf16) or
+    8-byte ones. None where no such view exists (an odd number of bytes, an odd offset)."""
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy(), "bf16"
+    if t.dtype in _DTYPES:
+        return t.numpy(), None
+    try:
+        if t.element_size() % 8 == 0:
+            return t.view(torch.int64).numpy(), None
+        if t.element_size() <= 2:
+            return t.view(torch.int16).numpy(), "bf16"
+    except RuntimeError:
+        pass
+    return None
+
+
 def _gloo_moves_bytes(why, tensors):
     """Whether a gather passed on for `why` is made over its tensors' bytes: CPU tensors of
     a type Gloo 1.13 refuses (as they are, it would raise)."""
@@ -353,12 +373,11 @@ class _Engine:
         req = None
         if self.failed is None:
             try:
-                view = lambda t: t.detach().view(torch.int16).numpy() if t.dtype == torch.bfloat16 else t.detach().numpy()
-                dtype = "bf16" if output.dtype == torch.bfloat16 else None
+                out, dtype = _words(output)
                 req = self.job.submit_collective(
                     kind,
-                    view(output),
-                    input=None if input is None else view(input),
+                    out,
+                    input=None if input is None else _words(input)[0],
                     op=_op_name(op, output.dtype) or "sum",
                     root=root,
                     dtype=dtype,
@@ -618,10 +637,11 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if moved is not None and self._engine.hosted and moved % 4:
             return f"behind a host level it moves 4-byte words, and {moved} bytes are not a whole number of them"
         for t in tensors:
-            if t.dtype not in _DTYPES:
-                return f"{t.dtype} is not a type the switch moves"
             if t.device.type != "cpu":
                 return "a tensor not in host memory"
+            # A gather moves bytes: any type with a view of words (`_words`).
+            if t.dtype not in _DTYPES and (moved is None or _words(t) is None):
+                return f"{t.dtype} is not a type the switch moves"
         return None
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
