@@ -707,7 +707,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         self._engine.check()
         entry = "all_gather"
         n = self.size()
-        why = None
+        why, mine, outs = None, None, []
         if len(output_tensors) != 1 or len(input_tensors) != 1 or len(output_tensors[0]) != n:
             why = "several tensors in one call"
         else:
@@ -716,7 +716,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
                 why = "outputs of another size or type than the input"
             else:
                 why = self._served([mine, *outs], moved=n * mine.numel() * mine.element_size())
-        if why is not None and not _gloo_moves_bytes(why, [mine, *outs]):
+        if why is not None and (mine is None or not _gloo_moves_bytes(why, [mine, *outs])):
             self._engine.pass_on(entry, why)
             return self._gloo.allgather(output_tensors, input_tensors, opts) if opts is not None else self._gloo.allgather(output_tensors, input_tensors)
         whole = torch.empty(n * mine.numel(), dtype=mine.dtype)
