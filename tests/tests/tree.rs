@@ -129,14 +129,99 @@ fn two_hosts_of_two_ranks() {
     // The switch completed each segment once, each host sent its partial of each once.
     assert_eq!(c.switch, c.segments);
     assert_eq!(c.partial, 2 * c.segments);
+    collective_bytes_per_link(&lab, 350);
+    collectives_under_loss(&lab, 360, 860);
     a_collective_behind_hosts_recovers_from_peers(&lab, 400, 860);
 }
 
+/// A reduce-scatter and an all-gather of S = 16 MB (n blocks) through 2 hosts of 2 ranks,
+/// each link's bytes each way over S against the collective's own (docs/protocol.md, "The
+/// collectives"): a reduce-scatter's rank sends S and gets its block (S/4), its host sends
+/// S up and gets its ranks' blocks (S/2); an all-gather's rank sends its block and room
+/// for its host's other rank's (S/2) and gets the other blocks (3S/4), its host sends its
+/// ranks' blocks up once (S/2) and gets every block (S). Headers add at most 0.05·S: a
+/// link carries at most two frames per segment each way (a gather's data sent pending and
+/// its completion), 80 bytes of headers each per 3,440 of payload.
+fn collective_bytes_per_link(lab: &TreeLab, first: u32) {
+    use xagg_worker::Collective as C;
+    let n = lab.ranks.len();
+    // Large enough that the rounds re-sent while the ranks start their calls at different
+    // times (a window's) are a small part.
+    let elems = 4_000_000;
+    let s = (elems * 4) as f64;
+    for (k, (c, rank, host)) in [
+        (C::ReduceScatter, (1.0, 0.25), (1.0, 0.5)),
+        (C::AllGather, (0.5, 0.75), (0.5, 1.0)),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let before = lab.link_bytes().unwrap();
+        let counted = lab.counters();
+        lab.collectives(first + k as u32, &[(c, 0, elems / n * n, 61)])
+            .unwrap_or_else(|e| panic!("{c}: {e:#}"));
+        let after = lab.link_bytes().unwrap();
+        for (i, p) in since(&counted, &lab.counters()).iter().enumerate() {
+            let p: BTreeMap<_, _> = p.iter().filter(|(_, v)| **v != 0).collect();
+            eprintln!("{c}: point {i}: {p:?}");
+        }
+        for ((name, tx0, rx0), (_, tx1, rx1)) in before.iter().zip(&after) {
+            let (up, down) = ((tx1 - tx0) as f64 / s, (rx1 - rx0) as f64 / s);
+            eprintln!("{c}: {name}: up {up:.3}·S, down {down:.3}·S");
+            let want = if name.starts_with("rank") { rank } else { host };
+            for (got, want, way) in [(up, want.0, "up"), (down, want.1, "down")] {
+                assert!(
+                    (want..=want + 0.05).contains(&got),
+                    "{c}: {name}: {way} {got:.3}·S, not {want}·S to 0.05·S more"
+                );
+            }
+        }
+    }
+}
+
+/// Every collective through both levels with contributions and result copies dropped at
+/// 1, 5 and 20 % at the switch and at both hosts: exact on every rank, recovered by the
+/// ranks' retransmissions through the host (partials re-sent, the switch's replays).
+fn collectives_under_loss(lab: &TreeLab, first: u32, segment: usize) {
+    use xagg_worker::Collective as C;
+    let n = lab.ranks.len();
+    let before = lab.counters();
+    for (k, p) in [0.01, 0.05, 0.2].into_iter().enumerate() {
+        for l in [0, 1] {
+            lab.inject(l, p, p).unwrap();
+        }
+        let elems = 8 * segment * n;
+        let calls: Vec<_> = [
+            (C::ReduceScatter, 0),
+            (C::AllGather, 0),
+            (C::Broadcast, n - 1),
+            (C::Reduce, 1),
+        ]
+        .into_iter()
+        .map(|(c, root)| (c, root, elems, 70 + k as u64))
+        .collect();
+        let done = lab.collectives(first + 4 * k as u32, &calls);
+        for l in [0, 1] {
+            lab.inject(l, 0.0, 0.0).unwrap();
+        }
+        done.unwrap_or_else(|e| panic!("at {p}: {e:#}; counters {:?}", lab.counters()));
+    }
+    let c = since(&before, &lab.counters());
+    eprintln!("collectives under loss: switch {:?}", c[0]);
+    no_refusals(&c);
+    assert!(sum(&c, &[1, 2], "partial_resend") > 0, "partials re-sent");
+    assert!(
+        c[0]["result_replay"] > 0,
+        "the switch answered a host's resend"
+    );
+}
+
 /// A rank whose results are cut off (nftables in its namespace: nothing from its host)
-/// in the middle of a reduce-scatter through the hosts finishes it from its peers, as an
-/// allreduce would: every segment of the whole message from the ranks that hold it, then
-/// its block of it; the other ranks' calls done by the switch. One window's segments (the
-/// others hold their results until later rounds take the slots).
+/// in the middle of a reduce-scatter through the hosts finishes it from its peers: every
+/// segment of its own block (the ranks' places known, the blocks are the ranks'; else every
+/// segment of the whole message, made as an allreduce) from the ranks that hold it; the
+/// other ranks' calls done by the switch. One window's segments (the others hold their
+/// results until later rounds take the slots).
 fn a_collective_behind_hosts_recovers_from_peers(lab: &TreeLab, message: u32, segment: usize) {
     use std::sync::{
         atomic::{AtomicBool, Ordering},
@@ -200,7 +285,11 @@ fn a_collective_behind_hosts_recovers_from_peers(lab: &TreeLab, message: u32, se
         )
         .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
     assert!(nft(ns, "delete table inet xagg_cut\n"));
-    let segments = (elems * 4).div_ceil(segment * 4);
+    let segments = if lab.places().is_some() {
+        (elems / n).div_ceil(segment)
+    } else {
+        elems.div_ceil(segment)
+    };
     for (g, &(tried, recovered)) in outcomes.iter().enumerate() {
         if g == cut {
             assert_eq!((tried, recovered), (true, segments), "rank {g}");
@@ -245,9 +334,18 @@ fn collectives_through_levels(lab: &TreeLab, first: u32, segment: usize) -> Leve
     no_refusals(&c);
     let inner = 1..c.len();
     LevelCounts {
+        // With the ranks' places, a reduce-scatter's or all-gather's blocks take segments
+        // of their own (a call of one segment is made as an allreduce).
         segments: calls
             .iter()
-            .map(|&(_, _, elems, _)| elems.div_ceil(segment) as u64)
+            .map(|&(c, _, elems, _)| {
+                let blocks = matches!(c, C::ReduceScatter | C::AllGather) && elems > segment;
+                if blocks && lab.places().is_some() {
+                    (n * (elems / n).div_ceil(segment)) as u64
+                } else {
+                    elems.div_ceil(segment) as u64
+                }
+            })
             .sum(),
         // A ring's point 0 is a plain bridge, without counters.
         switch: c[0].get("complete").copied().unwrap_or(0),

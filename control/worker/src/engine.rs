@@ -175,7 +175,12 @@ impl Engine {
                 q.blocks,
                 elements * q.r.dtype.size(),
                 q.root,
-                self.p.member,
+                // Behind a host level the blocks are the ranks'.
+                if self.p.ranks.is_some() {
+                    self.p.rank_in_job() as u8
+                } else {
+                    self.p.member
+                },
             );
             let len = layout.message_bytes();
             let mut a = Active {

@@ -45,6 +45,9 @@ pub struct Placement {
     pub member: u8,
     pub members: usize,
     pub levels: Option<Levels>,
+    /// With levels, where every rank is, when every rank's daemon is known
+    /// ([`WorkerParams::places`](crate::WorkerParams::places)).
+    pub places: Option<Vec<crate::Place>>,
 }
 
 impl Placement {
@@ -58,6 +61,7 @@ impl Placement {
             member: rank as u8,
             members: size,
             levels: None,
+            places: None,
         })
     }
 
@@ -72,12 +76,34 @@ impl Placement {
         if daemons.iter().all(|d| *d == mine) {
             return Self::flat(rank, size);
         }
-        let local = |r: usize| daemons[..r].iter().filter(|d| **d == mine).count();
+        let local = |r: usize, at: &SocketAddr| daemons[..r].iter().filter(|d| *d == at).count();
         let coordinator = match daemons[0] {
             SocketAddr::V4(a) => a,
             SocketAddr::V6(daemon) => return Err(Error::CoordinatorNotIpv4 { daemon }),
         };
-        Self::local(rank, size, local(rank), local(size), Some(coordinator))
+        // The top numbers the hosts by the lowest rank each stands for; a host numbers
+        // its ranks in rank order.
+        let firsts: Vec<usize> = (0..size)
+            .filter(|&r| !daemons[..r].contains(&daemons[r]))
+            .collect();
+        let places = daemons
+            .iter()
+            .enumerate()
+            .map(|(r, d)| crate::Place {
+                host: firsts.iter().position(|&f| daemons[f] == *d).unwrap_or(0) as u8,
+                member: local(r, d) as u8,
+            })
+            .collect();
+        Ok(Self {
+            places: Some(places),
+            ..Self::local(
+                rank,
+                size,
+                local(rank, &mine),
+                local(size, &mine),
+                Some(coordinator),
+            )?
+        })
     }
 
     /// From the launcher's local rank and size (this host's ranks: `LOCAL_RANK` and
@@ -234,7 +260,8 @@ mod tests {
                 Placement {
                     member: r as u8,
                     members: 4,
-                    levels: None
+                    levels: None,
+                    places: None,
                 }
             );
         }
@@ -254,6 +281,15 @@ mod tests {
             let l = p.levels.unwrap();
             assert_eq!((l.ranks, l.first, l.weight), (5, r as u32, 1));
             assert_eq!(l.coordinator, Some("10.0.0.2:47900".parse().unwrap()));
+            // Host a is the top's member 0 (its lowest rank is 0), b member 1.
+            let places: Vec<(u8, u8)> = p
+                .places
+                .as_ref()
+                .unwrap()
+                .iter()
+                .map(|p| (p.host, p.member))
+                .collect();
+            assert_eq!(places, [(0, 0), (1, 0), (0, 1), (1, 1), (1, 2)]);
         }
     }
 

@@ -94,7 +94,7 @@ pub use collective::Layout;
 use engine::{Pending, WorkerInner};
 pub use error::{AllreduceError, Error, Missing};
 pub use join::{JoinParams, Placement};
-pub use params::{WorkerParams, COLLECTIVE_TIMEOUT, MIN_TIMEOUT};
+pub use params::{Place, WorkerParams, COLLECTIVE_TIMEOUT, MIN_TIMEOUT};
 pub use report::{Path, Report};
 use request::Shared;
 pub use request::{Buffer, Completion, CompletionQueue, Request};
@@ -652,7 +652,9 @@ impl Worker {
     /// `root` the root's member index (reduce, broadcast; ignored otherwise). Member i owns
     /// block i, and a block's segments never straddle two owners ([`Layout`]). Behind a
     /// host level (a tree, a ring) i is the member's rank in the job
-    /// ([`WorkerParams::rank`]), and each call is made as an allreduce of the whole message
+    /// ([`WorkerParams::rank`]); with every rank's place ([`WorkerParams::places`], a
+    /// join learns them) each level carries the collective's own bytes, and without them
+    /// (or on a ring) each call is made as an allreduce of the whole message
     /// (docs/protocol.md, "The collectives"): an all-gather or broadcast then moves 4-byte
     /// words, and one of other bytes is refused.
     pub fn submit_collective(
@@ -762,9 +764,10 @@ impl Worker {
         } else {
             Reduction::new(op, dtype, p.float)?
         };
-        // Behind a host level every collective is made as an allreduce of the whole
-        // message: the levels below the switch fold and deliver allreduce alone (each rank
-        // sends and receives S; a host sends one partial up per segment, S each way).
+        // Behind a host level whose ranks' places are not known (or a ring of hosts) every
+        // collective is made as an allreduce of the whole message (each rank sends and
+        // receives S; a host sends one partial up per segment, S each way).
+        let hosted = hosted && p.levels_by_place().is_none();
         // A message of one segment: a reduce-scatter or all-gather in blocks would take a
         // segment (a round, a packet each way) per member; made as an allreduce it takes
         // one — the whole result to every member, at most a segment's bytes more.

@@ -4,7 +4,7 @@
 use std::{net::SocketAddrV4, time::Duration};
 
 use xagg_common::{
-    wire::{self, DType, Float, Lane, Op},
+    wire::{self, Collective, DType, Float, Lane, Op},
     JobShape,
 };
 
@@ -15,6 +15,14 @@ pub const MIN_TIMEOUT: Duration = Duration::from_millis(10);
 
 /// [`WorkerParams::collective_timeout`]'s default: 30 minutes, as Gloo's and NCCL's.
 pub const COLLECTIVE_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// Where a rank is in a job of two levels: its host's member index at the top (the
+/// parent) and its own member index at its host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Place {
+    pub host: u8,
+    pub member: u8,
+}
 
 #[derive(Clone, Debug)]
 pub struct WorkerParams {
@@ -35,6 +43,11 @@ pub struct WorkerParams {
     /// This member's rank among those `ranks` (the launcher's numbering, which the
     /// collectives' blocks follow); `None`: its member index (a flat job).
     pub rank: Option<usize>,
+    /// Behind a host level under the job's top: every rank's place, in rank order
+    /// ([`Place`]). With it the collectives besides allreduce take each level at their
+    /// own bytes (a segment's root named at both levels); without it (or on a ring of
+    /// hosts) each is made as an allreduce of the whole message.
+    pub places: Option<Vec<Place>>,
     /// Which way the job's results are made (told by the join), and why: reported with
     /// every completion.
     pub path: crate::Path,
@@ -107,6 +120,7 @@ impl WorkerParams {
             shape,
             ranks: None,
             rank: None,
+            places: None,
             path: crate::Path::Switch,
             path_why: None,
             switch_ports: 1,
@@ -216,5 +230,42 @@ impl WorkerParams {
     /// Ranks in the whole job ([`WorkerParams::ranks`], or the members).
     pub fn ranks(&self) -> usize {
         self.ranks.unwrap_or(self.shape.members())
+    }
+
+    /// This member's rank in the whole job ([`WorkerParams::rank`], or its member index).
+    pub fn rank_in_job(&self) -> usize {
+        self.rank.unwrap_or(usize::from(self.member))
+    }
+
+    /// The places of the job's ranks, where the collectives take the levels by them: a
+    /// tree of hosts under the top, one place per rank, this member's its own.
+    pub fn levels_by_place(&self) -> Option<&[Place]> {
+        let places = self.places.as_deref()?;
+        let me = places.get(self.rank?)?;
+        (self.path != crate::Path::Ring && places.len() == self.ranks() && me.member == self.member)
+            .then_some(places)
+    }
+
+    /// The root `root` (a rank) of a segment of `collective` as this member's aggregation
+    /// point knows it, and as the point above it does (`relay`; 0 for a flat job or an
+    /// allreduce): behind a host level its member index there or
+    /// [`wire::ROOT_ELSEWHERE`], and its host's index at the top (a gather's marked
+    /// [`wire::ROOT_HOST`]: the host's other ranks need the data too). Also whether the
+    /// root is another rank of this member's host.
+    pub fn wire_root(&self, collective: Collective, root: u8) -> (u8, u8, bool) {
+        let places = match self.levels_by_place() {
+            Some(places) if collective != Collective::Allreduce => places,
+            _ => return (root, 0, false),
+        };
+        let gathers = collective.gathers();
+        let (at, me) = (places[usize::from(root)], places[self.rank_in_job()]);
+        let here = at.host == me.host;
+        let above = if here {
+            at.member
+        } else {
+            wire::ROOT_ELSEWHERE
+        };
+        let relay = at.host | if gathers { wire::ROOT_HOST } else { 0 };
+        (above, relay, here && at.member != self.member)
     }
 }

@@ -165,6 +165,7 @@ impl JoinSettings {
             levels: placed.levels,
         };
         Worker::join_synced(j, |p| {
+            p.places.clone_from(&placed.places);
             if let Some(g) = self.give_up {
                 p.give_up = g;
             }

@@ -8,6 +8,11 @@ use crate::wire::{Lane, Op, MAX_PAYLOAD};
 /// 64-bit words of aggregation data per shadow copy.
 pub const SLOT_WORDS: usize = MAX_PAYLOAD / 8;
 
+/// In a copy's `flags`, above the wire's 16 bits: a gather's copy holds its round's data
+/// (its root's, or at a host level the parent's), so the host may complete its ranks'
+/// round on a header-only completion from above.
+pub const COPY_HAS_DATA: u32 = 1 << 16;
+
 /// Slots the switch has, shared by all jobs; the control plane hands out ranges.
 pub const MAX_SLOTS: u32 = 2048;
 
@@ -208,7 +213,8 @@ pub struct ShadowCopy {
     pub count: u32,
     /// Block exponent of the data (block floating point lanes).
     pub exponent: i32,
-    /// Sticky `enc_flags` of the contributions (non-finite input, overflow).
+    /// Sticky `enc_flags` of the contributions (non-finite input, overflow), and above
+    /// their 16 bits [`COPY_HAS_DATA`].
     pub flags: u32,
     /// The round's op and data type, fixed by its first contribution: every message
     /// carries its own, and a contribution that disagrees is refused.

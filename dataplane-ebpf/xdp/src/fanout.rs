@@ -145,9 +145,13 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     // the members but the root: a loop per phase is past the verifier's budget (measured).
     let collective =
         wire::Collective::from_u8(hdr.collective()).unwrap_or(wire::Collective::Allreduce);
-    let root = (hdr.root() as usize) & (wire::MAX_MEMBERS - 1);
+    // A root byte that names no member here (`ROOT_ELSEWHERE`, a host marked `ROOT_HOST`):
+    // a gather's data goes to every member, a reduce-scatter's to none.
+    let root_byte = hdr.root();
+    let root = (root_byte as usize) & (wire::MAX_MEMBERS - 1);
     let pending = hdr.flags & wire::FLAG_PENDING != 0;
-    let alone = collective != wire::Collective::Allreduce && job.members & (1u64 << root) != 0;
+    let named = (root_byte as usize) < wire::MAX_MEMBERS && job.members & (1u64 << root) != 0;
+    let alone = collective != wire::Collective::Allreduce && named;
     let send = |m: usize| {
         if inject(drop_result) {
             count(Counter::InjectDropResult);
@@ -173,9 +177,9 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     );
     if alone && scatter {
         send(root);
-        if !cut_to_header(ctx, at) {
-            return Err(Counter::DropTruncated);
-        }
+    }
+    if scatter && !cut_to_header(ctx, at) {
+        return Err(Counter::DropTruncated);
     }
     let others = if alone { !(1u64 << root) } else { u64::MAX };
     let mut m = 0;

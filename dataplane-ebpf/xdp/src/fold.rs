@@ -11,7 +11,7 @@ use aya_ebpf::{
 };
 use xagg_common::{
     job::{Role, SwitchConfig},
-    slot::{Fold, SLOT_WORDS},
+    slot::{Fold, COPY_HAS_DATA, SLOT_WORDS},
     wire::{self, PAYLOAD_OFFSET},
     Counter, Job,
 };
@@ -82,25 +82,39 @@ pub fn stage<const STEERED: bool>(
     if elems == 0 || elems * lane.size() > job.segment_bytes as usize {
         return Err(Counter::DropBadCount);
     }
-    // The collective, and who is the segment's root; only a job's top level serves the
-    // collectives other than allreduce (a lower level would have to map the root).
+    // The collective, and who is the segment's root: a member of the top level (a gather's
+    // marked if it is a host, `ROOT_HOST`), or at a host level one of its ranks or
+    // `ROOT_ELSEWHERE`, with the root at the parent in `relay`. A ring serves allreduce
+    // alone. A parent's result names the root as the parent knows it: the copy keeps this
+    // level's.
     let collective = wire::Collective::from_u8(hdr.collective()).ok_or(Counter::DropBadOp)?;
     let root = hdr.root();
-    if collective == wire::Collective::Allreduce {
-        if root != 0 {
-            return Err(Counter::DropBadOp);
-        }
-    } else if job.role != Role::Root as u8
-        || root as usize >= wire::MAX_MEMBERS
-        || job.members & (1u64 << (root & 63)) == 0
-    {
+    let from_parent = member >= wire::MAX_MEMBERS;
+    let member_root =
+        |r: u8| (r as usize) < wire::MAX_MEMBERS && job.members & (1u64 << (r & 63)) != 0;
+    let valid = if collective == wire::Collective::Allreduce {
+        root == 0 && (from_parent || hdr.relay == 0)
+    } else if from_parent {
+        true
+    } else if job.role == Role::Root as u8 {
+        member_root(root & !wire::ROOT_HOST)
+    } else if job.role == Role::Inner as u8 {
+        root == wire::ROOT_ELSEWHERE || member_root(root)
+    } else {
+        false
+    };
+    if !valid {
         return Err(Counter::DropBadOp);
     }
     let gather = collective.gathers();
-    let data = gather && member == root as usize;
-    // Only a gather's members other than its root send without payload.
+    let data = gather && !from_parent && member == (root & !wire::ROOT_HOST) as usize;
+    // Only a gather's members other than its root send without payload; from above, a
+    // member that gets no data of the round (a reduce-scatter's other hosts) gets none.
     let header_only = hdr.is_header_only();
-    if header_only && (!gather || data) {
+    if header_only
+        && (!gather || data)
+        && !(from_parent && collective != wire::Collective::Allreduce)
+    {
         return Err(Counter::DropBadLength);
     }
     let words = if header_only {
@@ -148,7 +162,6 @@ pub fn stage<const STEERED: bool>(
         elems: elems as u32,
         words,
         exponent: hdr.exponent() as i32,
-        flags: hdr.enc_flags() as u32,
         op: hdr.op,
         dtype: hdr.dtype | if exact { wire::DTYPE_EXACT } else { 0 },
         inner: inner as u8,
@@ -157,7 +170,12 @@ pub fn stage<const STEERED: bool>(
         headroom: if exact { headroom(members) } else { 0 },
         collective: collective as u8,
         root,
-        data: data as u8,
+        // A parent's result: whether it moves a gather's data, and whether it is sent
+        // pending.
+        data: (data || (from_parent && gather)) as u8,
+        pending: (from_parent && hdr.flags & wire::FLAG_PENDING != 0) as u8,
+        // The root's data is in the copy once stored (`COPY_HAS_DATA`).
+        flags: hdr.enc_flags() as u32 | if data { COPY_HAS_DATA } else { 0 },
     };
     st.row = job.index as u32;
     st.member = member as u32;
@@ -262,8 +280,10 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
         Ok((frame, SWITCH.get(0).ok_or(Counter::RedirectError)?))
     };
     // A gather's data, in before every member: sent now, marked pending, so that the
-    // members waiting for it do not wait for the last one to join too.
-    let posted = F == Fold::Move as u32 && r.data != 0;
+    // members waiting for it do not wait for the last one to join too. Not at a host
+    // level: its ranks get the data once, from above (which sends it to the root's host
+    // too), as every other host's ranks do.
+    let posted = F == Fold::Move as u32 && r.data != 0 && r.inner == 0;
     match outcome {
         slot::Outcome::Added if !posted => Ok((xdp_action::XDP_DROP, Counter::Contribution)),
         slot::Outcome::Added | slot::Outcome::Complete if multi => {
@@ -316,10 +336,12 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
             };
             Ok((up(ctx, job)?, counter))
         }
-        slot::Outcome::Delivered => {
+        slot::Outcome::Delivered | slot::Outcome::DeliveredPending => {
             let (frame, cfg) = result()?;
             let job = JOBS.get(st.row).ok_or(Counter::RedirectError)?;
             frame.into_result(&stored);
+            // The root as this level's members know it (the parent named its own).
+            frame.set_root(stored.root);
             // The parent (or a ring neighbour) named the job by its own id: members and
             // the egress program know it by this level's.
             frame.set_job(job.wire_id());

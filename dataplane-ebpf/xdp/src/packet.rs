@@ -306,6 +306,10 @@ impl Frame {
         let hdr = self.header_mut();
         hdr.set_job(job.parent_job);
         hdr.member = job.parent_member;
+        // The segment's root as the parent knows it, which the ranks named in `relay`
+        // (0 for allreduce: checked there).
+        hdr.set_root(hdr.relay);
+        hdr.relay = 0;
         hdr.set_exponent(stored.exponent as i16);
         hdr.set_enc_flags(stored.flags as u16);
         hdr.magnitude = stored.magnitude;
@@ -356,6 +360,12 @@ impl Frame {
     #[inline(always)]
     pub fn set_job(&self, id: u32) {
         self.header_mut().set_job(id);
+    }
+
+    /// Names the segment's root as the point the frame goes to knows it.
+    #[inline(always)]
+    pub fn set_root(&self, root: u8) {
+        self.header_mut().set_root(root);
     }
 
     /// Marks a ring result as passed back along the chain (`FLAG_BACKWARD`), or not.

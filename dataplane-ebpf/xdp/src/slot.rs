@@ -54,8 +54,8 @@
 
 use aya_ebpf::{bindings::bpf_spin_lock, helpers};
 use xagg_common::{
-    slot::{Fold, ShadowState, EMPTY_TOP},
-    wire::ENC_WITHDRAWN,
+    slot::{Fold, ShadowState, COPY_HAS_DATA, EMPTY_TOP},
+    wire::{ENC_WITHDRAWN, ROOT_ELSEWHERE},
     ShadowCopy,
 };
 
@@ -100,6 +100,9 @@ pub struct Round {
     /// Whether the payload is the round's data to store as it is: a gather's root's
     /// (`Fold::Move`). A gather's other members send none, or room for a replay.
     pub data: u8,
+    /// A parent's result: whether it is a gather's data sent pending (before the round
+    /// was complete above).
+    pub pending: u8,
 }
 
 /// What a finished copy holds besides its data: the result header's block exponent,
@@ -109,6 +112,8 @@ pub struct Stored {
     pub exponent: i32,
     pub flags: u32,
     pub magnitude: u8,
+    /// The segment's root as this level knows it.
+    pub root: u8,
 }
 
 impl Stored {
@@ -124,6 +129,7 @@ impl Stored {
             exponent: v.exponent,
             flags: v.flags,
             magnitude,
+            root: v.root,
         }
     }
 }
@@ -152,6 +158,9 @@ pub enum Outcome {
     /// The parent's result, stored over the partial: the frame's payload is the result,
     /// for every member.
     Delivered,
+    /// A gather's data from the parent, sent before its round was complete there: stored
+    /// (the copy still waits for the completion), for every member, pending.
+    DeliveredPending,
     /// A parent's result for a round the copy is not waiting for.
     Unawaited,
     /// Retransmission to a finished copy: the frame's payload is the stored result.
@@ -334,19 +343,57 @@ pub unsafe fn deliver<W: Words>(
 ) -> (Outcome, Stored) {
     unsafe { helpers::bpf_spin_lock(&raw mut (*slot).lock) };
     let v = unsafe { &mut (*slot).shadow[shadow & 1] };
-    let outcome = if v.state == ShadowState::PartialSent as u32
+    let gather = r.data != 0;
+    let pending = r.pending != 0;
+    let state = v.state;
+    let same = state != ShadowState::Empty as u32
         && v.message == r.message
         && v.segment == r.segment
         && v.op == r.op
         && v.dtype == r.dtype
         && v.count == r.elems
-    {
+        && v.collective == r.collective;
+    // A gather's data sent pending from above: kept for this level's ranks whether this
+    // level's round is still filling, waits for the completion, or has not started here
+    // yet (its ranks behind the others: the copy holds an older round, all of whose
+    // results went out, or nothing), which it starts, the root elsewhere. Never empty.
+    let fresh = !same
+        && (state == ShadowState::Empty as u32
+            || (state == ShadowState::Done as u32 && !older(r.message, r.segment, v)));
+    let keep =
+        pending && gather && r.words != 0 && ((same && state != ShadowState::Done as u32) || fresh);
+    // The parent's result: a gather's without its data completes the round here only if
+    // the copy holds the data (its root's, or sent pending): else the ranks, still
+    // waiting, ask again with room for it. A header-only one (a reduce-scatter's or
+    // reduce's for a host none of whose ranks owns the segment) copies nothing.
+    let result = !pending
+        && same
+        && state == ShadowState::PartialSent as u32
+        && (!gather || r.words != 0 || v.flags & COPY_HAS_DATA != 0);
+    let outcome = if keep || result {
         reduce::copy_in(v, src, r.words);
-        v.exponent = r.exponent;
-        v.flags = r.flags;
-        v.top = first_top(r);
-        v.state = ShadowState::Done as u32;
-        Outcome::Delivered
+        if fresh {
+            v.message = r.message;
+            v.segment = r.segment;
+            v.count = r.elems;
+            v.op = r.op;
+            v.dtype = r.dtype;
+            v.collective = r.collective;
+            v.root = ROOT_ELSEWHERE;
+            v.seen = 0;
+            v.flags = 0;
+            v.state = ShadowState::Filling as u32;
+        }
+        if keep {
+            v.flags |= COPY_HAS_DATA;
+            Outcome::DeliveredPending
+        } else {
+            v.exponent = r.exponent;
+            v.flags = r.flags;
+            v.top = first_top(r);
+            v.state = ShadowState::Done as u32;
+            Outcome::Delivered
+        }
     } else {
         Outcome::Unawaited
     };

@@ -751,10 +751,29 @@ impl TreeLab {
         );
         p.ranks = Some(self.ranks.len());
         p.rank = Some(g);
+        p.places = self.places();
         p.first_message = Some(message);
         self.tune(&mut p);
         tweak(&mut p);
         Ok(Worker::new(p)?)
+    }
+
+    /// Every rank's place, as a join learns it, where the ranks' hosts are members of an
+    /// aggregating top (not a ring's bridge, nor a lower switch): the host's member index
+    /// there and the rank's at its host.
+    pub fn places(&self) -> Option<Vec<xagg_worker::Place>> {
+        self.ranks
+            .iter()
+            .map(|r| match self.points[r.host].parent {
+                Some((q, host)) if self.points[q].parent.is_none() && self.points[q].aggregates => {
+                    Some(xagg_worker::Place {
+                        host,
+                        member: r.local,
+                    })
+                }
+                _ => None,
+            })
+            .collect()
     }
 
     /// An allreduce of `elems` i32 for rank g: filled as member g of all the ranks would,

@@ -106,9 +106,15 @@ impl Engine {
         let r = a.r;
         let source = a.layout.source(f.segment);
         let sends = source.is_some();
+        let gathers = a.layout.collective.gathers();
+        let (root, relay, root_beside) = self
+            .p
+            .wire_root(a.layout.collective, a.layout.root_of(f.segment));
         // A gather's member without the data sends its header, or, sent again while the
-        // data has not come, room for the switch to put it in.
-        let room = !sends && f.retransmitted && !f.has_data;
+        // data has not come, room for the switch to put it in; behind a host level, also
+        // a rank beside the root on its host: the host's partial up is the last of its
+        // ranks' contributions, which must hold the root's data.
+        let room = !sends && ((f.retransmitted && !f.has_data) || (gathers && root_beside));
         let lane_bytes = if sends || room {
             usize::from(f.count) * r.lane.size()
         } else {
@@ -151,11 +157,12 @@ impl Engine {
             .enc_flags(enc.flags | if withdraw { ENC_WITHDRAWN } else { 0 })
             .magnitude(enc.magnitude)
             .float(r.float)
-            .collective(a.layout.collective, a.layout.root_of(f.segment))
+            .collective(a.layout.collective, root)
             .cookie(cookie)
             .build();
         let mut h = h;
         h.flags |= header_only;
+        h.relay = relay;
         wire::finish(&h, lane_bytes, out).expect("reserved the packet's length");
         self.transport.commit(len)
     }

@@ -4,6 +4,12 @@
 /// A message's collective, carried in every contribution and result (header byte 22), with
 /// the segment's root (byte 28): the member that owns the segment's block (reduce-scatter,
 /// all-gather) or the collective's root (reduce, broadcast).
+///
+/// Behind a host level the root is named at both levels: a rank's contribution carries the
+/// root's member index at its host ([`ROOT_ELSEWHERE`] if the root is another host's rank)
+/// in byte 28 and the root's host's member index at the parent in byte 27 (`relay`), which
+/// the host writes into byte 28 of its partial. A gather's root named at the parent carries
+/// [`ROOT_HOST`]: it is a host whose other ranks need the data too.
 #[repr(u8)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Collective {
@@ -21,6 +27,14 @@ pub enum Collective {
     /// with one owner for every segment).
     Reduce = 4,
 }
+
+/// A root byte at a host level: the segment's root is a rank of another host. Nobody here
+/// gets a reduce-scatter's or reduce's data, everybody a gather's.
+pub const ROOT_ELSEWHERE: u8 = 0xff;
+
+/// Set in a gather's root byte at the parent of host levels: the root is a host, whose
+/// ranks other than the root's own need the data, so it gets the data like every member.
+pub const ROOT_HOST: u8 = 0x80;
 
 impl Collective {
     pub const ALL: [Self; 5] = [

@@ -237,6 +237,12 @@ impl Header {
         self.above
     }
 
+    /// Names the segment's root as the level the packet goes to knows it.
+    #[inline(always)]
+    pub const fn set_root(&mut self, root: u8) {
+        self.above = root;
+    }
+
     #[inline(always)]
     pub const fn set_kind(&mut self, kind: Kind) {
         self.kind = kind as u8;

@@ -9,7 +9,7 @@ mod collective;
 mod header;
 mod reduction;
 
-pub use collective::Collective;
+pub use collective::{Collective, ROOT_ELSEWHERE, ROOT_HOST};
 pub use header::{Builder, Header};
 pub use reduction::{
     lane, lane_in, max_elements, max_elements_in, DType, Float, Lane, Op, UnknownName,
