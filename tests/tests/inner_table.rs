@@ -239,6 +239,124 @@ fn inner_level_table() {
     run_table(&mut sw, &rows);
 }
 
+/// A host level's rows for the collectives besides allreduce (`slot.rs`, "At an inner
+/// level"): the ranks name a segment's root here (or `ROOT_ELSEWHERE`) and at the parent
+/// (`relay`), the partial carries the parent's, the parent's result the local one on its
+/// way down; a header-only completion is taken for a reduce-scatter, and for a gather only
+/// once the copy holds the data (sent pending from above, kept, passed on pending — also
+/// for a round its ranks have not started here).
+#[test]
+fn inner_level_collectives_table() {
+    if !require_root("inner_level_collectives_table") {
+        return;
+    }
+    use wire::{Collective, FLAG_HEADER_ONLY, FLAG_PENDING, ROOT_ELSEWHERE, ROOT_HOST};
+    use {Counter::*, ShadowState::*};
+    let mut sw = load_switch();
+    let n = SEG as usize;
+    sw.add_inner_job(
+        JID,
+        job(2, Op::Sum, DType::I32, SEG, 40, 4),
+        parent(),
+        PARENT_JOB,
+        PARENT_MEMBER,
+    );
+    // A rank's contribution of `c` on `slot`, its root `root` here and `relay` above;
+    // header-only without values.
+    let part = |m: u8, slot: u16, c: Collective, root: u8, relay: u8, vals: &[i32]| {
+        let mut h = header(Kind::Contribution, JID, m, slot, 0, SEG);
+        h.status = c as u8;
+        h.set_root(root);
+        h.relay = relay;
+        if vals.is_empty() {
+            h.flags |= FLAG_HEADER_ONLY;
+        }
+        frame(&member(m), PORT, &contribution(h, vals))
+    };
+    // The parent's result of `c` on `slot`, naming its own root; header-only without
+    // values, `pending` marked.
+    let down = |slot: u16, c: Collective, root: u8, pending: bool, vals: &[i32]| {
+        let mut h = header(Kind::Result, PARENT_JOB, 0, slot, 0, SEG);
+        h.status = c as u8;
+        h.set_root(root);
+        if vals.is_empty() {
+            h.flags |= FLAG_HEADER_ONLY;
+        }
+        if pending {
+            h.flags |= FLAG_PENDING;
+        }
+        frame(&parent(), PORT, &contribution(h, vals))
+    };
+    let state = |slot: u32, state| [After::State(40 + slot, 0, state)];
+    let sum = partial(2, n);
+    let result = final_result(n);
+    let data = values(5, n);
+    let (rs, ag) = (Collective::ReduceScatter, Collective::AllGather);
+    #[rustfmt::skip]
+    let rows = [
+        // Slot 0: a reduce-scatter whose segment member 1 owns, its host member 4 above.
+        row("reduce-scatter, first", part(0, 0, rs, 1, 4, &values(0, n)), XDP_DROP, Contribution),
+        row("reduce-scatter, the partial up naming the root above",
+            part(1, 0, rs, 1, 4, &values(1, n)), XDP_TX, Partial)
+            .out([Out::Kind(Kind::Contribution), Out::Above(4), Out::Relay(0),
+                  Out::Member(PARENT_MEMBER), payload(i32s(&sum))]),
+        row("reduce-scatter, the result naming the root here",
+            down(0, rs, 4, false, &result), XDP_REDIRECT, ParentResult)
+            .out([Out::Kind(Kind::Result), Out::Above(1), payload(i32s(&result))])
+            .after(state(0, Done)),
+        // Slot 1: the segment's root is another host's rank: its completion, header-only.
+        row("reduce-scatter elsewhere, first", part(0, 1, rs, ROOT_ELSEWHERE, 7, &values(0, n)),
+            XDP_DROP, Contribution),
+        row("reduce-scatter elsewhere, the partial up", part(1, 1, rs, ROOT_ELSEWHERE, 7,
+            &values(1, n)), XDP_TX, Partial)
+            .out([Out::Above(7), payload(i32s(&sum))]),
+        row("reduce-scatter elsewhere, a header-only completion", down(1, rs, 7, false, &[]),
+            XDP_REDIRECT, ParentResult)
+            .out([Out::Kind(Kind::Result), Out::Above(ROOT_ELSEWHERE), Out::Flags(FLAG_HEADER_ONLY)])
+            .after(state(1, Done)),
+        // Slot 2: an all-gather whose root is another host's rank: the ranks' headers, the
+        // host's header-only partial up.
+        row("all-gather elsewhere, first", part(0, 2, ag, ROOT_ELSEWHERE, ROOT_HOST | 7, &[]),
+            XDP_DROP, Contribution),
+        row("all-gather elsewhere, the partial up", part(1, 2, ag, ROOT_ELSEWHERE, ROOT_HOST | 7,
+            &[]), XDP_TX, Partial)
+            .out([Out::Above(ROOT_HOST | 7), Out::Flags(FLAG_HEADER_ONLY)]),
+        // The completion before the data: the copy has none to give the ranks.
+        row("all-gather, a completion without the data", down(2, ag, ROOT_HOST | 7, false, &[]),
+            XDP_DROP, DropUnawaitedResult)
+            .after(state(2, PartialSent)),
+        row("all-gather, pending data without a payload", down(2, ag, ROOT_HOST | 7, true, &[]),
+            XDP_DROP, DropUnawaitedResult),
+        row("all-gather, the data sent pending", down(2, ag, ROOT_HOST | 7, true, &data),
+            XDP_REDIRECT, ParentResult)
+            .out([Out::Flags(FLAG_PENDING), Out::Above(ROOT_ELSEWHERE), payload(i32s(&data))])
+            .after(state(2, PartialSent)),
+        row("all-gather, then the completion", down(2, ag, ROOT_HOST | 7, false, &[]),
+            XDP_REDIRECT, ParentResult)
+            .out([Out::Flags(FLAG_HEADER_ONLY)])
+            .after(state(2, Done)),
+        // A rank that lost the data asks with room: the kept data.
+        row("all-gather, a rank's resend with room", part(1, 2, ag, ROOT_ELSEWHERE,
+            ROOT_HOST | 7, &vec![0; n]), XDP_TX, ResultReplay)
+            .out([payload(i32s(&data))]),
+        // Slot 3: the data before any rank of this host sent the round: the round starts.
+        row("all-gather, data for a round not started here", down(3, ag, ROOT_HOST | 7, true,
+            &data), XDP_REDIRECT, ParentResult)
+            .after(state(3, Filling)),
+        row("all-gather, its first rank", part(0, 3, ag, ROOT_ELSEWHERE, ROOT_HOST | 7, &[]),
+            XDP_DROP, Contribution),
+        // What a host does not take: a root that is no rank of it, an allreduce naming a
+        // root above, a reduce-scatter without its payload.
+        row("a root that is no member here", part(0, 4, rs, 9, 4, &values(0, n)), XDP_DROP,
+            DropBadOp),
+        row("an allreduce naming a root above", part(0, 4, Collective::Allreduce, 0, 4,
+            &values(0, n)), XDP_DROP, DropBadOp),
+        row("a reduce-scatter without its payload", part(0, 4, rs, 1, 4, &[]), XDP_DROP,
+            DropBadLength),
+    ];
+    run_table(&mut sw, &rows);
+}
+
 /// A level with one member (a host with one rank) sends its partial at once; a result
 /// for a root job (no parent) is refused.
 #[test]

@@ -134,7 +134,7 @@ fn two_hosts_of_two_ranks() {
     a_collective_behind_hosts_recovers_from_peers(&lab, 400, 860);
 }
 
-/// A reduce-scatter and an all-gather of S = 16 MB (n blocks) through 2 hosts of 2 ranks,
+/// A reduce-scatter and an all-gather of S = 8 MB (n blocks) through 2 hosts of 2 ranks,
 /// each link's bytes each way over S against the collective's own (docs/protocol.md, "The
 /// collectives"): a reduce-scatter's rank sends S and gets its block (S/4), its host sends
 /// S up and gets its ranks' blocks (S/2); an all-gather's rank sends its block and room
@@ -147,7 +147,7 @@ fn collective_bytes_per_link(lab: &TreeLab, first: u32) {
     let n = lab.ranks.len();
     // Large enough that the rounds re-sent while the ranks start their calls at different
     // times (a window's) are a small part.
-    let elems = 4_000_000;
+    let elems = 2_000_000;
     let s = (elems * 4) as f64;
     for (k, (c, rank, host)) in [
         (C::ReduceScatter, (1.0, 0.25), (1.0, 0.5)),

@@ -53,10 +53,11 @@ pub struct Job {
     pub route: Route,
     /// Whether float sums take the switch (rank 0's `XAGG_FLOAT` is not `none`).
     pub float_sums: bool,
-    /// Whether every rank is the switch's own member; if not (a tree, a ring) the
-    /// collectives other than allreduce are made as allreduces, and all-gather and
-    /// broadcast move 4-byte words. Agreed by every rank.
-    pub flat: bool,
+    /// Whether the collectives other than allreduce take the levels as they are (every
+    /// rank the switch's own member, or a tree of hosts); if not (a ring of hosts) each is
+    /// made as an allreduce, and all-gather and broadcast move 4-byte words. Agreed by
+    /// every rank.
+    pub any_bytes: bool,
     /// The communicator's size.
     pub size: c_int,
 }
@@ -255,8 +256,8 @@ pub fn create(comm: Comm) -> CommState {
         Ok(()) => {
             let (worker, at) = joined.expect("agreed");
             worker.set_peers(rank as usize, responders(private, at, size));
-            let on_switch = worker.params().path == xagg_worker::Path::Switch;
-            let flat = smallest(private, on_switch as usize) == 1;
+            let not_ring = worker.params().path != xagg_worker::Path::Ring;
+            let any_bytes = smallest(private, not_ring as usize) == 1;
             state(Path::Switch(Job {
                 worker,
                 private,
@@ -265,7 +266,7 @@ pub fn create(comm: Comm) -> CommState {
                 spares: Vec::new(),
                 route,
                 float_sums,
-                flat,
+                any_bytes,
                 size,
             }))
         }

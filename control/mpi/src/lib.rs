@@ -423,12 +423,12 @@ fn collective(
         Kind::ReduceScatter | Kind::Allgather => block * job.size as u64,
         _ => block,
     };
-    if moves && !job.flat && bytes % 4 != 0 {
+    if moves && !job.any_bytes && bytes % 4 != 0 {
         with_state(|st| {
             pass(
                 st,
                 entry,
-                "behind a host level it moves 4-byte words, and its bytes are not a whole number of them",
+                "on a ring of hosts it moves 4-byte words, and its bytes are not a whole number of them",
             )
         });
         return None;

@@ -782,7 +782,7 @@ impl Worker {
         let words = whole.is_multiple_of(r.dtype.size());
         if hosted && !words {
             return invalid(format!(
-                "behind a host level it moves 4-byte words: {whole} bytes are not a whole number of them (pass it to another way)"
+                "behind a host level without every rank's place (or on a ring of hosts) it moves 4-byte words: {whole} bytes are not a whole number of them (pass it to another way)"
             ));
         }
         if hosted || (small_in_blocks && words) {

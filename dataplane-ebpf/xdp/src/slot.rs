@@ -41,7 +41,24 @@
 //! | anything else                      | the parent's result                     | Unawaited |
 //! | PartialSent with an older round    | contribution from member m              | Reclaimed (abandoned, like Filling) |
 //!
-//! A partial is never handed to a member: only Done answers a member with `data`. The
+//! Behind a host level the collectives besides allreduce take the same rows: the ranks name
+//! a segment's root here (`ROOT_ELSEWHERE`: another host's rank) and the root's host above
+//! (`relay`, which the partial carries up as its root), and the parent's result goes down
+//! naming the root here. A gather's root's host sends the data up (its other ranks send
+//! room for it, so the completing contribution carries it); the others send headers; no
+//! level but the top sends pending data of its own. From the parent:
+//!
+//! | the copy holds                     | packet                                  | outcome   |
+//! |------------------------------------|-----------------------------------------|-----------|
+//! | PartialSent, same round            | a header-only result (a reduce-scatter's or reduce's root elsewhere; a gather's, the copy holding the data) | Delivered: a completion to every member |
+//! | PartialSent, same round, no data   | a gather's header-only result           | Unawaited: the ranks ask again with room |
+//! | Filling or PartialSent, same round | a gather's data, pending                | DeliveredPending: kept (`COPY_HAS_DATA`), to every member pending |
+//! | Empty, or Done with an older round | a gather's data, pending                | DeliveredPending: the round starts here, Filling, the root elsewhere |
+//!
+//! A partial is never handed to a member as data: only Done answers a member with `data`
+//! (a Done copy of a reduce-scatter whose root is elsewhere keeps the partial, and a replay
+//! of it is only a completion to a member, which takes no data of a segment it does not
+//! own). The
 //! invariant below holds across levels: a rank's round k+2 needs its result of round
 //! k+1, which exists only once every level has delivered round k.
 //!

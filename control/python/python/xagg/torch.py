@@ -210,9 +210,9 @@ class _Engine:
         self.job = None
         self.route = None
         self.floats_to_gloo = False
-        # Whether ranks reach the switch through host levels, where every collective is
-        # made as an allreduce: all-gather and broadcast then move 4-byte words.
-        self.hosted = False
+        # Whether the job runs on a ring of hosts, where every collective is made as an
+        # allreduce: all-gather and broadcast then move 4-byte words.
+        self.ring = False
         try:
             if rank == 0:
                 key, secret = new_key()
@@ -285,10 +285,10 @@ class _Engine:
                 _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
         else:
             self.job.set_peers([store.get(f"xagg/peer/{r}").decode() for r in range(size)])
-            # Behind host levels the collectives other than allreduce are made as
+            # On a ring of hosts the collectives other than allreduce are made as
             # allreduces: the same answer on every rank.
             store.set(f"xagg/path/{rank}", self.job.path)
-            self.hosted = {store.get(f"xagg/path/{r}").decode() for r in range(size)} != {"switch"}
+            self.ring = "ring" in {store.get(f"xagg/path/{r}").decode() for r in range(size)}
             if _verbose():
                 _say(f"rank {rank}: joined the switch")
         self.queue = queue.Queue()
@@ -634,8 +634,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
         `moved`: the bytes an all-gather or broadcast moves."""
         if self._engine.failed is not None:
             return None
-        if moved is not None and self._engine.hosted and moved % 4:
-            return f"behind a host level it moves 4-byte words, and {moved} bytes are not a whole number of them"
+        if moved is not None and self._engine.ring and moved % 4:
+            return f"on a ring of hosts it moves 4-byte words, and {moved} bytes are not a whole number of them"
         for t in tensors:
             if t.device.type != "cpu":
                 return "a tensor not in host memory"
