@@ -43,10 +43,6 @@ use crate::{
 /// request's give-up time: nobody was making progress.
 const IDLE_GAP: Duration = Duration::from_millis(50);
 
-/// The largest gather handed back before its rounds end (`Active::handed`): small calls,
-/// whose time is the round trip, and whose buffers are cheap to copy.
-const HAND_BACK_BYTES: usize = 256 << 10;
-
 /// A request the engine works on.
 struct Active {
     shared: Arc<Shared>,
@@ -71,13 +67,6 @@ struct Active {
     overflow: Vec<u32>,
     /// Segments whose result says another member gave up on the call.
     given_up: Vec<u32>,
-    /// Segments whose part for this member is in: its result, or a gather's data (sent
-    /// pending), or for a gather's root the switch's word that it holds the data. A small
-    /// gather is handed back to its caller once every segment's part is in, before its
-    /// rounds end (`handed`): it waits for nobody else's contribution, as Open MPI's
-    /// broadcast does not; the rounds end in the background, over copies of its buffers.
-    ready: usize,
-    handed: bool,
     report: Report,
     started: Option<Instant>,
     last_progress: Instant,
@@ -171,11 +160,6 @@ impl Engine {
         self.active.len()
     }
 
-    /// Whether a call handed back before its rounds ended still has rounds open.
-    pub(crate) fn handed_open(&self) -> bool {
-        self.active.iter().any(|a| a.handed)
-    }
-
     fn step_wait(&self) -> Duration {
         self.window.rto() / 4 + Duration::from_micros(100)
     }
@@ -215,8 +199,6 @@ impl Engine {
                 nonfinite: Vec::new(),
                 overflow: Vec::new(),
                 given_up: Vec::new(),
-                ready: 0,
-                handed: false,
                 report: Report {
                     bytes: len,
                     segments: layout.segments(),
@@ -436,7 +418,6 @@ impl Engine {
                     }
                 }
                 req.done += 1;
-                req.ready += usize::from(!f.has_data);
                 req.last_progress = Instant::now();
                 if !f.retransmitted {
                     req.report
@@ -460,51 +441,7 @@ impl Engine {
         }
         self.answered = answered;
         self.answered.clear();
-        self.hand_back_ready();
         Ok(())
-    }
-
-    /// Hands back the small gathers whose every segment's part is in, their rounds still
-    /// open: the caller gets its buffers and the report, and the rounds go on over copies
-    /// (a root's data for a resend, a result for the peers), ending without a second
-    /// completion. A round's end is what lets its slot take a later one, so the calls
-    /// after it still wait for every member's contribution to this one.
-    fn hand_back_ready(&mut self) {
-        for a in self.active.iter_mut() {
-            if a.handed
-                || a.ready < a.segments
-                || !a.layout.collective.gathers()
-                || a.layout.message_bytes() > HAND_BACK_BYTES
-            {
-                continue;
-            }
-            a.handed = true;
-            let output = a.output.copied();
-            let output = std::mem::replace(&mut a.output, output);
-            let input = a.input.as_ref().map(Buffer::copied);
-            let input = std::mem::replace(&mut a.input, input);
-            if let (Some(v), Some(m)) = (self.view.as_ref(), a.message) {
-                let source = a.input.as_ref().unwrap_or(&a.output).bytes();
-                lock(v).moved(m, a.output.bytes(), source);
-            }
-            let rep = &mut a.report;
-            if let Some(t) = a.started {
-                rep.seconds = t.elapsed().as_secs_f64();
-                rep.goodput_gbps = rep.bytes as f64 * 8.0 / rep.seconds / 1e9;
-            }
-            rep.refused = self.transport.refused() - a.refused0;
-            rep.lost_sends = self.transport.lost_sends() - a.lost0;
-            let shared = a.shared.clone();
-            shared.complete(Completion {
-                id: shared.id,
-                job: shared.job,
-                message: a.message,
-                status: Ok(rep.clone()),
-                buffer: output,
-                input,
-                part: None,
-            });
-        }
     }
 
     /// The index in `active` of the request of `message`, if it is running.
@@ -544,8 +481,7 @@ impl Engine {
         let mut i = 0;
         while i < self.active.len() {
             let a = &self.active[i];
-            // Handed back: its caller has let go of it.
-            if a.handed || !a.shared.cancel.load(Ordering::Relaxed) {
+            if !a.shared.cancel.load(Ordering::Relaxed) {
                 i += 1;
                 continue;
             }
@@ -604,10 +540,6 @@ fn deliver(
     if let (Some((v, slots)), Some(m)) = (view, message) {
         let source = a.input.as_ref().unwrap_or(&a.output).bytes();
         lock(v).finish(m, a.output.bytes(), source, status.is_ok(), slots);
-    }
-    // Handed back already: its caller has its completion.
-    if a.handed {
-        return;
     }
     let status = status.and_then(|()| {
         let rep = &mut a.report;

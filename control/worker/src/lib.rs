@@ -318,7 +318,6 @@ impl Worker {
     pub fn leave(&self) -> Result<(), AllreduceError> {
         match &self.inner.membership {
             Some(m) => {
-                self.inner.settle();
                 drop(self.take_lease());
                 if self.inner.left.swap(true, Ordering::SeqCst) {
                     return Ok(());

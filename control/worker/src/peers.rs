@@ -194,17 +194,6 @@ impl View {
         });
     }
 
-    /// `message`'s buffers moved (a call handed back before its rounds ended goes on over
-    /// copies of them): what peers are answered from follows.
-    pub fn moved(&mut self, message: u32, output: &[u8], source: &[u8]) {
-        if let Some(l) = self.live.iter_mut().find(|l| l.message == message) {
-            l.ptr = output.as_ptr() as usize;
-            if let Some(f) = l.flat.as_mut() {
-                f.source = source.as_ptr() as usize;
-            }
-        }
-    }
-
     /// A result came for `message`'s `segment` (already in the output buffer): false if
     /// a peer was promised it would not be taken.
     pub fn took(&mut self, message: u32, segment: usize, flags: u16) -> bool {

@@ -124,27 +124,6 @@ impl Buffer {
         self.owner
     }
 
-    /// A buffer of its own holding a copy of these bytes, of the same type (in 8-byte
-    /// aligned memory, as any element's).
-    pub(crate) fn copied(&self) -> Self {
-        let mut words = vec![0u64; self.len.div_ceil(8)];
-        // Safety: the words hold at least `len` bytes; the two do not overlap.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                self.ptr.as_ptr(),
-                words.as_mut_ptr().cast::<u8>(),
-                self.len,
-            )
-        };
-        let ptr = NonNull::new(words.as_mut_ptr().cast::<u8>()).expect("a Vec's pointer");
-        Self {
-            ptr,
-            len: self.len,
-            dtype: self.dtype,
-            owner: Box::new(words),
-        }
-    }
-
     /// A buffer over `buf` for a call that waits for its request before it returns.
     ///
     /// # Safety

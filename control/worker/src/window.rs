@@ -25,8 +25,7 @@ pub struct InFlight {
     /// Retransmission timeout of this contribution.
     pub rto: Duration,
     pub retransmitted: bool,
-    /// A gather's data came in, marked pending, while its completion had not (for its
-    /// root: the switch's word that it holds the root's data).
+    /// A gather's data came in, marked pending, while its completion had not.
     pub has_data: bool,
     /// A gather's completion came in without its data, which had not.
     pub complete: bool,
@@ -125,14 +124,12 @@ impl Window {
         Some(Answered { slot, flight: f })
     }
 
-    /// Notes that `a`'s round's data came in, marked pending (a gather's, or for its root
-    /// the switch's word that it holds the data): whether this is the first word of it,
-    /// and whether its completion came already, so that the round is over.
-    pub fn data_came(&mut self, a: &Answered) -> (bool, bool) {
-        self.round_of(a).map_or((false, false), |f| {
-            let first = !f.has_data;
+    /// Notes that `a`'s round's data came in, marked pending (a gather's); whether its
+    /// completion came already, so that the round is over.
+    pub fn data_came(&mut self, a: &Answered) -> bool {
+        self.round_of(a).is_some_and(|f| {
             f.has_data = true;
-            (first, f.complete)
+            f.complete
         })
     }
 

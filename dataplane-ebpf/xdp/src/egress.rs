@@ -57,10 +57,13 @@ fn try_result(ctx: &XdpContext) -> Result<u32, Counter> {
     let member = *unsafe { EGRESS.get(key) }.ok_or(Counter::EgressNoMember)?;
     let job = job_of(jid).ok_or(Counter::EgressNoMember)?;
     // A member that does not get the round's data (`Collective::delivers_to`): its copy
-    // is cut to the header — the completion, or for a gather's root its pending data's
-    // header: the switch holds its data, which may end its call.
+    // is cut to the header (the completion), or, a gather's pending data to its root, not
+    // sent at all.
     let collective = wire::Collective::from_u8(hdr.collective());
     let frame = if collective.is_some_and(|c| !c.delivers_to(member as u8, hdr.root())) {
+        if hdr.flags & wire::FLAG_PENDING != 0 {
+            return Ok(xdp_action::XDP_DROP);
+        }
         if !hdr.is_header_only() {
             let payload = (u16::from_be_bytes(frame.udp().len) as usize)
                 .saturating_sub(UdpHdr::LEN + wire::HEADER_LEN);

@@ -141,15 +141,15 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
     // Who gets the data: for allreduce every member; for the other collectives either the
     // root alone (reduce-scatter, reduce: its copy first, then the frame is cut to its
     // headers for the others) or everyone but the root (a gather: the root's copy, cut,
-    // last — for a pending result the switch's word that it holds the root's data). So
-    // one loop over the members but the root: a loop per phase is past the verifier's
-    // budget (measured).
+    // last; none at all for a pending result, whose data the root sent). So one loop over
+    // the members but the root: a loop per phase is past the verifier's budget (measured).
     let collective =
         wire::Collective::from_u8(hdr.collective()).unwrap_or(wire::Collective::Allreduce);
     // A root byte that names no member here (`ROOT_ELSEWHERE`, a host marked `ROOT_HOST`):
     // a gather's data goes to every member, a reduce-scatter's to none.
     let root_byte = hdr.root();
     let root = (root_byte as usize) & (wire::MAX_MEMBERS - 1);
+    let pending = hdr.flags & wire::FLAG_PENDING != 0;
     let named = (root_byte as usize) < wire::MAX_MEMBERS && job.members & (1u64 << root) != 0;
     let alone = collective != wire::Collective::Allreduce && named;
     let send = |m: usize| {
@@ -189,7 +189,7 @@ fn try_fanout(ctx: &TcContext) -> Result<i32, Counter> {
         }
         m += 1;
     }
-    if alone && !scatter {
+    if alone && !scatter && !pending {
         if !cut_to_header(ctx, at) {
             return Err(Counter::DropTruncated);
         }

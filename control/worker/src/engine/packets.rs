@@ -77,17 +77,9 @@ impl Engine {
             if h.flags & wire::FLAG_PENDING != 0 {
                 // A gather's data, sent before its round was complete: the round ends here
                 // only if its completion came first (both are sent at once, from two
-                // CPUs, and either may arrive first). To the round's root the switch sends
-                // its header: it holds the root's data. Either way this member's part of
-                // the round is in, which may end its call before the round ends
-                // (`Active::ready`).
-                let root = req.layout.source(a.flight.segment).is_some();
-                if req.layout.collective.gathers() && (data || root) {
-                    let (first, complete) = window.data_came(&a);
-                    req.ready += usize::from(first);
-                    if complete {
-                        answered.push((a, flags));
-                    }
+                // CPUs, and either may arrive first).
+                if data && window.data_came(&a) {
+                    answered.push((a, flags));
                 }
                 return;
             }

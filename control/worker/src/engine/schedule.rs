@@ -73,8 +73,6 @@ impl Engine {
         let a = &mut self.active[i];
         a.sent += 1;
         a.in_flight += 1;
-        // Its data came before it was sent: this member's part of it is in.
-        a.ready += usize::from(f.has_data);
         if a.highest_sent.is_some_and(|h| h > segment) {
             a.report.reordered += 1;
         }

@@ -133,24 +133,6 @@ impl WorkerInner {
     pub fn with_engine<R>(&self, f: impl FnOnce(&mut Engine) -> R) -> R {
         f(&mut lock(&self.engine))
     }
-
-    /// Drives the rounds of calls handed back before they ended to their end, for at most
-    /// the give-up time: a worker going away would otherwise leave them without its
-    /// contribution should one have been lost (the other members waiting on it).
-    pub fn settle(&self) {
-        let until = std::time::Instant::now() + self.p.give_up;
-        while lock(&self.engine).handed_open() && std::time::Instant::now() < until {
-            if !self.progress_as(self.step(), false) {
-                std::thread::sleep(Duration::from_millis(1));
-            }
-        }
-    }
-}
-
-impl Drop for WorkerInner {
-    fn drop(&mut self) {
-        self.settle();
-    }
 }
 
 /// Nanoseconds since the first call in this process (a monotonic clock).
