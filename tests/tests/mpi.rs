@@ -423,9 +423,9 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
     );
     assert!(c[0]["complete"] > 250, "the switch completed them: {c:?}");
 
-    // The collectives besides allreduce, made as allreduces through both levels: exact,
-    // every call through the switch, each segment a partial of
-    // each host and completed once at the switch.
+    // The collectives besides allreduce through both levels, each at its own bytes (the
+    // ranks' places learnt from the daemons they gathered): exact, every call through the
+    // switch, each segment a partial of each host and completed once at the switch.
     let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/collectives.c");
     let coll = dir.join("collectives");
     xagg_lab::mpi::compile(&src, &coll, &[]).unwrap();

@@ -168,8 +168,7 @@ fn ddp_through_hosts() {
     );
     let line = x.lines().find(|l| l.contains("rank 0: steps=4")).unwrap();
     assert!(field(line, "worst") <= 1.0, "{line}");
-    // DDP's opening broadcasts and the script's all-gathers, made as allreduces through
-    // the levels.
+    // DDP's opening broadcasts and the script's all-gathers through the levels.
     assert_eq!(entry_counts(&x, "broadcast"), [4, 0, 0, 0, 0, 0], "{x}");
     assert_eq!(entry_counts(&x, "all_gather"), [2, 0, 0, 0, 0, 0], "{x}");
     // The tensor forms and reduce, through the levels too.

@@ -230,14 +230,24 @@ pub fn run(a: DemoArgs) -> Result<()> {
         );
     }
     on_interrupt()?;
-    let r = match (&a.mpi, &a.ddp, a.topology.topology()) {
-        (Some(_), _, Some(_)) | (_, Some(_), Some(_)) => Err(anyhow::anyhow!(
-            "--mpi and --ddp run on the flat lab: drop --topology"
-        )),
+    let r = match (&a.mpi, &a.ddp, a.topology) {
+        (Some(program), None, crate::topology::TopologyName::Hosts) => {
+            compile_mpi(program).and_then(|(dir, binary)| {
+                crate::topology::run_mpi(a.topology, a.mtu, &dir, &binary)
+            })
+        }
+        (Some(_), _, t) | (_, Some(_), t) if t != crate::topology::TopologyName::Flat => {
+            Err(anyhow::anyhow!(
+                "--ddp runs on the flat lab, --mpi on the flat lab or --topology hosts: drop --topology {}",
+                format!("{t:?}").to_lowercase()
+            ))
+        }
         (Some(program), _, _) => run_mpi(a.workers, a.mtu, program),
         (None, Some(script), _) => run_ddp(a.workers, a.mtu, script),
-        (None, None, Some(t)) => crate::topology::run(&a, t),
-        (None, None, None) => run_inner(&a),
+        (None, None, t) => match t.topology() {
+            Some(t) => crate::topology::run(&a, t),
+            None => run_inner(&a),
+        },
     };
     clean_up();
     r
@@ -268,14 +278,7 @@ fn aggregated(sw: &LabSwitch, before: &std::collections::BTreeMap<String, u64>) 
 /// with the library preloaded; prints the command, the program's output and the
 /// library's summary.
 fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
-    let source = xtask::build::root().join(program);
-    let dir = target_dir().join("demo-mpi");
-    std::fs::create_dir_all(&dir)?;
-    let stem = source
-        .file_stem()
-        .context("--mpi: name a .c, .f90 or .F90 file")?;
-    let binary = dir.join(stem);
-    xagg_lab::mpi::compile(&source, &binary, &[])?;
+    let (dir, binary) = compile_mpi(program)?;
     let sw = joinable_lab(n, mtu)?;
     let agent = xagg_lab::mpi::agent(&sw.lab, &dir)?;
     let lib = xagg_lab::bin("libxagg_mpi.so");
@@ -299,6 +302,20 @@ fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
     aggregated(&sw, &before)?;
     anyhow::ensure!(o.status.success(), "the MPI program failed: {}", o.status);
     Ok(())
+}
+
+/// Compiles the MPI program `program` (a path from the repository's root) into
+/// `target/demo-mpi`: that directory and the binary.
+fn compile_mpi(program: &std::path::Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+    let source = xtask::build::root().join(program);
+    let dir = target_dir().join("demo-mpi");
+    std::fs::create_dir_all(&dir)?;
+    let stem = source
+        .file_stem()
+        .context("--mpi: name a .c, .f90 or .F90 file")?;
+    let binary = dir.join(stem);
+    xagg_lab::mpi::compile(&source, &binary, &[])?;
+    Ok((dir, binary))
 }
 
 /// A DDP script through the "xagg" backend: the lab, the daemon listening for joins,

@@ -148,6 +148,57 @@ pub fn run(a: &DemoArgs, topology: Topology) -> Result<()> {
 }
 
 /// Prints the lab: each aggregation point, its level and role, and its members.
+/// An MPI program (compiled into `dir`) through the lab's hosts: each host's daemon
+/// listening for its ranks' joins and joining the switch's, mpirun with the library
+/// preloaded and each rank naming its host's daemon; prints the command, the program's
+/// output, the library's summary and what each point aggregated.
+pub fn run_mpi(
+    name: TopologyName,
+    mtu: usize,
+    dir: &std::path::Path,
+    binary: &std::path::Path,
+) -> Result<()> {
+    let topology = name.topology().expect("a lab of hosts");
+    let mut lab = TreeLab::with_mtu(PREFIX, topology, mtu)?;
+    lab.start_joinable()?;
+    describe(&lab);
+    let hosts = xagg_lab::mpi::tree_hosts(&lab);
+    let agent = xagg_lab::mpi::hosts_agent(&hosts, dir, "rsh-agent-demo-hosts")?;
+    let lib = xagg_lab::bin("libxagg_mpi.so");
+    let mut env = vec![("LD_PRELOAD", lib.display().to_string())];
+    env.extend(crate::demo::credential_env());
+    println!(
+        "mpirun -np {} --host <the ranks' addresses> -x LD_PRELOAD={} -x XAGG_CREDENTIAL={} -x XAGG_CREDENTIAL_FILE={} {}  (each rank's XAGG_DAEMON: its host's daemon, {})",
+        hosts.len(),
+        lib.display(),
+        env[1].1,
+        env[2].1,
+        binary.display(),
+        lab.points
+            .iter()
+            .filter(|p| p.parent.is_some())
+            .map(|p| p.listener().to_string())
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    let before = lab.counters();
+    let o = xagg_lab::mpi::run_on_hosts(&hosts, &agent, &env, &binary.display().to_string())?;
+    print!("{}", String::from_utf8_lossy(&o.stdout));
+    eprint!("{}", String::from_utf8_lossy(&o.stderr));
+    let after = lab.counters();
+    for (i, (b, a)) in before.iter().zip(&after).enumerate() {
+        let grew = |c: &str| a.get(c).copied().unwrap_or(0) - b.get(c).copied().unwrap_or(0);
+        println!(
+            "point {i}: {} contributions, {} partials sent up, {} results",
+            grew("contribution") + grew("complete") + grew("partial"),
+            grew("partial"),
+            grew("complete") + grew("parent_result")
+        );
+    }
+    anyhow::ensure!(o.status.success(), "the MPI program failed: {}", o.status);
+    Ok(())
+}
+
 fn describe(lab: &TreeLab) {
     println!("lab ({:?}):", lab.topology);
     for (i, p) in lab.points.iter().enumerate() {
