@@ -310,9 +310,9 @@ struct LevelCounts {
 }
 
 /// Reduce-scatter, all-gather, broadcast (root: the last rank, on the last host) and
-/// reduce (root 1) through a tree's or a ring's levels, made as allreduces of the whole
-/// message (messages from `first`): one element per block and many segments (`segment`
-/// elements each), every rank's result exact.
+/// reduce (root 1) through a tree's levels, each at its own bytes, or a ring's, made as
+/// allreduces of the whole message (messages from `first`): one element per block and many
+/// segments (`segment` elements each), every rank's result exact.
 fn collectives_through_levels(lab: &TreeLab, first: u32, segment: usize) -> LevelCounts {
     use xagg_worker::Collective as C;
     let n = lab.ranks.len();
