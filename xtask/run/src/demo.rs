@@ -306,7 +306,7 @@ fn run_mpi(n: usize, mtu: usize, program: &std::path::Path) -> Result<()> {
 
 /// Compiles the MPI program `program` (a path from the repository's root) into
 /// `target/demo-mpi`: that directory and the binary.
-fn compile_mpi(program: &std::path::Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
+pub fn compile_mpi(program: &std::path::Path) -> Result<(std::path::PathBuf, std::path::PathBuf)> {
     let source = xtask::build::root().join(program);
     let dir = target_dir().join("demo-mpi");
     std::fs::create_dir_all(&dir)?;

@@ -107,7 +107,8 @@ fn fuzz(minutes: u64) -> Result<()> {
 }
 
 /// Every lab topology through the demo itself, small (each rank verified; the tests in
-/// tests/tests/tree.rs assert the bytes per link).
+/// tests/tests/tree.rs assert the bytes per link), and the MPI library's collectives on the
+/// hosts' 16 ranks.
 fn demos() -> Result<()> {
     use crate::topology::TopologyName;
     for t in [
@@ -126,7 +127,11 @@ fn demos() -> Result<()> {
         crate::topology::clean_up();
         r?;
     }
-    Ok(())
+    eprintln!("cargo xtask demo --mpi tests/mpi/collectives.c --topology hosts");
+    let (dir, binary) = crate::demo::compile_mpi("tests/mpi/collectives.c".as_ref())?;
+    let r = crate::topology::run_mpi(TopologyName::Hosts, xagg_lab::lab::MTU, &dir, &binary);
+    crate::topology::clean_up();
+    r
 }
 
 /// The benchmark, quick (for breakage, not figures): every path of it runs, both systems
