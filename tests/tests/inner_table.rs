@@ -94,15 +94,9 @@ fn partial_to_parent(vals: &[i32]) -> Vec<Out> {
     ]
 }
 
-#[test]
-fn inner_level_table() {
-    if !require_root("inner_level_table") {
-        return;
-    }
-    use {Counter::*, ShadowState::*};
+/// The switch program with this level's job: two members (ranks), slots 40..44.
+fn two_ranks_inner() -> Switch {
     let mut sw = load_switch();
-    let n = SEG as usize;
-    // Two members (ranks), slots 40..44.
     sw.add_inner_job(
         JID,
         job(2, Op::Sum, DType::I32, SEG, 40, 4),
@@ -110,6 +104,17 @@ fn inner_level_table() {
         PARENT_JOB,
         PARENT_MEMBER,
     );
+    sw
+}
+
+#[test]
+fn inner_level_table() {
+    if !require_root("inner_level_table") {
+        return;
+    }
+    use {Counter::*, ShadowState::*};
+    let mut sw = two_ranks_inner();
+    let n = SEG as usize;
     // Slot 2 (42 of the switch), shadow copy 0: its state and the members seen.
     let slot_2 = |state, seen| [After::State(42, 0, state), After::Seen(42, 0, seen)];
     let partial = partial(2, n);
@@ -252,15 +257,8 @@ fn inner_level_collectives_table() {
     }
     use wire::{Collective, FLAG_HEADER_ONLY, FLAG_PENDING, ROOT_ELSEWHERE, ROOT_HOST};
     use {Counter::*, ShadowState::*};
-    let mut sw = load_switch();
+    let mut sw = two_ranks_inner();
     let n = SEG as usize;
-    sw.add_inner_job(
-        JID,
-        job(2, Op::Sum, DType::I32, SEG, 40, 4),
-        parent(),
-        PARENT_JOB,
-        PARENT_MEMBER,
-    );
     // A rank's contribution of `c` on `slot`, its root `root` here and `relay` above;
     // header-only without values.
     let part = |m: u8, slot: u16, c: Collective, root: u8, relay: u8, vals: &[i32]| {

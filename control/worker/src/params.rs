@@ -250,8 +250,10 @@ impl WorkerParams {
     /// point knows it, and as the point above it does (`relay`; 0 for a flat job or an
     /// allreduce): behind a host level its member index there or
     /// [`wire::ROOT_ELSEWHERE`], and its host's index at the top (a gather's marked
-    /// [`wire::ROOT_HOST`]: the host's other ranks need the data too). Also whether the
-    /// root is another rank of this member's host.
+    /// [`wire::ROOT_HOST`]: the host's other ranks need the data too). Also whether this
+    /// member is a gather's rank beside its root on their host, which sends room for the
+    /// root's data: the host's partial up is the last of its ranks' contributions, which
+    /// must hold it.
     pub fn wire_root(&self, collective: Collective, root: u8) -> (u8, u8, bool) {
         let places = match self.levels_by_place() {
             Some(places) if collective != Collective::Allreduce => places,
@@ -266,6 +268,6 @@ impl WorkerParams {
             wire::ROOT_ELSEWHERE
         };
         let relay = at.host | if gathers { wire::ROOT_HOST } else { 0 };
-        (above, relay, here && at.member != self.member)
+        (above, relay, gathers && here && at.member != self.member)
     }
 }

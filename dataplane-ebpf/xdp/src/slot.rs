@@ -232,6 +232,17 @@ fn older(message: u32, segment: u32, v: &ShadowCopy) -> bool {
     xagg_common::Round::new(message, segment).is_before_lazy(v.message, || v.segment)
 }
 
+/// Makes copy `v` hold round `r`: what the round's later packets must match.
+#[inline(always)]
+fn claim(v: &mut ShadowCopy, r: &Round) {
+    v.message = r.message;
+    v.segment = r.segment;
+    v.count = r.elems;
+    v.op = r.op;
+    v.dtype = r.dtype;
+    v.collective = r.collective;
+}
+
 /// Closes a copy with every member in: it holds the result, or at an inner level a
 /// partial. Decided here, after the fold's loops, not before them: a value that differs
 /// by role and lives through the loops doubles the states the verifier walks (measured:
@@ -316,12 +327,7 @@ pub unsafe fn accept<const F: u32, W: Words>(
         let reclaim =
             state == ShadowState::Filling as u32 || state == ShadowState::PartialSent as u32;
         reduce::copy_in(v, src, r.words);
-        v.message = r.message;
-        v.segment = r.segment;
-        v.count = r.elems;
-        v.op = r.op;
-        v.dtype = r.dtype;
-        v.collective = r.collective;
+        claim(v, r);
         v.root = r.root;
         v.exponent = r.exponent;
         v.flags = r.flags;
@@ -390,12 +396,7 @@ pub unsafe fn deliver<W: Words>(
     let outcome = if keep || result {
         reduce::copy_in(v, src, r.words);
         if fresh {
-            v.message = r.message;
-            v.segment = r.segment;
-            v.count = r.elems;
-            v.op = r.op;
-            v.dtype = r.dtype;
-            v.collective = r.collective;
+            claim(v, r);
             v.root = ROOT_ELSEWHERE;
             v.seen = 0;
             v.flags = 0;

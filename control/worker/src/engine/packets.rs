@@ -106,15 +106,13 @@ impl Engine {
         let r = a.r;
         let source = a.layout.source(f.segment);
         let sends = source.is_some();
-        let gathers = a.layout.collective.gathers();
-        let (root, relay, root_beside) = self
+        let (root, relay, beside) = self
             .p
             .wire_root(a.layout.collective, a.layout.root_of(f.segment));
         // A gather's member without the data sends its header, or, sent again while the
         // data has not come, room for the switch to put it in; behind a host level, also
-        // a rank beside the root on its host: the host's partial up is the last of its
-        // ranks' contributions, which must hold the root's data.
-        let room = !sends && ((f.retransmitted && !f.has_data) || (gathers && root_beside));
+        // a rank beside the root on its host (`WorkerParams::wire_root`).
+        let room = !sends && ((f.retransmitted && !f.has_data) || beside);
         let lane_bytes = if sends || room {
             usize::from(f.count) * r.lane.size()
         } else {
