@@ -94,13 +94,32 @@ impl Drops {
     }
 }
 
-/// `dev`'s (rx, tx) drop counters in namespace `ns`.
-fn dropped(ns: &str, dev: &str) -> Result<(u64, u64)> {
-    let text = ip(&["-n", ns, "-s", "-j", "link", "show", dev])?;
-    let v: serde_json::Value = serde_json::from_str(&text).context("`ip -j -s link` output")?;
+/// An interface's counters, from `ip -s -j link` in its namespace.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct LinkStats {
+    pub tx_bytes: u64,
+    pub rx_bytes: u64,
+    pub tx_dropped: u64,
+    pub rx_dropped: u64,
+}
+
+/// `dev`'s counters in namespace `ns`.
+pub fn link_stats(ns: &str, dev: &str) -> Result<LinkStats> {
+    let text = ip(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])?;
+    let v: serde_json::Value = serde_json::from_str(&text)
+        .with_context(|| format!("`ip -j -s link` output for {dev} in {ns}"))?;
     let stats = &v[0]["stats64"];
-    let n = |dir: &str| stats[dir]["dropped"].as_u64().unwrap_or(0);
-    Ok((n("rx"), n("tx")))
+    let n = |dir: &str, key: &str| {
+        stats[dir][key]
+            .as_u64()
+            .with_context(|| format!("no {dir} {key} for {dev} in {ns}"))
+    };
+    Ok(LinkStats {
+        tx_bytes: n("tx", "bytes")?,
+        rx_bytes: n("rx", "bytes")?,
+        tx_dropped: n("tx", "dropped")?,
+        rx_dropped: n("rx", "dropped")?,
+    })
 }
 
 /// Runs `f` on a thread inside network namespace `ns` (only that thread moves).
@@ -276,12 +295,12 @@ impl Lab {
     pub fn drops(&self) -> Result<Drops> {
         let mut d = Drops::default();
         for i in 0..self.workers {
-            let (rx, tx) = dropped(&self.switch_ns(), &Self::port(i))?;
-            d.switch_rx += rx;
-            d.switch_tx += tx;
-            let (rx, tx) = dropped(&self.worker_ns(i), "eth0")?;
-            d.workers_rx += rx;
-            d.workers_tx += tx;
+            let port = link_stats(&self.switch_ns(), &Self::port(i))?;
+            d.switch_rx += port.rx_dropped;
+            d.switch_tx += port.tx_dropped;
+            let worker = link_stats(&self.worker_ns(i), "eth0")?;
+            d.workers_rx += worker.rx_dropped;
+            d.workers_tx += worker.tx_dropped;
         }
         Ok(d)
     }

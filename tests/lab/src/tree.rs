@@ -846,17 +846,10 @@ impl TreeLab {
     }
 }
 
-/// An interface's (tx, rx) byte counters, from `ip -s -j` in its namespace.
+/// An interface's (tx, rx) byte counters.
 fn stats(ns: &str, dev: &str) -> Result<(u64, u64)> {
-    let out = ip(&["-n", ns, "-s", "-j", "link", "show", "dev", dev])?;
-    let v: serde_json::Value =
-        serde_json::from_str(&out).with_context(|| format!("statistics of {dev} in {ns}"))?;
-    let bytes = |key: &str| {
-        v[0]["stats64"][key]["bytes"]
-            .as_u64()
-            .with_context(|| format!("no {key} bytes for {dev} in {ns}"))
-    };
-    Ok((bytes("tx")?, bytes("rx")?))
+    let s = crate::lab::link_stats(ns, dev)?;
+    Ok((s.tx_bytes, s.rx_bytes))
 }
 
 impl Drop for TreeLab {

@@ -4,7 +4,7 @@
 
 use std::{
     process::{Child, Command, Stdio},
-    time::{Duration, SystemTime, UNIX_EPOCH},
+    time::{Duration, Instant, SystemTime, UNIX_EPOCH},
 };
 
 use anyhow::{bail, Context, Result};
@@ -42,14 +42,18 @@ pub struct AllreduceRun {
     /// The CPUs the workers and their interfaces' packet processing run on.
     pub placement: Placement,
     /// A worker held off its CPU in the middle of the run, as the scheduler or a debugger
-    /// may hold a process: stopped (`SIGSTOP`) this long after the common start, for this
-    /// long, then continued.
+    /// may hold a process: stopped (`SIGSTOP`) this long after the common start and once it
+    /// has sent a window's worth, for this long, then continued.
     pub pause: Option<Pause>,
 }
 
 /// How long after the common start a worker may still attach its receive program before
 /// pinning its interface's packet processing gives up.
 const PIN_MARGIN: Duration = Duration::from_secs(5);
+
+/// What a paused worker has sent before it is stopped: a window of 8.9 KB segments, so
+/// that rounds are in flight across the pause.
+const PAUSE_SENT: u64 = 1 << 20;
 
 /// See [`AllreduceRun::pause`].
 #[derive(Clone, Copy, Debug)]
@@ -90,6 +94,12 @@ impl AllreduceRun {
         let elements = self.shape.segment_elements(
             xagg_common::wire::lane(self.op, self.dtype).context("op and type not reduced")?,
         )?;
+        let sent_before = match self.pause {
+            Some(_) => (0..n)
+                .map(|i| Ok(lab::link_stats(&lab.worker_ns(i), "eth0")?.tx_bytes))
+                .collect::<Result<Vec<_>>>()?,
+            None => Vec::new(),
+        };
         let children: Vec<Child> = (0..n)
             .map(|i| {
                 let mut worker = Command::new("ip");
@@ -122,9 +132,19 @@ impl AllreduceRun {
         let pause = self.pause.map(|p| {
             // `ip netns exec` execs the worker: the child is the worker itself.
             let pid = nix::unistd::Pid::from_raw(children[p.member].id() as i32);
+            let ns = lab.worker_ns(p.member);
             std::thread::spawn(move || {
                 let at = UNIX_EPOCH + Duration::from_nanos(start_ns) + p.after;
                 std::thread::sleep(at.duration_since(SystemTime::now()).unwrap_or_default());
+                // A worker still making its data at that time (late on a busy machine) has
+                // nothing in flight: stop it once it has sent a window's worth.
+                let until = Instant::now() + PIN_MARGIN;
+                while Instant::now() < until
+                    && lab::link_stats(&ns, "eth0")
+                        .is_ok_and(|s| s.tx_bytes < sent_before[p.member] + PAUSE_SENT)
+                {
+                    std::thread::sleep(Duration::from_millis(2));
+                }
                 use nix::sys::signal::{kill, Signal};
                 let stopped = kill(pid, Signal::SIGSTOP);
                 std::thread::sleep(p.length);
