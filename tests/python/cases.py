@@ -19,8 +19,9 @@ then:
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
   (passed to Gloo, which makes it as a sum then a floored division); then what Gloo 1.13
   refuses, passed to it (an int16 sum that wraps, a bool max, an int16 reduce_scatter, a
-  broadcast of 7 bools), an int16 and a bool all_gather (through the switch as words) and
-  an f32 product (not an op of the switch's).
+  broadcast of 7 bools), an int16 and a bool all_gather (through the switch as words),
+  reduce-scatters of mis-sized inputs (which raise) and an f32 product (not an op of the
+  switch's).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
 import faulthandler
 import math
@@ -178,6 +179,17 @@ elif case == "types":
         ok = False
     except RuntimeError as e:
         ok = ok and "ProcessGroupGloo" in str(e)
+    # A reduce-scatter whose input is not the ranks' blocks raises, as on torch's other
+    # backends: no rank reduces the wrong elements.
+    for call in (
+        lambda: dist.reduce_scatter_tensor(torch.empty(250), torch.ones(250 * size + 2)),
+        lambda: dist.reduce_scatter(torch.empty(4), [torch.ones(4)] * (size + 1)),
+    ):
+        try:
+            call()
+            ok = False
+        except RuntimeError as e:
+            ok = ok and "reduce_scatter" in str(e)
     g = torch.full((16,), 2.0) if rank == 0 else torch.ones(16)
     dist.all_reduce(g, op=dist.ReduceOp.PRODUCT)
     ok = ok and torch.equal(g, torch.full((16,), 2.0))

@@ -332,7 +332,7 @@ fn mpi_programs_fall_back_to_open_mpi() {
     let (out, err) = checked(&lab.run(check.to_str().unwrap(), &format!("{SWITCH_IP}:1"), &[]));
     assert!(out.contains("failures=0"), "{out}");
     assert!(
-        err.contains("MPI_COMM_WORLD (4 ranks): allreduces go to Open MPI: rank 0: the daemon's network listener at 10.77.0.1:1 does not answer"),
+        err.contains("MPI_COMM_WORLD (4 ranks): collectives go to Open MPI: rank 0: the daemon's network listener at 10.77.0.1:1 does not answer"),
         "{err}"
     );
     assert_eq!(summary(&err).0, 0);
@@ -372,7 +372,7 @@ fn mpi_programs_fall_back_to_open_mpi() {
     );
     assert_eq!(switch + fallback, 300, "every allreduce once");
     assert!(
-        err.contains("the switch failed, allreduces go to Open MPI from now on"),
+        err.contains("the switch failed, collectives go to Open MPI from now on"),
         "{err}"
     );
     assert!(
@@ -621,7 +621,7 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     assert!(out.contains("checks=4 failures=0"), "{out}");
     assert_eq!(summary(&err).0, 0, "{err}");
     assert!(
-        err.contains("allreduces go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),
+        err.contains("collectives go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),
         "{err}"
     );
 

@@ -385,7 +385,7 @@ fn ddp_survives_the_switch_going() {
         );
     }
     assert!(
-        all.contains("the switch failed, allreduces go to Gloo from now on"),
+        all.contains("the switch failed, collectives go to Gloo from now on"),
         "{all}"
     );
     let summary = all
@@ -580,7 +580,8 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     for reason in [
         "3 (torch.int16 is not a type the switch reduces)",
         "1 (torch.bool is not a type the switch reduces)",
-        "1 (torch.bool is not a type the switch moves)",
+        "1 (7 bytes of torch.bool at byte offset 0: the switch moves a type it does not reduce \
+         as 2-byte words",
         "1 (PRODUCT over torch.float32 is not an op the switch makes)",
         "1 (several tensors in one call)",
     ] {

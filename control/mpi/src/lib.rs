@@ -61,6 +61,8 @@ struct Stats {
     fallback_calls: u64,
     /// Calls handed to Open MPI unchanged, by reason.
     passed: HashMap<String, u64>,
+    /// The entry points and reasons said so far (each said once).
+    said: std::collections::HashSet<(&'static str, String)>,
     /// Calls handed to Open MPI for their size (`XAGG_ROUTE`): faster there.
     routed: u64,
     /// Every call by entry point and way.
@@ -139,9 +141,11 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
 /// The wire type and op of an allreduce the switch serves, or why it is not served.
 fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), &'static str> {
     let h = handles();
-    let dtype = h
-        .dtype(datatype)
-        .ok_or("a datatype the switch does not take")?;
+    let dtype = h.dtype(datatype).ok_or(
+        "a datatype the switch does not take (it takes MPI_INT, MPI_UNSIGNED, MPI_LONG, \
+             MPI_LONG_LONG, MPI_INT32_T, MPI_UINT32_T, MPI_INT64_T, MPI_FLOAT, MPI_DOUBLE and \
+             Fortran's INTEGER, REAL and DOUBLE PRECISION of 4 and 8 bytes)",
+    )?;
     let wire_op = h.op(op).ok_or("an op the switch does not take")?;
     if wire::lane(wire_op, dtype).is_none() {
         return Err("an op the switch does not take over this type");
@@ -160,7 +164,7 @@ fn comm_state(slot: &mut Option<CommState>, comm: Comm) -> &mut CommState {
         match &c.path {
             Path::Pmpi(why) => {
                 if (c.rank == 0 && !c.quiet) || verbose() {
-                    say(&format!("{}: allreduces go to Open MPI: {why}", c.name));
+                    say(&format!("{}: collectives go to Open MPI: {why}", c.name));
                 }
             }
             Path::Switch(job) => {
@@ -193,7 +197,7 @@ fn progress(c: &mut CommState, until: Option<u64>) {
         if !failed_before && job.failed.is_some() {
             if c.rank == 0 || verbose() {
                 say(&format!(
-                    "{} rank {}: the switch failed, allreduces go to Open MPI from now on: {}",
+                    "{} rank {}: the switch failed, collectives go to Open MPI from now on: {}",
                     c.name,
                     c.rank,
                     job.failed.as_deref().unwrap_or_default()
@@ -273,9 +277,8 @@ fn poll_all() {
 
 /// Counts a call handed to Open MPI unchanged; says why the first time for each reason.
 fn pass(st: &mut State, entry: &'static str, why: &str) {
-    let n = st.stats.passed.entry(why.to_string()).or_default();
-    *n += 1;
-    if *n == 1 {
+    *st.stats.passed.entry(why.to_string()).or_default() += 1;
+    if st.stats.said.insert((entry, why.to_string())) {
         say(&format!(
             "rank {}: {entry} goes to Open MPI: {why} (said once; the summary at MPI_Finalize counts them)",
             world_rank()
@@ -602,7 +605,7 @@ fn finalize() {
         let mut reasons: Vec<_> = s.passed.iter().collect();
         reasons.sort();
         say(&format!(
-            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers), {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow), {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}",
+            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers), {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}",
             s.switch_calls,
             s.switch_bytes,
             s.recovered_calls,

@@ -152,10 +152,15 @@ def _words(t):
     return None
 
 
+# Why a gather of a type the switch does not reduce goes to Gloo (an odd number of bytes,
+# an odd offset): Gloo then moves the bytes.
+_AS_WORDS = "the switch moves a type it does not reduce as 2-byte words (an even number of bytes at an even offset)"
+
+
 def _gloo_moves_bytes(why, tensors):
     """Whether a gather passed on for `why` is made over its tensors' bytes: CPU tensors of
     a type Gloo 1.13 refuses (as they are, it would raise)."""
-    return why.endswith("the switch moves") and all(t.dtype in _GLOO_WIDER and t.device.type == "cpu" for t in tensors)
+    return _AS_WORDS in why and all(t.dtype in _GLOO_WIDER and t.device.type == "cpu" for t in tensors)
 
 
 def _movable(t):
@@ -282,7 +287,7 @@ class _Engine:
             self._leave()
             self.failed = why or "another rank could not join the job"
             if rank == 0 or _verbose():
-                _say(f"rank {rank}: allreduces go to Gloo: {self.failed}")
+                _say(f"rank {rank}: collectives go to Gloo: {self.failed}")
         else:
             self.job.set_peers([store.get(f"xagg/peer/{r}").decode() for r in range(size)])
             # On a ring of hosts the collectives other than allreduce are made as
@@ -453,7 +458,7 @@ class _Engine:
                     # Its slots are of no use to this group any more.
                     self.job.leave_soon()
                     if self.rank == 0 or _verbose():
-                        _say(f"rank {self.rank}: the switch failed, allreduces go to Gloo from now on: {why}")
+                        _say(f"rank {self.rank}: the switch failed, collectives go to Gloo from now on: {why}")
                 if self.failed is None and kind is None:
                     self.served += 1
                     if req.recovered:
@@ -640,8 +645,13 @@ class ProcessGroupXagg(dist.ProcessGroup):
             if t.device.type != "cpu":
                 return "a tensor not in host memory"
             # A gather moves bytes: any type with a view of words (`_words`).
-            if t.dtype not in _DTYPES and (moved is None or _words(t) is None):
+            if t.dtype not in _DTYPES and moved is None:
                 return f"{t.dtype} is not a type the switch moves"
+            if t.dtype not in _DTYPES and _words(t) is None:
+                return (
+                    f"{t.numel() * t.element_size()} bytes of {t.dtype} at byte offset "
+                    f"{t.storage_offset() * t.element_size()}: {_AS_WORDS}"
+                )
         return None
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):
@@ -651,11 +661,20 @@ class ProcessGroupXagg(dist.ProcessGroup):
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         out, ins = output_tensors[0], input_tensors[0]
         why = None
-        if len(output_tensors) != 1 or len(input_tensors) != 1 or len(ins) != self.size():
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
             why = "several tensors in one call"
-        elif any(t.shape != out.shape or t.dtype != out.dtype for t in ins):
-            why = "blocks of different shapes or types"
         else:
+            # As torch's other backends answer these: a reduce-scatter of such blocks has
+            # no one result, and a fallback would reduce the wrong elements.
+            if len(ins) != self.size():
+                raise RuntimeError(
+                    f"reduce_scatter: {len(ins)} input blocks on a group of {self.size()} ranks: give one per rank"
+                )
+            if any(t.shape != out.shape or t.dtype != out.dtype for t in ins):
+                raise RuntimeError(
+                    f"reduce_scatter: every input block must have the output's shape and type "
+                    f"({tuple(out.shape)}, {out.dtype}); got {[(tuple(t.shape), t.dtype) for t in ins]}"
+                )
             why = self._reduces(op, [out, *ins])
         whole = torch.cat([t.reshape(-1) for t in ins])
         return self._reduce_scatter(whole, out, op, "reduce_scatter", why)
@@ -665,11 +684,14 @@ class ProcessGroupXagg(dist.ProcessGroup):
         input tensor, this rank's reduced block into `output`. Gloo 1.13 has none."""
         self._engine.check()
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
-        why = None
         if input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
-            why = "an input of another size or type than the ranks' outputs"
-        else:
-            why = self._reduces(op, [output, input])
+            # As torch's other backends answer it (a fallback would reduce the wrong elements).
+            raise RuntimeError(
+                f"reduce_scatter_tensor: the input must hold the group's {self.size()} ranks' blocks of "
+                f"the output's size and type: input {input.numel()} x {input.dtype}, output "
+                f"{output.numel()} x {output.dtype}"
+            )
+        why = self._reduces(op, [output, input])
         return self._reduce_scatter(input.contiguous().reshape(-1), output, op, "reduce_scatter_tensor", why)
 
     def _reduces(self, op, tensors):
