@@ -206,6 +206,7 @@ class _Engine:
         # Calls per entry point, by way (_WAYS); those passed to Gloo, by reason.
         self.table = {}
         self.passed = {}
+        self.said = set()
         self.table_lock = threading.Lock()
         self.pending = set()
         # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
@@ -321,10 +322,12 @@ class _Engine:
         return int(v.item())
 
     def pass_on(self, entry, why):
-        """Counts a call handed to Gloo unchanged for `why`; says so once per reason."""
+        """Counts a call handed to Gloo unchanged for `why`; says so once per entry point
+        and reason."""
         self.count(entry, PASSED)
         with self.table_lock:
-            first = why not in self.passed
+            first = (entry, why) not in self.said
+            self.said.add((entry, why))
             self.passed[why] = self.passed.get(why, 0) + 1
         if first:
             _say(f"rank {self.rank}: {entry} goes to Gloo: {why} (said once; the summary counts them)")
