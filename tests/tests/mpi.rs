@@ -438,6 +438,20 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
     assert!(grew(0, "complete") > 0, "{c:?}");
     assert_eq!(grew(1, "partial"), grew(0, "complete"), "{c:?}");
     assert_eq!(grew(2, "partial"), grew(0, "complete"), "{c:?}");
+
+    // Every rank left: each host removed its job and left the switch's, which went too
+    // (not held, with its slots, until the switch's idle timeout).
+    let joins = |i: usize| match lab.api(i, &Request::Joins).unwrap() {
+        xagg_api::Response::Joins { joins } => joins,
+        r => panic!("{r:?}"),
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while !joins(0).is_empty() && std::time::Instant::now() < until {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    for i in 0..3 {
+        assert!(joins(i).is_empty(), "point {i}: {:?}", joins(i));
+    }
 }
 
 /// The cases of docs/mpi.md's table, each run of `tests/mpi/cases.c` asserting exact

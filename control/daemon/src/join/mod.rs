@@ -48,7 +48,7 @@ use xagg_join::{JobKey, JoinReply, JoinRequest, MemberReply, MemberRequest, Nonc
 pub use self::table::JobTable;
 use self::{
     admission::{Credential, Nonces},
-    registry::{unix_now, Joined, Lifecycle},
+    registry::{unix_now, Joined, Lifecycle, Route},
     ring::RingState,
     state_file::Saved,
     upward::{ParentLink, Upstream},
@@ -327,6 +327,14 @@ impl Joins {
         }
         if let Some(j) = self.jobs.remove(key) {
             info!("job {} ({key}) removed: {why}", j.id);
+            // This point no longer stands for its ranks at the parent: its place there
+            // goes too, or the parent's job would hold its slots until its idle timeout.
+            if let Lifecycle::Running {
+                route: Route::Parent(p),
+            } = &j.state
+            {
+                self.leave_parent(j.key, j.secret, p.member);
+            }
         }
     }
 

@@ -16,7 +16,8 @@ use log::{info, warn};
 use xagg_api::{Neighbour, ParentSpec, RingSpec};
 use xagg_common::JobShape;
 use xagg_join::{
-    CredentialKey, JobKey, JoinReply, JoinRequest, Levels, RingHost, RingReply, RingRequest, Secret,
+    CredentialKey, JobKey, JoinReply, JoinRequest, Levels, MemberReply, MemberRequest, RingHost,
+    RingReply, RingRequest, Secret,
 };
 
 use super::{
@@ -167,6 +168,28 @@ impl Joins {
             }
             self.save();
         }
+    }
+}
+
+impl Joins {
+    /// Leaves the parent's job, where this point is member `member` of job `key`, on a
+    /// thread of its own (nothing here waits for the parent's daemon, which may be gone).
+    pub(super) fn leave_parent(&self, key: JobKey, secret: Secret, member: u8) {
+        let Some((daemon, ..)) = self.parent.as_ref().and_then(|l| l.daemon.clone()) else {
+            return;
+        };
+        std::thread::spawn(move || {
+            let client = xagg_join::client::Client::new(daemon);
+            let reply = client.nonce().and_then(|n| {
+                let req = MemberRequest::new(key, &secret, "leave", member, n.nonce);
+                client.post::<MemberReply>("/v1/leave", &req)
+            });
+            match reply {
+                Ok(MemberReply::Left) => info!("job {key}: left the parent's job at {daemon}"),
+                Ok(other) => warn!("job {key}: leaving the parent's job at {daemon}: {other:?}"),
+                Err(e) => warn!("job {key}: leaving the parent's job at {daemon}: {e}"),
+            }
+        });
     }
 }
 
