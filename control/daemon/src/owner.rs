@@ -220,17 +220,27 @@ fn open(path: &Path, dir_mode: u32) -> Result<(File, Vec<PathBuf>)> {
 /// Creates a missing directory (and its parents) with `mode` whatever the umask (0755:
 /// readable by all, writable only by the daemon). An existing directory is left as it is.
 /// Returns the directories it made, the deepest first (what to remove again, in order).
+/// Another process making one of them at the same moment (daemons started together under
+/// one new parent directory) is no error: that one is theirs.
 pub fn create_dir(dir: &Path, mode: u32) -> std::io::Result<Vec<PathBuf>> {
     use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
     let missing: Vec<&Path> = dir
         .ancestors()
         .take_while(|d| !d.as_os_str().is_empty() && !d.exists())
         .collect();
+    let mut made = Vec::new();
     for d in missing.iter().rev() {
-        std::fs::DirBuilder::new().mode(mode).create(d)?;
-        std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
+        match std::fs::DirBuilder::new().mode(mode).create(d) {
+            Ok(()) => {
+                std::fs::set_permissions(d, std::fs::Permissions::from_mode(mode))?;
+                made.push(d.to_path_buf());
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && d.is_dir() => {}
+            Err(e) => return Err(e),
+        }
     }
-    Ok(missing.into_iter().map(Path::to_owned).collect())
+    made.reverse();
+    Ok(made)
 }
 
 fn read_holder(file: &mut File) -> Option<Holder> {
@@ -257,6 +267,37 @@ fn parse_holder(text: &str) -> Option<Holder> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn daemons_started_together_make_their_directories_under_one_new_parent() {
+        let base = std::env::temp_dir().join(format!("xagg-owner-race-{}", std::process::id()));
+        for round in 0..20 {
+            let parent = base.join(round.to_string());
+            let made: Vec<_> = std::thread::scope(|s| {
+                let hs: Vec<_> = (0..8)
+                    .map(|i| {
+                        let dir = parent.join("state").join(format!("xagg{i}"));
+                        s.spawn(move || create_dir(&dir, 0o755))
+                    })
+                    .collect();
+                hs.into_iter().map(|h| h.join().unwrap()).collect()
+            });
+            for (i, m) in made.iter().enumerate() {
+                let m = m
+                    .as_ref()
+                    .unwrap_or_else(|e| panic!("round {round}, daemon {i}: {e}"));
+                // Its own directory first; the shared ones only by whoever made them.
+                assert_eq!(m[0], parent.join("state").join(format!("xagg{i}")));
+            }
+            let shared = made
+                .iter()
+                .flat_map(|m| m.as_ref().unwrap())
+                .filter(|d| **d == parent)
+                .count();
+            assert_eq!(shared, 1, "round {round}: one maker of the shared parent");
+        }
+        let _ = std::fs::remove_dir_all(&base);
+    }
 
     #[test]
     fn holders_read_back() {
