@@ -416,6 +416,13 @@ fn mpi_ranks_on_hosts_reduce_at_every_level() {
             "{err}"
         );
     }
+    // The summary says how the communicator ran, after the run as well.
+    assert!(
+        err.contains(
+            "rank 0: communicators served: 3 joined through its host, which joined the switch (a tree)"
+        ),
+        "{err}"
+    );
     let c = lab.counters();
     assert!(
         c[1]["partial"] > 250 && c[2]["partial"] > 250,

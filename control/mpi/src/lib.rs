@@ -67,6 +67,8 @@ struct Stats {
     routed: u64,
     /// Every call by entry point and way.
     table: entry::Table,
+    /// The communicators the switch served, by how they joined (switch, tree, ring).
+    paths: std::collections::BTreeMap<String, u64>,
 }
 
 /// A communicator's state behind its own lock; `None` until its first served call.
@@ -573,6 +575,11 @@ fn retire(comm: usize) {
     if let Some(last) = last {
         progress(&mut c, Some(last));
     }
+    if let Path::Switch(job) = &c.path {
+        let p = job.worker.params();
+        let how = p.path.joined(p.path_why.as_deref());
+        with_state(|st| *st.stats.paths.entry(how).or_default() += 1);
+    }
     if let Path::Switch(mut job) = c.path {
         // A rank still finishing a call from its peers may need this one's results:
         // nobody leaves before everybody is done.
@@ -625,6 +632,9 @@ fn finalize() {
                 )
             }
         ));
+        for (how, n) in &s.paths {
+            say(&format!("rank {rank}: communicators served: {n} {how}"));
+        }
         for line in s.table.lines() {
             say(&format!("rank {rank}: {line}"));
         }
