@@ -337,10 +337,15 @@ fn keys(cfg: &Config, r: &mut Report) {
             None
         }
     };
-    for c in cfg.credentials.iter().chain(parent.as_ref()) {
+    let labelled = cfg
+        .credentials
+        .iter()
+        .map(|c| ("credential", c))
+        .chain(parent.as_ref().map(|c| ("parent.credential", c)));
+    for (what, c) in labelled {
         match c.key() {
             Ok(_) => r.ok(format!(
-                "credential {}: key read from {}",
+                "{what} {}: key read from {}",
                 c.name,
                 c.key_file.display()
             )),

@@ -146,12 +146,9 @@ impl Joins {
                             "job {} ({key}): running, member {} of job {} at the parent",
                             j.id, p.member, p.job
                         ),
-                        Route::Ring { ring, .. } => info!(
-                            "job {} ({key}): running round a ring of {} hosts, at place {} ({:?})",
-                            j.id,
-                            ring.size,
-                            ring.position,
-                            route.path()
+                        Route::Ring { ring, why } => info!(
+                            "job {} ({key}): running round a ring of {} hosts, at place {} ({})",
+                            j.id, ring.size, ring.position, why
                         ),
                         Route::Root => {}
                     }
