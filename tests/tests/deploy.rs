@@ -25,6 +25,10 @@ use xagg_tests::*;
 #[path = "deploy/one_host.rs"]
 mod one_host;
 
+/// The two-host deployment docs/topologies.md prints, run as printed.
+#[path = "deploy/two_hosts.rs"]
+mod two_hosts;
+
 /// The daemon's systemd unit, as shipped.
 const UNIT: &str = include_str!("../../control/daemon/xaggd.service");
 

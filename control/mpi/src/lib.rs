@@ -54,6 +54,8 @@ use xagg_common::wire::{self, DType, Op};
 struct Stats {
     switch_calls: u64,
     switch_bytes: u64,
+    /// The collectives besides allreduce the switch made (recovered included).
+    other_switch_calls: u64,
     /// Of the switch's calls, those finished with results from peers.
     recovered_calls: u64,
     /// Made by Open MPI because the switch's result was flagged (NaN, overflow).
@@ -233,8 +235,12 @@ fn progress(c: &mut CommState, until: Option<u64>) {
                     st.finished.insert(key(done.request), (done.entry, way));
                     st.requests.remove(&key(done.request));
                 }
-                // The summary's headline counts allreduces; every call is in the table.
+                // The summary's headline counts allreduces (and the other collectives the
+                // switch made); every call is in the table.
                 if done.kind != Kind::Allreduce {
+                    if matches!(done.taken, Some(Taken::Switch | Taken::Recovered)) {
+                        st.stats.other_switch_calls += 1;
+                    }
                     return;
                 }
                 match done.taken {
@@ -612,7 +618,7 @@ fn finalize() {
         let mut reasons: Vec<_> = s.passed.iter().collect();
         reasons.sort();
         say(&format!(
-            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers), {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}",
+            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers), {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}; {} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)",
             s.switch_calls,
             s.switch_bytes,
             s.recovered_calls,
@@ -630,7 +636,8 @@ fn finalize() {
                         .collect::<Vec<_>>()
                         .join("; ")
                 )
-            }
+            },
+            s.other_switch_calls,
         ));
         for (how, n) in &s.paths {
             say(&format!("rank {rank}: communicators served: {n} {how}"));
