@@ -581,12 +581,10 @@ fn retire(comm: usize) {
     if let Some(last) = last {
         progress(&mut c, Some(last));
     }
-    if let Path::Switch(job) = &c.path {
+    if let Path::Switch(mut job) = c.path {
         let p = job.worker.params();
         let how = p.path.joined(p.path_why.as_deref());
         with_state(|st| *st.stats.paths.entry(how).or_default() += 1);
-    }
-    if let Path::Switch(mut job) = c.path {
         // A rank still finishing a call from its peers may need this one's results:
         // nobody leaves before everybody is done.
         // Safety: our duplicate, every rank here together.

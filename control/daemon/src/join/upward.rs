@@ -166,9 +166,7 @@ impl Joins {
             self.save();
         }
     }
-}
 
-impl Joins {
     /// Leaves the parent's job, where this point is member `member` of job `key`, on a
     /// thread of its own (nothing here waits for the parent's daemon, which may be gone).
     pub(super) fn leave_parent(&self, key: JobKey, secret: Secret, member: u8) {

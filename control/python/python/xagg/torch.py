@@ -648,9 +648,11 @@ class ProcessGroupXagg(dist.ProcessGroup):
             if t.device.type != "cpu":
                 return "a tensor not in host memory"
             # A gather moves bytes: any type with a view of words (`_words`).
-            if t.dtype not in _DTYPES and moved is None:
+            if t.dtype in _DTYPES:
+                continue
+            if moved is None:
                 return f"{t.dtype} is not a type the switch moves"
-            if t.dtype not in _DTYPES and _words(t) is None:
+            if _words(t) is None:
                 return (
                     f"{t.numel() * t.element_size()} bytes of {t.dtype} at byte offset "
                     f"{t.storage_offset() * t.element_size()}: {_AS_WORDS}"
