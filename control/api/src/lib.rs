@@ -18,7 +18,7 @@ pub mod request;
 pub use client::call;
 pub use job::{lane, JobSpec, MemberSpec, Neighbour, ParentSpec, RingSpec};
 pub use request::{
-    Faults, JobCounters, JoinListing, MemberCounters, Request, Response, SlotStatus,
+    Faults, JobCounters, JoinListing, MemberCounters, ParentStatus, Request, Response, SlotStatus,
 };
 
 /// The version prefix of every route.

@@ -84,6 +84,9 @@ pub enum Response {
         /// empty: each on the CPU it came in on.
         #[serde(default)]
         steer_cpus: Vec<usize>,
+        /// The aggregation point above this one (`[parent]`), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        parent: Option<ParentStatus>,
     },
     JobStatus {
         slots: Vec<SlotStatus>,
@@ -143,6 +146,19 @@ impl Request {
     }
 }
 
+/// A daemon's `[parent]`, as `status` reports it.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
+pub struct ParentStatus {
+    /// The uplink the parent (or a ring's other hosts) is behind.
+    pub interface: String,
+    /// The parent daemon's listener; none: jobs beyond this point go round a ring.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub daemon: Option<std::net::SocketAddr>,
+    /// The credential this daemon gives there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub credential: Option<String>,
+}
+
 /// A shadow copy of a job's slot, as `job_status` reports it. (The API's keys keep the
 /// names they had before the protocol's coordinates were renamed.)
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq, Eq)]
@@ -192,6 +208,16 @@ pub struct JoinListing {
     pub present: Vec<u8>,
     pub missing: Vec<u8>,
     pub waited_s: f64,
+    /// Where a running job's aggregates go: `members` (its results to its members),
+    /// `parent` (partials up a tree, as member `parent_member` of the parent's job) or
+    /// `ring` (round a ring of hosts, `why` the tree did not serve); `joining its parent`
+    /// while it does; empty while pending.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub route: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub parent_member: Option<u8>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub why: Option<String>,
 }
 
 #[cfg(test)]
@@ -300,8 +326,13 @@ mod tests {
                 xdp_in_use: vec!["native".into()],
                 pin_path: Some("/sys/fs/bpf/xagg".into()),
                 steer_cpus: vec![2, 3],
+                parent: Some(ParentStatus {
+                    interface: "up".into(),
+                    daemon: Some("10.77.0.9:7800".parse().unwrap()),
+                    credential: Some("lab".into()),
+                }),
             },
-            r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"auto","xdp_in_use":["native"],"pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3]}"#,
+            r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"auto","xdp_in_use":["native"],"pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3],"parent":{"interface":"up","daemon":"10.77.0.9:7800","credential":"lab"}}"#,
         );
         same(
             &Response::JobStatus {
@@ -344,9 +375,12 @@ mod tests {
                     present: vec![0],
                     missing: vec![1, 2],
                     waited_s: 0.7,
+                    route: "parent".into(),
+                    parent_member: Some(1),
+                    why: None,
                 }],
             },
-            r#"{"result":"joins","joins":[{"key":"0101","id":65537,"credential":"lab","members":3,"slots":32,"segment_bytes":3440,"ready":false,"present":[0],"missing":[1,2],"waited_s":0.7}]}"#,
+            r#"{"result":"joins","joins":[{"key":"0101","id":65537,"credential":"lab","members":3,"slots":32,"segment_bytes":3440,"ready":false,"present":[0],"missing":[1,2],"waited_s":0.7,"route":"parent","parent_member":1}]}"#,
         );
         // An older daemon's status (before the switch's address was in it) still reads.
         let old: Response = serde_json::from_str(

@@ -131,7 +131,13 @@ fn joins(socket: &Path, json: bool) -> Result<()> {
                     "job {} ({:#x}) key {}: {} members, {} slots, {}-byte segments, credential {}: {}",
                     j.id, j.id, j.key, j.members, j.slots, j.segment_bytes, j.credential,
                     if j.ready {
-                        "running".to_string()
+                        match (j.route.as_str(), j.parent_member, &j.why) {
+                            ("parent", Some(m), _) => format!("running, partials to its parent's job as member {m} (a tree)"),
+                            ("ring", _, Some(why)) => format!("running round a ring of hosts ({why})"),
+                            _ => "running, results to its members".to_string(),
+                        }
+                    } else if !j.route.is_empty() {
+                        format!("{} for {:.0} s (every rank in)", j.route, j.waited_s)
                     } else {
                         format!("pending for {:.0} s, ranks in {:?}, waiting for {:?}", j.waited_s, j.present, j.missing)
                     }

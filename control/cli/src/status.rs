@@ -1,4 +1,4 @@
-//! `xagg status`: the switch's address, ports and the XDP mode each is in, pinning, jobs and slots in use.
+//! `xagg status`: the switch's address, ports and the XDP mode each is in, pinning, its parent, jobs and slots in use.
 
 use std::path::Path;
 
@@ -27,6 +27,7 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
             xdp_in_use,
             pin_path,
             steer_cpus,
+            parent,
         } => {
             println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode} (configured)");
             // An older daemon does not say the mode in use.
@@ -64,6 +65,19 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
                     ""
                 }
             );
+            if let Some(p) = parent {
+                match (p.daemon, p.credential) {
+                    (Some(d), c) => println!(
+                        "parent: the daemon at {d}, behind {}{}; jobs with ranks beyond this point join it",
+                        p.interface,
+                        c.map(|c| format!(", credential {c}")).unwrap_or_default()
+                    ),
+                    (None, _) => println!(
+                        "parent: none aggregating; jobs with ranks beyond this point go round a ring of hosts behind {}",
+                        p.interface
+                    ),
+                }
+            }
             println!("jobs: {jobs}, slots used: {slots_used} of {slots_total}");
             Ok(())
         }

@@ -655,6 +655,11 @@ fn handle(st: &mut State, req: Request) -> Response {
                 xdp_in_use: st.dp.xdp_in_use(),
                 pin_path: st.dp.pinned().then(|| st.cfg.daemon.pin_path.clone()),
                 steer_cpus: st.dp.steer.clone(),
+                parent: st.cfg.parent.as_ref().map(|p| xagg_api::ParentStatus {
+                    interface: p.interface.clone(),
+                    daemon: p.daemon,
+                    credential: p.credential.clone(),
+                }),
             })
         }),
         Request::JobStatus { id } => st.dp.job_status(id).map(|slots| Response::JobStatus { slots }),

@@ -194,6 +194,16 @@ fn the_documented_two_host_deployment() {
         }
         daemons().iter().map(|d| joins(d)).collect()
     };
+    // An operator sees each host's parent, and which jobs a host serves through it.
+    let host_status = Command::new(bin("xagg"))
+        .args([
+            "--socket",
+            &socket(&daemons()[1]).display().to_string(),
+            "status",
+        ])
+        .output()
+        .unwrap();
+    let host_status = String::from_utf8_lossy(&host_status.stdout).into_owned();
     std::fs::write(&go, "").unwrap();
     let status = shell.wait().unwrap();
     let (all_out, all_err) = output();
@@ -248,6 +258,10 @@ fn the_documented_two_host_deployment() {
             h - 1
         );
     }
+    assert!(
+        host_status.contains("parent: the daemon at 10.77.0.1:47900, behind up0, credential lab;"),
+        "{host_status}"
+    );
     assert_eq!(
         first_joins,
         vec![0; HOSTS + 1],

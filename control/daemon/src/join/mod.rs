@@ -342,23 +342,29 @@ impl Joins {
     pub fn listing(&self) -> Vec<JoinListing> {
         self.jobs
             .values()
-            .map(|j| JoinListing {
-                key: j.key.to_string(),
-                id: j.id,
-                credential: j.credential.clone(),
-                members: j.members.len(),
-                slots: j.shape.slots(),
-                segment_bytes: j.shape.segment_bytes(),
-                ready: j.running(),
-                present: (0..j.members.len() as u8)
-                    .filter(|r| !j.missing().contains(r))
-                    .collect(),
-                missing: j.missing(),
-                waited_s: if j.running() {
-                    0.0
-                } else {
-                    j.since.elapsed().as_secs_f64()
-                },
+            .map(|j| {
+                let (route, parent_member, why) = j.route_listing();
+                JoinListing {
+                    key: j.key.to_string(),
+                    id: j.id,
+                    credential: j.credential.clone(),
+                    members: j.members.len(),
+                    slots: j.shape.slots(),
+                    segment_bytes: j.shape.segment_bytes(),
+                    ready: j.running(),
+                    present: (0..j.members.len() as u8)
+                        .filter(|r| !j.missing().contains(r))
+                        .collect(),
+                    missing: j.missing(),
+                    waited_s: if j.running() {
+                        0.0
+                    } else {
+                        j.since.elapsed().as_secs_f64()
+                    },
+                    route: route.to_string(),
+                    parent_member,
+                    why,
+                }
             })
             .collect()
     }

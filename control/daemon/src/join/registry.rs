@@ -182,6 +182,20 @@ impl Joined {
         }
     }
 
+    /// Where its aggregates go, as listings say it: `members`, `parent` (with its member
+    /// index there) or `ring` (with why); empty until it runs.
+    pub(super) fn route_listing(&self) -> (&'static str, Option<u8>, Option<String>) {
+        match &self.state {
+            Lifecycle::Pending => ("", None, None),
+            Lifecycle::JoiningParent { .. } => ("joining its parent", None, None),
+            Lifecycle::Running { route } => match route {
+                Route::Root => ("members", None, None),
+                Route::Parent(p) => ("parent", Some(p.member), None),
+                Route::Ring { why, .. } => ("ring", None, Some(why.clone())),
+            },
+        }
+    }
+
     pub(super) fn missing(&self) -> Vec<u8> {
         (0..self.members.len() as u8)
             .filter(|&r| self.members[usize::from(r)].is_none_or(|m| m.left))

@@ -45,6 +45,7 @@ fn a_host_level_joins_its_parent_then_runs_below_it() {
     };
     let stand = *stand.lock().unwrap();
     assert_eq!((stand.ranks, stand.first, stand.weight), (4, 0, 2));
+    assert_eq!(s.joins.listing()[0].route, "joining its parent");
     // This daemon has no [parent]: its join there has already failed, settled by the tick.
     let id = s.joins.jobs[&KEY].id;
     let _ = s.joins.upstream.settled.try_recv();
@@ -75,6 +76,8 @@ fn a_host_level_joins_its_parent_then_runs_below_it() {
         ))
     );
     assert_eq!(s.table.jobs[&id].1.parent, Some(parent));
+    let l = &s.joins.listing()[0];
+    assert_eq!((l.route.as_str(), l.parent_member), ("parent", Some(1)));
     assert!(matches!(
         host_rank(&mut s, 1),
         JoinReply::Ready {

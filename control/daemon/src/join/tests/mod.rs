@@ -226,6 +226,7 @@ fn joining_every_rank_makes_the_job_run() {
     assert_eq!(spec.members[1].interface, "p1");
     let l = &s.joins.listing()[0];
     assert!(l.ready);
+    assert_eq!((l.route.as_str(), l.parent_member), ("members", None));
     assert_eq!((l.present.as_slice(), l.missing.len()), (&[0, 1, 2][..], 0));
 }
 

@@ -34,6 +34,10 @@ fn the_state_file_reads_and_writes_as_it_always_has() {
             "None"
         ]
     );
+    assert_eq!(
+        jobs[2].route_listing(),
+        ("ring", None, Some("the parent refused the job".into()))
+    );
     assert_eq!(jobs[0].members[0].unwrap().stands_for, Some((0, 1)));
     assert_eq!(jobs[0].level, Level::Fixed { ranks: 4 });
     let again = Saved::new(jobs.iter(), saved.generations.clone());
