@@ -632,6 +632,31 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         all.contains("; 3 other collectives through the switch"),
         "{all}"
     );
+
+    // No daemon at the address the ranks name: every call made by Gloo, exact, and counted
+    // as passed with why (as the MPI library counts a communicator Open MPI serves), not as
+    // a fallback from a switch that served the group.
+    let mut nobody = e.clone();
+    nobody.retain(|(k, _)| *k != "XAGG_DAEMON");
+    nobody.push(("XAGG_DAEMON", format!("{}:1", LISTEN.ip())));
+    let all = ranks_ok(&run(29520, &["sizes"], &nobody));
+    ok(&all, "sizes");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [0, 0, 0, 0, 0, 4],
+        "{all}"
+    );
+    for entry in ["reduce_scatter_tensor", "all_gather_into_tensor", "reduce"] {
+        assert_eq!(
+            entry_counts(&all, entry),
+            [0, 0, 0, 0, 0, 1],
+            "{entry}: {all}"
+        );
+    }
+    assert!(
+        all.contains("rank 0: passed to Gloo: 7 (the group is served by Gloo: "),
+        "{all}"
+    );
 }
 
 /// A ZeRO-style step through the backend — each rank's gradients reduce-scattered, each

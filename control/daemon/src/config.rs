@@ -374,6 +374,14 @@ impl Config {
         if self.daemon.listen.is_some() && self.credentials.is_empty() {
             return Err(Error::NoCredential);
         }
+        if let Some(p) = &self.parent {
+            if !s.ports.contains(&p.interface) {
+                return Err(Error::UplinkNotPort {
+                    interface: p.interface.clone(),
+                    ports: s.ports.clone(),
+                });
+            }
+        }
         Ok(())
     }
 
@@ -493,6 +501,19 @@ mod tests {
         )
         .unwrap();
         assert_eq!((c.switch.udp_ports, c.steer_cpus().unwrap()), (4, vec![0]));
+        // The uplink is one of the ports: a job's partials leave through it.
+        let up = |iface: &str| {
+            Config::parse(&format!(
+                "[switch]\nports = [\"a\", \"up0\"]\naddress = \"10.0.0.1\"\n[parent]\ninterface = \"{iface}\"\n"
+            ))
+        };
+        assert!(up("up0").is_ok());
+        let e = up("up1").unwrap_err().to_string();
+        assert!(
+            e.contains("[parent] interface = \"up1\" is not one of switch.ports")
+                && e.contains("add it to switch.ports"),
+            "{e}"
+        );
     }
 
     fn with_daemon(keys: &str) -> Result<Config> {

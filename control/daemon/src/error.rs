@@ -87,6 +87,11 @@ pub enum Error {
     NoQuota { credential: String },
     #[error("daemon.listen is set but no [[credential]] is: nobody could create a job over the network; add one (name, key_file, slot_quota)")]
     NoCredential,
+    #[error("[parent] interface = \"{interface}\" is not one of switch.ports {ports:?}: the uplink is the port of this switch the parent (or a ring's other hosts) is behind; add it to switch.ports")]
+    UplinkNotPort {
+        interface: String,
+        ports: Vec<String>,
+    },
     #[error("credential {credential}: cannot read key_file {}: {error}", file.display())]
     ReadKey {
         credential: String,

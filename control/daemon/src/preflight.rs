@@ -2,7 +2,8 @@
 //! ports and the programs already on them, the switch's address, the pin path and a
 //! dataplane pinned there, the API socket's directory, the state directory and its file,
 //! the credentials' key files and their modes, the network listener and metrics
-//! addresses, the configuration's jobs, and other daemons holding what this one claims.
+//! addresses, the parent daemon, the configuration's jobs, and other daemons holding what
+//! this one claims.
 //! It must run in the ports' network namespace (`switch.netns`).
 
 use std::{fmt, path::Path};
@@ -129,6 +130,9 @@ pub fn check(cfg: &Config, checking: Checking) -> Report {
     keys(cfg, &mut r);
     if checking.only && !running {
         listeners(cfg, &mut r);
+    }
+    if checking.only {
+        parent(cfg, &mut r);
     }
     for job in &cfg.jobs {
         match check_spec(job, &cfg.switch.ports) {
@@ -374,4 +378,35 @@ fn listeners(cfg: &Config, r: &mut Report) {
             }),
         }
     }
+}
+
+/// The parent daemon, if one is named: does it answer on its listener now? Only a warning
+/// when not (it may start later), given a moment for one starting beside this check.
+fn parent(cfg: &Config, r: &mut Report) {
+    let Some(p) = &cfg.parent else { return };
+    let Some(addr) = p.daemon else {
+        r.ok(format!(
+            "[parent] no daemon: jobs with ranks beyond this point go round a ring of hosts behind {}",
+            p.interface
+        ));
+        return;
+    };
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+    let error = loop {
+        match std::net::TcpStream::connect_timeout(&addr, std::time::Duration::from_secs(1)) {
+            Ok(_) => {
+                r.ok(format!(
+                    "[parent] daemon {addr} answers (behind {})",
+                    p.interface
+                ));
+                return;
+            }
+            Err(e) if std::time::Instant::now() >= until => break e,
+            Err(_) => std::thread::sleep(std::time::Duration::from_millis(100)),
+        }
+    };
+    r.warn(format!(
+        "[parent] daemon {addr} does not answer now ({error}): a start goes ahead, but jobs with ranks beyond this point go round a ring (where their ranks named a coordinator) until it does; start the parent's daemon, or check its daemon.listen and the route to it through {}",
+        p.interface
+    ));
 }

@@ -15,7 +15,11 @@ use std::{
 use log::info;
 use xagg_join::{unseal, CredentialKey, JoinRequest, Nonce, Proof, Secret, NONCE_TTL_S};
 
-use super::{registry::Joined, table::JobTable, Joins};
+use super::{
+    registry::{Joined, Level},
+    table::JobTable,
+    Joins,
+};
 use crate::{Error, Result};
 
 /// Indices a joined job may take (the dataplane holds at most this many jobs).
@@ -69,10 +73,15 @@ impl Joins {
         self.within_quota(&name, req)?;
         self.room_for(dp, req)?;
         let id = self.next_id(dp)?;
+        // An open level's members are whoever joins (its hosts or leaf switches), counted by
+        // the ranks they stand for: its shape's one member is the joiner, not the count.
+        let members = match Level::of(req) {
+            Level::Open { ranks } => format!("members standing for {ranks} ranks"),
+            _ => format!("{} members", req.shape.members()),
+        };
         info!(
-            "job {id} ({}) created by credential `{name}`: {} members, {} slots, {}-byte segments",
+            "job {id} ({}) created by credential `{name}`: {members}, {} slots, {}-byte segments",
             req.key,
-            req.shape.members(),
             req.shape.slots(),
             req.shape.segment_bytes()
         );

@@ -198,6 +198,8 @@ class _Engine:
         self.closed = False
         self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
         self.failed = None
+        # Why the group never joined the switch (none when it did).
+        self.unjoined = None
         self.error = None
         # Whether a call raised the error: one nobody raised is raised by
         # destroy_process_group, or said at exit.
@@ -287,6 +289,9 @@ class _Engine:
         if self._agree(_OK if why is None else _FAILED) != _OK:
             self._leave()
             self.failed = why or "another rank could not join the job"
+            # No call of this group was the switch's to make: each is passed to Gloo,
+            # as the MPI library passes a communicator's calls to Open MPI.
+            self.unjoined = f"the group is served by Gloo: {self.failed}"
             if rank == 0 or _verbose():
                 _say(f"rank {rank}: collectives go to Gloo: {self.failed}")
         else:
@@ -331,6 +336,18 @@ class _Engine:
             self.passed[why] = self.passed.get(why, 0) + 1
         if first:
             _say(f"rank {self.rank}: {entry} goes to Gloo: {why} (said once; the summary counts them)")
+
+    def gloo_made(self, entry, allreduce=False):
+        """Counts a call Gloo made because the switch failed: passed, when the group never
+        joined it; else a fallback (and, for an allreduce, in the summary's headline)."""
+        if self.unjoined is not None:
+            with self.table_lock:
+                self.passed[self.unjoined] = self.passed.get(self.unjoined, 0) + 1
+            self.count(entry, PASSED)
+        else:
+            if allreduce:
+                self.fallbacks += 1
+            self.count(entry, FALLBACK)
 
     def count(self, entry, way):
         with self.table_lock:
@@ -423,7 +440,10 @@ class _Engine:
                 self.count(entry, RECOVERED if req.recovered else SWITCH)
             else:
                 fallback()
-                self.count(entry, FLAGGED if self.failed is None else FALLBACK)
+                if self.failed is None:
+                    self.count(entry, FLAGGED)
+                else:
+                    self.gloo_made(entry)
             result = finish()
         except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
             self.error = f"{type(e).__name__}: {e}"
@@ -478,8 +498,7 @@ class _Engine:
                         self.flagged += 1
                         self.count(entry, FLAGGED)
                     else:
-                        self.fallbacks += 1
-                        self.count(entry, FALLBACK)
+                        self.gloo_made(entry, allreduce=True)
             except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
                 self.error = f"{type(e).__name__}: {e}"
                 failure = e
