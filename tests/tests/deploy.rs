@@ -258,13 +258,52 @@ fn unit_verifies() {
 #[test]
 fn unit_keeps_the_dataplane_running() {
     for (key, value) in [
-        ("Type", "simple"),
+        ("Type", "notify"),
+        ("NotifyAccess", "main"),
         ("KillSignal", "SIGTERM"),
         ("Restart", "on-failure"),
         ("RuntimeDirectory", "xagg"),
+        // Stopping the service must not delete the directory: other daemons' dataplane
+        // locks are in it (without them a second daemon could adopt a running dataplane).
+        ("RuntimeDirectoryPreserve", "yes"),
     ] {
         assert_eq!(unit_value(key), value, "{key}");
     }
+    assert_eq!(
+        Path::new(xagg_daemon::owner::DATAPLANE_LOCKS).parent(),
+        Some(Path::new("/run"))
+    );
+    assert_eq!(
+        PathBuf::from("/run").join(unit_value("RuntimeDirectory")),
+        Path::new(xagg_daemon::owner::DATAPLANE_LOCKS)
+    );
+    // A configuration that does not load exits with the status the unit does not restart
+    // (a daemon restarted every 2 s, failing the same way, forever).
+    let dir = std::env::temp_dir().join(format!("xagg-test-unit-exit-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let config = dir.join("xaggd.toml");
+    std::fs::write(
+        &config,
+        "[switch]\nports = [\"p0\"]\naddress = \"10.0.0.1\"\nportz = 1\n",
+    )
+    .unwrap();
+    let out = Command::new(bin("xaggd"))
+        .arg("--config")
+        .arg(&config)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stop: i32 = unit_value("RestartPreventExitStatus").parse().unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(stop),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("portz"));
+    // A start that fails otherwise (ports not there yet at boot, say) is retried, a few
+    // times.
+    assert!(unit_value("StartLimitBurst").parse::<u32>().unwrap() <= 10);
     // The default socket is in the directory systemd makes for the service.
     let run = PathBuf::from("/run").join(unit_value("RuntimeDirectory"));
     assert_eq!(Path::new(DEFAULT_SOCKET).parent(), Some(run.as_path()));
@@ -332,6 +371,7 @@ fn start_as_the_unit(sw: &TestSwitch) -> Started {
         .append(true)
         .open(&sw.log)
         .unwrap();
+    let notify = Notify::bind(sw.config.parent().unwrap());
     let mut d = Started(
         Command::new("setpriv")
             .arg(format!("--bounding-set=-all,{}", caps.join(",")))
@@ -339,29 +379,16 @@ fn start_as_the_unit(sw: &TestSwitch) -> Started {
             .arg(bin("xaggd"))
             .arg("--config")
             .arg(&sw.config)
+            .env("NOTIFY_SOCKET", &notify.path)
             .stdout(log.try_clone().unwrap())
             .stderr(log)
             .spawn()
             .expect("starting xaggd under setpriv"),
     );
-    eventually(
-        "xaggd with the unit's capabilities comes up",
-        Duration::from_secs(15),
-        || {
-            if let Some(status) = d.0.try_wait().unwrap() {
-                panic!(
-                    "xaggd with the unit's capabilities exited ({status}): {}",
-                    std::fs::read_to_string(&sw.log).unwrap_or_default()
-                );
-            }
-            xagg_api::call(&sw.socket, &Request::Status).map_err(|e| {
-                format!(
-                    "{e}: {}",
-                    std::fs::read_to_string(&sw.log).unwrap_or_default()
-                )
-            })
-        },
-    );
+    // Type=notify: the daemon says READY=1 on NOTIFY_SOCKET once it serves.
+    let notify = notify.recv_ready(&mut d.0, &sw.log);
+    assert!(notify.contains("READY=1"), "{notify:?}");
+    xagg_api::call(&sw.socket, &Request::Status).expect("the API answers once ready");
     // The daemon holds the unit's capabilities, those of them this host grants, no more.
     let unit_caps = caps.iter().fold(0u64, |m, c| m | 1 << cap_number(&c[1..]));
     assert_eq!(
@@ -370,6 +397,46 @@ fn start_as_the_unit(sw: &TestSwitch) -> Started {
         "the daemon's capabilities: {caps:?} as far as this host has them"
     );
     d
+}
+
+/// A service manager's notification socket, as systemd gives a Type=notify service.
+struct Notify {
+    path: PathBuf,
+    socket: std::os::unix::net::UnixDatagram,
+}
+
+impl Notify {
+    fn bind(dir: &Path) -> Self {
+        let path = dir.join("notify.sock");
+        let _ = std::fs::remove_file(&path);
+        let socket = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        socket
+            .set_read_timeout(Some(Duration::from_millis(200)))
+            .unwrap();
+        Self { path, socket }
+    }
+
+    /// What the daemon sent first, within 15 s (failing if it exited first).
+    fn recv_ready(&self, d: &mut Child, log: &Path) -> String {
+        let until = std::time::Instant::now() + Duration::from_secs(15);
+        let mut buf = [0u8; 512];
+        loop {
+            if let Ok(n) = self.socket.recv(&mut buf) {
+                return String::from_utf8_lossy(&buf[..n]).into_owned();
+            }
+            if let Some(status) = d.try_wait().unwrap() {
+                panic!(
+                    "xaggd with the unit's capabilities exited ({status}): {}",
+                    std::fs::read_to_string(log).unwrap_or_default()
+                );
+            }
+            assert!(
+                std::time::Instant::now() < until,
+                "no notification from xaggd in 15 s: {}",
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+        }
+    }
 }
 
 /// The number of the capability `name` (as setpriv writes it: `net_admin`).
@@ -427,6 +494,19 @@ fn daemon_runs_with_the_units_capabilities() {
     cfg.daemon.socket_group = Some(group.clone());
     sw.write_config(&cfg).unwrap();
     let d = start_as_the_unit(&sw);
+    // A HUP (a `systemctl kill -s HUP`, a closed terminal) is said, and the daemon serves on.
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(d.0.id() as i32),
+        Signal::SIGHUP,
+    )
+    .unwrap();
+    eventually("the HUP said", Duration::from_secs(5), || {
+        let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
+        log.contains("SIGHUP: xaggd does not reload its configuration; restart it")
+            .then_some(())
+            .ok_or(log)
+    });
+    assert!(matches!(sw.api(Request::Status), Response::Status { .. }));
     let meta = std::fs::metadata(&sw.socket).unwrap();
     assert_eq!(
         Some(meta.gid()),

@@ -126,7 +126,22 @@ fn log_filter() -> (Targets, Option<String>) {
     }
 }
 
-fn main() -> Result<()> {
+/// The exit status of a configuration that does not load (EX_CONFIG): the unit does not
+/// restart a daemon that would only fail the same way again.
+const EX_CONFIG: u8 = 78;
+
+fn main() -> std::process::ExitCode {
+    let mut config_error = false;
+    match run(&mut config_error) {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("Error: {e:?}");
+            std::process::ExitCode::from(if config_error { EX_CONFIG } else { 1 })
+        }
+    }
+}
+
+fn run(config_error: &mut bool) -> Result<()> {
     // `log` records of the library (dataplane, joins) go through the same subscriber.
     let (filter, bad) = log_filter();
     tracing_subscriber::fmt()
@@ -139,7 +154,7 @@ fn main() -> Result<()> {
         warn!("{bad}");
     }
     let args = Args::parse();
-    let cfg = Config::load(&args.config)?;
+    let cfg = Config::load(&args.config).inspect_err(|_| *config_error = true)?;
     if args.check {
         return check_only(&args, &cfg);
     }
@@ -469,6 +484,8 @@ async fn serve(
     } = listeners;
     let mut sigint = signal(SignalKind::interrupt())?;
     let mut sigterm = signal(SignalKind::terminate())?;
+    // A HUP would end the daemon unhandled: said, and nothing else.
+    let mut sighup = signal(SignalKind::hangup())?;
     let (detach_tx, mut detach_rx) = watch::channel(false);
     let handler = Daemon {
         state: state.clone(),
@@ -540,14 +557,24 @@ async fn serve(
     let app = xagg_daemon::api::router(handler);
     let (why_tx, why_rx) = tokio::sync::oneshot::channel::<bool>();
     let stop = async move {
-        let detach = tokio::select! {
-            _ = sigint.recv() => { info!("SIGINT: stopping"); false }
-            _ = sigterm.recv() => { info!("SIGTERM: stopping"); false }
-            _ = detach_rx.changed() => true,
+        let detach = loop {
+            tokio::select! {
+                _ = sighup.recv() => warn!(
+                    "SIGHUP: xaggd does not reload its configuration; restart it to apply a changed one (`systemctl restart xaggd`: the pinned dataplane, its jobs and the joined jobs are kept across the restart)"
+                ),
+                _ = sigint.recv() => { info!("SIGINT: stopping"); break false }
+                _ = sigterm.recv() => { info!("SIGTERM: stopping"); break false }
+                _ = detach_rx.changed() => break true,
+            }
         };
+        let _ = sd_notify::notify(&[sd_notify::NotifyState::Stopping]);
         let _ = stop_tx.send(true);
         let _ = why_tx.send(detach);
     };
+    // Ready for systemd (Type=notify) once the dataplane is attached and the API answers.
+    if let Err(e) = sd_notify::notify(&[sd_notify::NotifyState::Ready]) {
+        warn!("telling the service manager the daemon is ready (NOTIFY_SOCKET): {e}");
+    }
     axum::serve(xagg_daemon::head::Limited(listener), app)
         .with_graceful_shutdown(stop)
         .await
