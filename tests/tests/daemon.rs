@@ -380,6 +380,23 @@ fn pinned_layout_is_checked_on_adoption() {
         seed: 4,
     });
     assert!(sw.stop_daemon(Signal::SIGTERM).success());
+    // A port taken out of the configuration: the pinned dataplane is refused, and the port
+    // left is not said to hold some other tool's program.
+    let all_ports = sw.default_config();
+    let mut fewer = all_ports.clone();
+    fewer.switch.ports.truncate(1);
+    sw.write_config(&fewer).unwrap();
+    let (ok, out) = xaggd(&["--check"], &sw.config);
+    assert!(!ok, "{out}");
+    let port = &fewer.switch.ports[0];
+    assert!(
+        out.contains(&format!(
+            "warning port {port}: MTU 9000, an XDP program in native mode, most likely the dataplane pinned at {}, which this configuration cannot adopt",
+            sw.pin.display()
+        )) && !out.contains("that no dataplane pinned at"),
+        "{out}"
+    );
+    sw.write_config(&all_ports).unwrap();
     // Pinned by a build from before the layout version: no LAYOUT map at all.
     std::fs::remove_file(&layout_pin).unwrap();
     let e = refused(&sw);

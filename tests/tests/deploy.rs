@@ -495,11 +495,7 @@ fn daemon_runs_with_the_units_capabilities() {
     sw.write_config(&cfg).unwrap();
     let d = start_as_the_unit(&sw);
     // A HUP (a `systemctl kill -s HUP`, a closed terminal) is said, and the daemon serves on.
-    nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(d.0.id() as i32),
-        Signal::SIGHUP,
-    )
-    .unwrap();
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(d.0.id() as i32), Signal::SIGHUP).unwrap();
     eventually("the HUP said", Duration::from_secs(5), || {
         let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
         log.contains("SIGHUP: xaggd does not reload its configuration; restart it")

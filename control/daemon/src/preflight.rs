@@ -99,8 +99,9 @@ pub fn check(cfg: &Config, checking: Checking) -> Report {
             "{e} (a daemon started with this configuration is refused until that one stops)"
         ));
     }
-    let pinned = pin_path(cfg, checking, &mut r);
-    ports(cfg, pinned, &mut r);
+    let mut unadoptable = false;
+    let pinned = pin_path(cfg, checking, &mut r, &mut unadoptable);
+    ports(cfg, pinned, unadoptable, &mut r);
     address(cfg, &mut r);
     if let Ok(cpus) = cfg.steer_cpus() {
         if !cpus.is_empty() {
@@ -149,8 +150,9 @@ pub fn check(cfg: &Config, checking: Checking) -> Report {
     r
 }
 
-/// The pin path, and whether a dataplane pinned there is this configuration's to adopt.
-fn pin_path(cfg: &Config, checking: Checking, r: &mut Report) -> bool {
+/// The pin path, and whether a dataplane pinned there is this configuration's to adopt;
+/// `unadoptable` set when one is pinned there that it cannot adopt.
+fn pin_path(cfg: &Config, checking: Checking, r: &mut Report, unadoptable: &mut bool) -> bool {
     if cfg.daemon.detach_on_exit {
         r.ok("daemon.detach_on_exit: nothing pinned, the programs go with the daemon");
         return false;
@@ -194,6 +196,7 @@ fn pin_path(cfg: &Config, checking: Checking, r: &mut Report) -> bool {
         }
         Err(e) => {
             r.error(e);
+            *unadoptable = true;
             false
         }
     }
@@ -208,7 +211,9 @@ fn in_bpffs(path: &Path) -> bool {
 }
 
 /// Each port: present, its MTU, and no program on it but a pinned dataplane's own.
-fn ports(cfg: &Config, pinned: bool, r: &mut Report) {
+/// (`unadoptable`: a dataplane is pinned that this configuration cannot adopt, already an
+/// error; its programs are most likely the ones on the ports.)
+fn ports(cfg: &Config, pinned: bool, unadoptable: bool, r: &mut Report) {
     let mut seen = Vec::new();
     for port in &cfg.switch.ports {
         if seen.contains(&port) {
@@ -228,6 +233,12 @@ fn ports(cfg: &Config, pinned: bool, r: &mut Report) {
             Ok(mode) if pinned => r.ok(format!(
                 "port {port}: {mtu}, the pinned dataplane's program in {} mode",
                 mode.name()
+            )),
+            Ok(mode) if unadoptable => r.warn(format!(
+                "port {port}: {mtu}, an XDP program in {} mode, most likely the dataplane pinned at {}, which this configuration cannot adopt (above): `xagg detach --pin-path {}` takes it off every port it is on",
+                mode.name(),
+                cfg.daemon.pin_path.display(),
+                cfg.daemon.pin_path.display()
             )),
             Ok(mode) => r.error(format!(
                 "port {port} already has an XDP program ({} mode) that no dataplane pinned at {} explains: another switch or tool holds it. If it is another xaggd's, stop that one or `xagg detach --pin-path` its pins; else `ip link set dev {port} xdp off` frees it",
