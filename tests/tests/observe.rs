@@ -258,6 +258,32 @@ fn counters_metrics_and_the_live_view() {
     });
     assert!(logged.contains("10.77.0.13:47899"), "{logged}");
     eprintln!("logged: {logged}");
+    // A stranger's status query about a job the switch does not have: answered with a
+    // refusal, and its sender logged as a drop's (before, only counted).
+    std::thread::scope(|t| {
+        t.spawn(|| {
+            xagg_linux::iface::enter_netns(&ns).unwrap();
+            let h = xagg_common::wire::Header::builder(xagg_common::wire::Kind::StatusQuery)
+                .job(77)
+                .member(0)
+                .count(4)
+                .build();
+            let mut d = [0u8; xagg_common::wire::HEADER_LEN + 16];
+            let n = xagg_common::wire::finish(&h, 16, &mut d).unwrap();
+            let s = std::net::UdpSocket::bind((xagg_lab::lab::worker_ip(2), 47898)).unwrap();
+            s.send_to(&d[..n], (SWITCH_IP, 47800)).unwrap();
+        })
+        .join()
+        .unwrap();
+    });
+    let logged = eventually("the stranger's query logged", Duration::from_secs(5), || {
+        let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
+        log.lines()
+            .find(|l| l.contains("drop_unknown_job"))
+            .map(str::to_string)
+            .ok_or(log)
+    });
+    assert!(logged.contains("10.77.0.13:47898"), "{logged}");
 
     assert!(screen.contains("xagg top"), "{screen}");
     let row = screen

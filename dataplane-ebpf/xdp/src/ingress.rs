@@ -138,7 +138,7 @@ fn try_switch<const STEERED: bool>(ctx: &XdpContext) -> Result<(u32, Counter), C
     let (job, member) = match admit(ctx, &frame) {
         Ok(admitted) => admitted,
         // A query is answered with the reason, so its worker learns why it is refused.
-        Err(c) if query => return refuse(&frame, cfg, c),
+        Err(c) if query => return refuse(ctx, &frame, cfg, c),
         Err(c) => return Err(c),
     };
     let r = if query {
@@ -251,12 +251,20 @@ fn hello(ctx: &XdpContext, frame: &Frame) -> Result<(u32, Counter), Counter> {
 /// the reason is counted as the drop it is. A job the switch does not have is refused as
 /// "not a member", so a stranger learns no job ids.
 #[inline(always)]
-fn refuse(frame: &Frame, cfg: &SwitchConfig, c: Counter) -> Result<(u32, Counter), Counter> {
+fn refuse(
+    ctx: &XdpContext,
+    frame: &Frame,
+    cfg: &SwitchConfig,
+    c: Counter,
+) -> Result<(u32, Counter), Counter> {
     let code = match c {
         Counter::DropUnknownJob | Counter::DropNotMember => wire::status::REFUSED_NOT_MEMBER,
         Counter::DropSlotRange => wire::status::REFUSED_SLOT_RANGE,
         _ => return Err(c),
     };
+    // Answered, yet a drop: its sender kept for the daemon's log as a dropped one's is
+    // (before the answer takes the sender's addresses).
+    note_drop(ctx, c);
     frame.into_refusal(code);
     frame.to_sender(cfg);
     Ok((xdp_action::XDP_TX, c))
@@ -291,7 +299,7 @@ fn status_query(
 ) -> Result<(u32, Counter), Counter> {
     let slot = match slot_of(job, frame.header()) {
         Ok(slot) => slot,
-        Err(c) => return refuse(frame, cfg, c),
+        Err(c) => return refuse(ctx, frame, cfg, c),
     };
     if frame.payload_len() != packet::STATUS_LEN {
         return Err(Counter::DropBadLength);
