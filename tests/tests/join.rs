@@ -337,16 +337,46 @@ fn workers_join_jobs_over_the_network() {
     eprintln!("refused: wrong secret, other shape, second member behind a port, quota, a full switch ({})", full.err().unwrap());
 
     // A client that stalls half-way through a request on the network listener holds
-    // nobody up.
-    let stalled = lab.on(0, || {
-        let mut s = std::net::TcpStream::connect(daemon_addr()).unwrap();
-        std::io::Write::write_all(
-            &mut s,
-            b"POST /v1/join HTTP/1.1\r\ncontent-length: 500\r\n\r\n{",
-        )
-        .unwrap();
-        s
+    // nobody up; nor do as many of them as one address may open, past which a connection
+    // is closed at once, and a stalled one is closed when its lifetime is over (before,
+    // a stranger's stalled connections took every file descriptor the daemon had).
+    use xagg_daemon::connections::{LIFETIME, MAX_PER_SOURCE};
+    let opened = std::time::Instant::now();
+    let mut stalled = lab.on(0, || {
+        (0..=MAX_PER_SOURCE)
+            .map(|_| {
+                let mut s = std::net::TcpStream::connect(daemon_addr()).unwrap();
+                std::io::Write::write_all(
+                    &mut s,
+                    b"POST /v1/join HTTP/1.1\r\nhost: switch\r\ncontent-type: application/json\r\ncontent-length: 500\r\n\r\n{",
+                )
+                .unwrap();
+                s
+            })
+            .collect::<Vec<_>>()
     });
+    let closed = |s: &mut std::net::TcpStream, within: Duration| {
+        s.set_read_timeout(Some(within)).unwrap();
+        match std::io::Read::read(s, &mut [0u8; 256]) {
+            Ok(0) => true,
+            Err(e) => e.kind() == std::io::ErrorKind::ConnectionReset,
+            Ok(_) => false,
+        }
+    };
+    // The daemon accepts them in its own time: whichever came last to it is the one past
+    // the address's share.
+    std::thread::sleep(Duration::from_millis(300));
+    let refused: Vec<usize> = (0..stalled.len())
+        .filter(|&i| closed(&mut stalled[i], Duration::from_millis(50)))
+        .collect();
+    assert_eq!(
+        refused.len(),
+        1,
+        "one connection past its address's {MAX_PER_SOURCE} is closed at once: {refused:?}"
+    );
+    let mut stalled_one = stalled.remove(if refused[0] == 0 { 1 } else { 0 });
+    drop(stalled);
+    std::thread::sleep(Duration::from_millis(200));
 
     // A rank restarts: its new process joins again and the job goes on.
     drop(workers);
@@ -356,7 +386,12 @@ fn workers_join_jobs_over_the_network() {
         workers.push(r.expect("joining again"));
     }
     assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
-    drop(stalled);
+    let left = (LIFETIME + Duration::from_secs(3)).saturating_sub(opened.elapsed());
+    assert!(
+        closed(&mut stalled_one, left.max(Duration::from_millis(10))),
+        "a stalled connection closed within its lifetime"
+    );
+    assert!(opened.elapsed() >= LIFETIME - Duration::from_millis(500));
     assert!(workers.iter().all(|w| w.params().job == id));
     allreduce(&lab, &workers);
     eprintln!("every rank joined again: same job, allreduce verified");

@@ -276,13 +276,17 @@ fn counters_metrics_and_the_live_view() {
         .join()
         .unwrap();
     });
-    let logged = eventually("the stranger's query logged", Duration::from_secs(5), || {
-        let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
-        log.lines()
-            .find(|l| l.contains("drop_unknown_job"))
-            .map(str::to_string)
-            .ok_or(log)
-    });
+    let logged = eventually(
+        "the stranger's query logged",
+        Duration::from_secs(5),
+        || {
+            let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
+            log.lines()
+                .find(|l| l.contains("drop_unknown_job"))
+                .map(str::to_string)
+                .ok_or(log)
+        },
+    );
     assert!(logged.contains("10.77.0.13:47898"), "{logged}");
 
     assert!(screen.contains("xagg top"), "{screen}");

@@ -6,6 +6,7 @@
 
 pub mod api;
 pub mod config;
+pub mod connections;
 pub mod dataplane;
 mod error;
 pub mod head;

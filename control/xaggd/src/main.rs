@@ -20,6 +20,7 @@ use xagg_common::slot::MAX_SLOTS;
 use xagg_daemon::{
     api::Handler,
     config::{Config, DaemonSection},
+    connections::BoundedListener,
     dataplane::{self, Dataplane},
     job::from_job,
     join::Joins,
@@ -509,6 +510,7 @@ async fn serve(
         let app = xagg_daemon::api::network_router(handler.clone());
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
+            let tcp = BoundedListener::new(tcp, "network listener");
             let r = axum::serve(xagg_daemon::head::Limited(tcp), app)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
@@ -544,7 +546,7 @@ async fn serve(
         );
         let mut stop = stop_rx.clone();
         tokio::spawn(async move {
-            let r = axum::serve(tcp, app)
+            let r = axum::serve(BoundedListener::new(tcp, "metrics endpoint"), app)
                 .with_graceful_shutdown(async move {
                     let _ = stop.wait_for(|s| *s).await;
                 })
