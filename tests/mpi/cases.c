@@ -8,6 +8,10 @@
  *        cases nan       rank 1 puts a NaN into element 5 of a float sum
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
  *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
+ *        cases datatypes the ranks pass datatypes of one type signature each their own way
+ *                        (contiguous, strided, plain MPI_INT) to a broadcast from ranks 0
+ *                        and 1, an allreduce (in place and not), an MPI_Iallreduce, a
+ *                        reduce, an all-gather and a reduce-scatter (4 ranks)
  *        cases collectives GO   after a first allreduce, rank 0 waits for the file GO (the
  *                        test cuts its results off first); then MPI_Reduce_scatter_block
  *                        (blocks of 200,000 int), MPI_Reduce to rank 0, MPI_Allgather and
@@ -316,6 +320,115 @@ int main(int argc, char **argv) {
         free(mine);
         free(counts);
         free(part);
+    } else if (strcmp(mode, "datatypes") == 0) {
+        /* The ranks pass datatypes of one signature, each its own way: 4 x MPI_INT as one
+         * contiguous type, a strided vector (every other int of a twice-as-long array), or
+         * plain MPI_INT. */
+        enum { N = 96 };
+        MPI_Datatype c4, strided;
+        MPI_Type_contiguous(4, MPI_INT, &c4);
+        MPI_Type_commit(&c4);
+        MPI_Type_vector(N, 1, 2, MPI_INT, &strided);
+        MPI_Type_commit(&strided);
+        int plain[N], wide[2 * N], bad;
+        /* Broadcast from 0 as N/4 x c4, received as N ints (rank 2: into a strided
+         * buffer); from 1 out of a strided buffer. */
+        for (int root = 0; root < 2; root++) {
+            for (int i = 0; i < N; i++) plain[i] = rank == root ? 3 * i + root : -1;
+            for (int i = 0; i < 2 * N; i++) wide[i] = rank == root && i % 2 == 0 ? 3 * (i / 2) + root : -1;
+            if (rank == root && root == 0)
+                MPI_Bcast(plain, N / 4, c4, root, MPI_COMM_WORLD);
+            else if (rank == root || rank == 2)
+                MPI_Bcast(wide, 1, strided, root, MPI_COMM_WORLD);
+            else
+                MPI_Bcast(plain, N, MPI_INT, root, MPI_COMM_WORLD);
+            bad = 0;
+            for (int i = 0; i < N; i++) {
+                int got = (rank == 2 || (rank == 1 && root == 1)) ? wide[2 * i] : plain[i];
+                bad += got != 3 * i + root;
+                /* The gaps of a strided buffer untouched. */
+                bad += rank == 2 && wide[2 * i + 1] != -1;
+            }
+            expect("bcast of mixed datatypes", bad, 0);
+        }
+        /* Allreduce: rank 0 strided in and out, rank 1 strided in place, the others plain. */
+        int out[2 * N];
+        for (int i = 0; i < 2 * N; i++) wide[i] = i % 2 == 0 ? rank + i / 2 : -7, out[i] = -7;
+        for (int i = 0; i < N; i++) plain[i] = rank + i;
+        if (rank == 0)
+            MPI_Allreduce(wide, out, 1, strided, MPI_SUM, MPI_COMM_WORLD);
+        else if (rank == 1)
+            MPI_Allreduce(MPI_IN_PLACE, wide, 1, strided, MPI_SUM, MPI_COMM_WORLD);
+        else
+            MPI_Allreduce(MPI_IN_PLACE, plain, N / 4, c4, MPI_SUM, MPI_COMM_WORLD);
+        bad = 0;
+        for (int i = 0; i < N; i++) {
+            int want = size * i + size * (size - 1) / 2;
+            int got = rank == 0 ? out[2 * i] : rank == 1 ? wide[2 * i] : plain[i];
+            bad += got != want;
+            bad += rank == 0 && out[2 * i + 1] != -7;
+            bad += rank == 1 && wide[2 * i + 1] != -7;
+        }
+        expect("allreduce of mixed datatypes", bad, 0);
+        /* Nonblocking: rank 3 strided, unpacked when MPI_Wait hands it back. */
+        for (int i = 0; i < 2 * N; i++) wide[i] = i % 2 == 0 ? rank + i / 2 : -7;
+        for (int i = 0; i < N; i++) plain[i] = rank + i;
+        MPI_Request req;
+        if (rank == 3)
+            MPI_Iallreduce(MPI_IN_PLACE, wide, 1, strided, MPI_SUM, MPI_COMM_WORLD, &req);
+        else
+            MPI_Iallreduce(MPI_IN_PLACE, plain, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &req);
+        MPI_Wait(&req, MPI_STATUS_IGNORE);
+        bad = 0;
+        for (int i = 0; i < N; i++)
+            bad += (rank == 3 ? wide[2 * i] : plain[i]) != size * i + size * (size - 1) / 2;
+        expect("iallreduce of mixed datatypes", bad, 0);
+        /* Reduce to rank 2, which takes it strided; rank 0 gives c4s. */
+        for (int i = 0; i < N; i++) plain[i] = rank + i;
+        for (int i = 0; i < 2 * N; i++) wide[i] = -7, out[i] = i % 2 == 0 ? rank + i / 2 : -7;
+        if (rank == 2)
+            MPI_Reduce(out, wide, 1, strided, MPI_SUM, 2, MPI_COMM_WORLD);
+        else if (rank == 0)
+            MPI_Reduce(plain, NULL, N / 4, c4, MPI_SUM, 2, MPI_COMM_WORLD);
+        else
+            MPI_Reduce(plain, NULL, N, MPI_INT, MPI_SUM, 2, MPI_COMM_WORLD);
+        bad = 0;
+        if (rank == 2)
+            for (int i = 0; i < N; i++)
+                bad += (wide[2 * i] != size * i + size * (size - 1) / 2) + (wide[2 * i + 1] != -7);
+        expect("reduce of mixed datatypes", bad, 0);
+        /* All-gather of 4 ints a rank: rank 0 sends a c4 and receives c4s; rank 1 sends
+         * every other int of its wide buffer. */
+        int mine[8], gathered[4 * 64];
+        for (int i = 0; i < 8; i++) mine[i] = i % 2 == 0 ? 10 * rank + i / 2 : -7;
+        int four[4] = {10 * rank, 10 * rank + 1, 10 * rank + 2, 10 * rank + 3};
+        MPI_Datatype every_other;
+        MPI_Type_vector(4, 1, 2, MPI_INT, &every_other);
+        MPI_Type_commit(&every_other);
+        if (rank == 0)
+            MPI_Allgather(four, 1, c4, gathered, 1, c4, MPI_COMM_WORLD);
+        else if (rank == 1)
+            MPI_Allgather(mine, 1, every_other, gathered, 4, MPI_INT, MPI_COMM_WORLD);
+        else
+            MPI_Allgather(four, 4, MPI_INT, gathered, 4, MPI_INT, MPI_COMM_WORLD);
+        bad = 0;
+        for (int r = 0; r < size; r++)
+            for (int i = 0; i < 4; i++) bad += gathered[4 * r + i] != 10 * r + i;
+        expect("allgather of mixed datatypes", bad, 0);
+        /* Reduce-scatter of blocks of 4 ints: rank 0 names its block one c4. */
+        int *rsin = malloc(4 * size * sizeof(int)), rsout[4];
+        for (int i = 0; i < 4 * size; i++) rsin[i] = rank + i;
+        if (rank == 0)
+            MPI_Reduce_scatter_block(rsin, rsout, 1, c4, MPI_SUM, MPI_COMM_WORLD);
+        else
+            MPI_Reduce_scatter_block(rsin, rsout, 4, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        bad = 0;
+        for (int i = 0; i < 4; i++) bad += rsout[i] != size * (4 * rank + i) + size * (size - 1) / 2;
+        expect("reduce_scatter_block of mixed datatypes", bad, 0);
+        free(rsin);
+        MPI_Type_free(&every_other);
+        MPI_Type_free(&strided);
+        MPI_Type_free(&c4);
     } else if (strcmp(mode, "sizes") == 0) {
         int lens[] = {256, 16384, 262144};
         for (int k = 0; k < 3; k++) {

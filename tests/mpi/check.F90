@@ -1,5 +1,6 @@
 ! An ordinary Fortran MPI program: sums, minima and maxima of INTEGER, REAL and DOUBLE
-! PRECISION arrays, in place and not, then a reduce-scatter, an all-gather, a broadcast
+! PRECISION arrays, in place and not, then reduce-scatters (of blocks and of unequal
+! counts), an all-gather, a broadcast
 ! and a reduce, checked against local values. It takes MPI's
 ! bindings from the `mpi` module, or with -DMPIF_H from `mpif.h` (the tests build both).
 program check_fortran
@@ -11,7 +12,7 @@ program check_fortran
   implicit none
 #endif
   integer, parameter :: n = 20000
-  integer :: ierr, rank, nranks, i, r, failures, all_failures, checks
+  integer :: ierr, rank, nranks, i, r, failures, all_failures, checks, at, counts(4)
   integer :: ia(n), ib(n), iwant(n), ixor(n), iblock(n / 4)
   real :: ra(n), rb(n)
   double precision :: da(n), db(n), dwant(n)
@@ -60,6 +61,12 @@ program check_fortran
   ! The other collectives (n / nranks elements a block: n is a multiple of 4 ranks).
   call MPI_Reduce_scatter_block(ia, iblock, n / nranks, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
   call tally(all(iblock(1:n / nranks) == iwant(rank * (n / nranks) + 1:(rank + 1) * (n / nranks))))
+  ! Unequal counts: n / nranks - 10, - 5, + 0, + 5 (4 ranks).
+  counts = [(n / nranks - 10 + 5 * r, r = 0, 3)]
+  iblock = 0
+  call MPI_Reduce_scatter(ia, iblock, counts, MPI_INTEGER, MPI_SUM, MPI_COMM_WORLD, ierr)
+  at = sum(counts(1:rank))
+  call tally(all(iblock(1:counts(rank + 1)) == iwant(at + 1:at + counts(rank + 1))))
   iblock(1:n / nranks) = ia(rank * (n / nranks) + 1:(rank + 1) * (n / nranks))
   ib = 0
   call MPI_Allgather(iblock, n / nranks, MPI_INTEGER, ib, n / nranks, MPI_INTEGER, MPI_COMM_WORLD, ierr)

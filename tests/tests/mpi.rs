@@ -233,6 +233,7 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
         );
         for (entry, n) in [
             ("MPI_REDUCE_SCATTER_BLOCK (Fortran)", 1),
+            ("MPI_REDUCE_SCATTER (Fortran)", 1),
             ("MPI_ALLGATHER (Fortran)", 1),
             ("MPI_BCAST (Fortran)", 1),
             // One checked, and the checks' tally at the end.
@@ -541,6 +542,27 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         assert_eq!(
             entry_counts(&err, entry),
             [1, 0, 0, 0, 0, 0],
+            "{entry}: {err}"
+        );
+    }
+
+    // Datatypes of one signature passed each rank its own way (contiguous, strided, plain):
+    // every rank decides alike, every call through the switch, every result exact (before,
+    // the ranks with a derived type went to Open MPI and the others to the switch: a hang).
+    let (out, err) = checked(&run("datatypes", &route[1..]));
+    assert!(out.contains("checks=8 failures=0"), "{out}");
+    for (entry, n) in [
+        ("MPI_Bcast", 2),
+        // The case's first allreduce, and its own.
+        ("MPI_Allreduce", 2),
+        ("MPI_Iallreduce by MPI_Wait", 1),
+        ("MPI_Reduce", 1),
+        ("MPI_Allgather", 1),
+        ("MPI_Reduce_scatter_block", 1),
+    ] {
+        assert_eq!(
+            entry_counts(&err, entry),
+            [n, 0, 0, 0, 0, 0],
             "{entry}: {err}"
         );
     }

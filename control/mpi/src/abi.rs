@@ -154,7 +154,47 @@ pub struct Pmpi {
     pub comm_f2c: unsafe extern "C" fn(Fint) -> Comm,
     pub type_f2c: unsafe extern "C" fn(Fint) -> Datatype,
     pub op_f2c: unsafe extern "C" fn(Fint) -> MpiOp,
+    pub comm_get_name: unsafe extern "C" fn(Comm, *mut c_char, *mut c_int) -> c_int,
+    /// A datatype's construction (`ni`, `na`, `nd`, combiner) and its arguments.
+    pub type_get_envelope:
+        unsafe extern "C" fn(Datatype, *mut c_int, *mut c_int, *mut c_int, *mut c_int) -> c_int,
+    pub type_get_contents: unsafe extern "C" fn(
+        Datatype,
+        c_int,
+        c_int,
+        c_int,
+        *mut c_int,
+        *mut isize,
+        *mut Datatype,
+    ) -> c_int,
+    pub type_get_extent: unsafe extern "C" fn(Datatype, *mut isize, *mut isize) -> c_int,
+    pub type_get_true_extent: unsafe extern "C" fn(Datatype, *mut isize, *mut isize) -> c_int,
+    pub type_free: unsafe extern "C" fn(*mut Datatype) -> c_int,
+    pub pack: unsafe extern "C" fn(
+        *const c_void,
+        c_int,
+        Datatype,
+        *mut c_void,
+        c_int,
+        *mut c_int,
+        Comm,
+    ) -> c_int,
+    pub unpack: unsafe extern "C" fn(
+        *const c_void,
+        c_int,
+        *mut c_int,
+        *mut c_void,
+        c_int,
+        Datatype,
+        Comm,
+    ) -> c_int,
 }
+
+/// `MPI_COMBINER_NAMED`: a predefined datatype.
+pub const COMBINER_NAMED: c_int = 0;
+/// `MPI_COMBINER_STRUCT` (and the MPI-1 `_INTEGER` form before it): its integers are the
+/// count and each block's length, one datatype per block.
+pub const COMBINER_STRUCT: [c_int; 2] = [10, 11];
 
 /// The predefined handles this library compares against.
 pub struct Handles {
@@ -166,6 +206,8 @@ pub struct Handles {
     pub op_sum: MpiOp,
     pub op_min: MpiOp,
     types: Vec<(Datatype, DType)>,
+    /// The pair types (`MPI_2INT`, ...): two of a type the switch takes, and that type.
+    pairs: Vec<(Datatype, Datatype)>,
     ops: Vec<(MpiOp, Op)>,
 }
 
@@ -270,6 +312,14 @@ fn load() -> Option<Pmpi> {
         comm_f2c: function("PMPI_Comm_f2c")?,
         type_f2c: function("PMPI_Type_f2c")?,
         op_f2c: function("PMPI_Op_f2c")?,
+        comm_get_name: function("PMPI_Comm_get_name")?,
+        type_get_envelope: function("PMPI_Type_get_envelope")?,
+        type_get_contents: function("PMPI_Type_get_contents")?,
+        type_get_extent: function("PMPI_Type_get_extent")?,
+        type_get_true_extent: function("PMPI_Type_get_true_extent")?,
+        type_free: function("PMPI_Type_free")?,
+        pack: function("PMPI_Pack")?,
+        unpack: function("PMPI_Unpack")?,
     })
 }
 
@@ -352,6 +402,16 @@ pub fn handles() -> &'static Handles {
         .map(|(n, o)| (d(n), o))
         .filter(|(p, _)| !p.is_null())
         .collect();
+        let pairs = [
+            ("ompi_mpi_2int", "ompi_mpi_int"),
+            ("ompi_mpi_2integer", "ompi_mpi_integer"),
+            ("ompi_mpi_2real", "ompi_mpi_real"),
+            ("ompi_mpi_2dblprec", "ompi_mpi_dblprec"),
+        ]
+        .into_iter()
+        .map(|(pair, one)| (d(pair), d(one)))
+        .filter(|(p, o)| !p.is_null() && types.iter().any(|(t, _)| t == o))
+        .collect();
         Handles {
             comm_world: d("ompi_mpi_comm_world"),
             byte: d("ompi_mpi_byte"),
@@ -360,6 +420,7 @@ pub fn handles() -> &'static Handles {
             op_sum: d("ompi_mpi_op_sum"),
             op_min: d("ompi_mpi_op_min"),
             types,
+            pairs,
             ops,
         }
     })
@@ -369,6 +430,11 @@ impl Handles {
     /// The wire type of an MPI datatype the switch reduces.
     pub fn dtype(&self, t: Datatype) -> Option<DType> {
         self.types.iter().find(|(p, _)| *p == t).map(|(_, d)| *d)
+    }
+
+    /// The type a pair type (`MPI_2INT`) is two of, if the switch takes that type.
+    pub fn pair(&self, t: Datatype) -> Option<Datatype> {
+        self.pairs.iter().find(|(p, _)| *p == t).map(|(_, o)| *o)
     }
 
     /// The switch's op of a predefined MPI op (MPI has no mean).

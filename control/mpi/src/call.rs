@@ -29,6 +29,7 @@ use xagg_worker::{AllreduceError, Buffer, Request as SwitchRequest, Worker};
 use crate::{
     abi::{handles, pmpi, Comm, Datatype, MpiOp, Request, IN_PLACE, SUCCESS},
     comm::Job,
+    layout::Staged,
     say,
 };
 
@@ -109,6 +110,8 @@ pub struct Call {
     pending: Box<Request>,
     pub phase: Phase,
     pub taken: Option<Taken>,
+    /// Packed buffers, unpacked into the program's at completion.
+    stage: Option<Staged>,
 }
 
 // Safety: the raw pointers are the program's buffers and handles, used only under the
@@ -133,11 +136,20 @@ pub struct Args {
     pub size: c_int,
     /// A reduce-scatter's counts where they differ (`count` is then the largest).
     pub counts: Option<Vec<c_int>>,
+    /// The packed buffers `send` and `recv` point into, for a datatype that is not
+    /// contiguous ([`crate::layout`]).
+    pub stage: Option<Staged>,
 }
 
 impl Call {
     /// Starts a call on `job`: submitted to the switch unless the job failed before.
-    pub fn start(job: &mut Job, id: u64, request: Request, entry: &'static str, a: &Args) -> Self {
+    pub fn start(
+        job: &mut Job,
+        id: u64,
+        request: Request,
+        entry: &'static str,
+        mut a: Args,
+    ) -> Self {
         let block = a.count as usize * a.dtype.size();
         let bytes = match a.kind {
             Kind::ReduceScatter | Kind::Allgather => block * a.size as usize,
@@ -168,7 +180,9 @@ impl Call {
             pending: Box::new(std::ptr::null_mut()),
             phase: Phase::Switch,
             taken: None,
+            stage: a.stage.take(),
         };
+        let a = &a;
         if let Some(why) = &job.failed {
             call.error = Some(format!("an earlier allreduce failed: {why}"));
             return call;
@@ -374,7 +388,7 @@ impl Call {
                             )
                         };
                     }
-                    self.phase = Phase::Done;
+                    self.done();
                     return true;
                 }
                 self.fallback(private);
@@ -384,11 +398,19 @@ impl Call {
                 if !self.finished(block) {
                     return false;
                 }
-                self.phase = Phase::Done;
+                self.done();
                 true
             }
             Phase::Done => false,
         }
+    }
+
+    /// The result is in: unpacked into the program's buffer if it was packed.
+    fn done(&mut self) {
+        if let Some(stage) = &mut self.stage {
+            stage.finish();
+        }
+        self.phase = Phase::Done;
     }
 
     /// Starts Open MPI's same call with the kept input, on `private`.

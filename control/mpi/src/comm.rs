@@ -155,11 +155,24 @@ fn smallest(comm: Comm, mine: usize) -> usize {
 
 /// The communicator's description in messages.
 fn describe(comm: Comm, size: c_int) -> String {
-    if comm == handles().comm_world {
-        format!("MPI_COMM_WORLD ({size} ranks)")
+    // Open MPI's name: `MPI_COMM_WORLD`, `MPI_COMM_SELF`, `MPI COMMUNICATOR 4 SPLIT FROM 0`,
+    // or the program's own (`MPI_Comm_set_name`). MPI_MAX_OBJECT_NAME is 64 there.
+    let mut buf = [0 as std::ffi::c_char; 256];
+    let mut len: c_int = 0;
+    // Safety: a buffer longer than any name Open MPI writes.
+    let rc = unsafe { (pmpi().comm_get_name)(comm, buf.as_mut_ptr(), &mut len) };
+    let name = if rc == SUCCESS && len > 0 {
+        // Safety: Open MPI wrote a NUL-terminated name.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    } else if comm == handles().comm_world {
+        "MPI_COMM_WORLD".into()
     } else {
-        format!("communicator {comm:p} ({size} ranks)")
-    }
+        format!("communicator {comm:p}")
+    };
+    let ranks = if size == 1 { "rank" } else { "ranks" };
+    format!("{name} ({size} {ranks})")
 }
 
 /// Makes `comm` a job, or decides together that Open MPI serves it. Collective: every
@@ -183,9 +196,9 @@ pub fn create(comm: Comm) -> CommState {
         return state(Path::Pmpi("an intercommunicator".into()));
     }
     if size < 2 {
-        return state(Path::Pmpi(format!(
-            "{size} ranks: a job has 2 ranks or more"
-        )));
+        return state(Path::Pmpi(
+            "a communicator of one rank (a job has 2 ranks or more)".into(),
+        ));
     }
     let mut private: Comm = std::ptr::null_mut();
     // Safety: collective over `comm`, at the same call on every rank.

@@ -103,6 +103,32 @@ unsafe fn fortran_reduce_scatter_block(
     set_ierr(ierr, rc);
 }
 
+/// `MPI_REDUCE_SCATTER`: `counts` one per rank (a Fortran INTEGER is C's int).
+unsafe fn fortran_reduce_scatter(
+    send: *const c_void,
+    recv: *mut c_void,
+    counts: *const Fint,
+    datatype: *const Fint,
+    op: *const Fint,
+    c: *const Fint,
+    ierr: *mut Fint,
+) {
+    let _entry = crate::entry::enter("MPI_REDUCE_SCATTER (Fortran)");
+    let p = pmpi();
+    // Safety: the program's Fortran handles and counts, converted to C's.
+    let rc = unsafe {
+        crate::MPI_Reduce_scatter(
+            send_of(send),
+            recv,
+            counts,
+            (p.type_f2c)(*datatype),
+            (p.op_f2c)(*op),
+            comm(c),
+        )
+    };
+    set_ierr(ierr, rc);
+}
+
 #[allow(clippy::too_many_arguments)]
 unsafe fn fortran_allgather(
     send: *const c_void,
@@ -248,8 +274,10 @@ macro_rules! finalize_spellings {
     )*};
 }
 
-macro_rules! reduce_scatter_block_spellings {
-    ($($name:ident)*) => {$(
+/// The spellings of a reduce-scatter's entry point (`$f` the block form's or the counts'):
+/// the same arguments, a count or an array of them.
+macro_rules! reduce_scatter_spellings {
+    ($f:ident: $($name:ident)*) => {$(
         #[no_mangle]
         pub unsafe extern "C" fn $name(
             send: *const c_void,
@@ -261,7 +289,7 @@ macro_rules! reduce_scatter_block_spellings {
             ierr: *mut Fint,
         ) {
             // Safety: the program's arguments.
-            unsafe { fortran_reduce_scatter_block(send, recv, count, datatype, op, c, ierr) }
+            unsafe { $f(send, recv, count, datatype, op, c, ierr) }
         }
     )*};
 }
@@ -326,9 +354,12 @@ macro_rules! reduce_spellings {
 }
 
 allreduce_spellings!(mpi_allreduce_ mpi_allreduce__ mpi_allreduce MPI_ALLREDUCE);
-reduce_scatter_block_spellings!(
+reduce_scatter_spellings!(fortran_reduce_scatter_block:
     mpi_reduce_scatter_block_ mpi_reduce_scatter_block__ mpi_reduce_scatter_block
     MPI_REDUCE_SCATTER_BLOCK
+);
+reduce_scatter_spellings!(fortran_reduce_scatter:
+    mpi_reduce_scatter_ mpi_reduce_scatter__ mpi_reduce_scatter MPI_REDUCE_SCATTER
 );
 allgather_spellings!(mpi_allgather_ mpi_allgather__ mpi_allgather MPI_ALLGATHER);
 bcast_spellings!(mpi_bcast_ mpi_bcast__ mpi_bcast MPI_BCAST);

@@ -33,6 +33,7 @@ mod comm;
 mod entry;
 mod error;
 mod fortran;
+mod layout;
 
 use std::{
     collections::HashMap,
@@ -145,11 +146,7 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
 /// The wire type and op of an allreduce the switch serves, or why it is not served.
 fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), &'static str> {
     let h = handles();
-    let dtype = h.dtype(datatype).ok_or(
-        "a datatype the switch does not take (it takes MPI_INT, MPI_UNSIGNED, MPI_LONG, \
-             MPI_LONG_LONG, MPI_INT32_T, MPI_UINT32_T, MPI_INT64_T, MPI_FLOAT, MPI_DOUBLE and \
-             Fortran's INTEGER, REAL and DOUBLE PRECISION of 4 and 8 bytes)",
-    )?;
+    let dtype = h.dtype(datatype).ok_or(layout::NOT_SERVED)?;
     let wire_op = h.op(op).ok_or("an op the switch does not take")?;
     if wire::lane(wire_op, dtype).is_none() {
         return Err("an op the switch does not take over this type");
@@ -311,6 +308,24 @@ fn allreduce(
     } else {
         entry::current()
     };
+    let normal = match layout::normalize(given(
+        Kind::Allreduce,
+        send,
+        recv,
+        count,
+        datatype,
+        None,
+        None,
+        0,
+        comm,
+    )) {
+        Ok(n) => n,
+        Err(why) => {
+            with_state(|st| pass(st, entry, why));
+            return None;
+        }
+    };
+    let (send, recv, count, datatype) = (normal.send, normal.recv, normal.count, normal.element);
     let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
@@ -323,9 +338,13 @@ fn allreduce(
     let mut guard = lock(&slot);
     let c = comm_state(&mut guard, comm);
     let rank = c.rank;
-    let Path::Switch(job) = &mut c.path else {
-        with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
-        return None;
+    let job = match &mut c.path {
+        Path::Switch(job) => job,
+        Path::Pmpi(why) => {
+            let why = format!("the communicator is served by Open MPI: {why}");
+            with_state(|st| pass(st, entry, &why));
+            return None;
+        }
     };
     if !job.float_sums && matches!(dtype, DType::F32 | DType::F64) && wire_op == Op::Sum {
         with_state(|st| {
@@ -364,8 +383,9 @@ fn allreduce(
         rank,
         size: job.size,
         counts: None,
+        stage: normal.stage,
     };
-    let call = Call::start(job, id, greq, entry, &args);
+    let call = Call::start(job, id, greq, entry, args);
     job.calls.push_back(call);
     match request {
         None => progress(c, Some(id)),
@@ -394,10 +414,27 @@ fn collective(
     root: c_int,
     comm: Comm,
     (request, counts): (Option<*mut Request>, Option<Vec<c_int>>),
+    send_side: Option<(c_int, Datatype)>,
 ) -> Option<c_int> {
     let entry = entry::current();
     let moves = matches!(kind, Kind::Allgather | Kind::Bcast);
     let op = if moves { handles().op_sum } else { op };
+    let normal = match layout::normalize(given(
+        kind, send, recv, count, datatype, send_side, counts, root, comm,
+    )) {
+        Ok(n) => n,
+        Err(why) => {
+            with_state(|st| pass(st, entry, why));
+            return None;
+        }
+    };
+    let (send, recv, count, datatype, counts) = (
+        normal.send,
+        normal.recv,
+        normal.count,
+        normal.element,
+        normal.counts,
+    );
     let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
@@ -410,9 +447,13 @@ fn collective(
     let mut guard = lock(&slot);
     let c = comm_state(&mut guard, comm);
     let rank = c.rank;
-    let Path::Switch(job) = &mut c.path else {
-        with_state(|st| pass(st, entry, "the communicator is served by Open MPI"));
-        return None;
+    let job = match &mut c.path {
+        Path::Switch(job) => job,
+        Path::Pmpi(why) => {
+            let why = format!("the communicator is served by Open MPI: {why}");
+            with_state(|st| pass(st, entry, &why));
+            return None;
+        }
     };
     if matches!(kind, Kind::Bcast | Kind::Reduce) && !(0..job.size).contains(&root) {
         // Open MPI says what is wrong with it.
@@ -465,13 +506,14 @@ fn collective(
         rank,
         size: job.size,
         counts,
+        stage: normal.stage,
     };
     let mut greq: Request = std::ptr::null_mut();
     if request.is_some() {
         // Safety: callbacks that touch nothing of the library's state.
         unsafe { (pmpi().grequest_start)(query, free, cancel, std::ptr::null_mut(), &mut greq) };
     }
-    let call = Call::start(job, id, greq, entry, &args);
+    let call = Call::start(job, id, greq, entry, args);
     job.calls.push_back(call);
     match request {
         None => progress(c, Some(id)),
@@ -483,6 +525,41 @@ fn collective(
         }
     }
     Some(SUCCESS)
+}
+
+/// A call's arguments for [`layout::normalize`], with this rank and the communicator's
+/// size as Open MPI has them.
+#[allow(clippy::too_many_arguments)]
+fn given(
+    kind: Kind,
+    send: *const c_void,
+    recv: *mut c_void,
+    count: c_int,
+    datatype: Datatype,
+    send_side: Option<(c_int, Datatype)>,
+    counts: Option<Vec<c_int>>,
+    root: c_int,
+    comm: Comm,
+) -> layout::Given {
+    let (mut rank, mut size) = (0, 0);
+    // Safety: the program's communicator.
+    unsafe {
+        (pmpi().comm_rank)(comm, &mut rank);
+        (pmpi().comm_size)(comm, &mut size);
+    }
+    layout::Given {
+        kind,
+        send,
+        recv,
+        count,
+        datatype,
+        send_side,
+        counts,
+        root,
+        rank,
+        size,
+        comm,
+    }
 }
 
 unsafe extern "C" fn query(_extra: *mut c_void, status: *mut Status) -> c_int {
@@ -745,6 +822,7 @@ pub unsafe extern "C" fn MPI_Reduce_scatter_block(
             0,
             comm,
             (None, None),
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -775,6 +853,7 @@ pub unsafe extern "C" fn MPI_Ireduce_scatter_block(
             0,
             comm,
             (Some(request), None),
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -856,6 +935,7 @@ fn reduce_scatter(
             0,
             comm,
             (request, (!equal).then(|| counts_of.to_vec())),
+            None,
         ),
         None => None,
     }
@@ -874,28 +954,19 @@ fn allgather(
     comm: Comm,
     request: Option<*mut Request>,
 ) -> Option<c_int> {
-    if send == IN_PLACE || (send_count == recv_count && send_type == recv_type) {
-        collective(
-            Kind::Allgather,
-            send,
-            recv,
-            recv_count,
-            recv_type,
-            handles().op_sum,
-            0,
-            comm,
-            (request, None),
-        )
-    } else {
-        with_state(|st| {
-            pass(
-                st,
-                entry::current(),
-                "a send count or type other than the receive's",
-            )
-        });
-        None
-    }
+    // The send side may be another datatype of the same signature (checked in elements).
+    collective(
+        Kind::Allgather,
+        send,
+        recv,
+        recv_count,
+        recv_type,
+        handles().op_sum,
+        0,
+        comm,
+        (request, None),
+        (send != IN_PLACE).then_some((send_count, send_type)),
+    )
 }
 
 #[no_mangle]
@@ -978,6 +1049,7 @@ pub unsafe extern "C" fn MPI_Bcast(
             root,
             comm,
             (None, None),
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -1007,6 +1079,7 @@ pub unsafe extern "C" fn MPI_Ibcast(
             root,
             comm,
             (Some(request), None),
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -1037,6 +1110,7 @@ pub unsafe extern "C" fn MPI_Reduce(
             root,
             comm,
             (None, None),
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
@@ -1068,6 +1142,7 @@ pub unsafe extern "C" fn MPI_Ireduce(
             root,
             comm,
             (Some(request), None),
+            None,
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
