@@ -430,6 +430,23 @@ fn operators_are_told_what_is_wrong() {
     assert_eq!(v["pin_path"], sw.pin.display().to_string());
     assert_eq!(v["mac"].as_str().map(str::len), Some(17));
 
+    // Fault injection says what it set, and `xagg status` says it is on until it is off.
+    let xagg = |args: &[&str]| {
+        let out = Command::new(bin("xagg"))
+            .arg("--socket")
+            .arg(&sw.socket)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{args:?}: {out:?}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let on = "fault injection: ON, dropping 5.0 % of contributions and 0.0 % of result copies";
+    assert!(xagg(&["inject", "--drop-contrib", "0.05"]).contains(on));
+    assert!(xagg(&["status"]).contains(on));
+    assert!(xagg(&["inject"]).contains("fault injection: off"));
+    assert!(!xagg(&["status"]).contains("fault injection"));
+
     // A second daemon with the same configuration: refused, naming the first.
     let first = sw.daemon.as_ref().unwrap().pid();
     let out = Command::new(bin("xaggd"))

@@ -19,6 +19,12 @@ pub fn call(socket: &Path, req: &Request) -> Result<Response, Error> {
                 access: access(socket),
             };
         }
+        use std::os::unix::fs::FileTypeExt;
+        if std::fs::metadata(socket).is_ok_and(|m| !m.file_type().is_socket()) {
+            return Error::NotASocket {
+                socket: socket.into(),
+            };
+        }
         Error::Unreachable {
             socket: socket.into(),
             source,
@@ -192,6 +198,18 @@ mod tests {
             read_answer(&b"SSH-2.0-OpenSSH\r\n"[..]),
             Err(Answer::Http(_))
         ));
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_socket_is_named_so() {
+        let file = std::env::temp_dir().join(format!("xagg-not-a-socket-{}", std::process::id()));
+        std::fs::write(&file, "").unwrap();
+        let e = call(&file, &Request::Status).unwrap_err();
+        let _ = std::fs::remove_file(&file);
+        assert!(
+            e.to_string().contains("is not a socket: pass --socket"),
+            "{e}"
+        );
     }
 
     #[test]

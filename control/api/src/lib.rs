@@ -43,6 +43,8 @@ pub enum Error {
     },
     #[error("cannot reach the daemon at {}: is xaggd running? (start it with `xaggd --config FILE`, or pass --socket)", socket.display())]
     Unreachable { socket: PathBuf, source: io::Error },
+    #[error("{} is not a socket: pass --socket (or XAGG_SOCKET) the daemon's daemon.socket", socket.display())]
+    NotASocket { socket: PathBuf },
     /// The socket's permissions keep this user out.
     #[error("the daemon's socket {} is not open to you ({}): its daemon.socket_mode and daemon.socket_group say who may use the API; ask its operator to add you to that group (then log in again), or run as root", socket.display(), access)]
     Denied { socket: PathBuf, access: String },

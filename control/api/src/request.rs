@@ -87,6 +87,9 @@ pub enum Response {
         /// The aggregation point above this one (`[parent]`), if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         parent: Option<ParentStatus>,
+        /// Fault injection in force (`xagg inject`), if any.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        faults: Option<Faults>,
     },
     JobStatus {
         slots: Vec<SlotStatus>,
@@ -331,6 +334,7 @@ mod tests {
                     daemon: Some("10.77.0.9:7800".parse().unwrap()),
                     credential: Some("lab".into()),
                 }),
+                faults: None,
             },
             r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"auto","xdp_in_use":["native"],"pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3],"parent":{"interface":"up","daemon":"10.77.0.9:7800","credential":"lab"}}"#,
         );

@@ -59,8 +59,10 @@ pub struct AllreduceArgs {
     /// This member's own IP:PORT, as registered in the job.
     #[arg(long)]
     bind: Option<SocketAddrV4>,
+    /// The job's id at the switch (`xagg job list`), for a job added by hand.
     #[arg(long)]
     job: Option<u32>,
+    /// This member's index in the job (0 to its members - 1), for a job added by hand.
     #[arg(long)]
     member: Option<u8>,
     /// The job's op (default sum): sum | min | max | avg | prod | and | or | xor.

@@ -50,10 +50,13 @@ enum Cmd {
         json: bool,
     },
     /// Fault injection in the dataplane (off by default): drop fractions of contributions
-    /// and of result copies. `--drop-contrib 0 --drop-result 0` turns it off.
+    /// and of result copies. Each call sets both (one left out is 0); with neither, it is
+    /// turned off. `xagg status` says when it is on.
     Inject {
+        /// The fraction of contributions dropped at the switch (0 to 1).
         #[arg(long, default_value_t = 0.0)]
         drop_contrib: f64,
+        /// The fraction of result copies dropped on their way to the members (0 to 1).
         #[arg(long, default_value_t = 0.0)]
         drop_result: f64,
     },

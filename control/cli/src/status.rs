@@ -28,6 +28,7 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
             pin_path,
             steer_cpus,
             parent,
+            faults,
         } => {
             println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode} (configured)");
             // An older daemon does not say the mode in use.
@@ -79,6 +80,9 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
                 }
             }
             println!("jobs: {jobs}, slots used: {slots_used} of {slots_total}");
+            if let Some(f) = faults {
+                println!("{}", crate::inject::describe(&f));
+            }
             Ok(())
         }
         r => answer(r),

@@ -39,13 +39,23 @@ fn screen(socket: &Path, last: &mut BTreeMap<u32, Seen>) -> Result<String> {
         .filter(|(k, _)| k.starts_with("drop_"))
         .map(|(_, v)| v)
         .sum();
+    let injected: u64 = counters
+        .iter()
+        .filter(|(k, _)| k.starts_with("inject_drop_"))
+        .map(|(_, v)| v)
+        .sum();
     out += &format!(
-        "xagg top — {} jobs; switch: {} contributions, {} complete, {} dropped (all reasons)\n\n",
+        "xagg top — {} jobs; switch: {} contributions, {} complete, {} dropped (all reasons){}\n\n",
         jobs.len(),
         counters.get("contribution").copied().unwrap_or(0)
             + counters.get("complete").copied().unwrap_or(0),
         counters.get("complete").copied().unwrap_or(0),
-        drops
+        drops,
+        if injected > 0 {
+            format!(", {injected} by fault injection (`xagg status`)")
+        } else {
+            String::new()
+        }
     );
     out += &format!(
         "{:>10} {:>7} {:>12} {:>14} {:>12} {:>8}  drops by reason\n",

@@ -179,7 +179,7 @@ pub enum Error {
     Job(#[from] xagg_api::Error),
     #[error("job {0} already exists: remove it first (`xagg job remove {0}`)")]
     JobExists(u32),
-    #[error("no job {0}")]
+    #[error("no job {0} on this switch: `xagg job list` shows its jobs, `xagg job status` the jobs ranks joined")]
     NoJob(u32),
     #[error("job {id} needs {want} slots but the largest free range is smaller ({free} of {total} slots free in all): ask for fewer slots or remove a job")]
     NoSlots {
@@ -233,7 +233,7 @@ pub enum Error {
     JobGone { why: String },
     #[error("the join's proof does not match the job's secret")]
     JobProof,
-    #[error("the job has {} members, {} slots, {}-byte segments and {job_ranks:?} ranks in all; this join says {}, {}, {} and {join_ranks:?}: every rank must give the same shape", job.members(), job.slots(), job.segment_bytes(), join.members(), join.slots(), join.segment_bytes())]
+    #[error("the job has {} members, {} slots, {}-byte segments{}; this join says {}, {}, {}{}: every rank must give the same shape", job.members(), job.slots(), job.segment_bytes(), ranks_in_all(*job_ranks), join.members(), join.slots(), join.segment_bytes(), ranks_in_all(*join_ranks))]
     ShapeDiffers {
         job: JobShape,
         job_ranks: Option<u32>,
@@ -251,7 +251,7 @@ pub enum Error {
     },
     #[error("{0} members: a join to a level its children gather (levels.open) states a shape of one member, itself")]
     OpenShape(usize),
-    #[error("rank {rank} of a job of {members} members: ranks are 0..{members}")]
+    #[error("rank {rank} of a job of {members} members: ranks are 0 to {}", members.saturating_sub(1))]
     RankOutside { rank: u8, members: usize },
     /// A rank that left while the level joined its parent.
     #[error("member {0} left before the job could run")]
@@ -302,6 +302,11 @@ pub enum Error {
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// A job's ranks in all, where it has levels, for a message.
+fn ranks_in_all(ranks: Option<u32>) -> String {
+    ranks.map_or_else(String::new, |r| format!(" and {r} ranks in all"))
+}
 
 fn taken(what: &str, key: &str, pid: Option<u32>, socket: Option<&str>) -> String {
     let Some(pid) = pid else {

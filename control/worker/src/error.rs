@@ -306,7 +306,7 @@ pub enum Error {
     CredentialUnnamed { file: String },
     #[error("XAGG_CREDENTIAL holds a key and XAGG_CREDENTIAL_FILE={file} another: give the key once — XAGG_CREDENTIAL=NAME with the file, which keeps it out of the environment")]
     CredentialTwice { file: String },
-    #[error("XAGG_CREDENTIAL_FILE={file}: {error} (the credential's key, 64 hex digits, as in the daemon's key_file: the ranks' user must be able to read it, e.g. a copy of its own, mode 0400)")]
+    #[error("the credential's key file {file} (--credential-file, XAGG_CREDENTIAL_FILE): {error} (the credential's key, 64 hex digits, as in the daemon's key_file: the ranks' user must be able to read it, e.g. a copy of its own, mode 0400)")]
     CredentialFile { file: String, error: io::Error },
     /// `what` names the setting.
     #[error("{what} must be NAME:KEY (the credential's name in the daemon's configuration, its key as 64 hex digits), or NAME with the key's file in XAGG_CREDENTIAL_FILE (--credential-file)")]
@@ -452,4 +452,20 @@ fn chain(e: &dyn std::error::Error) -> String {
         next = cause.source();
     }
     s
+}
+
+/// The member's UDP socket at `at`, or why not, naming the address (`--bind`).
+pub(crate) fn bind_udp(
+    at: impl std::net::ToSocketAddrs + std::fmt::Display + Copy,
+) -> Result<std::net::UdpSocket, AllreduceError> {
+    std::net::UdpSocket::bind(at).map_err(|e| {
+        let why = match e.kind() {
+            io::ErrorKind::AddrNotAvailable => {
+                " (no interface here has that address: bind to this host's own address on the switch's network)"
+            }
+            io::ErrorKind::AddrInUse => " (another process has that port: choose another)",
+            _ => "",
+        };
+        AllreduceError::Invalid(format!("binding the member's UDP socket to {at}: {e}{why}"))
+    })
 }

@@ -166,7 +166,7 @@ pub(crate) fn join(
     j: &JoinParams,
 ) -> Result<(WorkerParams, std::net::UdpSocket, Membership), AllreduceError> {
     let client = Client::new(j.daemon);
-    let sock = std::net::UdpSocket::bind(j.bind)?;
+    let sock = crate::error::bind_udp(j.bind)?;
     // Port 0 in `j.bind` lets the system choose: the member is where the socket is.
     let bind = match sock.local_addr()? {
         SocketAddr::V4(a) => a,

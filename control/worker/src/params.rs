@@ -221,7 +221,8 @@ impl WorkerParams {
         }
         if let Some(rank) = self.rank.filter(|&r| r >= ranks) {
             return Err(AllreduceError::Invalid(format!(
-                "rank {rank} of a job of {ranks} ranks: ranks are 0..{ranks}"
+                "rank {rank} of a job of {ranks} ranks: ranks are 0 to {}",
+                ranks.saturating_sub(1)
             )));
         }
         Ok(lane)

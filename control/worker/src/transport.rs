@@ -85,7 +85,7 @@ enum Inbox {
 
 impl Transport {
     pub fn new(p: &WorkerParams) -> Result<Self, AllreduceError> {
-        Self::with_socket(UdpSocket::bind(p.bind)?, p)
+        Self::with_socket(crate::error::bind_udp(p.bind)?, p)
     }
 
     /// The transport over a socket already bound to `p.bind` (the one a join's hellos

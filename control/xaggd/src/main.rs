@@ -164,7 +164,9 @@ fn run(config_error: &mut bool) -> Result<()> {
     // Only this thread's network namespace changes, before the runtime starts its threads
     // (they inherit it). The mount namespace stays the host's, so pins outlive us.
     if let Some(ns) = &cfg.switch.netns {
-        xagg_linux::iface::enter_netns(ns)?;
+        xagg_linux::iface::enter_netns(ns).with_context(|| {
+            format!("switch.netns = \"{ns}\": the ports' network namespace (`ip netns list`)")
+        })?;
         info!("entered network namespace {ns}");
     }
     let pinned = !cfg.daemon.detach_on_exit;
@@ -289,7 +291,9 @@ fn host_ends(cfg: &Config) {
 /// fails when a start would.
 fn check_only(args: &Args, cfg: &Config) -> Result<()> {
     if let Some(ns) = &cfg.switch.netns {
-        xagg_linux::iface::enter_netns(ns)?;
+        xagg_linux::iface::enter_netns(ns).with_context(|| {
+            format!("switch.netns = \"{ns}\": the ports' network namespace (`ip netns list`)")
+        })?;
     }
     let report = preflight::check(
         cfg,
@@ -684,6 +688,15 @@ fn handle(st: &mut State, req: Request) -> Response {
                 xdp_in_use: st.dp.xdp_in_use(),
                 pin_path: st.dp.pinned().then(|| st.cfg.daemon.pin_path.clone()),
                 steer_cpus: st.dp.steer.clone(),
+                faults: st
+                    .dp
+                    .faults()
+                    .ok()
+                    .filter(|&(c, r)| c > 0.0 || r > 0.0)
+                    .map(|(c, r)| xagg_api::Faults {
+                        drop_contribution: c,
+                        drop_result: r,
+                    }),
                 parent: st.cfg.parent.as_ref().map(|p| xagg_api::ParentStatus {
                     interface: p.interface.clone(),
                     daemon: p.daemon,

@@ -261,4 +261,12 @@ impl Dataplane {
         };
         self.faults.set(0, f, 0).map_err(map_err("FAULTS"))
     }
+
+    /// The fault injection in force: the fractions of contributions and of result copies
+    /// dropped (as set, to the threshold's precision).
+    pub fn faults(&self) -> Result<(f64, f64)> {
+        let f = self.faults.get(&0, 0).map_err(map_err("FAULTS"))?;
+        let p = |t: u32| t as f64 / u32::MAX as f64;
+        Ok((p(f.drop_contribution), p(f.drop_result)))
+    }
 }
