@@ -154,6 +154,12 @@ fn the_api_answers_every_request_clearly() {
         "GET /v1/status HTTP/1.1\r\nhost: xagg\r\n{}\r\n",
         "x-pad: 0123456789abcdef\r\n".repeat(60_000)
     );
+    // Just past the limit: the head's end comes in the read that takes it over (before,
+    // such a head was served).
+    let just_over = format!(
+        "GET /v1/status HTTP/1.1\r\nhost: xagg\r\nx-pad: {}\r\n\r\n",
+        "p".repeat(66 << 10)
+    );
     let cases = cases
         .into_iter()
         .chain([
@@ -162,6 +168,12 @@ fn the_api_answers_every_request_clearly() {
                 long_line.into_bytes(),
                 414,
                 "request line is longer than 64 KiB",
+            ),
+            (
+                "66 KiB of headers",
+                just_over.into_bytes(),
+                431,
+                "request line and headers are longer than 64 KiB",
             ),
             (
                 "1.4 MB of headers",

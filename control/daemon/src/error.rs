@@ -209,13 +209,13 @@ pub enum Error {
     Nonce,
     #[error("no job has this key, and the join carries no admission to create one (the first rank to join needs the admission credential)")]
     NoAdmission,
-    #[error("unknown credential `{credential}`")]
-    UnknownCredential { credential: String },
-    #[error("the admission proof does not match credential `{credential}`")]
-    AdmissionProof { credential: String },
+    /// An unknown credential and a wrong key answer alike, so a stranger learns no names
+    /// (the daemon's log tells them apart).
+    #[error("credential `{credential}` is not one this daemon knows with that key: give the name and key of one of its [[credential]] (its key_file)")]
+    AdmissionRefused { credential: String },
     #[error("the join's proof does not match the secret it carries")]
     SealedSecretProof,
-    #[error("credential `{credential}` holds {used} of its {quota} slots; this job needs {needs}")]
+    #[error("credential `{credential}` holds {used} of its {quota} slots; this job needs {needs} (`xagg job status` lists the joined jobs holding them; a job whose ranks died gives its slots back when their leases run out, daemon.lease_s)")]
     OverQuota {
         credential: String,
         used: usize,

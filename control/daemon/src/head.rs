@@ -185,10 +185,14 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for Guarded<S> {
             let head = end.unwrap_or(new.len());
             *line_ended |= new[..head].contains(&b'\n');
             *seen += head;
-            if end.is_some() {
+            // A head that ends in the read that takes it past the limit is over it too.
+            if end.is_some() && *seen <= MAX_HEAD {
                 this.state = State::Passed;
                 return Poll::Ready(Ok(()));
             } else if *seen > MAX_HEAD {
+                if end.is_some() {
+                    *matched = 4;
+                }
                 // Hyper gets none of these bytes: it waits for more of the head, and gets
                 // the connection's end once the answer is written.
                 buf.set_filled(before);

@@ -96,15 +96,19 @@ impl Joins {
         let Some(a) = &req.admission else {
             return Err(Error::NoAdmission);
         };
-        let Some(c) = self.credentials.iter().find(|c| c.name == a.credential) else {
-            return Err(Error::UnknownCredential {
+        let refused = |why: &str| {
+            info!("a join refused: {why} `{}`", a.credential);
+            Error::AdmissionRefused {
                 credential: a.credential.clone(),
-            });
+            }
+        };
+        let Some(c) = self.credentials.iter().find(|c| c.name == a.credential) else {
+            return Err(refused("no [[credential]] named"));
         };
         if !Proof::admission(&c.key, &req.nonce, &req.key, &req.shape).matches(&a.proof) {
-            return Err(Error::AdmissionProof {
-                credential: c.name.clone(),
-            });
+            return Err(refused(
+                "an admission proof made with another key than credential",
+            ));
         }
         let secret = unseal(&a.secret, &c.key, &req.nonce, &req.key);
         if !Proof::join(&secret, req).matches(&req.proof) {

@@ -295,6 +295,37 @@ fn refused_joins_change_nothing() {
     );
 }
 
+/// A stranger learns no credential names: an unknown name and a known name with another
+/// key are refused in the same words.
+#[test]
+fn unknown_credentials_and_wrong_keys_answer_alike() {
+    let mut s = Switch::new("names");
+    let wrong = CredentialKey([9; 32]);
+    let mut answers = Vec::new();
+    for (name, key) in [("test", &wrong), ("nosuch", &CRED)] {
+        s.table.hello(30, 0);
+        let nonce = s.joins.nonce(None).nonce;
+        let req = JoinRequest::new(
+            KEY,
+            &SECRET,
+            shape(2, 8),
+            0,
+            30,
+            nonce,
+            Some((name, key)),
+            None,
+        );
+        let r = s.joins.join(&mut s.table, &req);
+        answers.push(refusal(&r).replace(name, "NAME"));
+    }
+    assert_eq!(answers[0], answers[1]);
+    assert!(
+        answers[0].contains("is not one this daemon knows with that key"),
+        "{answers:?}"
+    );
+    assert!(s.joins.jobs.is_empty());
+}
+
 #[test]
 fn a_job_the_switch_cannot_take_fails_for_every_rank() {
     let mut s = Switch::new("cannot-take");
