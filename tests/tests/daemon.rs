@@ -593,6 +593,7 @@ fn detach_names_its_switch_and_failed_starts_leave_no_pins() {
     cfg.daemon.state_dir = std::env::temp_dir().join("xagg-test-xtz/other-state");
     cfg.daemon.pin_path = "/sys/fs/bpf/xagg-test-xtz-failed".into();
     let path = std::env::temp_dir().join("xagg-test-xtz/failing.toml");
+    let _ = std::fs::remove_dir_all(&cfg.daemon.state_dir);
     std::fs::write(&path, cfg.to_toml()).unwrap();
     let out = Command::new(bin("xaggd"))
         .arg("--config")
@@ -604,6 +605,10 @@ fn detach_names_its_switch_and_failed_starts_leave_no_pins() {
     assert!(
         !cfg.daemon.pin_path.exists(),
         "a failed start left pins behind"
+    );
+    assert!(
+        !cfg.daemon.state_dir.exists(),
+        "a failed start left the state directory it made"
     );
 }
 

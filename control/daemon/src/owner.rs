@@ -25,6 +25,9 @@ pub struct Owner {
     /// The runtime directories the locks' files made (the socket's, the dataplane locks'),
     /// the deepest first: removed after them where nothing else is in them.
     made: Vec<PathBuf>,
+    /// The state directory (and parents) this claim made: removed as the runtime ones are
+    /// unless the daemon started ([`Owner::started`]), so a refused start leaves none.
+    made_to_keep: Vec<PathBuf>,
 }
 
 impl Drop for Owner {
@@ -37,7 +40,7 @@ impl Drop for Owner {
             drop(lock);
         }
         // Another daemon's files, or the API socket still there, keep a directory.
-        for dir in &self.made {
+        for dir in self.made.iter().chain(&self.made_to_keep) {
             let _ = std::fs::remove_dir(dir);
         }
     }
@@ -121,6 +124,7 @@ impl Owner {
         let mut owner = Self {
             held: Vec::new(),
             made: Vec::new(),
+            made_to_keep: Vec::new(),
         };
         for c in claims(cfg) {
             let mut tries = 0;
@@ -128,6 +132,8 @@ impl Owner {
                 let (file, made) = open(&c.lock, c.dir_mode)?;
                 if c.runtime {
                     owner.made.extend(made);
+                } else {
+                    owner.made_to_keep.extend(made);
                 }
                 match Flock::lock(file, FlockArg::LockExclusiveNonblock) {
                     // Its daemon removed it as it stopped: the path's file is another.
@@ -156,6 +162,13 @@ impl Owner {
             }
         }
         Ok(owner)
+    }
+}
+
+impl Owner {
+    /// The daemon started: the state directory it made stays when it stops.
+    pub fn started(&mut self) {
+        self.made_to_keep.clear();
     }
 }
 

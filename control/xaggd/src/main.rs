@@ -160,7 +160,7 @@ fn run(config_error: &mut bool) -> Result<()> {
         return check_only(&args, &cfg);
     }
     // One daemon per API socket, state directory and pinned dataplane.
-    let _owner = Owner::claim(&cfg)?;
+    let mut owner = Owner::claim(&cfg)?;
     // Only this thread's network namespace changes, before the runtime starts its threads
     // (they inherit it). The mount namespace stays the host's, so pins outlive us.
     if let Some(ns) = &cfg.switch.netns {
@@ -234,6 +234,7 @@ fn run(config_error: &mut bool) -> Result<()> {
         }
     };
     host_ends(&cfg);
+    owner.started();
     let detach = rt.block_on(serve(state.clone(), &cfg.daemon, listeners))?;
     state
         .lock()
