@@ -14,8 +14,15 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
             Ok(())
         }
         Response::Counters { counters } => {
+            // Names right-aligned to the longest, counts to the widest.
+            let name = counters.keys().map(String::len).max().unwrap_or(0);
+            let count = counters
+                .values()
+                .map(|v| v.to_string().len())
+                .max()
+                .unwrap_or(0);
             for (k, v) in counters {
-                println!("{k:>18} {v}");
+                println!("{k:>name$} {v:>count$}");
             }
             Ok(())
         }
