@@ -36,6 +36,9 @@ pub struct Missing {
     /// Whether this rank's giving up on the round is kept where it waits (the status
     /// reply after it carries `ENC_WITHDRAWN`), or the round was complete.
     pub withdrawn: bool,
+    /// This rank's member index at its aggregation point: a round waiting for it did not
+    /// take what it sent.
+    pub me: u8,
 }
 
 impl Missing {
@@ -75,6 +78,11 @@ impl std::fmt::Display for Missing {
             (Some(m), _) if m.is_empty() => write!(
                 f,
                 "slot {slot} segment {segment}: the switch completed it and sent the result, which never arrived here (a packet filter on this host? on veth, this host's end of the link must run an XDP program: `xagg host attach IFACE --netns NAME` as root on the host, or `xagg allreduce --afxdp`)"
+            ),
+            (Some(m), _) if m.contains(&self.me) => write!(
+                f,
+                "slot {slot} segment {segment} waits for members {m:?}, this one ({}) among them: the switch has not taken what it sent (lost on the way, or refused: the round began with another op, type or count, which `xagg counters` shows as drop_bad_op or drop_bad_count)",
+                self.me
             ),
             (Some(m), _) => write!(f, "slot {slot} segment {segment} waits for members {m:?}"),
             (None, true) => write!(

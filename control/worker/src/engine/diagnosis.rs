@@ -149,6 +149,7 @@ impl Engine {
                 above: false,
                 above_members: None,
                 withdrawn: false,
+                me: self.p.member,
             });
         }
         self.active[i].diagnosis = Some(Diagnosis {
