@@ -728,6 +728,22 @@ fn lost_results_are_not_blamed_on_the_switch() {
         err.contains("slot 0 segment 0: the switch completed it and sent the result, which never arrived here"),
         "{err}"
     );
+    // Its contributions (kind 1) dropped on the way out: the switch never begins the
+    // round, and the worker says so at its give-up time (before, it waited out the
+    // collective timeout, 30 minutes, as if for a slow member).
+    nft(
+        &ns,
+        &format!(
+            "flush ruleset\ntable inet xagg_test {{\n  chain out {{\n    type filter hook output priority 0;\n    udp dport {DEFAULT_PORT} @th,72,8 1 drop\n  }}\n}}\n"
+        ),
+    );
+    let err = run(&sw);
+    assert!(
+        err.contains(
+            "the switch has not begun this round: none of this member's (0) contributions reached it"
+        ),
+        "{err}"
+    );
     nft(&ns, "flush ruleset\n");
     // Nothing on the worker's end of the veth: every reply is dropped on the link.
     sw.lab.detach_hosts();

@@ -7,6 +7,7 @@
 //! error chain printed whole (`{:#}`) says it once.
 
 use std::{
+    cmp::Ordering,
     io,
     net::{SocketAddr, SocketAddrV6},
     sync::Arc,
@@ -39,6 +40,9 @@ pub struct Missing {
     /// This rank's member index at its aggregation point: a round waiting for it did not
     /// take what it sent.
     pub me: u8,
+    /// The round the slot's copy holds instead of this one, when it answered with another:
+    /// an earlier one (this round not begun there) or a later one (this one completed).
+    pub other_round: Option<Ordering>,
 }
 
 impl Missing {
@@ -52,8 +56,16 @@ impl Missing {
     /// complete (at this rank's aggregation point, and above it where it went up) and its
     /// result was lost on the way, or the level above it does not answer.
     pub fn stuck(&self) -> bool {
-        self.members.as_ref().is_some_and(Vec::is_empty)
-            && (!self.above || self.above_members.as_ref().is_none_or(Vec::is_empty))
+        (self.members.as_ref().is_some_and(Vec::is_empty)
+            && (!self.above || self.above_members.as_ref().is_none_or(Vec::is_empty)))
+            || self.other_round == Some(Ordering::Greater)
+    }
+
+    /// Whether the round has not taken what this member sent (a give-up time ago): it
+    /// waits for this member, or has not begun at all.
+    pub fn not_taken(&self) -> bool {
+        self.members.as_ref().is_some_and(|m| m.contains(&self.me))
+            || (self.members.is_none() && self.other_round == Some(Ordering::Less))
     }
 }
 
@@ -85,9 +97,14 @@ impl std::fmt::Display for Missing {
                 self.me
             ),
             (Some(m), _) => write!(f, "slot {slot} segment {segment} waits for members {m:?}"),
+            (None, true) if self.other_round == Some(Ordering::Greater) => write!(
+                f,
+                "slot {slot} segment {segment}: the switch completed this round and holds a later one: its result never arrived here"
+            ),
             (None, true) => write!(
                 f,
-                "slot {slot} segment {segment}: the switch holds another round there; no contribution of this one reached it"
+                "slot {slot} segment {segment}: the switch has not begun this round: none of this member's ({}) contributions reached it (lost on the way, or refused: `xagg counters` shows why)",
+                self.me
             ),
             (None, false) => write!(
                 f,

@@ -150,6 +150,7 @@ impl Engine {
                 above_members: None,
                 withdrawn: false,
                 me: self.p.member,
+                other_round: None,
             });
         }
         self.active[i].diagnosis = Some(Diagnosis {
@@ -212,6 +213,10 @@ impl Engine {
             return;
         }
         m.answered = true;
+        if h.message() != message {
+            // Message ids wrap: the nearer way round tells earlier from later.
+            m.other_round = Some((h.message().wrapping_sub(message) as i32).cmp(&0));
+        }
         if h.message() == message && h.segment() == m.segment {
             let seen = u64::from_le_bytes(payload[..8].try_into().unwrap());
             let all = u64::from_le_bytes(payload[8..16].try_into().unwrap());
@@ -247,6 +252,13 @@ impl Engine {
                 switch: self.p.switch,
                 waited: d.waited,
             }));
+        }
+        // A round that still waits for this member a give-up time after it sent: none of
+        // its copies was taken (a filter on the way, or refused: another op, type or count
+        // began the round). Waiting for itself cannot end: it gives up on its rounds, and
+        // fails saying so.
+        if !d.withdrawing && d.missing.iter().any(Missing::not_taken) {
+            return Some(Ok(d.waited));
         }
         // Nobody waited for and still no result: lost on the way here, or the level above
         // silent (the peers may hold the results).
