@@ -9,9 +9,11 @@
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
  *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
  *        cases datatypes the ranks pass datatypes of one type signature each their own way
- *                        (contiguous, strided, plain MPI_INT) to a broadcast from ranks 0
- *                        and 1, an allreduce (in place and not), an MPI_Iallreduce, a
- *                        reduce, an all-gather and a reduce-scatter (4 ranks)
+ *                        (contiguous, strided, plain MPI_INT, an indexed type holding
+ *                        its elements in reverse) to broadcasts from ranks 0 and 1, an
+ *                        allreduce (in place and not), an MPI_Iallreduce whose datatype
+ *                        is freed before MPI_Wait, a reduce, an all-gather and a
+ *                        reduce-scatter (4 ranks)
  *        cases collectives GO   after a first allreduce, rank 0 waits for the file GO (the
  *                        test cuts its results off first); then MPI_Reduce_scatter_block
  *                        (blocks of 200,000 int), MPI_Reduce to rank 0, MPI_Allgather and
@@ -351,6 +353,22 @@ int main(int argc, char **argv) {
             }
             expect("bcast of mixed datatypes", bad, 0);
         }
+        /* Broadcast from 0 of 4 ints, which rank 1 receives in reverse order through an
+         * indexed type: its elements back to back, but not in their order. */
+        MPI_Datatype reversed;
+        int ones[4] = {1, 1, 1, 1}, backwards[4] = {3, 2, 1, 0};
+        MPI_Type_indexed(4, ones, backwards, MPI_INT, &reversed);
+        MPI_Type_commit(&reversed);
+        int four_in[4] = {10, 11, 12, 13};
+        if (rank != 0) for (int i = 0; i < 4; i++) four_in[i] = -1;
+        if (rank == 1)
+            MPI_Bcast(four_in, 1, reversed, 0, MPI_COMM_WORLD);
+        else
+            MPI_Bcast(four_in, 4, MPI_INT, 0, MPI_COMM_WORLD);
+        bad = 0;
+        for (int i = 0; i < 4; i++) bad += four_in[i] != (rank == 1 ? 13 - i : 10 + i);
+        expect("bcast into a reversed indexed type", bad, 0);
+        MPI_Type_free(&reversed);
         /* Allreduce: rank 0 strided in and out, rank 1 strided in place, the others plain. */
         int out[2 * N];
         for (int i = 0; i < 2 * N; i++) wide[i] = i % 2 == 0 ? rank + i / 2 : -7, out[i] = -7;
@@ -370,13 +388,17 @@ int main(int argc, char **argv) {
             bad += rank == 1 && wide[2 * i + 1] != -7;
         }
         expect("allreduce of mixed datatypes", bad, 0);
-        /* Nonblocking: rank 3 strided, unpacked when MPI_Wait hands it back. */
+        /* Nonblocking: rank 3 strided, unpacked when MPI_Wait hands it back, its datatype
+         * freed before that (MPI allows it). */
         for (int i = 0; i < 2 * N; i++) wide[i] = i % 2 == 0 ? rank + i / 2 : -7;
         for (int i = 0; i < N; i++) plain[i] = rank + i;
         MPI_Request req;
-        if (rank == 3)
-            MPI_Iallreduce(MPI_IN_PLACE, wide, 1, strided, MPI_SUM, MPI_COMM_WORLD, &req);
-        else
+        if (rank == 3) {
+            MPI_Datatype soon_freed;
+            MPI_Type_dup(strided, &soon_freed);
+            MPI_Iallreduce(MPI_IN_PLACE, wide, 1, soon_freed, MPI_SUM, MPI_COMM_WORLD, &req);
+            MPI_Type_free(&soon_freed);
+        } else
             MPI_Iallreduce(MPI_IN_PLACE, plain, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD, &req);
         MPI_Wait(&req, MPI_STATUS_IGNORE);
         bad = 0;

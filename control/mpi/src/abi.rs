@@ -170,6 +170,7 @@ pub struct Pmpi {
     pub type_get_extent: unsafe extern "C" fn(Datatype, *mut isize, *mut isize) -> c_int,
     pub type_get_true_extent: unsafe extern "C" fn(Datatype, *mut isize, *mut isize) -> c_int,
     pub type_free: unsafe extern "C" fn(*mut Datatype) -> c_int,
+    pub type_dup: unsafe extern "C" fn(Datatype, *mut Datatype) -> c_int,
     pub pack: unsafe extern "C" fn(
         *const c_void,
         c_int,
@@ -192,6 +193,11 @@ pub struct Pmpi {
 
 /// `MPI_COMBINER_NAMED`: a predefined datatype.
 pub const COMBINER_NAMED: c_int = 0;
+/// `MPI_COMBINER_DUP`, `_CONTIGUOUS` and `_RESIZED`: the constructors that keep their one
+/// inner type's elements in order.
+pub const COMBINER_DUP: c_int = 1;
+pub const COMBINER_CONTIGUOUS: c_int = 2;
+pub const COMBINER_RESIZED: c_int = 17;
 /// `MPI_COMBINER_STRUCT` (and the MPI-1 `_INTEGER` form before it): its integers are the
 /// count and each block's length, one datatype per block.
 pub const COMBINER_STRUCT: [c_int; 2] = [10, 11];
@@ -318,6 +324,7 @@ fn load() -> Option<Pmpi> {
         type_get_extent: function("PMPI_Type_get_extent")?,
         type_get_true_extent: function("PMPI_Type_get_true_extent")?,
         type_free: function("PMPI_Type_free")?,
+        type_dup: function("PMPI_Type_dup")?,
         pack: function("PMPI_Pack")?,
         unpack: function("PMPI_Unpack")?,
     })

@@ -10,7 +10,10 @@ use std::ffi::{c_int, c_void};
 
 use xagg_common::wire::DType;
 
-use crate::abi::{handles, pmpi, Comm, Datatype, COMBINER_NAMED, COMBINER_STRUCT, SUCCESS};
+use crate::abi::{
+    handles, pmpi, Comm, Datatype, COMBINER_CONTIGUOUS, COMBINER_DUP, COMBINER_NAMED,
+    COMBINER_RESIZED, COMBINER_STRUCT, SUCCESS,
+};
 
 /// Why a datatype is not served (the same on every rank: a signature's).
 pub const NOT_SERVED: &str =
@@ -73,8 +76,70 @@ pub fn of(t: Datatype) -> Result<Layout, &'static str> {
         element,
         dtype,
         per: size / one,
-        contiguous: lb == 0 && true_lb == 0 && extent == bytes && true_extent == bytes,
+        // No gaps is not enough: an indexed type may hold its elements back to back in
+        // another order. Only constructors that keep them in order are used in place.
+        contiguous: lb == 0
+            && true_lb == 0
+            && extent == bytes
+            && true_extent == bytes
+            && in_order(t, 0),
     })
+}
+
+/// Whether `t`'s elements lie in memory in the order of its type signature, as far as
+/// its constructors show it: a predefined type, a pair, and a duplicate, a contiguous
+/// run (of a type without gaps) or a resizing of one (the caller checks the whole for
+/// gaps). Anything else is packed, which is always right.
+fn in_order(t: Datatype, depth: usize) -> bool {
+    let h = handles();
+    if h.dtype(t).is_some() || h.pair(t).is_some() {
+        return true;
+    }
+    if depth >= MAX_DEPTH {
+        return false;
+    }
+    let p = pmpi();
+    let (mut ni, mut na, mut nd, mut combiner) = (0, 0, 0, 0);
+    // Safety: a datatype handle, the program's or one its construction names.
+    unsafe { (p.type_get_envelope)(t, &mut ni, &mut na, &mut nd, &mut combiner) };
+    if ![COMBINER_DUP, COMBINER_CONTIGUOUS, COMBINER_RESIZED].contains(&combiner) || nd != 1 {
+        return false;
+    }
+    let mut ints = vec![0 as c_int; ni.max(0) as usize];
+    let mut addrs = vec![0isize; na.max(0) as usize];
+    let mut inner: Datatype = std::ptr::null_mut();
+    // Safety: arrays of the sizes the envelope gave.
+    let rc = unsafe {
+        (p.type_get_contents)(
+            t,
+            ni,
+            na,
+            1,
+            ints.as_mut_ptr(),
+            addrs.as_mut_ptr(),
+            &mut inner,
+        )
+    };
+    if rc != SUCCESS {
+        return false;
+    }
+    let ordered = in_order(inner, depth + 1) && (combiner != COMBINER_CONTIGUOUS || dense(inner));
+    free_if_derived(inner);
+    ordered
+}
+
+/// Whether items of `t` repeated lie back to back with no gaps.
+fn dense(t: Datatype) -> bool {
+    let p = pmpi();
+    let (mut size, mut lb, mut extent, mut true_lb, mut true_extent) = (0, 0, 0, 0, 0);
+    // Safety: a datatype handle.
+    unsafe {
+        (p.type_size)(t, &mut size);
+        (p.type_get_extent)(t, &mut lb, &mut extent);
+        (p.type_get_true_extent)(t, &mut true_lb, &mut true_extent);
+    }
+    let bytes = size as isize;
+    lb == 0 && true_lb == 0 && extent == bytes && true_extent == bytes
 }
 
 /// The one predefined type, one the switch takes, that every element of `t` is; none
@@ -161,9 +226,20 @@ pub struct Staged {
     /// Where the switch writes the result (in place: the packed input).
     pub output: Vec<u8>,
     /// Items of the program's datatype to unpack from `output` into its buffer at
-    /// completion (none where this rank gets no result).
+    /// completion (none where this rank gets no result). The datatype is a duplicate of
+    /// the program's, freed here: MPI lets a program free its own before the call
+    /// completes.
     pub unpack: Option<(*mut c_void, c_int, Datatype)>,
     pub comm: Comm,
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if let Some((_, _, mut t)) = self.unpack.take() {
+            // Safety: our duplicate, freed once.
+            unsafe { (pmpi().type_free)(&mut t) };
+        }
+    }
 }
 
 /// Packs `items` of `t` at `from`, in `elements` elements of `dtype`.
@@ -197,7 +273,7 @@ pub unsafe fn pack(
 impl Staged {
     /// Unpacks the result into the program's buffer (at a call's completion).
     pub fn finish(&mut self) {
-        if let Some((to, items, t)) = self.unpack {
+        if let Some((to, items, t)) = self.unpack.take() {
             let mut position = 0;
             // Safety: the program's buffer holds `items` of `t` (MPI's contract), and
             // `output` their packed elements.
@@ -212,6 +288,9 @@ impl Staged {
                     self.comm,
                 )
             };
+            let mut t = t;
+            // Safety: our duplicate, freed once.
+            unsafe { (pmpi().type_free)(&mut t) };
         }
     }
 }
@@ -358,7 +437,12 @@ pub fn normalize(g: Given) -> Result<Normal, &'static str> {
         vec![0u8; bytes(out_items.unwrap_or(g.count).max(g.count))]
     };
     normal.recv = stage.output.as_mut_ptr().cast();
-    stage.unpack = out_items.map(|items| (g.recv, items, g.datatype));
+    stage.unpack = out_items.map(|items| {
+        let mut own: Datatype = std::ptr::null_mut();
+        // Safety: the program's datatype, committed (MPI's contract for a call).
+        unsafe { (pmpi().type_dup)(g.datatype, &mut own) };
+        (g.recv, items, own)
+    });
     normal.stage = Some(stage);
     Ok(normal)
 }
