@@ -67,6 +67,11 @@ try:
     check("prod of floats refused", False)
 except xagg.XaggError as e:
     check(f"prod of floats refused clearly ({e})", "not supported" in str(e))
+    # It pickles (DDP hands a hook's exception across to its caller so).
+    import pickle
+
+    again = pickle.loads(pickle.dumps(e))
+    check("XaggError pickled", type(again) is xagg.XaggError and str(again) == str(e))
 
 path = job.path
 job.leave()

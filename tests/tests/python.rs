@@ -89,7 +89,7 @@ fn numpy_arrays_through_the_switch() {
     }));
     for r in 0..RANKS {
         assert!(
-            out.contains(&format!("rank {r}: checks=28 failures=0")),
+            out.contains(&format!("rank {r}: checks=29 failures=0")),
             "{out}"
         );
     }
@@ -121,7 +121,7 @@ fn numpy_arrays_through_hosts() {
     for r in 0..lab.ranks.len() {
         assert!(out.contains(&format!("rank {r}: path tree")), "{out}");
         assert!(
-            out.contains(&format!("rank {r}: checks=28 failures=0")),
+            out.contains(&format!("rank {r}: checks=29 failures=0")),
             "{out}"
         );
     }

@@ -17,8 +17,10 @@ use xagg_worker::{
     Worker,
 };
 
+// Named in the package the program imports (`xagg.XaggError`), so it pickles: DDP sends
+// a hook's exception across to the caller, and `_xagg` is no module of that name.
 create_exception!(
-    _xagg,
+    xagg,
     XaggError,
     PyException,
     "An allreduce or a join that failed: the message says what happened."
