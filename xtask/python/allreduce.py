@@ -2,8 +2,9 @@
 of each size, timed like the MPI baseline (a barrier, then the call, the run's time the
 slowest rank's), verified after the clock stops; then the same calls back to back.
 With BENCH_COLLECTIVE in the environment (all_gather, broadcast, reduce: what Gloo has
-of the collectives besides allreduce), every call is that collective over the same BYTES
-instead (an all-gather's message is all the blocks; root 0), as the MPI baseline does.
+of the collectives besides allreduce; and reduce_scatter, which only the xagg backend
+has), every call is that collective over the same BYTES instead (an all-gather's and a
+reduce-scatter's message is all the blocks; root 0), as the MPI baseline does.
 Usage: allreduce.py BACKEND SEED BYTES:ITERATIONS...; one process per rank (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON object per size."""
 import os
@@ -33,8 +34,8 @@ def link_bytes(way):
 
 
 collective = os.environ.get("BENCH_COLLECTIVE", "allreduce")
-if collective not in ("allreduce", "all_gather", "broadcast", "reduce"):
-    sys.exit(f"BENCH_COLLECTIVE={collective}: this script times allreduce, all_gather, broadcast or reduce")
+if collective not in ("allreduce", "all_gather", "broadcast", "reduce", "reduce_scatter"):
+    sys.exit(f"BENCH_COLLECTIVE={collective}: this script times allreduce, all_gather, broadcast, reduce or reduce_scatter")
 
 
 def call(data, buf):
@@ -47,6 +48,9 @@ def call(data, buf):
         dist.broadcast(buf, 0)
     elif collective == "reduce":
         dist.reduce(buf, 0)
+    elif collective == "reduce_scatter":
+        b = buf.numel() // size
+        dist.reduce_scatter(buf[rank * b : (rank + 1) * b], list(data.split(b)))
     else:
         dist.all_reduce(buf)
 
@@ -66,7 +70,14 @@ def wanted(n):
     if collective == "broadcast":
         return member(0, n)
     want = sum(member(r, n).to(torch.int64) for r in range(size))
-    return ((want + 2**31) % 2**32 - 2**31).to(torch.int32)
+    want = ((want + 2**31) % 2**32 - 2**31).to(torch.int32)
+    if collective == "reduce_scatter":
+        # Each rank's block of the sum; the rest of its buffer is its own input.
+        b = n // size
+        mine = member(rank, n).clone()
+        mine[rank * b : (rank + 1) * b] = want[rank * b : (rank + 1) * b]
+        return mine
+    return want
 
 
 for nbytes, iterations in points:

@@ -79,12 +79,20 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                     all.push(p);
                 }
             }
-            for c in ALL.iter().filter(|&&c| gloo_has(c)) {
+            for c in ALL.iter().skip(1) {
                 let sizes: Vec<usize> = r.sizes.iter().map(|&s| s / (4 * n) * 4 * n).collect();
                 let it = |bytes| iterations(bytes, r.quick);
-                for p in torch_runs(&sw.lab, "gloo", &sizes, it, Some(c.name()))? {
-                    round_line(round, &p);
-                    all.push(p);
+                // The PyTorch backend's same call (through the switch), and Gloo's.
+                let systems: &[&'static str] = if gloo_has(*c) {
+                    &["torch+xagg", "gloo"]
+                } else {
+                    &["torch+xagg"]
+                };
+                for &system in systems {
+                    for p in torch_runs(&sw.lab, system, &sizes, it, Some(c.name()))? {
+                        round_line(round, &p);
+                        all.push(p);
+                    }
                 }
             }
             sw.lab.detach_hosts();
@@ -114,8 +122,9 @@ fn same(a: &RunPoint, b: &RunPoint) -> bool {
 }
 
 /// A table per collective: its time through the switch against the switch's allreduce of
-/// the same S and against Open MPI's and Gloo's same call, and the bytes each rank sent
-/// and received over S (means over the ranks).
+/// the same S and against Open MPI's and Gloo's same call, the PyTorch backend's time
+/// (through the switch) against Gloo's, and the bytes each rank sent and received over S
+/// (means over the ranks).
 pub fn tables(points: &[RunPoint]) {
     let find = |system: &str, c: &str, n: usize, bytes: usize| {
         points.iter().find(|p| {
@@ -128,16 +137,18 @@ pub fn tables(points: &[RunPoint]) {
             "{c}, i32 (sum where it reduces): time µs (the slowest rank's, median) | x the switch's allreduce of the same S | x Open MPI's, Gloo's same call | bytes sent and received per rank / S (mean over the ranks):"
         );
         println!(
-            "{:>3} {:>9} | {:>10} {:>10} {:>10} {:>10} | {:>6} {:>6} {:>6} | {:>5} {:>5} {:>5} {:>5}",
+            "{:>3} {:>9} | {:>10} {:>10} {:>10} {:>10} {:>10} | {:>6} {:>6} {:>6} {:>8} | {:>5} {:>5} {:>5} {:>5}",
             "n",
             "bytes",
             "switch",
             "allreduce",
             "openmpi",
             "gloo",
+            "torch",
             "x ar",
             "x ompi",
             "x gloo",
+            "torch/gl",
             "tx",
             "rx",
             "o tx",
@@ -150,23 +161,27 @@ pub fn tables(points: &[RunPoint]) {
             let ar = find("switch", "allreduce", p.workers, p.bytes);
             let o = find("openmpi", c.name(), p.workers, p.bytes);
             let g = find("gloo", c.name(), p.workers, p.bytes);
+            // The PyTorch backend's same call, through the switch.
+            let tx = find("torch+xagg", c.name(), p.workers, p.bytes);
             let t = |q: Option<&RunPoint>| q.map_or(f64::NAN, |q| q.latency_us);
             println!(
-                "{:>3} {:>9} | {:>10.1} {:>10.1} {:>10.1} {:>10.1} | {:>6.2} {:>6.2} {:>6.2} | {:>5.3} {:>5.3} {:>5.3} {:>5.3}{}",
+                "{:>3} {:>9} | {:>10.1} {:>10.1} {:>10.1} {:>10.1} {:>10.1} | {:>6.2} {:>6.2} {:>6.2} {:>8.2} | {:>5.3} {:>5.3} {:>5.3} {:>5.3}{}",
                 p.workers,
                 p.bytes,
                 p.latency_us,
                 t(ar),
                 t(o),
                 t(g),
+                t(tx),
                 p.latency_us / t(ar),
                 p.latency_us / t(o),
                 p.latency_us / t(g),
+                t(tx) / t(g),
                 p.wire_ratio,
                 p.rx_ratio.unwrap_or(f64::NAN),
                 o.map_or(f64::NAN, |o| o.wire_ratio),
                 o.and_then(|o| o.rx_ratio).unwrap_or(f64::NAN),
-                if p.verified && o.is_none_or(|o| o.verified) && g.is_none_or(|g| g.verified) { "" } else { "  NOT VERIFIED" }
+                if p.verified && [o, g, tx].iter().all(|q| q.is_none_or(|q| q.verified)) { "" } else { "  NOT VERIFIED" }
             );
         }
     }
