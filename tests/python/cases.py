@@ -16,6 +16,8 @@ then:
   it, rank 0's finds them gone): `destroy_process_group` raises the failure (printed here);
   with `exit` after the case, the program exits without it, and the failure is said at
   exit;
+- `dies`: the last rank exits at once, without leaving; the others' next all_reduce
+  fails, naming it gone (its responder refuses connections), at the give-up time;
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
   (passed to Gloo, which makes it as a sum then a floored division); then what Gloo 1.13
   refuses, passed to it (an int16 sum that wraps, a bool max, an int16 reduce_scatter, a
@@ -140,6 +142,21 @@ elif case == "unwaited":
     if rank == 0:
         time.sleep(6)
     dist.all_reduce(ints(1024, 7), async_op=True)
+elif case == "dies":
+    if rank == size - 1:
+        # Gone without a word: no leave, no destroy_process_group.
+        print(f"rank {rank}: {case} ok={ok}", flush=True)
+        os._exit(0)
+    t = time.time()
+    try:
+        dist.all_reduce(ints(1024, 1))
+        ok = False
+    except Exception as e:  # noqa: BLE001 - the failure is the case
+        print(f"rank {rank}: failed after {time.time() - t:.1f} s: {e}", flush=True)
+        ok = ok and "whose process is gone" in str(e)
+    print(f"rank {rank}: {case} ok={ok}", flush=True)
+    # Leaving would wait for the dead rank at the group's last barrier.
+    os._exit(0)
 elif case == "types":
     b = torch.arange(64, dtype=torch.bfloat16) + rank
     dist.all_reduce(b)

@@ -49,6 +49,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(AllreduceError::Abandoned { segments, .. }) => {
             println!("no rank holds segments {segments:?}: made another way")
         }
+        Err(AllreduceError::MemberGone { member, .. }) => {
+            println!("member {member}'s process is gone")
+        }
     }
     // After a failure the buffer holds results for the segments that completed.
     let _buffer = done.buffer.into_vec::<f32>().unwrap();

@@ -123,6 +123,9 @@ pub(crate) struct Engine {
     replies: Vec<(Header, [u8; wire::STATUS_PAYLOAD])>,
     /// What the peers' responder answers from, once it runs ([`crate::peers`]).
     pub(crate) view: Option<Arc<std::sync::Mutex<crate::peers::View>>>,
+    /// Every rank's responder, in rank order, once the peers are known: where a member
+    /// the switch waits for is asked whether its process is still there.
+    pub(crate) responders: Vec<std::net::SocketAddrV4>,
 }
 
 impl Engine {
@@ -150,6 +153,7 @@ impl Engine {
             ahead: VecDeque::new(),
             replies: Vec::new(),
             view: None,
+            responders: Vec::new(),
             transport,
             p,
         }

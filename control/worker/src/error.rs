@@ -147,6 +147,15 @@ pub enum AllreduceError {
         switch: std::net::SocketAddrV4,
         waited: Duration,
     },
+    /// A member the switch waits for whose process is gone: its responder refuses
+    /// connections (a flat job's members are its ranks).
+    #[error("allreduce of job {job} message {message}: the switch waits for member {member}, whose process is gone (its responder at {at} refuses connections): the job cannot go on without it")]
+    MemberGone {
+        job: u32,
+        message: u32,
+        member: u8,
+        at: std::net::SocketAddrV4,
+    },
     /// Not marked as the error's source: the message carries it once already.
     #[error("job {job}: the switch refused this member: {reason}")]
     Refused { job: u32, reason: String },
@@ -202,6 +211,17 @@ impl AllreduceError {
 impl Clone for AllreduceError {
     fn clone(&self) -> Self {
         match self {
+            Self::MemberGone {
+                job,
+                message,
+                member,
+                at,
+            } => Self::MemberGone {
+                job: *job,
+                message: *message,
+                member: *member,
+                at: *at,
+            },
             Self::Timeout {
                 job,
                 message,

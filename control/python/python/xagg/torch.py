@@ -193,8 +193,11 @@ class _Engine:
     """The switch side of a group: its job, the completion thread, and a private Gloo
     group that carries the agreements and the fallbacks, in the order of the calls."""
 
-    def __init__(self, store, rank, size, timeout):
+    def __init__(self, store, rank, size, timeout, group=None):
         self.rank, self.size = rank, size
+        # How its lines name this rank: `rank 0` in the first group, and in a group made
+        # later (`dist.new_group`) the group too, whose rank 0 may be any process.
+        self.who = f"rank {rank}" if group is None else f"{group}, rank {rank}"
         self.closed = False
         self.private = dist.ProcessGroupGloo(dist.PrefixStore("xagg/private", store), rank, size, timeout)
         self.failed = None
@@ -285,15 +288,23 @@ class _Engine:
             why = str(e)
         if why is not None:
             store.set(f"xagg/peer/{rank}", "")
+        # Each rank's own reason, so rank 0 names the rank that failed and why (its own
+        # may only say that another could not: "ranks [1] could not learn ...").
+        store.set(f"xagg/why/{rank}", why or "")
         # Every rank joined, or none uses the switch.
         if self._agree(_OK if why is None else _FAILED) != _OK:
             self._leave()
-            self.failed = why or "another rank could not join the job"
+            whys = [store.get(f"xagg/why/{r}").decode() for r in range(size)]
+            own = [(r, w) for r, w in enumerate(whys) if w and not w.startswith("ranks [")]
+            if own:
+                self.failed = f"rank {own[0][0]}: {own[0][1]}"
+            else:
+                self.failed = why or "another rank could not join the job"
             # No call of this group was the switch's to make: each is passed to Gloo,
             # as the MPI library passes a communicator's calls to Open MPI.
             self.unjoined = f"the group is served by Gloo: {self.failed}"
             if rank == 0 or _verbose():
-                _say(f"rank {rank}: collectives go to Gloo: {self.failed}")
+                _say(f"{self.who}: collectives go to Gloo: {self.failed}")
         else:
             self.job.set_peers([store.get(f"xagg/peer/{r}").decode() for r in range(size)])
             # On a ring of hosts the collectives other than allreduce are made as
@@ -301,7 +312,7 @@ class _Engine:
             store.set(f"xagg/path/{rank}", self.job.path)
             self.ring = "ring" in {store.get(f"xagg/path/{r}").decode() for r in range(size)}
             if _verbose():
-                _say(f"rank {rank}: joined the switch")
+                _say(f"{self.who}: joined the switch")
         self.queue = queue.Queue()
         # Where futures are completed and their callbacks run: never the completion
         # thread, which a callback waiting for another allreduce would otherwise block.
@@ -335,7 +346,7 @@ class _Engine:
             self.said.add((entry, why))
             self.passed[why] = self.passed.get(why, 0) + 1
         if first:
-            _say(f"rank {self.rank}: {entry} goes to Gloo: {why} (said once; the summary counts them)")
+            _say(f"{self.who}: {entry} goes to Gloo: {why} (said once; the summary counts them)")
 
     def gloo_made(self, entry, allreduce=False):
         """Counts a call Gloo made because the switch failed: passed, when the group never
@@ -434,7 +445,7 @@ class _Engine:
                 self.failed = why
                 self.job.leave_soon()
                 if self.rank == 0 or _verbose():
-                    _say(f"rank {self.rank}: the switch failed, collectives go to Gloo from now on: {why}")
+                    _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
             # Counted in the table, by entry; the summary's headline counts allreduces.
             if self.failed is None and kind is None:
                 self.count(entry, RECOVERED if req.recovered else SWITCH)
@@ -481,7 +492,7 @@ class _Engine:
                     # Its slots are of no use to this group any more.
                     self.job.leave_soon()
                     if self.rank == 0 or _verbose():
-                        _say(f"rank {self.rank}: the switch failed, collectives go to Gloo from now on: {why}")
+                        _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
                 if self.failed is None and kind is None:
                     self.served += 1
                     if req.recovered:
@@ -536,7 +547,7 @@ class _Engine:
         if self.error is not None and not self.error_raised:
             # The program never waited for the call that failed (its last, say): said here,
             # on every rank it failed on, rather than lost.
-            unraised = f"rank {self.rank}: an allreduce failed and no call of the program raised it: {self.error}"
+            unraised = f"{self.who}: an allreduce failed and no call of the program raised it: {self.error}"
             _say(unraised)
             self.error_raised = True
         if self.rank == 0 or _verbose():
@@ -544,16 +555,16 @@ class _Engine:
             # clause of their own (a ZeRO step makes no allreduce at all).
             others = sum(c[SWITCH] + c[RECOVERED] for e, c in self.table.items() if e in _OTHERS)
             _say(
-                f"rank {self.rank}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
-                f"{self.flagged} flagged results (NaN or infinity) made again by Gloo, {self.recovered} finished from peers, "
+                f"{self.who}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
+                f"{self.flagged} flagged results (NaN, infinity, or values too far apart for the exact lanes) made again by Gloo, {self.recovered} finished from peers, "
                 f"{self.routed} routed to Gloo by size (XAGG_ROUTE); "
                 f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)"
             )
             for entry, counts in sorted(self.table.items()):
                 ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
-                _say(f"rank {self.rank}: {entry}: {ways}")
+                _say(f"{self.who}: {entry}: {ways}")
             for why, n in sorted(self.passed.items()):
-                _say(f"rank {self.rank}: passed to Gloo: {n} ({why})")
+                _say(f"{self.who}: passed to Gloo: {n} ({why})")
         return unraised
 
 
@@ -612,10 +623,19 @@ class _Work(dist.Work):
 class ProcessGroupXagg(dist.ProcessGroup):
     """The ``"xagg"`` backend: allreduce through the switch, the rest through Gloo."""
 
+    # Groups this process made so far: the first is the default group.
+    _made = 0
+
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
-        self._engine = _Engine(store, rank, size, timeout)
+        k = ProcessGroupXagg._made
+        ProcessGroupXagg._made += 1
+        group = None
+        if k > 0:
+            world = dist.get_rank() if dist.is_initialized() else rank
+            group = f"group {k} ({size} ranks; this is global rank {world})"
+        self._engine = _Engine(store, rank, size, timeout, group)
 
     def getBackendName(self):
         return "xagg"
@@ -672,10 +692,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
             if moved is None:
                 return f"{t.dtype} is not a type the switch moves"
             if _words(t) is None:
-                return (
-                    f"{t.numel() * t.element_size()} bytes of {t.dtype} at byte offset "
-                    f"{t.storage_offset() * t.element_size()}: {_AS_WORDS}"
-                )
+                # One reason per type, whatever the size: said once, counted together.
+                return f"{t.dtype}: {_AS_WORDS}"
         return None
 
     def reduce_scatter(self, output_tensors, input_tensors, opts=None):

@@ -240,9 +240,8 @@ impl Engine {
     /// [`Self::diagnosed`]: `Some(Ok(waited))` to give up on the rounds first.
     fn verdict(&mut self, i: usize, now: Instant) -> Option<Result<Duration, AllreduceError>> {
         let (job, give_up, limit) = (self.p.job, self.p.give_up, self.p.collective_timeout);
-        let a = &mut self.active[i];
-        let d = a.diagnosis.take().expect("diagnosed");
-        let message = a.message.expect("running");
+        let d = self.active[i].diagnosis.take().expect("diagnosed");
+        let message = self.active[i].message.expect("running");
         if let Some((code, slot)) = d.refusal {
             return Some(Err(self.refused(code, slot)));
         }
@@ -259,6 +258,14 @@ impl Engine {
         // fails saying so.
         if !d.withdrawing && d.missing.iter().any(Missing::not_taken) {
             return Some(Ok(d.waited));
+        }
+        if let Some((member, at)) = self.gone(&d.missing) {
+            return Some(Err(AllreduceError::MemberGone {
+                job,
+                message,
+                member,
+                at,
+            }));
         }
         // Nobody waited for and still no result: lost on the way here, or the level above
         // silent (the peers may hold the results).
@@ -278,6 +285,7 @@ impl Engine {
                 missing: d.missing,
             }));
         }
+        let a = &mut self.active[i];
         let since = *a.waiting_since.get_or_insert(now - d.waited);
         let waited = now.duration_since(since);
         if waited >= limit {
@@ -291,13 +299,37 @@ impl Engine {
         a.next_notice = waited.max(give_up) * 2;
         let first = d.missing.iter().take(2).map(|m| m.to_string());
         crate::say(&format!(
-            "job {job} message {message}, member {} here: no result for {:.0} s, the switch is up and waits: {}; still waiting (the collective timeout is {} s, XAGG_TIMEOUT_S; a member whose process is gone ends the wait once its lease runs out at the daemon, daemon.lease_s)",
+            "job {job} message {message}, member {} here: no result for {:.0} s, the switch is up and waits: {}; still waiting (the collective timeout is {} s, XAGG_TIMEOUT_S)",
             self.p.member,
             waited.as_secs_f64().max(give_up.as_secs_f64()),
             first.collect::<Vec<_>>().join("; "),
             limit.as_secs()
         ));
         None
+    }
+
+    /// A member the switch waits for whose process is gone: in a flat job (members are
+    /// ranks) with the peers known, one whose responder refuses connections. A host that
+    /// does not answer at all proves nothing (a slow or unreachable one is waited for).
+    fn gone(&self, missing: &[Missing]) -> Option<(u8, std::net::SocketAddrV4)> {
+        if self.p.ranks.is_some() || self.responders.is_empty() {
+            return None;
+        }
+        let waited: std::collections::BTreeSet<u8> = missing
+            .iter()
+            .filter_map(|m| m.members.as_ref())
+            .flatten()
+            .copied()
+            .filter(|&m| m != self.p.member)
+            .collect();
+        // A few at most: an unreachable host costs its connect's timeout.
+        waited.into_iter().take(4).find_map(|m| {
+            let at = *self.responders.get(usize::from(m))?;
+            match std::net::TcpStream::connect_timeout(&at.into(), Duration::from_millis(300)) {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Some((m, at)),
+                _ => None,
+            }
+        })
     }
 
     /// Why the switch refused this member, from a status reply's refusal `code`.

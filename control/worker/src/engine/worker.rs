@@ -79,6 +79,12 @@ impl WorkerInner {
         }
     }
 
+    /// Every rank's responder, in rank order, for the engine's waits.
+    pub fn set_responders(&self, addresses: Vec<std::net::SocketAddrV4>) {
+        let mut e = self.engine.lock().unwrap_or_else(|p| p.into_inner());
+        e.responders = addresses;
+    }
+
     /// Hands a request to the engine: taken up at once unless another thread is inside
     /// the engine, else at that thread's next step.
     pub fn enqueue(&self, pending: Pending) {
