@@ -231,63 +231,51 @@ fn counters_metrics_and_the_live_view() {
     assert!(!text.contains("slot="), "no per-slot labels");
     eprintln!("metrics during an allreduce: job 5 complete {complete}");
 
-    // A stranger's contribution: dropped, counted switch-wide, and its sender logged.
+    // A stranger's packet of `kind` for `job` from its own `port`, and the log line naming
+    // `reason` with its sender.
     let ns = sw.lab.worker_ns(2);
-    std::thread::scope(|t| {
-        t.spawn(|| {
-            xagg_linux::iface::enter_netns(&ns).unwrap();
-            let h = xagg_common::wire::Header::builder(xagg_common::wire::Kind::Contribution)
-                .job(6)
-                .member(0)
-                .count(4)
-                .build();
-            let mut d = [0u8; xagg_common::wire::HEADER_LEN + 16];
-            let n = xagg_common::wire::finish(&h, 16, &mut d).unwrap();
-            let s = std::net::UdpSocket::bind((xagg_lab::lab::worker_ip(2), 47899)).unwrap();
-            s.send_to(&d[..n], (SWITCH_IP, 47800)).unwrap();
-        })
-        .join()
-        .unwrap();
-    });
-    let logged = eventually("the stranger's drop logged", Duration::from_secs(5), || {
-        let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
-        log.lines()
-            .find(|l| l.contains("drop_not_member"))
-            .map(str::to_string)
-            .ok_or(log)
-    });
-    assert!(logged.contains("10.77.0.13:47899"), "{logged}");
-    eprintln!("logged: {logged}");
-    // A stranger's status query about a job the switch does not have: answered with a
-    // refusal, and its sender logged as a drop's (before, only counted).
-    std::thread::scope(|t| {
-        t.spawn(|| {
-            xagg_linux::iface::enter_netns(&ns).unwrap();
-            let h = xagg_common::wire::Header::builder(xagg_common::wire::Kind::StatusQuery)
-                .job(77)
-                .member(0)
-                .count(4)
-                .build();
-            let mut d = [0u8; xagg_common::wire::HEADER_LEN + 16];
-            let n = xagg_common::wire::finish(&h, 16, &mut d).unwrap();
-            let s = std::net::UdpSocket::bind((xagg_lab::lab::worker_ip(2), 47898)).unwrap();
-            s.send_to(&d[..n], (SWITCH_IP, 47800)).unwrap();
-        })
-        .join()
-        .unwrap();
-    });
-    let logged = eventually(
-        "the stranger's query logged",
-        Duration::from_secs(5),
-        || {
+    let stranger = |kind: xagg_common::wire::Kind, job: u32, port: u16, reason: &str| {
+        std::thread::scope(|t| {
+            t.spawn(|| {
+                xagg_linux::iface::enter_netns(&ns).unwrap();
+                let h = xagg_common::wire::Header::builder(kind)
+                    .job(job)
+                    .member(0)
+                    .count(4)
+                    .build();
+                let mut d = [0u8; xagg_common::wire::HEADER_LEN + 16];
+                let n = xagg_common::wire::finish(&h, 16, &mut d).unwrap();
+                let s = std::net::UdpSocket::bind((xagg_lab::lab::worker_ip(2), port)).unwrap();
+                s.send_to(&d[..n], (SWITCH_IP, 47800)).unwrap();
+            })
+            .join()
+            .unwrap();
+        });
+        let logged = eventually(reason, Duration::from_secs(5), || {
             let log = std::fs::read_to_string(&sw.log).unwrap_or_default();
             log.lines()
-                .find(|l| l.contains("drop_unknown_job"))
+                .find(|l| l.contains(reason))
                 .map(str::to_string)
                 .ok_or(log)
-        },
+        });
+        assert!(logged.contains(&format!("10.77.0.13:{port}")), "{logged}");
+        eprintln!("logged: {logged}");
+    };
+    // A contribution: dropped, counted switch-wide, and its sender logged.
+    stranger(
+        xagg_common::wire::Kind::Contribution,
+        6,
+        47899,
+        "drop_not_member",
     );
-    assert!(logged.contains("10.77.0.13:47898"), "{logged}");
+    // A status query about a job the switch does not have: answered with a refusal, and
+    // its sender logged as a drop's (before, only counted).
+    stranger(
+        xagg_common::wire::Kind::StatusQuery,
+        77,
+        47898,
+        "drop_unknown_job",
+    );
 
     assert!(screen.contains("xagg top"), "{screen}");
     let row = screen

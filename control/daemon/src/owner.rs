@@ -163,9 +163,7 @@ impl Owner {
         }
         Ok(owner)
     }
-}
 
-impl Owner {
     /// The daemon started: the state directory it made stays when it stops.
     pub fn started(&mut self) {
         self.made_to_keep.clear();

@@ -59,30 +59,18 @@ pub fn of(t: Datatype) -> Result<Layout, &'static str> {
     }
     let element = element_of(t, 0).ok_or(NOT_SERVED)?;
     let dtype = h.dtype(element).expect("an element type the switch takes");
-    let p = pmpi();
-    let (mut size, mut lb, mut extent, mut true_lb, mut true_extent) = (0, 0, 0, 0, 0);
-    // Safety: a datatype handle the program passed.
-    unsafe {
-        (p.type_size)(t, &mut size);
-        (p.type_get_extent)(t, &mut lb, &mut extent);
-        (p.type_get_true_extent)(t, &mut true_lb, &mut true_extent);
-    }
+    let (size, dense) = extent(t);
     let one = dtype.size() as c_int;
     if size % one != 0 {
         return Err(NOT_SERVED);
     }
-    let bytes = size as isize;
     Ok(Layout {
         element,
         dtype,
         per: size / one,
         // No gaps is not enough: an indexed type may hold its elements back to back in
         // another order. Only constructors that keep them in order are used in place.
-        contiguous: lb == 0
-            && true_lb == 0
-            && extent == bytes
-            && true_extent == bytes
-            && in_order(t, 0),
+        contiguous: dense && in_order(t, 0),
     })
 }
 
@@ -98,69 +86,26 @@ fn in_order(t: Datatype, depth: usize) -> bool {
     if depth >= MAX_DEPTH {
         return false;
     }
-    let p = pmpi();
-    let (mut ni, mut na, mut nd, mut combiner) = (0, 0, 0, 0);
-    // Safety: a datatype handle, the program's or one its construction names.
-    unsafe { (p.type_get_envelope)(t, &mut ni, &mut na, &mut nd, &mut combiner) };
-    if ![COMBINER_DUP, COMBINER_CONTIGUOUS, COMBINER_RESIZED].contains(&combiner) || nd != 1 {
+    let Some((combiner, _, types)) = constructor(t) else {
         return false;
-    }
-    let mut ints = vec![0 as c_int; ni.max(0) as usize];
-    let mut addrs = vec![0isize; na.max(0) as usize];
-    let mut inner: Datatype = std::ptr::null_mut();
-    // Safety: arrays of the sizes the envelope gave.
-    let rc = unsafe {
-        (p.type_get_contents)(
-            t,
-            ni,
-            na,
-            1,
-            ints.as_mut_ptr(),
-            addrs.as_mut_ptr(),
-            &mut inner,
-        )
     };
-    if rc != SUCCESS {
-        return false;
-    }
-    let ordered = in_order(inner, depth + 1) && (combiner != COMBINER_CONTIGUOUS || dense(inner));
-    free_if_derived(inner);
+    let ordered = [COMBINER_DUP, COMBINER_CONTIGUOUS, COMBINER_RESIZED].contains(&combiner)
+        && types.len() == 1
+        && in_order(types[0], depth + 1)
+        && (combiner != COMBINER_CONTIGUOUS || extent(types[0]).1);
+    types.into_iter().for_each(free_if_derived);
     ordered
 }
 
-/// Whether items of `t` repeated lie back to back with no gaps.
-fn dense(t: Datatype) -> bool {
-    let p = pmpi();
-    let (mut size, mut lb, mut extent, mut true_lb, mut true_extent) = (0, 0, 0, 0, 0);
-    // Safety: a datatype handle.
-    unsafe {
-        (p.type_size)(t, &mut size);
-        (p.type_get_extent)(t, &mut lb, &mut extent);
-        (p.type_get_true_extent)(t, &mut true_lb, &mut true_extent);
-    }
-    let bytes = size as isize;
-    lb == 0 && true_lb == 0 && extent == bytes && true_extent == bytes
-}
-
-/// The one predefined type, one the switch takes, that every element of `t` is; none
-/// if its elements are of several types or of one it does not take.
-fn element_of(t: Datatype, depth: usize) -> Option<Datatype> {
-    let h = handles();
-    if h.dtype(t).is_some() {
-        return Some(t);
-    }
-    if let Some(one) = h.pair(t) {
-        return Some(one);
-    }
-    if depth >= MAX_DEPTH {
-        return None;
-    }
+/// How `t` was built: its combiner, its integer arguments and the datatypes it names (to
+/// be freed with [`free_if_derived`]); none for a predefined type, or one built of no
+/// datatype.
+fn constructor(t: Datatype) -> Option<(c_int, Vec<c_int>, Vec<Datatype>)> {
     let p = pmpi();
     let (mut ni, mut na, mut nd, mut combiner) = (0, 0, 0, 0);
     // Safety: a datatype handle, the program's or one its construction names.
     unsafe { (p.type_get_envelope)(t, &mut ni, &mut na, &mut nd, &mut combiner) };
     if combiner == COMBINER_NAMED || nd <= 0 {
-        // A predefined type the switch does not take (or one built of no datatype).
         return None;
     }
     let mut ints = vec![0 as c_int; ni.max(0) as usize];
@@ -178,9 +123,39 @@ fn element_of(t: Datatype, depth: usize) -> Option<Datatype> {
             types.as_mut_ptr(),
         )
     };
-    if rc != SUCCESS {
+    (rc == SUCCESS).then_some((combiner, ints, types))
+}
+
+/// `t`'s size in bytes, and whether items of it repeated lie back to back with no gaps.
+fn extent(t: Datatype) -> (c_int, bool) {
+    let p = pmpi();
+    let (mut size, mut lb, mut extent, mut true_lb, mut true_extent) = (0, 0, 0, 0, 0);
+    // Safety: a datatype handle.
+    unsafe {
+        (p.type_size)(t, &mut size);
+        (p.type_get_extent)(t, &mut lb, &mut extent);
+        (p.type_get_true_extent)(t, &mut true_lb, &mut true_extent);
+    }
+    let bytes = size as isize;
+    let dense = lb == 0 && true_lb == 0 && extent == bytes && true_extent == bytes;
+    (size, dense)
+}
+
+/// The one predefined type, one the switch takes, that every element of `t` is; none
+/// if its elements are of several types or of one it does not take.
+fn element_of(t: Datatype, depth: usize) -> Option<Datatype> {
+    let h = handles();
+    if h.dtype(t).is_some() {
+        return Some(t);
+    }
+    if let Some(one) = h.pair(t) {
+        return Some(one);
+    }
+    if depth >= MAX_DEPTH {
         return None;
     }
+    // A predefined type the switch does not take, or one built of no datatype: none.
+    let (combiner, ints, types) = constructor(t)?;
     // A struct's blocks of no elements add nothing to its signature.
     let used = |i: usize| !COMBINER_STRUCT.contains(&combiner) || ints.get(1 + i) != Some(&0);
     let mut found: Option<(Datatype, DType)> = None;
@@ -308,8 +283,8 @@ pub struct Normal {
 
 /// What a collective's ranks pass: its kind, buffers and counts as [`crate::call::Args`]
 /// says (`count` the block's for a reduce-scatter and an all-gather), the send side's
-/// own count and datatype where it has them (an all-gather's), the root, this rank and
-/// the communicator's size.
+/// own count and datatype where it has them (an all-gather's), the root and the
+/// communicator.
 pub struct Given {
     pub kind: crate::call::Kind,
     pub send: *const c_void,
@@ -319,8 +294,6 @@ pub struct Given {
     pub send_side: Option<(c_int, Datatype)>,
     pub counts: Option<Vec<c_int>>,
     pub root: c_int,
-    pub rank: c_int,
-    pub size: c_int,
     pub comm: Comm,
 }
 
@@ -370,18 +343,24 @@ pub fn normalize(g: Given) -> Result<Normal, &'static str> {
     if recv_layout.contiguous && !pack_send {
         return Ok(normal);
     }
-    let n = g.size.max(0);
+    // Only a packed call needs this rank and the communicator's size.
+    let (mut rank, mut n) = (0, 0);
+    // Safety: the program's communicator.
+    unsafe {
+        (pmpi().comm_rank)(g.comm, &mut rank);
+        (pmpi().comm_size)(g.comm, &mut n);
+    }
     let total = match &g.counts {
         Some(c) => c.iter().sum::<c_int>(),
         None => g.count * n,
     };
     let own = match &g.counts {
-        Some(c) => c.get(g.rank as usize).copied().unwrap_or(0),
+        Some(c) => c.get(rank as usize).copied().unwrap_or(0),
         None => g.count,
     };
     // Items of the receive datatype: kept in place, and this rank's result (none where
     // it gets none).
-    let at_root = g.rank == g.root;
+    let at_root = rank == g.root;
     let (in_place_items, out_items) = match g.kind {
         Kind::Allreduce => (g.count, Some(g.count)),
         Kind::ReduceScatter => (total, Some(own)),

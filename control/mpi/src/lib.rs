@@ -180,6 +180,18 @@ fn comm_state(slot: &mut Option<CommState>, comm: Comm) -> &mut CommState {
     })
 }
 
+/// The communicator's job, or `None` with the call passed to Open MPI saying why.
+fn switch_job<'a>(c: &'a mut CommState, entry: &'static str) -> Option<&'a mut comm::Job> {
+    match &mut c.path {
+        Path::Switch(job) => Some(job),
+        Path::Pmpi(why) => {
+            let why = format!("the communicator is served by Open MPI: {why}");
+            with_state(|st| pass(st, entry, &why));
+            None
+        }
+    }
+}
+
 /// Takes the communicator's calls as far as they go; with `until`, blocks until that call
 /// is done (holding only this communicator's lock). Completed calls are counted and their
 /// generalized requests completed.
@@ -308,17 +320,17 @@ fn allreduce(
     } else {
         entry::current()
     };
-    let normal = match layout::normalize(given(
-        Kind::Allreduce,
+    let normal = match layout::normalize(layout::Given {
+        kind: Kind::Allreduce,
         send,
         recv,
         count,
         datatype,
-        None,
-        None,
-        0,
+        send_side: None,
+        counts: None,
+        root: 0,
         comm,
-    )) {
+    }) {
         Ok(n) => n,
         Err(why) => {
             with_state(|st| pass(st, entry, why));
@@ -338,14 +350,7 @@ fn allreduce(
     let mut guard = lock(&slot);
     let c = comm_state(&mut guard, comm);
     let rank = c.rank;
-    let job = match &mut c.path {
-        Path::Switch(job) => job,
-        Path::Pmpi(why) => {
-            let why = format!("the communicator is served by Open MPI: {why}");
-            with_state(|st| pass(st, entry, &why));
-            return None;
-        }
-    };
+    let job = switch_job(c, entry)?;
     if !job.float_sums && matches!(dtype, DType::F32 | DType::F64) && wire_op == Op::Sum {
         with_state(|st| {
             pass(
@@ -419,9 +424,17 @@ fn collective(
     let entry = entry::current();
     let moves = matches!(kind, Kind::Allgather | Kind::Bcast);
     let op = if moves { handles().op_sum } else { op };
-    let normal = match layout::normalize(given(
-        kind, send, recv, count, datatype, send_side, counts, root, comm,
-    )) {
+    let normal = match layout::normalize(layout::Given {
+        kind,
+        send,
+        recv,
+        count,
+        datatype,
+        send_side,
+        counts,
+        root,
+        comm,
+    }) {
         Ok(n) => n,
         Err(why) => {
             with_state(|st| pass(st, entry, why));
@@ -447,14 +460,7 @@ fn collective(
     let mut guard = lock(&slot);
     let c = comm_state(&mut guard, comm);
     let rank = c.rank;
-    let job = match &mut c.path {
-        Path::Switch(job) => job,
-        Path::Pmpi(why) => {
-            let why = format!("the communicator is served by Open MPI: {why}");
-            with_state(|st| pass(st, entry, &why));
-            return None;
-        }
-    };
+    let job = switch_job(c, entry)?;
     if matches!(kind, Kind::Bcast | Kind::Reduce) && !(0..job.size).contains(&root) {
         // Open MPI says what is wrong with it.
         with_state(|st| pass(st, entry, "a root that is not a rank"));
@@ -525,41 +531,6 @@ fn collective(
         }
     }
     Some(SUCCESS)
-}
-
-/// A call's arguments for [`layout::normalize`], with this rank and the communicator's
-/// size as Open MPI has them.
-#[allow(clippy::too_many_arguments)]
-fn given(
-    kind: Kind,
-    send: *const c_void,
-    recv: *mut c_void,
-    count: c_int,
-    datatype: Datatype,
-    send_side: Option<(c_int, Datatype)>,
-    counts: Option<Vec<c_int>>,
-    root: c_int,
-    comm: Comm,
-) -> layout::Given {
-    let (mut rank, mut size) = (0, 0);
-    // Safety: the program's communicator.
-    unsafe {
-        (pmpi().comm_rank)(comm, &mut rank);
-        (pmpi().comm_size)(comm, &mut size);
-    }
-    layout::Given {
-        kind,
-        send,
-        recv,
-        count,
-        datatype,
-        send_side,
-        counts,
-        root,
-        rank,
-        size,
-        comm,
-    }
 }
 
 unsafe extern "C" fn query(_extra: *mut c_void, status: *mut Status) -> c_int {
