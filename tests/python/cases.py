@@ -9,7 +9,9 @@ then:
   (each of many segments: rank 0 finishes each from its peers);
 - `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size); then a
   reduce_scatter_tensor, an all_gather_into_tensor and a reduce to rank 1;
-- `callback`: a future's callback that makes (and waits for) another all_reduce;
+- `callback`: a future's callback that makes (and waits for) another all_reduce; then
+  calls waited for at once, behind three in flight and with none in flight (finished on
+  the caller's thread: counted);
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
 - `unwaited`: a last all_reduce, async and never waited for, that fails on every rank
   (rank 0 starts it 6 s late, past the test's XAGG_TIMEOUT_S of 2: the others give up on
@@ -117,6 +119,28 @@ elif case == "callback":
         return torch.equal(f.value()[0], expected(1024, 5)) and torch.equal(y, expected(1024, 6))
 
     ok = ok and dist.all_reduce(x, async_op=True).get_future().then(then).wait()
+    # Calls waited for at once are finished on the caller's thread when none is in flight,
+    # and behind the calls in flight otherwise, in the calls' order.
+    engine = dist.distributed_c10d._get_default_group()._engine
+    here = engine.finished_here
+    xs = [ints(1 << 16, k) for k in range(3)]
+    works = [dist.all_reduce(a, async_op=True) for a in xs]
+    y = ints(1024, 9)
+    dist.all_reduce(y)
+    ok = ok and all(w.is_completed() for w in works) and engine.finished_here == here
+    ok = ok and torch.equal(y, expected(1024, 9)) and all(torch.equal(a, expected(1 << 16, k)) for k, a in enumerate(xs))
+    for k in range(4):
+        z = ints(1024, k)
+        dist.all_reduce(z)
+        ok = ok and torch.equal(z, expected(1024, k))
+    parts = [torch.empty(256, dtype=torch.int32) for _ in range(size)]
+    dist.all_gather(parts, torch.arange(256, dtype=torch.int32) * (rank + 1))
+    ok = ok and all(torch.equal(p, torch.arange(256, dtype=torch.int32) * (r + 1)) for r, p in enumerate(parts))
+    b = ints(512, 3) if rank == 1 else torch.zeros(512, dtype=torch.int32)
+    dist.broadcast(b, src=1)
+    ok = ok and torch.equal(b, torch.arange(512, dtype=torch.int32) + 4)
+    # Exactly those six on the caller's thread.
+    ok = ok and engine.finished_here == here + 6
 elif case == "powersgd":
     from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as powerSGD
 

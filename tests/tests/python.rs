@@ -495,18 +495,23 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     // A future's callback that makes and waits for another all_reduce, and PowerSGD's DDP
     // hook, whose callbacks do: each hung while futures completed on the thread that waits
     // for the switch (cases.py ends a hung run after 120 s).
+    // Then calls waited for at once behind three in flight, and with none in flight
+    // (those on the caller's thread, which the case counts).
     let all = ranks_ok(&run(29514, &["callback"], &e));
     ok(&all, "callback");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
-        [2, 0, 0, 0, 0, 0],
+        [7, 0, 0, 0, 0, 0],
         "{all}"
     );
     assert_eq!(
         entry_counts(&all, "all_reduce async"),
-        [1, 0, 0, 0, 0, 0],
+        [4, 0, 0, 0, 0, 0],
         "{all}"
     );
+    for entry in ["all_gather", "broadcast"] {
+        assert_eq!(entry_counts(&all, entry), [1, 0, 0, 0, 0, 0], "{all}");
+    }
     // Two plain steps (a bucket each), then two of PowerSGD (three allreduces each).
     let all = ranks_ok(&run(29515, &["powersgd"], &e));
     ok(&all, "powersgd");

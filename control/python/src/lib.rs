@@ -33,7 +33,6 @@ fn error(e: AllreduceError) -> PyErr {
 /// The wire type of a NumPy dtype, or a clear refusal.
 fn dtype_of(array: &Bound<'_, PyUntypedArray>) -> PyResult<DType> {
     let d = array.dtype();
-    let name = d.str()?.to_string();
     // Little-endian (or native, on the little-endian hosts this runs on) only.
     let native = matches!(d.byteorder(), b'=' | b'<' | b'|');
     Ok(match (native, d.kind(), d.itemsize()) {
@@ -44,9 +43,11 @@ fn dtype_of(array: &Bound<'_, PyUntypedArray>) -> PyResult<DType> {
         (true, b'f', 4) => DType::F32,
         (true, b'f', 8) => DType::F64,
         _ => {
+            // Named only here: asking NumPy for the name costs as much as the rest of a call.
+            let name = d.str()?.to_string();
             return Err(PyTypeError::new_err(format!(
                 "arrays of dtype {name} are not reduced by the switch: use int32, uint32, int64, float16, float32 or float64 (little-endian)"
-            )))
+            )));
         }
     })
 }

@@ -19,7 +19,10 @@ to an inner Gloo group made from the same store.
 Each allreduce returns at once; a completion thread waits for the switch (the GIL released)
 and hands the result to the future: nothing is asked of Gloo. Futures are completed, and
 their callbacks run, on threads of their own (a pool that grows while callbacks block), so
-a callback may start and wait for another allreduce, as PowerSGD's DDP hook does. If the switch stops
+a callback may start and wait for another allreduce, as PowerSGD's DDP hook does. A call
+its caller waits for at once (torch.distributed's functions without ``async_op``) made
+while no other is in flight is finished on the caller's thread instead: the two hand-offs
+between threads took most of a small call's time. If the switch stops
 answering, the result is taken from the ranks that hold it (every rank runs a small
 responder); what no rank holds is found so by every rank for the same call, and Gloo makes
 that allreduce, and every later one, from the kept input on every rank (through a private
@@ -59,39 +62,48 @@ SWITCH, RECOVERED, ROUTED, FLAGGED, FALLBACK, PASSED = range(6)
 _OTHERS = ("reduce_scatter", "reduce_scatter_tensor", "all_gather", "all_gather_into_tensor", "broadcast", "reduce")
 
 
-def _entry():
-    """The program's entry point of an allreduce reaching the backend: `all_reduce` or
-    `all_reduce async` (torch.distributed's, with async_op), else DDP's reducer (its
-    buckets, from C++) or another caller of the process group."""
+def _caller():
+    """The torch.distributed function a call reached the backend from (None: another
+    caller, such as DDP's reducer, from C++), and whether that function waits for the call
+    at once (called without async_op, it waits as soon as the backend returns the call):
+    asked by the backend's methods, the caller two frames up."""
     f = sys._getframe(2)
-    while f is not None:
-        if f.f_code.co_name == "all_reduce" and f.f_code.co_filename.endswith("distributed_c10d.py"):
-            return "all_reduce async" if f.f_locals.get("async_op") else "all_reduce"
-        if f.f_code.co_filename.endswith("distributed_c10d.py"):
-            f = f.f_back
-            continue
-        break
-    return "DDP bucket (ProcessGroup.allreduce)"
+    while f is not None and f.f_code.co_filename.endswith("distributed_c10d.py"):
+        if "async_op" in f.f_code.co_varnames:
+            return f.f_code.co_name, f.f_locals.get("async_op") is False
+        f = f.f_back
+    return None, False
+
+
+def _allreduce_entry(caller, at_once):
+    """The program's entry point of an allreduce: `all_reduce` or `all_reduce async`
+    (torch.distributed's, with async_op), else DDP's reducer (its buckets, from C++) or
+    another caller of the process group."""
+    if caller != "all_reduce":
+        return "DDP bucket (ProcessGroup.allreduce)"
+    return "all_reduce" if at_once else "all_reduce async"
+
+
+# The switch's op of each ReduceOp (by its enum: comparing ReduceOp objects is slow).
+_OP_NAMES = {
+    ReduceOp.RedOpType.SUM: "sum",
+    ReduceOp.RedOpType.MIN: "min",
+    ReduceOp.RedOpType.MAX: "max",
+    ReduceOp.RedOpType.AVG: "avg",
+    ReduceOp.RedOpType.PRODUCT: "prod",
+    ReduceOp.RedOpType.BAND: "and",
+    ReduceOp.RedOpType.BOR: "or",
+    ReduceOp.RedOpType.BXOR: "xor",
+}
 
 
 def _op_name(op, dtype):
-    """The switch's op for a ReduceOp over a dtype, or None when it does not take it."""
-    names = {
-        ReduceOp.SUM: "sum",
-        ReduceOp.MIN: "min",
-        ReduceOp.MAX: "max",
-        ReduceOp.AVG: "avg",
-        ReduceOp.PRODUCT: "prod",
-        ReduceOp.BAND: "and",
-        ReduceOp.BOR: "or",
-        ReduceOp.BXOR: "xor",
-    }
-    for k, v in names.items():
-        if op == k:
-            if dtype in _FLOATS and v not in ("sum", "min", "max", "avg"):
-                return None
-            return v
-    return None
+    """The switch's op for a ReduceOp (or its enum) over a dtype, or None when it does not
+    take it."""
+    v = _OP_NAMES.get(getattr(op, "op", op))
+    if v is None or (dtype in _FLOATS and v not in ("sum", "min", "max", "avg")):
+        return None
+    return v
 
 
 # What Gloo 1.13 refuses to reduce or move ("Invalid scalar type"), and the type it is
@@ -214,6 +226,13 @@ class _Engine:
         self.said = set()
         self.table_lock = threading.Lock()
         self.pending = set()
+        # Held while a call is started: calls reach the switch and the completions in one
+        # order. `turn`: held by whoever finishes a call (the completion thread, or the
+        # caller of a call it waits for at once), so calls finish in that order too.
+        self.order = threading.Lock()
+        self.turn = threading.Lock()
+        # Calls finished on their caller's thread (`_start`).
+        self.finished_here = 0
         # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
         # theirs): fresh memory would cost a page fault per 4 KiB on every call.
         self.spares = {}
@@ -369,9 +388,10 @@ class _Engine:
             self.error_raised = True
             raise XaggError(f"the xagg backend failed earlier: {self.error}")
 
-    def allreduce(self, tensor, op, target=None, entry="hook"):
+    def allreduce(self, tensor, op, target=None, entry="hook", at_once=False):
         """Starts an allreduce of `tensor` in place (then copied into `target`, if given),
-        made through the program's `entry`; returns (future, work)."""
+        made through the program's `entry`; returns (future, work). `at_once`: the caller
+        waits for it as soon as it is returned (`_start`)."""
         self.check()
         fut = torch.futures.Future()
         with self.spares_lock:
@@ -379,6 +399,13 @@ class _Engine:
         if saved is None:
             saved = torch.empty_like(tensor)
         saved.copy_(tensor)
+        with self.order:
+            work = _Work(fut, self)
+            self._start(work, (self._submit(tensor, op), tensor, saved, op, fut, work, target, entry), at_once)
+        return fut, work
+
+    def _submit(self, tensor, op):
+        """The switch's request of an allreduce of `tensor` (None once the switch failed)."""
         req = None
         if self.failed is None:
             try:
@@ -393,19 +420,49 @@ class _Engine:
                 if self.failed is None:
                     self.failed = why
                     self.job.leave_soon()
-        work = _Work(fut, self)
-        self.pending.add(work)
-        self.queue.put((req, tensor, saved, op, fut, work, target, entry))
-        return fut, work
+        return req
 
-    def collective(self, kind, output, input, op, root, fallback, finish, entry):
+    def _start(self, work, item, at_once):
+        """Hands a started call (`item`; under `order`) to the completion thread — or, when
+        its caller waits for it at once and no call is in flight, to its caller's wait
+        (`_Work.wait`), which finishes it on the caller's thread: no hand-off to the
+        completion thread and back, which took most of a small call's time."""
+        if at_once and not self.pending:
+            # The completion thread may still be leaving the last call it finished.
+            self.turn.acquire()
+            self.finished_here += 1
+            work.keep(item)
+        else:
+            self.queue.put(item)
+        self.pending.add(work)
+
+    def finish_here(self, item):
+        """Finishes a call its caller waits for (`_start`), on the caller's thread."""
+        try:
+            if item[0] is _COLLECTIVE:
+                self._run_collective(item, here=True)
+            else:
+                self._run_allreduce(item, here=True)
+        finally:
+            self.turn.release()
+
+    def collective(self, kind, output, input, op, root, fallback, finish, entry, at_once=False):
         """Starts `kind` (a collective other than allreduce) through the switch, its result
         in the contiguous CPU tensor `output` (from `input`, where it differs); once done,
         `finish()` hands the result to the caller's tensors. Made by Gloo instead
         (`fallback()`, on every rank, in the calls' order) when the switch failed at this
-        call or an earlier one, or flagged its result. Returns (future, work)."""
+        call or an earlier one, or flagged its result. Returns (future, work); `at_once` as
+        for `allreduce`."""
         self.check()
         fut = torch.futures.Future()
+        with self.order:
+            work = _Work(fut, self)
+            req = self._submit_collective(kind, output, input, op, root)
+            self._start(work, (_COLLECTIVE, req, fallback, finish, fut, work, entry), at_once)
+        return fut, work
+
+    def _submit_collective(self, kind, output, input, op, root):
+        """The switch's request of a collective (None once the switch failed)."""
         req = None
         if self.failed is None:
             try:
@@ -422,12 +479,17 @@ class _Engine:
                 if self.failed is None:
                     self.failed = str(e)
                     self.job.leave_soon()
-        work = _Work(fut, self)
-        self.pending.add(work)
-        self.queue.put((_COLLECTIVE, req, fallback, finish, fut, work, entry))
-        return fut, work
+        return req
 
-    def _run_collective(self, item):
+    def _complete(self, fut, failure, result, here):
+        """Completes a call's future: on a delivery thread, where its callbacks run, unless
+        `here` (a call its caller waits for, which has no callbacks)."""
+        if here:
+            _complete(fut, failure, result)
+        else:
+            self.deliver.submit(_complete, fut, failure, result)
+
+    def _run_collective(self, item, here=False):
         _, req, fallback, finish, fut, work, entry = item
         failure = None
         try:
@@ -460,7 +522,7 @@ class _Engine:
             self.error = f"{type(e).__name__}: {e}"
             failure, result = e, None
         finally:
-            self.deliver.submit(_complete, fut, failure, result)
+            self._complete(fut, failure, result, here)
             self.pending.discard(work)
 
     def _run(self):
@@ -468,60 +530,65 @@ class _Engine:
             item = self.queue.get()
             if item is None:
                 return
-            if item[0] is _COLLECTIVE:
-                self._run_collective(item)
-                continue
-            req, tensor, saved, op, fut, work, target, entry = item
-            failure = None
-            try:
-                kind, why = None, None
-                if req is not None:
-                    if self.failed is not None:
-                        # Made by Gloo anyway: no need to wait for the switch.
-                        req.cancel()
-                    try:
-                        req.wait()
-                    except XaggError:
-                        kind, why = req.status()
-                if kind in ("timeout", "failed") and self.failed is None:
-                    # Slow ranks past the group's timeout, or peers that could not be
-                    # reached: this call fails, saying why (no rank moves on alone).
-                    raise XaggError(why)
-                if kind == "abandoned" and self.failed is None:
-                    self.failed = why
-                    # Its slots are of no use to this group any more.
-                    self.job.leave_soon()
-                    if self.rank == 0 or _verbose():
-                        _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
-                if self.failed is None and kind is None:
-                    self.served += 1
-                    if req.recovered:
-                        self.recovered += 1
-                    self.count(entry, RECOVERED if req.recovered else SWITCH)
+            with self.turn:
+                if item[0] is _COLLECTIVE:
+                    self._run_collective(item)
                 else:
-                    # Every rank makes this call with Gloo, from the kept input: the
-                    # switch's result is flagged in every copy (NaN or infinity), or the
-                    # switch failed at this call or an earlier one (every rank finds it at
-                    # the same call; later requests are cancelled or ignored).
-                    tensor.copy_(saved)
-                    _gloo_allreduce(self.private, tensor, op, self.size)
-                    if self.failed is None:
-                        self.flagged += 1
-                        self.count(entry, FLAGGED)
-                    else:
-                        self.gloo_made(entry, allreduce=True)
-            except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
-                self.error = f"{type(e).__name__}: {e}"
-                failure = e
-            finally:
-                with self.spares_lock:
-                    if len(self.spares) < 16:
-                        self.spares[(saved.shape, saved.dtype)] = saved
-                if target is not None:
-                    target.copy_(tensor)
-                    tensor = target
-                self.deliver.submit(_complete, fut, failure, tensor)
-                self.pending.discard(work)
+                    self._run_allreduce(item)
+
+    def _run_allreduce(self, item, here=False):
+        """Finishes an allreduce: the switch's result, or Gloo's from the kept input."""
+        req, tensor, saved, op, fut, work, target, entry = item
+        failure = None
+        try:
+            kind, why = None, None
+            if req is not None:
+                if self.failed is not None:
+                    # Made by Gloo anyway: no need to wait for the switch.
+                    req.cancel()
+                try:
+                    req.wait()
+                except XaggError:
+                    kind, why = req.status()
+            if kind in ("timeout", "failed") and self.failed is None:
+                # Slow ranks past the group's timeout, or peers that could not be
+                # reached: this call fails, saying why (no rank moves on alone).
+                raise XaggError(why)
+            if kind == "abandoned" and self.failed is None:
+                self.failed = why
+                # Its slots are of no use to this group any more.
+                self.job.leave_soon()
+                if self.rank == 0 or _verbose():
+                    _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
+            if self.failed is None and kind is None:
+                self.served += 1
+                if req.recovered:
+                    self.recovered += 1
+                self.count(entry, RECOVERED if req.recovered else SWITCH)
+            else:
+                # Every rank makes this call with Gloo, from the kept input: the
+                # switch's result is flagged in every copy (NaN or infinity), or the
+                # switch failed at this call or an earlier one (every rank finds it at
+                # the same call; later requests are cancelled or ignored).
+                tensor.copy_(saved)
+                _gloo_allreduce(self.private, tensor, op, self.size)
+                if self.failed is None:
+                    self.flagged += 1
+                    self.count(entry, FLAGGED)
+                else:
+                    self.gloo_made(entry, allreduce=True)
+        except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
+            self.error = f"{type(e).__name__}: {e}"
+            failure = e
+        finally:
+            with self.spares_lock:
+                if len(self.spares) < 16:
+                    self.spares[(saved.shape, saved.dtype)] = saved
+            if target is not None:
+                target.copy_(tensor)
+                tensor = target
+            self._complete(fut, failure, tensor, here)
+            self.pending.discard(work)
 
     def close(self):
         """Stops the completion thread (after the calls in flight) and leaves the job; once
@@ -581,27 +648,36 @@ def _complete(fut, failure, tensor):
         fut.set_result(tensor if isinstance(tensor, list) else [tensor])
 
 
-def _for_caller(work, entry):
+def _for_caller(work, entry, at_once=False):
     """`work` as the caller can keep it. torch.distributed's functions hand the Python
-    object to the program, which holds it. Other callers are C++ (DDP's reducer): they keep
+    object to the program, which holds it (or wait for it at once, `at_once`). Other callers are C++ (DDP's reducer): they keep
     only the C++ half of a Python subclass of Work, whose Python methods are gone once the
     Python object is collected — a later `wait` from C++ (the reducer's, for the map of
     used parameters with `static_graph`) then waits on a completion the base class never
     sees, forever. Those get a C++ work that waits on the same future."""
-    if entry in ("all_reduce", "all_reduce async"):
+    if at_once or entry in ("all_reduce", "all_reduce async"):
         return work
     return _create_work_from_future(work.get_future())
 
 
 class _Work(dist.Work):
-    """An allreduce in flight: its future completes from the completion thread."""
+    """A call in flight: its future completes from the completion thread, or from this
+    `wait` when its caller waits for it at once (`_Engine._start`)."""
 
     def __init__(self, fut, engine):
         super().__init__()
         self._fut = fut
         self._engine = engine
+        self._kept = None
+
+    def keep(self, item):
+        """Keeps the call for this work's `wait` to finish (the engine's turn held)."""
+        self._kept = item
 
     def wait(self, timeout=None):
+        if self._kept is not None:
+            item, self._kept = self._kept, None
+            self._engine.finish_here(item)
         try:
             self._fut.wait()
         except BaseException:
@@ -649,7 +725,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
             o.reduceOp = opts
             opts = o
         t = tensors[0] if len(tensors) == 1 else None
-        entry = _entry()
+        caller, at_once = _caller()
+        entry = _allreduce_entry(caller, at_once)
         why = _unserved(tensors, opts.reduceOp)
         if why is not None:
             # Decided by the call alone, the same on every rank.
@@ -666,14 +743,14 @@ class ProcessGroupXagg(dist.ProcessGroup):
             return self._by_gloo(tensors, opts, entry)
         if t.device.type != "cpu":
             # Through host memory: a CPU copy reduced, the result copied back.
-            _, work = self._engine.allreduce(t.cpu().contiguous(), opts.reduceOp, target=t, entry=entry)
+            _, work = self._engine.allreduce(t.cpu().contiguous(), opts.reduceOp, target=t, entry=entry, at_once=at_once)
             return _for_caller(work, entry)
         if not t.is_contiguous():
             # A strided view: reduced as a contiguous copy, copied back (Gloo 1.13 would
             # reduce the view's storage as if it were contiguous: wrong results).
-            _, work = self._engine.allreduce(t.contiguous(), opts.reduceOp, target=t, entry=entry)
+            _, work = self._engine.allreduce(t.contiguous(), opts.reduceOp, target=t, entry=entry, at_once=at_once)
             return _for_caller(work, entry)
-        _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry)
+        _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry, at_once=at_once)
         return _for_caller(work, entry)
 
     def _served(self, tensors, moved=None):
@@ -700,6 +777,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         """Reduce-scatter through the switch: each rank sends its n blocks and gets its own
         block reduced (Gloo 1.13 has none: a fallback is an allreduce, then the block)."""
         self._engine.check()
+        _, at_once = _caller()
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         out, ins = output_tensors[0], input_tensors[0]
         why = None
@@ -719,12 +797,13 @@ class ProcessGroupXagg(dist.ProcessGroup):
                 )
             why = self._reduces(op, [out, *ins])
         whole = torch.cat([t.reshape(-1) for t in ins])
-        return self._reduce_scatter(whole, out, op, "reduce_scatter", why)
+        return self._reduce_scatter(whole, out, op, "reduce_scatter", why, at_once)
 
     def _reduce_scatter_base(self, output, input, opts=None):
         """`reduce_scatter_tensor` (and `_reduce_scatter_base`): the n blocks flat in one
         input tensor, this rank's reduced block into `output`. Gloo 1.13 has none."""
         self._engine.check()
+        _, at_once = _caller()
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         if input.numel() != self.size() * output.numel() or input.dtype != output.dtype:
             # As torch's other backends answer it (a fallback would reduce the wrong elements).
@@ -734,7 +813,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
                 f"{output.numel()} x {output.dtype}"
             )
         why = self._reduces(op, [output, input])
-        return self._reduce_scatter(input.contiguous().reshape(-1), output, op, "reduce_scatter_tensor", why)
+        return self._reduce_scatter(input.contiguous().reshape(-1), output, op, "reduce_scatter_tensor", why, at_once)
 
     def _reduces(self, op, tensors):
         """Why the switch does not reduce `tensors` with `op` (None: it does)."""
@@ -744,9 +823,9 @@ class ProcessGroupXagg(dist.ProcessGroup):
             return f"{_op_label(op)} over {tensors[0].dtype} is not an op the switch makes"
         return self._served(tensors)
 
-    def _reduce_scatter(self, whole, out, op, entry, why):
+    def _reduce_scatter(self, whole, out, op, entry, why, at_once):
         """`whole` (flat, n blocks; left as it is) reduce-scattered into `out`, through the
-        switch unless `why`."""
+        switch unless `why`; `at_once`: its caller waits for it at once."""
         n = self.size()
         block = torch.empty(out.numel(), dtype=out.dtype)
 
@@ -762,13 +841,14 @@ class ProcessGroupXagg(dist.ProcessGroup):
 
         if why is not None:
             return self._passed(entry, why, fallback, finish)
-        _, work = self._engine.collective("reduce_scatter", block, whole, op, 0, fallback, finish, entry)
-        return _for_caller(work, entry)
+        _, work = self._engine.collective("reduce_scatter", block, whole, op, 0, fallback, finish, entry, at_once)
+        return _for_caller(work, entry, at_once)
 
     def allgather(self, output_tensors, input_tensors, opts=None):
         """All-gather through the switch: each rank sends its tensor once and gets every
         rank's."""
         self._engine.check()
+        _, at_once = _caller()
         entry = "all_gather"
         n = self.size()
         why, mine, outs = None, None, []
@@ -790,13 +870,14 @@ class ProcessGroupXagg(dist.ProcessGroup):
                 t.copy_(part.view(t.shape))
             return outs
 
-        return self._all_gather(mine, whole, finish, entry, why)
+        return self._all_gather(mine, whole, finish, entry, why, at_once)
 
     def _allgather_base(self, output, input, opts=None):
         """`all_gather_into_tensor` (and `_all_gather_base`): every rank's tensor, in rank
         order, into one output tensor. Gloo 1.13 has none: passed on, it is Gloo's list
         all-gather into the output's blocks."""
         self._engine.check()
+        _, at_once = _caller()
         entry = "all_gather_into_tensor"
         if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
             # As Gloo's own group answers this call: it raises.
@@ -810,11 +891,12 @@ class ProcessGroupXagg(dist.ProcessGroup):
                 output.copy_(whole.view(output.shape))
             return [output]
 
-        return self._all_gather(input, whole, finish, entry, why)
+        return self._all_gather(input, whole, finish, entry, why, at_once)
 
-    def _all_gather(self, mine, whole, finish, entry, why):
+    def _all_gather(self, mine, whole, finish, entry, why, at_once):
         """Every rank's `mine` into `whole` (flat, rank order), through the switch unless
-        `why` (then by Gloo's list all-gather, over the bytes of a type it refuses)."""
+        `why` (then by Gloo's list all-gather, over the bytes of a type it refuses);
+        `at_once`: its caller waits for it at once."""
         n = self.size()
         own = mine.contiguous().reshape(-1)
 
@@ -824,13 +906,14 @@ class ProcessGroupXagg(dist.ProcessGroup):
 
         if why is not None:
             return self._passed(entry, why, fallback, finish)
-        _, work = self._engine.collective("all_gather", whole, own, ReduceOp.SUM, 0, fallback, finish, entry)
-        return _for_caller(work, entry)
+        _, work = self._engine.collective("all_gather", whole, own, ReduceOp.SUM, 0, fallback, finish, entry, at_once)
+        return _for_caller(work, entry, at_once)
 
     def reduce(self, tensors, opts=None):
         """Reduce through the switch: every rank sends its tensor once, only the root gets
         the result (the others' tensors stay as they were)."""
         self._engine.check()
+        _, at_once = _caller()
         entry = "reduce"
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
@@ -866,12 +949,13 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None:
             return self._passed(entry, why, fallback, finish)
         given = buf if result is not buf else None
-        _, work = self._engine.collective("reduce", result, given, op, root, fallback, finish, entry)
-        return _for_caller(work, entry)
+        _, work = self._engine.collective("reduce", result, given, op, root, fallback, finish, entry, at_once)
+        return _for_caller(work, entry, at_once)
 
     def broadcast(self, tensors, opts=None):
         """Broadcast through the switch: the root sends its tensor once, the others get it."""
         self._engine.check()
+        _, at_once = _caller()
         entry = "broadcast"
         root = opts.rootRank if opts is not None else 0
         why = None
@@ -898,8 +982,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None:
             # A type Gloo 1.13 refuses: its bytes broadcast.
             return self._passed(entry, why, fallback, finish)
-        _, work = self._engine.collective("broadcast", buf, None, ReduceOp.SUM, root, fallback, finish, entry)
-        return _for_caller(work, entry)
+        _, work = self._engine.collective("broadcast", buf, None, ReduceOp.SUM, root, fallback, finish, entry, at_once)
+        return _for_caller(work, entry, at_once)
 
     def _passed(self, entry, why, fallback, finish):
         """A call passed to Gloo, made at once by `fallback` on the inner group, on the
