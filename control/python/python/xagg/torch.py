@@ -175,6 +175,29 @@ def _gloo_moves_bytes(why, tensors):
     return _AS_WORDS in why and all(t.dtype in _GLOO_WIDER and t.device.type == "cpu" for t in tensors)
 
 
+def _joined(parts):
+    """One flat view of `parts` where they lie one after another in one tensor's memory (a
+    tensor's `split` or `chunk`), else None: a call over the list then needs no copy into
+    or out of one buffer."""
+    first = parts[0]
+    pos, size = first.data_ptr(), first.element_size()
+    for p in parts:
+        if not p.is_contiguous() or p.dtype != first.dtype or p.data_ptr() != pos:
+            return None
+        pos += p.numel() * size
+    try:
+        # Checked against the first's storage: one tensor's memory, or an error.
+        return first.detach().as_strided((sum(p.numel() for p in parts),), (1,))
+    except RuntimeError:
+        return None
+
+
+def _overlap(a, b):
+    """Whether two contiguous tensors share memory."""
+    a0, b0 = a.data_ptr(), b.data_ptr()
+    return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
+
+
 def _movable(t):
     """`t` (contiguous) as Gloo 1.13 moves it: its bytes, for the types it refuses."""
     return t.view(torch.uint8) if t.dtype in _GLOO_WIDER else t
@@ -796,7 +819,9 @@ class ProcessGroupXagg(dist.ProcessGroup):
                     f"({tuple(out.shape)}, {out.dtype}); got {[(tuple(t.shape), t.dtype) for t in ins]}"
                 )
             why = self._reduces(op, [out, *ins])
-        whole = torch.cat([t.reshape(-1) for t in ins])
+        whole = _joined(ins)
+        if whole is None:
+            whole = torch.cat([t.reshape(-1) for t in ins])
         return self._reduce_scatter(whole, out, op, "reduce_scatter", why, at_once)
 
     def _reduce_scatter_base(self, output, input, opts=None):
@@ -827,7 +852,9 @@ class ProcessGroupXagg(dist.ProcessGroup):
         """`whole` (flat, n blocks; left as it is) reduce-scattered into `out`, through the
         switch unless `why`; `at_once`: its caller waits for it at once."""
         n = self.size()
-        block = torch.empty(out.numel(), dtype=out.dtype)
+        # The result straight into `out` where it can be (no copy after).
+        direct = out.is_contiguous() and not _overlap(out, whole)
+        block = out.detach().view(-1) if direct else torch.empty(out.numel(), dtype=out.dtype)
 
         def fallback(group=None):
             # Gloo 1.13 has no reduce-scatter: the whole buffer reduced, this rank's block kept.
@@ -836,7 +863,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
             block.copy_(reduced[self.rank() * out.numel() : (self.rank() + 1) * out.numel()])
 
         def finish():
-            out.copy_(block.view(out.shape))
+            if not direct:
+                out.copy_(block.view(out.shape))
             return [out]
 
         if why is not None:
@@ -863,11 +891,16 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None and (mine is None or not _gloo_moves_bytes(why, [mine, *outs])):
             self._engine.pass_on(entry, why)
             return self._gloo.allgather(output_tensors, input_tensors, opts) if opts is not None else self._gloo.allgather(output_tensors, input_tensors)
-        whole = torch.empty(n * mine.numel(), dtype=mine.dtype)
+        # The blocks straight into the outputs where they are one tensor's (no copy after).
+        whole = _joined(outs)
+        direct = whole is not None and mine.is_contiguous() and not _overlap(whole, mine)
+        if not direct:
+            whole = torch.empty(n * mine.numel(), dtype=mine.dtype)
 
         def finish():
-            for t, part in zip(outs, whole.chunk(n)):
-                t.copy_(part.view(t.shape))
+            if not direct:
+                for t, part in zip(outs, whole.chunk(n)):
+                    t.copy_(part.view(t.shape))
             return outs
 
         return self._all_gather(mine, whole, finish, entry, why, at_once)
