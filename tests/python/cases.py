@@ -141,7 +141,8 @@ elif case == "callback":
         z = ints(1024, k)
         dist.all_reduce(z)
         ok = ok and torch.equal(z, expected(1024, k))
-    parts = [torch.empty(256, dtype=torch.int32) for _ in range(size)]
+    # The outputs one tensor's blocks: gathered straight into it.
+    parts = list(torch.empty(size * 256, dtype=torch.int32).chunk(size))
     dist.all_gather(parts, torch.arange(256, dtype=torch.int32) * (rank + 1))
     ok = ok and all(torch.equal(p, torch.arange(256, dtype=torch.int32) * (r + 1)) for r, p in enumerate(parts))
     b = ints(512, 3) if rank == 1 else torch.zeros(512, dtype=torch.int32)

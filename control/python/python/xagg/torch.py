@@ -256,8 +256,9 @@ class _Engine:
         self.turn = threading.Lock()
         # Calls finished on their caller's thread (`_start`).
         self.finished_here = 0
-        # Tensors that kept finished calls' inputs, by shape and type (DDP's buckets repeat
-        # theirs): fresh memory would cost a page fault per 4 KiB on every call.
+        # Tensors of finished calls (an allreduce's kept input, a reduce's result at the
+        # root, a gather's staging), by shape and type (DDP's buckets repeat theirs): fresh
+        # memory would cost a page fault per 4 KiB on every call (16 MiB: 7 ms here).
         self.spares = {}
         self.spares_lock = threading.Lock()
         self.job = None
@@ -417,15 +418,24 @@ class _Engine:
         waits for it as soon as it is returned (`_start`)."""
         self.check()
         fut = torch.futures.Future()
-        with self.spares_lock:
-            saved = self.spares.pop((tensor.shape, tensor.dtype), None)
-        if saved is None:
-            saved = torch.empty_like(tensor)
+        saved = self.spare(tensor.shape, tensor.dtype)
         saved.copy_(tensor)
         with self.order:
             work = _Work(fut, self)
             self._start(work, (self._submit(tensor, op), tensor, saved, op, fut, work, target, entry), at_once)
         return fut, work
+
+    def spare(self, shape, dtype):
+        """A contiguous tensor of `shape` and `dtype` from the spares, or a new one."""
+        with self.spares_lock:
+            t = self.spares.pop((shape, dtype), None)
+        return torch.empty(shape, dtype=dtype) if t is None else t
+
+    def give_back(self, t):
+        """Keeps a tensor no call uses any more for a later call of its shape and type."""
+        with self.spares_lock:
+            if len(self.spares) < 16:
+                self.spares[(t.shape, t.dtype)] = t
 
     def _submit(self, tensor, op):
         """The switch's request of an allreduce of `tensor` (None once the switch failed)."""
@@ -604,9 +614,7 @@ class _Engine:
             self.error = f"{type(e).__name__}: {e}"
             failure = e
         finally:
-            with self.spares_lock:
-                if len(self.spares) < 16:
-                    self.spares[(saved.shape, saved.dtype)] = saved
+            self.give_back(saved)
             if target is not None:
                 target.copy_(tensor)
                 tensor = target
@@ -854,7 +862,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         n = self.size()
         # The result straight into `out` where it can be (no copy after).
         direct = out.is_contiguous() and not _overlap(out, whole)
-        block = out.detach().view(-1) if direct else torch.empty(out.numel(), dtype=out.dtype)
+        block = out.detach().view(-1) if direct else self._engine.spare((out.numel(),), out.dtype)
 
         def fallback(group=None):
             # Gloo 1.13 has no reduce-scatter: the whole buffer reduced, this rank's block kept.
@@ -865,6 +873,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         def finish():
             if not direct:
                 out.copy_(block.view(out.shape))
+                self._engine.give_back(block)
             return [out]
 
         if why is not None:
@@ -895,12 +904,13 @@ class ProcessGroupXagg(dist.ProcessGroup):
         whole = _joined(outs)
         direct = whole is not None and mine.is_contiguous() and not _overlap(whole, mine)
         if not direct:
-            whole = torch.empty(n * mine.numel(), dtype=mine.dtype)
+            whole = self._engine.spare((n * mine.numel(),), mine.dtype)
 
         def finish():
             if not direct:
                 for t, part in zip(outs, whole.chunk(n)):
                     t.copy_(part.view(t.shape))
+                self._engine.give_back(whole)
             return outs
 
         return self._all_gather(mine, whole, finish, entry, why, at_once)
@@ -958,7 +968,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         buf = t if t.is_contiguous() else t.contiguous()
         # The root's result apart from its data, which a fallback after a failure in the
         # middle still needs whole; the others get none (in place).
-        result = torch.empty_like(buf) if self.rank() == root else buf
+        result = self._engine.spare(buf.shape, buf.dtype) if self.rank() == root else buf
 
         def fallback(group=None):
             g = group or self._engine.private
@@ -977,6 +987,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         def finish():
             if result is not buf:
                 t.copy_(result)
+                self._engine.give_back(result)
             return [t]
 
         if why is not None:
