@@ -8,7 +8,8 @@ then:
   rank makes an all_reduce, a reduce_scatter, an all_gather and a broadcast from rank 1
   (each of many segments: rank 0 finishes each from its peers);
 - `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size); then a
-  reduce_scatter_tensor, an all_gather_into_tensor and a reduce to rank 1;
+  reduce_scatter_tensor, two all_gather_into_tensor (the second in place, each rank's
+  input in another rank's block) and a reduce to rank 1;
 - `callback`: a future's callback that makes (and waits for) another all_reduce; then
   calls waited for at once, behind three in flight and with none in flight (finished on
   the caller's thread: counted);
@@ -25,7 +26,8 @@ then:
   refuses, passed to it (an int16 sum that wraps, a bool max, an int16 reduce_scatter, a
   broadcast of 7 bools), an int16 and a bool all_gather (through the switch as words),
   reduce-scatters of mis-sized inputs (which raise) and an f32 product (not an op of the
-  switch's).
+  switch's); a reduce and a broadcast whose root is not a rank and an all-gather into an
+  output of the wrong size (which raise), then an async all_reduce's `result()`.
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
 import faulthandler
 import math
@@ -107,6 +109,13 @@ elif case == "sizes":
     whole = torch.empty(size * m, dtype=torch.int32)
     dist.all_gather_into_tensor(whole, torch.arange(m, dtype=torch.int32) * (rank + 1))
     ok = ok and all(torch.equal(p, torch.arange(m, dtype=torch.int32) * (r + 1)) for r, p in enumerate(whole.chunk(size)))
+    # In place, each rank's input in the next rank's block of the output (1 MiB blocks:
+    # the others' blocks come in while its own is still being sent).
+    big, k = 1 << 18, (rank + 1) % size
+    whole = torch.zeros(size * big, dtype=torch.int32)
+    whole[k * big : (k + 1) * big] = torch.arange(big, dtype=torch.int32) * (rank + 1)
+    dist.all_gather_into_tensor(whole, whole[k * big : (k + 1) * big])
+    ok = ok and all(torch.equal(p, torch.arange(big, dtype=torch.int32) * (r + 1)) for r, p in enumerate(whole.chunk(size)))
     r = ints(4 * m, 7)
     dist.reduce(r, dst=1)
     ok = ok and torch.equal(r, expected(4 * m, 7) if rank == 1 else ints(4 * m, 7))
@@ -243,6 +252,21 @@ elif case == "types":
     g = torch.full((16,), 2.0) if rank == 0 else torch.ones(16)
     dist.all_reduce(g, op=dist.ReduceOp.PRODUCT)
     ok = ok and torch.equal(g, torch.full((16,), 2.0))
+    # A root that is not a rank, an all-gather's output of the wrong size: each raises,
+    # saying so, and the group goes on.
+    for call, says in (
+        (lambda: dist.reduce(torch.zeros(10), dst=size + 3), "is not a rank of this group"),
+        (lambda: dist.broadcast(torch.zeros(10), src=-1), "is not a rank of this group"),
+        (lambda: dist.all_gather_into_tensor(torch.empty(3), torch.ones(2)), "the output must hold"),
+    ):
+        try:
+            call()
+            ok = False
+        except RuntimeError as e:
+            ok = ok and says in str(e)
+    # An async call's result(), as Gloo's work gives it.
+    v = ints(64, 2)
+    ok = ok and torch.equal(dist.all_reduce(v, async_op=True).result()[0], expected(64, 2))
 else:
     ok = False
 print(f"rank {rank}: {case} ok={ok}", flush=True)

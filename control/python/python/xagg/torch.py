@@ -198,6 +198,13 @@ def _overlap(a, b):
     return a0 < b0 + b.numel() * b.element_size() and b0 < a0 + a.numel() * a.element_size()
 
 
+def _check_root(entry, root, size):
+    """Raises, as Gloo does, for a root that is not a rank of the group: before anything is
+    started, so the group stays usable."""
+    if not 0 <= root < size:
+        raise RuntimeError(f"{entry}: root {root} is not a rank of this group of {size} (0 to {size - 1})")
+
+
 def _movable(t):
     """`t` (contiguous) as Gloo 1.13 moves it: its bytes, for the types it refuses."""
     return t.view(torch.uint8) if t.dtype in _GLOO_WIDER else t
@@ -555,8 +562,10 @@ class _Engine:
             self.error = f"{type(e).__name__}: {e}"
             failure, result = e, None
         finally:
-            self._complete(fut, failure, result, here)
+            # Out of flight before its caller can wake: a call it makes next may be
+            # finished on its own thread.
             self.pending.discard(work)
+            self._complete(fut, failure, result, here)
 
     def _run(self):
         while True:
@@ -618,8 +627,8 @@ class _Engine:
             if target is not None:
                 target.copy_(tensor)
                 tensor = target
-            self._complete(fut, failure, tensor, here)
             self.pending.discard(work)
+            self._complete(fut, failure, tensor, here)
 
     def close(self):
         """Stops the completion thread (after the calls in flight) and leaves the job; once
@@ -719,6 +728,11 @@ class _Work(dist.Work):
 
     def is_completed(self):
         return self._fut.done()
+
+    def result(self):
+        """The call's tensors (as Gloo's work gives them), once it is done."""
+        self.wait()
+        return self._fut.value()
 
     def is_success(self):
         return self._fut.done() and self._engine.error is None
@@ -889,8 +903,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
         entry = "all_gather"
         n = self.size()
         why, mine, outs = None, None, []
-        if len(output_tensors) != 1 or len(input_tensors) != 1 or len(output_tensors[0]) != n:
+        if len(output_tensors) != 1 or len(input_tensors) != 1:
             why = "several tensors in one call"
+        elif len(output_tensors[0]) != n:
+            why = f"an output list of {len(output_tensors[0])} tensors on a group of {n} ranks"
         else:
             mine, outs = input_tensors[0], output_tensors[0]
             if any(t.numel() != mine.numel() or t.dtype != mine.dtype for t in outs):
@@ -923,9 +939,12 @@ class ProcessGroupXagg(dist.ProcessGroup):
         _, at_once = _caller()
         entry = "all_gather_into_tensor"
         if output.numel() != self.size() * input.numel() or output.dtype != input.dtype:
-            # As Gloo's own group answers this call: it raises.
-            self._engine.pass_on(entry, "an output of another size or type than the ranks' inputs")
-            return self._gloo._allgather_base(output, input)
+            # As torch's other backends answer it (Gloo 1.13 would say it has no such call).
+            raise RuntimeError(
+                f"all_gather_into_tensor: the output must hold the group's {self.size()} ranks' inputs of "
+                f"the input's size and type: output {output.numel()} x {output.dtype}, input "
+                f"{input.numel()} x {input.dtype}"
+            )
         why = self._served([output, input], moved=output.numel() * output.element_size())
         whole = output.view(-1) if output.is_contiguous() else torch.empty(output.numel(), dtype=output.dtype)
 
@@ -942,6 +961,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
         `at_once`: its caller waits for it at once."""
         n = self.size()
         own = mine.contiguous().reshape(-1)
+        if _overlap(own, whole):
+            # In place (the input a block of the output): the others' blocks would land
+            # on it before it is sent, or while it may be sent again.
+            own = own.clone()
 
         def fallback(group=None):
             parts = [_movable(p) for p in whole.chunk(n)]
@@ -960,6 +983,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         entry = "reduce"
         op = opts.reduceOp if opts is not None else ReduceOp.SUM
         root = opts.rootRank if opts is not None else 0
+        _check_root(entry, root, self.size())
         if len(tensors) != 1:
             self._engine.pass_on(entry, "several tensors in one call")
             return self._gloo.reduce(tensors, opts)
@@ -1002,6 +1026,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         _, at_once = _caller()
         entry = "broadcast"
         root = opts.rootRank if opts is not None else 0
+        _check_root(entry, root, self.size())
         why = None
         if len(tensors) != 1:
             why = "several tensors in one call"
