@@ -529,25 +529,35 @@ class _Engine:
         else:
             self.deliver.submit(_complete, fut, failure, result)
 
+    def _outcome(self, req):
+        """Waits for a call's request and says how it ended: None for the switch's result,
+        else its kind (or None with no request: the switch failed earlier). Raises for slow
+        ranks past the group's timeout or peers that could not be reached (no rank moves on
+        alone); an abandoned call makes the group Gloo's from then on."""
+        kind, why = None, None
+        if req is not None:
+            if self.failed is not None:
+                # Made by Gloo anyway: no need to wait for the switch.
+                req.cancel()
+            try:
+                req.wait()
+            except XaggError:
+                kind, why = req.status()
+        if kind in ("timeout", "failed") and self.failed is None:
+            raise XaggError(why)
+        if kind == "abandoned" and self.failed is None:
+            self.failed = why
+            # Its slots are of no use to this group any more.
+            self.job.leave_soon()
+            if self.rank == 0 or _verbose():
+                _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
+        return kind
+
     def _run_collective(self, item, here=False):
         _, req, fallback, finish, fut, work, entry = item
         failure = None
         try:
-            kind, why = None, None
-            if req is not None:
-                if self.failed is not None:
-                    req.cancel()
-                try:
-                    req.wait()
-                except XaggError:
-                    kind, why = req.status()
-            if kind in ("timeout", "failed") and self.failed is None:
-                raise XaggError(why)
-            if kind == "abandoned" and self.failed is None:
-                self.failed = why
-                self.job.leave_soon()
-                if self.rank == 0 or _verbose():
-                    _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
+            kind = self._outcome(req)
             # Counted in the table, by entry; the summary's headline counts allreduces.
             if self.failed is None and kind is None:
                 self.count(entry, RECOVERED if req.recovered else SWITCH)
@@ -583,25 +593,7 @@ class _Engine:
         req, tensor, saved, op, fut, work, target, entry = item
         failure = None
         try:
-            kind, why = None, None
-            if req is not None:
-                if self.failed is not None:
-                    # Made by Gloo anyway: no need to wait for the switch.
-                    req.cancel()
-                try:
-                    req.wait()
-                except XaggError:
-                    kind, why = req.status()
-            if kind in ("timeout", "failed") and self.failed is None:
-                # Slow ranks past the group's timeout, or peers that could not be
-                # reached: this call fails, saying why (no rank moves on alone).
-                raise XaggError(why)
-            if kind == "abandoned" and self.failed is None:
-                self.failed = why
-                # Its slots are of no use to this group any more.
-                self.job.leave_soon()
-                if self.rank == 0 or _verbose():
-                    _say(f"{self.who}: the switch failed, collectives go to Gloo from now on: {why}")
+            kind = self._outcome(req)
             if self.failed is None and kind is None:
                 self.served += 1
                 if req.recovered:
