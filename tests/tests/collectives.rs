@@ -176,11 +176,7 @@ fn run_cut(
                         }
                     });
                     // The job's state learnt before the cut.
-                    w.sync().expect("synced");
-                    addresses.lock().unwrap()[m] = Some(w.serve_peers(secret).expect("served"));
-                    barrier.wait();
-                    let all = addresses.lock().unwrap().iter().flatten().copied().collect();
-                    w.set_peers(m, all);
+                    serve_peers(&w, m, secret, addresses, barrier);
                     if m == cut {
                         let rule = format!(
                             "table inet xagg_cut {{\n chain input {{\n type filter hook input priority 0;\n ip saddr {} meta l4proto udp drop\n }}\n}}\n",
@@ -234,6 +230,83 @@ fn run_cut(
     assert!(nft(&ns, "delete table inet xagg_cut\n"));
     let segments = outcomes[0].1;
     (outcomes.into_iter().map(|o| o.0).collect(), segments)
+}
+
+/// Member `m`'s worker `w` serving its peers (the job's state learnt first), and knowing
+/// theirs once every member put its responder's address into `addresses` (`barrier`).
+fn serve_peers(
+    w: &Worker,
+    m: usize,
+    secret: &xagg_worker::Secret,
+    addresses: &std::sync::Mutex<Vec<Option<SocketAddrV4>>>,
+    barrier: &std::sync::Barrier,
+) {
+    w.sync().expect("synced");
+    addresses.lock().unwrap()[m] = Some(w.serve_peers(secret).expect("served"));
+    barrier.wait();
+    let all = addresses
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .copied()
+        .collect();
+    w.set_peers(m, all);
+}
+
+/// Message `message` of job `job` (segments of `segment` elements) as an allreduce of
+/// `elems` i32 on every member, serving their peers, member `odd` making it with another
+/// op (max, where the others sum) 300 ms after the others: each member's error, and how
+/// long after its submit its call ended.
+fn run_mismatched(
+    sw: &TestSwitch,
+    (job, segment, message): (u32, usize, u32),
+    elems: usize,
+    odd: usize,
+) -> Vec<(xagg_worker::AllreduceError, std::time::Duration)> {
+    use std::time::{Duration, Instant};
+    let n = WORKERS.len();
+    let secret = xagg_worker::Secret([6; 32]);
+    let addresses = std::sync::Mutex::new(vec![None; n]);
+    let barrier = std::sync::Barrier::new(n);
+    std::thread::scope(|s| {
+        let handles: Vec<_> = WORKERS
+            .iter()
+            .map(|&m| {
+                let (barrier, addresses, secret) = (&barrier, &addresses, &secret);
+                s.spawn(move || {
+                    let w = member(sw, m, (job, segment, message), |p| {
+                        p.give_up = Duration::from_secs(1);
+                        p.collective_timeout = Duration::from_secs(30);
+                    });
+                    serve_peers(&w, m, secret, addresses, barrier);
+                    barrier.wait();
+                    let op = if m == odd {
+                        std::thread::sleep(Duration::from_millis(300));
+                        Op::Max
+                    } else {
+                        Op::Sum
+                    };
+                    let t = Instant::now();
+                    let c = w
+                        .submit(op, Buffer::from(vec![m as i32; elems]))
+                        .expect("submitted")
+                        .wait();
+                    let took = t.elapsed();
+                    // Every responder kept until every member is done.
+                    barrier.wait();
+                    match c.status {
+                        Ok(_) => panic!("member {m}: the mismatched allreduce succeeded"),
+                        Err(e) => (e, took),
+                    }
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("member"))
+            .collect()
+    })
 }
 
 fn inject(sw: &TestSwitch, drop_contribution: f64, drop_result: f64) {
@@ -407,4 +480,34 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
         segments,
         "one completion per round after the cuts"
     );
+
+    // Calls that do not match (the last, left stuck at the switch: no call follows):
+    // member 3 makes a max where the others sum. The switch refuses its contributions,
+    // and it fails at its give-up time (1 s); the others, which the switch keeps waiting
+    // for it, ask its responder and fail too, naming it and why — before, they waited
+    // until its process ended or their collective timeout passed.
+    let before = sw.counters();
+    let ended = run_mismatched(&sw, (job, segment, next(job, 1)), 2 * segment, 3);
+    let after = sw.counters();
+    assert!(
+        after["drop_bad_op"] > before["drop_bad_op"],
+        "member 3 refused"
+    );
+    for (m, (e, took)) in ended.iter().enumerate() {
+        eprintln!("mismatched calls, member {m}, after {took:?}: {e}");
+        let why = e.to_string();
+        if m == 3 {
+            assert!(why.contains("the round began with another op"), "{why}");
+        } else {
+            assert!(
+                matches!(
+                    e,
+                    xagg_worker::AllreduceError::MemberFailed { member: 3, .. }
+                ) && why.contains("the round began with another op"),
+                "member {m}: {why}"
+            );
+        }
+        assert!(!e.recoverable(), "member {m}: {why}");
+        assert!(took.as_secs_f64() < 6.0, "member {m} failed after {took:?}");
+    }
 }

@@ -52,6 +52,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(AllreduceError::MemberGone { member, .. }) => {
             println!("member {member}'s process is gone")
         }
+        Err(AllreduceError::MemberFailed { member, reason, .. }) => {
+            println!("member {member}'s call failed: {reason}")
+        }
     }
     // After a failure the buffer holds results for the segments that completed.
     let _buffer = done.buffer.into_vec::<f32>().unwrap();

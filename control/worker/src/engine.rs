@@ -124,8 +124,10 @@ pub(crate) struct Engine {
     /// What the peers' responder answers from, once it runs ([`crate::peers`]).
     pub(crate) view: Option<Arc<std::sync::Mutex<crate::peers::View>>>,
     /// Every rank's responder, in rank order, once the peers are known: where a member
-    /// the switch waits for is asked whether its process is still there.
+    /// the switch waits for is asked whether its process is still there and whether its
+    /// call failed; and the job's secret, which authenticates the question.
     pub(crate) responders: Vec<std::net::SocketAddrV4>,
+    pub(crate) responders_key: [u8; 32],
 }
 
 impl Engine {
@@ -154,6 +156,7 @@ impl Engine {
             replies: Vec::new(),
             view: None,
             responders: Vec::new(),
+            responders_key: [0; 32],
             transport,
             p,
         }
@@ -543,7 +546,14 @@ fn deliver(
     let (job, message) = (a.shared.job, a.message);
     if let (Some((v, slots)), Some(m)) = (view, message) {
         let source = a.input.as_ref().unwrap_or(&a.output).bytes();
-        lock(v).finish(m, a.output.bytes(), source, status.is_ok(), slots);
+        let mut v = lock(v);
+        v.finish(m, a.output.bytes(), source, status.is_ok(), slots);
+        // Not one the peers finish: this rank's rounds of it get nothing more, and a peer
+        // the switch keeps waiting for them is told why.
+        match &status {
+            Err(e) if !e.recoverable() => v.fail(m, &e.to_string()),
+            _ => {}
+        }
     }
     let status = status.and_then(|()| {
         let rep = &mut a.report;

@@ -156,6 +156,16 @@ pub enum AllreduceError {
         member: u8,
         at: std::net::SocketAddrV4,
     },
+    /// A member the switch waits for whose own call of this message failed for good
+    /// (its responder says why): it sends the round nothing more. The ranks' calls did
+    /// not match (another size, type, op or collective), or that rank failed otherwise.
+    #[error("allreduce of job {job} message {message}: the switch waits for member {member}, whose call of it failed there: {reason}")]
+    MemberFailed {
+        job: u32,
+        message: u32,
+        member: u8,
+        reason: String,
+    },
     /// Not marked as the error's source: the message carries it once already.
     #[error("job {job}: the switch refused this member: {reason}")]
     Refused { job: u32, reason: String },
@@ -221,6 +231,17 @@ impl Clone for AllreduceError {
                 message: *message,
                 member: *member,
                 at: *at,
+            },
+            Self::MemberFailed {
+                job,
+                message,
+                member,
+                reason,
+            } => Self::MemberFailed {
+                job: *job,
+                message: *message,
+                member: *member,
+                reason: reason.clone(),
             },
             Self::Timeout {
                 job,

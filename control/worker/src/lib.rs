@@ -397,7 +397,7 @@ impl Worker {
     /// now on a request the switch fails is recovered from them ([`Worker::recover`]).
     pub fn set_peers(&self, rank: usize, addresses: Vec<std::net::SocketAddrV4>) {
         if let Some(setup) = request::lock(&self.inner.peers_setup).take() {
-            self.inner.set_responders(addresses.clone());
+            self.inner.set_responders(addresses.clone(), setup.key());
             let _ = self.inner.peers.set(setup.with(rank, addresses));
         }
     }

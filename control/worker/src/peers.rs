@@ -46,12 +46,18 @@ use crate::{engine::WorkerInner, request::lock, AllreduceError, Layout, Reductio
 const MAGIC: &[u8; 4] = b"XAGP";
 /// A question about a flat collective's segments ([`View::answer_flat`]).
 const MAGIC_FLAT: &[u8; 4] = b"XAGF";
+/// A question about this rank's call of a message: did it fail, and why ([`fate`]).
+const MAGIC_FATE: &[u8; 4] = b"XAGW";
 /// Segments asked for in one request (a request is read whole before it is answered).
 const MAX_ASK: usize = 1 << 16;
 /// Requests that failed, kept aside while they are recovered (the newest).
 const PARKED: usize = 8;
 /// Flat collectives remembered as finished from the peers (the newest).
 const MAX_ABANDONED: usize = 64;
+/// Failed calls remembered, with why, for the peers that wait for them (the newest).
+const MAX_FAILED: usize = 64;
+/// The longest reason a failed call's answer carries.
+const MAX_REASON: usize = 2048;
 
 /// What one rank holds of a message's segment, as it answers a peer.
 #[derive(Debug, PartialEq, Eq)]
@@ -146,6 +152,10 @@ pub(crate) struct View {
     abandoned: VecDeque<(u32, u32)>,
     /// The engine's next message id: ids from it on are not yet started here.
     next_message: Option<u32>,
+    /// Calls that failed here and are not finished another way (the peers cannot finish
+    /// them): this rank sends their rounds nothing more, and a peer the switch keeps
+    /// waiting for it is told why.
+    failed: VecDeque<(u32, String)>,
 }
 
 fn range(segment_bytes: usize, len: usize, segment: usize) -> std::ops::Range<usize> {
@@ -443,6 +453,28 @@ impl View {
         }
     }
 
+    /// This rank's call of `message` failed for good (`why`): its rounds get nothing
+    /// more from here.
+    pub fn fail(&mut self, message: u32, why: &str) {
+        if self.failed.len() == MAX_FAILED {
+            self.failed.pop_front();
+        }
+        let mut end = why.len().min(MAX_REASON);
+        while !why.is_char_boundary(end) {
+            end -= 1;
+        }
+        self.failed.push_back((message, why[..end].to_string()));
+    }
+
+    /// Why this rank's call of `message` failed for good, if it did.
+    fn failure(&self, message: u32) -> Option<&str> {
+        self.failed
+            .iter()
+            .rev()
+            .find(|(m, _)| *m == message)
+            .map(|(_, why)| why.as_str())
+    }
+
     /// A failed flat collective's state, for its recovery.
     pub fn parked_flat(&self, message: u32) -> Option<ParkedFlat> {
         let p = self.parked.iter().find(|p| p.message == message)?;
@@ -733,23 +765,13 @@ impl Peers {
         segments: &[u32],
         flat: bool,
     ) -> io::Result<Vec<Answer>> {
-        let mut s = TcpStream::connect_timeout(&at.into(), Duration::from_secs(2))?;
-        s.set_read_timeout(Some(Duration::from_secs(10)))?;
-        s.set_nodelay(true)?;
-        let mut nonce = [0u8; 16];
-        getrandom::fill(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
-        let mut q = Vec::with_capacity(32 + 4 * segments.len() + 32);
-        q.extend_from_slice(if flat { MAGIC_FLAT } else { MAGIC });
-        q.extend_from_slice(&self.job.to_le_bytes());
-        q.extend_from_slice(&message.to_le_bytes());
-        q.extend_from_slice(&(segments.len() as u32).to_le_bytes());
-        q.extend_from_slice(&nonce);
-        for seg in segments {
-            q.extend_from_slice(&seg.to_le_bytes());
-        }
-        let tag = hmac(&self.key, &[b"peer question", &q]);
-        q.extend_from_slice(&tag);
-        s.write_all(&q)?;
+        let magic = if flat { MAGIC_FLAT } else { MAGIC };
+        let (mut s, nonce) = put(
+            at,
+            &self.key,
+            (magic, self.job, message, segments),
+            (Duration::from_secs(2), Duration::from_secs(10)),
+        )?;
         let mut answers = Vec::with_capacity(segments.len());
         let mut mac_input = Vec::new();
         for _ in segments {
@@ -791,6 +813,73 @@ impl Peers {
     }
 }
 
+/// Connects to the responder at `at` within `connect` and puts a question to it (`magic`,
+/// `job`, `message`, `segments`), authenticated with `key`; answers are awaited up to
+/// `read`. Returns the connection and the question's nonce, which the answer's tag covers.
+fn put(
+    at: SocketAddrV4,
+    key: &[u8; 32],
+    (magic, job, message, segments): (&[u8; 4], u32, u32, &[u32]),
+    (connect, read): (Duration, Duration),
+) -> io::Result<(TcpStream, [u8; 16])> {
+    let mut s = TcpStream::connect_timeout(&at.into(), connect)?;
+    s.set_read_timeout(Some(read))?;
+    s.set_nodelay(true)?;
+    let mut nonce = [0u8; 16];
+    getrandom::fill(&mut nonce).map_err(|e| io::Error::other(e.to_string()))?;
+    let mut q = Vec::with_capacity(32 + 4 * segments.len() + 32);
+    q.extend_from_slice(magic);
+    q.extend_from_slice(&job.to_le_bytes());
+    q.extend_from_slice(&message.to_le_bytes());
+    q.extend_from_slice(&(segments.len() as u32).to_le_bytes());
+    q.extend_from_slice(&nonce);
+    for seg in segments {
+        q.extend_from_slice(&seg.to_le_bytes());
+    }
+    let tag = hmac(key, &[b"peer question", &q]);
+    q.extend_from_slice(&tag);
+    s.write_all(&q)?;
+    Ok((s, nonce))
+}
+
+/// Asks the responder at `at` (job `job`'s rank, `key` its secret) whether its rank's call
+/// of `message` failed for good: `Some(why)` if it did, `None` if not (or not yet), within
+/// `patience` (connecting, answering). A connection refused is an error of kind
+/// `ConnectionRefused`: its process is gone.
+pub(crate) fn fate(
+    at: SocketAddrV4,
+    key: &[u8; 32],
+    job: u32,
+    message: u32,
+    patience: (Duration, Duration),
+) -> io::Result<Option<String>> {
+    let (mut s, nonce) = put(at, key, (MAGIC_FATE, job, message, &[]), patience)?;
+    // Kind (0 not failed, 1 failed), the reason's length, the reason.
+    let mut head = [0u8; 5];
+    s.read_exact(&mut head)?;
+    let len = u32::from_le_bytes(head[1..5].try_into().expect("4 bytes")) as usize;
+    if len > MAX_REASON {
+        return Err(io::Error::other("a reason longer than any"));
+    }
+    let mut why = vec![0; len];
+    s.read_exact(&mut why)?;
+    let mut tag = [0u8; 32];
+    s.read_exact(&mut tag)?;
+    let mut got = head.to_vec();
+    got.extend_from_slice(&why);
+    let want = hmac(key, &[b"peer answer", &nonce, &got]);
+    if !bool::from(subtle::ConstantTimeEq::ct_eq(&tag[..], &want[..])) {
+        return Err(io::Error::other(
+            "the answer's authentication failed: not this job's rank",
+        ));
+    }
+    match head[0] {
+        0 => Ok(None),
+        1 => Ok(Some(String::from_utf8_lossy(&why).into_owned())),
+        k => Err(io::Error::other(format!("answer kind {k}"))),
+    }
+}
+
 /// Starts the responder of `worker` (a thread, until the worker is dropped), listening
 /// at `ip`; returns its address for the peers, and the peers' state to complete with
 /// their addresses.
@@ -824,6 +913,11 @@ pub(crate) struct PeersSetup {
 }
 
 impl PeersSetup {
+    /// The job's secret, which authenticates every question and answer.
+    pub fn key(&self) -> [u8; 32] {
+        self.key
+    }
+
     pub fn with(self, rank: usize, addresses: Vec<SocketAddrV4>) -> Peers {
         Peers {
             view: self.view,
@@ -910,9 +1004,11 @@ fn answer(
     s.read_exact(&mut head)?;
     let count = u32::from_le_bytes(head[12..16].try_into().expect("4 bytes")) as usize;
     let flat = &head[..4] == MAGIC_FLAT;
-    if (&head[..4] != MAGIC && !flat)
+    let fate = &head[..4] == MAGIC_FATE;
+    if (&head[..4] != MAGIC && !flat && !fate)
         || u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) != job
         || count > MAX_ASK
+        || (fate && count != 0)
     {
         return Err(io::Error::other("not a question of this job"));
     }
@@ -925,6 +1021,16 @@ fn answer(
     let want = hmac(key, &[b"peer question", &q]);
     if !bool::from(subtle::ConstantTimeEq::ct_eq(tag, &want[..])) {
         return Err(io::Error::other("the question's authentication failed"));
+    }
+    if fate {
+        let why = lock(view).failure(message).map(str::to_owned);
+        let mut out = vec![u8::from(why.is_some())];
+        let why = why.unwrap_or_default();
+        out.extend_from_slice(&(why.len() as u32).to_le_bytes());
+        out.extend_from_slice(why.as_bytes());
+        let tag = hmac(key, &[b"peer answer", &head[16..32], &out]);
+        s.write_all(&out)?;
+        return s.write_all(&tag);
     }
     // Results already on the socket count: take them in unless a thread of this rank
     // is in the engine (it takes them itself).
@@ -1013,6 +1119,17 @@ mod tests {
         assert_eq!(v.answer(9, 3), Answer::None);
         let out9 = [0u8; 16];
         assert_eq!(v.start(9, out9.as_ptr(), out9.len(), 4, 10), Some(3));
+
+        // A call failed for good: why, for the peers; a long reason cut on a character.
+        v.fail(9, "refused");
+        assert_eq!(v.failure(9), Some("refused"));
+        assert_eq!(v.failure(6), None);
+        v.fail(10, &"é".repeat(MAX_REASON));
+        assert_eq!(v.failure(10).map(str::len), Some(MAX_REASON));
+        for m in 11..11 + MAX_FAILED as u32 {
+            v.fail(m, "later");
+        }
+        assert_eq!(v.failure(9), None, "only the newest kept");
     }
 
     #[test]

@@ -259,13 +259,8 @@ impl Engine {
         if !d.withdrawing && d.missing.iter().any(Missing::not_taken) {
             return Some(Ok(d.waited));
         }
-        if let Some((member, at)) = self.gone(&d.missing) {
-            return Some(Err(AllreduceError::MemberGone {
-                job,
-                message,
-                member,
-                at,
-            }));
+        if let Some(e) = self.absent(message, &d.missing) {
+            return Some(Err(e));
         }
         // Nobody waited for and still no result: lost on the way here, or the level above
         // silent (the peers may hold the results).
@@ -308,13 +303,16 @@ impl Engine {
         None
     }
 
-    /// A member the switch waits for whose process is gone: in a flat job (members are
-    /// ranks) with the peers known, one whose responder refuses connections. A host that
-    /// does not answer at all proves nothing (a slow or unreachable one is waited for).
-    fn gone(&self, missing: &[Missing]) -> Option<(u8, std::net::SocketAddrV4)> {
+    /// A member the switch waits for that will not come: in a flat job (members are
+    /// ranks) with the peers known, one whose responder refuses connections (its process
+    /// is gone), or says that its call of `message` failed for good (the ranks' calls did
+    /// not match: its contribution was refused). A host that does not answer at all
+    /// proves nothing (a slow or unreachable one is waited for).
+    fn absent(&self, message: u32, missing: &[Missing]) -> Option<AllreduceError> {
         if self.p.ranks.is_some() || self.responders.is_empty() {
             return None;
         }
+        let job = self.p.job;
         let waited: std::collections::BTreeSet<u8> = missing
             .iter()
             .filter_map(|m| m.members.as_ref())
@@ -323,10 +321,24 @@ impl Engine {
             .filter(|&m| m != self.p.member)
             .collect();
         // A few at most: an unreachable host costs its connect's timeout.
-        waited.into_iter().take(4).find_map(|m| {
-            let at = *self.responders.get(usize::from(m))?;
-            match std::net::TcpStream::connect_timeout(&at.into(), Duration::from_millis(300)) {
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => Some((m, at)),
+        waited.into_iter().take(4).find_map(|member| {
+            let at = *self.responders.get(usize::from(member))?;
+            let patience = (Duration::from_millis(300), Duration::from_secs(1));
+            match crate::peers::fate(at, &self.responders_key, job, message, patience) {
+                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                    Some(AllreduceError::MemberGone {
+                        job,
+                        message,
+                        member,
+                        at,
+                    })
+                }
+                Ok(Some(reason)) => Some(AllreduceError::MemberFailed {
+                    job,
+                    message,
+                    member,
+                    reason,
+                }),
                 _ => None,
             }
         })

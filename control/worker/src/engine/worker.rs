@@ -79,10 +79,11 @@ impl WorkerInner {
         }
     }
 
-    /// Every rank's responder, in rank order, for the engine's waits.
-    pub fn set_responders(&self, addresses: Vec<std::net::SocketAddrV4>) {
+    /// Every rank's responder, in rank order, and the job's secret, for the engine's waits.
+    pub fn set_responders(&self, addresses: Vec<std::net::SocketAddrV4>, key: [u8; 32]) {
         let mut e = self.engine.lock().unwrap_or_else(|p| p.into_inner());
         e.responders = addresses;
+        e.responders_key = key;
     }
 
     /// Hands a request to the engine: taken up at once unless another thread is inside
