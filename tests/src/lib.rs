@@ -26,6 +26,29 @@ pub fn load_switch() -> Switch {
     Switch::load(xagg_objects::SWITCH.bytes().expect("the switch's object"))
 }
 
+/// Rank `rank`'s worker `w` serving its peers (the job's state learnt first), and knowing
+/// theirs once every rank put its responder's address into `addresses` (`barrier`).
+pub fn serve_peers(
+    w: &xagg_worker::Worker,
+    rank: usize,
+    secret: &xagg_worker::Secret,
+    addresses: &std::sync::Mutex<Vec<Option<std::net::SocketAddrV4>>>,
+    barrier: &std::sync::Barrier,
+) -> Result<(), xagg_worker::AllreduceError> {
+    w.sync()?;
+    addresses.lock().unwrap()[rank] = Some(w.serve_peers(secret)?);
+    barrier.wait();
+    let all = addresses
+        .lock()
+        .unwrap()
+        .iter()
+        .flatten()
+        .copied()
+        .collect();
+    w.set_peers(rank, all);
+    Ok(())
+}
+
 /// `nft` commands in the network namespace `ns`: whether they took.
 pub fn nft(ns: &str, rules: &str) -> bool {
     use std::io::Write;

@@ -176,7 +176,7 @@ fn run_cut(
                         }
                     });
                     // The job's state learnt before the cut.
-                    serve_peers(&w, m, secret, addresses, barrier);
+                    serve_peers(&w, m, secret, addresses, barrier).expect("peers");
                     if m == cut {
                         let rule = format!(
                             "table inet xagg_cut {{\n chain input {{\n type filter hook input priority 0;\n ip saddr {} meta l4proto udp drop\n }}\n}}\n",
@@ -232,28 +232,6 @@ fn run_cut(
     (outcomes.into_iter().map(|o| o.0).collect(), segments)
 }
 
-/// Member `m`'s worker `w` serving its peers (the job's state learnt first), and knowing
-/// theirs once every member put its responder's address into `addresses` (`barrier`).
-fn serve_peers(
-    w: &Worker,
-    m: usize,
-    secret: &xagg_worker::Secret,
-    addresses: &std::sync::Mutex<Vec<Option<SocketAddrV4>>>,
-    barrier: &std::sync::Barrier,
-) {
-    w.sync().expect("synced");
-    addresses.lock().unwrap()[m] = Some(w.serve_peers(secret).expect("served"));
-    barrier.wait();
-    let all = addresses
-        .lock()
-        .unwrap()
-        .iter()
-        .flatten()
-        .copied()
-        .collect();
-    w.set_peers(m, all);
-}
-
 /// Message `message` of job `job` (segments of `segment` elements) as an allreduce of
 /// `elems` i32 on every member, serving their peers, member `odd` making it with another
 /// op (max, where the others sum) 300 ms after the others: each member's error, and how
@@ -279,7 +257,7 @@ fn run_mismatched(
                         p.give_up = Duration::from_secs(1);
                         p.collective_timeout = Duration::from_secs(30);
                     });
-                    serve_peers(&w, m, secret, addresses, barrier);
+                    serve_peers(&w, m, secret, addresses, barrier).expect("peers");
                     barrier.wait();
                     let op = if m == odd {
                         std::thread::sleep(Duration::from_millis(300));
@@ -500,10 +478,8 @@ fn every_collective_exact_through_the_switch_and_under_loss() {
             assert!(why.contains("the round began with another op"), "{why}");
         } else {
             assert!(
-                matches!(
-                    e,
-                    xagg_worker::AllreduceError::MemberFailed { member: 3, .. }
-                ) && why.contains("the round began with another op"),
+                matches!(e, xagg_worker::AllreduceError::MemberFailed { rank: 3, .. })
+                    && why.contains("the round began with another op"),
                 "member {m}: {why}"
             );
         }

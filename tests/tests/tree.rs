@@ -132,6 +132,108 @@ fn two_hosts_of_two_ranks() {
     collective_bytes_per_link(&lab, 350);
     collectives_under_loss(&lab, 360, 860);
     a_collective_behind_hosts_recovers_from_peers(&lab, 400, 860);
+    a_rank_that_will_not_come_behind_hosts(&lab, 410);
+}
+
+/// A rank that will not come, behind host levels (the last of a lab: the rounds it
+/// leaves are stuck), give-up time 1 s: first its call does not match (the last rank
+/// makes a max where the others sum, 300 ms after them: its host refuses it, and it fails
+/// at its give-up time), then its process is gone (its worker dropped: its responder
+/// refuses connections). Its host's other rank, which the host waits for it, and the
+/// other host's ranks, which the switch keeps waiting for its host, ask the responders of
+/// the ranks they wait for, and fail naming it (or its host's other rank, failed for it)
+/// and why — before, they waited for their collective timeout (or the lease of a rank
+/// that joined through a daemon).
+fn a_rank_that_will_not_come_behind_hosts(lab: &TreeLab, message: u32) {
+    for (message, gone) in [(message, false), (message + 10, true)] {
+        will_not_come(lab, message, gone);
+        // A worker's responder thread may hold it for one poll (5 ms) after the program
+        // dropped it: each rank's address comes free then, before the next phase binds it.
+        for r in &lab.ranks {
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    xagg_linux::iface::enter_netns(&r.ns).unwrap();
+                    let until = std::time::Instant::now() + Duration::from_secs(1);
+                    while std::net::UdpSocket::bind((r.ip, xagg_lab::lab::WORKER_PORT)).is_err() {
+                        assert!(std::time::Instant::now() < until, "{}: still bound", r.ns);
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                });
+            });
+        }
+    }
+}
+
+fn will_not_come(lab: &TreeLab, message: u32, gone: bool) {
+    use std::{sync::Barrier, time::Instant};
+    use xagg_worker::{AllreduceError, Buffer};
+    let n = lab.ranks.len();
+    let odd = n - 1;
+    let secret = xagg_worker::Secret([10; 32]);
+    let addresses = std::sync::Mutex::new(vec![None; n]);
+    let barrier = Barrier::new(n);
+    let ended = lab
+        .on_every_rank(
+            message,
+            |_, p| {
+                p.give_up = Duration::from_secs(1);
+                p.collective_timeout = Duration::from_secs(30);
+            },
+            |g, wk| {
+                if g == odd && gone {
+                    // Gone as the others see it: it sends nothing, and nothing listens at
+                    // its responder's address (port 1 of its own).
+                    let closed = std::net::SocketAddrV4::new(lab.ranks[g].ip, 1);
+                    addresses.lock().unwrap()[g] = Some(closed);
+                    for _ in 0..3 {
+                        barrier.wait();
+                    }
+                    return Ok(None);
+                }
+                serve_peers(wk, g, &secret, &addresses, &barrier)?;
+                barrier.wait();
+                let op = match g == odd {
+                    true => {
+                        std::thread::sleep(Duration::from_millis(300));
+                        xagg_common::Op::Max
+                    }
+                    false => xagg_common::Op::Sum,
+                };
+                let t = Instant::now();
+                let c = wk.submit(op, Buffer::from(vec![g as i32; 2 * 860]))?.wait();
+                let took = t.elapsed();
+                // Every responder kept until every rank is done.
+                barrier.wait();
+                match c.status {
+                    Ok(_) => anyhow::bail!("rank {g}: the call succeeded"),
+                    Err(e) => Ok(Some((e, took))),
+                }
+            },
+        )
+        .unwrap_or_else(|e| panic!("{e:#}; counters {:?}", lab.counters()));
+    let why_odd = if gone {
+        "whose process is gone"
+    } else {
+        "the round began with another op"
+    };
+    for (g, (e, took)) in ended
+        .iter()
+        .enumerate()
+        .filter_map(|(g, e)| Some((g, e.as_ref()?)))
+    {
+        eprintln!("rank {odd} gone {gone}, rank {g} after {took:?}: {e}");
+        let why = e.to_string();
+        assert!(why.contains(why_odd), "rank {g}: {why}");
+        if g != odd {
+            assert!(
+                matches!(e, AllreduceError::MemberFailed { rank, .. } if *rank == odd || *rank == odd - 1)
+                    || matches!(e, AllreduceError::MemberGone { rank, .. } if *rank == odd),
+                "rank {g}: {why}"
+            );
+        }
+        assert!(!e.recoverable(), "rank {g}: {why}");
+        assert!(took.as_secs_f64() < 6.0, "rank {g} failed after {took:?}");
+    }
 }
 
 /// A reduce-scatter and an all-gather of S = 8 MB (n blocks) through 2 hosts of 2 ranks,
@@ -249,11 +351,7 @@ fn a_collective_behind_hosts_recovers_from_peers(lab: &TreeLab, message: u32, se
             },
             |g, wk| {
                 // The job's state learnt before the cut (its replies come from the host).
-                wk.sync()?;
-                addresses.lock().unwrap()[g] = Some(wk.serve_peers(&secret)?);
-                barrier.wait();
-                let all = addresses.lock().unwrap().iter().flatten().copied().collect();
-                wk.set_peers(g, all);
+                serve_peers(wk, g, &secret, &addresses, &barrier)?;
                 if g == cut {
                     let rule = format!(
                         "table inet xagg_cut {{\n chain input {{\n type filter hook input priority 0;\n ip saddr {host} meta l4proto udp drop\n }}\n}}\n"

@@ -49,11 +49,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         Err(AllreduceError::Abandoned { segments, .. }) => {
             println!("no rank holds segments {segments:?}: made another way")
         }
-        Err(AllreduceError::MemberGone { member, .. }) => {
-            println!("member {member}'s process is gone")
+        Err(AllreduceError::MemberGone { rank, .. }) => {
+            println!("rank {rank}'s process is gone")
         }
-        Err(AllreduceError::MemberFailed { member, reason, .. }) => {
-            println!("member {member}'s call failed: {reason}")
+        Err(AllreduceError::MemberFailed { rank, reason, .. }) => {
+            println!("rank {rank}'s call failed: {reason}")
         }
     }
     // After a failure the buffer holds results for the segments that completed.

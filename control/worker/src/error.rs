@@ -147,23 +147,25 @@ pub enum AllreduceError {
         switch: std::net::SocketAddrV4,
         waited: Duration,
     },
-    /// A member the switch waits for whose process is gone: its responder refuses
-    /// connections (a flat job's members are its ranks).
-    #[error("allreduce of job {job} message {message}: the switch waits for member {member}, whose process is gone (its responder at {at} refuses connections): the job cannot go on without it")]
+    /// A rank the switch waits for (in a flat job its member; behind host levels a rank of
+    /// a host it waits for, or a rank its host waits for) whose process is gone: its
+    /// responder refuses connections.
+    #[error("allreduce of job {job} message {message}: the switch waits for rank {rank}, whose process is gone (its responder at {at} refuses connections): the job cannot go on without it")]
     MemberGone {
         job: u32,
         message: u32,
-        member: u8,
+        rank: usize,
         at: std::net::SocketAddrV4,
     },
-    /// A member the switch waits for whose own call of this message failed for good
-    /// (its responder says why): it sends the round nothing more. The ranks' calls did
-    /// not match (another size, type, op or collective), or that rank failed otherwise.
-    #[error("allreduce of job {job} message {message}: the switch waits for member {member}, whose call of it failed there: {reason}")]
+    /// A rank the switch waits for (as for [`Self::MemberGone`]) whose own call of this
+    /// message failed for good (its responder says why): it sends the round nothing more.
+    /// The ranks' calls did not match (another size, type, op or collective), or that
+    /// rank failed otherwise.
+    #[error("allreduce of job {job} message {message}: the switch waits for rank {rank}, whose call of it failed there: {reason}")]
     MemberFailed {
         job: u32,
         message: u32,
-        member: u8,
+        rank: usize,
         reason: String,
     },
     /// Not marked as the error's source: the message carries it once already.
@@ -224,23 +226,23 @@ impl Clone for AllreduceError {
             Self::MemberGone {
                 job,
                 message,
-                member,
+                rank,
                 at,
             } => Self::MemberGone {
                 job: *job,
                 message: *message,
-                member: *member,
+                rank: *rank,
                 at: *at,
             },
             Self::MemberFailed {
                 job,
                 message,
-                member,
+                rank,
                 reason,
             } => Self::MemberFailed {
                 job: *job,
                 message: *message,
-                member: *member,
+                rank: *rank,
                 reason: reason.clone(),
             },
             Self::Timeout {

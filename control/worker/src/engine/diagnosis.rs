@@ -303,45 +303,70 @@ impl Engine {
         None
     }
 
-    /// A member the switch waits for that will not come: in a flat job (members are
-    /// ranks) with the peers known, one whose responder refuses connections (its process
-    /// is gone), or says that its call of `message` failed for good (the ranks' calls did
-    /// not match: its contribution was refused). A host that does not answer at all
-    /// proves nothing (a slow or unreachable one is waited for).
+    /// A rank the switch waits for that will not come: one whose responder refuses
+    /// connections (its process is gone), or says that its call of `message` failed for
+    /// good (the ranks' calls did not match: its contribution was refused). In a flat job
+    /// the members waited for are the ranks; behind host levels (the ranks' places known)
+    /// they are the ranks this rank's host waits for and every rank of the hosts the level
+    /// above waits for. A rank that does not answer at all proves nothing (a slow or
+    /// unreachable one is waited for).
     fn absent(&self, message: u32, missing: &[Missing]) -> Option<AllreduceError> {
-        if self.p.ranks.is_some() || self.responders.is_empty() {
+        if self.responders.is_empty() {
             return None;
         }
         let job = self.p.job;
-        let waited: std::collections::BTreeSet<u8> = missing
+        let mine = self.p.rank_in_job();
+        let here: std::collections::BTreeSet<u8> = missing
             .iter()
             .filter_map(|m| m.members.as_ref())
             .flatten()
             .copied()
-            .filter(|&m| m != self.p.member)
             .collect();
+        let ranks: std::collections::BTreeSet<usize> = match self.p.levels_by_place() {
+            None if self.p.ranks.is_none() => here.into_iter().map(usize::from).collect(),
+            None => return None,
+            Some(places) => {
+                let host = places[mine].host;
+                let above: std::collections::BTreeSet<u8> = missing
+                    .iter()
+                    .filter_map(|m| m.above_members.as_ref())
+                    .flatten()
+                    .copied()
+                    .collect();
+                (0..places.len())
+                    .filter(|&r| {
+                        let p = places[r];
+                        (p.host == host && here.contains(&p.member)) || above.contains(&p.host)
+                    })
+                    .collect()
+            }
+        };
         // A few at most: an unreachable host costs its connect's timeout.
-        waited.into_iter().take(4).find_map(|member| {
-            let at = *self.responders.get(usize::from(member))?;
-            let patience = (Duration::from_millis(300), Duration::from_secs(1));
-            match crate::peers::fate(at, &self.responders_key, job, message, patience) {
-                Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
-                    Some(AllreduceError::MemberGone {
+        let patience = (Duration::from_millis(300), Duration::from_secs(1));
+        ranks
+            .into_iter()
+            .filter(|&r| r != mine)
+            .take(8)
+            .find_map(|rank| {
+                let at = *self.responders.get(rank)?;
+                match crate::peers::fate(at, &self.responders_key, job, message, patience) {
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        Some(AllreduceError::MemberGone {
+                            job,
+                            message,
+                            rank,
+                            at,
+                        })
+                    }
+                    Ok(Some(reason)) => Some(AllreduceError::MemberFailed {
                         job,
                         message,
-                        member,
-                        at,
-                    })
+                        rank,
+                        reason,
+                    }),
+                    _ => None,
                 }
-                Ok(Some(reason)) => Some(AllreduceError::MemberFailed {
-                    job,
-                    message,
-                    member,
-                    reason,
-                }),
-                _ => None,
-            }
-        })
+            })
     }
 
     /// Why the switch refused this member, from a status reply's refusal `code`.
