@@ -359,7 +359,9 @@ impl Call {
                     // error of the call's own arguments, the same on every rank.
                     Some(Err(AllreduceError::Cancelled { .. })) | None => Taken::Fallback,
                     Some(Err(e)) => {
-                        let why = if matches!(
+                        let why = if e.not_taken() {
+                            "was not taken by the switch (this rank's call does not match the others', or all it sent was lost)"
+                        } else if matches!(
                             e,
                             AllreduceError::Timeout { .. } | AllreduceError::GivenUp { .. }
                         ) {

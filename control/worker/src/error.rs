@@ -204,6 +204,13 @@ pub enum AllreduceError {
 }
 
 impl AllreduceError {
+    /// Whether the call ended because the switch did not take this rank's own
+    /// contributions (refused: the ranks' calls did not match; or every copy lost on the
+    /// way), not waiting for others.
+    pub fn not_taken(&self) -> bool {
+        matches!(self, Self::Timeout { missing, .. } if missing.iter().any(Missing::not_taken))
+    }
+
     /// Whether the peers may hold what this request lacks: the switch stopped answering
     /// or refused, the socket failed, or a peer was promised this rank would not wait.
     pub fn recoverable(&self) -> bool {

@@ -238,6 +238,17 @@ impl WorkerParams {
         self.rank.unwrap_or(usize::from(self.member))
     }
 
+    /// This member as its messages name it: its member index in a flat job, else its rank
+    /// and its member index where it contributes (two ranks on two hosts may share one).
+    pub fn who(&self) -> String {
+        match self.rank {
+            Some(rank) if self.ranks.is_some() => {
+                format!("rank {rank} (member {} at its host)", self.member)
+            }
+            _ => format!("member {}", self.member),
+        }
+    }
+
     /// The places of the job's ranks, where the collectives take the levels by them: a
     /// tree of hosts under the top, one place per rank, this member's its own.
     pub fn levels_by_place(&self) -> Option<&[Place]> {

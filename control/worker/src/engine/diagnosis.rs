@@ -294,8 +294,8 @@ impl Engine {
         a.next_notice = waited.max(give_up) * 2;
         let first = d.missing.iter().take(2).map(|m| m.to_string());
         crate::say(&format!(
-            "job {job} message {message}, member {} here: no result for {:.0} s, the switch is up and waits: {}; still waiting (the collective timeout is {} s, XAGG_TIMEOUT_S)",
-            self.p.member,
+            "job {job} message {message}, {} here: no result for {:.0} s, the switch is up and waits: {}; still waiting (the collective timeout is {} s, XAGG_TIMEOUT_S)",
+            self.p.who(),
             waited.as_secs_f64().max(give_up.as_secs_f64()),
             first.collect::<Vec<_>>().join("; "),
             limit.as_secs()
