@@ -316,23 +316,17 @@ impl Engine {
         }
         let job = self.p.job;
         let mine = self.p.rank_in_job();
-        let here: std::collections::BTreeSet<u8> = missing
-            .iter()
-            .filter_map(|m| m.members.as_ref())
-            .flatten()
-            .copied()
-            .collect();
+        // The members waited for at this rank's aggregation point, or at the level above.
+        let waited = |at: fn(&Missing) -> Option<&Vec<u8>>| -> std::collections::BTreeSet<u8> {
+            missing.iter().filter_map(at).flatten().copied().collect()
+        };
+        let here = waited(|m| m.members.as_ref());
         let ranks: std::collections::BTreeSet<usize> = match self.p.levels_by_place() {
             None if self.p.ranks.is_none() => here.into_iter().map(usize::from).collect(),
             None => return None,
             Some(places) => {
                 let host = places[mine].host;
-                let above: std::collections::BTreeSet<u8> = missing
-                    .iter()
-                    .filter_map(|m| m.above_members.as_ref())
-                    .flatten()
-                    .copied()
-                    .collect();
+                let above = waited(|m| m.above_members.as_ref());
                 (0..places.len())
                     .filter(|&r| {
                         let p = places[r];
