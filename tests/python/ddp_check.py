@@ -9,6 +9,7 @@ xagg's DDP communication hook, the backend staying what it is; `late0` and `late
 buckets (`static_graph`) and start each rank's backward pass 20 ms per rank late, in rank
 order or reversed, so that contributions meet in another order. On the xagg backend it also checks that an allreduce's
 future is not complete when the call returns, and is after it is waited for."""
+import faulthandler
 import math
 import sys
 import time
@@ -18,6 +19,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 
+# A crash (a rank once died of SIGABRT at exit, "terminate called without an active
+# exception", after every check had passed) prints every Python thread's stack.
+faulthandler.enable()
 backend, steps, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 mode = sys.argv[4] if len(sys.argv) > 4 else ""
 dist.init_process_group(backend)
@@ -43,8 +47,6 @@ late = mode in ("late0", "late1")
 if late:
     # A hang (DDP's reducer waited forever on a work the backend handed it from C++, with
     # static_graph) ends the run with every thread's stack instead.
-    import faulthandler
-
     faulthandler.dump_traceback_later(90, exit=True)
 ddp = DDP(model, bucket_cap_mb=1, static_graph=late)
 stats = {"buckets": 0, "exact": 0, "worst": 0.0}

@@ -243,7 +243,26 @@ impl Reduction {
 /// share the member's socket and requests, and may be used from several threads.
 #[derive(Clone)]
 pub struct Worker {
-    inner: Arc<WorkerInner>,
+    /// Dropped by hand, after the peers' responder let go of it (`Drop`).
+    inner: std::mem::ManuallyDrop<Arc<WorkerInner>>,
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        // The last handle but the responder's (requests may hold the worker too: its
+        // address is freed with them then): the responder lets go first, so that the
+        // worker's sockets close before this drop returns.
+        let handoff = (Arc::strong_count(&self.inner) <= 2)
+            .then(|| self.inner.responder.get().cloned())
+            .flatten();
+        let inner = &mut self.inner;
+        // Safety: `inner` is dropped here, once, and not used after.
+        let mut drop_inner = || unsafe { std::mem::ManuallyDrop::drop(inner) };
+        match handoff {
+            Some(h) => h.let_go(drop_inner),
+            None => drop_inner(),
+        }
+    }
 }
 
 impl Worker {
@@ -255,7 +274,7 @@ impl Worker {
         Reduction::new(p.op, p.dtype, p.float)?;
         let transport = Transport::new(&p)?;
         Ok(Self {
-            inner: Arc::new(WorkerInner::new(p, transport)),
+            inner: std::mem::ManuallyDrop::new(Arc::new(WorkerInner::new(p, transport))),
         })
     }
 
@@ -293,7 +312,7 @@ impl Worker {
         }
         inner.membership = Some(membership);
         Ok(Self {
-            inner: Arc::new(inner),
+            inner: std::mem::ManuallyDrop::new(Arc::new(inner)),
         })
     }
 
@@ -569,7 +588,7 @@ impl Worker {
     pub fn submit(&self, op: Op, buffer: Buffer) -> Result<Request, AllreduceError> {
         let shared = Shared::new(self.params().job, None);
         self.enqueue(op, None, buffer, shared.clone())?;
-        Ok(Request::new(shared, self.inner.clone()))
+        Ok(Request::new(shared, Arc::clone(&self.inner)))
     }
 
     /// Submits an allreduce of `input` with `op` whose result goes to `output` (same
@@ -584,7 +603,7 @@ impl Worker {
     ) -> Result<Request, AllreduceError> {
         let shared = Shared::new(self.params().job, None);
         self.enqueue(op, Some(input), output, shared.clone())?;
-        Ok(Request::new(shared, self.inner.clone()))
+        Ok(Request::new(shared, Arc::clone(&self.inner)))
     }
 
     /// Checks a request and hands it to the engine.
@@ -672,7 +691,7 @@ impl Worker {
         } else {
             self.enqueue_collective(collective, op, root, input, output, shared.clone())?;
         }
-        Ok(Request::new(shared, self.inner.clone()))
+        Ok(Request::new(shared, Arc::clone(&self.inner)))
     }
 
     /// Checks a call of a collective other than allreduce and hands it to the engine.
@@ -902,7 +921,7 @@ impl Worker {
     /// Waits for a request over borrowed memory; if anything unwinds first, `Waited` takes
     /// it out of the worker before the borrow ends.
     fn wait_borrowed(&self, request: Request) -> Result<Report, AllreduceError> {
-        let mut guard = Waited(Some((request.shared(), self.inner.clone())));
+        let mut guard = Waited(Some((request.shared(), Arc::clone(&self.inner))));
         let c = request.wait();
         guard.0 = None;
         c.status
@@ -1027,6 +1046,36 @@ mod tests {
             ..p
         };
         assert!(Worker::new(bad).is_err());
+    }
+
+    /// A worker whose responder polls its sockets (a request in flight, its caller away
+    /// from the library) frees its address when the program drops it: a new worker may
+    /// bind it at once, not only after the responder's poll (5 ms) ends.
+    #[test]
+    fn a_dropped_worker_frees_its_address_at_once() {
+        let shape = xagg_common::JobShape::new(2, 4, 1024).unwrap();
+        for _ in 0..5 {
+            let free = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let at = match free.local_addr().unwrap() {
+                std::net::SocketAddr::V4(a) => a,
+                a => panic!("{a}"),
+            };
+            drop(free);
+            // Nothing answers at the switch's address: the request stays in flight.
+            let p = WorkerParams::new("127.0.0.1:9".parse().unwrap(), at, 1, 0, shape);
+            let w = Worker::new(p).unwrap();
+            w.serve_peers(&Secret([1; 32])).unwrap();
+            let mut r = w.submit(Op::Sum, Buffer::from(vec![1i32; 256])).unwrap();
+            assert!(r.test().is_none());
+            // Away: the responder makes the request progress, its sockets polled.
+            std::thread::sleep(Duration::from_millis(30));
+            r.cancel();
+            drop(r);
+            drop(w);
+            if let Err(e) = std::net::UdpSocket::bind(at) {
+                panic!("{at} still bound after the worker was dropped: {e}");
+            }
+        }
     }
 
     #[test]

@@ -34,7 +34,13 @@ use std::{
     io::{self, Read, Write},
     net::{SocketAddrV4, TcpListener, TcpStream},
     os::fd::AsRawFd,
-    sync::{Arc, Mutex, Weak},
+    sync::{
+        atomic::{
+            AtomicBool,
+            Ordering::{Relaxed, SeqCst},
+        },
+        Arc, Mutex, Weak,
+    },
     time::{Duration, Instant},
 };
 
@@ -897,11 +903,21 @@ pub(crate) fn serve(
     };
     let key = secret.0;
     let job = worker.p.job;
+    let (wake, woken) = std::os::unix::net::UnixDatagram::pair()?;
+    wake.set_nonblocking(true)?;
+    woken.set_nonblocking(true)?;
+    let handoff = Arc::new(Handoff {
+        wake,
+        woken,
+        dropping: AtomicBool::new(false),
+        holds: AtomicBool::new(false),
+    });
+    let _ = worker.responder.set(handoff.clone());
     let weak = Arc::downgrade(worker);
     let v = view.clone();
     std::thread::Builder::new()
         .name("xagg-peers".into())
-        .spawn(move || respond(listener, weak, v, key, job))?;
+        .spawn(move || respond(listener, handoff, weak, v, key, job))?;
     Ok((at, PeersSetup { view, key, job }))
 }
 
@@ -933,54 +949,161 @@ impl PeersSetup {
 /// before the responder makes them progress itself.
 const AWAY: Duration = Duration::from_millis(5);
 
+/// How the responder lets go of its worker when the program drops its last handle. The
+/// responder holds the worker while it polls the worker's sockets (the caller away), and
+/// a poll keeps the sockets open until it ends: a program that dropped its worker and
+/// bound a new one to the same address at once would find it taken. So the drop wakes
+/// the responder, waits for it to let go, and keeps it off until the worker is gone.
+pub(crate) struct Handoff {
+    wake: std::os::unix::net::UnixDatagram,
+    woken: std::os::unix::net::UnixDatagram,
+    /// The program is dropping its last handle: the responder takes no new hold.
+    dropping: AtomicBool,
+    /// The responder holds the worker.
+    holds: AtomicBool,
+}
+
+impl Handoff {
+    /// The program's side: `drop` (the last handle's) once the responder let go of the
+    /// worker (waiting 50 ms at most: it may be answering a peer).
+    pub(crate) fn let_go(&self, drop: impl FnOnce()) {
+        // Sequentially consistent with `hold`: either this sees the responder's hold and
+        // waits for its end, or the responder sees `dropping` and takes none.
+        self.dropping.store(true, SeqCst);
+        let _ = self.wake.send(&[0]);
+        let until = std::time::Instant::now() + Duration::from_millis(50);
+        while self.holds.load(SeqCst) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_micros(20));
+        }
+        drop();
+        self.dropping.store(false, SeqCst);
+    }
+
+    /// The responder's side: the worker, held until the [`Held`] is dropped.
+    fn hold(&self, worker: &Weak<WorkerInner>) -> Turn<'_> {
+        self.holds.store(true, SeqCst);
+        if self.dropping.load(SeqCst) {
+            self.holds.store(false, SeqCst);
+            return Turn::Dropping;
+        }
+        match worker.upgrade() {
+            Some(w) => Turn::Held(Held {
+                w: Some(w),
+                handoff: self,
+            }),
+            None => {
+                self.holds.store(false, SeqCst);
+                Turn::Gone
+            }
+        }
+    }
+
+    /// Whether the program woke the responder (every wake-up taken).
+    fn woken(&self) -> bool {
+        let mut any = false;
+        while matches!(self.woken.recv(&mut [0u8; 8]), Ok(n) if n > 0) {
+            any = true;
+        }
+        any
+    }
+}
+
+enum Turn<'a> {
+    Held(Held<'a>),
+    /// The program is dropping the worker.
+    Dropping,
+    /// The worker is gone.
+    Gone,
+}
+
+/// The responder's hold of its worker.
+struct Held<'a> {
+    w: Option<Arc<WorkerInner>>,
+    handoff: &'a Handoff,
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = WorkerInner;
+    fn deref(&self) -> &WorkerInner {
+        self.w.as_ref().expect("held")
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        // The worker first: the program's drop, waiting for the flag, may close it next.
+        self.w = None;
+        self.handoff.holds.store(false, SeqCst);
+    }
+}
+
 fn respond(
     listener: TcpListener,
+    handoff: Arc<Handoff>,
     worker: Weak<WorkerInner>,
     view: Arc<Mutex<View>>,
     key: [u8; 32],
     job: u32,
 ) {
     use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
-    use std::{os::fd::BorrowedFd, sync::atomic::Ordering};
+    use std::os::fd::BorrowedFd;
+    let wait_for = |fds: &[i32], wait: Duration| {
+        // Safety: the listener, the wake-up socket and the worker's sockets (held by the
+        // caller) outlive the poll.
+        let mut polled: Vec<PollFd> = fds
+            .iter()
+            .map(|&fd| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, PollFlags::POLLIN))
+            .collect();
+        let _ = poll(&mut polled, PollTimeout::from(wait.as_millis() as u16));
+    };
+    let ours = [listener.as_raw_fd(), handoff.woken.as_raw_fd()];
     loop {
-        let Some(w) = worker.upgrade() else {
-            return;
+        let w = match handoff.hold(&worker) {
+            Turn::Held(w) => w,
+            Turn::Gone => return,
+            Turn::Dropping => {
+                wait_for(&ours, Duration::from_millis(1));
+                handoff.woken();
+                continue;
+            }
         };
         // The caller away (in a call the library does not wrap, or computing) with
         // requests in flight: this thread takes their results in and sends their next
         // rounds as they come, so that the other ranks are not held up. While the caller
         // is in the library it does that itself, and this thread only listens.
-        let active = w.active.load(Ordering::Relaxed) > 0;
+        let active = w.active.load(Relaxed) > 0;
         let away = active
-            && crate::engine::now_ns().saturating_sub(w.last_step.load(Ordering::Relaxed))
+            && crate::engine::now_ns().saturating_sub(w.last_step.load(Relaxed))
                 > AWAY.as_nanos() as u64;
         if away {
             w.progress_as(Duration::ZERO, false);
         }
-        let fds: Vec<i32> = std::iter::once(listener.as_raw_fd())
-            .chain(w.fds.iter().copied().filter(|_| away))
-            .collect();
-        // Safety: the listener and the worker's sockets (held by `w`) outlive the poll.
-        let mut polled: Vec<PollFd> = fds
-            .iter()
-            .map(|&fd| PollFd::new(unsafe { BorrowedFd::borrow_raw(fd) }, PollFlags::POLLIN))
-            .collect();
         let wait = if active {
             AWAY
         } else {
             Duration::from_millis(200)
         };
-        // Only the listener polled: the worker is not held meanwhile, so that a program
-        // dropping it frees its address at once (a new worker may bind it right away).
+        // Polling the worker's sockets holds it (a program dropping it wakes this thread
+        // and waits for it to let go: `Handoff`); polling only the listener does not.
         let w = if away {
+            let fds: Vec<i32> = ours.iter().chain(&w.fds).copied().collect();
+            wait_for(&fds, wait);
             Some(w)
         } else {
             drop(w);
+            wait_for(&ours, wait);
             None
         };
-        let _ = poll(&mut polled, PollTimeout::from(wait.as_millis() as u16));
-        let Some(w) = w.or_else(|| worker.upgrade()) else {
-            return;
+        if handoff.woken() {
+            continue;
+        }
+        let w = match w {
+            Some(w) => w,
+            None => match handoff.hold(&worker) {
+                Turn::Held(w) => w,
+                Turn::Gone => return,
+                Turn::Dropping => continue,
+            },
         };
         while let Ok((s, _)) = listener.accept() {
             // A peer that stalls mid-question holds this rank's answers up only so long.

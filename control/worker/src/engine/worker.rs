@@ -57,6 +57,8 @@ pub(crate) struct WorkerInner {
     /// The responder started, waiting for the peers' addresses; then the peers.
     pub peers_setup: Mutex<Option<crate::peers::PeersSetup>>,
     pub peers: std::sync::OnceLock<crate::peers::Peers>,
+    /// How the peers' responder lets go of this worker when the program drops it.
+    pub responder: std::sync::OnceLock<Arc<crate::peers::Handoff>>,
 }
 
 impl WorkerInner {
@@ -76,6 +78,7 @@ impl WorkerInner {
             left: std::sync::atomic::AtomicBool::new(false),
             peers_setup: Mutex::new(None),
             peers: std::sync::OnceLock::new(),
+            responder: std::sync::OnceLock::new(),
         }
     }
 
