@@ -551,7 +551,7 @@ fn deliver(
         // Not one the peers finish: this rank's rounds of it get nothing more, and a peer
         // the switch keeps waiting for them is told why.
         match &status {
-            Err(e) if !e.recoverable() => v.fail(m, &e.to_string()),
+            Err(e) if !e.recoverable() => v.fail(m, &e.fate(job, m)),
             _ => {}
         }
     }

@@ -211,6 +211,29 @@ impl AllreduceError {
         matches!(self, Self::Timeout { missing, .. } if missing.iter().any(Missing::not_taken))
     }
 
+    /// Why this rank's call of `message` failed, as its responder tells a peer that asks
+    /// (the peer's [`Self::MemberFailed`] names this rank, the job and the message): a
+    /// failure for another rank says that one's reason once, not the peer's whole error
+    /// again at each link of a chain.
+    pub fn fate(&self, job: u32, message: u32) -> String {
+        match self {
+            Self::MemberFailed { rank, reason, .. } => {
+                format!("it gave up on rank {rank}, whose call failed there: {reason}")
+            }
+            Self::MemberGone { rank, at, .. } => {
+                format!("it gave up on rank {rank}, whose process is gone (its responder at {at} refuses connections)")
+            }
+            e => {
+                let e = e.to_string();
+                let named = format!("allreduce of job {job} message {message}");
+                [": ", " failed: "]
+                    .iter()
+                    .find_map(|after| e.strip_prefix(&format!("{named}{after}")))
+                    .map_or(e.clone(), str::to_owned)
+            }
+        }
+    }
+
     /// Whether the peers may hold what this request lacks: the switch stopped answering
     /// or refused, the socket failed, or a peer was promised this rank would not wait.
     pub fn recoverable(&self) -> bool {
@@ -543,4 +566,43 @@ pub(crate) fn bind_udp(
         };
         AllreduceError::Invalid(format!("binding the member's UDP socket to {at}: {e}{why}"))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::AllreduceError;
+
+    /// What a rank's responder says of a failed call: its own error without the job and
+    /// message (the asker's error names them), and for a failure for another rank, that
+    /// rank and its reason once.
+    #[test]
+    fn a_fate_names_the_rank_it_failed_for_once() {
+        let own = AllreduceError::Abandoned {
+            job: 1,
+            message: 7,
+            segments: vec![3],
+        };
+        let said = own.fate(1, 7);
+        assert!(!said.contains("job 1"), "{said}");
+        let failed_for = AllreduceError::MemberFailed {
+            job: 1,
+            message: 7,
+            rank: 3,
+            reason: said.clone(),
+        };
+        assert_eq!(
+            failed_for.fate(1, 7),
+            format!("it gave up on rank 3, whose call failed there: {said}")
+        );
+        // As a third rank sees it: one clause per link, the job and message once.
+        let asked = AllreduceError::MemberFailed {
+            job: 1,
+            message: 7,
+            rank: 2,
+            reason: failed_for.fate(1, 7),
+        }
+        .to_string();
+        assert_eq!(asked.matches("job 1").count(), 1, "{asked}");
+        assert!(asked.contains("rank 2, whose call of it failed there: it gave up on rank 3, whose call failed there: "), "{asked}");
+    }
 }
