@@ -6,6 +6,8 @@
  *                        the file GO (the test cuts its results off first)
  *        cases slow S    rank 0 starts its allreduce S seconds after the others
  *        cases nan       rank 1 puts a NaN into element 5 of a float sum
+ *        cases mismatch  an MPI_Bcast from rank 0 of N int, of N - 1 on rank 1 (a program
+ *                        error: the library aborts the job, naming the call)
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
  *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
  *        cases datatypes the ranks pass datatypes of one type signature each their own way
@@ -160,6 +162,10 @@ int main(int argc, char **argv) {
             bad += i == 5 ? !isnan(f[i]) : f[i] != size * 0.5f * i + size * (size - 1) / 2;
         expect("nan", bad, 0);
         free(f);
+    } else if (strcmp(mode, "mismatch") == 0) {
+        fill(x, N, 5);
+        MPI_Bcast(x, rank == 1 ? N - 1 : N, MPI_INT, 0, MPI_COMM_WORLD);
+        expect("mismatch", 1, 0);
     } else if (strcmp(mode, "pair") == 0) {
         MPI_Request r[2];
         fill(x, N, 3);

@@ -336,6 +336,18 @@ fn mpi_programs_fall_back_to_open_mpi() {
         err.contains("MPI_COMM_WORLD (4 ranks): collectives go to Open MPI: rank 0: the daemon's network listener at 10.77.0.1:1 does not answer"),
         "{err}"
     );
+    // Said that once (each communicator by its rank 0): no rank repeats it for each entry
+    // point (XAGG_VERBOSE would).
+    assert_eq!(
+        err.matches("MPI_COMM_WORLD (4 ranks): collectives go to Open MPI")
+            .count(),
+        1,
+        "{err}"
+    );
+    assert!(
+        !err.contains("goes to Open MPI: the communicator is served by Open MPI"),
+        "{err}"
+    );
     assert_eq!(summary(&err).0, 0);
 
     // The switch's answers stop reaching the ranks in the middle of a run (a firewall in
@@ -585,6 +597,25 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         [1, 0, 0, 1, 0, 0],
         "{err}"
     );
+
+    // Calls that do not match (a broadcast of one element fewer on rank 1): the rank the
+    // switch refused says which call of the program it was and aborts the job; nobody
+    // waits for it past twice the give-up time.
+    let started = std::time::Instant::now();
+    let o = run("mismatch", &give_up);
+    let (out, err) = (
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr),
+    );
+    assert!(!o.status.success(), "{out}{err}");
+    assert!(!out.contains("checks="), "{out}");
+    assert!(
+        err.contains(
+            ": MPI_Bcast was not taken by the switch (this rank's call does not match the others'"
+        ),
+        "{err}"
+    );
+    assert!(started.elapsed() < Duration::from_secs(30), "{err}");
 
     // An MPI_Iallreduce of more segments than slots with rank 1 sitting in an MPI_Recv
     // (from rank 0, which waits for the allreduce) before its MPI_Wait: Open MPI completes

@@ -370,8 +370,9 @@ impl Call {
                             "failed and cannot be made another way (the other ranks may have its result)"
                         };
                         say(&format!(
-                            "rank {}: an allreduce through the switch {why}: {e}; aborting",
-                            crate::world_rank()
+                            "rank {}: {} {why}: {e}; aborting",
+                            crate::world_rank(),
+                            self.entry
                         ));
                         // Safety: MPI is initialized.
                         unsafe { (pmpi().abort)(handles().comm_world, 1) };

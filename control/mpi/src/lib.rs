@@ -185,8 +185,10 @@ fn switch_job<'a>(c: &'a mut CommState, entry: &'static str) -> Option<&'a mut c
     match &mut c.path {
         Path::Switch(job) => Some(job),
         Path::Pmpi(why) => {
+            // Said once for the communicator, by its rank 0 (`comm_state`): each entry
+            // point is counted, and said only with XAGG_VERBOSE.
             let why = format!("the communicator is served by Open MPI: {why}");
-            with_state(|st| pass(st, entry, &why));
+            with_state(|st| pass_as(st, entry, &why, verbose()));
             None
         }
     }
@@ -294,8 +296,13 @@ fn poll_all() {
 
 /// Counts a call handed to Open MPI unchanged; says why the first time for each reason.
 fn pass(st: &mut State, entry: &'static str, why: &str) {
+    pass_as(st, entry, why, true)
+}
+
+/// [`pass`], saying why only if `say_it`.
+fn pass_as(st: &mut State, entry: &'static str, why: &str, say_it: bool) {
     *st.stats.passed.entry(why.to_string()).or_default() += 1;
-    if st.stats.said.insert((entry, why.to_string())) {
+    if st.stats.said.insert((entry, why.to_string())) && say_it {
         say(&format!(
             "rank {}: {entry} goes to Open MPI: {why} (said once; the summary at MPI_Finalize counts them)",
             world_rank()

@@ -116,26 +116,26 @@ impl std::fmt::Display for Missing {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllreduceError {
-    #[error("allreduce of job {job} message {message} failed: no result for {waited:?}; {} segments missing: {}", missing.len(), first_few(missing))]
+    #[error("job {job} message {message} failed: no result for {waited:?}; {} segments missing: {}", missing.len(), first_few(missing))]
     Timeout {
         job: u32,
         message: u32,
         waited: Duration,
         missing: Vec<Missing>,
     },
-    #[error("allreduce of job {job} message {message}: NaN or infinity in the input of {} segments ({}); their elements are NaN in the result", segments.len(), first_few(segments))]
+    #[error("job {job} message {message}: NaN or infinity in the input of {} segments ({}); their elements are NaN in the result", segments.len(), first_few(segments))]
     NonFinite {
         job: u32,
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("allreduce of job {job} message {message}: the exact float sum is too wide for its lanes in {} segments ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segments.len(), first_few(segments))]
+    #[error("job {job} message {message}: the exact float sum is too wide for its lanes in {} segments ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segments.len(), first_few(segments))]
     Overflow {
         job: u32,
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("allreduce of job {job} message {message} failed: other members gave up on it (their collective timeout, XAGG_TIMEOUT_S, passed while they waited for this rank) in {} segments ({})", segments.len(), first_few(segments))]
+    #[error("job {job} message {message} failed: other members gave up on it (their collective timeout, XAGG_TIMEOUT_S, passed while they waited for this rank) in {} segments ({})", segments.len(), first_few(segments))]
     GivenUp {
         job: u32,
         message: u32,
@@ -150,7 +150,7 @@ pub enum AllreduceError {
     /// A rank the switch waits for (in a flat job its member; behind host levels a rank of
     /// a host it waits for, or a rank its host waits for) whose process is gone: its
     /// responder refuses connections.
-    #[error("allreduce of job {job} message {message}: the switch waits for rank {rank}, whose process is gone (its responder at {at} refuses connections): the job cannot go on without it")]
+    #[error("job {job} message {message}: the switch waits for rank {rank}, whose process is gone (its responder at {at} refuses connections): the job cannot go on without it")]
     MemberGone {
         job: u32,
         message: u32,
@@ -161,7 +161,7 @@ pub enum AllreduceError {
     /// message failed for good (its responder says why): it sends the round nothing more.
     /// The ranks' calls did not match (another size, type, op or collective), or that
     /// rank failed otherwise.
-    #[error("allreduce of job {job} message {message}: the switch waits for rank {rank}, whose call of it failed there: {reason}")]
+    #[error("job {job} message {message}: the switch waits for rank {rank}, whose call of it failed there: {reason}")]
     MemberFailed {
         job: u32,
         message: u32,
@@ -171,7 +171,7 @@ pub enum AllreduceError {
     /// Not marked as the error's source: the message carries it once already.
     #[error("job {job}: the switch refused this member: {reason}")]
     Refused { job: u32, reason: String },
-    #[error("allreduce of job {job}{}: cancelled", message.map(|m| format!(" message {m}")).unwrap_or_default())]
+    #[error("job {job}{}: cancelled", message.map(|m| format!(" message {m}")).unwrap_or_default())]
     Cancelled { job: u32, message: Option<u32> },
     /// Joining (or leaving) the job failed: the daemon did not answer, refused, or not
     /// every rank came. Shared, as the error is handed to every waiting request.
@@ -187,7 +187,7 @@ pub enum AllreduceError {
     /// A peer whose switch stopped answering asked this rank for a result it did not hold,
     /// and was promised it would not be taken from the switch: the request is finished
     /// from the peers instead ([`Worker::recover`](crate::Worker::recover)).
-    #[error("allreduce of job {job} message {message}: a peer recovering it was told this rank lacks segment {segment}, so it is taken from the peers, not the switch")]
+    #[error("job {job} message {message}: a peer recovering it was told this rank lacks segment {segment}, so it is taken from the peers, not the switch")]
     Withdrawn {
         job: u32,
         message: u32,
@@ -195,7 +195,7 @@ pub enum AllreduceError {
     },
     /// Recovery found segments no rank holds: no rank returned this call, and every rank
     /// reaches this verdict for it. Make it, and the job's later calls, another way.
-    #[error("allreduce of job {job} message {message}: the switch stopped answering and no rank holds {} segments ({}): no rank returned this call, so it is made another way", segments.len(), first_few(segments))]
+    #[error("job {job} message {message}: the switch stopped answering and no rank holds {} segments ({}): no rank returned this call, so it is made another way", segments.len(), first_few(segments))]
     Abandoned {
         job: u32,
         message: u32,
@@ -225,7 +225,7 @@ impl AllreduceError {
             }
             e => {
                 let e = e.to_string();
-                let named = format!("allreduce of job {job} message {message}");
+                let named = format!("job {job} message {message}");
                 [": ", " failed: "]
                     .iter()
                     .find_map(|after| e.strip_prefix(&format!("{named}{after}")))
