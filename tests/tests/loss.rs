@@ -240,8 +240,10 @@ fn missing_member_fails_fast_with_a_clear_error() {
                 0,
                 i32_shape(WORKERS.len(), 8, 256),
             );
-            p.give_up = std::time::Duration::from_secs(1);
-            // The switch answers that it waits for members 1 and 2: no waiting beyond.
+            // The give-up time at its default (10 s): the collective timeout, shorter,
+            // ends the call at its own end (before, at the give-up time). The switch
+            // answers that it waits for members 1 and 2: no waiting beyond.
+            assert_eq!(p.give_up, std::time::Duration::from_secs(10));
             p.collective_timeout = std::time::Duration::from_secs(1);
             let w = xagg_worker::Worker::new(p).unwrap();
             let mut buf = vec![1i32; 4096];

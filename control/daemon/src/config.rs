@@ -371,6 +371,15 @@ impl Config {
                 });
             }
         }
+        // Checked here, not when the jobs are added: a start would attach the dataplane
+        // first (and `--reload` replace the running one) before finding the second.
+        let mut ids = std::collections::BTreeMap::new();
+        for j in &self.jobs {
+            *ids.entry(j.id).or_insert(0usize) += 1;
+        }
+        if let Some((&id, &count)) = ids.iter().find(|(_, &n)| n > 1) {
+            return Err(Error::DuplicateJob { id, count });
+        }
         if self.daemon.listen.is_some() && self.credentials.is_empty() {
             return Err(Error::NoCredential);
         }
@@ -458,6 +467,24 @@ mod tests {
         assert_eq!(again.switch.ports, ["p0", "p1"]);
         assert_eq!(again.switch.netns.as_deref(), Some("ns"));
         assert_eq!(again.daemon.socket, PathBuf::from("/tmp/s"));
+    }
+
+    /// Two `[[job]]` tables of one id: refused as the file is read (so `--check` says
+    /// it), not by a start that attached the dataplane first.
+    #[test]
+    fn a_job_id_given_twice_is_refused() {
+        let job = |port: u16| {
+            format!("[[job]]\nid = 1\nsegment = 860\nslots = 16\nmembers = [ {{ interface = \"a\", mac = \"02:00:00:00:00:01\", addr = \"10.0.0.11:{port}\" }} ]\n")
+        };
+        let head = "[switch]\nports = [\"a\"]\naddress = \"10.0.0.1\"\n";
+        assert!(Config::parse(&format!("{head}{}", job(1))).is_ok());
+        let e = Config::parse(&format!("{head}{}{}", job(1), job(2)))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("[[job]] id = 1 is given by 2 [[job]] tables"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -83,6 +83,8 @@ pub enum Error {
     ZeroTimeout,
     #[error("credential[{index}].name = \"{name}\": give each credential a name of its own")]
     CredentialName { index: usize, name: String },
+    #[error("[[job]] id = {id} is given by {count} [[job]] tables: each job needs an id of its own (renumber or delete all but one)")]
+    DuplicateJob { id: u32, count: usize },
     #[error("credential {credential}: slot_quota = 0 lets it create no job: give the slots its jobs may hold")]
     NoQuota { credential: String },
     #[error("daemon.listen is set but no [[credential]] is: nobody could create a job over the network; add one (name, key_file, slot_quota)")]

@@ -83,7 +83,10 @@ impl Engine {
                 }
             } else if a.running()
                 && a.in_flight > 0
-                && now.duration_since(a.last_progress) > self.p.give_up
+                // A collective timeout shorter than the give-up time ends the call at
+                // its own end, not at the give-up time.
+                && now.duration_since(a.last_progress)
+                    > self.p.give_up.min(self.p.collective_timeout)
             {
                 let waited = now.duration_since(a.last_progress);
                 self.diagnose(i, waited)?;
