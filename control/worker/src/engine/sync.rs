@@ -80,6 +80,8 @@ pub(super) struct CopyStatus {
     /// A [`ShadowState`], as the reply's status.
     state: u8,
     round: Round,
+    /// A member gave up on the round (`ENC_WITHDRAWN` in the reply): it cannot end well.
+    withdrawn: bool,
 }
 
 impl CopyStatus {
@@ -193,6 +195,7 @@ impl Engine {
             c[h.shadow()] = Some(CopyStatus {
                 state: h.status,
                 round: Round::new(h.message(), h.segment()),
+                withdrawn: h.enc_flags() & wire::ENC_WITHDRAWN != 0,
             });
         }
         true
@@ -248,7 +251,8 @@ impl Engine {
 /// members ahead, with requests pipelined, may already have rounds of later messages
 /// filling, and the replies may show those before the oldest; 0 on a job that never ran.
 /// A filling round whose slot's other copy holds a newer round was abandoned (its members
-/// gave up and went on) and does not count.
+/// gave up and went on) and does not count; nor does one a member gave up on (withdrawn:
+/// its result would fail every member), whose message counts as finished instead.
 fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
     let oldest = |a: u32, b: u32| {
         if Round::first(a).is_after(Round::first(b)) {
@@ -260,7 +264,7 @@ fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
     let newest_done = copies
         .iter()
         .flatten()
-        .filter(|c| c.state == ShadowState::Done as u8)
+        .filter(|c| c.state == ShadowState::Done as u8 || (c.open() && c.withdrawn))
         .map(|c| c.round.message)
         .reduce(|a, b| {
             if Round::first(b).is_after(Round::first(a)) {
@@ -275,7 +279,7 @@ fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
             (0..2).filter_map(move |i| {
                 let (c, other) = (pair[i], pair[1 - i]);
                 let abandoned = other.held() && other.round.is_after(c.round);
-                (c.open() && !abandoned).then_some(c.round.message)
+                (c.open() && !abandoned && !c.withdrawn).then_some(c.round.message)
             })
         })
         .reduce(oldest);
@@ -328,6 +332,7 @@ mod tests {
         CopyStatus {
             state,
             round: Round::new(message, segment),
+            withdrawn: false,
         }
     }
 
@@ -400,6 +405,16 @@ mod tests {
                 [copy(d, 4, 1), copy(e, 0, 0)]
             ]),
             5
+        );
+        // Message 5 filling, but given up on by a member (its collective timeout): its
+        // result would fail every member, so 6 next.
+        let given_up = CopyStatus {
+            withdrawn: true,
+            ..copy(f, 5, 0)
+        };
+        assert_eq!(
+            next_message(&[[copy(d, 4, 0), given_up], [copy(d, 4, 1), copy(e, 0, 0)]]),
+            6
         );
         // Ids wrap.
         assert_eq!(next_message(&[[copy(d, u32::MAX, 0), copy(d, 0, 1)]]), 1);
