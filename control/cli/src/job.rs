@@ -20,7 +20,8 @@ pub enum JobCmd {
         #[arg(long)]
         json: bool,
     },
-    /// A job's busy slots and the members each still waits for; without an id, the jobs
+    /// Every slot copy of a job (its round and state) and the members a filling round still
+    /// waits for; without an id, the jobs
     /// workers joined over the network, pending (which ranks are missing) or running.
     Status {
         id: Option<u32>,
@@ -149,7 +150,8 @@ fn joins(socket: &Path, json: bool) -> Result<()> {
     }
 }
 
-/// `xagg job status ID`: the job's busy slots and the members each still waits for.
+/// `xagg job status ID`: every slot copy of the job (its round and state) and the members
+/// a filling round still waits for.
 fn slots(socket: &Path, id: u32, json: bool) -> Result<()> {
     match call(socket, &Request::JobStatus { id })? {
         r @ Response::JobStatus { .. } if json => {

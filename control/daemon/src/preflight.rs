@@ -235,7 +235,7 @@ fn ports(cfg: &Config, pinned: bool, unadoptable: bool, r: &mut Report) {
                 mode.name()
             )),
             Ok(mode) if unadoptable => r.warn(format!(
-                "port {port}: {mtu}, an XDP program in {} mode, most likely the dataplane pinned at {}, which this configuration cannot adopt (above): `xagg detach --pin-path {}` takes it off every port it is on",
+                "port {port}: {mtu}, an XDP program in {} mode, most likely the dataplane pinned at {}, which this configuration cannot adopt (the finding on the pinned dataplane says why): `xagg detach --pin-path {}` takes it off every port it is on",
                 mode.name(),
                 cfg.daemon.pin_path.display(),
                 cfg.daemon.pin_path.display()
