@@ -21,8 +21,8 @@ pub enum JobCmd {
         json: bool,
     },
     /// Every slot copy of a job (its round and state) and the members a filling round still
-    /// waits for; without an id, the jobs
-    /// workers joined over the network, pending (which ranks are missing) or running.
+    /// waits for; without an id, the jobs workers joined over the network, pending (which
+    /// ranks are missing) or running.
     Status {
         id: Option<u32>,
         #[arg(long)]

@@ -998,13 +998,9 @@ impl Handoff {
         }
     }
 
-    /// Whether the program woke the responder (every wake-up taken).
-    fn woken(&self) -> bool {
-        let mut any = false;
-        while matches!(self.woken.recv(&mut [0u8; 8]), Ok(n) if n > 0) {
-            any = true;
-        }
-        any
+    /// Takes every wake-up the program sent.
+    fn take_wakes(&self) {
+        while matches!(self.woken.recv(&mut [0u8; 8]), Ok(n) if n > 0) {}
     }
 }
 
@@ -1063,10 +1059,16 @@ fn respond(
             Turn::Gone => return,
             Turn::Dropping => {
                 wait_for(&ours, Duration::from_millis(1));
-                handoff.woken();
+                handoff.take_wakes();
                 continue;
             }
         };
+        while let Ok((s, _)) = listener.accept() {
+            // A peer that stalls mid-question holds this rank's answers up only so long.
+            let _ = s.set_nonblocking(false);
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let _ = answer(s, &w, &view, &key, job);
+        }
         // The caller away (in a call the library does not wrap, or computing) with
         // requests in flight: this thread takes their results in and sends their next
         // rounds as they come, so that the other ranks are not held up. While the caller
@@ -1085,32 +1087,16 @@ fn respond(
         };
         // Polling the worker's sockets holds it (a program dropping it wakes this thread
         // and waits for it to let go: `Handoff`); polling only the listener does not.
-        let w = if away {
+        if away {
             let fds: Vec<i32> = ours.iter().chain(&w.fds).copied().collect();
             wait_for(&fds, wait);
-            Some(w)
+            drop(w);
         } else {
             drop(w);
             wait_for(&ours, wait);
-            None
-        };
-        if handoff.woken() {
-            continue;
         }
-        let w = match w {
-            Some(w) => w,
-            None => match handoff.hold(&worker) {
-                Turn::Held(w) => w,
-                Turn::Gone => return,
-                Turn::Dropping => continue,
-            },
-        };
-        while let Ok((s, _)) = listener.accept() {
-            // A peer that stalls mid-question holds this rank's answers up only so long.
-            let _ = s.set_nonblocking(false);
-            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
-            let _ = answer(s, &w, &view, &key, job);
-        }
+        // A wake-up is seen by the next turn's hold (`Dropping`, or the worker gone).
+        handoff.take_wakes();
     }
 }
 
