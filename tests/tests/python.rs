@@ -39,6 +39,13 @@ fn torchrun(sw: &TestSwitch, env: &[(&str, String)], port: u16, args: &[&str]) -
     xagg_lab::python::torchrun(&sw.lab, RANKS, port, env, &script("ddp_check.py"), args).unwrap()
 }
 
+/// `ddp_check.py` with `args` on every namespace, each rank started as torchrun starts it
+/// (without its agents: the launch itself is [`torchrun`]'s test).
+fn started(sw: &TestSwitch, env: &[(&str, String)], port: u16, args: &[&str]) -> Vec<Output> {
+    xagg_lab::python::as_torchrun_starts(&sw.lab, RANKS, port, env, &script("ddp_check.py"), args)
+        .unwrap()
+}
+
 fn text(o: &Output) -> (String, String) {
     (
         String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -205,7 +212,7 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
         &["xagg", "8", xagg.to_str().unwrap(), "compare"],
     ));
     let after = sw.counters();
-    let g = ranks_ok(&torchrun(
+    let g = ranks_ok(&started(
         &sw,
         &env(),
         29501,
@@ -213,7 +220,7 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
     ));
     // Gloo as the backend, the gradients through the switch by the communication hook.
     let hooked = dir.join("hook.pt");
-    let h = ranks_ok(&torchrun(
+    let h = ranks_ok(&started(
         &sw,
         &env(),
         29503,
@@ -295,7 +302,7 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
         .into_iter()
         .map(|(mode, port)| {
             let file = dir.join(format!("{mode}.pt"));
-            let o = ranks_ok(&torchrun(
+            let o = ranks_ok(&started(
                 &sw,
                 &exact,
                 port,
@@ -434,7 +441,8 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     }
     let sw = TestSwitch::joinable("xpc", RANKS);
     let run = |port: u16, args: &[&str], env: &[(&str, String)]| {
-        xagg_lab::python::torchrun(&sw.lab, RANKS, port, env, &script("cases.py"), args).unwrap()
+        xagg_lab::python::as_torchrun_starts(&sw.lab, RANKS, port, env, &script("cases.py"), args)
+            .unwrap()
     };
     let mut e = env();
     e.push(("XAGG_GIVE_UP_MS", "1000".into()));
@@ -708,8 +716,15 @@ fn a_zero_step_through_the_switch_trains_as_ddp_does() {
     let script = script("zero_check.py");
     let run = |port: u16, mode: &str| {
         ranks_ok(
-            &xagg_lab::python::torchrun(&sw.lab, N, port, &env, &script, &["xagg", mode, STEPS])
-                .unwrap(),
+            &xagg_lab::python::as_torchrun_starts(
+                &sw.lab,
+                N,
+                port,
+                &env,
+                &script,
+                &["xagg", mode, STEPS],
+            )
+            .unwrap(),
         )
     };
     let before = sw.counters();

@@ -140,6 +140,33 @@ pub fn torchrun(
     })
 }
 
+/// `script` with `args` on ranks 0..n, one per worker namespace, each started with the
+/// environment torchrun gives a worker (`RANK`, `WORLD_SIZE`, `LOCAL_RANK`,
+/// `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT`: rank 0's namespace hosts the store at
+/// `port`) but without torchrun's agents, which cost each run seconds of their own start and
+/// exit (the tests of the launch itself use [`torchrun`]).
+pub fn as_torchrun_starts(
+    lab: &Lab,
+    n: usize,
+    port: u16,
+    env: &[(&str, String)],
+    script: &std::path::Path,
+    args: &[&str],
+) -> Result<Vec<Output>> {
+    let mut e = env.to_vec();
+    e.extend([
+        ("LOCAL_RANK", "0".to_string()),
+        ("LOCAL_WORLD_SIZE", "1".to_string()),
+        ("MASTER_ADDR", crate::lab::worker_ip(0).to_string()),
+        ("MASTER_PORT", port.to_string()),
+    ]);
+    ranks(lab, n, &e, |_| {
+        let mut a = vec![script.display().to_string()];
+        a.extend(args.iter().map(|s| s.to_string()));
+        a
+    })
+}
+
 /// [`torchrun`] on every rank of a tree lab, each with `XAGG_DAEMON` set to its host's
 /// daemon: the backend finds which ranks share a host from the daemons they name.
 pub fn tree_torchrun(
@@ -193,6 +220,10 @@ fn torchrun_args(
         "1",
         "--tee",
         "1",
+        // Its agent looks at its worker every 5 s by default: each run would end up to 5 s
+        // after its program did.
+        "--monitor_interval",
+        "0.1",
     ]
     .iter()
     .map(|s| s.to_string())
