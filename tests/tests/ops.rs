@@ -208,6 +208,67 @@ fn edge_cases() {
     );
     assert_eq!(r, bytes(&[1i64 << 62, i64::MIN, i64::MAX, -2]));
     assert_eq!(flags & ENC_OVERFLOW, 0);
+    // Min and max of every pair of extremes, in both lanes of a word: the folds choose by
+    // arithmetic (the sign of a difference corrected for overflow), not by comparisons.
+    let i32s = [i32::MIN, i32::MIN + 1, -2, -1, 0, 1, i32::MAX - 1, i32::MAX];
+    let u32s = [
+        0u32,
+        1,
+        0x7fff_ffff,
+        0x8000_0000,
+        0x8000_0001,
+        u32::MAX - 1,
+        u32::MAX,
+    ];
+    let i64s = [
+        i64::MIN,
+        i64::MIN + 1,
+        -(1 << 32),
+        -1,
+        0,
+        1,
+        1 << 32,
+        i64::MAX - 1,
+        i64::MAX,
+    ];
+    fn pairs<T: Copy>(v: &[T]) -> (Vec<T>, Vec<T>) {
+        v.iter()
+            .flat_map(|&a| v.iter().map(move |&b| (a, b)))
+            .unzip()
+    }
+    let (a, b) = pairs(&i32s);
+    for (op, want) in [
+        (
+            Op::Min,
+            a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect::<Vec<_>>(),
+        ),
+        (Op::Max, a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect()),
+    ] {
+        let (r, _) = run(op, DType::I32, vec![bytes(&a), bytes(&b)]);
+        assert_eq!(r, bytes(&want), "{} over i32", op.name());
+    }
+    let (a, b) = pairs(&u32s);
+    for (op, want) in [
+        (
+            Op::Min,
+            a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect::<Vec<_>>(),
+        ),
+        (Op::Max, a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect()),
+    ] {
+        let (r, _) = run(op, DType::U32, vec![bytes(&a), bytes(&b)]);
+        assert_eq!(r, bytes(&want), "{} over u32", op.name());
+    }
+    let (a, b) = pairs(&i64s);
+    for (op, want) in [
+        (
+            Op::Min,
+            a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect::<Vec<_>>(),
+        ),
+        (Op::Max, a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect()),
+    ] {
+        let (r, _) = run(op, DType::I64, vec![bytes(&a), bytes(&b)]);
+        assert_eq!(r, bytes(&want), "{} over i64", op.name());
+    }
     // Extremes for min and max.
     let (r, _) = run(
         Op::Min,
