@@ -109,39 +109,6 @@ fn lanes(a: u64, b: u64, f: impl Fn(u32, u32) -> u32) -> u64 {
     hi << 32 | lo
 }
 
-/// All ones where `a < b`, else zero: the sign of `a - b`, corrected for overflow (which
-/// happens only where the signs differ). Arithmetic, not a comparison, which the BPF
-/// target can only make with a branch.
-#[inline(always)]
-fn below(a: i64, b: i64) -> u64 {
-    let d = a.wrapping_sub(b);
-    ((d ^ ((a ^ b) & (d ^ a))) >> 63) as u64
-}
-
-/// Per 32-bit lane, all ones where `a`'s lane is below `b`'s (each widened by `widen`).
-#[inline(always)]
-fn lane_masks(a: u64, b: u64, widen: impl Fn(u32) -> i64) -> u64 {
-    let lo = below(widen(a as u32), widen(b as u32));
-    let hi = below(widen((a >> 32) as u32), widen((b >> 32) as u32));
-    hi << 32 | (lo & 0xffff_ffff)
-}
-
-/// An unsigned lane as a signed one of the same order (its top bit flipped): widened
-/// plainly, the compiler would see the comparison again.
-#[inline(always)]
-fn unsigned(x: u32) -> i64 {
-    (x ^ 0x8000_0000) as i32 as i64
-}
-
-/// `y`'s bits where `mask` is set, else `x`'s.
-#[inline(always)]
-fn pick(x: u64, y: u64, mask: u64) -> u64 {
-    // Read back through memory: seeing a comparison in the mask, the compiler would make
-    // it a select again, which the BPF target makes with branches.
-    let mask = unsafe { core::ptr::read_volatile(&mask) };
-    (y & mask) | (x & !mask)
-}
-
 /// Arithmetic shift right of both signed 32-bit lanes by `s` (0..=31).
 #[inline(always)]
 fn sar_32x2(x: u64, s: u32) -> u64 {
@@ -232,27 +199,16 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
                 ((a as i64 >> sa).wrapping_add(b as i64 >> sb)) as u64
             });
         }
-        // Chosen by a mask per word, not branches: the verifier walks one path per word
-        // (with branches, each of these took the kernel 2.5-4x a sum's time to verify, and
-        // the folds' verification is nearly all of a daemon's start).
         MIN_I32 => fold_words(v, src, w, write, |a, b| {
-            pick(a, b, lane_masks(b, a, |x| x as i32 as i64))
+            lanes(a, b, |x, y| (x as i32).min(y as i32) as u32)
         }),
-        MIN_U32 => fold_words(v, src, w, write, |a, b| {
-            pick(a, b, lane_masks(b, a, unsigned))
-        }),
-        MIN_I64 => fold_words(v, src, w, write, |a, b| {
-            pick(a, b, below(b as i64, a as i64))
-        }),
+        MIN_U32 => fold_words(v, src, w, write, |a, b| lanes(a, b, |x, y| x.min(y))),
+        MIN_I64 => fold_words(v, src, w, write, |a, b| (a as i64).min(b as i64) as u64),
         MAX_I32 => fold_words(v, src, w, write, |a, b| {
-            pick(a, b, lane_masks(a, b, |x| x as i32 as i64))
+            lanes(a, b, |x, y| (x as i32).max(y as i32) as u32)
         }),
-        MAX_U32 => fold_words(v, src, w, write, |a, b| {
-            pick(a, b, lane_masks(a, b, unsigned))
-        }),
-        MAX_I64 => fold_words(v, src, w, write, |a, b| {
-            pick(a, b, below(a as i64, b as i64))
-        }),
+        MAX_U32 => fold_words(v, src, w, write, |a, b| lanes(a, b, |x, y| x.max(y))),
+        MAX_I64 => fold_words(v, src, w, write, |a, b| (a as i64).max(b as i64) as u64),
         PROD32 => fold_words(v, src, w, write, |a, b| {
             lanes(a, b, |x, y| x.wrapping_mul(y))
         }),
