@@ -22,11 +22,9 @@ use xagg_api::{Request, Response, DEFAULT_SOCKET};
 use xagg_tests::*;
 
 /// The one-host deployment docs/topologies.md prints, run as printed.
-#[path = "deploy/one_host.rs"]
 mod one_host;
 
 /// The two-host deployment docs/topologies.md prints, run as printed.
-#[path = "deploy/two_hosts.rs"]
 mod two_hosts;
 
 /// The daemon's systemd unit, as shipped.
