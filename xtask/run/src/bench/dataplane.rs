@@ -57,21 +57,30 @@ pub fn compare(quick: bool, objects: &[Vec<u8>]) -> Result<Vec<Vec<DataplanePoin
     // The longest single-buffer segment on veth, and the longest (multi-buffer) one, whose
     // frame the floor cannot read (it adds from the first buffer only).
     let buffer = xagg_common::wire::BUFFER_PAYLOAD / 4;
-    for elements in [256usize, 512, buffer, DType::I32.max_elements()] {
+    // Each object loaded once (a load is seconds of verification), a job and slots of
+    // its own per length.
+    let mut switches: Vec<Switch> = objects.iter().map(|o| Switch::load(o)).collect();
+    for (k, elements) in [256usize, 512, buffer, DType::I32.max_elements()]
+        .into_iter()
+        .enumerate()
+    {
         let multi = elements > buffer;
-        const JID: u32 = 1;
-        let mut switches: Vec<Switch> = objects
-            .iter()
-            .map(|o| {
-                let mut sw = Switch::load(o);
-                sw.add_job(JID, job(64, Op::Sum, DType::I32, elements as u16, 0, SLOTS));
-                sw
-            })
-            .collect();
+        let jid = 1 + k as u32;
+        for sw in &mut switches {
+            let spec = job(
+                64,
+                Op::Sum,
+                DType::I32,
+                elements as u16,
+                k as u32 * SLOTS,
+                SLOTS,
+            );
+            sw.add_job(jid, spec);
+        }
         let values: Vec<i32> = (0..elements as i32)
             .map(|i| i.wrapping_mul(2_654_435_761u32 as i32))
             .collect();
-        let contrib = |m: u8, round: u32| contribution_frame(JID, m, round, &values);
+        let contrib = |m: u8, round: u32| contribution_frame(jid, m, round, &values);
 
         // The floors, each run once next to every switch run, so both see the same
         // conditions on a VM whose speed drifts.
@@ -152,28 +161,31 @@ pub fn compare(quick: bool, objects: &[Vec<u8>]) -> Result<Vec<Vec<DataplanePoin
 /// an f32 in 8 bytes and an f64 in 16, so a KiB of buffer takes twice the packets).
 pub fn float_sums(quick: bool) -> Result<Vec<DataplanePoint>> {
     use xagg_common::wire::{self, Float};
-    const JID: u32 = 1;
     const MEMBERS: u8 = 8;
-    let object = Object::Switch.read()?;
+    let mut sw = Switch::load(&Object::Switch.read()?);
     let rounds = if quick { 4 } else { 100 };
     let mut out = Vec::new();
-    for (path, dtype, float) in [
+    for (k, (path, dtype, float)) in [
         ("f32 sum, fast", DType::F32, Float::Fast),
         ("f32 sum, exact", DType::F32, Float::Exact),
         ("f64 sum, fast", DType::F64, Float::Fast),
         ("f64 sum, exact", DType::F64, Float::Exact),
-    ] {
-        let mut sw = Switch::load(&object);
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // A job and slots of its own per case, on one loaded switch.
+        let jid = 1 + k as u32;
         let elements = wire::max_elements_in(Op::Sum, dtype, float);
         let lane = wire::lane_in(Op::Sum, dtype, float).context("a float sum's lane")?;
         sw.add_job(
-            JID,
+            jid,
             job(
                 MEMBERS as usize,
                 Op::Sum,
                 dtype,
                 wire::max_elements(Op::Sum, dtype) as u16,
-                0,
+                k as u32 * SLOTS,
                 SLOTS,
             ),
         );
@@ -200,7 +212,7 @@ pub fn float_sums(quick: bool) -> Result<Vec<DataplanePoint>> {
                 let h = Header::builder(Kind::Contribution)
                     .op(Op::Sum)
                     .dtype(dtype)
-                    .job(JID)
+                    .job(jid)
                     .segment(r)
                     .slot((r % SLOTS) as u16)
                     .member(m)
