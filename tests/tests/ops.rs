@@ -208,9 +208,25 @@ fn edge_cases() {
     );
     assert_eq!(r, bytes(&[1i64 << 62, i64::MIN, i64::MAX, -2]));
     assert_eq!(flags & ENC_OVERFLOW, 0);
-    // Min and max of every pair of extremes, in both lanes of a word: the folds choose by
-    // arithmetic (the sign of a difference corrected for overflow), not by comparisons.
+    // Min and max of every pair of extremes (32-bit values two to a word: the pairs fall
+    // in both of a word's lanes).
+    fn extremes<T: Copy + Ord>(
+        run: &mut impl FnMut(Op, DType, Vec<Vec<u8>>) -> (Vec<u8>, u16),
+        dtype: DType,
+        values: &[T],
+    ) {
+        let (a, b): (Vec<T>, Vec<T>) = values
+            .iter()
+            .flat_map(|&x| values.iter().map(move |&y| (x, y)))
+            .unzip();
+        for (op, pick) in [(Op::Min, Ord::min as fn(T, T) -> T), (Op::Max, Ord::max)] {
+            let want: Vec<T> = a.iter().zip(&b).map(|(&x, &y)| pick(x, y)).collect();
+            let (r, _) = run(op, dtype, vec![bytes(&a), bytes(&b)]);
+            assert_eq!(r, bytes(&want), "{} over {}", op.name(), dtype.name());
+        }
+    }
     let i32s = [i32::MIN, i32::MIN + 1, -2, -1, 0, 1, i32::MAX - 1, i32::MAX];
+    extremes(&mut run, DType::I32, &i32s);
     let u32s = [
         0u32,
         1,
@@ -220,6 +236,7 @@ fn edge_cases() {
         u32::MAX - 1,
         u32::MAX,
     ];
+    extremes(&mut run, DType::U32, &u32s);
     let i64s = [
         i64::MIN,
         i64::MIN + 1,
@@ -231,44 +248,7 @@ fn edge_cases() {
         i64::MAX - 1,
         i64::MAX,
     ];
-    fn pairs<T: Copy>(v: &[T]) -> (Vec<T>, Vec<T>) {
-        v.iter()
-            .flat_map(|&a| v.iter().map(move |&b| (a, b)))
-            .unzip()
-    }
-    let (a, b) = pairs(&i32s);
-    for (op, want) in [
-        (
-            Op::Min,
-            a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect::<Vec<_>>(),
-        ),
-        (Op::Max, a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect()),
-    ] {
-        let (r, _) = run(op, DType::I32, vec![bytes(&a), bytes(&b)]);
-        assert_eq!(r, bytes(&want), "{} over i32", op.name());
-    }
-    let (a, b) = pairs(&u32s);
-    for (op, want) in [
-        (
-            Op::Min,
-            a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect::<Vec<_>>(),
-        ),
-        (Op::Max, a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect()),
-    ] {
-        let (r, _) = run(op, DType::U32, vec![bytes(&a), bytes(&b)]);
-        assert_eq!(r, bytes(&want), "{} over u32", op.name());
-    }
-    let (a, b) = pairs(&i64s);
-    for (op, want) in [
-        (
-            Op::Min,
-            a.iter().zip(&b).map(|(x, y)| *x.min(y)).collect::<Vec<_>>(),
-        ),
-        (Op::Max, a.iter().zip(&b).map(|(x, y)| *x.max(y)).collect()),
-    ] {
-        let (r, _) = run(op, DType::I64, vec![bytes(&a), bytes(&b)]);
-        assert_eq!(r, bytes(&want), "{} over i64", op.name());
-    }
+    extremes(&mut run, DType::I64, &i64s);
     // Extremes for min and max.
     let (r, _) = run(
         Op::Min,
