@@ -819,7 +819,8 @@ fn a_new_process_takes_up_the_next_message_from_the_switch() {
 }
 
 /// A worker the switch will not take is told why, from the switch, at once: not the
-/// member it claims to be, a job the switch does not have, more slots than the job's.
+/// member it claims to be, a job the switch does not have, more slots than the job's,
+/// fewer (its segments would go to other slots than the other members').
 #[test]
 fn a_refused_worker_is_told_why() {
     if !require_root("a_refused_worker_is_told_why") {
@@ -860,8 +861,17 @@ fn a_refused_worker_is_told_why() {
     );
     let e = attempt(99, 0, 4);
     assert!(e.contains("the switch has no job 99"), "{e}");
+    // The first reply gives the job's slot count; the queries past it were refused.
     let e = attempt(11, 0, 8);
-    assert!(e.contains("is outside the job's slots"), "{e}");
+    assert!(
+        e.contains("the job has 4 slots and this worker's --slots is 8"),
+        "{e}"
+    );
+    let e = attempt(11, 0, 2);
+    assert!(
+        e.contains("the job has 4 slots and this worker's --slots is 2"),
+        "{e}"
+    );
     let after = sw.counters();
     for c in ["drop_not_member", "drop_unknown_job", "drop_slot_range"] {
         assert!(after[c] > before[c], "{c} counts the refusal");

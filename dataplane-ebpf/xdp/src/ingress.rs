@@ -316,7 +316,7 @@ fn status_query(
         frame.into_forwarded_query(job, member as u8, cfg);
         return Ok((up(ctx, job)?, Counter::StatusForward));
     }
-    if !frame.into_status_reply(ctx, &st, job.members) {
+    if !frame.into_status_reply(ctx, &st, job) {
         return Err(Counter::DropTruncated);
     }
     frame.to_sender(cfg);

@@ -405,11 +405,12 @@ impl Frame {
     }
 
     /// Turns a status query into its reply: the header carries the copy's round (message,
-    /// segment, `count`) and state (`status`), the payload the members already in (`seen`)
-    /// and all the job's members, little-endian. `false` if the frame is too short (the
-    /// caller checked the UDP length: it is not).
+    /// segment, `count`) and state (`status`) and the job's slot count (so a member with
+    /// another window learns it before its first round), the payload the members already
+    /// in (`seen`) and all the job's members, little-endian. `false` if the frame is too
+    /// short (the caller checked the UDP length: it is not).
     #[inline(always)]
-    pub fn into_status_reply(&self, ctx: &XdpContext, st: &Status, members: u64) -> bool {
+    pub fn into_status_reply(&self, ctx: &XdpContext, st: &Status, job: &Job) -> bool {
         // Derived again so the verifier sees this write checked against data_end.
         let p = ctx.data() + PAYLOAD_OFFSET;
         if p + STATUS_LEN > ctx.data_end() {
@@ -417,7 +418,7 @@ impl Frame {
         }
         unsafe {
             *(p as *mut [u8; 8]) = st.seen.to_le_bytes();
-            *((p + 8) as *mut [u8; 8]) = members.to_le_bytes();
+            *((p + 8) as *mut [u8; 8]) = job.members.to_le_bytes();
         }
         let hdr = self.header_mut();
         hdr.set_kind(Kind::StatusReply);
@@ -426,6 +427,7 @@ impl Frame {
         hdr.set_count(st.count as u16);
         hdr.status = st.state as u8;
         hdr.set_enc_flags(st.flags as u16);
+        hdr.set_job_slots(job.slot_count as u16);
         true
     }
 

@@ -383,4 +383,15 @@ impl Engine {
         };
         AllreduceError::Refused { job, reason }
     }
+
+    /// The switch's status reply gave the job `slots` slots, not this worker's window.
+    pub(super) fn other_slots_than_the_job(&self, slots: u16) -> AllreduceError {
+        AllreduceError::Refused {
+            job: self.p.job,
+            reason: format!(
+                "the job has {slots} slots and this worker's --slots is {}: a member with another window puts its segments on other slots than the others do; give every member the job's slot count (`slots` in `xagg job list --json`)",
+                self.p.shape.slots()
+            ),
+        }
+    }
 }

@@ -188,6 +188,18 @@ impl Engine {
             self.fail_sync(e);
             return true;
         }
+        // A member with another window than the job's would put its segments on other
+        // slots than the others do and wait for them until its collective timeout (a
+        // larger one is refused on its first slot past the job's; a smaller one is not).
+        let slots = h.job_slots();
+        if matches!(self.job_state, JobState::Asking { .. })
+            && slots != 0
+            && usize::from(slots) != self.p.shape.slots()
+        {
+            let e = self.other_slots_than_the_job(slots);
+            self.fail_sync(e);
+            return true;
+        }
         let JobState::Asking { copies, .. } = &mut self.job_state else {
             return false;
         };

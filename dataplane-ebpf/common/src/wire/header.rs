@@ -203,6 +203,12 @@ impl Header {
     pub const fn exponent(&self) -> i16 {
         i16::from_be_bytes(self.exponent)
     }
+    /// In a status reply (bytes 23–24, the exponent's): the job's slot count where it was
+    /// answered; 0 from a point that does not say.
+    #[inline(always)]
+    pub const fn job_slots(&self) -> u16 {
+        u16::from_be_bytes(self.exponent)
+    }
     #[inline(always)]
     pub const fn enc_flags(&self) -> u16 {
         u16::from_be_bytes(self.enc_flags)
@@ -270,6 +276,10 @@ impl Header {
     #[inline(always)]
     pub const fn set_exponent(&mut self, exponent: i16) {
         self.exponent = exponent.to_be_bytes();
+    }
+    #[inline(always)]
+    pub const fn set_job_slots(&mut self, slots: u16) {
+        self.exponent = slots.to_be_bytes();
     }
     #[inline(always)]
     pub const fn set_enc_flags(&mut self, flags: u16) {
