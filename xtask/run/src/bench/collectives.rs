@@ -35,6 +35,10 @@ pub struct Runs<'a> {
     pub mtu: usize,
     pub slots: u32,
     pub placement: xagg_lab::placement::Placement,
+    /// Also Open MPI's program with the MPI library preloaded (`mpi+xagg`), each collective.
+    pub mpi_on_switch: bool,
+    /// The PyTorch backend's and Gloo's runs.
+    pub torch: bool,
 }
 
 /// Every collective at every worker count and size, through the switch, then Open MPI,
@@ -79,7 +83,19 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                     all.push(p);
                 }
             }
-            for c in ALL.iter().skip(1) {
+            // The MPI library's same calls (`XAGG_ROUTE` as the bench is run with: `all`
+            // for the switch's path at every size).
+            for c in ALL.iter().filter(|_| r.mpi_on_switch) {
+                for &size in r.sizes {
+                    let bytes = size / (4 * n) * 4 * n;
+                    let it = iterations(bytes, r.quick);
+                    let p =
+                        mpi_collective(&sw.lab, &mpi_bin, bytes, it, "mpi+xagg", Some(c.name()))?;
+                    round_line(round, &p);
+                    all.push(p);
+                }
+            }
+            for c in ALL.iter().skip(1).filter(|_| r.torch) {
                 let sizes: Vec<usize> = r.sizes.iter().map(|&s| s / (4 * n) * 4 * n).collect();
                 let it = |bytes| iterations(bytes, r.quick);
                 // The PyTorch backend's same call (through the switch), and Gloo's.
@@ -119,6 +135,48 @@ fn same(a: &RunPoint, b: &RunPoint) -> bool {
         && a.workers == b.workers
         && a.bytes == b.bytes
         && a.collective == b.collective
+}
+
+/// The MPI library's time per call (preloaded into Open MPI's program) against Open MPI's
+/// own, per collective: what `XAGG_ROUTE`'s defaults are read from.
+fn library_table(points: &[RunPoint]) {
+    let lib: Vec<&RunPoint> = points.iter().filter(|p| p.system == "mpi+xagg").collect();
+    if lib.is_empty() {
+        return;
+    }
+    println!();
+    println!("the MPI library (preloaded, its path as run: {}), time µs (the slowest rank's, median) / Open MPI's, x:",
+        lib[0].path.unwrap_or("?"));
+    print!("{:>3} {:>9} |", "n", "bytes");
+    for c in ALL {
+        print!(" {:>24} |", c.name());
+    }
+    println!();
+    let mut keys: Vec<(usize, usize)> = lib.iter().map(|p| (p.workers, p.bytes)).collect();
+    keys.dedup();
+    for (n, bytes) in keys {
+        print!("{n:>3} {bytes:>9} |");
+        for c in ALL {
+            let at = |system: &str| {
+                points.iter().find(|p| {
+                    p.system == system
+                        && p.collective == Some(c.name())
+                        && p.workers == n
+                        && p.bytes == bytes
+                })
+            };
+            match (at("mpi+xagg"), at("openmpi")) {
+                (Some(l), Some(o)) => print!(
+                    " {:>8.1} / {:>8.1} {:>5.2} |",
+                    l.latency_us,
+                    o.latency_us,
+                    l.latency_us / o.latency_us
+                ),
+                _ => print!(" {:>24} |", "-"),
+            }
+        }
+        println!();
+    }
 }
 
 /// A table per collective: its time through the switch against the switch's allreduce of
@@ -185,4 +243,5 @@ pub fn tables(points: &[RunPoint]) {
             );
         }
     }
+    library_table(points);
 }

@@ -200,6 +200,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
             mtu: a.mtu,
             slots: a.slots,
             placement: placement.clone(),
+            mpi_on_switch: a.mpi_on_switch,
+            torch: !a.no_torch,
         });
         crate::demo::clean_up();
         let points = r?;
