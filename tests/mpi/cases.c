@@ -9,7 +9,7 @@
  *        cases mismatch  an MPI_Bcast from rank 0 of N int, of N - 1 on rank 1 (a program
  *                        error: the library aborts the job, naming the call)
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
- *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB
+ *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB; broadcasts of 1 KiB, 4 KiB and 1 MiB
  *        cases datatypes the ranks pass datatypes of one type signature each their own way
  *                        (contiguous, strided, plain MPI_INT, an indexed type holding
  *                        its elements in reverse) to broadcasts from ranks 0 and 1, an
@@ -464,6 +464,17 @@ int main(int argc, char **argv) {
             fill(z, lens[k], k);
             MPI_Allreduce(MPI_IN_PLACE, z, lens[k], MPI_INT, MPI_SUM, MPI_COMM_WORLD);
             expect("sizes", wrong(z, lens[k], k), 0);
+            free(z);
+        }
+        /* Broadcasts take their own route by size. */
+        int blens[] = {256, 1024, 262144};
+        for (int k = 0; k < 3; k++) {
+            int *z = malloc(blens[k] * sizeof(int));
+            for (int i = 0; i < blens[k]; i++) z[i] = rank == 0 ? 7 * i + k : -1;
+            MPI_Bcast(z, blens[k], MPI_INT, 0, MPI_COMM_WORLD);
+            long bad = 0;
+            for (int i = 0; i < blens[k]; i++) bad += z[i] != 7 * i + k;
+            expect("sizes (broadcast)", bad, 0);
             free(z);
         }
     } else {

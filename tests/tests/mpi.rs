@@ -669,30 +669,34 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         "{err}"
     );
 
-    // The route by size, rank 0's alike on every rank (the others' is ignored): 4 KiB
-    // and 1 KiB calls to the switch, 64 KiB and 1 MiB to Open MPI; by default with 4 ranks
-    // (below 16 KiB and from 32 MiB), then as set.
+    // The route by size, rank 0's alike on every rank (the others' is ignored): by
+    // default with 4 ranks, 4 KiB and 1 KiB allreduces to the switch, 64 KiB and 1 MiB to
+    // Open MPI (below 16 KiB); broadcasts by their own route, every one to Open MPI (the
+    // allreduce's route would take the 1 KiB and 4 KiB ones). Then as set (64 KiB and up),
+    // every collective alike.
     let ignored = "XAGG_ROUTE=none; [ $OMPI_COMM_WORLD_RANK = 0 ] && unset XAGG_ROUTE";
     let sizes = format!("sh -c '{ignored}; exec {} sizes'", cases.display());
     let (out, err) = checked(&lab.run(&sizes, &lab.daemon(), &[]));
-    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert!(out.contains("checks=7 failures=0"), "{out}");
     assert_eq!(summary(&err), (2, 0, 0), "{err}");
     assert_eq!(
         summary_count(&err, "routed to Open MPI by size"),
-        2,
+        5,
         "{err}"
     );
+    assert_eq!(entry_counts(&err, "MPI_Bcast"), [0, 0, 3, 0, 0, 0], "{err}");
     let (out, err) = checked(&run("sizes", &[("XAGG_ROUTE", "64KiB-".into())]));
-    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert!(out.contains("checks=7 failures=0"), "{out}");
     assert_eq!(summary(&err), (2, 0, 0), "{err}");
     assert_eq!(
         summary_count(&err, "routed to Open MPI by size"),
-        2,
+        4,
         "{err}"
     );
+    assert_eq!(entry_counts(&err, "MPI_Bcast"), [1, 0, 2, 0, 0, 0], "{err}");
     // A route that does not parse: Open MPI serves, rank 0 says how to write one.
     let (out, err) = checked(&run("sizes", &[("XAGG_ROUTE", "16KiB".into())]));
-    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert!(out.contains("checks=7 failures=0"), "{out}");
     assert_eq!(summary(&err).0, 0, "{err}");
     assert!(
         err.contains("collectives go to Open MPI: rank 0's XAGG_ROUTE=16KiB"),

@@ -48,7 +48,7 @@ use abi::{handles, pmpi, Comm, Datatype, MpiOp, Request, Status, IN_PLACE, SUCCE
 use call::{Args, Call, Kind, Phase, Taken};
 use comm::{key, CommState, Path};
 use entry::{enter, Way};
-use xagg_common::wire::{self, DType, Op};
+use xagg_common::wire::{self, Collective, DType, Op};
 
 /// What the process did, for the summary at `MPI_Finalize`.
 #[derive(Default)]
@@ -370,7 +370,7 @@ fn allreduce(
     }
     // Decided from the type signature (elements and their type), alike on every rank.
     let bytes = count as u64 * dtype.size() as u64;
-    if !job.route.takes(bytes) {
+    if !job.route.takes(Collective::Allreduce, bytes) {
         with_state(|st| {
             st.stats.routed += 1;
             st.stats.table.count(entry, Way::Routed);
@@ -498,8 +498,8 @@ fn collective(
         });
         return None;
     }
-    // Decided from the type signature, alike on every rank (the allreduce's route).
-    if !job.route.takes(bytes) {
+    // Decided from the type signature, alike on every rank (the collective's route).
+    if !job.route.takes(kind.collective(), bytes) {
         with_state(|st| {
             st.stats.routed += 1;
             st.stats.table.count(entry, Way::Routed);

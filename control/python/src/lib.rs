@@ -656,9 +656,10 @@ impl Route {
             .map_err(PyValueError::new_err)
     }
 
-    /// Whether a call of `nbytes` (elements times their size) goes to the switch.
+    /// Whether an allreduce of `nbytes` (elements times their size) goes to the switch.
     fn takes(&self, nbytes: u64) -> bool {
-        self.0.takes(nbytes)
+        self.0
+            .takes(xagg_common::wire::Collective::Allreduce, nbytes)
     }
 
     fn __str__(&self) -> String {

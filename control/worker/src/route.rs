@@ -5,56 +5,78 @@
 //!
 //! The value is `all`, `none`, or byte ranges served by the switch, `LO-HI` (HI excluded)
 //! with either end left open, suffixes `KiB`, `MiB`, `GiB`: `0-16KiB,32MiB-`. Unset (or
-//! `auto`), [`Route::measured`] picks by the job's ranks and the other way (Open MPI or
-//! Gloo) from the bench's figures.
+//! `auto`), [`Route::Measured`] picks by the collective, the job's ranks and the other way
+//! (Open MPI or Gloo) from the bench's figures.
 
 use std::fmt;
 
-/// Byte ranges `[lo, hi)` whose calls go to the switch.
+use xagg_common::wire::Collective;
+
+/// Which calls go to the switch.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Route {
-    ranges: Vec<(u64, u64)>,
+pub enum Route {
+    /// Byte ranges `[lo, hi)` whose calls go to the switch, whatever the collective
+    /// (`XAGG_ROUTE`'s ranges, `all` or `none`).
+    Ranges(Vec<(u64, u64)>),
+    /// The bench's figures for a job of `ranks` whose other way is `other`, per collective.
+    Measured { ranks: usize, other: Other },
 }
 
 /// The way a call not taken by the switch goes, against which the defaults were measured.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Other {
-    /// The MPI library's: Open MPI's own allreduce.
+    /// The MPI library's: Open MPI's own collectives.
     OpenMpi,
     /// The PyTorch backend's: Gloo's.
     Gloo,
 }
 
+/// Byte ranges for jobs of 2–3, 4–7, and 8 or more ranks.
+type Tiers = [&'static [(u64, u64)]; 3];
+
+const KIB: u64 = 1 << 10;
+const MIB: u64 = 1 << 20;
+const OPEN: u64 = u64::MAX;
+
 /// The defaults, from the bench on the 2-core VM (docs/bench.md, "Which calls take the
 /// switch"): the switch wherever its path, as the drop-ins take it (results on UDP
 /// sockets), took at most 0.9x the other's time, the boundary at the geometric middle
-/// between two measured sizes. Against Open MPI: 4 KiB 0.59x (2 ranks), 0.45x (4), 0.30x
-/// (8); 64 KiB 1.39x, 1.37x, 0.81x; 1 MiB and up 1.24-2.99x. Against Gloo, whose small
-/// calls are slow here: 4 KiB to 1 MiB at most 0.64x at every size of job; 16 MiB and up
-/// 1.36-2.11x.
-const BELOW_OPEN_MPI: u64 = 16 << 10;
-const BELOW_OPEN_MPI_FROM_8: u64 = 256 << 10;
-const BELOW_GLOO: u64 = 4 << 20;
+/// between two measured sizes (4 KiB, 64 KiB, 1 MiB, 16 MiB; the allreduce's also 64
+/// MiB). Per collective, for jobs of 2–3, 4–7 and 8 or more ranks.
+///
+/// Allreduce against Open MPI: 4 KiB 0.59x (2 ranks), 0.45x (4), 0.30x (8); 64 KiB 1.39x,
+/// 1.37x, 0.81x; 1 MiB and up 1.24–2.99x. The other collectives (`cargo xtask bench
+/// --collectives --mpi-on-switch`, docs/bench.md "The collectives"): see there, the
+/// table of the MPI library against Open MPI.
+const AGAINST_OPEN_MPI: [(Collective, Tiers); 5] = [
+    (
+        Collective::Allreduce,
+        [&[(0, 16 * KIB)], &[(0, 16 * KIB)], &[(0, 256 * KIB)]],
+    ),
+    (
+        Collective::ReduceScatter,
+        [&[], &[(0, 16 * KIB), (256 * KIB, OPEN)], &[(0, 4 * MIB)]],
+    ),
+    (
+        Collective::AllGather,
+        [&[], &[(0, 16 * KIB)], &[(0, 256 * KIB)]],
+    ),
+    (Collective::Broadcast, [&[], &[], &[(16 * KIB, 4 * MIB)]]),
+    (
+        Collective::Reduce,
+        [&[(0, 16 * KIB)], &[(0, 256 * KIB)], &[(0, 4 * MIB)]],
+    ),
+];
+
+/// Against Gloo, whose small calls are slow here: the allreduce from 4 KiB to 1 MiB took
+/// at most 0.64x Gloo's time at every size of job, from 16 MiB 1.36–2.11x. The backend
+/// routes its allreduces alone by size.
+const BELOW_GLOO: u64 = 4 * MIB;
 
 impl Route {
     /// Every call to the switch.
     pub fn all() -> Self {
-        Self {
-            ranges: vec![(0, u64::MAX)],
-        }
-    }
-
-    /// The default for a job of `ranks` whose other way is `other`, from the bench's
-    /// figures (see [`BELOW_OPEN_MPI`]).
-    pub fn measured(ranks: usize, other: Other) -> Self {
-        let below = match other {
-            Other::OpenMpi if ranks >= 8 => BELOW_OPEN_MPI_FROM_8,
-            Other::OpenMpi => BELOW_OPEN_MPI,
-            Other::Gloo => BELOW_GLOO,
-        };
-        Self {
-            ranges: vec![(0, below)],
-        }
+        Self::Ranges(vec![(0, OPEN)])
     }
 
     /// `XAGG_ROUTE`'s value for a job of `ranks` whose other way is `other` (`None`,
@@ -62,9 +84,9 @@ impl Route {
     pub fn parse(value: Option<&str>, ranks: usize, other: Other) -> Result<Self, String> {
         let v = value.map(str::trim).unwrap_or("");
         match v {
-            "" | "auto" => return Ok(Self::measured(ranks, other)),
+            "" | "auto" => return Ok(Self::Measured { ranks, other }),
             "all" => return Ok(Self::all()),
-            "none" => return Ok(Self { ranges: Vec::new() }),
+            "none" => return Ok(Self::Ranges(Vec::new())),
             _ => {}
         }
         let bad = |why: String| {
@@ -81,7 +103,7 @@ impl Route {
                 bytes(lo).map_err(bad)?
             };
             let hi = if hi.trim().is_empty() {
-                u64::MAX
+                OPEN
             } else {
                 bytes(hi).map_err(bad)?
             };
@@ -90,12 +112,36 @@ impl Route {
             }
             ranges.push((lo, hi));
         }
-        Ok(Self { ranges })
+        Ok(Self::Ranges(ranges))
     }
 
-    /// Whether a call of `bytes` goes to the switch.
-    pub fn takes(&self, bytes: u64) -> bool {
-        self.ranges
+    /// The byte ranges whose `collective` calls go to the switch.
+    pub fn ranges(&self, collective: Collective) -> &[(u64, u64)] {
+        match self {
+            Self::Ranges(r) => r,
+            Self::Measured {
+                other: Other::Gloo, ..
+            } => &[(0, BELOW_GLOO)],
+            Self::Measured {
+                ranks,
+                other: Other::OpenMpi,
+            } => {
+                let tier = match ranks {
+                    0..=3 => 0,
+                    4..=7 => 1,
+                    _ => 2,
+                };
+                AGAINST_OPEN_MPI
+                    .iter()
+                    .find(|(c, _)| *c == collective)
+                    .map_or(&[], |(_, tiers)| tiers[tier])
+            }
+        }
+    }
+
+    /// Whether a `collective` call of `bytes` goes to the switch.
+    pub fn takes(&self, collective: Collective, bytes: u64) -> bool {
+        self.ranges(collective)
             .iter()
             .any(|&(lo, hi)| lo <= bytes && bytes < hi)
     }
@@ -103,23 +149,32 @@ impl Route {
 
 impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        if self.ranges.is_empty() {
-            return write!(f, "none");
+        match self {
+            Self::Ranges(r) => write!(f, "{}", written(r)),
+            Self::Measured { ranks, .. } => {
+                let each: Vec<String> = AGAINST_OPEN_MPI
+                    .iter()
+                    .map(|(c, _)| format!("{} {}", c.name(), written(self.ranges(*c))))
+                    .collect();
+                write!(f, "auto for {ranks} ranks: {}", each.join("; "))
+            }
         }
-        let parts: Vec<String> = self
-            .ranges
-            .iter()
-            .map(|&(lo, hi)| {
-                let end = if hi == u64::MAX {
-                    String::new()
-                } else {
-                    size(hi)
-                };
-                format!("{}-{end}", size(lo))
-            })
-            .collect();
-        write!(f, "{}", parts.join(","))
     }
+}
+
+/// Ranges as `XAGG_ROUTE` takes them (`none` for no range).
+fn written(ranges: &[(u64, u64)]) -> String {
+    if ranges.is_empty() {
+        return "none".into();
+    }
+    let parts: Vec<String> = ranges
+        .iter()
+        .map(|&(lo, hi)| {
+            let end = if hi == OPEN { String::new() } else { size(hi) };
+            format!("{}-{end}", size(lo))
+        })
+        .collect();
+    parts.join(",")
 }
 
 /// `123`, `16KiB`, `32MiB`, `1GiB`.
@@ -154,8 +209,11 @@ mod tests {
     #[test]
     fn ranges_take_their_sizes_and_read_back_as_written() {
         let r = Route::parse(Some("0-16KiB, 32MiB-"), 2, Other::OpenMpi).unwrap();
-        assert!(r.takes(0) && r.takes(16383) && !r.takes(16384));
-        assert!(!r.takes((32 << 20) - 1) && r.takes(32 << 20) && r.takes(u64::MAX - 1));
+        let takes = |b| r.takes(Collective::Allreduce, b);
+        assert!(takes(0) && takes(16383) && !takes(16384));
+        assert!(!takes((32 << 20) - 1) && takes(32 << 20) && takes(u64::MAX - 1));
+        // A set route is every collective's.
+        assert!(r.takes(Collective::Broadcast, 4096) && !r.takes(Collective::Reduce, 1 << 20));
         assert_eq!(r.to_string(), "0-16KiB,32MiB-");
         assert_eq!(
             Route::parse(Some(&r.to_string()), 2, Other::OpenMpi).unwrap(),
@@ -163,25 +221,40 @@ mod tests {
         );
         assert!(Route::parse(Some("all"), 2, Other::OpenMpi)
             .unwrap()
-            .takes(1 << 40));
+            .takes(Collective::Broadcast, 1 << 40));
         assert!(!Route::parse(Some("none"), 2, Other::OpenMpi)
             .unwrap()
-            .takes(4));
+            .takes(Collective::Allreduce, 4));
     }
 
     #[test]
-    fn the_default_follows_the_other_way_and_the_jobs_ranks() {
+    fn the_default_follows_the_collective_the_other_way_and_the_jobs_ranks() {
         for value in [None, Some("auto")] {
             let mpi = |ranks| Route::parse(value, ranks, Other::OpenMpi).unwrap();
             let (two, four, eight) = (mpi(2), mpi(4), mpi(8));
-            assert!(two.takes(4096) && !two.takes(16 << 10) && !two.takes(64 << 20));
-            assert!(four.takes(4096) && !four.takes(64 << 10) && !four.takes(64 << 20));
-            assert!(eight.takes(64 << 10) && !eight.takes(256 << 10) && !eight.takes(64 << 20));
+            let ar = Collective::Allreduce;
+            assert!(two.takes(ar, 4096) && !two.takes(ar, 16 << 10) && !two.takes(ar, 64 << 20));
+            assert!(four.takes(ar, 4096) && !four.takes(ar, 64 << 10) && !four.takes(ar, 64 << 20));
+            assert!(eight.takes(ar, 64 << 10) && !eight.takes(ar, 256 << 10));
+            // Small broadcasts are Open MPI's at every size of job; two ranks' gathers too.
+            let bc = Collective::Broadcast;
+            assert!(!two.takes(bc, 4096) && !four.takes(bc, 4096) && !eight.takes(bc, 4096));
+            assert!(!four.takes(bc, 1 << 20) && eight.takes(bc, 64 << 10));
+            assert!(!two.takes(Collective::AllGather, 4096));
+            assert!(two.takes(Collective::Reduce, 4096));
             for ranks in [2, 4, 8] {
                 let gloo = Route::parse(value, ranks, Other::Gloo).unwrap();
-                assert!(gloo.takes(1 << 20) && !gloo.takes(4 << 20) && !gloo.takes(64 << 20));
+                assert!(
+                    gloo.takes(ar, 1 << 20)
+                        && !gloo.takes(ar, 4 << 20)
+                        && !gloo.takes(ar, 64 << 20)
+                );
             }
         }
+        assert_eq!(
+            Route::parse(None, 2, Other::OpenMpi).unwrap().to_string(),
+            "auto for 2 ranks: allreduce 0-16KiB; reduce_scatter none; all_gather none; broadcast none; reduce 0-16KiB"
+        );
     }
 
     #[test]

@@ -153,6 +153,7 @@ fn library_table(points: &[RunPoint]) {
     }
     println!();
     let mut keys: Vec<(usize, usize)> = lib.iter().map(|p| (p.workers, p.bytes)).collect();
+    keys.sort_unstable();
     keys.dedup();
     for (n, bytes) in keys {
         print!("{n:>3} {bytes:>9} |");

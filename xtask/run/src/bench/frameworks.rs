@@ -213,11 +213,11 @@ pub(super) fn torch_runs(
             p.collective = collective;
             p.rx_ratio = rx_ratio(&p, line)?;
             if backend == "xagg" {
-                p.path = Some(if route.takes(p.bytes as u64) {
-                    "switch"
-                } else {
-                    "routed"
-                });
+                // The backend routes its allreduces alone by size.
+                let allreduce = collective.is_none_or(|c| c == "allreduce");
+                let routed =
+                    allreduce && !route.takes(xagg_worker::Collective::Allreduce, p.bytes as u64);
+                p.path = Some(if !routed { "switch" } else { "routed" });
             }
             Ok(p)
         })
