@@ -282,14 +282,16 @@ fn deploy(mtu: usize, mpi_program: &Path) {
     assert_eq!(key.len(), 64, "{key:?}");
 
     // MPI: every call through the switch or where the size rule sends it (with 4 ranks:
-    // the first call and 1 KiB to the switch, 64 KiB and 1 MiB to Open MPI), none fell back.
+    // the first allreduce and 1 KiB to the switch, 64 KiB and 1 MiB to Open MPI; every
+    // broadcast to Open MPI), none fell back.
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert!(out.contains("checks=7 failures=0"), "{out}");
     assert_eq!(
         entry_counts(&err, "MPI_Allreduce"),
         [2, 0, 2, 0, 0, 0],
         "{err}"
     );
+    assert_eq!(entry_counts(&err, "MPI_Bcast"), [0, 0, 3, 0, 0, 0], "{err}");
     // PyTorch: 4 KiB and 1 MiB to the switch, 4 MiB to Gloo, none fell back.
     let mut torch_out = String::new();
     for i in 0..RANKS {

@@ -221,6 +221,8 @@ fn the_documented_two_host_deployment() {
     );
     // Every call of each collective through the switch or, by the default route, Open MPI's
     // (switch, recovered, routed, flagged, fallback, passed): none fell back or passed.
+    // With 4 ranks the default sends every broadcast to Open MPI, and some of each other
+    // collective's calls to the switch.
     let mut through_switch = 0;
     for (name, calls) in [
         ("MPI_Reduce_scatter_block", 30),
@@ -231,7 +233,11 @@ fn the_documented_two_host_deployment() {
     ] {
         let [switch, recovered, routed, flagged, fallback, passed] = entry_counts(&err, name);
         through_switch += switch;
-        assert!(switch > 0 && switch + routed == calls, "{name}: {err}");
+        let broadcast = name == "MPI_Bcast";
+        assert!(
+            (switch > 0) != broadcast && switch + routed == calls,
+            "{name}: {err}"
+        );
         assert_eq!(
             [recovered, flagged, fallback, passed],
             [0; 4],

@@ -191,8 +191,10 @@ impl Engine {
         // A member with another window than the job's would put its segments on other
         // slots than the others do and wait for them until its collective timeout (a
         // larger one is refused on its first slot past the job's; a smaller one is not).
+        // (The level above's answer to a forwarded query gives its own job's count.)
         let slots = h.job_slots();
         if matches!(self.job_state, JobState::Asking { .. })
+            && h.above == 0
             && slots != 0
             && usize::from(slots) != self.p.shape.slots()
         {
