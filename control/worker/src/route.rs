@@ -116,7 +116,7 @@ impl Route {
     }
 
     /// The byte ranges whose `collective` calls go to the switch.
-    pub fn ranges(&self, collective: Collective) -> &[(u64, u64)] {
+    fn ranges(&self, collective: Collective) -> &[(u64, u64)] {
         match self {
             Self::Ranges(r) => r,
             Self::Measured {

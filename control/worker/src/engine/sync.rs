@@ -183,21 +183,19 @@ impl Engine {
     /// Takes a status reply in if a sync is asking; false if it is not (the reply is a
     /// diagnosis's).
     pub(super) fn sync_reply(&mut self, h: &Header) -> bool {
-        if matches!(self.job_state, JobState::Asking { .. }) && wire::status::is_refusal(h.status) {
+        if !matches!(self.job_state, JobState::Asking { .. }) {
+            return false;
+        }
+        if wire::status::is_refusal(h.status) {
             let e = self.refused(h.status, h.slot());
             self.fail_sync(e);
             return true;
         }
-        // A member with another window than the job's would put its segments on other
-        // slots than the others do and wait for them until its collective timeout (a
-        // larger one is refused on its first slot past the job's; a smaller one is not).
-        // (The level above's answer to a forwarded query gives its own job's count.)
+        // A member whose window is not the job's would put its segments on other slots
+        // than the others do and wait for them until its collective timeout. (The level
+        // above's answer to a forwarded query gives its own job's count.)
         let slots = h.job_slots();
-        if matches!(self.job_state, JobState::Asking { .. })
-            && h.above == 0
-            && slots != 0
-            && usize::from(slots) != self.p.shape.slots()
-        {
+        if h.above == 0 && slots != 0 && usize::from(slots) != self.p.shape.slots() {
             let e = self.other_slots_than_the_job(slots);
             self.fail_sync(e);
             return true;

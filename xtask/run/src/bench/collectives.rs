@@ -72,27 +72,20 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                 }
             }
             // Open MPI's ranks receive on sockets: on veth that needs the host program.
+            // Then the MPI library's same calls (`XAGG_ROUTE` as the bench is run with:
+            // `all` for the switch's path at every size).
             sw.lab.attach_hosts()?;
-            for c in ALL {
-                for &size in r.sizes {
-                    let bytes = size / (4 * n) * 4 * n;
-                    let it = iterations(bytes, r.quick);
-                    let p =
-                        mpi_collective(&sw.lab, &mpi_bin, bytes, it, "openmpi", Some(c.name()))?;
-                    round_line(round, &p);
-                    all.push(p);
-                }
-            }
-            // The MPI library's same calls (`XAGG_ROUTE` as the bench is run with: `all`
-            // for the switch's path at every size).
-            for c in ALL.iter().filter(|_| r.mpi_on_switch) {
-                for &size in r.sizes {
-                    let bytes = size / (4 * n) * 4 * n;
-                    let it = iterations(bytes, r.quick);
-                    let p =
-                        mpi_collective(&sw.lab, &mpi_bin, bytes, it, "mpi+xagg", Some(c.name()))?;
-                    round_line(round, &p);
-                    all.push(p);
+            let systems = std::iter::once("openmpi").chain(r.mpi_on_switch.then_some("mpi+xagg"));
+            for system in systems {
+                for c in ALL {
+                    for &size in r.sizes {
+                        let bytes = size / (4 * n) * 4 * n;
+                        let it = iterations(bytes, r.quick);
+                        let p =
+                            mpi_collective(&sw.lab, &mpi_bin, bytes, it, system, Some(c.name()))?;
+                        round_line(round, &p);
+                        all.push(p);
+                    }
                 }
             }
             for c in ALL.iter().skip(1).filter(|_| r.torch) {
@@ -137,6 +130,19 @@ fn same(a: &RunPoint, b: &RunPoint) -> bool {
         && a.collective == b.collective
 }
 
+/// The point of `system`'s `collective` at `n` workers and `bytes`.
+fn point<'a>(
+    points: &'a [RunPoint],
+    system: &str,
+    collective: &str,
+    n: usize,
+    bytes: usize,
+) -> Option<&'a RunPoint> {
+    points.iter().find(|p| {
+        p.system == system && p.collective == Some(collective) && p.workers == n && p.bytes == bytes
+    })
+}
+
 /// The MPI library's time per call (preloaded into Open MPI's program) against Open MPI's
 /// own, per collective: what `XAGG_ROUTE`'s defaults are read from.
 fn library_table(points: &[RunPoint]) {
@@ -158,14 +164,7 @@ fn library_table(points: &[RunPoint]) {
     for (n, bytes) in keys {
         print!("{n:>3} {bytes:>9} |");
         for c in ALL {
-            let at = |system: &str| {
-                points.iter().find(|p| {
-                    p.system == system
-                        && p.collective == Some(c.name())
-                        && p.workers == n
-                        && p.bytes == bytes
-                })
-            };
+            let at = |system: &str| point(points, system, c.name(), n, bytes);
             match (at("mpi+xagg"), at("openmpi")) {
                 (Some(l), Some(o)) => print!(
                     " {:>8.1} / {:>8.1} {:>5.2} |",
@@ -185,11 +184,7 @@ fn library_table(points: &[RunPoint]) {
 /// (through the switch) against Gloo's, and the bytes each rank sent and received over S
 /// (means over the ranks).
 pub fn tables(points: &[RunPoint]) {
-    let find = |system: &str, c: &str, n: usize, bytes: usize| {
-        points.iter().find(|p| {
-            p.system == system && p.collective == Some(c) && p.workers == n && p.bytes == bytes
-        })
-    };
+    let find = |system: &str, c: &str, n: usize, bytes: usize| point(points, system, c, n, bytes);
     for c in ALL.iter().skip(1) {
         println!();
         println!(
