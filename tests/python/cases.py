@@ -9,7 +9,8 @@ then:
   (each of many segments: rank 0 finishes each from its peers);
 - `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size); then a
   reduce_scatter_tensor, two all_gather_into_tensor (the second in place, each rank's
-  input in another rank's block) and a reduce to rank 1;
+  input in another rank's block), a reduce to rank 1 and broadcasts of 4 KiB and 64 KiB
+  from rank 1;
 - `callback`: a future's callback that makes (and waits for) another all_reduce; then
   calls waited for at once, behind three in flight and with none in flight (finished on
   the caller's thread: counted);
@@ -119,6 +120,13 @@ elif case == "sizes":
     r = ints(4 * m, 7)
     dist.reduce(r, dst=1)
     ok = ok and torch.equal(r, expected(4 * m, 7) if rank == 1 else ints(4 * m, 7))
+    # Broadcasts from rank 1 of 4 KiB and 64 KiB: by the default route the first through
+    # the switch, the second by Gloo.
+    for n in (1 << 10, 1 << 14):
+        want = torch.arange(n, dtype=torch.int32) + 1 + 8
+        b = want.clone() if rank == 1 else torch.zeros(n, dtype=torch.int32)
+        dist.broadcast(b, src=1)
+        ok = ok and torch.equal(b, want)
 elif case == "callback":
     x = ints(1024, 5)
 

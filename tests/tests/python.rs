@@ -663,8 +663,11 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
             "{entry}: {all}"
         );
     }
+    // Each collective by its own route (3 ranks): a 4 KiB broadcast through the switch, a
+    // 64 KiB one by Gloo.
+    assert_eq!(entry_counts(&all, "broadcast"), [1, 0, 1, 0, 0, 0], "{all}");
     assert!(
-        all.contains("; 4 other collectives through the switch"),
+        all.contains("; 5 other collectives through the switch"),
         "{all}"
     );
 
@@ -685,6 +688,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         ("reduce_scatter_tensor", 1),
         ("all_gather_into_tensor", 2),
         ("reduce", 1),
+        ("broadcast", 2),
     ] {
         assert_eq!(
             entry_counts(&all, entry),
@@ -693,7 +697,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         );
     }
     assert!(
-        all.contains("rank 0: passed to Gloo: 8 (the group is served by Gloo: "),
+        all.contains("rank 0: passed to Gloo: 10 (the group is served by Gloo: "),
         "{all}"
     );
 }

@@ -1,10 +1,11 @@
 """PyTorch's baseline and xagg's backend in `cargo xtask bench`: dist.all_reduce (int32 sum)
 of each size, timed like the MPI baseline (a barrier, then the call, the run's time the
 slowest rank's), verified after the clock stops; then the same calls back to back.
-With BENCH_COLLECTIVE in the environment (all_gather, broadcast, reduce: what Gloo has
-of the collectives besides allreduce; and reduce_scatter, which only the xagg backend
-has), every call is that collective over the same BYTES instead (an all-gather's and a
-reduce-scatter's message is all the blocks; root 0), as the MPI baseline does.
+With BENCH_COLLECTIVE in the environment (all_gather, broadcast, reduce, reduce_scatter),
+every call is that collective over the same BYTES instead (an all-gather's and a
+reduce-scatter's message is all the blocks; root 0), as the MPI baseline does. Torch
+1.13's Gloo has no reduce-scatter: with Gloo it is what a program does instead, the whole
+buffer allreduced and its block kept (the xagg backend's own stand-in).
 Usage: allreduce.py BACKEND SEED BYTES:ITERATIONS...; one process per rank (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON object per size."""
 import os
@@ -50,7 +51,12 @@ def call(data, buf):
         dist.reduce(buf, 0)
     elif collective == "reduce_scatter":
         b = buf.numel() // size
-        dist.reduce_scatter(buf[rank * b : (rank + 1) * b], list(data.split(b)))
+        if backend == "gloo":
+            whole = data.clone()
+            dist.all_reduce(whole)
+            buf[rank * b : (rank + 1) * b].copy_(whole[rank * b : (rank + 1) * b])
+        else:
+            dist.reduce_scatter(buf[rank * b : (rank + 1) * b], list(data.split(b)))
     else:
         dist.all_reduce(buf)
 

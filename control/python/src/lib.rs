@@ -656,10 +656,15 @@ impl Route {
             .map_err(PyValueError::new_err)
     }
 
-    /// Whether an allreduce of `nbytes` (elements times their size) goes to the switch.
-    fn takes(&self, nbytes: u64) -> bool {
-        self.0
-            .takes(xagg_common::wire::Collective::Allreduce, nbytes)
+    /// Whether a call of `collective` ("allreduce", "reduce_scatter", "all_gather",
+    /// "broadcast", "reduce") moving `nbytes` (the whole message: elements times their
+    /// size) goes to the switch.
+    #[pyo3(signature = (nbytes, collective = "allreduce"))]
+    fn takes(&self, nbytes: u64, collective: &str) -> PyResult<bool> {
+        let c: xagg_common::wire::Collective = collective
+            .parse()
+            .map_err(|e: xagg_common::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
+        Ok(self.0.takes(c, nbytes))
     }
 
     fn __str__(&self) -> String {

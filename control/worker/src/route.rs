@@ -68,10 +68,27 @@ const AGAINST_OPEN_MPI: [(Collective, Tiers); 5] = [
     ),
 ];
 
-/// Against Gloo, whose small calls are slow here: the allreduce from 4 KiB to 1 MiB took
-/// at most 0.64x Gloo's time at every size of job, from 16 MiB 1.36–2.11x. The backend
-/// routes its allreduces alone by size.
-const BELOW_GLOO: u64 = 4 * MIB;
+/// Against Gloo (the PyTorch backend's calls through the switch against Gloo's same call on
+/// the same lab, `XAGG_ROUTE=all cargo xtask bench --collectives`, medians of four rounds
+/// over two benches; docs/bench.md, "The collectives"), by the same rule. Gloo's small
+/// calls are slow here: the allreduce from 4 KiB to 1 MiB took at most 0.64x Gloo's time
+/// at every size of job, from 16 MiB 1.36–2.11x. Torch 1.13's Gloo has no reduce-scatter:
+/// against a program's stand-in (Gloo's allreduce, the block kept) the switch's took
+/// 0.16–0.76x at every size. Broadcasts took 1.08–1.52x Gloo's from 64 KiB, and at 4 KiB
+/// 0.79x / 1.31x / 0.86x with 2 / 4 / 8 ranks.
+const AGAINST_GLOO: [(Collective, Tiers); 5] = [
+    (Collective::Allreduce, [&[(0, 4 * MIB)]; 3]),
+    (Collective::ReduceScatter, [&[(0, OPEN)]; 3]),
+    (Collective::AllGather, [&[(0, 4 * MIB)]; 3]),
+    (
+        Collective::Broadcast,
+        [&[(0, 16 * KIB)], &[], &[(0, 16 * KIB)]],
+    ),
+    (
+        Collective::Reduce,
+        [&[(0, OPEN)], &[(0, 4 * MIB)], &[(0, 4 * MIB)]],
+    ),
+];
 
 impl Route {
     /// Every call to the switch.
@@ -119,19 +136,17 @@ impl Route {
     fn ranges(&self, collective: Collective) -> &[(u64, u64)] {
         match self {
             Self::Ranges(r) => r,
-            Self::Measured {
-                other: Other::Gloo, ..
-            } => &[(0, BELOW_GLOO)],
-            Self::Measured {
-                ranks,
-                other: Other::OpenMpi,
-            } => {
+            Self::Measured { ranks, other } => {
                 let tier = match ranks {
                     0..=3 => 0,
                     4..=7 => 1,
                     _ => 2,
                 };
-                AGAINST_OPEN_MPI
+                let table = match other {
+                    Other::OpenMpi => &AGAINST_OPEN_MPI,
+                    Other::Gloo => &AGAINST_GLOO,
+                };
+                table
                     .iter()
                     .find(|(c, _)| *c == collective)
                     .map_or(&[], |(_, tiers)| tiers[tier])
@@ -249,7 +264,14 @@ mod tests {
                         && !gloo.takes(ar, 4 << 20)
                         && !gloo.takes(ar, 64 << 20)
                 );
+                // Gloo 1.13 has no reduce-scatter; large broadcasts are Gloo's.
+                assert!(gloo.takes(Collective::ReduceScatter, 64 << 20));
+                assert!(!gloo.takes(bc, 64 << 10));
             }
+            let gloo = |ranks| Route::parse(value, ranks, Other::Gloo).unwrap();
+            assert!(gloo(2).takes(bc, 4096) && !gloo(4).takes(bc, 4096));
+            assert!(gloo(2).takes(Collective::Reduce, 16 << 20));
+            assert!(!gloo(4).takes(Collective::Reduce, 16 << 20));
         }
         assert_eq!(
             Route::parse(None, 2, Other::OpenMpi).unwrap().to_string(),

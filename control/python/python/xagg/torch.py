@@ -773,10 +773,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
             # Rank 0's XAGG_FLOAT=none: the same on every rank.
             self._engine.pass_on(entry, "float sums go to Gloo (rank 0's XAGG_FLOAT=none)")
             return self._by_gloo(tensors, opts, entry)
-        if self._engine.route is not None and not self._engine.route.takes(t.numel() * t.element_size()):
-            # Faster through Gloo at this size (XAGG_ROUTE): decided by the call alone.
+        if self._routed("allreduce", t.numel() * t.element_size(), entry):
             self._engine.routed += 1
-            self._engine.count(entry, ROUTED)
             return self._by_gloo(tensors, opts, entry)
         if t.device.type != "cpu":
             # Through host memory: a CPU copy reduced, the result copied back.
@@ -789,6 +787,16 @@ class ProcessGroupXagg(dist.ProcessGroup):
             return _for_caller(work, entry)
         _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry, at_once=at_once)
         return _for_caller(work, entry)
+
+    def _routed(self, kind, nbytes, entry):
+        """Whether a `kind` call moving `nbytes` (the whole message) is faster through Gloo
+        at this size (XAGG_ROUTE, rank 0's, or the bench's figures): decided by the call
+        alone, alike on every rank; counted when it goes to Gloo."""
+        route = self._engine.route
+        if route is None or route.takes(nbytes, kind):
+            return False
+        self._engine.count(entry, ROUTED)
+        return True
 
     def _served(self, tensors, moved=None):
         """Why the switch does not make a collective over `tensors` (None: it does);
@@ -884,6 +892,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
 
         if why is not None:
             return self._passed(entry, why, fallback, finish)
+        if self._routed("reduce_scatter", whole.numel() * whole.element_size(), entry):
+            return self._by_gloo_now(fallback, finish, entry)
         _, work = self._engine.collective("reduce_scatter", block, whole, op, 0, fallback, finish, entry, at_once)
         return _for_caller(work, entry, at_once)
 
@@ -964,6 +974,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
 
         if why is not None:
             return self._passed(entry, why, fallback, finish)
+        if self._routed("all_gather", whole.numel() * whole.element_size(), entry):
+            return self._by_gloo_now(fallback, finish, entry)
         _, work = self._engine.collective("all_gather", whole, own, ReduceOp.SUM, 0, fallback, finish, entry, at_once)
         return _for_caller(work, entry, at_once)
 
@@ -1008,6 +1020,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
 
         if why is not None:
             return self._passed(entry, why, fallback, finish)
+        if self._routed("reduce", buf.numel() * buf.element_size(), entry):
+            return self._by_gloo_now(fallback, finish, entry)
         given = buf if result is not buf else None
         _, work = self._engine.collective("reduce", result, given, op, root, fallback, finish, entry, at_once)
         return _for_caller(work, entry, at_once)
@@ -1043,6 +1057,8 @@ class ProcessGroupXagg(dist.ProcessGroup):
         if why is not None:
             # A type Gloo 1.13 refuses: its bytes broadcast.
             return self._passed(entry, why, fallback, finish)
+        if self._routed("broadcast", buf.numel() * buf.element_size(), entry):
+            return self._by_gloo_now(fallback, finish, entry)
         _, work = self._engine.collective("broadcast", buf, None, ReduceOp.SUM, root, fallback, finish, entry, at_once)
         return _for_caller(work, entry, at_once)
 
@@ -1052,6 +1068,10 @@ class ProcessGroupXagg(dist.ProcessGroup):
         back, which serves what Gloo 1.13 lacks (reduce-scatter, all-gather into one
         tensor) or refuses (int16, bool, bf16: reduced wider, gathered as bytes)."""
         self._engine.pass_on(entry, why)
+        return self._by_gloo_now(fallback, finish, entry)
+
+    def _by_gloo_now(self, fallback, finish, entry):
+        """A call made at once by `fallback` on the inner Gloo group, finished by `finish`."""
         fallback(self._gloo)
         fut = torch.futures.Future()
         fut.set_result(finish())

@@ -213,10 +213,12 @@ pub(super) fn torch_runs(
             p.collective = collective;
             p.rx_ratio = rx_ratio(&p, line)?;
             if backend == "xagg" {
-                // The backend routes its allreduces alone by size.
-                let allreduce = collective.is_none_or(|c| c == "allreduce");
-                let routed =
-                    allreduce && !route.takes(xagg_worker::Collective::Allreduce, p.bytes as u64);
+                // The backend routes each collective by its size (the whole message).
+                let c: xagg_worker::Collective = collective
+                    .unwrap_or("allreduce")
+                    .parse()
+                    .map_err(|e| anyhow::anyhow!("{e}"))?;
+                let routed = !route.takes(c, p.bytes as u64);
                 p.path = Some(if !routed { "switch" } else { "routed" });
             }
             Ok(p)
