@@ -655,8 +655,8 @@ class _Engine:
             others = sum(c[SWITCH] + c[RECOVERED] for e, c in self.table.items() if e in _OTHERS)
             _say(
                 f"{self.who}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
-                f"{self.flagged} flagged results (NaN, infinity, or values too far apart for the exact lanes) made again by Gloo, {self.recovered} finished from peers, "
-                f"{self.routed} routed to Gloo by size (XAGG_ROUTE); "
+                f"{self.flagged} flagged results (NaN, infinity, or values too far apart for the exact lanes) made again by Gloo, {self.recovered} finished from peers; "
+                f"of every collective, {self.routed} routed to Gloo by size (XAGG_ROUTE); "
                 f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)"
             )
             for entry, counts in sorted(self.table.items()):
@@ -774,7 +774,6 @@ class ProcessGroupXagg(dist.ProcessGroup):
             self._engine.pass_on(entry, "float sums go to Gloo (rank 0's XAGG_FLOAT=none)")
             return self._by_gloo(tensors, opts, entry)
         if self._routed("allreduce", t.numel() * t.element_size(), entry):
-            self._engine.routed += 1
             return self._by_gloo(tensors, opts, entry)
         if t.device.type != "cpu":
             # Through host memory: a CPU copy reduced, the result copied back.
@@ -795,6 +794,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
         route = self._engine.route
         if route is None or route.takes(nbytes, kind):
             return False
+        self._engine.routed += 1
         self._engine.count(entry, ROUTED)
         return True
 
