@@ -336,7 +336,8 @@ pub fn destroy(prefix: &str) {
 }
 
 /// Removes the network namespaces named `{prefix}-{k}N` (N digits) for each `k` in
-/// `numbered`, and `{prefix}-{n}` for each `n` in `named`. Idempotent.
+/// `numbered`, and `{prefix}-{n}` for each `n` in `named`, killing the processes left in
+/// them. Idempotent.
 pub fn remove_namespaces(prefix: &str, numbered: &[&str], named: &[&str]) {
     let Ok(list) = ip(&["netns", "list"]) else {
         return;
@@ -353,6 +354,21 @@ pub fn remove_namespaces(prefix: &str, numbered: &[&str], named: &[&str]) {
                     .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
             });
         if ours {
+            // Processes still in it (a killed run's ranks) keep it and themselves alive:
+            // killed first.
+            if let Ok(pids) = ip(&["netns", "pids", name]) {
+                for pid in pids
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    if pid as u32 != std::process::id() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
             let _ = ip(&["netns", "del", name]);
         }
     }
