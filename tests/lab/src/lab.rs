@@ -354,38 +354,23 @@ pub fn remove_namespaces(prefix: &str, numbered: &[&str], named: &[&str]) {
                     .is_some_and(|n| !n.is_empty() && n.chars().all(|c| c.is_ascii_digit()))
             });
         if ours {
-            kill_processes_in(name);
+            // Processes still in it (a killed run's ranks) keep it and themselves alive:
+            // killed first.
+            if let Ok(pids) = ip(&["netns", "pids", name]) {
+                for pid in pids
+                    .split_whitespace()
+                    .filter_map(|p| p.parse::<i32>().ok())
+                {
+                    if pid as u32 != std::process::id() {
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(pid),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
+                    }
+                }
+            }
             let _ = ip(&["netns", "del", name]);
         }
-    }
-}
-
-/// Kills the processes still in namespace `ns` (a killed run's ranks, and its daemons,
-/// whose main thread enters the switch's namespace: left running, they would hold its API
-/// socket and lock) and waits until they are gone.
-fn kill_processes_in(ns: &str) {
-    use nix::{sys::signal, unistd::Pid};
-    let Ok(pids) = ip(&["netns", "pids", ns]) else {
-        return;
-    };
-    let pids: Vec<i32> = pids
-        .split_whitespace()
-        .filter_map(|p| p.parse().ok())
-        .filter(|&p: &i32| p as u32 != std::process::id())
-        .collect();
-    for &pid in &pids {
-        let _ = signal::kill(Pid::from_raw(pid), signal::Signal::SIGKILL);
-    }
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    // A zombie (its parent, this process, not waiting yet) is gone for this purpose.
-    let alive = |p: &i32| {
-        std::fs::read_to_string(format!("/proc/{p}/stat"))
-            .ok()
-            .and_then(|st| st.rsplit_once(") ").map(|(_, r)| !r.starts_with('Z')))
-            .unwrap_or(false)
-    };
-    while pids.iter().any(alive) && std::time::Instant::now() < deadline {
-        std::thread::sleep(std::time::Duration::from_millis(20));
     }
 }
 

@@ -89,6 +89,40 @@ impl Drop for Daemon {
     }
 }
 
+/// Kills a daemon left running on `config` by an earlier run that was killed before it
+/// could stop it (its jobs would answer this run's API calls: "job exists").
+fn stop_leftover(config: &Path) {
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return;
+    };
+    let wanted = [
+        b"--config".as_slice(),
+        config.as_os_str().as_encoded_bytes(),
+    ];
+    for p in procs.flatten() {
+        let Some(pid) = p.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = std::fs::read(p.path().join("cmdline")) else {
+            continue;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|&b| b == 0).collect();
+        let daemon = args.first().is_some_and(|a| a.ends_with(b"xaggd"));
+        if !daemon || !args.windows(2).any(|w| w == wanted) {
+            continue;
+        }
+        eprintln!(
+            "killing xaggd {pid} left running on {} by an earlier run",
+            config.display()
+        );
+        let _ = nix::sys::signal::kill(Pid::from_raw(pid), Signal::SIGKILL);
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while p.path().exists() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
 /// The lab daemon's network listener when ranks join jobs by themselves (the MPI
 /// library, the Python module).
 pub const LISTEN: std::net::SocketAddrV4 =
@@ -205,6 +239,7 @@ impl LabSwitch {
             pin,
             lab,
         };
+        stop_leftover(&s.config);
         let _ = std::fs::remove_file(&s.log);
         let _ = std::fs::remove_dir_all(s.state_dir());
         let mut cfg = s.default_config();
