@@ -720,7 +720,28 @@ fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
     assert_eq!(lab.joins().len(), 1, "an idle job whose ranks live stays");
     allreduce(&lab, &workers);
 
-    // The ranks stop renewing (as when their processes are gone); the daemon restarts
+    // Rank 0 leaves: the job waits for the others, and its status says so and until when.
+    lab.on(0, || workers[0].leave()).unwrap();
+    let out = std::process::Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(&lab.sw.socket)
+        .args(["job", "status"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("running, results to its members; ranks [0] left: it goes when the others leave, or in ")
+            && text.contains(" s unless their leases are renewed"),
+        "{text}"
+    );
+    let listed = &lab.joins()[0];
+    assert_eq!(listed.left, vec![0]);
+    assert!(
+        listed.lease_ends_s.is_some_and(|s| s <= lease.as_secs()),
+        "{listed:?}"
+    );
+
+    // The other ranks stop renewing (as when their processes are gone); the daemon restarts
     // half-way through a lease, the state directory opened to others meanwhile: it starts,
     // says so, keeps the job, and removes it one lease after its start.
     let id = workers[0].params().job;
@@ -752,7 +773,9 @@ fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
     );
     let log = std::fs::read_to_string(&lab.sw.log).unwrap();
     assert!(
-        log.contains("lease ran out: no renewal for 3 s"),
+        log.contains(
+            "the leases of ranks [1, 2] ran out: no renewal for 3 s (their processes are gone)"
+        ),
         "the log says why: {log}"
     );
     let Response::Jobs { jobs } = lab.sw.api(Request::ListJobs) else {

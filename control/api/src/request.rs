@@ -221,6 +221,15 @@ pub struct JoinListing {
     pub parent_member: Option<u8>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub why: Option<String>,
+    /// Ranks of a running job that left it: a job goes once every rank has left, or when
+    /// one of the others stops renewing its lease (its process gone).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub left: Vec<u8>,
+    /// Seconds until the first lease of a rank still in runs out unless renewed (a live
+    /// rank renews every third of a lease); none for an open level, whose members hold
+    /// no leases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_ends_s: Option<u64>,
 }
 
 #[cfg(test)]
@@ -382,6 +391,8 @@ mod tests {
                     route: "parent".into(),
                     parent_member: Some(1),
                     why: None,
+                    left: Vec::new(),
+                    lease_ends_s: None,
                 }],
             },
             r#"{"result":"joins","joins":[{"key":"0101","id":65537,"credential":"lab","members":3,"slots":32,"segment_bytes":3440,"ready":false,"present":[0],"missing":[1,2],"waited_s":0.7,"route":"parent","parent_member":1}]}"#,

@@ -131,22 +131,42 @@ fn joins(socket: &Path, json: bool) -> Result<()> {
                 println!(
                     "job {} ({:#x}) key {}: {} members, {} slots, {}-byte segments, credential {}: {}",
                     j.id, j.id, j.key, j.members, j.slots, j.segment_bytes, j.credential,
-                    if j.ready {
-                        match (j.route.as_str(), j.parent_member, &j.why) {
-                            ("parent", Some(m), _) => format!("running, partials to its parent's job as member {m} (a tree)"),
-                            ("ring", _, Some(why)) => format!("running round a ring of hosts ({why})"),
-                            _ => "running, results to its members".to_string(),
-                        }
-                    } else if !j.route.is_empty() {
-                        format!("{} for {:.0} s (every rank in)", j.route, j.waited_s)
-                    } else {
-                        format!("pending for {:.0} s, ranks in {:?}, waiting for {:?}", j.waited_s, j.present, j.missing)
-                    }
+                    join_state(&j)
                 );
             }
             Ok(())
         }
         r => answer(r),
+    }
+}
+
+/// What a joined job is doing, as `xagg job status` says it.
+fn join_state(j: &xagg_api::JoinListing) -> String {
+    if !j.ready {
+        return if j.route.is_empty() {
+            format!(
+                "pending for {:.0} s, ranks in {:?}, waiting for {:?}",
+                j.waited_s, j.present, j.missing
+            )
+        } else {
+            format!("{} for {:.0} s (every rank in)", j.route, j.waited_s)
+        };
+    }
+    let running = match (j.route.as_str(), j.parent_member, &j.why) {
+        ("parent", Some(m), _) => {
+            format!("running, partials to its parent's job as member {m} (a tree)")
+        }
+        ("ring", _, Some(why)) => format!("running round a ring of hosts ({why})"),
+        _ => "running, results to its members".to_string(),
+    };
+    // A job some ranks left waits for the others to leave, or for a lease to run out
+    // (a rank killed leaves nothing): said, so its slots held meanwhile are explained.
+    match (&j.left[..], j.lease_ends_s) {
+        ([], _) => running,
+        (left, Some(s)) => format!(
+            "{running}; ranks {left:?} left: it goes when the others leave, or in {s} s unless their leases are renewed (a rank whose process is gone renews nothing)"
+        ),
+        (left, None) => format!("{running}; ranks {left:?} left"),
     }
 }
 

@@ -340,6 +340,7 @@ impl Joins {
 
     /// The joined jobs, for listings.
     pub fn listing(&self) -> Vec<JoinListing> {
+        let unix = registry::unix_now();
         self.jobs
             .values()
             .map(|j| {
@@ -364,6 +365,11 @@ impl Joins {
                     route: route.to_string(),
                     parent_member,
                     why,
+                    left: if j.running() { j.left() } else { Vec::new() },
+                    lease_ends_s: j
+                        .leased()
+                        .then(|| j.lease_ends(unix, self.lease.as_secs()))
+                        .flatten(),
                 }
             })
             .collect()

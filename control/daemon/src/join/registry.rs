@@ -276,11 +276,31 @@ impl Joined {
         !self.level.is_open()
     }
 
-    /// A member whose lease ran out at `unix` (`lease_s` without renewal): its rank.
-    pub(super) fn lapsed(&self, unix: u64, lease_s: u64) -> Option<usize> {
-        self.members.iter().position(|m| {
-            m.is_some_and(|m| !m.left && unix.saturating_sub(m.renewed_unix_s) > lease_s)
-        })
+    /// The members whose leases ran out at `unix` (`lease_s` without renewal): their ranks.
+    pub(super) fn lapsed(&self, unix: u64, lease_s: u64) -> Vec<usize> {
+        (0..self.members.len())
+            .filter(|&r| {
+                self.members[r]
+                    .is_some_and(|m| !m.left && unix.saturating_sub(m.renewed_unix_s) > lease_s)
+            })
+            .collect()
+    }
+
+    /// The ranks of a running job that left it.
+    pub(super) fn left(&self) -> Vec<u8> {
+        (0..self.members.len() as u8)
+            .filter(|&r| self.members[usize::from(r)].is_some_and(|m| m.left))
+            .collect()
+    }
+
+    /// Seconds from `unix` until the first lease of a member still in runs out.
+    pub(super) fn lease_ends(&self, unix: u64, lease_s: u64) -> Option<u64> {
+        self.members
+            .iter()
+            .flatten()
+            .filter(|m| !m.left)
+            .map(|m| (m.renewed_unix_s + lease_s).saturating_sub(unix))
+            .min()
     }
 
     /// Every member present renewed at `unix`.

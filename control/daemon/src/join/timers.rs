@@ -71,15 +71,25 @@ impl Joins {
                         format!("idle for {} s", self.idle_timeout.as_secs()),
                     ));
                 }
-            } else if let Some(rank) = j.lapsed(unix, self.lease.as_secs()) {
-                gone.push((
-                    j.key,
-                    Some(j.id),
-                    format!(
-                        "rank {rank}'s lease ran out: no renewal for {} s (its process is gone)",
-                        self.lease.as_secs()
-                    ),
-                ));
+            } else {
+                let lapsed = j.lapsed(unix, self.lease.as_secs());
+                if !lapsed.is_empty() {
+                    let (whose, process) = match &lapsed[..] {
+                        [rank] => (format!("rank {rank}'s lease"), "its process is gone"),
+                        ranks => (
+                            format!("the leases of ranks {ranks:?}"),
+                            "their processes are gone",
+                        ),
+                    };
+                    gone.push((
+                        j.key,
+                        Some(j.id),
+                        format!(
+                            "{whose} ran out: no renewal for {} s ({process})",
+                            self.lease.as_secs()
+                        ),
+                    ));
+                }
             }
         }
         if gone.is_empty() {
