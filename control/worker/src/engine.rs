@@ -82,6 +82,8 @@ struct Active {
     withdrawn: Option<u32>,
     /// How long it will have waited on slow members when it next says so (doubling).
     next_notice: Duration,
+    /// The `last_progress` of the stall its early look for a gone rank was made in.
+    looked: Option<Instant>,
 }
 
 impl Active {
@@ -221,6 +223,7 @@ impl Engine {
                 waiting_since: None,
                 withdrawn: None,
                 next_notice: Duration::ZERO,
+                looked: None,
             };
             if a.segments == 0 {
                 // Nothing to send: no message id taken (every member skips it alike).

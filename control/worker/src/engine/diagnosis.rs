@@ -6,6 +6,9 @@
 //! contributions sent again, marked `ENC_WITHDRAWN`, and the switch asked once more): a
 //! round still waiting keeps the mark, so the late member's call fails too; a round
 //! complete meanwhile answers with its result, and the call succeeds after all.
+//! Before the give-up time, a second into a stall, a request looks once for a rank whose
+//! process is gone (the same questions, only that answer acted on): a killed rank's
+//! others fail in about a second, not at the give-up time.
 
 use std::{
     io,
@@ -24,6 +27,11 @@ use crate::{request::lock, window::InFlight, AllreduceError, Missing};
 /// How long a request's diagnosis waits for the switch's status replies.
 const DIAGNOSIS: Duration = Duration::from_millis(300);
 
+/// How long a request goes without progress before it looks, once per stall, for a rank
+/// whose process is gone (its responder refuses connections): a killed rank is found in
+/// about this time instead of at the give-up time, and nothing else is judged this early.
+const LOOK_FOR_THE_GONE: Duration = Duration::from_secs(1);
+
 /// A request asking the switch why it has no progress: what it asked, the answers so far,
 /// and until when it waits for the rest.
 pub(super) struct Diagnosis {
@@ -34,6 +42,9 @@ pub(super) struct Diagnosis {
     /// Asking after the request gave up on its rounds: each answer says whether the mark
     /// is kept.
     withdrawing: bool,
+    /// An early look before the give-up time ([`LOOK_FOR_THE_GONE`]): only a rank found
+    /// gone, or whose call failed for good, ends the request; anything else waits on.
+    early: bool,
 }
 
 /// What a complete diagnosis means for its request.
@@ -71,7 +82,12 @@ impl Engine {
                 } else {
                     d.missing.iter().all(Missing::complete)
                 };
-                if now >= d.until || answered || d.refusal.is_some() {
+                if d.early && (now >= d.until || answered) {
+                    if let Some(e) = self.early_verdict(i) {
+                        self.give_up(i, e);
+                        continue;
+                    }
+                } else if now >= d.until || answered || d.refusal.is_some() {
                     match self.diagnosed(i, now) {
                         Verdict::Fail(e) => {
                             self.give_up(i, e);
@@ -81,15 +97,21 @@ impl Engine {
                         Verdict::Wait => {}
                     }
                 }
-            } else if a.running()
-                && a.in_flight > 0
+            } else if a.running() && a.in_flight > 0 {
+                let waited = now.duration_since(a.last_progress);
                 // A collective timeout shorter than the give-up time ends the call at
                 // its own end, not at the give-up time.
-                && now.duration_since(a.last_progress)
-                    > self.p.give_up.min(self.p.collective_timeout)
-            {
-                let waited = now.duration_since(a.last_progress);
-                self.diagnose(i, waited)?;
+                let give_up = self.p.give_up.min(self.p.collective_timeout);
+                if waited > give_up {
+                    self.diagnose(i, waited)?;
+                } else if waited > LOOK_FOR_THE_GONE
+                    && give_up > LOOK_FOR_THE_GONE * 2
+                    && a.looked != Some(a.last_progress)
+                    && !self.responders.is_empty()
+                {
+                    a.looked = Some(a.last_progress);
+                    self.ask(i, waited, false, true)?;
+                }
             }
             i += 1;
         }
@@ -107,7 +129,7 @@ impl Engine {
     /// Asks the switch, for each of request `i`'s rounds in flight, which members the slot
     /// waits for; the rounds stay in flight.
     fn diagnose(&mut self, i: usize, waited: Duration) -> io::Result<()> {
-        self.ask(i, waited, false)
+        self.ask(i, waited, false, false)
     }
 
     /// Gives up on request `i`'s rounds in flight at the switch (each contribution sent
@@ -120,7 +142,7 @@ impl Engine {
             }
         }
         self.flush()?;
-        self.ask(i, waited, true)
+        self.ask(i, waited, true, false)
     }
 
     /// Request `i`'s message and its rounds in flight, by slot.
@@ -135,8 +157,15 @@ impl Engine {
         (message, flights)
     }
 
-    /// The queries of a diagnosis (`withdrawing`: after giving up on the rounds).
-    fn ask(&mut self, i: usize, waited: Duration, withdrawing: bool) -> io::Result<()> {
+    /// The queries of a diagnosis (`withdrawing`: after giving up on the rounds; `early`:
+    /// a look for a gone rank before the give-up time).
+    fn ask(
+        &mut self,
+        i: usize,
+        waited: Duration,
+        withdrawing: bool,
+        early: bool,
+    ) -> io::Result<()> {
         let (message, flights) = self.flights(i);
         let mut missing = Vec::new();
         for (slot, f) in flights {
@@ -162,6 +191,7 @@ impl Engine {
             missing,
             refusal: None,
             withdrawing,
+            early,
         });
         Ok(())
     }
@@ -226,6 +256,15 @@ impl Engine {
             m.members = Some(members_of(all & !seen).collect());
             m.above = h.status == ShadowState::PartialSent as u8;
         }
+    }
+
+    /// What an early look of request `i` found: a rank the switch waits for whose process
+    /// is gone or whose call failed for good ([`Self::absent`]), else nothing (the request
+    /// waits on as before; a switch that does not answer is judged at the give-up time).
+    fn early_verdict(&mut self, i: usize) -> Option<AllreduceError> {
+        let d = self.active[i].diagnosis.take().expect("looking");
+        let message = self.active[i].message.expect("running");
+        self.absent(message, &d.missing)
     }
 
     /// What a complete diagnosis of request `i` means: the error it ends with — refused,
