@@ -783,6 +783,69 @@ fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
     };
     assert!(jobs.iter().all(|j| j.id != id), "{jobs:?}");
     eprintln!("a job whose ranks stopped renewing removed {gone:?} after a daemon restart");
+
+    // A rank killed without leaving (its worker dropped: its responder refuses
+    // connections): the others' call fails about a second in, naming it, though the
+    // give-up time is 10 s; they say so when they leave, and the job goes at once instead
+    // of one lease later.
+    let (key, secret) = (JobKey::random(), Secret::random());
+    let addresses = std::sync::Mutex::new(vec![None; MEMBERS]);
+    let barrier = std::sync::Barrier::new(MEMBERS);
+    let (lab_ref, addresses, barrier) = (&lab, &addresses, &barrier);
+    let mut workers: Vec<Worker> = std::thread::scope(|s| {
+        let joined: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                s.spawn(move || {
+                    lab_ref.on(w, || {
+                        let wk = Worker::join(lab_ref.params(key, secret, w as u8, w, 47802))?;
+                        assert_eq!(wk.params().give_up, Duration::from_secs(10));
+                        serve_peers(&wk, w, &secret, addresses, barrier)?;
+                        Ok::<_, AllreduceError>(wk)
+                    })
+                })
+            })
+            .collect();
+        joined
+            .into_iter()
+            .map(|h| h.join().unwrap().unwrap())
+            .collect()
+    });
+    drop(workers.pop());
+    std::thread::scope(|s| {
+        for (w, wk) in workers.iter().enumerate() {
+            s.spawn(move || {
+                lab_ref.on(w, || {
+                    let t = std::time::Instant::now();
+                    let e = wk.allreduce(&mut vec![1i32; 1000]).unwrap_err();
+                    let took = t.elapsed();
+                    eprintln!("rank {w} failed after {took:?}: {e}");
+                    assert!(
+                        matches!(e, AllreduceError::MemberGone { rank, .. } if rank == MEMBERS - 1),
+                        "rank {w}: {e}"
+                    );
+                    assert!(
+                        took < Duration::from_secs(3),
+                        "rank {w} failed after {took:?}"
+                    );
+                })
+            });
+        }
+    });
+    let t = std::time::Instant::now();
+    for (w, wk) in workers.iter().enumerate() {
+        lab.on(w, || wk.leave()).unwrap();
+    }
+    assert!(
+        lab.joins().is_empty(),
+        "left by the others, found gone: removed at once ({:?} after the first leave)",
+        t.elapsed()
+    );
+    let log = std::fs::read_to_string(&lab.sw.log).unwrap();
+    assert!(
+        log.contains("rank 0 found the process of ranks [2] gone")
+            && log.contains(") removed: every rank left"),
+        "{log}"
+    );
 }
 
 /// A stranger's port floods the switch with hellos of new tokens: it fills its own share

@@ -393,8 +393,13 @@ pub struct MemberRequest {
     pub key: JobKey,
     pub rank: u8,
     pub nonce: Nonce,
-    /// [`Proof::member`] under the job's secret, for the route's action.
+    /// [`Proof::member`] under the job's secret, for the route's action
+    /// ([`MemberRequest::action`]).
     pub proof: Proof,
+    /// Leaving: the job's ranks this member found gone (their processes: their responders
+    /// refused connections), so the daemon need not wait for their leases.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub gone: Vec<u8>,
 }
 
 /// The answer to a member's leave or status request.
@@ -561,11 +566,35 @@ impl JoinRequest {
 
 impl MemberRequest {
     pub fn new(key: JobKey, secret: &Secret, action: &str, rank: u8, nonce: Nonce) -> Self {
+        Self::reporting(key, secret, action, rank, nonce, Vec::new())
+    }
+
+    /// [`Self::new`], naming the ranks this member found gone (a leave's).
+    pub fn reporting(
+        key: JobKey,
+        secret: &Secret,
+        action: &str,
+        rank: u8,
+        nonce: Nonce,
+        gone: Vec<u8>,
+    ) -> Self {
+        let proven = Self::action(action, &gone);
         Self {
             key,
             rank,
             nonce,
-            proof: Proof::member(secret, action, &nonce, &key, rank),
+            proof: Proof::member(secret, &proven, &nonce, &key, rank),
+            gone,
+        }
+    }
+
+    /// What the proof covers: the route's action, and the ranks found gone, so that
+    /// nobody without the secret can add a rank to them.
+    pub fn action(action: &str, gone: &[u8]) -> String {
+        if gone.is_empty() {
+            action.to_string()
+        } else {
+            format!("{action} gone {gone:?}")
         }
     }
 }
@@ -573,6 +602,30 @@ impl MemberRequest {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_leave_proves_the_ranks_it_reports_gone() {
+        let (key, secret, nonce) = (JobKey::random(), Secret::random(), Nonce::random());
+        let r = MemberRequest::reporting(key, &secret, "leave", 0, nonce, vec![2]);
+        let proven = |gone: &[u8]| {
+            Proof::member(
+                &secret,
+                &MemberRequest::action("leave", gone),
+                &nonce,
+                &key,
+                0,
+            )
+        };
+        assert!(proven(&r.gone).matches(&r.proof));
+        // Another list of ranks, or none: not what was proven.
+        assert!(!proven(&[1, 2]).matches(&r.proof));
+        assert!(!proven(&[]).matches(&r.proof));
+        // A leave naming none proves as before.
+        let plain = MemberRequest::new(key, &secret, "leave", 0, nonce);
+        assert!(plain.gone.is_empty());
+        assert!(Proof::member(&secret, "leave", &nonce, &key, 0).matches(&plain.proof));
+        assert!(!serde_json::to_string(&plain).unwrap().contains("gone"));
+    }
 
     #[test]
     fn proofs_bind_every_field_and_seals_open_only_with_the_credential() {

@@ -130,6 +130,8 @@ pub(crate) struct Engine {
     /// call failed; and the job's secret, which authenticates the question.
     pub(crate) responders: Vec<std::net::SocketAddrV4>,
     pub(crate) responders_key: [u8; 32],
+    /// Ranks of a flat job found gone (bit r: rank r), for the leave to tell the daemon.
+    pub(crate) gone: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Engine {
@@ -159,6 +161,7 @@ impl Engine {
             view: None,
             responders: Vec::new(),
             responders_key: [0; 32],
+            gone: Default::default(),
             transport,
             p,
         }

@@ -158,6 +158,9 @@ pub(crate) struct Membership {
     rank: u8,
     /// Its lease's length, if the daemon keeps leases.
     pub(crate) lease_s: Option<u32>,
+    /// The job's ranks this worker found gone (bit r: rank r), told to the daemon when it
+    /// leaves; shared with the engine, which finds them.
+    pub(crate) gone: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 /// Joins the job; returns the worker's parameters (job id, member index, the switch) and
@@ -206,6 +209,7 @@ pub(crate) fn join(
         secret: j.secret,
         rank: j.rank,
         lease_s: joined.lease_s,
+        gone: Default::default(),
     };
     Ok((p, sock, m))
 }
@@ -215,7 +219,10 @@ impl Membership {
     pub(crate) fn leave(&self) -> Result<(), AllreduceError> {
         let client = Client::new(self.daemon);
         let n = client.nonce()?;
-        let req = MemberRequest::new(self.key, &self.secret, "leave", self.rank, n.nonce);
+        let mask = self.gone.load(std::sync::atomic::Ordering::SeqCst);
+        let gone = (0..64u8).filter(|r| mask & (1 << r) != 0).collect();
+        let req =
+            MemberRequest::reporting(self.key, &self.secret, "leave", self.rank, n.nonce, gone);
         let failed = match client.post::<MemberReply>("/v1/leave", &req)? {
             MemberReply::Left => return Ok(()),
             MemberReply::Refused { reason } => Error::LeaveRefused { reason },

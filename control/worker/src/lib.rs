@@ -307,6 +307,8 @@ impl Worker {
             }
         };
         let mut inner = WorkerInner::new(p, transport);
+        let mut membership = membership;
+        membership.gone = inner.gone();
         if let Some(l) = membership.lease_s {
             inner.lease = std::sync::Mutex::new(Some(lease::Lease::start(membership.clone(), l)?));
         }

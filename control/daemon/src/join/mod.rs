@@ -262,7 +262,8 @@ impl Joins {
         let Some(j) = self.jobs.get_mut(&req.key) else {
             return no("no job has this key".into());
         };
-        if !Proof::member(&j.secret, action, &req.nonce, &req.key, req.rank).matches(&req.proof) {
+        let proven = MemberRequest::action(action, &req.gone);
+        if !Proof::member(&j.secret, &proven, &req.nonce, &req.key, req.rank).matches(&req.proof) {
             return no("the proof does not match the job's secret".into());
         }
         let rank = usize::from(req.rank);
@@ -310,6 +311,26 @@ impl Joins {
             (Lifecycle::Pending | Lifecycle::JoiningParent { .. }, m) => *m = None,
         }
         info!("job {} ({}): rank {rank} left", j.id, j.key);
+        // Ranks it found gone leave with it: a killed rank renews nothing, and its job need
+        // not hold its slots for a lease once the others are gone too. (Only a member, with
+        // the secret, can say so, of its own job — which it could end anyway.)
+        let mut found = Vec::new();
+        if j.running() {
+            for &g in &req.gone {
+                if let Some(Some(m)) = j.members.get_mut(usize::from(g)) {
+                    if !m.left {
+                        m.left = true;
+                        found.push(g);
+                    }
+                }
+            }
+        }
+        if !found.is_empty() {
+            info!(
+                "job {} ({}): rank {rank} found the process of ranks {found:?} gone (their responders refuse connections): they are counted as left",
+                j.id, j.key
+            );
+        }
         if j.members.iter().all(|m| m.is_none_or(|m| m.left)) {
             let (id, key, running) = (j.id, j.key, j.running());
             self.remove(dp, &key, running.then_some(id), "every rank left");

@@ -387,6 +387,11 @@ impl Engine {
                 let at = *self.responders.get(rank)?;
                 match crate::peers::fate(at, &self.responders_key, job, message, patience) {
                     Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+                        // In a flat job the rank is the daemon's member: the leave says so.
+                        if self.p.ranks.is_none() && rank < 64 {
+                            self.gone
+                                .fetch_or(1 << rank, std::sync::atomic::Ordering::SeqCst);
+                        }
                         Some(AllreduceError::MemberGone {
                             job,
                             message,

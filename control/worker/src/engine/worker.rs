@@ -82,6 +82,15 @@ impl WorkerInner {
         }
     }
 
+    /// Where the engine marks the ranks it finds gone.
+    pub fn gone(&self) -> Arc<AtomicU64> {
+        self.engine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .gone
+            .clone()
+    }
+
     /// Every rank's responder, in rank order, and the job's secret, for the engine's waits.
     pub fn set_responders(&self, addresses: Vec<std::net::SocketAddrV4>, key: [u8; 32]) {
         let mut e = self.engine.lock().unwrap_or_else(|p| p.into_inner());
