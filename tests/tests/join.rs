@@ -158,6 +158,17 @@ impl Lab {
         })
     }
 
+    /// What `xagg job status` prints.
+    fn job_status(&self) -> String {
+        let out = std::process::Command::new(bin("xagg"))
+            .arg("--socket")
+            .arg(&self.sw.socket)
+            .args(["job", "status"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
     fn joins(&self) -> Vec<xagg_api::JoinListing> {
         match self.sw.api(Request::Joins) {
             Response::Joins { joins } => joins,
@@ -656,13 +667,7 @@ fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
             "the job listed by `xagg job status`",
             Duration::from_secs(5),
             || {
-                let out = std::process::Command::new(bin("xagg"))
-                    .arg("--socket")
-                    .arg(&lab_ref.sw.socket)
-                    .args(["job", "status"])
-                    .output()
-                    .unwrap();
-                let text = String::from_utf8_lossy(&out.stdout).into_owned();
+                let text = lab_ref.job_status();
                 if text.contains("pending") {
                     Ok(text)
                 } else {
@@ -722,13 +727,7 @@ fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
 
     // Rank 0 leaves: the job waits for the others, and its status says so and until when.
     lab.on(0, || workers[0].leave()).unwrap();
-    let out = std::process::Command::new(bin("xagg"))
-        .arg("--socket")
-        .arg(&lab.sw.socket)
-        .args(["job", "status"])
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout);
+    let text = lab.job_status();
     assert!(
         text.contains("running, results to its members; ranks [0] left: it goes when the others leave, or in ")
             && text.contains(" s unless their leases are renewed"),

@@ -386,7 +386,7 @@ impl Joins {
                     route: route.to_string(),
                     parent_member,
                     why,
-                    left: if j.running() { j.left() } else { Vec::new() },
+                    left: j.left(),
                     lease_ends_s: j
                         .leased()
                         .then(|| j.lease_ends(unix, self.lease.as_secs()))

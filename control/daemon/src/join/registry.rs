@@ -286,7 +286,7 @@ impl Joined {
             .collect()
     }
 
-    /// The ranks of a running job that left it.
+    /// The ranks that left it (only a running job keeps them: a pending one forgets them).
     pub(super) fn left(&self) -> Vec<u8> {
         (0..self.members.len() as u8)
             .filter(|&r| self.members[usize::from(r)].is_some_and(|m| m.left))

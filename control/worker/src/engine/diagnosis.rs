@@ -82,10 +82,13 @@ impl Engine {
                 } else {
                     d.missing.iter().all(Missing::complete)
                 };
-                if d.early && (now >= d.until || answered) {
-                    if let Some(e) = self.early_verdict(i) {
-                        self.give_up(i, e);
-                        continue;
+                if d.early {
+                    // A refusal is judged at the give-up time, as a switch that is silent.
+                    if now >= d.until || answered {
+                        if let Some(e) = self.early_verdict(i) {
+                            self.give_up(i, e);
+                            continue;
+                        }
                     }
                 } else if now >= d.until || answered || d.refusal.is_some() {
                     match self.diagnosed(i, now) {
