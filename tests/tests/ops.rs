@@ -244,6 +244,9 @@ fn edge_cases() {
         -1,
         0,
         1,
+        // Equal high halves, low halves on either side of bit 31.
+        0x7fff_ffff,
+        0x8000_0000,
         1 << 32,
         i64::MAX - 1,
         i64::MAX,

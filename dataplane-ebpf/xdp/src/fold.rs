@@ -163,6 +163,7 @@ pub fn stage<const STEERED: bool>(
         words,
         exponent: hdr.exponent() as i32,
         op: hdr.op,
+        masks: fold.masks(),
         dtype: hdr.dtype | if exact { wire::DTYPE_EXACT } else { 0 },
         inner: inner as u8,
         magnitude: if exact { hdr.magnitude } else { 0 },
@@ -413,17 +414,13 @@ fold_programs! {
     xagg_fold_sum_bfp64, xagg_cpu_sum_bfp64 = SumBfp64;
     xagg_fold_sum_exact, xagg_cpu_sum_exact = SumExact;
     xagg_fold_sum_exact128, xagg_cpu_sum_exact128 = SumExact128;
-    xagg_fold_min_i32, xagg_cpu_min_i32 = MinI32;
-    xagg_fold_min_u32, xagg_cpu_min_u32 = MinU32;
-    xagg_fold_min_i64, xagg_cpu_min_i64 = MinI64;
-    xagg_fold_max_i32, xagg_cpu_max_i32 = MaxI32;
-    xagg_fold_max_u32, xagg_cpu_max_u32 = MaxU32;
-    xagg_fold_max_i64, xagg_cpu_max_i64 = MaxI64;
+    // Min and max, signed or not, and the bitwise ops: one program per group, named
+    // after its first fold, which reads the round's own (`Fold::program`).
+    xagg_fold_order32, xagg_cpu_order32 = MinI32;
+    xagg_fold_order64, xagg_cpu_order64 = MinI64;
     xagg_fold_prod32, xagg_cpu_prod32 = Prod32;
     xagg_fold_prod64, xagg_cpu_prod64 = Prod64;
-    xagg_fold_and, xagg_cpu_and = And;
-    xagg_fold_or, xagg_cpu_or = Or;
-    xagg_fold_xor, xagg_cpu_xor = Xor;
+    xagg_fold_bitwise, xagg_cpu_bitwise = And;
     xagg_fold_move, xagg_cpu_move = Move;
 }
 

@@ -170,16 +170,10 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
     const SUM_BFP: u32 = Fold::SumBfp as u32;
     const SUM_BFP64: u32 = Fold::SumBfp64 as u32;
     const MIN_I32: u32 = Fold::MinI32 as u32;
-    const MIN_U32: u32 = Fold::MinU32 as u32;
     const MIN_I64: u32 = Fold::MinI64 as u32;
-    const MAX_I32: u32 = Fold::MaxI32 as u32;
-    const MAX_U32: u32 = Fold::MaxU32 as u32;
-    const MAX_I64: u32 = Fold::MaxI64 as u32;
     const PROD32: u32 = Fold::Prod32 as u32;
     const PROD64: u32 = Fold::Prod64 as u32;
     const AND: u32 = Fold::And as u32;
-    const OR: u32 = Fold::Or as u32;
-    const XOR: u32 = Fold::Xor as u32;
     const SUM_EXACT: u32 = Fold::SumExact as u32;
     const SUM_EXACT128: u32 = Fold::SumExact128 as u32;
     const MOVE: u32 = Fold::Move as u32;
@@ -199,23 +193,29 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
                 ((a as i64 >> sa).wrapping_add(b as i64 >> sb)) as u64
             });
         }
-        MIN_I32 => fold_words(v, src, w, write, |a, b| {
-            lanes(a, b, |x, y| (x as i32).min(y as i32) as u32)
-        }),
-        MIN_U32 => fold_words(v, src, w, write, |a, b| lanes(a, b, |x, y| x.min(y))),
-        MIN_I64 => fold_words(v, src, w, write, |a, b| (a as i64).min(b as i64) as u64),
-        MAX_I32 => fold_words(v, src, w, write, |a, b| {
-            lanes(a, b, |x, y| (x as i32).max(y as i32) as u32)
-        }),
-        MAX_U32 => fold_words(v, src, w, write, |a, b| lanes(a, b, |x, y| x.max(y))),
-        MAX_I64 => fold_words(v, src, w, write, |a, b| (a as i64).max(b as i64) as u64),
+        // The groups' programs (`Fold::program`) take what tells their folds apart from
+        // the round, as masks: a constant would have the compiler branch on it per word.
+        MIN_I32 => {
+            let [signed, max] = r.masks;
+            fold_words(v, src, w, write, |a, b| {
+                pick(a, b, lt_32x2(a ^ signed, b ^ signed) ^ max)
+            });
+        }
+        MIN_I64 => {
+            let [sign, max] = r.masks;
+            fold_words(v, src, w, write, |a, b| {
+                pick(a, b, lt_i64(a, b, sign) ^ max)
+            });
+        }
         PROD32 => fold_words(v, src, w, write, |a, b| {
             lanes(a, b, |x, y| x.wrapping_mul(y))
         }),
         PROD64 => fold_words(v, src, w, write, |a, b| a.wrapping_mul(b)),
-        AND => fold_words(v, src, w, write, |a, b| a & b),
-        OR => fold_words(v, src, w, write, |a, b| a | b),
-        XOR => fold_words(v, src, w, write, |a, b| a ^ b),
+        AND => {
+            // a | b is (a & b) | (a ^ b).
+            let [and, xor] = r.masks;
+            fold_words(v, src, w, write, |a, b| (a & b & and) | ((a ^ b) & xor));
+        }
         SUM_EXACT => {
             let (sa, sb) = align_exact(v, r, 63);
             // The sums' magnitudes, ored, by the completing contribution only (`write`, a
@@ -253,6 +253,41 @@ pub fn fold<const F: u32, W: Words>(v: &mut ShadowCopy, src: &W, r: &Round, writ
         // `Fold` has no other value.
         _ => {}
     }
+}
+
+/// `x` where `mask` is all ones, `y` where it is zero: a select without a branch (the
+/// target has no conditional move, and a branch per lane multiplies the states the
+/// verifier walks).
+#[inline(always)]
+fn pick(x: u64, y: u64, mask: u64) -> u64 {
+    y ^ ((x ^ y) & mask)
+}
+
+/// The borrows out of the top bits of `x - y` (as the sign bits of a word): where `x < y`
+/// unsigned, given `d`, the difference whose top bits are those of the subtraction.
+#[inline(always)]
+fn borrows(x: u64, y: u64, d: u64) -> u64 {
+    (!x & y) | ((!x | y) & d)
+}
+
+/// All ones in each unsigned 32-bit lane where `x`'s is below `y`'s, else zero: both
+/// lanes at once, by word arithmetic a compiler does not turn back into compares (and so
+/// into branches).
+#[inline(always)]
+fn lt_32x2(x: u64, y: u64) -> u64 {
+    // Each lane's difference, no borrow crossing into the lane above.
+    let d = ((x | LANE_SIGN).wrapping_sub(y & !LANE_SIGN)) ^ ((x ^ !y) & LANE_SIGN);
+    let lt = borrows(x, y, d) & LANE_SIGN;
+    lt | (lt - (lt >> 31))
+}
+
+/// All ones if `x < y` as signed 64-bit values, else zero: the sign of `x - y`, corrected
+/// where the subtraction overflows. `sign` is the sign bit, taken from the round: with a
+/// constant, a compiler sees the compare in it and makes it a branch again.
+#[inline(always)]
+fn lt_i64(x: u64, y: u64, sign: u64) -> u64 {
+    let d = x.wrapping_sub(y);
+    ((((d ^ ((x ^ y) & (d ^ x))) & sign) as i64) >> 63) as u64
 }
 
 /// Aligns two blocks of block floating point to the larger exponent: the right shifts of

@@ -102,6 +102,8 @@ pub struct Round {
     /// The packet's block exponent and `enc_flags`.
     pub exponent: i32,
     pub flags: u32,
+    /// What tells apart the folds that share a program (`Fold::masks`).
+    pub masks: [u64; 2],
     pub op: u8,
     /// The header's, with `DTYPE_EXACT` in the exact lane.
     pub dtype: u8,
