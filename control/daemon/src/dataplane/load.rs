@@ -89,13 +89,16 @@ impl Dataplane {
         let mut ebpf = Ebpf::load(object.bytes().map_err(Error::NoObject)?)?;
         let mode = cfg.mode()?;
         let steer = cfg.steer_cpus()?;
-        let mut programs = vec!["xagg_result", "xagg_fanout", "xagg_switch"];
-        programs.extend(fold_programs().map(|(_, name)| name));
+        // Roughly the longest to verify first (the fan-out's loop over every member, then
+        // the folds from the exact lanes' down), so that the loading threads end together.
+        let mut programs = vec!["xagg_fanout"];
+        programs.extend(fold_programs().rev().map(|(_, name)| name));
         // The steered path's programs are verified only where it is used.
         if !steer.is_empty() {
+            programs.extend(Fold::ALL.iter().rev().map(|f| f.steered_program()));
             programs.push(STEERED_PROGRAM);
-            programs.extend(Fold::ALL.iter().map(|f| f.steered_program()));
         }
+        programs.extend(["xagg_switch", "xagg_result"]);
         load_programs(&mut ebpf, &programs)?;
 
         let result: &mut Xdp = prog(&mut ebpf, "xagg_result")?;
@@ -419,7 +422,7 @@ fn read_steer(map: &Array<MapData, Steer>) -> Result<Vec<usize>> {
 }
 
 /// The fold programs and `xagg_deliver` after them, each with its index in `FOLDS`.
-fn fold_programs() -> impl Iterator<Item = (u32, &'static str)> {
+fn fold_programs() -> impl DoubleEndedIterator<Item = (u32, &'static str)> {
     Fold::ALL
         .iter()
         .map(|f| (*f as u32, f.program()))
@@ -445,10 +448,10 @@ fn enter_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()>
     Ok(())
 }
 
-/// Loads the programs `names` of `ebpf` (a name may repeat: folds share programs), on as
-/// many threads as there are CPUs: nearly all of a daemon's start is the kernel verifying
-/// them (about 3 s of CPU, the tc fan-out's the longest at 0.65 s), and the verifier runs
-/// on the loading thread.
+/// Loads the programs `names` of `ebpf` (a name may repeat: folds share programs), in that
+/// order, on as many threads as there are CPUs: nearly all of a daemon's start is the
+/// kernel verifying them (about 3 s of CPU, the tc fan-out's the longest at 0.65 s), and
+/// the verifier runs on the loading thread.
 pub fn load_programs(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
     let mut queue: Vec<(&'static str, &mut Program)> = Vec::with_capacity(names.len());
     for (name, p) in ebpf.programs_mut() {
@@ -459,6 +462,8 @@ pub fn load_programs(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
     if let Some(&missing) = names.iter().find(|n| !queue.iter().any(|(q, _)| q == *n)) {
         return Err(Error::NoProgram(missing));
     }
+    // Taken from the end.
+    queue.sort_by_key(|(name, _)| std::cmp::Reverse(names.iter().position(|n| n == name)));
     let threads = std::thread::available_parallelism()
         .map_or(1, |n| n.get())
         .min(queue.len());
