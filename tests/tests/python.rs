@@ -565,6 +565,13 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
             && all.contains("other members gave up on it"),
         "{all}"
     );
+    // Rank 0's summary counts the failed call (in no way's column).
+    assert!(
+        all.lines().any(|l| l.contains("rank 0: ")
+            && l.contains("allreduces through the switch")
+            && l.ends_with("; 1 call failed (raised to the program, or said at exit)")),
+        "{all}"
+    );
     let all = ranks_ok(&run(29518, &["unwaited", "exit"], &short));
     ok(&all, "unwaited");
     assert!(!all.contains("destroy_process_group raised"), "{all}");

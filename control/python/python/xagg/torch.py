@@ -250,6 +250,8 @@ class _Engine:
         # destroy_process_group, or said at exit.
         self.error_raised = False
         self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
+        # Calls that failed in flight (their error raised to the program, or said at exit).
+        self.failures = 0
         # Calls per entry point, by way (_WAYS); those passed to Gloo, by reason.
         self.table = {}
         self.passed = {}
@@ -570,6 +572,8 @@ class _Engine:
             result = finish()
         except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
             self.error = f"{type(e).__name__}: {e}"
+            with self.table_lock:
+                self.failures += 1
             failure, result = e, None
         finally:
             # Out of flight before its caller can wake: a call it makes next may be
@@ -613,6 +617,8 @@ class _Engine:
                     self.gloo_made(entry, allreduce=True)
         except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
             self.error = f"{type(e).__name__}: {e}"
+            with self.table_lock:
+                self.failures += 1
             failure = e
         finally:
             self.give_back(saved)
@@ -653,11 +659,14 @@ class _Engine:
             # The headline counts allreduces; the other collectives the switch made, in a
             # clause of their own (a ZeRO step makes no allreduce at all).
             others = sum(c[SWITCH] + c[RECOVERED] for e, c in self.table.items() if e in _OTHERS)
+            # Only when some did: a failed call is in no way's count.
+            n = self.failures
+            failed = f"; {n} call{'s' if n > 1 else ''} failed (raised to the program, or said at exit)" if n else ""
             _say(
                 f"{self.who}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
                 f"{self.flagged} flagged results (NaN, infinity, or values too far apart for the exact lanes) made again by Gloo, {self.recovered} finished from peers; "
                 f"of every collective, {self.routed} routed to Gloo by size (XAGG_ROUTE); "
-                f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)"
+                f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below){failed}"
             )
             for entry, counts in sorted(self.table.items()):
                 ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
