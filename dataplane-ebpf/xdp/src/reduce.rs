@@ -441,7 +441,7 @@ fn fold_pairs<W: Words>(
 /// Bits of `x` up to its highest set bit (0 for 0), without loops: the BPF target has no
 /// instruction for it.
 #[inline(always)]
-fn bit_length(mut x: u64) -> i32 {
+pub fn bit_length(mut x: u64) -> i32 {
     let mut n = 0;
     for s in [32, 16, 8, 4, 2, 1] {
         if x >> s != 0 {
