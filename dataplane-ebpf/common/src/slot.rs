@@ -17,8 +17,9 @@ pub const COPY_HAS_DATA: u32 = 1 << 16;
 pub const MAX_SLOTS: u32 = 2048;
 
 /// How a round's contributions combine: one per op and lane the switch reduces, each run by
-/// its own program (`xagg_fold_*`, reached by a tail call through the `FOLDS` map at this
-/// index), so each program's loops over a whole segment fit the verifier's budget.
+/// a program of its own or of its group ([`Fold::program`]: `xagg_fold_*`, reached by a tail
+/// call through the `FOLDS` map at this index), so each program's loops over a whole segment
+/// fit the verifier's budget.
 #[repr(u32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Fold {

@@ -391,8 +391,9 @@ fn fold_staged<const F: u32>(ctx: &XdpContext, st: &mut Stage) -> Result<(u32, C
     }
 }
 
-/// The fold programs, one per `Fold` for the ports (named as `Fold::program` says) and one
-/// for steered contributions, of the cpumap's attach type (`Fold::steered_program`).
+/// The fold programs, one per `Fold` or group of them for the ports (named as
+/// `Fold::program` says) and one for steered contributions, of the cpumap's attach type
+/// (`Fold::steered_program`).
 macro_rules! fold_programs {
     ($($name:ident, $steered:ident = $fold:ident;)*) => {$(
         #[xdp(frags)]

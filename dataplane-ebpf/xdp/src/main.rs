@@ -6,7 +6,8 @@
 //! - `xagg_switch` (`ingress.rs`), on every switch port: takes contributions addressed to
 //!   the switch, checks them against their job and hands each to the fold program of its
 //!   op and lane. Everything else passes to the kernel (the bridge) untouched.
-//! - `xagg_fold_*` (`fold.rs`), one per op and lane (`Fold`), reached by a tail call:
+//! - `xagg_fold_*` (`fold.rs`), one per op and lane (`Fold`) or group of them (min and max,
+//!   the bitwise ops: `Fold::program`), reached by a tail call:
 //!   aggregate the contribution in its slot and deliver a finished result — a
 //!   single-buffer one broadcast through the devmap, a multi-buffer one passed to
 //!   `xagg_fanout`. At an inner level (a host, a lower switch; `upward.rs`) a complete

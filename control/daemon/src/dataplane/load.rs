@@ -89,8 +89,8 @@ impl Dataplane {
         let mut ebpf = Ebpf::load(object.bytes().map_err(Error::NoObject)?)?;
         let mode = cfg.mode()?;
         let steer = cfg.steer_cpus()?;
-        // Roughly the longest to verify first (the folds, from the exact lanes' down), so
-        // that the loading threads end together.
+        // Roughly the longest to verify first (the folds, the exact lanes' among the first),
+        // so that the loading threads end together.
         let mut programs: Vec<_> = fold_programs().rev().map(|(_, name)| name).collect();
         // The steered path's programs are verified only where it is used.
         if !steer.is_empty() {
