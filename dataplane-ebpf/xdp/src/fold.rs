@@ -415,8 +415,8 @@ fold_programs! {
     xagg_fold_sum_bfp64, xagg_cpu_sum_bfp64 = SumBfp64;
     xagg_fold_sum_exact, xagg_cpu_sum_exact = SumExact;
     xagg_fold_sum_exact128, xagg_cpu_sum_exact128 = SumExact128;
-    // Min and max, signed or not, and the bitwise ops: one program per group, named
-    // after its first fold, which reads the round's own (`Fold::program`).
+    // Min and max, signed or not, and the bitwise ops: one program per group (its arm in
+    // `reduce::fold` is its first fold's), told apart by the round's `Fold::masks`.
     xagg_fold_order32, xagg_cpu_order32 = MinI32;
     xagg_fold_order64, xagg_cpu_order64 = MinI64;
     xagg_fold_prod32, xagg_cpu_prod32 = Prod32;

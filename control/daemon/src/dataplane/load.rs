@@ -449,7 +449,7 @@ fn enter_folds(ebpf: &mut Ebpf, folds: &mut ProgramArray<MapData>) -> Result<()>
 
 /// Loads the programs `names` of `ebpf` (a name may repeat: folds share programs), in that
 /// order, on as many threads as there are CPUs: nearly all of a daemon's start is the
-/// kernel verifying them (2.5 s of CPU or so, the exact lanes' folds the longest at 0.3 s
+/// kernel verifying them (2.4–3.2 s of CPU, the exact lanes' folds the longest at 0.3 s
 /// each), and the verifier runs on the loading thread.
 pub fn load_programs(ebpf: &mut Ebpf, names: &[&'static str]) -> Result<()> {
     let mut queue: Vec<(&'static str, &mut Program)> = Vec::with_capacity(names.len());
