@@ -126,6 +126,11 @@ impl Fold {
     }
 }
 
+/// The sign bits of the two 32-bit lanes of a 64-bit word: a fold's lane arithmetic keeps
+/// them from carrying into the next lane, and [`Fold::masks`] flips them to order signed
+/// lanes.
+pub const LANE_SIGN: u64 = 0x8000_0000_8000_0000;
+
 impl Fold {
     /// What tells apart the folds that share a program ([`Fold::program`]), as whole-word
     /// masks it applies without a branch. Min and max over 32-bit lanes: the lanes' sign
@@ -135,11 +140,10 @@ impl Fold {
     /// constants, because a compiler turns a compare it can see into a branch per word.
     pub const fn masks(self) -> [u64; 2] {
         const ALL: u64 = u64::MAX;
-        const LANE_SIGNS: u64 = 0x8000_0000_8000_0000;
         const SIGN: u64 = 1 << 63;
         match self {
-            Self::MinI32 => [LANE_SIGNS, 0],
-            Self::MaxI32 => [LANE_SIGNS, ALL],
+            Self::MinI32 => [LANE_SIGN, 0],
+            Self::MaxI32 => [LANE_SIGN, ALL],
             Self::MinU32 => [0, 0],
             Self::MaxU32 => [0, ALL],
             Self::MinI64 => [SIGN, 0],

@@ -6,7 +6,7 @@
 use core::cell::Cell;
 
 use xagg_common::{
-    slot::{Fold, EMPTY_TOP, SLOT_WORDS},
+    slot::{Fold, EMPTY_TOP, LANE_SIGN, SLOT_WORDS},
     wire::{DType, BUFFER_PAYLOAD, DTYPE_EXACT, ENC_OVERFLOW},
     ShadowCopy,
 };
@@ -89,9 +89,6 @@ impl Words for Staged {
         unsafe { *(*self.0).get_unchecked_mut(i) = w };
     }
 }
-
-/// Sign bits of the two i32 lanes of a word.
-const LANE_SIGN: u64 = 0x8000_0000_8000_0000;
 
 /// Wrapping sum of the two 32-bit lanes of `a` and `b` at once: the low 31 bits of each
 /// lane add without crossing into the next lane, and bit 31 of each lane is the xor of
