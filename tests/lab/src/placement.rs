@@ -42,6 +42,31 @@ impl Placement {
         })
     }
 
+    /// Where the work ran, in words: "switch on CPUs 1, workers on CPUs 0", or that
+    /// the kernel placed it.
+    pub fn describe(&self) -> String {
+        let list = |c: &[usize]| {
+            let v: Vec<String> = c.iter().map(|c| c.to_string()).collect();
+            v.join(",")
+        };
+        match (self.switch_cpus.is_empty(), self.worker_cpus.is_empty()) {
+            (true, true) => "unplaced: the kernel placed the switch's and the workers' work".into(),
+            (false, true) => format!(
+                "switch on CPUs {}, workers anywhere",
+                list(&self.switch_cpus)
+            ),
+            (true, false) => format!(
+                "switch anywhere, workers on CPUs {}",
+                list(&self.worker_cpus)
+            ),
+            (false, false) => format!(
+                "switch on CPUs {}, workers on CPUs {}",
+                list(&self.switch_cpus),
+                list(&self.worker_cpus)
+            ),
+        }
+    }
+
     /// The switch ports' NAPI threaded, each port's thread pinned to the switch CPUs in
     /// turn. The ports must already run the switch's program (veth has NAPI only then).
     pub fn pin_switch(&self, lab: &Lab) -> Result<()> {

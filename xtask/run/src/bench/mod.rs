@@ -33,7 +33,10 @@ use std::path::PathBuf;
 use anyhow::{Context, Result};
 
 use end_to_end::{end_to_end, E2e};
-use report::{codecs_table, compare_table, dataplane_table, draw, runs_tables, write_figures};
+use report::{
+    codecs_table, compare_table, dataplane_table, draw, runs_tables, scaling, scaling_table,
+    write_figures,
+};
 
 use xtask::build::target_dir;
 
@@ -256,8 +259,10 @@ pub fn run(a: BenchArgs) -> Result<()> {
         crate::demo::clean_up();
         r?
     };
+    let scaling = scaling(&runs);
     if !runs.is_empty() {
         runs_tables(&runs, a.mtu, segment);
+        scaling_table(&scaling, &placement.describe());
         let plot = a
             .plot
             .clone()
@@ -275,6 +280,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         serde_json::json!({
             "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement, "steer_cpus": crate::demo::steer_cpus(a.steer, &placement) },
             "runs": runs,
+            "scaling": scaling,
             "dataplane": points,
             "codecs": codec_points,
             "capacity": capacity,

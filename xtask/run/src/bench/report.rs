@@ -169,6 +169,87 @@ pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
     }
 }
 
+/// n x per-worker goodput at a worker count over that at the smallest count run, for one
+/// system and bulk size: a switch whose work spreads over its cores keeps it near 1.
+#[derive(serde::Serialize, Clone, Debug)]
+pub(super) struct ScalingPoint {
+    system: &'static str,
+    bytes: usize,
+    workers: usize,
+    /// The smallest worker count run, which this one is over.
+    over: usize,
+    /// Per worker, the median over the rounds.
+    goodput_gbps: f64,
+    /// n x goodput over the same at `over`, of the medians.
+    aggregate_ratio: f64,
+    /// The same ratio round by round: both counts' runs of one round, taken minutes apart
+    /// at most (the VM drifts by a fifth over longer).
+    round_ratios: Vec<f64>,
+}
+
+/// The allreduce's scaling with workers, from 1 MiB up, for the switch and Open MPI.
+pub(super) fn scaling(runs: &[RunPoint]) -> Vec<ScalingPoint> {
+    let bulk = |r: &&RunPoint| {
+        r.bytes >= 1 << 20 && r.collective.is_none() && ["switch", "openmpi"].contains(&r.system)
+    };
+    let mut out = Vec::new();
+    for r in runs.iter().filter(bulk) {
+        let Some(base) = runs
+            .iter()
+            .filter(bulk)
+            .filter(|b| b.system == r.system && b.bytes == r.bytes)
+            .min_by_key(|b| b.workers)
+            .filter(|b| b.workers < r.workers)
+        else {
+            continue;
+        };
+        let (n, n0) = (r.workers as f64, base.workers as f64);
+        out.push(ScalingPoint {
+            system: r.system,
+            bytes: r.bytes,
+            workers: r.workers,
+            over: base.workers,
+            goodput_gbps: r.goodput_gbps,
+            aggregate_ratio: n * r.goodput_gbps / (n0 * base.goodput_gbps),
+            round_ratios: r
+                .goodput_rounds
+                .iter()
+                .zip(&base.goodput_rounds)
+                .map(|(g, g0)| n * g / (n0 * g0))
+                .collect(),
+        });
+    }
+    out
+}
+
+/// The scaling table, `placement` naming where the switch and the workers ran.
+pub(super) fn scaling_table(points: &[ScalingPoint], placement: &str) {
+    if points.is_empty() {
+        return;
+    }
+    println!();
+    println!("scaling with workers ({placement}): n x per-worker goodput over that at the smallest n, of the medians, and round by round (lowest to highest):");
+    println!(
+        "{:>8} {:>9} {:>3} {:>5} | {:>13} {:>7} | rounds",
+        "system", "bytes", "n", "over", "Gbit/s/worker", "ratio"
+    );
+    for p in points {
+        let mut rounds = p.round_ratios.clone();
+        rounds.sort_by(|a, b| a.total_cmp(b));
+        let rounds: Vec<String> = rounds.iter().map(|r| format!("{r:.2}")).collect();
+        println!(
+            "{:>8} {:>9} {:>3} {:>5} | {:>13.2} {:>7.2} | {}",
+            p.system,
+            p.bytes,
+            p.workers,
+            p.over,
+            p.goodput_gbps,
+            p.aggregate_ratio,
+            rounds.join(" ")
+        );
+    }
+}
+
 /// One end-to-end point of one round, as it comes.
 pub(super) fn round_line(round: usize, r: &RunPoint) {
     eprintln!(
@@ -276,4 +357,43 @@ pub(super) fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(system: &'static str, workers: usize, bytes: usize, rounds: &[f64]) -> RunPoint {
+        RunPoint {
+            goodput_gbps: median(rounds.to_vec()),
+            goodput_rounds: rounds.to_vec(),
+            ..RunPoint::new(system, workers, bytes, vec![1.0], 0.0, &[], true)
+        }
+    }
+
+    /// Each count over the smallest of its system and size, medians and round by round;
+    /// small sizes and a system's smallest count have no row.
+    #[test]
+    fn scaling_is_over_the_smallest_count_round_by_round() {
+        let runs = [
+            point("switch", 2, 16 << 20, &[4.0, 3.0, 5.0]),
+            point("switch", 8, 16 << 20, &[1.0, 0.9, 1.0]),
+            point("switch", 8, 4 << 10, &[0.1, 0.1, 0.1]),
+            point("openmpi", 4, 16 << 20, &[2.0, 2.0, 2.0]),
+            point("openmpi", 8, 16 << 20, &[1.5, 1.0, 0.5]),
+            point("switch/socket", 8, 16 << 20, &[1.0, 1.0, 1.0]),
+        ];
+        let s = scaling(&runs);
+        let rows: Vec<_> = s.iter().map(|p| (p.system, p.workers, p.over)).collect();
+        assert_eq!(rows, [("switch", 8, 2), ("openmpi", 8, 4)]);
+        // 8 x 1.0 over 2 x 4.0; round by round 8 x (1.0, 0.9, 1.0) over 2 x (4, 3, 5).
+        assert!((s[0].aggregate_ratio - 1.0).abs() < 1e-9);
+        let want = [1.0, 1.2, 0.8];
+        for (got, want) in s[0].round_ratios.iter().zip(want) {
+            assert!((got - want).abs() < 1e-9, "{:?}", s[0].round_ratios);
+        }
+        // 8 x 1.0 over 4 x 2.0, the medians; the rounds 1.5, 1.0, 0.5.
+        assert!((s[1].aggregate_ratio - 1.0).abs() < 1e-9);
+        assert!((s[1].round_ratios[0] - 1.5).abs() < 1e-9);
+    }
 }

@@ -53,6 +53,10 @@ pub struct RunPoint {
     /// Bytes each worker received (interface rx counters) / S, where measured.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub rx_ratio: Option<f64>,
+    /// Each round's goodput, in the order the rounds ran, where the point is the median of
+    /// several: what a figure compared across worker counts is compared round by round.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub goodput_rounds: Vec<f64>,
 }
 
 /// Quantiles of the segments' round trips, µs.
@@ -166,6 +170,7 @@ impl RunPoint {
             path: None,
             collective: None,
             rx_ratio: None,
+            goodput_rounds: Vec::new(),
         }
     }
 
@@ -235,6 +240,7 @@ pub(super) fn median_point(points: Vec<&RunPoint>) -> RunPoint {
             .iter()
             .all(|p| p.rx_ratio.is_some())
             .then(|| m(|p| p.rx_ratio.unwrap_or(0.0))),
+        goodput_rounds: points.iter().map(|p| p.goodput_gbps).collect(),
         ..points[0].clone()
     }
 }
