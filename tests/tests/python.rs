@@ -572,9 +572,21 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
             && l.ends_with("; 1 call failed (raised to the program, or said at exit)")),
         "{all}"
     );
+    // And says why the first one failed.
+    assert!(
+        all.lines().any(
+            |l| l.contains("rank 0: the first call that failed: XaggError: ")
+                && l.contains("other members gave up on it")
+        ),
+        "{all}"
+    );
     let all = ranks_ok(&run(29518, &["unwaited", "exit"], &short));
     ok(&all, "unwaited");
     assert!(!all.contains("destroy_process_group raised"), "{all}");
+    // The call finished at exit, after the interpreter stopped its thread pools: no
+    // thread of the backend's raised (seen: "cannot schedule new futures after
+    // interpreter shutdown" from the completion thread).
+    assert!(!all.contains("Exception in thread"), "{all}");
     for r in 0..RANKS {
         assert!(
             all.contains(&format!(

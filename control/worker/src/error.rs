@@ -93,7 +93,7 @@ impl std::fmt::Display for Missing {
             ),
             (Some(m), _) if m.contains(&self.me) => write!(
                 f,
-                "slot {slot} segment {segment} waits for members {m:?}, this one ({}) among them: the switch has not taken what it sent (lost on the way, or refused: the round began with another op, type or count, which `xagg counters` shows as drop_bad_op or drop_bad_count)",
+                "slot {slot} segment {segment} waits for members {m:?}, this one ({}) among them: the switch has not taken what it sent (lost on the way, or refused: the round began with another op, type or count — the members' calls differ, and every member must make the same calls, with the same size, type and op, in the same order; `xagg counters` on the switch's host shows such refusals as drop_bad_op or drop_bad_count)",
                 self.me
             ),
             (Some(m), _) => write!(f, "slot {slot} segment {segment} waits for members {m:?}"),
@@ -116,26 +116,26 @@ impl std::fmt::Display for Missing {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllreduceError {
-    #[error("job {job} message {message} failed: no result for {waited:?}; {} segments missing: {}", missing.len(), first_few(missing))]
+    #[error("job {job} message {message} failed: no result for {:.1} s; {} missing: {}", waited.as_secs_f64(), segment_count(missing.len()), first_few(missing))]
     Timeout {
         job: u32,
         message: u32,
         waited: Duration,
         missing: Vec<Missing>,
     },
-    #[error("job {job} message {message}: NaN or infinity in the input of {} segments ({}); their elements are NaN in the result", segments.len(), first_few(segments))]
+    #[error("job {job} message {message}: NaN or infinity in the input of {} ({}); their elements are NaN in the result", segment_count(segments.len()), first_few(segments))]
     NonFinite {
         job: u32,
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("job {job} message {message}: the exact float sum is too wide for its lanes in {} segments ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segments.len(), first_few(segments))]
+    #[error("job {job} message {message}: the exact float sum is too wide for its lanes in {} ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segment_count(segments.len()), first_few(segments))]
     Overflow {
         job: u32,
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("job {job} message {message} failed: other members gave up on it (their collective timeout, XAGG_TIMEOUT_S, passed while they waited for this rank) in {} segments ({})", segments.len(), first_few(segments))]
+    #[error("job {job} message {message} failed: other members gave up on it (their collective timeout, XAGG_TIMEOUT_S, passed while they waited for this rank) in {} ({})", segment_count(segments.len()), first_few(segments))]
     GivenUp {
         job: u32,
         message: u32,
@@ -195,7 +195,7 @@ pub enum AllreduceError {
     },
     /// Recovery found segments no rank holds: no rank returned this call, and every rank
     /// reaches this verdict for it. Make it, and the job's later calls, another way.
-    #[error("job {job} message {message}: the switch stopped answering and no rank holds {} segments ({}): no rank returned this call, so it is made another way", segments.len(), first_few(segments))]
+    #[error("job {job} message {message}: the switch stopped answering and no rank holds {} ({}): no rank returned this call, so it is made another way", segment_count(segments.len()), first_few(segments))]
     Abandoned {
         job: u32,
         message: u32,
@@ -361,6 +361,11 @@ impl Clone for AllreduceError {
 }
 
 /// The first eight items, comma-separated, then "..." if there are more.
+/// "1 segment", "3 segments".
+fn segment_count(n: usize) -> String {
+    format!("{n} segment{}", if n == 1 { "" } else { "s" })
+}
+
 fn first_few<T: std::fmt::Display>(items: &[T]) -> String {
     let mut s: Vec<String> = items.iter().take(8).map(|x| x.to_string()).collect();
     if items.len() > 8 {

@@ -250,8 +250,10 @@ class _Engine:
         # destroy_process_group, or said at exit.
         self.error_raised = False
         self.served = self.recovered = self.flagged = self.fallbacks = self.routed = 0
-        # Calls that failed in flight (their error raised to the program, or said at exit).
+        # Calls that failed in flight (their error raised to the program, or said at exit),
+        # and the first one's error.
         self.failures = 0
+        self.first_error = None
         # Calls per entry point, by way (_WAYS); those passed to Gloo, by reason.
         self.table = {}
         self.passed = {}
@@ -528,8 +530,23 @@ class _Engine:
         `here` (a call its caller waits for, which has no callbacks)."""
         if here:
             _complete(fut, failure, result)
-        else:
+            return
+        try:
             self.deliver.submit(_complete, fut, failure, result)
+        except RuntimeError:
+            # At exit the interpreter stops its thread pools before the program's atexit
+            # calls, this one's close among them, which finishes the calls in flight:
+            # completed here, its callbacks with it.
+            _complete(fut, failure, result)
+
+    def _failed_call(self, e):
+        """Records a call that failed in flight: raised at the next call, counted in the
+        summary, the first one's reason said there."""
+        self.error = f"{type(e).__name__}: {e}"
+        with self.table_lock:
+            self.failures += 1
+            if self.first_error is None:
+                self.first_error = self.error
 
     def _outcome(self, req):
         """Waits for a call's request and says how it ended: None for the switch's result,
@@ -571,9 +588,7 @@ class _Engine:
                     self.gloo_made(entry)
             result = finish()
         except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
-            self.error = f"{type(e).__name__}: {e}"
-            with self.table_lock:
-                self.failures += 1
+            self._failed_call(e)
             failure, result = e, None
         finally:
             # Out of flight before its caller can wake: a call it makes next may be
@@ -616,9 +631,7 @@ class _Engine:
                 else:
                     self.gloo_made(entry, allreduce=True)
         except BaseException as e:  # noqa: BLE001 - recorded, raised at the next call
-            self.error = f"{type(e).__name__}: {e}"
-            with self.table_lock:
-                self.failures += 1
+            self._failed_call(e)
             failure = e
         finally:
             self.give_back(saved)
@@ -668,6 +681,8 @@ class _Engine:
                 f"of every collective, {self.routed} routed to Gloo by size (XAGG_ROUTE); "
                 f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below){failed}"
             )
+            if n:
+                _say(f"{self.who}: the first call that failed: {self.first_error}")
             for entry, counts in sorted(self.table.items()):
                 ways = ", ".join(f"{n} {w}" for n, w in zip(counts, _WAYS))
                 _say(f"{self.who}: {entry}: {ways}")
