@@ -227,6 +227,13 @@ int main(int argc, char **argv) {
         MPI_Allreduce(&one, &total, 1, MPI_INT, op, MPI_COMM_WORLD);
         MPI_Op_free(&op);
         expect("user-defined op", total, size);
+        /* A type and an op over a type the switch does not take: Open MPI's, named. */
+        short s1 = 1, stotal = 0;
+        MPI_Allreduce(&s1, &stotal, 1, MPI_SHORT, MPI_SUM, MPI_COMM_WORLD);
+        expect("MPI_SHORT sum", stotal, size);
+        float two = 2.0f, fprod = 0.0f;
+        MPI_Allreduce(&two, &fprod, 1, MPI_FLOAT, MPI_PROD, MPI_COMM_WORLD);
+        expect("MPI_FLOAT product", fprod == (float)(1 << size), 1);
         check_requests();
         /* Derived communicators. */
         MPI_Comm half, dup;

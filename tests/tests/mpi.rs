@@ -169,7 +169,7 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     assert_eq!(fallback, 0);
     // Per entry point, each completion call of MPI_Iallreduce on its own.
     for (name, counts) in [
-        ("MPI_Allreduce", [249, 0, 0, 0, 0, 1]),
+        ("MPI_Allreduce", [249, 0, 0, 0, 0, 3]),
         ("MPI_Barrier", [2, 0, 0, 0, 0, 0]),
         ("MPI_Iallreduce by MPI_Test", [1, 0, 0, 0, 0, 0]),
         ("MPI_Iallreduce by MPI_Testall", [2, 0, 0, 0, 0, 0]),
@@ -184,19 +184,29 @@ fn unmodified_mpi_programs_reduce_through_the_switch() {
     ] {
         assert_eq!(entry_counts(&err, name), counts, "{name}: {err}");
     }
-    // The user-defined op went to Open MPI, counted with its reason and said once by
-    // each process.
+    // The user-defined op, a type the switch does not take and a product of floats went to
+    // Open MPI, each counted with its reason (naming the op or type) and said once by each
+    // process.
+    let reasons = [
+        "an op of the program's own (MPI_Op_create): an op the switch does not take",
+        "MPI_SHORT: a datatype the switch does not take (it takes MPI_INT,",
+        "MPI_PROD over MPI_FLOAT: an op the switch does not take over this type",
+    ];
+    assert!(passed >= 3, "{err}");
+    for why in reasons {
+        for r in 0..RANKS {
+            assert_eq!(
+                err.matches(&format!("rank {r}: MPI_Allreduce goes to Open MPI: {why}"))
+                    .count(),
+                1,
+                "{why}: {err}"
+            );
+        }
+    }
     assert!(
-        passed >= 1 && err.contains("an op the switch does not take: 1"),
+        err.contains(&format!("{}: 1", reasons[0])) && err.contains(&format!("{}: 1", reasons[2])),
         "{err}"
     );
-    for r in 0..RANKS {
-        assert_eq!(
-            err.matches(&format!("rank {r}: MPI_Allreduce goes to Open MPI: an op the switch does not take (said once")).count(),
-            1,
-            "{err}"
-        );
-    }
     let after = lab.sw.counters();
     let grew = |c: &str| after.get(c).copied().unwrap_or(0) - before.get(c).copied().unwrap_or(0);
     assert!(

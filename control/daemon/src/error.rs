@@ -209,7 +209,7 @@ pub enum Error {
 
     #[error("unknown, spent or expired nonce: get a fresh one (GET /v1/nonce) for each request")]
     Nonce,
-    #[error("no job has this key, and the join carries no admission to create one (the first rank to join needs the admission credential)")]
+    #[error("no job has this key, and the join carries no admission to create one (the first rank to join needs the admission credential: a [[credential]] of the daemon, its name and key given as XAGG_CREDENTIAL and XAGG_CREDENTIAL_FILE to the MPI library and the PyTorch backend, or `--credential NAME --credential-file FILE` to `xagg allreduce --join`)")]
     NoAdmission,
     /// An unknown credential and a wrong key answer alike, so a stranger learns no names
     /// (the daemon's log tells them apart).

@@ -155,6 +155,7 @@ pub struct Pmpi {
     pub type_f2c: unsafe extern "C" fn(Fint) -> Datatype,
     pub op_f2c: unsafe extern "C" fn(Fint) -> MpiOp,
     pub comm_get_name: unsafe extern "C" fn(Comm, *mut c_char, *mut c_int) -> c_int,
+    pub type_get_name: unsafe extern "C" fn(Datatype, *mut c_char, *mut c_int) -> c_int,
     /// A datatype's construction (`ni`, `na`, `nd`, combiner) and its arguments.
     pub type_get_envelope:
         unsafe extern "C" fn(Datatype, *mut c_int, *mut c_int, *mut c_int, *mut c_int) -> c_int,
@@ -215,6 +216,8 @@ pub struct Handles {
     /// The pair types (`MPI_2INT`, ...): two of a type the switch takes, and that type.
     pairs: Vec<(Datatype, Datatype)>,
     ops: Vec<(MpiOp, Op)>,
+    /// Every predefined op and its name, for messages (MPI cannot name an op).
+    op_names: Vec<(MpiOp, &'static str)>,
 }
 
 // Safety: the handles are addresses of Open MPI's static objects, never written here.
@@ -319,6 +322,7 @@ fn load() -> Option<Pmpi> {
         type_f2c: function("PMPI_Type_f2c")?,
         op_f2c: function("PMPI_Op_f2c")?,
         comm_get_name: function("PMPI_Comm_get_name")?,
+        type_get_name: function("PMPI_Type_get_name")?,
         type_get_envelope: function("PMPI_Type_get_envelope")?,
         type_get_contents: function("PMPI_Type_get_contents")?,
         type_get_extent: function("PMPI_Type_get_extent")?,
@@ -409,6 +413,30 @@ pub fn handles() -> &'static Handles {
         .map(|(n, o)| (d(n), o))
         .filter(|(p, _)| !p.is_null())
         .collect();
+        let op_names = [
+            "sum", "min", "max", "prod", "land", "band", "lor", "bor", "lxor", "bxor", "maxloc",
+            "minloc", "replace", "no_op",
+        ]
+        .into_iter()
+        .zip([
+            "MPI_SUM",
+            "MPI_MIN",
+            "MPI_MAX",
+            "MPI_PROD",
+            "MPI_LAND",
+            "MPI_BAND",
+            "MPI_LOR",
+            "MPI_BOR",
+            "MPI_LXOR",
+            "MPI_BXOR",
+            "MPI_MAXLOC",
+            "MPI_MINLOC",
+            "MPI_REPLACE",
+            "MPI_NO_OP",
+        ])
+        .map(|(n, name)| (d(&format!("ompi_mpi_op_{n}")), name))
+        .filter(|(p, _)| !p.is_null())
+        .collect();
         let pairs = [
             ("ompi_mpi_2int", "ompi_mpi_int"),
             ("ompi_mpi_2integer", "ompi_mpi_integer"),
@@ -429,6 +457,7 @@ pub fn handles() -> &'static Handles {
             types,
             pairs,
             ops,
+            op_names,
         }
     })
 }
@@ -447,5 +476,31 @@ impl Handles {
     /// The switch's op of a predefined MPI op (MPI has no mean).
     pub fn op(&self, o: MpiOp) -> Option<Op> {
         self.ops.iter().find(|(p, _)| *p == o).map(|(_, d)| *d)
+    }
+
+    /// An op's name: a predefined one's, else that it is the program's own.
+    pub fn op_name(&self, o: MpiOp) -> &'static str {
+        self.op_names
+            .iter()
+            .find(|(p, _)| *p == o)
+            .map_or("an op of the program's own (MPI_Op_create)", |(_, n)| *n)
+    }
+}
+
+/// A datatype's name: a predefined one's (`MPI_SHORT`), or one the program gave it
+/// (`MPI_Type_set_name`); else that it is derived.
+pub fn type_name(t: Datatype) -> String {
+    // MPI_MAX_OBJECT_NAME is 64 in Open MPI.
+    let mut buf = [0 as c_char; 256];
+    let mut len: c_int = 0;
+    // Safety: a buffer longer than any name Open MPI writes.
+    let rc = unsafe { (pmpi().type_get_name)(t, buf.as_mut_ptr(), &mut len) };
+    if rc == SUCCESS && len > 0 {
+        // Safety: Open MPI wrote a NUL-terminated name.
+        unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned()
+    } else {
+        "a derived datatype".into()
     }
 }

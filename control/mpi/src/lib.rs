@@ -144,17 +144,37 @@ fn guard(f: impl FnOnce() -> c_int) -> c_int {
 }
 
 /// The wire type and op of an allreduce the switch serves, or why it is not served.
-fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), &'static str> {
+fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), String> {
     let h = handles();
-    let dtype = h.dtype(datatype).ok_or(layout::NOT_SERVED)?;
-    let wire_op = h.op(op).ok_or("an op the switch does not take")?;
+    let dtype = h
+        .dtype(datatype)
+        .ok_or_else(|| format!("{}: {}", abi::type_name(datatype), layout::NOT_SERVED))?;
+    let wire_op = h
+        .op(op)
+        .ok_or_else(|| format!("{}: an op the switch does not take", h.op_name(op)))?;
     if wire::lane(wire_op, dtype).is_none() {
-        return Err("an op the switch does not take over this type");
+        return Err(format!(
+            "{} over {}: an op the switch does not take over this type",
+            h.op_name(op),
+            abi::type_name(datatype)
+        ));
     }
     if count <= 0 {
-        return Err("no elements");
+        return Err("no elements".into());
     }
     Ok((dtype, wire_op))
+}
+
+/// Why `normalize` did not serve a call, naming the datatype where that is why.
+fn unserved_layout(why: &'static str, datatype: Datatype, send: Option<Datatype>) -> String {
+    if why != layout::NOT_SERVED {
+        return why.into();
+    }
+    let culprit = match send {
+        Some(t) if layout::of(datatype).is_ok() => t,
+        _ => datatype,
+    };
+    format!("{}: {why}", abi::type_name(culprit))
 }
 
 /// The communicator's state, made at its first served call (a collective over `comm`,
@@ -340,7 +360,7 @@ fn allreduce(
     }) {
         Ok(n) => n,
         Err(why) => {
-            with_state(|st| pass(st, entry, why));
+            with_state(|st| pass(st, entry, &unserved_layout(why, datatype, None)));
             return None;
         }
     };
@@ -348,7 +368,7 @@ fn allreduce(
     let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
-            with_state(|st| pass(st, entry, why));
+            with_state(|st| pass(st, entry, &why));
             return None;
         }
     };
@@ -444,7 +464,8 @@ fn collective(
     }) {
         Ok(n) => n,
         Err(why) => {
-            with_state(|st| pass(st, entry, why));
+            let why = unserved_layout(why, datatype, send_side.map(|(_, t)| t));
+            with_state(|st| pass(st, entry, &why));
             return None;
         }
     };
@@ -458,7 +479,7 @@ fn collective(
     let (dtype, wire_op) = match served(count, datatype, op) {
         Ok(x) => x,
         Err(why) => {
-            with_state(|st| pass(st, entry, why));
+            with_state(|st| pass(st, entry, &why));
             return None;
         }
     };

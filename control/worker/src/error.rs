@@ -93,7 +93,7 @@ impl std::fmt::Display for Missing {
             ),
             (Some(m), _) if m.contains(&self.me) => write!(
                 f,
-                "slot {slot} segment {segment} waits for members {m:?}, this one ({}) among them: the switch has not taken what it sent (lost on the way, or refused: the round began with another op, type or count — the members' calls differ, and every member must make the same calls, with the same size, type and op, in the same order; `xagg counters` on the switch's host shows such refusals as drop_bad_op or drop_bad_count)",
+                "slot {slot} segment {segment} waits for members {m:?}, this one ({}) among them: the switch has not taken what it sent",
                 self.me
             ),
             (Some(m), _) => write!(f, "slot {slot} segment {segment} waits for members {m:?}"),
@@ -116,7 +116,7 @@ impl std::fmt::Display for Missing {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AllreduceError {
-    #[error("job {job} message {message} failed: no result for {:.1} s; {} missing: {}", waited.as_secs_f64(), segment_count(missing.len()), first_few(missing))]
+    #[error("job {job} message {message} failed: no result for {:.1} s; {} missing: {}{}", waited.as_secs_f64(), segment_count(missing.len()), first_few(missing), if missing.iter().any(Missing::not_taken) { NOT_TAKEN } else { "" })]
     Timeout {
         job: u32,
         message: u32,
@@ -361,6 +361,10 @@ impl Clone for AllreduceError {
 }
 
 /// The first eight items, comma-separated, then "..." if there are more.
+/// Why the switch may not have taken a member's contributions, said once however many
+/// segments it did not take.
+const NOT_TAKEN: &str = ". What this member sent was lost on the way, or refused: the round began with another op, type or count — the members' calls differ, and every member must make the same calls, with the same size, type and op, in the same order (`xagg counters` on the switch's host shows such refusals as drop_bad_op or drop_bad_count)";
+
 /// "1 segment", "3 segments".
 fn segment_count(n: usize) -> String {
     format!("{n} segment{}", if n == 1 { "" } else { "s" })
