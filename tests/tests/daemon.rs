@@ -137,6 +137,27 @@ fn detach_on_exit_and_detach_command() {
     sw.write_config(&sw.default_config()).unwrap();
     sw.start_daemon();
     assert!(has_xdp(&sw, "swp0") && sw.pin.exists());
+    // Through a socket no daemon answers at, naming the running daemon's pins: refused,
+    // naming that daemon's socket, and nothing removed under it (before: its pins went,
+    // and it went on taking jobs on a dataplane that was gone).
+    let out = Command::new(bin("xagg"))
+        .args([
+            "--socket",
+            "/run/xagg-test-nobody.sock",
+            "detach",
+            "--pin-path",
+        ])
+        .arg(&sw.pin)
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("runs the dataplane pinned at")
+            && said.contains(&format!("`xagg --socket {} detach`", sw.socket.display())),
+        "{said}"
+    );
+    assert!(sw.pin.exists() && has_xdp(&sw, "swp0"), "nothing detached");
     let out = Command::new(bin("xagg"))
         .arg("--socket")
         .arg(&sw.socket)

@@ -51,6 +51,20 @@ pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
         Ok(r) => answer(r),
         Err(_) => {
             let pin_path = pin_path.unwrap_or_else(|| DEFAULT_PIN_PATH.into());
+            // A running daemon that did not answer at this socket may still hold this
+            // dataplane: removing its pins under it would lose its jobs unseen.
+            let lock = xagg_linux::locks::dataplane_lock(&pin_path);
+            if let Some(holder) = xagg_linux::locks::held(&lock) {
+                let (pid, theirs) = holder.map_or(("?".into(), None), |h| {
+                    (h.pid.to_string(), Some(h.socket).filter(|s| !s.is_empty()))
+                });
+                bail!(
+                    "no daemon answered at {}, but the daemon with pid {pid} runs the dataplane pinned at {}: nothing detached. Detach it through that daemon: `xagg --socket {} detach`",
+                    socket.display(),
+                    pin_path.display(),
+                    theirs.as_deref().unwrap_or("ITS_SOCKET")
+                );
+            }
             // Removing the pinned links and maps detaches the programs.
             if xagg_linux::pins::unpin(&pin_path)? {
                 println!(
@@ -59,7 +73,8 @@ pub fn run(socket: &Path, pin_path: Option<PathBuf>) -> Result<()> {
                 );
             } else {
                 println!(
-                    "nothing to detach: no daemon answered and {} does not exist",
+                    "nothing to detach: no daemon answered at {} and {} does not exist (a daemon elsewhere: give its --socket; a dataplane pinned elsewhere: --pin-path, its daemon.pin_path)",
+                    socket.display(),
                     pin_path.display()
                 );
             }

@@ -7,17 +7,16 @@
 
 use std::{
     fs::File,
-    io::{Read, Seek, Write},
+    io::{Seek, Write},
     os::unix::fs::OpenOptionsExt,
     path::{Path, PathBuf},
 };
 
 use nix::fcntl::{Flock, FlockArg};
+pub use xagg_linux::locks::{dataplane_lock, Holder, DATAPLANE_LOCKS};
+use xagg_linux::locks::{held, read_holder};
 
 use crate::{config::Config, Error, Result};
-
-/// Where the locks of pinned dataplanes are kept: a bpffs holds no plain files.
-pub const DATAPLANE_LOCKS: &str = "/run/xagg";
 
 /// The locks a running daemon holds; dropped with it, removing their files.
 pub struct Owner {
@@ -67,13 +66,6 @@ struct Claim {
     runtime: bool,
 }
 
-/// The daemon holding a lock: its pid and API socket, as it wrote them.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Holder {
-    pub pid: u32,
-    pub socket: String,
-}
-
 fn claims(cfg: &Config) -> Vec<Claim> {
     let d = &cfg.daemon;
     let mut c = vec![
@@ -106,15 +98,6 @@ fn claims(cfg: &Config) -> Vec<Claim> {
         });
     }
     c
-}
-
-/// The lock file of the dataplane pinned at `pin`: its path with `%` and `/` escaped.
-pub fn dataplane_lock(pin: &Path) -> PathBuf {
-    let name = pin
-        .to_string_lossy()
-        .replace('%', "%25")
-        .replace('/', "%2F");
-    Path::new(DATAPLANE_LOCKS).join(format!("dataplane-{name}.lock"))
 }
 
 impl Owner {
@@ -174,16 +157,8 @@ impl Owner {
 pub fn holders(cfg: &Config) -> Vec<Error> {
     let mut out = Vec::new();
     for c in claims(cfg) {
-        let Ok(mut file) = File::open(&c.lock) else {
-            continue;
-        };
-        // A shared lock is granted unless a daemon holds the exclusive one.
-        match Flock::lock(
-            file.try_clone().expect("a file descriptor to duplicate"),
-            FlockArg::LockSharedNonblock,
-        ) {
-            Ok(f) => drop(f),
-            Err(_) => out.push(taken(&c, read_holder(&mut file))),
+        if let Some(holder) = held(&c.lock) {
+            out.push(taken(&c, holder));
         }
     }
     out
@@ -254,27 +229,6 @@ pub fn create_dir(dir: &Path, mode: u32) -> std::io::Result<Vec<PathBuf>> {
     Ok(made)
 }
 
-fn read_holder(file: &mut File) -> Option<Holder> {
-    let mut text = String::new();
-    file.rewind().ok()?;
-    file.read_to_string(&mut text).ok()?;
-    parse_holder(&text)
-}
-
-fn parse_holder(text: &str) -> Option<Holder> {
-    let field = |k: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(k)?.strip_prefix('='))
-            .map(str::to_owned)
-    };
-    // A lock file of a daemon before these fields held only its pid.
-    let pid = field("pid").or_else(|| Some(text.trim().to_owned()))?;
-    Some(Holder {
-        pid: pid.trim().parse().ok()?,
-        socket: field("socket").unwrap_or_default(),
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -308,22 +262,5 @@ mod tests {
             assert_eq!(shared, 1, "round {round}: one maker of the shared parent");
         }
         let _ = std::fs::remove_dir_all(&base);
-    }
-
-    #[test]
-    fn holders_read_back() {
-        assert_eq!(
-            parse_holder("pid=42\nsocket=/run/xagg/a.sock\n"),
-            Some(Holder {
-                pid: 42,
-                socket: "/run/xagg/a.sock".into()
-            })
-        );
-        assert_eq!(parse_holder("17").map(|h| h.pid), Some(17));
-        assert_eq!(parse_holder(""), None);
-        assert_eq!(
-            dataplane_lock(Path::new("/sys/fs/bpf/xagg")),
-            Path::new("/run/xagg/dataplane-%2Fsys%2Ffs%2Fbpf%2Fxagg.lock")
-        );
     }
 }
