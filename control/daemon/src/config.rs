@@ -317,7 +317,16 @@ impl Config {
     }
 
     pub fn parse(text: &str) -> Result<Self> {
-        let cfg: Config = toml::from_str(text)?;
+        let cfg: Config = toml::from_str(text).map_err(|e| {
+            match e.span().and_then(|s| key_at(text, s.start)) {
+                Some((key, line)) => Error::ConfigValue {
+                    key,
+                    line,
+                    message: e.message().trim_end().to_string(),
+                },
+                None => Error::Toml(e),
+            }
+        })?;
         cfg.check()?;
         Ok(cfg)
     }
@@ -444,9 +453,57 @@ impl Config {
     }
 }
 
+/// The key whose line holds byte `at` of a TOML text, as `section.key`, and that line's
+/// number: where a parse error points, named as the docs name keys.
+fn key_at(text: &str, at: usize) -> Option<(String, usize)> {
+    let before = text.get(..at.min(text.len()))?;
+    let start = before.rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    let key = line.split_once('=')?.0.trim();
+    if key.is_empty() || key.starts_with(['[', '#']) {
+        return None;
+    }
+    let section = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['))
+        .map(|h| h.trim_matches(['[', ']']).trim().to_string());
+    let key = section.map_or(key.to_string(), |s| format!("{s}.{key}"));
+    Some((key, before.matches('\n').count() + 1))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A value of the wrong type, or one TOML cannot read (an address unquoted), is named
+    /// by its key and line, with how to write it; a mistyped key as TOML says it, named too.
+    #[test]
+    fn a_bad_value_names_its_key() {
+        let cases = [
+            (
+                "[switch]\nports = [\"p0\"]\naddress = \"10.0.0.1\"\nudp_port = \"47800\"\n",
+                "line 4, `switch.udp_port`: invalid type: string \"47800\", expected u16; write `switch.udp_port` as docs/daemon.md gives it",
+            ),
+            (
+                "[switch]\nports = [\"p0\"]\naddress = 10.0.0.1\n",
+                "line 3, `switch.address`: invalid",
+            ),
+            (
+                "[switch]\nports = [\"p0\"]\naddress = \"10.0.0.1\"\n[daemon]\nsocket = \"/tmp/s\"\nlisten = true\n",
+                "line 6, `daemon.listen`: invalid type: boolean `true`",
+            ),
+            (
+                "[switch]\nports = [\"p0\"]\nadress = \"10.0.0.1\"\n",
+                "line 3, `switch.adress`: unknown field `adress`",
+            ),
+        ];
+        for (text, want) in cases {
+            let got = Config::parse(text).unwrap_err().to_string();
+            assert!(got.starts_with(want), "{text}: {got}");
+        }
+    }
 
     #[test]
     fn minimal() {

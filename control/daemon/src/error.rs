@@ -26,6 +26,13 @@ pub enum Error {
     Config { path: PathBuf, error: Box<Error> },
     #[error(transparent)]
     Toml(#[from] toml::de::Error),
+    /// A value TOML or the key's type refuses, at the key the error's position names.
+    #[error("line {line}, `{key}`: {message}{}", if message.starts_with("invalid") { format!("; write `{key}` as docs/daemon.md gives it: text (names, paths, addresses) in double quotes, numbers and true or false bare, lists in [ ]") } else { String::new() })]
+    ConfigValue {
+        key: String,
+        line: usize,
+        message: String,
+    },
     /// Another daemon holds what this one's configuration claims.
     #[error("{}", taken(what, key, *pid, socket.as_deref()))]
     Taken {
