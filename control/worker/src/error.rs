@@ -141,7 +141,7 @@ pub enum AllreduceError {
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("job {job}: no status reply from the switch at {switch} within {waited:?}: is the switch up, with job {job} on it and this member registered at this address and port? (on veth, replies are also lost when this host's end of the link runs no XDP program: `xagg host attach IFACE --netns NAME` as root on the host, or `xagg allreduce --afxdp`)")]
+    #[error("job {job}: no status reply from the switch at {switch} within {:.1} s: is the switch up (its dataplane attached, not detached), with job {job} on it and this member registered at this address and port? (on veth, replies are also lost when this host's end of the link runs no XDP program: `xagg host attach IFACE --netns NAME` as root on the host, or `xagg allreduce --afxdp`)", waited.as_secs_f64())]
     NoSwitch {
         job: u32,
         switch: std::net::SocketAddrV4,
