@@ -433,7 +433,9 @@ fn operators_are_told_what_is_wrong() {
     if !require_root("operators_are_told_what_is_wrong") {
         return;
     }
-    let sw = TestSwitch::start("xtu", 2, |_| {});
+    let sw = TestSwitch::start("xtu", 2, |c| {
+        c.daemon.metrics = Some("10.77.0.1:9799".parse().unwrap())
+    });
     let out = Command::new(bin("xagg"))
         .env("XAGG_SOCKET", &sw.socket)
         .args(["status", "--json"])
@@ -450,6 +452,8 @@ fn operators_are_told_what_is_wrong() {
     assert_eq!(v["xdp_mode"], "native");
     assert_eq!(v["pin_path"], sw.pin.display().to_string());
     assert_eq!(v["mac"].as_str().map(str::len), Some(17));
+    assert_eq!(v["metrics"], "10.77.0.1:9799");
+    assert!(v.get("listen").is_none(), "{v}");
 
     // Fault injection says what it set, and `xagg status` says it is on until it is off.
     let xagg = |args: &[&str]| {
@@ -467,6 +471,13 @@ fn operators_are_told_what_is_wrong() {
     assert!(xagg(&["status"]).contains(on));
     assert!(xagg(&["inject"]).contains("fault injection: off"));
     assert!(!xagg(&["status"]).contains("fault injection"));
+    // Where the daemon listens, or that it does not.
+    let status = xagg(&["status"]);
+    assert!(
+        status.contains("network listener: off (daemon.listen)")
+            && status.contains("metrics: http://10.77.0.1:9799/metrics"),
+        "{status}"
+    );
 
     // A second daemon with the same configuration: refused, naming the first.
     let first = sw.daemon.as_ref().unwrap().pid();

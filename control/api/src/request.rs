@@ -90,6 +90,12 @@ pub enum Response {
         /// Fault injection in force (`xagg inject`), if any.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         faults: Option<Faults>,
+        /// The network listener (`daemon.listen`: joins, the level below) and the
+        /// Prometheus endpoint (`daemon.metrics`), where on.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        listen: Option<std::net::SocketAddr>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        metrics: Option<std::net::SocketAddr>,
     },
     JobStatus {
         slots: Vec<SlotStatus>,
@@ -344,6 +350,8 @@ mod tests {
                     credential: Some("lab".into()),
                 }),
                 faults: None,
+                listen: None,
+                metrics: None,
             },
             r#"{"result":"status","ports":["p0"],"pinned":true,"adopted":false,"jobs":1,"slots_total":2048,"slots_used":128,"address":"10.77.0.1","udp_port":47800,"mac":"02:00:00:00:00:0a","xdp_mode":"auto","xdp_in_use":["native"],"pin_path":"/sys/fs/bpf/xagg","steer_cpus":[2,3],"parent":{"interface":"up","daemon":"10.77.0.9:7800","credential":"lab"}}"#,
         );

@@ -29,6 +29,8 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
             steer_cpus,
             parent,
             faults,
+            listen,
+            metrics,
         } => {
             println!("switch: {address}:{udp_port}, MAC {mac}, XDP mode {xdp_mode} (configured)");
             // An older daemon does not say the mode in use.
@@ -80,6 +82,13 @@ pub fn run(socket: &Path, json: bool) -> Result<()> {
                 }
             }
             println!("jobs: {jobs}, slots used: {slots_used} of {slots_total}");
+            match listen {
+                Some(a) => println!("network listener: {a} (joins, and the level below)"),
+                None => println!("network listener: off (daemon.listen): jobs are added here only"),
+            }
+            if let Some(a) = metrics {
+                println!("metrics: http://{a}/metrics");
+            }
             if let Some(f) = faults {
                 println!("{}", crate::inject::describe(&f));
             }

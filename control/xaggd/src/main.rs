@@ -703,6 +703,8 @@ fn handle(st: &mut State, req: Request) -> Response {
                     daemon: p.daemon,
                     credential: p.credential.clone(),
                 }),
+                listen: st.cfg.daemon.listen,
+                metrics: st.cfg.daemon.metrics,
             })
         }),
         Request::JobStatus { id } => st.dp.job_status(id).map(|slots| Response::JobStatus { slots }),
