@@ -178,6 +178,10 @@ fn slots(socket: &Path, id: u32, json: bool) -> Result<()> {
             println!("{}", serde_json::to_string_pretty(&r)?);
             Ok(())
         }
+        Response::JobStatus { slots } if slots.is_empty() => {
+            println!("job {id}: no slot holds a round: nothing in flight, nothing waited for");
+            Ok(())
+        }
         Response::JobStatus { slots } => {
             println!(
                 "{:>5} {:>6} {:>8} {:>8} {:>8} {:>6}  missing members",
@@ -309,7 +313,11 @@ fn tree(socket: &Path, id: u32) -> Result<()> {
             .iter()
             .map(|(k, v)| format!("{k} {v}"))
             .collect();
-        println!("  this level's counters: {}", c.join(", "));
+        if c.is_empty() {
+            println!("  this level's counters: none yet (no packet of this job has come in)");
+        } else {
+            println!("  this level's counters: {}", c.join(", "));
+        }
     }
     Ok(())
 }
