@@ -724,6 +724,13 @@ fn a_joined_job_lives_by_its_ranks_leases_and_secrets_stay_secret() {
     std::thread::sleep(lease * 2 + Duration::from_secs(1));
     assert_eq!(lab.joins().len(), 1, "an idle job whose ranks live stays");
     allreduce(&lab, &workers);
+    // Its status counts down to its leases' end.
+    let text = lab.job_status();
+    assert!(
+        text.contains("running, results to its members; the first lease runs out in ")
+            && text.contains(" s unless renewed"),
+        "{text}"
+    );
 
     // Rank 0 leaves: the job waits for the others, and its status says so and until when.
     lab.on(0, || workers[0].leave()).unwrap();

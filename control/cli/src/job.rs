@@ -162,7 +162,10 @@ fn join_state(j: &xagg_api::JoinListing) -> String {
     // A job some ranks left waits for the others to leave, or for a lease to run out
     // (a rank killed leaves nothing): said, so its slots held meanwhile are explained.
     match (&j.left[..], j.lease_ends_s) {
-        ([], _) => running,
+        ([], Some(s)) => format!(
+            "{running}; the first lease runs out in {s} s unless renewed (live ranks renew theirs; a rank whose process is gone renews nothing, and the job goes then)"
+        ),
+        ([], None) => running,
         (left, Some(s)) => format!(
             "{running}; ranks {left:?} left: it goes when the others leave, or in {s} s unless their leases are renewed (a rank whose process is gone renews nothing)"
         ),
