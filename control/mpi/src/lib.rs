@@ -165,6 +165,11 @@ fn served(count: c_int, datatype: Datatype, op: MpiOp) -> Result<(DType, Op), St
     Ok((dtype, wire_op))
 }
 
+/// A reason for the summary's count: without the list of what the switch takes.
+fn short_reason(why: &str) -> &str {
+    why.split(" (it takes ").next().unwrap_or(why)
+}
+
 /// Why `normalize` did not serve a call, naming the datatype where that is why.
 fn unserved_layout(why: &'static str, datatype: Datatype, send: Option<Datatype>) -> String {
     if why != layout::NOT_SERVED {
@@ -706,7 +711,8 @@ fn finalize() {
                     " ({})",
                     reasons
                         .iter()
-                        .map(|(why, n)| format!("{why}: {n}"))
+                        // The list of what the switch takes was said with the first.
+                        .map(|(why, n)| format!("{}: {n}", short_reason(why)))
                         .collect::<Vec<_>>()
                         .join("; ")
                 )
