@@ -471,6 +471,19 @@ fn operators_are_told_what_is_wrong() {
     assert!(xagg(&["status"]).contains(on));
     assert!(xagg(&["inject"]).contains("fault injection: off"));
     assert!(!xagg(&["status"]).contains("fault injection"));
+    // A `job add` missing flags and with a malformed member: all said at once.
+    let out = Command::new(bin("xagg"))
+        .arg("--socket")
+        .arg(&sw.socket)
+        .args(["job", "add", "--id", "9", "--member", "swp0,zz,10.77.0.11"])
+        .output()
+        .unwrap();
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success()
+            && said.contains("--segment, --slots are required (or --file); --member #0: `10.77.0.11` is not IP:UDPPORT"),
+        "{said}"
+    );
     // Where the daemon listens, or that it does not.
     let status = xagg(&["status"]);
     assert!(

@@ -202,26 +202,61 @@ fn slots(socket: &Path, id: u32, json: bool) -> Result<()> {
     }
 }
 
-/// The job to add: its file's fields, overridden by the flags given.
+/// The job to add: its file's fields, overridden by the flags given. Every flag missing
+/// or malformed is said at once, not one per try.
 fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
+    let mut wrong: Vec<String> = Vec::new();
+    let members: Vec<MemberSpec> = a
+        .members
+        .iter()
+        .enumerate()
+        .filter_map(|(i, m)| {
+            parse_member(m)
+                .map_err(|e| wrong.push(format!("--member #{i}: {e}")))
+                .ok()
+        })
+        .collect();
     let mut spec: JobSpec = match &a.file {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?;
             toml::from_str(&text).with_context(|| format!("job file {}", p.display()))?
         }
-        None => JobSpec {
-            id: a.id.context("--id is required (or --file)")?,
-            op: Op::Sum,
-            dtype: DType::I32,
-            segment: a.segment.context("--segment is required (or --file)")?,
-            slots: a.slots.context("--slots is required (or --file)")?,
-            members: Vec::new(),
-            slot_base: None,
-            parent: None,
-            ring: None,
-        },
+        None => {
+            let missing: Vec<&str> = [
+                ("--id", a.id.is_none()),
+                ("--segment", a.segment.is_none()),
+                ("--slots", a.slots.is_none()),
+            ]
+            .into_iter()
+            .filter_map(|(flag, absent)| absent.then_some(flag))
+            .collect();
+            if !missing.is_empty() {
+                let are = if missing.len() == 1 { "is" } else { "are" };
+                wrong.insert(
+                    0,
+                    format!("{} {are} required (or --file)", missing.join(", ")),
+                );
+            }
+            if !wrong.is_empty() {
+                bail!("{}", wrong.join("; "));
+            }
+            JobSpec {
+                id: a.id.unwrap_or_default(),
+                op: Op::Sum,
+                dtype: DType::I32,
+                segment: a.segment.unwrap_or_default(),
+                slots: a.slots.unwrap_or_default(),
+                members: Vec::new(),
+                slot_base: None,
+                parent: None,
+                ring: None,
+            }
+        }
     };
+    if !wrong.is_empty() {
+        bail!("{}", wrong.join("; "));
+    }
     if let Some(v) = a.id {
         spec.id = v;
     }
@@ -237,13 +272,8 @@ fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
     if let Some(v) = a.slots {
         spec.slots = v;
     }
-    if !a.members.is_empty() {
-        spec.members = a
-            .members
-            .iter()
-            .enumerate()
-            .map(|(i, m)| parse_member(m).with_context(|| format!("--member #{i}")))
-            .collect::<Result<_>>()?;
+    if !members.is_empty() {
+        spec.members = members;
     }
     Ok(spec)
 }
