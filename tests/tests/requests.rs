@@ -459,4 +459,41 @@ fn invalid_and_non_finite(sw: &TestSwitch) {
         );
     }
     eprintln!("non-finite: {}", statuses[0]);
+    // Exact float sums: values too far apart for the lanes in segment 0 (10^-20 next to
+    // 10^10): every member's completion names it, and its elements are NaN, as a non-finite
+    // segment's are (before: numbers decoded from lanes that had overflowed, e.g. -4.0
+    // where 4.0 is the sum); the other segments exact.
+    let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                let ns = sw.lab.worker_ns(w);
+                s.spawn(move || {
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
+                    let mut p = params(62, w, 47862);
+                    p.float = wire::Float::Exact;
+                    let worker = Worker::new(p).unwrap();
+                    let mut v = vec![1.0f32; 2000];
+                    v[0] = 1e10;
+                    v[1] = 1e-20 * (w + 1) as f32;
+                    let c = worker.submit(Op::Sum, Buffer::from(v)).unwrap().wait();
+                    let r = c.buffer.into_vec::<f32>().unwrap();
+                    assert!(
+                        r[0].is_nan() && r[1].is_nan() && r[1999] == 3.0,
+                        "member {w}: {:?} ... {}",
+                        &r[..3],
+                        r[1999]
+                    );
+                    c.status.expect_err("too wide for the exact lanes")
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for e in &statuses {
+        assert!(
+            matches!(e, AllreduceError::Overflow { segments, .. } if segments == &[0]),
+            "{e}"
+        );
+    }
+    eprintln!("too wide: {}", statuses[0]);
 }

@@ -129,7 +129,7 @@ pub enum AllreduceError {
         message: u32,
         segments: Vec<u32>,
     },
-    #[error("job {job} message {message}: the exact float sum is too wide for its lanes in {} ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segment_count(segments.len()), first_few(segments))]
+    #[error("job {job} message {message}: the exact float sum is too wide for its lanes in {} ({}): the inputs span more binary orders than 64 bits (128 for doubles) hold, and their elements are NaN in the result; make them another way (the MPI library and the PyTorch backend do: Open MPI, Gloo) or with XAGG_FLOAT=fast", segment_count(segments.len()), first_few(segments))]
     Overflow {
         job: u32,
         message: u32,

@@ -712,7 +712,7 @@ impl Peers {
                 let folded = crate::fold::fold(flat.r, ranks, &inputs);
                 let dest = layout.destination(s).expect("missing: a destination");
                 let r = flat.r;
-                if folded.flags & wire::ENC_NONFINITE != 0 {
+                if folded.flags & (wire::ENC_NONFINITE | wire::ENC_OVERFLOW) != 0 {
                     crate::codec::fill_nan(r.dtype, &mut out[dest.clone()]);
                 } else {
                     crate::codec::decode(

@@ -3,7 +3,9 @@
 
 use std::{io, time::Duration};
 
-use xagg_common::wire::{self, Header, Kind, ENC_NONFINITE, ENC_WITHDRAWN, HEADER_LEN};
+use xagg_common::wire::{
+    self, Header, Kind, ENC_NONFINITE, ENC_OVERFLOW, ENC_WITHDRAWN, HEADER_LEN,
+};
 
 use super::Engine;
 use crate::{codec, window::InFlight};
@@ -58,7 +60,8 @@ impl Engine {
                 let out = &mut req.output.bytes_mut()[range];
                 if req.layout.collective.gathers() {
                     out.copy_from_slice(&packet.payload[..out.len()]);
-                } else if flags & ENC_NONFINITE != 0 {
+                } else if flags & (ENC_NONFINITE | ENC_OVERFLOW) != 0 {
+                    // Flagged: no number the lanes hold is the sum.
                     codec::fill_nan(r.dtype, out);
                 } else {
                     debug_assert_eq!(
