@@ -204,7 +204,7 @@ impl Request {
     }
 
     /// After the request ended: None if it succeeded, else `(kind, message)` with kind
-    /// `nonfinite` (NaN or infinity in a float sum), `overflow` (a 64-bit sum),
+    /// `nonfinite` (NaN or infinity in a float sum), `overflow` (an exact float sum too wide for its lanes; the segments NaN, as for `nonfinite`),
     /// `abandoned` (no rank holds some segment: every rank makes this call another way),
     /// `timeout` (slow ranks past the collective timeout), `cancelled` or `failed` —
     /// without raising, for callers that fall back.

@@ -34,7 +34,8 @@ def from_env(**kw):
     - ``XAGG_SLOTS`` (default 128), ``XAGG_JOIN_TIMEOUT_MS`` (how long the ranks wait for
       each other to join, default 30000) and ``XAGG_GIVE_UP_MS`` (how long an allreduce
       waits for the switch, default 10000); ``XAGG_TIMEOUT_S`` (how long an allreduce
-      waits for slow ranks while the switch answers, default 1800);
+      waits for slow ranks while the switch answers, default 1800); ``XAGG_FLOAT``
+      (``fast``, the default, or ``exact``: how float sums travel);
     - where every host runs its own daemon (``XAGG_DAEMON`` then names this host's), which
       reduces its ranks before the switch: ``XAGG_COORDINATOR``, rank 0's host's daemon
       (it places the hosts in a ring should no switch take the job), and this host's ranks
@@ -43,7 +44,8 @@ def from_env(**kw):
 
     Keyword arguments override them (``daemon``, ``rank``, ``size``, ``key``, ``secret``,
     ``credential``, ``slots``, ``timeout`` and ``give_up`` in seconds, ``local_rank``,
-    ``local_size``, ``coordinator``, ``daemons``, ``segment``). ``Job.from_env`` is the same.
+    ``local_size``, ``coordinator``, ``daemons``, ``segment``, ``float``). ``Job.from_env`` is
+    the same.
 
     The job's segment is the longest the path carries (``xagg.segment_bytes()``: this
     rank's interface's MTU and its daemon's ports'); ranks whose paths differ pass the
