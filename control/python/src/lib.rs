@@ -204,10 +204,11 @@ impl Request {
     }
 
     /// After the request ended: None if it succeeded, else `(kind, message)` with kind
-    /// `nonfinite` (NaN or infinity in a float sum), `overflow` (an exact float sum too wide for its lanes; the segments NaN, as for `nonfinite`),
-    /// `abandoned` (no rank holds some segment: every rank makes this call another way),
-    /// `timeout` (slow ranks past the collective timeout), `cancelled` or `failed` —
-    /// without raising, for callers that fall back.
+    /// `nonfinite` (NaN or infinity in a float sum), `overflow` (an exact float sum too
+    /// wide for its lanes; the segments NaN, as for `nonfinite`), `abandoned` (no rank
+    /// holds some segment: every rank makes this call another way), `timeout` (slow ranks
+    /// past the collective timeout), `cancelled` or `failed` — without raising, for
+    /// callers that fall back.
     fn status(&self) -> Option<(&'static str, String)> {
         match &self.outcome {
             Some(Some(e)) => Some((self.kind.unwrap_or("failed"), e.clone())),
