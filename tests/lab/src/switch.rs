@@ -215,8 +215,15 @@ struct Unpin(PathBuf);
 
 impl Drop for Unpin {
     fn drop(&mut self) {
-        let _ = xagg_daemon::dataplane::unpin(&self.0);
+        remove_dataplane(&self.0);
     }
+}
+
+/// Removes the dataplane pinned at `pin` and the lock file its daemon, killed before it
+/// could remove it, left in `/run/xagg` (every lab's would pile up there).
+pub fn remove_dataplane(pin: &Path) {
+    let _ = xagg_daemon::dataplane::unpin(pin);
+    let _ = std::fs::remove_file(xagg_daemon::owner::dataplane_lock(pin));
 }
 
 impl LabSwitch {

@@ -856,7 +856,7 @@ impl Drop for TreeLab {
     fn drop(&mut self) {
         for p in self.points.iter_mut().filter(|p| p.aggregates) {
             p.daemon.take();
-            let _ = xagg_daemon::dataplane::unpin(&p.pin);
+            crate::switch::remove_dataplane(&p.pin);
         }
         self.rank_programs.clear();
         destroy(&self.prefix);
