@@ -16,7 +16,7 @@ pub enum Error {
     #[error("random: {0}")]
     Random(getrandom::Error),
     #[cfg(feature = "client")]
-    #[error("the daemon's network listener at {daemon} does not answer ({error}): is xaggd running on that host, with daemon.listen set to that address? (The MPI library and the PyTorch backend take the address from XAGG_DAEMON.)")]
+    #[error("the daemon's network listener at {daemon} does not answer ({error}): is xaggd running on that host, with daemon.listen set to that address? (Ranks are given that address in XAGG_DAEMON; a host daemon, in its [parent] daemon.)")]
     Unreachable {
         daemon: SocketAddr,
         error: ureq::Error,

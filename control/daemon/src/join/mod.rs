@@ -133,6 +133,9 @@ impl Joins {
         let saved = Saved::read(&state_file)?;
         let present: Vec<u32> = dp.jobs()?.into_iter().map(|(id, _)| id).collect();
         let mut jobs = BTreeMap::new();
+        // Jobs gone from the dataplane whose point stood for its ranks at a parent: they
+        // leave it once the parent's link is known (below).
+        let mut dropped = Vec::new();
         for mut j in saved.jobs().map_err(|e| Error::StateFile {
             file: state_file.clone(),
             error: Box::new(e),
@@ -149,6 +152,12 @@ impl Joins {
                     "joined job {} ({}) is gone from the dataplane: dropped",
                     j.id, j.key
                 );
+                if let Lifecycle::Running {
+                    route: Route::Parent(p),
+                } = &j.state
+                {
+                    dropped.push((j.key, j.secret, p.member));
+                }
                 continue;
             }
             info!(
@@ -188,6 +197,9 @@ impl Joins {
                 daemon,
                 ring_after: Duration::from_millis(p.ring_after_ms),
             });
+        }
+        for (key, secret, member) in dropped {
+            joins.leave_parent(key, secret, member);
         }
         joins.save();
         Ok(joins)

@@ -169,24 +169,50 @@ impl Joins {
 
     /// Leaves the parent's job, where this point is member `member` of job `key`, on a
     /// thread of its own (nothing here waits for the parent's daemon, which may be gone).
+    /// A parent that does not answer is asked again every [`LEAVE_RETRY`] until it does or
+    /// [`LEAVE_GIVE_UP`] has passed (its idle timer removes the job by then): else a parent
+    /// down for a moment kept the job, and its slots, until that timer.
     pub(super) fn leave_parent(&self, key: JobKey, secret: Secret, member: u8) {
         let Some((daemon, ..)) = self.parent.as_ref().and_then(|l| l.daemon.clone()) else {
             return;
         };
         std::thread::spawn(move || {
             let client = xagg_join::client::Client::new(daemon);
-            let reply = client.nonce().and_then(|n| {
-                let req = MemberRequest::new(key, &secret, "leave", member, n.nonce);
-                client.post::<MemberReply>("/v1/leave", &req)
-            });
-            match reply {
-                Ok(MemberReply::Left) => info!("job {key}: left the parent's job at {daemon}"),
-                Ok(other) => warn!("job {key}: leaving the parent's job at {daemon}: {other:?}"),
-                Err(e) => warn!("job {key}: leaving the parent's job at {daemon}: {e}"),
+            let since = std::time::Instant::now();
+            loop {
+                let reply = client.nonce().and_then(|n| {
+                    let req = MemberRequest::new(key, &secret, "leave", member, n.nonce);
+                    client.post::<MemberReply>("/v1/leave", &req)
+                });
+                match reply {
+                    Ok(MemberReply::Left) => {
+                        info!("job {key}: left the parent's job at {daemon}")
+                    }
+                    Ok(other) => {
+                        warn!("job {key}: leaving the parent's job at {daemon}: {other:?}")
+                    }
+                    Err(e) if since.elapsed() < LEAVE_GIVE_UP => {
+                        warn!(
+                            "job {key}: leaving the parent's job at {daemon}: {e}; asking again in {} s",
+                            LEAVE_RETRY.as_secs()
+                        );
+                        std::thread::sleep(LEAVE_RETRY);
+                        continue;
+                    }
+                    Err(e) => warn!(
+                        "job {key}: leaving the parent's job at {daemon}: {e}; given up after {} s (its idle timer removes it)",
+                        LEAVE_GIVE_UP.as_secs()
+                    ),
+                }
+                return;
             }
         });
     }
 }
+
+/// How often a leave the parent did not answer is asked again, and for how long.
+const LEAVE_RETRY: Duration = Duration::from_secs(5);
+const LEAVE_GIVE_UP: Duration = Duration::from_secs(600);
 
 /// A level's way up, tried on a thread of its own.
 struct Upward {

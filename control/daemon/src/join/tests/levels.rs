@@ -187,3 +187,91 @@ fn an_open_level_runs_when_its_members_stand_for_every_rank() {
     let r = s.join_as(KEY, shape(2, 8), 0, 9, 0, true, host(0, 1));
     assert!(refusal(&r).contains("a shape of one member"), "{r:?}");
 }
+
+/// A level whose parent's daemon does not answer when the level leaves asks again until it
+/// does (before: asked once, and the parent's job held its slots until its idle timer).
+#[test]
+fn a_leave_the_parent_missed_is_asked_again() {
+    use std::io::{Read, Write};
+    let s = Switch::new("leave-again");
+    // A port nothing listens on yet: the first leave is refused.
+    let parent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = parent.local_addr().unwrap();
+    drop(parent);
+    let mut s = s;
+    s.joins.parent = Some(crate::join::upward::ParentLink {
+        interface: "up".into(),
+        daemon: Some((addr, "test".into(), super::CRED)),
+        ring_after: std::time::Duration::from_secs(2),
+    });
+    s.joins.leave_parent(KEY, super::SECRET, 1);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The parent comes up: a nonce, then the leave, each on a connection of its own.
+    let parent = std::net::TcpListener::bind(addr).unwrap();
+    parent.set_nonblocking(true).unwrap();
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
+    let mut requests = Vec::new();
+    for _ in 0..2 {
+        let mut c = loop {
+            match parent.accept() {
+                Ok((c, _)) => break c,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    assert!(
+                        std::time::Instant::now() < until,
+                        "the leave was not asked again: {requests:?}"
+                    );
+                    std::thread::sleep(std::time::Duration::from_millis(50));
+                }
+                Err(e) => panic!("{e}"),
+            }
+        };
+        c.set_nonblocking(false).unwrap();
+        c.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+            .unwrap();
+        let mut got = Vec::new();
+        let mut buf = [0u8; 4096];
+        let head_end = loop {
+            let n = c.read(&mut buf).unwrap();
+            assert!(n > 0, "the request ended early");
+            got.extend_from_slice(&buf[..n]);
+            if let Some(i) = got.windows(4).position(|w| w == b"\r\n\r\n") {
+                break i + 4;
+            }
+        };
+        let head = String::from_utf8_lossy(&got[..head_end]).to_lowercase();
+        let length: usize = head
+            .lines()
+            .find_map(|l| l.strip_prefix("content-length:"))
+            .map_or(0, |v| v.trim().parse().unwrap());
+        while got.len() < head_end + length {
+            let n = c.read(&mut buf).unwrap();
+            got.extend_from_slice(&buf[..n]);
+        }
+        let request = String::from_utf8_lossy(&got).into_owned();
+        let body = if request.starts_with("GET /v1/nonce") {
+            serde_json::to_string(&xagg_join::NonceReply {
+                nonce: xagg_join::Nonce::random(),
+                switch: "10.0.0.9:47800".parse().unwrap(),
+                mac: None,
+                switch_ports: 1,
+                segment_bytes: None,
+            })
+            .unwrap()
+        } else {
+            serde_json::to_string(&xagg_join::MemberReply::Left).unwrap()
+        };
+        write!(
+            c,
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        )
+        .unwrap();
+        requests.push(request);
+    }
+    assert!(requests[0].starts_with("GET /v1/nonce"), "{requests:?}");
+    let leave = &requests[1];
+    assert!(leave.starts_with("POST /v1/leave"), "{leave:?}");
+    let body = &leave[leave.find("\r\n\r\n").unwrap() + 4..];
+    let req: xagg_join::MemberRequest = serde_json::from_str(body).unwrap();
+    assert_eq!((req.key, req.rank), (KEY, 1));
+}
