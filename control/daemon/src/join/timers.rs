@@ -4,7 +4,11 @@
 
 use std::time::{Duration, Instant};
 
-use super::{registry::unix_now, table::JobTable, Joins};
+use super::{
+    registry::{unix_now, Lifecycle},
+    table::JobTable,
+    Joins,
+};
 
 /// How often the idle timers of busy jobs are written to the state file at most.
 const SAVE_IDLE_EVERY: Duration = Duration::from_secs(30);
@@ -16,6 +20,18 @@ impl Joins {
     /// out, idle open levels and jobs removed by hand go, jobs whose parents took them run.
     pub fn tick(&mut self, dp: &mut impl JobTable) {
         self.settle_upstream(dp);
+        // A level whose ranks were all in when its daemon stopped comes back pending (its
+        // way up was a thread of the daemon gone): it goes up again. Before, it sat
+        // "pending, waiting for []" until its join timeout.
+        let stalled: Vec<_> = self
+            .jobs
+            .values()
+            .filter(|j| matches!(j.state, Lifecycle::Pending) && j.complete() && j.needs_parent())
+            .map(|j| j.key)
+            .collect();
+        for key in stalled {
+            self.join_parent(key);
+        }
         let now = Instant::now();
         self.expired
             .retain(|_, (_, t)| now.duration_since(*t) < EXPIRED_KEPT);

@@ -188,6 +188,29 @@ fn an_open_level_runs_when_its_members_stand_for_every_rank() {
     assert!(refusal(&r).contains("a shape of one member"), "{r:?}");
 }
 
+/// A level whose ranks were all in, its way up lost with its daemon (restored pending
+/// from the state file), goes up again at the next tick.
+#[test]
+fn a_level_restored_pending_with_every_rank_in_goes_up_again() {
+    let mut s = Switch::new("host-restart");
+    host_rank(&mut s, 0);
+    host_rank(&mut s, 1);
+    assert!(matches!(
+        s.state(KEY),
+        Some(Lifecycle::JoiningParent { .. })
+    ));
+    // As the state file gives it back after a restart.
+    s.joins.jobs.get_mut(&KEY).unwrap().state = Lifecycle::Pending;
+    let _ = s.joins.upstream.settled.try_recv();
+    s.joins.tick(&mut s.table);
+    assert!(
+        matches!(s.state(KEY), Some(Lifecycle::JoiningParent { .. })),
+        "{:?}",
+        s.state(KEY)
+    );
+    assert_eq!(s.joins.listing()[0].route, "joining its parent");
+}
+
 /// A level whose parent's daemon does not answer when the level leaves asks again until it
 /// does (before: asked once, and the parent's job held its slots until its idle timer).
 #[test]
