@@ -484,6 +484,12 @@ fn operators_are_told_what_is_wrong() {
             && said.contains("--segment, --slots are required (or --file); --member #0: `10.77.0.11` is not IP:UDPPORT"),
         "{said}"
     );
+    // A job nothing has been sent on: its status and tree say so, not a bare header.
+    sw.add_job(9, 256, 8, &[0, 1]);
+    assert!(xagg(&["job", "status", "9"])
+        .contains("job 9: no slot holds a round: nothing in flight, nothing waited for"));
+    assert!(xagg(&["job", "tree", "9"])
+        .contains("this level's counters: none yet (no packet of this job has come in)"));
     // Where the daemon listens, or that it does not.
     let status = xagg(&["status"]);
     assert!(

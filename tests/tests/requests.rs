@@ -12,7 +12,7 @@ use std::{
 };
 
 use xagg_api::Response;
-use xagg_common::wire::{self, DType, Op};
+use xagg_common::wire::{self, DType, Float, Op};
 use xagg_lab::lab::{worker_ip, SWITCH_IP};
 use xagg_tests::*;
 use xagg_worker::{data, AllreduceError, Buffer, CompletionQueue, Worker, WorkerParams};
@@ -432,68 +432,71 @@ fn invalid_and_non_finite(sw: &TestSwitch) {
         .unwrap();
     });
     // NaN in one member's input: every member's completion says which segments.
-    let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..MEMBERS)
-            .map(|w| {
-                let ns = sw.lab.worker_ns(w);
-                s.spawn(move || {
-                    xagg_linux::iface::enter_netns(&ns).unwrap();
-                    let worker = Worker::new(params(62, w, 47862)).unwrap();
-                    let mut v = vec![1.0f32; 2000];
-                    if w == 1 {
-                        v[1500] = f32::NAN;
-                    }
-                    let c = worker.submit(Op::Sum, Buffer::from(v)).unwrap().wait();
-                    let r = c.buffer.into_vec::<f32>().unwrap();
-                    assert!(r[1500].is_nan() && r[0] == 3.0, "member {w}");
-                    c.status.expect_err("NaN in the input")
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let statuses = flagged(sw, Float::Fast, |w| {
+        let mut v = vec![1.0f32; 2000];
+        if w == 1 {
+            v[1500] = f32::NAN;
+        }
+        v
     });
-    for e in &statuses {
+    for (w, (r, e)) in statuses.iter().enumerate() {
+        assert!(r[1500].is_nan() && r[0] == 3.0, "member {w}");
         assert!(
             matches!(e, AllreduceError::NonFinite { segments, .. } if segments == &[1]),
             "{e}"
         );
     }
-    eprintln!("non-finite: {}", statuses[0]);
+    eprintln!("non-finite: {}", statuses[0].1);
     // Exact float sums: values too far apart for the lanes in segment 0 (10^-20 next to
     // 10^10): every member's completion names it, and its elements are NaN, as a non-finite
     // segment's are (before: numbers decoded from lanes that had overflowed, e.g. -4.0
     // where 4.0 is the sum); the other segments exact.
-    let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..MEMBERS)
-            .map(|w| {
-                let ns = sw.lab.worker_ns(w);
-                s.spawn(move || {
-                    xagg_linux::iface::enter_netns(&ns).unwrap();
-                    let mut p = params(62, w, 47862);
-                    p.float = wire::Float::Exact;
-                    let worker = Worker::new(p).unwrap();
-                    let mut v = vec![1.0f32; 2000];
-                    v[0] = 1e10;
-                    v[1] = 1e-20 * (w + 1) as f32;
-                    let c = worker.submit(Op::Sum, Buffer::from(v)).unwrap().wait();
-                    let r = c.buffer.into_vec::<f32>().unwrap();
-                    assert!(
-                        r[0].is_nan() && r[1].is_nan() && r[1999] == 3.0,
-                        "member {w}: {:?} ... {}",
-                        &r[..3],
-                        r[1999]
-                    );
-                    c.status.expect_err("too wide for the exact lanes")
-                })
-            })
-            .collect();
-        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    let statuses = flagged(sw, Float::Exact, |w| {
+        let mut v = vec![1.0f32; 2000];
+        v[0] = 1e10;
+        v[1] = 1e-20 * (w + 1) as f32;
+        v
     });
-    for e in &statuses {
+    for (w, (r, e)) in statuses.iter().enumerate() {
+        assert!(
+            r[0].is_nan() && r[1].is_nan() && r[1999] == 3.0,
+            "member {w}: {:?} ... {}",
+            &r[..3],
+            r[1999]
+        );
         assert!(
             matches!(e, AllreduceError::Overflow { segments, .. } if segments == &[0]),
             "{e}"
         );
     }
-    eprintln!("too wide: {}", statuses[0]);
+    eprintln!("too wide: {}", statuses[0].1);
+}
+
+/// Every member sums its `input(w)` of f32 in float mode `float` on job 62 at once: each
+/// one's result and the error its completion must carry (the input flagged).
+fn flagged(
+    sw: &TestSwitch,
+    float: Float,
+    input: impl Fn(usize) -> Vec<f32> + Sync,
+) -> Vec<(Vec<f32>, AllreduceError)> {
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                let (ns, input) = (sw.lab.worker_ns(w), &input);
+                s.spawn(move || {
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
+                    let mut p = params(62, w, 47862);
+                    p.float = float;
+                    let worker = Worker::new(p).unwrap();
+                    let c = worker
+                        .submit(Op::Sum, Buffer::from(input(w)))
+                        .unwrap()
+                        .wait();
+                    let r = c.buffer.into_vec::<f32>().unwrap();
+                    (r, c.status.expect_err("a flagged input"))
+                })
+            })
+            .collect();
+        hs.into_iter().map(|h| h.join().unwrap()).collect()
+    })
 }

@@ -238,9 +238,7 @@ fn job_spec(a: JobAddArgs) -> Result<JobSpec> {
                     format!("{} {are} required (or --file)", missing.join(", ")),
                 );
             }
-            if !wrong.is_empty() {
-                bail!("{}", wrong.join("; "));
-            }
+            // Said below, with the members' mistakes, when any flag is missing.
             JobSpec {
                 id: a.id.unwrap_or_default(),
                 op: Op::Sum,
