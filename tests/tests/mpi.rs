@@ -69,7 +69,10 @@ impl MpiLab {
 
 /// The environment of preloaded ranks: the library, the daemon's listener `daemon` (or
 /// none: each host gives its ranks their own), the credential, and `env`.
-fn preload<'a>(daemon: Option<&str>, env: &[(&'a str, String)]) -> Vec<(&'a str, String)> {
+pub(crate) fn preload<'a>(
+    daemon: Option<&str>,
+    env: &[(&'a str, String)],
+) -> Vec<(&'a str, String)> {
     let lib = xagg_lab::bin("libxagg_mpi.so");
     assert!(
         lib.exists(),
@@ -91,7 +94,7 @@ fn preload<'a>(daemon: Option<&str>, env: &[(&'a str, String)]) -> Vec<(&'a str,
 
 /// The summary rank 0 prints at MPI_Finalize: allreduces through the switch, made by Open
 /// MPI after a failure, and passed to Open MPI.
-fn summary(stderr: &str) -> (u64, u64, u64) {
+pub(crate) fn summary(stderr: &str) -> (u64, u64, u64) {
     let line = stderr
         .lines()
         .find(|l| l.starts_with("xagg: rank 0: ") && l.contains("allreduces through the switch"))
@@ -109,7 +112,7 @@ fn summary(stderr: &str) -> (u64, u64, u64) {
 }
 
 /// The number rank 0's summary gives before `words` (e.g. "finished from peers").
-fn summary_count(stderr: &str, words: &str) -> u64 {
+pub(crate) fn summary_count(stderr: &str, words: &str) -> u64 {
     let line = stderr
         .lines()
         .find(|l| l.starts_with("xagg: rank 0: ") && l.contains("allreduces through the switch"))
@@ -142,7 +145,7 @@ fn collectives_all_exact_through_the_switch(out: &str, err: &str) {
     }
 }
 
-fn checked(o: &Output) -> (String, String) {
+pub(crate) fn checked(o: &Output) -> (String, String) {
     let (out, err) = (
         String::from_utf8_lossy(&o.stdout).into_owned(),
         String::from_utf8_lossy(&o.stderr).into_owned(),

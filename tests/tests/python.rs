@@ -20,7 +20,7 @@ fn python() -> PathBuf {
     xagg_lab::python::interpreter()
 }
 
-fn script(name: &str) -> PathBuf {
+pub(crate) fn script(name: &str) -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("python")
         .join(name)
@@ -64,7 +64,7 @@ fn field(line: &str, name: &str) -> f64 {
 
 /// The environment of ranks on hosts: each gets its host's daemon from the lab. Every
 /// call through the switch (`XAGG_ROUTE=all`): what these tests check.
-fn hosts_env() -> Vec<(&'static str, String)> {
+pub(crate) fn hosts_env() -> Vec<(&'static str, String)> {
     let mut e = xagg_lab::python::base_env();
     e.extend(credential_env());
     e.push(("XAGG_ROUTE", "all".into()));

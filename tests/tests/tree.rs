@@ -858,7 +858,8 @@ fn leaves_join_the_spine_by_themselves() {
 }
 
 /// Ranks join with no aggregating switch configured above their hosts (on a plain
-/// bridge): the job goes round a ring of the hosts, each allreduce exact and saying so.
+/// bridge): the job goes round a ring of the hosts, each allreduce exact and saying so;
+/// the MPI library's and the PyTorch backend's ranks too, their totals naming the ring.
 #[test]
 fn the_ring_when_the_switch_cannot_aggregate() {
     if !require_root("the_ring_when_the_switch_cannot_aggregate") {
@@ -868,6 +869,53 @@ fn the_ring_when_the_switch_cannot_aggregate() {
     // The first host numbers the job unlike the others: frames to a neighbour name its id.
     lab.occupy(1, 1, 1).unwrap();
     ring(&lab, 1, "no aggregating switch");
+
+    // An MPI program's ranks on the same hosts: exact round the ring, and the summary
+    // says so — none of its calls counted as the switch's.
+    let dir = std::env::temp_dir().join("xagg-test-tg-mpi");
+    std::fs::create_dir_all(&dir).unwrap();
+    let hosts = xagg_lab::mpi::tree_hosts(&lab);
+    let agent = xagg_lab::mpi::hosts_agent(&hosts, &dir, "rsh-agent-tg").unwrap();
+    let src = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("mpi/check.c");
+    let check = dir.join("check");
+    xagg_lab::mpi::compile(&src, &check, &[]).unwrap();
+    let env = crate::mpi::preload(None, &[]);
+    let o = xagg_lab::mpi::run_on_hosts(&hosts, &agent, &env, check.to_str().unwrap()).unwrap();
+    let (out, err) = crate::mpi::checked(&o);
+    assert!(out.contains("failures=0"), "{out}");
+    let (switch, fallback, _) = crate::mpi::summary(&err);
+    assert_eq!((switch, fallback), (0, 0), "{err}");
+    let ring = crate::mpi::summary_count(&err, "allreduces and");
+    assert!(ring >= 250, "{ring} allreduces round the ring: {err}");
+    assert!(
+        err.contains("rank 0: communicators served: 3 joined a ring of hosts"),
+        "{err}"
+    );
+
+    // A DDP script's ranks through the PyTorch backend, the same: every bucket's result
+    // Gloo's, and the totals naming the ring.
+    let e = crate::python::hosts_env();
+    let model = dir.join("xagg.pt");
+    let outputs = xagg_lab::python::tree_torchrun(
+        &lab,
+        29507,
+        &e,
+        &crate::python::script("ddp_check.py"),
+        &["xagg", "1", model.to_str().unwrap(), "compare"],
+    )
+    .unwrap();
+    let x = ranks_ok(&outputs);
+    for r in 0..lab.ranks.len() {
+        assert!(
+            x.contains(&format!("rank {r}: steps=1 identical=True")),
+            "{x}"
+        );
+    }
+    assert!(
+        x.contains("allreduces round a ring of hosts (no switch aggregated them), 0 made by Gloo")
+            && !x.contains("through the switch"),
+        "{x}"
+    );
 }
 
 /// Ranks join job `key` and go round a ring: every rank's allreduce exact, its path the

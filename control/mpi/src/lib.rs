@@ -57,6 +57,10 @@ struct Stats {
     switch_bytes: u64,
     /// The collectives besides allreduce the switch made (recovered included).
     other_switch_calls: u64,
+    /// Allreduces, and the other collectives, made round a ring of hosts instead (a job
+    /// with no aggregating switch): not the switch's, so not counted as its.
+    ring_calls: u64,
+    other_ring_calls: u64,
     /// Of the switch's calls, those finished with results from peers.
     recovered_calls: u64,
     /// Made by Open MPI because the switch's result was flagged (NaN, overflow).
@@ -258,6 +262,9 @@ fn progress(c: &mut CommState, until: Option<u64>) {
                     job.spares.push(spare);
                 }
             }
+            // A ring's calls are in the table's switch column (the paths line says how the
+            // communicator ran) but not in the headline's switch count.
+            let ring = job.worker.params().path == xagg_worker::Path::Ring;
             let way = match done.taken {
                 Some(Taken::Switch) => Way::Switch,
                 Some(Taken::Recovered) => Way::Recovered,
@@ -273,10 +280,17 @@ fn progress(c: &mut CommState, until: Option<u64>) {
                 }
                 // The summary's headline counts allreduces (and the other collectives the
                 // switch made); every call is in the table.
+                let made = matches!(done.taken, Some(Taken::Switch | Taken::Recovered));
                 if done.kind != Kind::Allreduce {
-                    if matches!(done.taken, Some(Taken::Switch | Taken::Recovered)) {
-                        st.stats.other_switch_calls += 1;
+                    match made {
+                        true if ring => st.stats.other_ring_calls += 1,
+                        true => st.stats.other_switch_calls += 1,
+                        false => {}
                     }
+                    return;
+                }
+                if made && ring {
+                    st.stats.ring_calls += 1;
                     return;
                 }
                 match done.taken {
@@ -697,10 +711,18 @@ fn finalize() {
         let mut reasons: Vec<_> = s.passed.iter().collect();
         reasons.sort();
         say(&format!(
-            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers), {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}; {} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)",
+            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers){}, {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}; {} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)",
             s.switch_calls,
             s.switch_bytes,
             s.recovered_calls,
+            if s.ring_calls + s.other_ring_calls > 0 {
+                format!(
+                    ", {} allreduces and {} other collectives round a ring of hosts (no switch aggregated them)",
+                    s.ring_calls, s.other_ring_calls
+                )
+            } else {
+                String::new()
+            },
             s.fallback_calls,
             s.flagged_calls,
             s.routed,

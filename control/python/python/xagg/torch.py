@@ -366,7 +366,11 @@ class _Engine:
             store.set(f"xagg/path/{rank}", self.job.path)
             self.ring = "ring" in {store.get(f"xagg/path/{r}").decode() for r in range(size)}
             if _verbose():
-                _say(f"{self.who}: joined the switch")
+                how = {
+                    "ring": "joined a ring of hosts (no switch aggregates this job)",
+                    "tree": "joined through its host, which joined the switch (a tree)",
+                }
+                _say(f"{self.who}: {how.get(self.job.path, 'joined the switch')}")
         self.queue = queue.Queue()
         # Where futures are completed and their callbacks run: never the completion
         # thread, which a callback waiting for another allreduce would otherwise block.
@@ -675,11 +679,14 @@ class _Engine:
             # Only when some did: a failed call is in no way's count.
             n = self.failures
             failed = f"; {n} call{'s' if n > 1 else ''} failed (raised to the program, or said at exit)" if n else ""
+            # A ring's calls are the library's but no switch's.
+            where = "round a ring of hosts" if self.ring else "through the switch"
+            why = " (no switch aggregated them)" if self.ring else ""
             _say(
-                f"{self.who}: {self.served} allreduces through the switch, {self.fallbacks} made by Gloo after the switch failed, "
+                f"{self.who}: {self.served} allreduces {where}{why}, {self.fallbacks} made by Gloo after the switch failed, "
                 f"{self.flagged} flagged results (NaN, infinity, or values too far apart for the exact lanes) made again by Gloo, {self.recovered} finished from peers; "
                 f"of every collective, {self.routed} routed to Gloo by size (XAGG_ROUTE); "
-                f"{others} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below){failed}"
+                f"{others} other collectives {where} (reduce-scatters, all-gathers, broadcasts, reduces: their lines below){failed}"
             )
             if n:
                 _say(f"{self.who}: the first call that failed: {self.first_error}")
