@@ -277,6 +277,53 @@ int main(int argc, char **argv) {
         expect("bcast", bad, 0);
         free(send);
         free(recv);
+    } else if (strcmp(mode, "first_nonblocking") == 0) {
+        /* Legal orders of nonblocking calls, each the first call on its communicator: even
+         * ranks start A's allreduce first, odd ranks B's (MPI orders collectives per
+         * communicator only); rank 0 starts C's and then receives what rank 1 sends before
+         * starting its own (a message past Open MPI's eager size). Then a blocking call on
+         * A and B, and the opposite orders again. */
+        MPI_Comm A, B, C;
+        MPI_Comm_dup(MPI_COMM_WORLD, &A);
+        MPI_Comm_dup(MPI_COMM_WORLD, &B);
+        MPI_Comm_dup(MPI_COMM_WORLD, &C);
+        int want = size * (size - 1) / 2;
+        for (int round = 0; round < 2; round++) {
+            int a = rank, b = 10 * rank, ra = -1, rb = -1;
+            MPI_Request q[2];
+            if (rank % 2 == 0) {
+                MPI_Iallreduce(&a, &ra, 1, MPI_INT, MPI_SUM, A, &q[0]);
+                MPI_Iallreduce(&b, &rb, 1, MPI_INT, MPI_SUM, B, &q[1]);
+            } else {
+                MPI_Iallreduce(&b, &rb, 1, MPI_INT, MPI_SUM, B, &q[1]);
+                MPI_Iallreduce(&a, &ra, 1, MPI_INT, MPI_SUM, A, &q[0]);
+            }
+            MPI_Waitall(2, q, MPI_STATUSES_IGNORE);
+            expect(round ? "opposite orders, joined" : "opposite orders, first calls",
+                   (ra != want) + (rb != 10 * want), 0);
+            MPI_Allreduce(&a, &ra, 1, MPI_INT, MPI_SUM, A);
+            MPI_Allreduce(&b, &rb, 1, MPI_INT, MPI_SUM, B);
+        }
+        enum { R = 1 << 20 };
+        double *m = malloc(R * sizeof(double));
+        for (int i = 0; i < R; i++) m[i] = i;
+        int c = rank, rc = -1;
+        MPI_Request q;
+        if (rank == 0) {
+            MPI_Iallreduce(&c, &rc, 1, MPI_INT, MPI_SUM, C, &q);
+            MPI_Recv(m, R, MPI_DOUBLE, 1, 5, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
+        } else if (rank == 1) {
+            MPI_Send(m, R, MPI_DOUBLE, 0, 5, MPI_COMM_WORLD);
+            MPI_Iallreduce(&c, &rc, 1, MPI_INT, MPI_SUM, C, &q);
+        } else {
+            MPI_Iallreduce(&c, &rc, 1, MPI_INT, MPI_SUM, C, &q);
+        }
+        MPI_Wait(&q, MPI_STATUS_IGNORE);
+        expect("a receive between the first call and its wait", rc != want, 0);
+        free(m);
+        MPI_Comm_free(&A);
+        MPI_Comm_free(&B);
+        MPI_Comm_free(&C);
     } else if (strcmp(mode, "icollectives") == 0) {
         enum { B = 50000 };
         long all = (long)size * B, bad = 0;

@@ -574,6 +574,38 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
         );
     }
 
+    // Nonblocking calls each first on its communicator, in orders MPI allows (even ranks
+    // start A's first, odd ranks B's; rank 0 receives a large message between its start and
+    // its wait, its sender starting after): each passed to Open MPI, since joining waits
+    // for every rank, which hung both orders; once a blocking call joined A and B, the
+    // same orders through the switch. Each rank is killed after 60 s if it hangs.
+    let o = lab.run(
+        &format!("timeout 60 {} first_nonblocking", cases.display()),
+        &lab.daemon(),
+        &route[1..],
+    );
+    let (out, err) = checked(&o);
+    assert!(out.contains("checks=4 failures=0"), "{out}");
+    assert_eq!(
+        entry_counts(&err, "MPI_Iallreduce"),
+        [0, 0, 0, 0, 0, 3],
+        "{err}"
+    );
+    assert_eq!(
+        entry_counts(&err, "MPI_Iallreduce by MPI_Waitall"),
+        [2, 0, 0, 0, 0, 0],
+        "{err}"
+    );
+    assert_eq!(
+        entry_counts(&err, "MPI_Allreduce"),
+        [5, 0, 0, 0, 0, 0],
+        "{err}"
+    );
+    assert!(
+        err.contains("has not joined the switch (it joins at its first served blocking collective"),
+        "{err}"
+    );
+
     // Datatypes of one signature passed each rank its own way (contiguous, strided, plain):
     // every rank decides alike, every call through the switch, every result exact (before,
     // the ranks with a derived type went to Open MPI and the others to the switch: a hang).

@@ -186,7 +186,14 @@ fn unserved_layout(why: &'static str, datatype: Datatype, send: Option<Datatype>
     format!("{}: {why}", abi::type_name(culprit))
 }
 
-/// The communicator's state, made at its first served call (a collective over `comm`,
+/// Why a nonblocking call on a communicator not yet a job goes to Open MPI: making it one
+/// takes collectives over it and the join, which wait for every rank, and a nonblocking
+/// call may not wait (even ranks starting A's call first and odd ranks B's is legal MPI:
+/// waiting there hung both). Every rank decides alike: a communicator becomes a job at the
+/// same blocking call on each.
+const FIRST_NONBLOCKING: &str = "a nonblocking call on a communicator that has not joined the switch (it joins at its first served blocking collective: joining waits for every rank, which a nonblocking call may not)";
+
+/// The communicator's state, made at its first served (blocking) call (a collective over `comm`,
 /// under its own lock only).
 fn comm_state(slot: &mut Option<CommState>, comm: Comm) -> &mut CommState {
     slot.get_or_insert_with(|| {
@@ -394,6 +401,10 @@ fn allreduce(
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let slot = slot(key(comm));
     let mut guard = lock(&slot);
+    if request.is_some() && guard.is_none() {
+        with_state(|st| pass(st, entry, FIRST_NONBLOCKING));
+        return None;
+    }
     let c = comm_state(&mut guard, comm);
     let rank = c.rank;
     let job = switch_job(c, entry)?;
@@ -505,6 +516,10 @@ fn collective(
     let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
     let slot = slot(key(comm));
     let mut guard = lock(&slot);
+    if request.is_some() && guard.is_none() {
+        with_state(|st| pass(st, entry, FIRST_NONBLOCKING));
+        return None;
+    }
     let c = comm_state(&mut guard, comm);
     let rank = c.rank;
     let job = switch_job(c, entry)?;
