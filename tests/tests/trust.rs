@@ -1178,7 +1178,7 @@ fn tagged_forged_results_change_no_result_and_are_not_copied() {
 
 /// The same stranger sends refusals claiming the switch behind the same tags while the
 /// members' workers start (their first status queries): every member starts and runs,
-/// on both receive paths.
+/// on both receive paths; then ICMP saying the path to the switch takes small frames.
 #[test]
 fn tagged_forged_refusals_do_not_stop_a_job() {
     if !require_root("tagged_forged_refusals_do_not_stop_a_job") {
@@ -1206,6 +1206,76 @@ fn tagged_forged_refusals_do_not_stop_a_job() {
             "{sent} sent, {spoofed} dropped"
         );
     }
+
+    // The stranger sends member 0 ICMP "fragmentation needed" (MTU 552) from its own
+    // address, quoting member 0's flow to the switch, while the job runs (ordinary IP: the
+    // switch passes it). Taken, it lowered member 0's path MTU to the switch for 10 minutes
+    // and every send of a 1 KiB segment failed (EMSGSIZE): the worker stopped, the job
+    // stalled. Member 0's kernel receives them (its ICMP counter) and the job runs exact.
+    let unreachable = || {
+        // The thread's own view: in_netns moves this thread alone.
+        let snmp = in_netns(&sw.lab.worker_ns(0), || {
+            Ok(std::fs::read_to_string("/proc/thread-self/net/snmp")?)
+        })
+        .unwrap();
+        let mut icmp = snmp.lines().filter(|l| l.starts_with("Icmp:"));
+        let (names, values) = (icmp.next().unwrap(), icmp.next().unwrap());
+        let at = names.split_whitespace().position(|n| n == "InDestUnreachs");
+        values
+            .split_whitespace()
+            .nth(at.unwrap())
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let before = unreachable();
+    let frames = [icmp_too_big(&sw, 552)];
+    let r = run_under_injection(
+        &sw,
+        2,
+        // The hosts' programs are detached by now: each worker attaches its own.
+        true,
+        Duration::from_millis(300),
+        &sw.lab.worker_ns(2),
+        &[("eth0".into(), &frames)],
+    );
+    let taken = unreachable() - before;
+    eprintln!(
+        "{} ICMP fragmentation-needed sent, {taken} received by member 0",
+        r.sent
+    );
+    assert!(r.sent > 0 && taken > 0, "{} sent, {taken} received", r.sent);
+}
+
+/// An ICMP "fragmentation needed" with next-hop MTU `mtu` from worker 2 (the stranger) to
+/// worker 0, quoting worker 0's datagram to the switch's collective port.
+fn icmp_too_big(sw: &TestSwitch, mtu: u16) -> Vec<u8> {
+    let ip_header = |len: usize, protocol: u8, from: [u8; 4], to: [u8; 4]| {
+        let mut h = vec![0x45, 0];
+        h.extend_from_slice(&(len as u16).to_be_bytes());
+        h.extend_from_slice(&[0, 0, 0x40, 0, 64, protocol, 0, 0]);
+        h.extend_from_slice(&from);
+        h.extend_from_slice(&to);
+        let c = xagg_lab::testrun::ipv4_checksum(&h);
+        h[10..12].copy_from_slice(&c.to_be_bytes());
+        h
+    };
+    let (member, stranger) = (lab::worker_ip(0).octets(), lab::worker_ip(2).octets());
+    let mut icmp = vec![3, 4, 0, 0, 0, 0];
+    icmp.extend_from_slice(&mtu.to_be_bytes());
+    icmp.extend(ip_header(1052, 17, member, SWITCH_IP.octets()));
+    icmp.extend_from_slice(&WORKER_PORT.to_be_bytes());
+    icmp.extend_from_slice(&DEFAULT_PORT.to_be_bytes());
+    icmp.extend_from_slice(&1032u16.to_be_bytes());
+    icmp.extend_from_slice(&[0, 0]);
+    let c = xagg_lab::testrun::ipv4_checksum(&icmp);
+    icmp[2..4].copy_from_slice(&c.to_be_bytes());
+    let mut f = sw.lab.worker_mac(0).unwrap().to_vec();
+    f.extend_from_slice(&sw.lab.worker_mac(2).unwrap());
+    f.extend_from_slice(&[0x08, 0x00]);
+    f.extend(ip_header(20 + icmp.len(), 1, stranger, member));
+    f.extend(icmp);
+    f
 }
 
 /// Results and refusals that reach a member's link with the switch's MAC, address and port

@@ -96,6 +96,7 @@ impl Transport {
         let _ = setsockopt(&sock, sockopt::RcvBufForce, &want)
             .or_else(|_| setsockopt(&sock, sockopt::RcvBuf, &want));
         let _ = setsockopt(&sock, sockopt::SndBufForce, &want);
+        ignore_path_mtu(&sock)?;
         if p.gro {
             // Results that arrive together are read together.
             let _ = setsockopt(&sock, sockopt::UdpGroSegment, &true);
@@ -328,6 +329,34 @@ impl Transport {
 
 /// Whether datagram `d` carries this member's `cookie`, compared in constant time (how much
 /// of a guess matched does not show in how long the answer takes).
+/// Sends by the interface's MTU, never by a path MTU learnt from ICMP. Anyone on the
+/// network can send a member an ICMP "fragmentation needed" quoting its flow to the switch
+/// (nothing in it is secret): the kernel then lowers the path MTU to the switch for 10
+/// minutes, and every full segment's send fails (EMSGSIZE) — a stranger stopping a job
+/// with one packet. Segments are sized for the interfaces at the join, and the switch
+/// forwards nothing on, so a path MTU has nothing to tell.
+fn ignore_path_mtu(sock: &UdpSocket) -> Result<(), AllreduceError> {
+    use std::os::fd::AsRawFd;
+    let mode: libc::c_int = libc::IP_PMTUDISC_INTERFACE;
+    // Safety: an int option on a socket this function borrows.
+    let rc = unsafe {
+        libc::setsockopt(
+            sock.as_raw_fd(),
+            libc::IPPROTO_IP,
+            libc::IP_MTU_DISCOVER,
+            (&mode as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if rc != 0 {
+        return Err(AllreduceError::Invalid(format!(
+            "setting the member's socket to ignore path MTUs (IP_MTU_DISCOVER): {}",
+            io::Error::last_os_error()
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn carries_cookie(d: &[u8], cookie: &[u8; 8]) -> bool {
     use subtle::ConstantTimeEq;
     d.get(COOKIE_OFFSET..COOKIE_OFFSET + 8)
