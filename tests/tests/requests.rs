@@ -103,6 +103,7 @@ fn requests_and_completions() {
         (62, 47862),
         (63, 47863),
         (64, 47864),
+        (65, 47865),
     ] {
         assert!(
             matches!(
@@ -140,6 +141,7 @@ fn requests_and_completions() {
     many_requests_on_two_jobs(&sw);
     cancelled_and_timed_out(&sw);
     killed_member(&sw);
+    every_member_killed_then_started_again(&sw);
     invalid_and_non_finite(&sw);
     unanswered_queries_are_paced(&mut sw);
 }
@@ -400,6 +402,77 @@ fn killed_member(sw: &TestSwitch) {
         );
     }
     eprintln!("killed member: {}", statuses[0]);
+}
+
+/// Every member, an `xagg allreduce` process each, killed in the middle of a message
+/// (member 2 first, so that message's later rounds wait for it), then started again
+/// without a message id, as an operator restarts a job after a host died: the new
+/// processes pass over the message whose first rounds' results are gone and take up the
+/// next, exact, nothing stale. Before, they took it up from its first segment, which the
+/// switch dropped as stale, and waited until their collective timeout.
+fn every_member_killed_then_started_again(sw: &TestSwitch) {
+    let started = |w: usize| {
+        Command::new("ip")
+            .args(["netns", "exec", &sw.lab.worker_ns(w)])
+            .arg(bin("xagg"))
+            .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
+            .args(["--bind", &format!("{}:47865", worker_ip(w))])
+            .args(["--job", "65", "--member", &w.to_string(), "--members", "3"])
+            .args(["--segment", "860", "--slots", "32"])
+            .args(["--size", &(16usize << 20).to_string(), "--repeat", "200"])
+            .args(["--give-up-ms", "60000"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    };
+    let kill = |c: &mut std::process::Child| {
+        nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
+        let _ = c.wait();
+    };
+    let complete = || sw.counters()["complete"];
+    let at_start = complete();
+    let mut old: Vec<_> = (0..MEMBERS).map(started).collect();
+    let until = std::time::Instant::now() + Duration::from_secs(20);
+    while complete() < at_start + 500 {
+        assert!(
+            std::time::Instant::now() < until,
+            "the first run made no progress"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    kill(&mut old[2]);
+    std::thread::sleep(Duration::from_millis(300));
+    kill(&mut old[0]);
+    kill(&mut old[1]);
+    let before = sw.counters();
+    let elems = 100_000;
+    let want = data::expected_sum(91, MEMBERS as u32, elems);
+    std::thread::scope(|s| {
+        let hs: Vec<_> = (0..MEMBERS)
+            .map(|w| {
+                let (ns, want) = (sw.lab.worker_ns(w), &want);
+                s.spawn(move || {
+                    xagg_linux::iface::enter_netns(&ns).unwrap();
+                    let mut p = params(65, w, 47865);
+                    p.collective_timeout = Duration::from_secs(10);
+                    let worker = Worker::new(p).unwrap();
+                    let mut buf = vec![0i32; elems];
+                    data::fill(91, w as u32, &mut buf);
+                    worker
+                        .allreduce(&mut buf)
+                        .unwrap_or_else(|e| panic!("member {w}, started again: {e}"));
+                    assert!(&buf == want, "member {w}, started again: wrong result");
+                })
+            })
+            .collect();
+        for h in hs {
+            h.join().unwrap();
+        }
+    });
+    let stale = sw.counters()["drop_stale"] - before["drop_stale"];
+    assert_eq!(stale, 0, "rounds sent with a message passed over");
+    eprintln!("every member killed, started again: exact, nothing stale");
 }
 
 /// Errors of the request itself come back at submit; non-finite input with the completion.

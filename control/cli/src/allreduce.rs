@@ -110,8 +110,9 @@ pub struct AllreduceArgs {
     #[arg(long)]
     start_at: Option<u64>,
     /// Message id of the first allreduce (must grow from one run on a job to the next).
-    /// Without it the worker takes up the job where it stands: the message in progress,
-    /// or the one after the newest the switch holds.
+    /// Without it the worker takes up the job where it stands: the message in progress
+    /// (unless a member gave up on it, or its first rounds are gone from the switch), or
+    /// the one after the newest the switch holds.
     #[arg(long, alias = "message")]
     mid: Option<u32>,
     /// Allreduces to run.

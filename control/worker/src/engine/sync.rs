@@ -264,7 +264,8 @@ impl Engine {
 /// filling, and the replies may show those before the oldest; 0 on a job that never ran.
 /// A filling round whose slot's other copy holds a newer round was abandoned (its members
 /// gave up and went on) and does not count; nor does one a member gave up on (withdrawn:
-/// its result would fail every member), whose message counts as finished instead.
+/// its result would fail every member), whose message counts as finished instead; nor
+/// does a message a new process can no longer take up from its start ([`can_take_up`]).
 fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
     let oldest = |a: u32, b: u32| {
         if Round::first(a).is_after(Round::first(b)) {
@@ -291,7 +292,8 @@ fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
             (0..2).filter_map(move |i| {
                 let (c, other) = (pair[i], pair[1 - i]);
                 let abandoned = other.held() && other.round.is_after(c.round);
-                (c.open() && !abandoned && !c.withdrawn).then_some(c.round.message)
+                (c.open() && !abandoned && !c.withdrawn && can_take_up(copies, c.round.message))
+                    .then_some(c.round.message)
             })
         })
         .reduce(oldest);
@@ -301,6 +303,23 @@ fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
         (None, Some(d)) => d.wrapping_add(1),
         (None, None) => 0,
     }
+}
+
+/// Whether a new process can take up message `m` from its first segment: on every slot
+/// that holds rounds of `m`, the first (segment = the slot's index) is among them — under
+/// way, or done and its result stored for the asking. A slot holding only later rounds of
+/// `m` dropped that result: the new process's contribution would be stale there and its
+/// result never come (every member restarted after one was killed mid-message waited
+/// there until its collective timeout). Such a message counts as passed over; the
+/// members still in it (if any) time out in it.
+fn can_take_up(copies: &[[CopyStatus; 2]], m: u32) -> bool {
+    copies.iter().enumerate().all(|(slot, pair)| {
+        let mut of_m = pair
+            .iter()
+            .filter(|c| c.held() && c.round.message == m)
+            .peekable();
+        of_m.peek().is_none() || of_m.any(|c| c.round.segment as usize == slot)
+    })
 }
 
 /// The copy a slot's next round takes, given what its two copies hold and the worker's
@@ -454,6 +473,24 @@ mod tests {
             next_message(&[
                 [copy(d, 4, 0), copy(p, 5, 0)],
                 [copy(d, 4, 1), copy(e, 0, 0)]
+            ]),
+            5
+        );
+        // Every member restarted after one was killed in message 5: its first rounds'
+        // results are gone from both slots (they hold later rounds of 5, one waiting for
+        // the killed member), so 5 cannot be taken up from its start: 6 next.
+        assert_eq!(
+            next_message(&[
+                [copy(d, 5, 4), copy(f, 5, 6)],
+                [copy(d, 5, 5), copy(d, 5, 3)]
+            ]),
+            6
+        );
+        // Only slot 1 moved on, its first round still stored: 5 can be taken up.
+        assert_eq!(
+            next_message(&[
+                [copy(f, 5, 0), copy(d, 4, 6)],
+                [copy(d, 5, 1), copy(f, 5, 3)]
             ]),
             5
         );
