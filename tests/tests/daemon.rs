@@ -383,6 +383,28 @@ fn pinned_layout_is_checked_on_adoption() {
         e.contains("map layout 99") && e.contains("xaggd --reload"),
         "{e}"
     );
+    // That `--reload` with the metrics endpoint's port taken: refused at the bind, before
+    // the old dataplane is removed (before, it went first, and its jobs with it).
+    let config = sw.default_config();
+    let mut taken = config.clone();
+    let metrics = std::net::SocketAddr::from((xagg_lab::lab::SWITCH_IP, 9109));
+    taken.daemon.metrics = Some(metrics);
+    sw.write_config(&taken).unwrap();
+    let holder = xagg_lab::lab::in_netns(&sw.lab.switch_ns(), || {
+        Ok(std::net::TcpListener::bind(metrics)?)
+    })
+    .unwrap();
+    let (ok, out) = xaggd(&["--reload"], &sw.config);
+    assert!(
+        !ok && out.contains("the running dataplane was kept"),
+        "{out}"
+    );
+    assert!(
+        layout_pin.exists(),
+        "the pinned dataplane was removed: {out}"
+    );
+    drop(holder);
+    sw.write_config(&config).unwrap();
     // The layout agrees again: adopted, job and all.
     set_layout(xagg_common::LAYOUT_VERSION);
     sw.start_daemon();

@@ -201,20 +201,25 @@ fn run(config_error: &mut bool) -> Result<()> {
     {
         info!("mounted a bpffs at /sys/fs/bpf");
     }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    // The sockets are bound before anything is attached, or removed: an address in use
+    // fails here, with a `--reload`'s old dataplane and its jobs still running.
+    let listeners = rt
+        .block_on(Listeners::bind(&cfg.daemon))
+        .context(if args.reload {
+            "nothing was attached, and the running dataplane was kept"
+        } else {
+            "nothing was attached"
+        })?;
     if args.reload && dataplane::unpin(&cfg.daemon.pin_path)? {
         info!(
             "removed the pinned dataplane at {}",
             cfg.daemon.pin_path.display()
         );
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(1)
-        .enable_all()
-        .build()?;
-    // The sockets are bound before anything is attached: an address in use fails here.
-    let listeners = rt
-        .block_on(Listeners::bind(&cfg.daemon))
-        .context("nothing was attached")?;
     let dp = match Dataplane::start(&cfg, xagg_objects::SWITCH, pinned) {
         Ok(dp) => dp,
         Err(e) => {
