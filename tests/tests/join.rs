@@ -472,6 +472,17 @@ fn workers_join_jobs_over_the_network() {
     };
     assert!(jobs.iter().all(|j| j.id != id), "{jobs:?}");
     eprintln!("all left: job removed");
+    // A rank calling on after its job went is refused by the switch, and told what that
+    // means for a joined job, not to check flags it never typed.
+    let e = lab
+        .on(0, || workers[0].allreduce(&mut vec![1i32; 100]))
+        .expect_err("the job is gone")
+        .to_string();
+    assert!(
+        e.contains("is gone from the switch, or this rank no longer a member of it: the daemon it joined through")
+            && !e.contains("--bind"),
+        "{e}"
+    );
 
     // A rank that never comes: the others' joins fail after the join timeout, naming it.
     let (key2, secret2) = (JobKey::random(), Secret::random());

@@ -195,6 +195,7 @@ pub(crate) fn join(
     })?;
     let mut p = WorkerParams::new(joined.at.switch, bind, joined.job, joined.member, j.shape);
     p.first_message = None;
+    p.joined_through = Some(j.daemon);
     p.switch_ports = joined.at.switch_ports;
     p.ranks = j.levels.map(|l| l.ranks as usize);
     p.rank = j.levels.map(|l| l.first as usize);

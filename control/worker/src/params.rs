@@ -98,6 +98,9 @@ pub struct WorkerParams {
     /// whatever the order; twice f32's bytes). Every member of a job must use the same:
     /// the switch refuses a contribution in the other lane (`drop_bad_op`).
     pub float: Float,
+    /// The daemon this member joined its job through (`None`: a job added by hand), for
+    /// what a refusal means: a joined job gone from the switch was removed by that daemon.
+    pub joined_through: Option<std::net::SocketAddr>,
 }
 
 impl WorkerParams {
@@ -136,6 +139,7 @@ impl WorkerParams {
             spin: Duration::from_micros(100),
             first_message: None,
             float: Float::Fast,
+            joined_through: None,
         }
     }
 

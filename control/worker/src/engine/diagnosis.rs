@@ -416,17 +416,21 @@ impl Engine {
     /// Why the switch refused this member, from a status reply's refusal `code`.
     pub(super) fn refused(&self, code: u8, slot: u16) -> AllreduceError {
         let (job, member) = (self.p.job, self.p.member);
-        let reason = match code {
+        let reason = match (code, self.p.joined_through) {
+            // Joined: no flag of the member's own named the job, its member or its address.
+            (wire::status::REFUSED_NOT_MEMBER, Some(daemon)) => format!(
+                "job {job} is gone from the switch, or this rank no longer a member of it: the daemon it joined through ({daemon}) removed it — when a rank's lease runs out (its process gone: the other ranks then wait a lease for it), when a level below leaves with rounds waiting for it, when every rank left, or by hand; that daemon's log says which"
+            ),
             // The switch does not tell a stranger whether a job exists: this covers both.
-            wire::status::REFUSED_NOT_MEMBER => format!(
+            (wire::status::REFUSED_NOT_MEMBER, None) => format!(
                 "this is not member {member} of job {job} as the switch holds it: the switch has no job {job}, or the member index, the switch port this host is behind, or its MAC, IPv4 address or UDP port ({}) differ from the job's; compare --job, --member and --bind with `xagg job list --json`",
                 self.p.bind
             ),
-            wire::status::REFUSED_SLOT_RANGE => format!(
+            (wire::status::REFUSED_SLOT_RANGE, _) => format!(
                 "slot {slot} is outside the job's slots: this worker's --slots ({}) is more than the job has",
                 self.p.shape.slots()
             ),
-            c => format!("refusal {c:#x}"),
+            (c, _) => format!("refusal {c:#x}"),
         };
         AllreduceError::Refused { job, reason }
     }

@@ -2,7 +2,7 @@
 
 use xagg_api::ParentSpec;
 use xagg_common::wire::{DType, Op};
-use xagg_join::{JoinReply, Levels};
+use xagg_join::{JoinReply, Levels, MemberReply};
 
 use super::{refusal, shape, Switch, KEY};
 use crate::join::{
@@ -186,6 +186,39 @@ fn an_open_level_runs_when_its_members_stand_for_every_rank() {
     // A join to an open level states itself as its shape's one member.
     let r = s.join_as(KEY, shape(2, 8), 0, 9, 0, true, host(0, 1));
     assert!(refusal(&r).contains("a shape of one member"), "{r:?}");
+}
+
+/// A level below that leaves (its own job gone there: a rank's lease ran out) while
+/// rounds wait for it: none can complete, and the other levels' ranks, which no responder
+/// of the gone rank reaches, would wait until their collective timeout — the job goes.
+/// One that leaves with nothing waiting for it (done) does not end the job.
+#[test]
+fn an_open_level_goes_when_a_member_leaves_with_rounds_waiting_for_it() {
+    let mut s = Switch::new("open-leave");
+    let open = shape(1, 8);
+    let host = |first: u32| {
+        Some(Levels {
+            ranks: 6,
+            first,
+            weight: 2,
+            coordinator: None,
+            open: true,
+        })
+    };
+    s.join_as(KEY, open, 0, 1, 0, true, host(0));
+    s.join_as(KEY, open, 0, 2, 1, false, host(2));
+    let JoinReply::Ready { job, .. } = s.join_as(KEY, open, 0, 3, 2, false, host(4)) else {
+        panic!("{:?}", s.joins.jobs[&KEY])
+    };
+    s.table.waiting = vec![(3, 7, 3, vec![1]), (4, 7, 4, vec![1, 2])];
+    assert_eq!(s.leave(KEY, 0), MemberReply::Left);
+    assert!(s.joins.jobs.contains_key(&KEY) && s.table.jobs.contains_key(&job));
+    assert_eq!(s.leave(KEY, 1), MemberReply::Left);
+    assert!(!s.joins.jobs.contains_key(&KEY), "{:?}", s.joins.jobs[&KEY]);
+    assert!(
+        !s.table.jobs.contains_key(&job),
+        "the dataplane keeps job {job}"
+    );
 }
 
 /// A level whose ranks were all in, its way up lost with its daemon (restored pending

@@ -31,6 +31,8 @@ struct Table {
     hellos: HashMap<u64, MemberAddr>,
     jobs: BTreeMap<u32, (u32, JobSpec)>,
     updated: Vec<(u32, usize)>,
+    /// What `waiting` answers: (slot, message, segment, the members each waits for).
+    waiting: Vec<(u32, u32, u32, Vec<u8>)>,
 }
 
 impl Table {
@@ -97,7 +99,7 @@ impl JobTable for Table {
             .ok_or(crate::Error::NoJob(id))
     }
     fn waiting(&self, _: u32) -> Vec<(u32, u32, u32, Vec<u8>)> {
-        Vec::new()
+        self.waiting.clone()
     }
     fn activity(&self, _: u32) -> Result<u64, crate::Error> {
         Ok(0)
