@@ -365,6 +365,17 @@ fn mpi_programs_fall_back_to_open_mpi() {
         "{err}"
     );
     assert_eq!(summary(&err).0, 0);
+    // Nor for each communicator after it: at most once per process that is one's rank 0
+    // (world ranks 0 and 1, the odd half's), where each of the four communicators said it
+    // before; rank 0's summary counts its three.
+    let said = err
+        .matches("collectives go to Open MPI: rank 0: the daemon's network listener")
+        .count();
+    assert!((1..=2).contains(&said), "said {said} times: {err}");
+    assert!(
+        err.contains("rank 0: communicators served by Open MPI: 3 (rank 0: the daemon's network listener at 10.77.0.1:1 does not answer"),
+        "{err}"
+    );
 
     // The switch's answers stop reaching the ranks in the middle of a run (a firewall in
     // each rank's namespace drops them: `cut_results`), the daemon reachable:

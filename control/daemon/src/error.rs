@@ -224,7 +224,7 @@ pub enum Error {
     AdmissionRefused { credential: String },
     #[error("the join's proof does not match the secret it carries")]
     SealedSecretProof,
-    #[error("credential `{credential}` holds {used} of its {quota} slots; this job needs {needs} (`xagg job status` lists the joined jobs holding them; a job whose ranks died gives its slots back when their leases run out, daemon.lease_s)")]
+    #[error("credential `{credential}` holds {used} of its {quota} slots; this job needs {needs} (`xagg job status` lists the joined jobs holding them; a job whose ranks died gives its slots back when their leases run out, daemon.lease_s; the drop-ins make a job of every communicator or process group they serve, of XAGG_SLOTS slots each: a smaller XAGG_SLOTS, or a larger slot_quota, fits more)")]
     OverQuota {
         credential: String,
         used: usize,

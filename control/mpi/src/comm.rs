@@ -169,7 +169,11 @@ fn describe(comm: Comm, size: c_int) -> String {
     } else if comm == handles().comm_world {
         "MPI_COMM_WORLD".into()
     } else {
-        format!("communicator {comm:p}")
+        // Its place among the communicators this process made jobs of or tried to: an
+        // address would mean nothing to the reader.
+        static MADE: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(1);
+        let n = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        format!("communicator #{n} of those the program served collectives on (unnamed: MPI_Comm_set_name names it)")
     };
     let ranks = if size == 1 { "rank" } else { "ranks" };
     format!("{name} ({size} {ranks})")

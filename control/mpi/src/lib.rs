@@ -76,6 +76,8 @@ struct Stats {
     table: entry::Table,
     /// The communicators the switch served, by how they joined (switch, tree, ring).
     paths: std::collections::BTreeMap<String, u64>,
+    /// The communicators Open MPI serves instead, by why (the join failed, one rank...).
+    served_by_pmpi: std::collections::BTreeMap<String, u64>,
 }
 
 /// A communicator's state behind its own lock; `None` until its first served call.
@@ -200,8 +202,23 @@ fn comm_state(slot: &mut Option<CommState>, comm: Comm) -> &mut CommState {
         let c = comm::create(comm);
         match &c.path {
             Path::Pmpi(why) => {
-                if (c.rank == 0 && !c.quiet) || verbose() {
-                    say(&format!("{}: collectives go to Open MPI: {why}", c.name));
+                // Said once per reason (a program making a communicator per step, the
+                // daemon unreachable, said it per communicator); the summary counts them.
+                let first = with_state(|st| {
+                    let n = st.stats.served_by_pmpi.entry(why.clone()).or_default();
+                    *n += 1;
+                    *n == 1
+                });
+                if (c.rank == 0 && !c.quiet && first) || verbose() {
+                    let once = if verbose() {
+                        ""
+                    } else {
+                        " (said once; the summary at MPI_Finalize counts the communicators)"
+                    };
+                    say(&format!(
+                        "{}: collectives go to Open MPI: {why}{once}",
+                        c.name
+                    ));
                 }
             }
             Path::Switch(job) => {
@@ -726,7 +743,7 @@ fn finalize() {
         let mut reasons: Vec<_> = s.passed.iter().collect();
         reasons.sort();
         say(&format!(
-            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers){}, {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, overflow); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}; {} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)",
+            "rank {rank}: {} allreduces through the switch ({} bytes, {} finished from peers){}, {} made by Open MPI after the switch failed, {} made again by Open MPI for a flagged result (NaN, infinity, or values too far apart for the exact lanes); of every collective, {} routed to Open MPI by size (XAGG_ROUTE), {passed} passed to Open MPI{}; {} other collectives through the switch (reduce-scatters, all-gathers, broadcasts, reduces: their lines below)",
             s.switch_calls,
             s.switch_bytes,
             s.recovered_calls,
@@ -758,6 +775,11 @@ fn finalize() {
         ));
         for (how, n) in &s.paths {
             say(&format!("rank {rank}: communicators served: {n} {how}"));
+        }
+        for (why, n) in &s.served_by_pmpi {
+            say(&format!(
+                "rank {rank}: communicators served by Open MPI: {n} ({why})"
+            ));
         }
         for line in s.table.lines() {
             say(&format!("rank {rank}: {line}"));
