@@ -306,19 +306,22 @@ fn next_message(copies: &[[CopyStatus; 2]]) -> u32 {
 }
 
 /// Whether a new process can take up message `m` from its first segment: on every slot
-/// that holds rounds of `m`, the first (segment = the slot's index) is among them — under
-/// way, or done and its result stored for the asking. A slot holding only later rounds of
-/// `m` dropped that result: the new process's contribution would be stale there and its
-/// result never come (every member restarted after one was killed mid-message waited
-/// there until its collective timeout). Such a message counts as passed over; the
-/// members still in it (if any) time out in it.
+/// that holds rounds of `m`, the first of `m`'s rounds there (segment s goes to slot
+/// (m + s) mod slots, as the schedule sends it) is among them — under way, or done and its
+/// result stored for the asking. A slot holding only later rounds of `m` dropped that
+/// result: the new process's contribution would be stale there and its result never come
+/// (every member restarted after one was killed mid-message waited there until its
+/// collective timeout). Such a message counts as passed over; the members still in it (if
+/// any) time out in it.
 fn can_take_up(copies: &[[CopyStatus; 2]], m: u32) -> bool {
+    let w = copies.len();
     copies.iter().enumerate().all(|(slot, pair)| {
+        let first = (slot + w - m as usize % w) % w;
         let mut of_m = pair
             .iter()
             .filter(|c| c.held() && c.round.message == m)
             .peekable();
-        of_m.peek().is_none() || of_m.any(|c| c.round.segment as usize == slot)
+        of_m.peek().is_none() || of_m.any(|c| c.round.segment as usize == first)
     })
 }
 
@@ -429,10 +432,11 @@ mod tests {
             ]),
             5
         );
-        // Message 5 under way on one slot: take it up.
+        // Message 5 under way on one slot (its segment 1, the first on slot 0: segment s
+        // of message m goes to slot (m + s) mod slots): take it up.
         assert_eq!(
             next_message(&[
-                [copy(d, 4, 0), copy(f, 5, 0)],
+                [copy(d, 4, 0), copy(f, 5, 1)],
                 [copy(d, 4, 1), copy(e, 0, 0)]
             ]),
             5
@@ -441,7 +445,7 @@ mod tests {
         // result would fail every member, so 6 next.
         let given_up = CopyStatus {
             withdrawn: true,
-            ..copy(f, 5, 0)
+            ..copy(f, 5, 1)
         };
         assert_eq!(
             next_message(&[[copy(d, 4, 0), given_up], [copy(d, 4, 1), copy(e, 0, 0)]]),
@@ -452,9 +456,9 @@ mod tests {
         // Pipelined: messages 5 to 7 filling, the oldest is taken up.
         assert_eq!(
             next_message(&[
-                [copy(f, 7, 0), copy(d, 4, 0)],
-                [copy(f, 5, 1), copy(e, 0, 0)],
-                [copy(f, 6, 0), copy(e, 0, 0)]
+                [copy(f, 7, 2), copy(d, 4, 2)],
+                [copy(f, 5, 2), copy(e, 0, 0)],
+                [copy(f, 6, 2), copy(e, 0, 0)]
             ]),
             5
         );
@@ -471,28 +475,39 @@ mod tests {
         let p = ShadowState::PartialSent as u8;
         assert_eq!(
             next_message(&[
-                [copy(d, 4, 0), copy(p, 5, 0)],
+                [copy(d, 4, 0), copy(p, 5, 1)],
                 [copy(d, 4, 1), copy(e, 0, 0)]
             ]),
             5
         );
         // Every member restarted after one was killed in message 5: its first rounds'
-        // results are gone from both slots (they hold later rounds of 5, one waiting for
-        // the killed member), so 5 cannot be taken up from its start: 6 next.
+        // results (segment 1 on slot 0, 0 on slot 1) are gone from both slots, which hold
+        // later rounds of 5, one waiting for the killed member: 5 cannot be taken up from
+        // its start, 6 next.
         assert_eq!(
             next_message(&[
-                [copy(d, 5, 4), copy(f, 5, 6)],
-                [copy(d, 5, 5), copy(d, 5, 3)]
+                [copy(d, 5, 3), copy(f, 5, 5)],
+                [copy(d, 5, 4), copy(d, 5, 2)]
             ]),
             6
         );
-        // Only slot 1 moved on, its first round still stored: 5 can be taken up.
+        // Slot 1 moved on with its first round still stored: 5 can be taken up.
         assert_eq!(
             next_message(&[
-                [copy(f, 5, 0), copy(d, 4, 6)],
-                [copy(d, 5, 1), copy(f, 5, 3)]
+                [copy(f, 5, 1), copy(d, 4, 6)],
+                [copy(d, 5, 0), copy(f, 5, 2)]
             ]),
             5
+        );
+        // Some members already went on to 1 (its first rounds filling, in the copies that
+        // held 0's done rounds; its segment 0 on slot 1), 0 passed over: 1 — not 0 for
+        // want of a done round (seen: the first member restarted took 1, the others 0).
+        assert_eq!(
+            next_message(&[
+                [copy(f, 1, 1), copy(f, 0, 4)],
+                [copy(f, 1, 0), copy(f, 0, 5)]
+            ]),
+            1
         );
         // A round abandoned (its slot went on to a newer one) does not count.
         assert_eq!(
