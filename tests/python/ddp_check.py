@@ -1,16 +1,19 @@
 """DDP training, as a user's script would do it, on the backend named by argv (nothing of
 xagg imported: the installed package registers "xagg" at its first use):
-`ddp_check.py BACKEND STEPS OUT [compare|slow|hook|late0|late1]`, launched by torchrun (one process per lab
+`ddp_check.py BACKEND STEPS OUT [compare|slow|hook|late0|late1|die|raise]`, launched by torchrun (one process per lab
 namespace). A small model trained STEPS steps; rank 0 saves the final parameters to OUT and
 prints whether every rank's are identical. `compare` checks each bucket's allreduce through
 the backend against Gloo's of the same gradients (a comm hook running both); `slow` sleeps
 between steps (a run to disturb); `hook` sends the gradients through the switch by
 xagg's DDP communication hook, the backend staying what it is; `late0` and `late1` pin the
 buckets (`static_graph`) and start each rank's backward pass 20 ms per rank late, in rank
-order or reversed, so that contributions meet in another order. On the xagg backend it also checks that an allreduce's
+order or reversed, so that contributions meet in another order; `die` and `raise` end the
+last rank at step 2 (`os._exit`, an uncaught exception), and the others say what their
+backward raised and when, then exit. On the xagg backend it also checks that an allreduce's
 future is not complete when the call returns, and is after it is waited for."""
 import faulthandler
 import math
+import os
 import sys
 import time
 
@@ -93,14 +96,25 @@ if mode == "hook":
 
 opt = torch.optim.SGD(ddp.parameters(), lr=0.05)
 g = torch.Generator().manual_seed(1000 + rank)
+start = time.monotonic()
 for step in range(steps):
+    if mode in ("die", "raise") and rank == size - 1 and step == 2:
+        if mode == "die":
+            os._exit(3)
+        raise RuntimeError("the program failed on purpose")
     x = torch.randn(32, 64, generator=g)
     y = torch.randint(0, 10, (32,), generator=g)
     loss = torch.nn.functional.cross_entropy(ddp(x), y)
     opt.zero_grad()
     if late:
         time.sleep(0.02 * (rank if mode == "late0" else size - 1 - rank))
-    loss.backward()
+    try:
+        loss.backward()
+    except RuntimeError as e:
+        if mode not in ("die", "raise"):
+            raise
+        print(f"rank {rank}: backward raised after {time.monotonic() - start:.1f} s: {e}", flush=True)
+        sys.exit(0)
     opt.step()
     if mode == "slow":
         time.sleep(0.05)

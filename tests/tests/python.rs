@@ -331,6 +331,40 @@ fn ddp_trains_through_the_backend_as_on_gloo() {
             "{run} drifted from Gloo: {largest} of {scale}"
         );
     }
+
+    // The last rank ends at step 2, by `os._exit` and by an exception it does not catch:
+    // the others' backward raises a RuntimeError naming it gone, within seconds. Before,
+    // they died of SIGSEGV in backward (a Python exception in a future DDP's C++ waits
+    // on), and the raising rank's exit waited 60 s for them first.
+    for (mode, port, code) in [("die", 29508u16, 3), ("raise", 29509, 1)] {
+        let out = dir.join(format!("{mode}.pt"));
+        let outputs = started(
+            &sw,
+            &env(),
+            port,
+            &["xagg", "8", out.to_str().unwrap(), mode],
+        );
+        let last = &outputs[RANKS - 1];
+        assert_eq!(last.status.code(), Some(code), "{mode}: {:?}", text(last));
+        let others = ranks_ok(&outputs[..RANKS - 1]);
+        for r in 0..RANKS - 1 {
+            let line = others
+                .lines()
+                .find(|l| l.contains(&format!("rank {r}: backward raised after ")))
+                .unwrap_or_else(|| panic!("{mode}, rank {r}: {others}"));
+            let secs: f64 = line
+                .split("after ")
+                .nth(1)
+                .and_then(|t| t.split(' ').next())
+                .and_then(|t| t.parse().ok())
+                .unwrap();
+            assert!(
+                line.contains("whose process is gone") && secs < 20.0,
+                "{mode}: {line}"
+            );
+        }
+        eprintln!("{mode}: the others' backward raised, naming the last rank gone");
+    }
 }
 
 #[test]

@@ -656,7 +656,12 @@ class _Engine:
             self.queue.put(None)
             self.thread.join()
         self.deliver.shutdown(wait=True)
-        if self.job is not None and self.failed is None:
+        # A program ending on an exception it did not catch (the interpreter sets
+        # `sys.last_value` before the exit handlers run) waits for nobody: its peers find
+        # its process gone about a second into their calls, instead of waiting the
+        # barrier's 60 s with it.
+        failing = getattr(sys, "last_value", None) is not None
+        if self.job is not None and self.failed is None and not failing:
             # A rank still finishing a call from its peers may need this one's results:
             # nobody leaves before everybody is done (bounded: a rank that died does not
             # hold the others for the group's whole timeout).
@@ -720,7 +725,15 @@ def _for_caller(work, entry, at_once=False):
     sees, forever. Those get a C++ work that waits on the same future."""
     if at_once or entry in ("all_reduce", "all_reduce async"):
         return work
-    return _create_work_from_future(work.get_future())
+    # A Python exception in a future that C++ waits on crashed the process (SIGSEGV in
+    # DDP's backward, torch 1.13, once a peer had died); raised in a `then` callback, it
+    # reaches C++ as an error of its own, which DDP raises as a RuntimeError quoting ours.
+    return _create_work_from_future(work.get_future().then(_value))
+
+
+def _value(fut):
+    """A future's value, its exception raised (see `_for_caller`)."""
+    return fut.value()
 
 
 class _Work(dist.Work):
