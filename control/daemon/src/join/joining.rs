@@ -31,8 +31,8 @@ impl Joins {
     }
 
     /// A rank that proved the job's secret was refused for what cannot change — another
-    /// shape than the job's (a segment its path cannot carry), or a job the switch cannot
-    /// take (a port's MTU, no room): a job still gathering its ranks cannot run without
+    /// shape than the job's (a segment its path cannot carry), a second rank behind a port
+    /// that has one, or a job the switch cannot take (a port's MTU, no room): a job still gathering its ranks cannot run without
     /// it, so it fails for every rank at once, with the reason (each rank's next poll is
     /// refused with it), instead of waiting out the join timeout. A join without the proof
     /// changes nothing for anyone; a running job runs on.
@@ -71,7 +71,7 @@ impl Joins {
         self.same_shape(req).map_err(refused)?;
         *fatal = false;
         let at = self.place(req)?;
-        let (addr, port) = self.member_addr(dp, req, at)?;
+        let (addr, port) = self.member_addr(dp, req, at, fatal)?;
         // The same hello again is the member asking whether the job runs yet, not a
         // member that restarted.
         let again = self.jobs[&req.key]
@@ -162,6 +162,7 @@ impl Joins {
         dp: &mut impl JobTable,
         req: &JoinRequest,
         at: usize,
+        fatal: &mut bool,
     ) -> Answer<(MemberAddr, String)> {
         let j = &self.jobs[&req.key];
         let known = j.members.get(at).copied().flatten();
@@ -179,6 +180,10 @@ impl Joins {
         if let Some(other) = j.members.iter().enumerate().position(|(r, m)| {
             r != at && m.is_some_and(|m| !m.left && m.addr.ifindex == addr.ifindex)
         }) {
+            // Two ranks behind one port cannot both be members, whoever asks first: the job
+            // fails for every rank at once (seen: torchrun's two processes a namespace
+            // waited out the join timeout, then were told ranks did not join).
+            *fatal = true;
             return Err(refused(format!(
                 "rank {other} of this job is already behind port {port}: one member per switch port (several ranks behind one port need host-level aggregation)"
             )));

@@ -274,9 +274,6 @@ fn refused_joins_change_nothing() {
     s.join(KEY, shape(2, 8), 0, true);
     let r = s.joins.join(&mut s.table, &req);
     assert!(refusal(&r).contains("nonce"), "{r:?}");
-    // Two ranks behind one port.
-    let r = s.join_as(KEY, shape(2, 8), 1, 20, 0, false, None);
-    assert!(refusal(&r).contains("already behind port p0"), "{r:?}");
     // Another secret.
     let nonce = s.joins.nonce(None).nonce;
     s.table.hello(21, 1);
@@ -293,6 +290,19 @@ fn refused_joins_change_nothing() {
     let r = s.join(KEY, shape(2, 8), 0, false);
     assert!(
         refusal(&r).contains("failed: rank 1's join was refused (the job has 2 members"),
+        "{r:?}"
+    );
+    // Two ranks behind one port (two processes a namespace): the same, at once.
+    const KEY2: JobKey = JobKey([0x77; 16]);
+    s.join(KEY2, shape(2, 8), 0, true);
+    let r = s.join_as(KEY2, shape(2, 8), 1, 20, 0, false, None);
+    assert!(refusal(&r).contains("already behind port p0"), "{r:?}");
+    assert!(s.joins.jobs.is_empty());
+    let r = s.join(KEY2, shape(2, 8), 0, false);
+    assert!(
+        refusal(&r).contains(
+            "failed: rank 1's join was refused (rank 0 of this job is already behind port p0"
+        ),
         "{r:?}"
     );
 }
