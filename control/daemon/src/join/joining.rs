@@ -16,6 +16,10 @@ use crate::{Error, Result};
 /// A join's early answer: a refusal, or no hello seen.
 type Answer<T> = Result<T, JoinReply>;
 
+/// How long a rank of a gathering job stays claimed by the process that last asked as it:
+/// another process asking as the same rank meanwhile is refused.
+const CLAIMED_S: u64 = 3;
+
 impl Joins {
     pub(super) fn try_join(&mut self, dp: &mut impl JobTable, req: &JoinRequest) -> JoinReply {
         let mut fatal = false;
@@ -187,6 +191,22 @@ impl Joins {
             return Err(refused(format!(
                 "rank {other} of this job is already behind port {port}: one member per switch port (several ranks behind one port need host-level aggregation)"
             )));
+        }
+        // Another live process asking as this rank of a job still gathering: two
+        // processes given one rank. Taking each in turn made them trade the place at
+        // every poll, both waiting out the join timeout.
+        if let Some(m) = j.members.get(at).copied().flatten() {
+            let elsewhere = m.hello != req.hello
+                && (m.addr.ifindex, m.addr.ip, m.addr.port) != (addr.ifindex, addr.ip, addr.port);
+            let quiet = unix_now().saturating_sub(m.renewed_unix_s);
+            if elsewhere && !m.left && !j.running() && quiet < CLAIMED_S {
+                let theirs = dp.port_named(m.addr.ifindex).unwrap_or_else(|| "?".into());
+                let ip = std::net::Ipv4Addr::from(m.addr.ip);
+                return Err(refused(format!(
+                    "rank {at} of this job is claimed by another process, behind port {theirs} at {ip}:{}, which asked {quiet} s ago: were two processes given rank {at}? (A process replacing one that died is taken once that one has been silent for {CLAIMED_S} s.)",
+                    u16::from_be_bytes(m.addr.port)
+                )));
+            }
         }
         Ok((addr, port))
     }

@@ -307,6 +307,38 @@ fn refused_joins_change_nothing() {
     );
 }
 
+/// Two live processes asking as one rank of a gathering job: the second is refused,
+/// naming the first's port and address, instead of the two trading the place at every
+/// poll until the join timeout; once the first has been silent for a while, a process
+/// replacing it is taken.
+#[test]
+fn a_rank_claimed_by_another_live_process_is_refused() {
+    let mut s = Switch::new("claimed");
+    assert!(matches!(
+        s.join(KEY, shape(3, 8), 0, true),
+        JoinReply::Pending { .. }
+    ));
+    let r = s.join_as(KEY, shape(3, 8), 0, 40, 1, false, None);
+    assert!(
+        refusal(&r).contains(
+            "rank 0 of this job is claimed by another process, behind port p0 at 10.0.0.10:"
+        ),
+        "{r:?}"
+    );
+    // The first still holds it, and asks on.
+    assert!(matches!(
+        s.join(KEY, shape(3, 8), 0, false),
+        JoinReply::Pending { .. }
+    ));
+    // Silent for 3 s (its process gone): the other is taken.
+    s.joins.jobs.get_mut(&KEY).unwrap().members[0]
+        .as_mut()
+        .unwrap()
+        .renewed_unix_s -= 3;
+    let r = s.join_as(KEY, shape(3, 8), 0, 41, 1, false, None);
+    assert!(matches!(r, JoinReply::Pending { .. }), "{r:?}");
+}
+
 /// A stranger learns no credential names: an unknown name and a known name with another
 /// key are refused in the same words.
 #[test]
