@@ -78,16 +78,15 @@ impl Joins {
         let (addr, port) = self.member_addr(dp, req, at, fatal)?;
         // The same hello again is the member asking whether the job runs yet, not a
         // member that restarted.
-        let again = self.jobs[&req.key]
-            .members
-            .get(at)
-            .copied()
-            .flatten()
-            .is_some_and(|m| m.hello != req.hello);
+        let known = self.jobs[&req.key].members.get(at).copied().flatten();
+        let again = known.is_some_and(|m| m.hello != req.hello);
+        // A rank waiting for the others asks every 100 ms: said when it comes, not at
+        // every poll (hundreds of lines a join).
+        let fresh = known.is_none_or(|m| m.hello != req.hello);
         self.take_in(dp, req, at, addr)?;
         // What the job needs of the switch, checked when its last rank is in.
         *fatal = true;
-        let reply = self.next_step(dp, req, at, &port, again)?;
+        let reply = self.next_step(dp, req, at, &port, (again, fresh))?;
         self.save();
         Ok(reply)
     }
@@ -266,7 +265,7 @@ impl Joins {
         req: &JoinRequest,
         at: usize,
         port: &str,
-        again: bool,
+        (again, fresh): (bool, bool),
     ) -> Answer<JoinReply> {
         let has_parent = self.parent.as_ref().is_some_and(|p| p.daemon.is_some());
         let lease_s = self.lease.as_secs();
@@ -294,7 +293,9 @@ impl Joins {
             return Ok(reply);
         }
         if !j.complete() {
-            info!("job {} ({}): rank {at} in, behind {port}", j.id, j.key);
+            if fresh {
+                info!("job {} ({}): rank {at} in, behind {port}", j.id, j.key);
+            }
             return Ok(JoinReply::Pending {
                 missing: j.missing(),
                 waited_s: j.since.elapsed().as_secs_f64(),
