@@ -339,28 +339,35 @@ fn cancelled_and_timed_out(sw: &TestSwitch) {
     eprintln!("cancelled: {}\nthe others: {}", statuses[2], statuses[0]);
 }
 
-/// Member 2, an `xagg allreduce` process, is killed in the middle of a run: the others
-/// time out at the collective timeout, naming it.
-fn killed_member(sw: &TestSwitch) {
-    let size = 16usize << 20;
-    let mut victim = Command::new("ip")
-        .args(["netns", "exec", &sw.lab.worker_ns(2)])
+/// Member `w` of job `job` as an `xagg allreduce` process on UDP port `port`: 200
+/// allreduces of 16 MiB (full segments, 32 slots), the switch's silence allowed a minute.
+fn cli_member(sw: &TestSwitch, job: u32, w: usize, port: u16) -> std::process::Child {
+    Command::new("ip")
+        .args(["netns", "exec", &sw.lab.worker_ns(w)])
         .arg(bin("xagg"))
         .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
-        .args(["--bind", &format!("{}:47864", worker_ip(2))])
-        .args(["--job", "64", "--member", "2", "--members", "3"])
+        .args(["--bind", &format!("{}:{port}", worker_ip(w))])
+        .args(["--job", &job.to_string(), "--member", &w.to_string()])
         .args([
+            "--members",
+            &MEMBERS.to_string(),
             "--segment",
             "860",
             "--slots",
             "32",
-            "--size",
-            &size.to_string(),
         ])
-        .args(["--repeat", "200", "--give-up-ms", "60000"])
+        .args(["--size", &(16usize << 20).to_string(), "--repeat", "200"])
+        .args(["--give-up-ms", "60000"])
         .stdout(Stdio::null())
         .spawn()
-        .unwrap();
+        .unwrap()
+}
+
+/// Member 2, an `xagg allreduce` process, is killed in the middle of a run: the others
+/// time out at the collective timeout, naming it.
+fn killed_member(sw: &TestSwitch) {
+    let size = 16usize << 20;
+    let mut victim = cli_member(sw, 64, 2, 47864);
     let statuses: Vec<AllreduceError> = std::thread::scope(|s| {
         let hs: Vec<_> = (0..2)
             .map(|w| {
@@ -411,28 +418,13 @@ fn killed_member(sw: &TestSwitch) {
 /// next, exact, nothing stale. Before, they took it up from its first segment, which the
 /// switch dropped as stale, and waited until their collective timeout.
 fn every_member_killed_then_started_again(sw: &TestSwitch) {
-    let started = |w: usize| {
-        Command::new("ip")
-            .args(["netns", "exec", &sw.lab.worker_ns(w)])
-            .arg(bin("xagg"))
-            .args(["allreduce", "--switch", &SWITCH_IP.to_string()])
-            .args(["--bind", &format!("{}:47865", worker_ip(w))])
-            .args(["--job", "65", "--member", &w.to_string(), "--members", "3"])
-            .args(["--segment", "860", "--slots", "32"])
-            .args(["--size", &(16usize << 20).to_string(), "--repeat", "200"])
-            .args(["--give-up-ms", "60000"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap()
-    };
     let kill = |c: &mut std::process::Child| {
         nix::sys::signal::kill(nix::unistd::Pid::from_raw(c.id() as i32), Signal::SIGKILL).unwrap();
         let _ = c.wait();
     };
     let complete = || sw.counters()["complete"];
     let at_start = complete();
-    let mut old: Vec<_> = (0..MEMBERS).map(started).collect();
+    let mut old: Vec<_> = (0..MEMBERS).map(|w| cli_member(sw, 65, w, 47865)).collect();
     let until = std::time::Instant::now() + Duration::from_secs(20);
     while complete() < at_start + 500 {
         assert!(

@@ -327,8 +327,6 @@ impl Transport {
     }
 }
 
-/// Whether datagram `d` carries this member's `cookie`, compared in constant time (how much
-/// of a guess matched does not show in how long the answer takes).
 /// Sends by the interface's MTU, never by a path MTU learnt from ICMP. Anyone on the
 /// network can send a member an ICMP "fragmentation needed" quoting its flow to the switch
 /// (nothing in it is secret): the kernel then lowers the path MTU to the switch for 10
@@ -357,6 +355,8 @@ fn ignore_path_mtu(sock: &UdpSocket) -> Result<(), AllreduceError> {
     Ok(())
 }
 
+/// Whether datagram `d` carries this member's `cookie`, compared in constant time (how much
+/// of a guess matched does not show in how long the answer takes).
 pub(crate) fn carries_cookie(d: &[u8], cookie: &[u8; 8]) -> bool {
     use subtle::ConstantTimeEq;
     d.get(COOKIE_OFFSET..COOKIE_OFFSET + 8)

@@ -214,7 +214,11 @@ fn run(config_error: &mut bool) -> Result<()> {
         } else {
             "nothing was attached"
         })?;
-    if args.reload && dataplane::unpin(&cfg.daemon.pin_path)? {
+    let removed = args.reload
+        && dataplane::unpin(&cfg.daemon.pin_path).inspect_err(|_| {
+            let _ = std::fs::remove_file(&cfg.daemon.socket);
+        })?;
+    if removed {
         info!(
             "removed the pinned dataplane at {}",
             cfg.daemon.pin_path.display()

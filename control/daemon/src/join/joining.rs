@@ -36,10 +36,11 @@ impl Joins {
 
     /// A rank that proved the job's secret was refused for what cannot change — another
     /// shape than the job's (a segment its path cannot carry), a second rank behind a port
-    /// that has one, or a job the switch cannot take (a port's MTU, no room): a job still gathering its ranks cannot run without
-    /// it, so it fails for every rank at once, with the reason (each rank's next poll is
-    /// refused with it), instead of waiting out the join timeout. A join without the proof
-    /// changes nothing for anyone; a running job runs on.
+    /// that has one, or a job the switch cannot take (a port's MTU, no room): a job still
+    /// gathering its ranks cannot run without it, so it fails for every rank at once, with
+    /// the reason (each rank's next poll is refused with it), instead of waiting out the
+    /// join timeout. A join without the proof changes nothing for anyone; a running job
+    /// runs on.
     fn fail_gathering(&mut self, req: &JoinRequest, reason: &str) {
         let Some(j) = self.jobs.get(&req.key) else {
             return;
@@ -82,7 +83,7 @@ impl Joins {
         let again = known.is_some_and(|m| m.hello != req.hello);
         // A rank waiting for the others asks every 100 ms: said when it comes, not at
         // every poll (hundreds of lines a join).
-        let fresh = known.is_none_or(|m| m.hello != req.hello);
+        let fresh = again || known.is_none();
         self.take_in(dp, req, at, addr)?;
         // What the job needs of the switch, checked when its last rank is in.
         *fatal = true;
@@ -168,8 +169,8 @@ impl Joins {
         fatal: &mut bool,
     ) -> Answer<(MemberAddr, String)> {
         let j = &self.jobs[&req.key];
-        let known = j.members.get(at).copied().flatten();
-        let known = known.filter(|m| m.hello == req.hello);
+        let recorded = j.members.get(at).copied().flatten();
+        let known = recorded.filter(|m| m.hello == req.hello);
         let addr = match known {
             Some(m) => m.addr,
             None => dp.take_hello(req.hello).ok_or(JoinReply::NoHello)?,
@@ -194,7 +195,7 @@ impl Joins {
         // Another live process asking as this rank of a job still gathering: two
         // processes given one rank. Taking each in turn made them trade the place at
         // every poll, both waiting out the join timeout.
-        if let Some(m) = j.members.get(at).copied().flatten() {
+        if let Some(m) = recorded {
             let elsewhere = m.hello != req.hello
                 && (m.addr.ifindex, m.addr.ip, m.addr.port) != (addr.ifindex, addr.ip, addr.port);
             let quiet = unix_now().saturating_sub(m.renewed_unix_s);

@@ -343,29 +343,27 @@ impl Joins {
                 j.id, j.key
             );
         }
-        // A level below (a host standing for its ranks) leaves only once its own job is
-        // gone there (its ranks left, or one's lease ran out). Rounds still waiting for it
-        // can never complete, and the other levels' ranks, which no responder of the gone
-        // rank reaches, would wait for it until their collective timeout: the job goes,
-        // and their next status query is refused.
-        let stuck = if j.running() && j.level.is_open() {
-            dp.waiting(j.id)
+        let (id, key, running) = (j.id, j.key, j.running());
+        if j.members.iter().all(|m| m.is_none_or(|m| m.left)) {
+            self.remove(dp, &key, running.then_some(id), "every rank left");
+        } else if running && j.level.is_open() {
+            // A level below (a host standing for its ranks) leaves only once its own job
+            // is gone there (its ranks left, or one's lease ran out). Rounds still waiting
+            // for it can never complete, and the other levels' ranks, which no responder
+            // of the gone rank reaches, would wait for it until their collective timeout:
+            // the job goes, and their next status query is refused.
+            let stuck: Vec<_> = dp
+                .waiting(id)
                 .into_iter()
                 .filter(|(.., missing)| missing.contains(&req.rank))
-                .collect()
-        } else {
-            Vec::new()
-        };
-        if j.members.iter().all(|m| m.is_none_or(|m| m.left)) {
-            let (id, key, running) = (j.id, j.key, j.running());
-            self.remove(dp, &key, running.then_some(id), "every rank left");
-        } else if let Some((_, message, segment, _)) = stuck.first() {
-            let (id, key) = (j.id, j.key);
-            let why = format!(
-                "member {rank} (a level below, standing for its ranks) left while {} of its rounds waited for it (message {message} segment {segment} the first): none can complete",
-                stuck.len()
-            );
-            self.remove(dp, &key, Some(id), &why);
+                .collect();
+            if let Some((_, message, segment, _)) = stuck.first() {
+                let why = format!(
+                    "member {rank} (a level below, standing for its ranks) left while {} of its rounds waited for it (message {message} segment {segment} the first): none can complete",
+                    stuck.len()
+                );
+                self.remove(dp, &key, Some(id), &why);
+            }
         }
         self.save();
         MemberReply::Left
