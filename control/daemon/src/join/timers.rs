@@ -46,16 +46,19 @@ impl Joins {
             if !j.running() {
                 if now.duration_since(j.since) > self.join_timeout {
                     let missing = j.missing();
-                    gone.push((
-                        j.key,
-                        None,
-                        format!("timed out waiting for ranks {missing:?}"),
-                    ));
+                    // Every rank here in, the level waited on its parent's job: the other
+                    // levels (hosts) of the job did not all join there.
+                    let whom = if missing.is_empty() {
+                        "the parent's job: the job's other hosts did not all join there".into()
+                    } else {
+                        format!("ranks {missing:?}")
+                    };
+                    gone.push((j.key, None, format!("timed out waiting for {whom}")));
                     self.expired.insert(
                         j.key,
                         (
                             format!(
-                                "timed out after {} s waiting for ranks {missing:?}",
+                                "timed out after {} s waiting for {whom}",
                                 self.join_timeout.as_secs()
                             ),
                             now,

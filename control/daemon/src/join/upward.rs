@@ -41,6 +41,8 @@ pub(super) struct ParentLink {
 pub(super) struct Settled {
     pub(super) key: JobKey,
     pub(super) id: u32,
+    /// The job's secret, to leave the parent's job if this one went meanwhile.
+    pub(super) secret: Secret,
     pub(super) route: Result<Route>,
 }
 
@@ -85,6 +87,7 @@ impl Joins {
             let _ = done.send(Settled {
                 key,
                 id: j.id,
+                secret: j.secret,
                 route: Err(Error::NoParent {
                     ranks: j.level.ranks().unwrap_or(0),
                     members: j.members.len(),
@@ -115,23 +118,45 @@ impl Joins {
                 None => "a ring of hosts (no parent configured)".into(),
             }
         );
-        let id = j.id;
+        let (id, secret) = (j.id, j.secret);
         std::thread::spawn(move || {
             let route = up_job.run();
             // The daemon may have stopped meanwhile: nobody to tell.
-            let _ = done.send(Settled { key, id, route });
+            let _ = done.send(Settled {
+                key,
+                id,
+                secret,
+                route,
+            });
         });
     }
 
     /// Adds the jobs whose parents took them, and drops those refused there.
     pub(super) fn settle_upstream(&mut self, dp: &mut impl JobTable) {
         let settled: Vec<Settled> = self.upstream.settled.try_iter().collect();
-        for Settled { key, id, route } in settled {
+        for Settled {
+            key,
+            id,
+            secret,
+            route,
+        } in settled
+        {
             let Some(j) = self
                 .jobs
                 .get_mut(&key)
                 .filter(|j| j.id == id && matches!(j.state, Lifecycle::JoiningParent { .. }))
             else {
+                // The job here went (timed out, or its ranks left) while its level joined
+                // the parent, and the parent's job then took it: that job would run with a
+                // member nobody feeds, its other hosts' rounds waiting on it. Its place
+                // there goes, unless a newer job of the key here holds it again.
+                if let (Ok(Route::Parent(p)), false) = (&route, self.jobs.contains_key(&key)) {
+                    info!(
+                        "job {id} ({key}): its parent took it after it went here; leaving member {} of job {} there",
+                        p.member, p.job
+                    );
+                    self.leave_parent(key, secret, p.member);
+                }
                 continue;
             };
             if j.level.is_open() {

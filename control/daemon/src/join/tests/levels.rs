@@ -62,6 +62,7 @@ fn a_host_level_joins_its_parent_then_runs_below_it() {
         .send(Settled {
             key: KEY,
             id,
+            secret: super::SECRET,
             route: Ok(Route::Parent(parent.clone())),
         })
         .unwrap();
@@ -116,6 +117,7 @@ fn a_rank_leaving_while_its_level_joins_the_parent_fails_the_job() {
         .send(Settled {
             key: KEY,
             id,
+            secret: super::SECRET,
             route: Ok(Route::Root),
         })
         .unwrap();
@@ -248,22 +250,74 @@ fn a_level_restored_pending_with_every_rank_in_goes_up_again() {
 /// does (before: asked once, and the parent's job held its slots until its idle timer).
 #[test]
 fn a_leave_the_parent_missed_is_asked_again() {
-    use std::io::{Read, Write};
-    let s = Switch::new("leave-again");
+    let mut s = Switch::new("leave-again");
     // A port nothing listens on yet: the first leave is refused.
     let parent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = parent.local_addr().unwrap();
     drop(parent);
-    let mut s = s;
-    s.joins.parent = Some(crate::join::upward::ParentLink {
+    s.joins.parent = Some(parent_at(addr));
+    s.joins.leave_parent(KEY, super::SECRET, 1);
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    // The parent comes up.
+    let parent = std::net::TcpListener::bind(addr).unwrap();
+    assert_eq!(leave_heard(&parent), (KEY, 1));
+}
+
+/// A level that went here while it joined its parent (its join timed out), and that the
+/// parent's job took after all, leaves that job: else it ran with a member nobody fed, its
+/// other hosts' rounds waiting on it. The ranks here were told it waited on the parent.
+#[test]
+fn a_level_gone_before_its_parent_took_it_leaves_the_parent() {
+    let mut s = Switch::new("gone-before-parent");
+    host_rank(&mut s, 0);
+    host_rank(&mut s, 1);
+    let id = s.joins.jobs[&KEY].id;
+    // This daemon has no [parent] yet: that join's failure is not the one tested.
+    let _ = s.joins.upstream.settled.try_recv();
+    s.joins.join_timeout = std::time::Duration::ZERO;
+    s.joins.tick(&mut s.table);
+    assert!(s.joins.jobs.is_empty());
+    let r = host_rank(&mut s, 0);
+    assert!(
+        refusal(&r)
+            .contains("waiting for the parent's job: the job's other hosts did not all join there"),
+        "{r:?}"
+    );
+    let parent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    s.joins.parent = Some(parent_at(parent.local_addr().unwrap()));
+    s.joins
+        .upstream
+        .done
+        .send(Settled {
+            key: KEY,
+            id,
+            secret: super::SECRET,
+            route: Ok(Route::Parent(ParentSpec {
+                interface: "p3".into(),
+                mac: "02:00:00:00:00:99".into(),
+                addr: "10.0.1.1:47800".parse().unwrap(),
+                job: 7,
+                member: 2,
+            })),
+        })
+        .unwrap();
+    s.joins.tick(&mut s.table);
+    assert_eq!(leave_heard(&parent), (KEY, 2));
+}
+
+/// A parent's daemon at `addr`.
+fn parent_at(addr: std::net::SocketAddr) -> crate::join::upward::ParentLink {
+    crate::join::upward::ParentLink {
         interface: "up".into(),
         daemon: Some((addr, "test".into(), super::CRED)),
         ring_after: std::time::Duration::from_secs(2),
-    });
-    s.joins.leave_parent(KEY, super::SECRET, 1);
-    std::thread::sleep(std::time::Duration::from_secs(1));
-    // The parent comes up: a nonce, then the leave, each on a connection of its own.
-    let parent = std::net::TcpListener::bind(addr).unwrap();
+    }
+}
+
+/// Plays the parent's daemon on `parent` for one leave (a nonce, then the leave, each on a
+/// connection of its own, within 15 s): the job and member that left.
+fn leave_heard(parent: &std::net::TcpListener) -> (xagg_join::JobKey, u8) {
+    use std::io::{Read, Write};
     parent.set_nonblocking(true).unwrap();
     let until = std::time::Instant::now() + std::time::Duration::from_secs(15);
     let mut requests = Vec::new();
@@ -274,7 +328,7 @@ fn a_leave_the_parent_missed_is_asked_again() {
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                     assert!(
                         std::time::Instant::now() < until,
-                        "the leave was not asked again: {requests:?}"
+                        "no leave came: {requests:?}"
                     );
                     std::thread::sleep(std::time::Duration::from_millis(50));
                 }
@@ -329,5 +383,5 @@ fn a_leave_the_parent_missed_is_asked_again() {
     assert!(leave.starts_with("POST /v1/leave"), "{leave:?}");
     let body = &leave[leave.find("\r\n\r\n").unwrap() + 4..];
     let req: xagg_join::MemberRequest = serde_json::from_str(body).unwrap();
-    assert_eq!((req.key, req.rank), (KEY, 1));
+    (req.key, req.rank)
 }
