@@ -13,7 +13,8 @@ then:
   from rank 1;
 - `callback`: a future's callback that makes (and waits for) another all_reduce; then
   calls waited for at once, behind three in flight and with none in flight (finished on
-  the caller's thread: counted);
+  the caller's thread: counted); then, the group destroyed, the default group made again
+  and an all_reduce on it (`again ok=...`);
 - `powersgd`: DDP with PowerSGD's hook (its callbacks wait for all_reduces), 4 steps;
 - `unwaited`: a last all_reduce, async and never waited for, that fails on every rank
   (rank 0 starts it 6 s late, past the test's XAGG_TIMEOUT_S of 2: the others give up on
@@ -286,3 +287,12 @@ except Exception as e:  # noqa: BLE001 - printed for the test to read
     print(f"rank {rank}: destroy_process_group raised {type(e).__name__}: {e}", flush=True)
     if case != "unwaited":
         raise
+if case == "callback":
+    # The default group made again in the same process: its lines name the rank alone.
+    # (A store of its own: torch 1.13's barrier at init counts on the first store's key.)
+    store = f"tcp://{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 100}"
+    dist.init_process_group("xagg", init_method=store, rank=rank, world_size=size)
+    again = ints(64, 3)
+    dist.all_reduce(again)
+    print(f"rank {rank}: again ok={torch.equal(again, expected(64, 3))}", flush=True)
+    dist.destroy_process_group()

@@ -560,6 +560,17 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     for entry in ["all_gather", "broadcast"] {
         assert_eq!(entry_counts(&all, entry), [1, 0, 0, 0, 0, 0], "{all}");
     }
+    // The default group made again after destroy_process_group: its summary names the
+    // rank alone, as the first group's did (before: "group 1, rank 0").
+    for r in 0..RANKS {
+        assert!(all.contains(&format!("rank {r}: again ok=True")), "{all}");
+    }
+    assert_eq!(
+        all.matches("xagg: rank 0: all_reduce: ").count(),
+        2,
+        "{all}"
+    );
+    assert!(!all.contains("group 1, rank"), "{all}");
     // Two plain steps (a bucket each), then two of PowerSGD (three allreduces each).
     let all = ranks_ok(&run(29515, &["powersgd"], &e));
     ok(&all, "powersgd");

@@ -780,12 +780,16 @@ class _Work(dist.Work):
 class ProcessGroupXagg(dist.ProcessGroup):
     """The ``"xagg"`` backend: allreduce through the switch, the rest through Gloo."""
 
-    # Groups this process made so far: the first is the default group.
+    # Groups made since the default group (which is 0).
     _made = 0
 
     def __init__(self, store, rank, size, timeout):
         super().__init__(rank, size)
         self._gloo = dist.ProcessGroupGloo(store, rank, size, timeout)
+        if not dist.is_initialized():
+            # The default group, made by init_process_group (again after
+            # destroy_process_group): later groups are numbered from it.
+            ProcessGroupXagg._made = 0
         k = ProcessGroupXagg._made
         ProcessGroupXagg._made += 1
         group = None
