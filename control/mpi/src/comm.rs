@@ -72,7 +72,13 @@ pub struct CommState {
     pub name: String,
     /// Open MPI serves it for a reason nobody needs told (a communicator of one rank).
     pub quiet: bool,
+    /// Its place in the order this process made its communicators' states in: the order
+    /// of their first served collectives, the same on every rank of any two of them.
+    pub made: u64,
 }
+
+/// The next [`CommState::made`].
+static MADE: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
 
 fn rank_size(comm: Comm) -> (c_int, c_int) {
     let (mut rank, mut size) = (0, 0);
@@ -188,12 +194,14 @@ pub fn create(comm: Comm) -> CommState {
     let mut inter = 0;
     // Safety: a communicator the program passed to a collective.
     unsafe { (p.comm_test_inter)(comm, &mut inter) };
+    let made = MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     let state = |path| CommState {
         path,
         rank,
         name: name.clone(),
         // One rank has nothing to reduce with: no news worth a line by default.
         quiet: size < 2,
+        made,
     };
     if inter != 0 {
         // The same answer on every rank: no agreement needed.

@@ -728,8 +728,17 @@ fn retire(comm: usize) {
 
 /// Before `MPI_Finalize`: every job left, and the summary printed.
 fn finalize() {
-    let comms: Vec<usize> = with_state(|st| st.comms.keys().copied().collect());
-    for c in comms {
+    // Retiring waits for the communicator's ranks: every rank retires in the order its
+    // communicators were made jobs (a map's order differs by process, and the ranks of two
+    // communicators left unfreed then waited for each other on different ones for ever).
+    let slots: Vec<(usize, Slot)> =
+        with_state(|st| st.comms.iter().map(|(c, s)| (*c, s.clone())).collect());
+    let mut comms: Vec<(u64, usize)> = slots
+        .iter()
+        .map(|(c, s)| (lock(s).as_ref().map_or(u64::MAX, |st| st.made), *c))
+        .collect();
+    comms.sort_unstable();
+    for (_, c) in comms {
         retire(c);
     }
     let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
