@@ -8,6 +8,11 @@
  *        cases nan       rank 1 puts a NaN into element 5 of a float sum
  *        cases mismatch  an MPI_Bcast from rank 0 of N int, of N - 1 on rank 1 (a program
  *                        error: the library aborts the job, naming the call)
+ *        cases routed_apart   rank 1's MPI_Allreduce of 4096 int, the others' of 4095:
+ *                        with XAGG_ROUTE=0-16KiB one goes to Open MPI and the others to
+ *                        the switch (a program error: the library aborts the job)
+ *        cases finalize_early the last rank goes to MPI_Finalize while the others make
+ *                        another allreduce (the library aborts the job, naming it)
  *        cases pair      two MPI_Iallreduce in flight, completed by one MPI_Waitall
  *        cases sizes     int sums of 1 KiB, 64 KiB and 1 MiB; broadcasts of 1 KiB, 4 KiB and 1 MiB
  *        cases datatypes the ranks pass datatypes of one type signature each their own way
@@ -166,6 +171,24 @@ int main(int argc, char **argv) {
         fill(x, N, 5);
         MPI_Bcast(x, rank == 1 ? N - 1 : N, MPI_INT, 0, MPI_COMM_WORLD);
         expect("mismatch", 1, 0);
+    } else if (strcmp(mode, "routed_apart") == 0) {
+        /* A program error the route by size splits (XAGG_ROUTE=0-16KiB): rank 1 reduces
+         * 4096 int (16 KiB: Open MPI's), the others 4095 (the switch's); each side waits
+         * for the other. The library aborts the job, naming the call. */
+        int *z = malloc(4096 * sizeof(int));
+        fill(z, 4096, 6);
+        MPI_Allreduce(MPI_IN_PLACE, z, rank == 1 ? 4096 : 4095, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+        expect("routed apart", 1, 0);
+        free(z);
+    } else if (strcmp(mode, "finalize_early") == 0) {
+        /* The last rank leaves for MPI_Finalize (as a Python rank does on an uncaught
+         * exception) while the others make one more allreduce: the library aborts the
+         * job, naming the rank and why, instead of waiting for it. */
+        if (rank != size - 1) {
+            fill(x, N, 7);
+            MPI_Allreduce(MPI_IN_PLACE, x, N, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+            expect("finalize early", 1, 0);
+        }
     } else if (strcmp(mode, "pair") == 0) {
         MPI_Request r[2];
         fill(x, N, 3);

@@ -676,6 +676,38 @@ fn mpi_calls_recover_wait_and_redo_as_the_case_table_says() {
     );
     assert!(started.elapsed() < Duration::from_secs(30), "{err}");
 
+    // Calls that do not match where the route by size splits them (rank 1's to Open MPI,
+    // the others' to the switch), and a rank gone to MPI_Finalize while the others make a
+    // call: the ranks the switch waits on tell the others why, and the job ends at the
+    // give-up time, not at the collective timeout (30 minutes: before, each side waited
+    // for the other that long; 25 s here bounds a run that waits).
+    for (case, env, why) in [
+        (
+            "routed_apart",
+            vec![
+                give_up[0].clone(),
+                ("XAGG_ROUTE", "0-16KiB".to_string()),
+                ("XAGG_TIMEOUT_S", "25".to_string()),
+            ],
+            "the switch waits for rank 1, whose call of it failed there: it made this call with Open MPI instead (MPI_Allreduce): the ranks' calls differ",
+        ),
+        (
+            "finalize_early",
+            vec![give_up[0].clone(), ("XAGG_TIMEOUT_S", "25".to_string())],
+            "whose call of it failed there: it is in MPI_Finalize: it makes no more calls on MPI_COMM_WORLD",
+        ),
+    ] {
+        let started = std::time::Instant::now();
+        let o = run(case, &env);
+        let (out, err) = (
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+        );
+        assert!(!o.status.success(), "{case}: {out}{err}");
+        assert!(err.contains(why), "{case}: {err}");
+        assert!(started.elapsed() < Duration::from_secs(40), "{case}: {err}");
+    }
+
     // An MPI_Iallreduce of more segments than slots with rank 1 sitting in an MPI_Recv
     // (from rank 0, which waits for the allreduce) before its MPI_Wait: Open MPI completes
     // this; so must the library (its responder sends rank 1's later rounds meanwhile). A

@@ -208,7 +208,7 @@ unsafe fn fortran_barrier(c: *const Fint, ierr: *mut Fint) {
 
 unsafe fn fortran_comm_free(c: *mut Fint, ierr: *mut Fint, name: &str) {
     guard(|| {
-        crate::retire(crate::comm::key(comm(c)));
+        crate::retire(crate::comm::key(comm(c)), "MPI_COMM_FREE (Fortran)");
         SUCCESS
     });
     let f: unsafe extern "C" fn(*mut Fint, *mut Fint) = next(name);

@@ -693,8 +693,9 @@ fn any_ours(reqs: &[Request]) -> bool {
     })
 }
 
-/// Leaves the communicator's job after its calls completed; frees the private duplicate.
-fn retire(comm: usize) {
+/// Leaves the communicator's job after its calls completed (in `during`: `MPI_Comm_free`
+/// or `MPI_Finalize`); frees the private duplicate.
+fn retire(comm: usize, during: &str) {
     let Some(slot) = with_state(|st| st.comms.remove(&comm)) else {
         return;
     };
@@ -713,7 +714,12 @@ fn retire(comm: usize) {
         let how = p.path.joined(p.path_why.as_deref());
         with_state(|st| *st.stats.paths.entry(how).or_default() += 1);
         // A rank still finishing a call from its peers may need this one's results:
-        // nobody leaves before everybody is done.
+        // nobody leaves before everybody is done. A peer that waits at the switch for a
+        // call this rank will never make meanwhile hears why when it asks.
+        job.worker.elsewhere(Some(format!(
+            "it is in {during}: it makes no more calls on {}",
+            c.name
+        )));
         // Safety: our duplicate, every rank here together.
         unsafe { (pmpi().barrier)(job.private) };
         if let Err(e) = job.worker.leave() {
@@ -724,6 +730,31 @@ fn retire(comm: usize) {
         // Safety: our duplicate, freed together by every rank.
         unsafe { (pmpi().comm_free)(&mut job.private) };
     }
+}
+
+/// Open MPI's `call` of a blocking collective `entry` on `comm` that the switch did not
+/// take. Meanwhile a peer that the switch keeps waiting for this rank's next call there
+/// hears why when it asks this rank (the ranks' calls differ: one rank's went to Open MPI
+/// and the others' to the switch, each waiting for the other for ever), and fails at the
+/// give-up time naming it, instead of at the collective timeout.
+fn by_pmpi(comm: Comm, entry: &str, call: impl FnOnce() -> c_int) -> c_int {
+    let slot = with_state(|st| st.comms.get(&key(comm)).cloned());
+    let mark = |why: Option<String>| {
+        let Some(slot) = &slot else { return };
+        if let Some(CommState {
+            path: Path::Switch(job),
+            ..
+        }) = lock(slot).as_ref()
+        {
+            job.worker.elsewhere(why);
+        }
+    };
+    mark(Some(format!(
+        "it made this call with Open MPI instead ({entry}): the ranks' calls differ (another count, type, op, root or collective), and every rank must make the same calls"
+    )));
+    let rc = call();
+    mark(None);
+    rc
 }
 
 /// Before `MPI_Finalize`: every job left, and the summary printed.
@@ -739,7 +770,7 @@ fn finalize() {
         .collect();
     comms.sort_unstable();
     for (_, c) in comms {
-        retire(c);
+        retire(c, "MPI_Finalize");
     }
     let mut guard = STATE.lock().unwrap_or_else(|e| e.into_inner());
     let Some(st) = guard.as_mut() else {
@@ -850,7 +881,9 @@ pub unsafe extern "C" fn MPI_Allreduce(
         let _entry = enter("MPI_Allreduce");
         allreduce(send, recv, count, datatype, op, comm, None).unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
-            unsafe { (pmpi().allreduce)(send, recv, count, datatype, op, comm) }
+            by_pmpi(comm, "MPI_Allreduce", || unsafe {
+                (pmpi().allreduce)(send, recv, count, datatype, op, comm)
+            })
         })
     })
 }
@@ -899,7 +932,9 @@ pub unsafe extern "C" fn MPI_Reduce_scatter_block(
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
-            unsafe { (pmpi().reduce_scatter_block)(send, recv, count, datatype, op, comm) }
+            by_pmpi(comm, "MPI_Reduce_scatter_block", || unsafe {
+                (pmpi().reduce_scatter_block)(send, recv, count, datatype, op, comm)
+            })
         })
     })
 }
@@ -952,7 +987,9 @@ pub unsafe extern "C" fn MPI_Reduce_scatter(
         let _entry = enter("MPI_Reduce_scatter");
         reduce_scatter(send, recv, counts, datatype, op, comm, None).unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
-            unsafe { (pmpi().reduce_scatter)(send, recv, counts, datatype, op, comm) }
+            by_pmpi(comm, "MPI_Reduce_scatter", || unsafe {
+                (pmpi().reduce_scatter)(send, recv, counts, datatype, op, comm)
+            })
         })
     })
 }
@@ -1059,11 +1096,11 @@ pub unsafe extern "C" fn MPI_Allgather(
         );
         served.unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
-            unsafe {
+            by_pmpi(comm, "MPI_Allgather", || unsafe {
                 (pmpi().allgather)(
                     send, send_count, send_type, recv, recv_count, recv_type, comm,
                 )
-            }
+            })
         })
     })
 }
@@ -1126,7 +1163,9 @@ pub unsafe extern "C" fn MPI_Bcast(
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
-            unsafe { (pmpi().bcast)(buffer, count, datatype, root, comm) }
+            by_pmpi(comm, "MPI_Bcast", || unsafe {
+                (pmpi().bcast)(buffer, count, datatype, root, comm)
+            })
         })
     })
 }
@@ -1187,7 +1226,9 @@ pub unsafe extern "C" fn MPI_Reduce(
         )
         .unwrap_or_else(|| {
             // Safety: the program's arguments, passed on.
-            unsafe { (pmpi().reduce)(send, recv, count, datatype, op, root, comm) }
+            by_pmpi(comm, "MPI_Reduce", || unsafe {
+                (pmpi().reduce)(send, recv, count, datatype, op, root, comm)
+            })
         })
     })
 }
@@ -1243,7 +1284,7 @@ pub unsafe extern "C" fn MPI_Barrier(comm: Comm) -> c_int {
             None,
         )
         // Safety: passed on.
-        .unwrap_or_else(|| unsafe { (pmpi().barrier)(comm) })
+        .unwrap_or_else(|| by_pmpi(comm, "MPI_Barrier", || unsafe { (pmpi().barrier)(comm) }))
     })
 }
 
@@ -1252,7 +1293,7 @@ pub unsafe extern "C" fn MPI_Comm_free(comm: *mut Comm) -> c_int {
     guard(|| {
         let _entry = enter("MPI_Comm_free");
         // Safety: the program's communicator handle.
-        retire(key(unsafe { *comm }));
+        retire(key(unsafe { *comm }), "MPI_Comm_free");
         // Safety: passed on.
         unsafe { (pmpi().comm_free)(comm) }
     })

@@ -414,6 +414,17 @@ impl Worker {
         Ok(at)
     }
 
+    /// This rank makes the job's next call another way, or no more calls (`Some(why)`),
+    /// or is back (`None`): a peer the switch keeps waiting for a message this rank has not
+    /// started is told why when it asks this rank's responder, and its call fails at the
+    /// give-up time with that reason ([`AllreduceError::MemberFailed`]) instead of waiting
+    /// out the collective timeout.
+    pub fn elsewhere(&self, why: Option<String>) {
+        if let Some(p) = self.inner.peers.get() {
+            request::lock(&p.view).elsewhere = why;
+        }
+    }
+
     /// Every rank's responder address, in rank order (this one's `rank` included): from
     /// now on a request the switch fails is recovered from them ([`Worker::recover`]).
     pub fn set_peers(&self, rank: usize, addresses: Vec<std::net::SocketAddrV4>) {

@@ -162,6 +162,9 @@ pub(crate) struct View {
     /// them): this rank sends their rounds nothing more, and a peer the switch keeps
     /// waiting for it is told why.
     failed: VecDeque<(u32, String)>,
+    /// Why this rank makes its next call another way (or no more calls), while it does:
+    /// a peer the switch keeps waiting for a message not started here is told so.
+    pub(crate) elsewhere: Option<String>,
 }
 
 fn range(segment_bytes: usize, len: usize, segment: usize) -> std::ops::Range<usize> {
@@ -472,13 +475,15 @@ impl View {
         self.failed.push_back((message, why[..end].to_string()));
     }
 
-    /// Why this rank's call of `message` failed for good, if it did.
-    fn failure(&self, message: u32) -> Option<&str> {
+    /// Why this rank's call of `message` failed for good, if it did — or, a message not
+    /// started here, why this rank is making its call another way.
+    fn failure(&self, message: u32) -> Option<String> {
         self.failed
             .iter()
             .rev()
             .find(|(m, _)| *m == message)
-            .map(|(_, why)| why.as_str())
+            .map(|(_, why)| why.clone())
+            .or_else(|| self.elsewhere.clone().filter(|_| self.future(message)))
     }
 
     /// A failed flat collective's state, for its recovery.
@@ -1132,7 +1137,7 @@ fn answer(
         return Err(io::Error::other("the question's authentication failed"));
     }
     if fate {
-        let why = lock(view).failure(message).map(str::to_owned);
+        let why = lock(view).failure(message);
         let mut out = vec![u8::from(why.is_some())];
         let why = why.unwrap_or_default();
         out.extend_from_slice(&(why.len() as u32).to_le_bytes());
@@ -1231,14 +1236,21 @@ mod tests {
 
         // A call failed for good: why, for the peers; a long reason cut on a character.
         v.fail(9, "refused");
-        assert_eq!(v.failure(9), Some("refused"));
+        assert_eq!(v.failure(9).as_deref(), Some("refused"));
         assert_eq!(v.failure(6), None);
         v.fail(10, &"é".repeat(MAX_REASON));
-        assert_eq!(v.failure(10).map(str::len), Some(MAX_REASON));
+        assert_eq!(v.failure(10).map(|w| w.len()), Some(MAX_REASON));
         for m in 11..11 + MAX_FAILED as u32 {
             v.fail(m, "later");
         }
         assert_eq!(v.failure(9), None, "only the newest kept");
+
+        // A call made another way: said of the messages not started here, while it lasts.
+        v.elsewhere = Some("by Open MPI".into());
+        assert_eq!(v.failure(100).as_deref(), Some("by Open MPI"));
+        assert_eq!(v.failure(9), None, "a message started here");
+        v.elsewhere = None;
+        assert_eq!(v.failure(100), None);
     }
 
     #[test]
