@@ -44,13 +44,32 @@ pub struct Encoded {
 }
 
 /// Writes `x` rounded once (to nearest even) to `dtype`.
-fn put(dtype: DType, x: f64, b: &mut [u8]) {
+pub(crate) fn put(dtype: DType, x: f64, b: &mut [u8]) {
     match dtype {
         DType::F64 => b.copy_from_slice(&x.to_le_bytes()),
         DType::F32 => b.copy_from_slice(&(x as f32).to_le_bytes()),
-        DType::F16 => b.copy_from_slice(&f16::from_f64(x).to_bits().to_le_bytes()),
-        _ => b.copy_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes()),
+        DType::F16 => b.copy_from_slice(&f16::from_f32(to_odd(x)).to_bits().to_le_bytes()),
+        _ => b.copy_from_slice(&bf16::from_f32(to_odd(x)).to_bits().to_le_bytes()),
     }
+}
+
+/// `x` as an f32 rounded to odd: truncated, with the last bit set when anything was cut.
+/// half's `from_f64` rounds to an f32 and then again (1 + 2^-11 + 2^-24 became 1 as an
+/// f16, not 1 + 2^-10: the first rounding made it a midpoint); rounding to odd first keeps
+/// the sign of what was cut, so the f32's rounding to f16 or bf16 (which keep at least
+/// two bits fewer) is the one rounding of `x`.
+fn to_odd(x: f64) -> f32 {
+    let y = x as f32;
+    if y.is_nan() || f64::from(y) == x {
+        return y;
+    }
+    // Rounded away from zero (past f32's range: to infinity): one step back.
+    let t = if f64::from(y).abs() > x.abs() {
+        f32::from_bits(y.to_bits() - 1)
+    } else {
+        y
+    };
+    f32::from_bits(t.to_bits() | 1)
 }
 
 /// 2^k as an f64 (k within f64's normal range, -1022..=1023).
@@ -568,12 +587,9 @@ pub fn decode(
                 DType::F32 => lanes
                     .zip(dst.chunks_exact_mut(4))
                     .for_each(|(x, d)| d.copy_from_slice(&(x as f32).to_le_bytes())),
-                DType::F16 => lanes.zip(dst.chunks_exact_mut(2)).for_each(|(x, d)| {
-                    d.copy_from_slice(&f16::from_f64(x).to_bits().to_le_bytes())
-                }),
-                _ => lanes.zip(dst.chunks_exact_mut(2)).for_each(|(x, d)| {
-                    d.copy_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes())
-                }),
+                _ => lanes
+                    .zip(dst.chunks_exact_mut(2))
+                    .for_each(|(x, d)| put(dtype, x, d)),
             }
         }
         Lane::Key32 => {
@@ -607,6 +623,67 @@ pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// f16 and bf16 from a double round once: to the nearest value of the type, ties to
+    /// the even one — checked against the two neighbours of each result.
+    #[test]
+    fn halves_round_once_from_a_double() {
+        fn check(dtype: DType, x: f64) {
+            let mut b = [0u8; 2];
+            put(dtype, x, &mut b);
+            let bits = u16::from_le_bytes(b);
+            let value = |bits: u16| match dtype {
+                DType::F16 => f16::from_bits(bits).to_f64(),
+                _ => bf16::from_bits(bits).to_f64(),
+            };
+            let r = value(bits);
+            assert!(r.is_finite(), "{dtype:?} {x:e}: {r}");
+            for n in [bits.wrapping_add(1), bits.wrapping_sub(1)] {
+                let v = value(n);
+                if !v.is_finite() || (v.signum() != r.signum() && v != 0.0) {
+                    continue;
+                }
+                let (d, dn) = ((r - x).abs(), (v - x).abs());
+                assert!(
+                    d < dn || (d == dn && bits % 2 == 0),
+                    "{dtype:?} {x:e}: got {r:e} ({bits:#06x}), {v:e} is nearer or the even tie"
+                );
+            }
+        }
+        // The midpoints and just past them, where a rounding to f32 first went wrong:
+        // 1 + 2^-11 + 2^-24 (f16) and 1 + 2^-8 + 2^-25 (bf16) among them.
+        for (dtype, half_ulp) in [(DType::F16, -11), (DType::Bf16, -8)] {
+            for k in [-30, -29, -25, -24, -23, -20] {
+                for base in [1.0, 1.5, -1.0, 3.0, 1000.0] {
+                    for past in [1.0, -1.0] {
+                        let x = base * (1.0 + 2f64.powi(half_ulp)) + past * base * 2f64.powi(k);
+                        check(dtype, x);
+                    }
+                }
+            }
+            check(dtype, 1.0 + 2f64.powi(half_ulp));
+        }
+        assert_eq!(
+            {
+                let mut b = [0u8; 2];
+                put(DType::F16, 1.0 + 2f64.powi(-11) + 2f64.powi(-24), &mut b);
+                f16::from_le_bytes(b).to_f64()
+            },
+            1.0 + 2f64.powi(-10)
+        );
+        // Random doubles over the types' ranges, subnormals included.
+        let mut z = 0x9e37_79b9_7f4a_7c15u64;
+        for _ in 0..200_000 {
+            z = z
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
+            let m = f64::from_bits((z >> 12) | 0x3ff0_0000_0000_0000) - 1.0;
+            let e = ((z >> 4) % 60) as i32 - 40;
+            let x = (1.0 + m) * 2f64.powi(e) * if z & 1 == 0 { 1.0 } else { -1.0 };
+            check(DType::F16, x.clamp(-65000.0, 65000.0));
+            check(DType::Bf16, x);
+        }
+    }
 
     /// Up to 64 ranks keep 24 (56) mantissa bits; beyond, one less per doubling, so the
     /// sum of every rank's largest mantissa stays below 2^30 (2^62) at any level.

@@ -199,12 +199,10 @@ pub fn exact_float_sum(op: Op, dtype: DType, inputs: &[Vec<u8>]) -> Vec<u8> {
                     1.0
                 };
                 let x = scale(acc as f64, k) / div;
-                match dtype {
-                    DType::F64 => out.extend_from_slice(&x.to_le_bytes()),
-                    DType::F32 => out.extend_from_slice(&(x as f32).to_le_bytes()),
-                    DType::F16 => out.extend_from_slice(&f16::from_f64(x).to_bits().to_le_bytes()),
-                    _ => out.extend_from_slice(&bf16::from_f64(x).to_bits().to_le_bytes()),
-                }
+                let mut b = [0u8; 8];
+                let b = &mut b[..dtype.size()];
+                crate::codec::put(dtype, x, b);
+                out.extend_from_slice(b);
             }
         }
     }
