@@ -21,6 +21,8 @@ then:
   it, rank 0's finds them gone): `destroy_process_group` raises the failure (printed here);
   with `exit` after the case, the program exits without it, and the failure is said at
   exit;
+- `timeout`: the group made with a timeout of 5 s; rank 0 starts an all_reduce 12 s after
+  the others, which fail at the group's timeout (before: XAGG_TIMEOUT_S's 30 minutes);
 - `dies`: the last rank exits at once, without leaving; the others' next all_reduce
   fails, naming it gone (its responder refuses connections), at the give-up time;
 - `types`: a bf16 sum (through the switch: Gloo 1.13 cannot), an f32 AVG, and an int16 AVG
@@ -44,7 +46,13 @@ import torch.distributed as dist
 # A bound: a case that hangs ends with every thread's traceback instead.
 faulthandler.dump_traceback_later(120, exit=True)
 case = sys.argv[1]
-dist.init_process_group("xagg")
+if case == "timeout":
+    # The group's own timeout, not XAGG_TIMEOUT_S, bounds a call's wait for a slow rank.
+    import datetime
+
+    dist.init_process_group("xagg", timeout=datetime.timedelta(seconds=5))
+else:
+    dist.init_process_group("xagg")
 rank, size = dist.get_rank(), dist.get_world_size()
 
 
@@ -193,6 +201,20 @@ elif case == "unwaited":
     if rank == 0:
         time.sleep(6)
     dist.all_reduce(ints(1024, 7), async_op=True)
+elif case == "timeout":
+    # Rank 0 comes 12 s late to an all_reduce: the others give up at the group's 5 s.
+    if rank == 0:
+        time.sleep(12)
+    t = time.time()
+    try:
+        dist.all_reduce(ints(1024, 8))
+        ok = False
+    except Exception as e:  # noqa: BLE001 - the failure is the case (rank 0's too: the
+        # others gave up on the call)
+        print(f"rank {rank}: failed after {time.time() - t:.1f} s: {e}", flush=True)
+    print(f"rank {rank}: {case} ok={ok}", flush=True)
+    # Leaving would wait for the others at the group's last barrier.
+    os._exit(0)
 elif case == "dies":
     if rank == size - 1:
         # Gone without a word: no leave, no destroy_process_group.

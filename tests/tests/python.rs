@@ -540,6 +540,18 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         assert!(waited < 3.0, "rank {r} failed after {waited} s: {all}");
     }
 
+    // The group's own timeout (init_process_group's `timeout`, 5 s), not XAGG_TIMEOUT_S's
+    // 30 minutes, bounds the wait for a rank 12 s late (before: the others waited for it).
+    let all = ranks_ok(&run(29522, &["timeout"], &defaults));
+    ok(&all, "timeout");
+    for r in 1..RANKS {
+        let waited = seconds_after(&all, &format!("rank {r}: failed after "));
+        assert!(
+            (4.0..10.0).contains(&waited),
+            "rank {r} failed after {waited} s: {all}"
+        );
+    }
+
     // A future's callback that makes and waits for another all_reduce, and PowerSGD's DDP
     // hook, whose callbacks do: each hung while futures completed on the thread that waits
     // for the switch (cases.py ends a hung run after 120 s).

@@ -412,9 +412,10 @@ impl Job {
     /// the job's key and secret from `XAGG_JOB_KEY` and
     /// `XAGG_JOB_SECRET`; the rank and size from the launcher; with `XAGG_COORDINATOR`,
     /// this host's ranks from the launcher. Keyword arguments override them; with
-    /// `daemons` given, the launcher's host ranks are not read.
+    /// `daemons` given, the launcher's host ranks are not read. `collective_timeout`
+    /// (seconds) is how long a call waits for slow ranks unless `XAGG_TIMEOUT_S` is set.
     #[staticmethod]
-    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None, segment = None, float = None))]
+    #[pyo3(signature = (*, daemon = None, rank = None, size = None, key = None, secret = None, credential = None, slots = None, timeout = None, give_up = None, daemons = None, local_rank = None, local_size = None, coordinator = None, segment = None, float = None, collective_timeout = None))]
     #[expect(clippy::too_many_arguments, reason = "Python keyword arguments")]
     fn from_env(
         py: Python<'_>,
@@ -433,6 +434,7 @@ impl Job {
         coordinator: Option<String>,
         segment: Option<usize>,
         float: Option<String>,
+        collective_timeout: Option<f64>,
     ) -> PyResult<Self> {
         let mut place = Place {
             daemons,
@@ -505,6 +507,16 @@ impl Job {
         }
         .apply(&mut settings)?;
         settings.segment = segment;
+        // How long a call waits for slow ranks: `collective_timeout` (seconds; the process
+        // group's timeout) unless XAGG_TIMEOUT_S is set.
+        if let (Some(t), None) = (collective_timeout, std::env::var_os("XAGG_TIMEOUT_S")) {
+            if !(t.is_finite() && t > 0.0) {
+                return Err(PyValueError::new_err(format!(
+                    "collective_timeout {t}: a number of seconds above 0"
+                )));
+            }
+            settings.collective_timeout = Some(Duration::from_secs_f64(t));
+        }
         // How float sums travel: `float`, else XAGG_FLOAT; the fast lane by default.
         let float = float.or_else(|| std::env::var("XAGG_FLOAT").ok());
         // `none` is the caller's to act on (float sums by Gloo): the worker keeps the fast lane.

@@ -333,6 +333,10 @@ class _Engine:
                 daemons=daemons,
                 segment=min(segments),
                 float=float_mode,
+                # The group's timeout (init_process_group's `timeout`, 30 minutes by
+                # default) bounds a call's wait for slow ranks, as Gloo's does, unless
+                # XAGG_TIMEOUT_S says otherwise.
+                collective_timeout=timeout.total_seconds(),
             )
             # Each rank's responder, where the others recover results if the switch stops
             # answering.
