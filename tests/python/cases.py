@@ -31,8 +31,10 @@ then:
   broadcast of 7 bools), an int16 and a bool all_gather (through the switch as words),
   reduce-scatters of mis-sized inputs (which raise) and an f32 product (not an op of the
   switch's); a reduce and a broadcast whose root is not a rank and an all-gather into an
-  output of the wrong size (which raise), then an async all_reduce's `result()`.
+  output of the wrong size (which raise), then an async all_reduce's `result()` and a
+  `monitored_barrier` (which torch 1.13 refuses a backend not named Gloo).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
+import datetime
 import faulthandler
 import math
 import os
@@ -48,8 +50,6 @@ faulthandler.dump_traceback_later(120, exit=True)
 case = sys.argv[1]
 if case == "timeout":
     # The group's own timeout, not XAGG_TIMEOUT_S, bounds a call's wait for a slow rank.
-    import datetime
-
     dist.init_process_group("xagg", timeout=datetime.timedelta(seconds=5))
 else:
     dist.init_process_group("xagg")
@@ -298,6 +298,8 @@ elif case == "types":
     # An async call's result(), as Gloo's work gives it.
     v = ints(64, 2)
     ok = ok and torch.equal(dist.all_reduce(v, async_op=True).result()[0], expected(64, 2))
+    # torch 1.13 makes monitored_barrier only for Gloo groups: an xagg group's by its Gloo.
+    dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
 else:
     ok = False
 print(f"rank {rank}: {case} ok={ok}", flush=True)

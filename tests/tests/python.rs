@@ -695,6 +695,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "1 (torch.bool: the switch moves a type it does not reduce as 2-byte words",
         "1 (PRODUCT over torch.float32 is not an op the switch makes)",
         "1 (several tensors in one call)",
+        "1 (not a collective the switch makes)",
     ] {
         assert!(
             all.contains(&format!("rank 0: passed to Gloo: {reason}")),

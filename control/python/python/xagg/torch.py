@@ -1199,6 +1199,32 @@ if not hasattr(dist.destroy_process_group, "__wrapped__"):
     dist.distributed_c10d.destroy_process_group = dist.destroy_process_group
 
 
+def _monitored(barrier):
+    """``monitored_barrier``, which torch 1.13 makes only on a group whose backend is
+    Gloo: an xagg group's is made by its Gloo group, where its other calls the switch
+    does not make go."""
+
+    def monitored_barrier(group=None, timeout=None, wait_all_ranks=False):
+        c10d = dist.distributed_c10d
+        pg = c10d._get_default_group() if group is None else group
+        if not isinstance(pg, ProcessGroupXagg) or c10d._rank_not_in_group(group):
+            return barrier(group, timeout, wait_all_ranks)
+        pg._engine.check()
+        pg._engine.pass_on("monitored_barrier", "not a collective the switch makes")
+        return pg._gloo.monitored_barrier(
+            c10d.default_pg_timeout if timeout is None else timeout, wait_all_ranks=wait_all_ranks
+        )
+
+    monitored_barrier.__wrapped__ = barrier
+    monitored_barrier.__doc__ = barrier.__doc__
+    return monitored_barrier
+
+
+if not hasattr(dist.monitored_barrier, "__wrapped__"):
+    dist.monitored_barrier = _monitored(dist.monitored_barrier)
+    dist.distributed_c10d.monitored_barrier = dist.monitored_barrier
+
+
 class HookState:
     """The state of :func:`allreduce_hook`: a job over the default group's ranks (or
     ``process_group``'s, which must be the default group's world)."""
