@@ -31,8 +31,9 @@ then:
   broadcast of 7 bools), an int16 and a bool all_gather (through the switch as words),
   reduce-scatters of mis-sized inputs (which raise) and an f32 product (not an op of the
   switch's); a reduce and a broadcast whose root is not a rank and an all-gather into an
-  output of the wrong size (which raise), then an async all_reduce's `result()` and a
-  `monitored_barrier` (which torch 1.13 refuses a backend not named Gloo).
+  output of the wrong size (which raise), then an async all_reduce's `result()`, a
+  `monitored_barrier` (which torch 1.13 refuses a backend not named Gloo) and an
+  `all_reduce_coalesced` (passed to Gloo, counted).
 Each rank prints `rank R: CASE ok=True|False` (and for `late`, how long rank 1 waited)."""
 import datetime
 import faulthandler
@@ -300,6 +301,10 @@ elif case == "types":
     ok = ok and torch.equal(dist.all_reduce(v, async_op=True).result()[0], expected(64, 2))
     # torch 1.13 makes monitored_barrier only for Gloo groups: an xagg group's by its Gloo.
     dist.monitored_barrier(timeout=datetime.timedelta(seconds=30))
+    # Several tensors in one call, passed to Gloo (and counted so).
+    pair = [ints(64, 3), ints(32, 4)]
+    dist.all_reduce_coalesced(pair)
+    ok = ok and torch.equal(pair[0], expected(64, 3)) and torch.equal(pair[1], expected(32, 4))
 else:
     ok = False
 print(f"rank {rank}: {case} ok={ok}", flush=True)

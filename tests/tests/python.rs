@@ -671,7 +671,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         [1, 0, 0, 0, 0, 0],
         "{all}"
     );
-    for entry in ["reduce_scatter", "broadcast"] {
+    for entry in ["reduce_scatter", "broadcast", "all_reduce_coalesced"] {
         assert_eq!(
             entry_counts(&all, entry),
             [0, 0, 0, 0, 0, 1],
@@ -694,7 +694,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         "1 (torch.bool is not a type the switch reduces)",
         "1 (torch.bool: the switch moves a type it does not reduce as 2-byte words",
         "1 (PRODUCT over torch.float32 is not an op the switch makes)",
-        "1 (several tensors in one call)",
+        "2 (several tensors in one call)",
         "1 (not a collective the switch makes)",
     ] {
         assert!(

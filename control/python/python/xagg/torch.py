@@ -1141,28 +1141,35 @@ class ProcessGroupXagg(dist.ProcessGroup):
         return _for_caller(_Work(fut, self._engine), entry)
 
 
-def _delegate(name):
+def _delegate(name, entry=None, why=None):
+    """The process group's method `name`, made by the inner Gloo group; a collective
+    (`entry`, torch.distributed's name of it) counted as passed to Gloo for `why`."""
+
     def call(self, *args, **kwargs):
         self._engine.check()
+        if entry is not None:
+            self._engine.pass_on(entry, why)
         return getattr(self._gloo, name)(*args, **kwargs)
 
     call.__name__ = name
     return call
 
 
-for _name in [
-    "allgather_coalesced",
-    "allreduce_coalesced",
-    "alltoall",
-    "alltoall_base",
-    "barrier",
-    "gather",
-    "recv",
-    "recv_anysource",
-    "scatter",
-    "send",
+_NOT_MADE = "not a collective the switch makes"
+for _name, _entry, _why in [
+    ("allgather_coalesced", "all_gather_coalesced", "several tensors in one call"),
+    ("allreduce_coalesced", "all_reduce_coalesced", "several tensors in one call"),
+    ("alltoall", "all_to_all", _NOT_MADE),
+    ("alltoall_base", "all_to_all_single", _NOT_MADE),
+    ("barrier", "barrier", _NOT_MADE),
+    ("gather", "gather", _NOT_MADE),
+    ("scatter", "scatter", _NOT_MADE),
+    # Point to point: no collective to count.
+    ("recv", None, None),
+    ("recv_anysource", None, None),
+    ("send", None, None),
 ]:
-    setattr(ProcessGroupXagg, _name, _delegate(_name))
+    setattr(ProcessGroupXagg, _name, _delegate(_name, _entry, _why))
 
 
 def _create(store, rank, size, timeout):
@@ -1210,7 +1217,7 @@ def _monitored(barrier):
         if not isinstance(pg, ProcessGroupXagg) or c10d._rank_not_in_group(group):
             return barrier(group, timeout, wait_all_ranks)
         pg._engine.check()
-        pg._engine.pass_on("monitored_barrier", "not a collective the switch makes")
+        pg._engine.pass_on("monitored_barrier", _NOT_MADE)
         return pg._gloo.monitored_barrier(
             c10d.default_pg_timeout if timeout is None else timeout, wait_all_ranks=wait_all_ranks
         )
