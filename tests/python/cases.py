@@ -3,6 +3,8 @@ script would meet them, launched by torchrun (one process per lab namespace):
 `cases.py CASE [GO]`. Every run first makes one all_reduce (the group joins the switch),
 then:
 - `late`: rank 0 starts its all_reduce 3 s after the others;
+- `nocontrib GO`: every rank waits for the file GO (the test makes the switch drop every
+  contribution first), then three all_reduces, each checked;
 - `nan`: rank 1 puts a NaN into element 5 of a float sum;
 - `cut GO`: rank 0 waits for the file GO (the test cuts its results off first), then every
   rank makes an all_reduce, a reduce_scatter, an all_gather and a broadcast from rank 1
@@ -77,6 +79,18 @@ if case == "late":
     ok = ok and torch.equal(x, expected(1024, 1))
     if rank == 1:
         print(f"rank 1 waited {time.time() - t:.1f} s", flush=True)
+elif case == "nocontrib":
+    # The switch stops taking contributions (the test drops every one there) once the first
+    # all_reduce is in: every rank finds no rank holds the next round, and the calls are
+    # Gloo's from then on, on every rank alike. (Every rank waits: a contribution taken
+    # before the drops began would start a round without the others', which is the calls
+    # differing, not the switch failing.)
+    while not os.path.exists(sys.argv[2]):
+        time.sleep(0.01)
+    for k in range(3):
+        x = ints(1024, 10 + k)
+        dist.all_reduce(x)
+        ok = ok and torch.equal(x, expected(1024, 10 + k))
 elif case == "nan":
     f = torch.arange(1024, dtype=torch.float32) * 0.5 + rank
     if rank == 1:

@@ -117,10 +117,24 @@ pub fn cut_rank0_after_first<T: Send>(
     go: &std::path::Path,
     run: impl FnOnce() -> T + Send,
 ) -> T {
+    let ns = sw.lab.worker_ns(0);
+    let out = after_first(sw, go, || cut_results(&ns, true), run);
+    assert!(cut_results(&ns, false));
+    out
+}
+
+/// Runs `run` (a job whose rank 0, after its first allreduce, waits for the file `go`),
+/// makes the fault `fault` (true if it took) once that first allreduce completed at the
+/// switch, and writes `go` either way, so the run ends.
+pub fn after_first<T: Send>(
+    sw: &TestSwitch,
+    go: &std::path::Path,
+    fault: impl FnOnce() -> bool,
+    run: impl FnOnce() -> T + Send,
+) -> T {
     let _ = std::fs::remove_file(go);
     let before = sw.counters().get("complete").copied().unwrap_or(0);
-    let ns = sw.lab.worker_ns(0);
-    let out = std::thread::scope(|s| {
+    std::thread::scope(|s| {
         let r = s.spawn(run);
         let started = std::time::Instant::now();
         while sw.counters().get("complete").copied().unwrap_or(0) <= before {
@@ -130,13 +144,11 @@ pub fn cut_rank0_after_first<T: Send>(
                 panic!("the first allreduce never completed");
             }
         }
-        let cut = cut_results(&ns, true);
+        let made = fault();
         std::fs::write(go, "").unwrap();
-        assert!(cut, "nft could not add the rule");
+        assert!(made, "the fault was not made");
         r.join().unwrap()
-    });
-    assert!(cut_results(&ns, false));
-    out
+    })
 }
 
 /// The seconds a case program printed after `phrase` ("rank 1 waited 3.0 s"); panics with

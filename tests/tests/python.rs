@@ -524,6 +524,37 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         );
     }
 
+    // The switch answering but taking no contribution (every one dropped there, as a path
+    // that lost them all would): no rank holds the next round, every rank finds so, and
+    // the calls are Gloo's from then on, on every rank (before: every rank's call raised).
+    let inject = |drop_contribution| {
+        matches!(
+            sw.api(xagg_api::Request::Inject {
+                drop_contribution,
+                drop_result: 0.0
+            }),
+            xagg_api::Response::Ok
+        )
+    };
+    let outputs = after_first(
+        &sw,
+        &go,
+        || inject(1.0),
+        || run(29523, &["nocontrib", go.to_str().unwrap()], &e),
+    );
+    assert!(inject(0.0));
+    let all = ranks_ok(&outputs);
+    ok(&all, "nocontrib");
+    assert_eq!(
+        entry_counts(&all, "all_reduce"),
+        [1, 0, 0, 0, 3, 0],
+        "{all}"
+    );
+    assert!(
+        all.contains("the switch failed, collectives go to Gloo from now on"),
+        "{all}"
+    );
+
     // The last rank's process gone without a word: the others' next call fails about a
     // second after it stalled, naming it, with the default give-up time (10 s), which they
     // no longer wait out for it (before: at the give-up time; before that, until the daemon

@@ -61,6 +61,12 @@ impl Missing {
             || self.other_round == Some(Ordering::Greater)
     }
 
+    /// Whether the switch answers but has not begun this round at all: no member's
+    /// contribution reached it (the switch taking none: a path that loses them all).
+    pub fn unbegun(&self) -> bool {
+        self.members.is_none() && self.answered && self.other_round == Some(Ordering::Less)
+    }
+
     /// Whether the round has not taken what this member sent (a give-up time ago): it
     /// waits for this member, or has not begun at all.
     pub fn not_taken(&self) -> bool {
@@ -242,9 +248,13 @@ impl AllreduceError {
                 true
             }
             // Results lost on the way here, or a level above that does not answer: the
-            // peers may hold them. (Members still waited for past the collective timeout
-            // are not the peers' to fix.)
-            Self::Timeout { missing, .. } => missing.iter().all(Missing::stuck),
+            // peers may hold them. A round no member's contribution reached: nobody holds
+            // it, and every rank finds so (the switch takes nothing: made another way). A
+            // round that began without this member's (another op, type or count: the
+            // calls differ) is not: making it another way would not mend the program.
+            // (Members still waited for past the collective timeout are not the peers' to
+            // fix.)
+            Self::Timeout { missing, .. } => missing.iter().all(|m| m.stuck() || m.unbegun()),
             _ => false,
         }
     }
