@@ -671,7 +671,7 @@ mod tests {
             },
             1.0 + 2f64.powi(-10)
         );
-        // Random doubles over the types' ranges, subnormals included.
+        // Random doubles over the types' ranges, f16's subnormals included.
         let mut z = 0x9e37_79b9_7f4a_7c15u64;
         for _ in 0..200_000 {
             z = z

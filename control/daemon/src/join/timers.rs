@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use super::{
-    registry::{unix_now, Lifecycle},
+    registry::{unix_now, Level, Lifecycle},
     table::JobTable,
     Joins,
 };
@@ -46,12 +46,18 @@ impl Joins {
             if !j.running() {
                 if now.duration_since(j.since) > self.join_timeout {
                     let missing = j.missing();
-                    // Every rank here in, the level waited on its parent's job: the other
-                    // levels (hosts) of the job did not all join there.
-                    let whom = if missing.is_empty() {
-                        "the parent's job: the job's other hosts did not all join there".into()
-                    } else {
-                        format!("ranks {missing:?}")
+                    // Every rank here in, the level waited on its parent's job; an open
+                    // level's members are whoever came, its missing ones hosts not yet in.
+                    let whom = match (&j.state, j.level) {
+                        (Lifecycle::JoiningParent { .. }, _) if j.complete() => {
+                            "the parent's job: the job's other hosts did not all join there"
+                                .into()
+                        }
+                        (_, Level::Open { ranks }) if missing.is_empty() => format!(
+                            "the job's other hosts: the levels that joined stand for {} of its {ranks} ranks",
+                            j.weight_in()
+                        ),
+                        _ => format!("ranks {missing:?}"),
                     };
                     gone.push((j.key, None, format!("timed out waiting for {whom}")));
                     self.expired.insert(

@@ -190,6 +190,31 @@ fn an_open_level_runs_when_its_members_stand_for_every_rank() {
     assert!(refusal(&r).contains("a shape of one member"), "{r:?}");
 }
 
+/// An open level whose hosts did not all come says for how many ranks the ones that
+/// came stand (its members are whoever came: "ranks []" named nobody).
+#[test]
+fn an_open_level_timed_out_says_how_many_ranks_came() {
+    let mut s = Switch::new("open-timeout");
+    let levels = Levels {
+        ranks: 5,
+        first: 3,
+        weight: 2,
+        coordinator: None,
+        open: true,
+    };
+    let r = s.join_as(KEY, shape(1, 8), 0, 1, 0, true, Some(levels));
+    assert!(matches!(r, JoinReply::Pending { .. }), "{r:?}");
+    s.joins.join_timeout = std::time::Duration::ZERO;
+    s.joins.tick(&mut s.table);
+    let r = s.join_as(KEY, shape(1, 8), 0, 2, 0, false, Some(levels));
+    assert!(
+        refusal(&r).contains(
+            "waiting for the job's other hosts: the levels that joined stand for 2 of its 5 ranks"
+        ),
+        "{r:?}"
+    );
+}
+
 /// A level below that leaves (its own job gone there: a rank's lease ran out) while
 /// rounds wait for it: none can complete, and the other levels' ranks, which no responder
 /// of the gone rank reaches, would wait until their collective timeout — the job goes.
