@@ -30,6 +30,7 @@ pub fn codecs(quick: bool) -> Vec<CodecPoint> {
         (Op::Sum, DType::F32, Float::Exact),
         (Op::Max, DType::F32, Float::Fast),
         (Op::Sum, DType::F64, Float::Fast),
+        (Op::Sum, DType::F64, Float::Exact),
         (Op::Sum, DType::F16, Float::Fast),
         (Op::Sum, DType::Bf16, Float::Fast),
         (Op::Sum, DType::Bf16, Float::Exact),
