@@ -58,18 +58,88 @@ pub(crate) fn put(dtype: DType, x: f64, b: &mut [u8]) {
 /// f16, not 1 + 2^-10: the first rounding made it a midpoint); rounding to odd first keeps
 /// the sign of what was cut, so the f32's rounding to f16 or bf16 (which keep at least
 /// two bits fewer) is the one rounding of `x`.
+/// Selects, not branches, so that a loop of it vectorises.
+#[inline(always)]
 fn to_odd(x: f64) -> f32 {
     let y = x as f32;
-    if y.is_nan() || f64::from(y) == x {
-        return y;
-    }
+    let back = f64::from(y);
     // Rounded away from zero (past f32's range: to infinity): one step back.
-    let t = if f64::from(y).abs() > x.abs() {
-        f32::from_bits(y.to_bits() - 1)
+    let t = y.to_bits() - u32::from(back.abs() > x.abs());
+    f32::from_bits(if back == x || x.is_nan() {
+        y.to_bits()
     } else {
-        y
-    };
-    f32::from_bits(t.to_bits() | 1)
+        t | 1
+    })
+}
+
+/// An f32 rounded to bf16 (to nearest, ties to even; NaN stays NaN): half's `from_f32`,
+/// with selects for its branches so that a loop of it vectorises.
+#[inline(always)]
+fn bf16_bits(x: f32) -> u16 {
+    let b = x.to_bits();
+    let rounded = (b + 0x7fff + ((b >> 16) & 1)) >> 16;
+    let nan = (b >> 16) | 0x40;
+    (if b & 0x7fff_ffff > 0x7f80_0000 {
+        nan
+    } else {
+        rounded
+    }) as u16
+}
+
+/// Elements of f16 a segment holds at most (in 32-bit lanes): what the conversions widen
+/// to f32 on the stack, with half's vector conversions.
+const HALVES: usize = xagg_common::wire::max_elements_in(Op::Max, DType::F16, Float::Fast);
+
+/// The f16 elements of `src` widened exactly to f32 bytes in `wide` (at most [`HALVES`]).
+fn widen_halves<'a>(src: &[u8], wide: &'a mut [u8; 4 * HALVES]) -> &'a [u8] {
+    use half::slice::HalfFloatSliceExt;
+    let n = src.len() / 2;
+    let mut h = [f16::ZERO; HALVES];
+    let mut f = [0f32; HALVES];
+    for (d, b) in h.iter_mut().zip(src.chunks_exact(2)) {
+        *d = f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()));
+    }
+    h[..n].convert_to_f32_slice(&mut f[..n]);
+    for (d, x) in wide.chunks_exact_mut(4).zip(&f[..n]) {
+        d.copy_from_slice(&x.to_le_bytes());
+    }
+    &wide[..n * 4]
+}
+
+/// Writes the f64 `values` rounded once to `dtype` into `dst` (f32, f16 or bf16), with
+/// [`put`]'s rounding in loops that vectorise (f16 through half's vector conversion).
+#[inline(always)]
+fn put_all(dtype: DType, values: impl Iterator<Item = f64>, dst: &mut [u8]) {
+    match dtype {
+        DType::F32 => {
+            for (x, d) in values.zip(dst.chunks_exact_mut(4)) {
+                d.copy_from_slice(&(x as f32).to_le_bytes())
+            }
+        }
+        DType::Bf16 => {
+            for (x, d) in values.zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&bf16_bits(to_odd(x)).to_le_bytes())
+            }
+        }
+        DType::F16 if dst.len() <= 2 * HALVES => {
+            use half::slice::HalfFloatSliceExt;
+            let n = dst.len() / 2;
+            let mut f = [0f32; HALVES];
+            let mut h = [f16::ZERO; HALVES];
+            for (d, x) in f.iter_mut().zip(values) {
+                *d = to_odd(x);
+            }
+            h[..n].convert_from_f32_slice(&f[..n]);
+            for (d, x) in dst.chunks_exact_mut(2).zip(&h[..n]) {
+                d.copy_from_slice(&x.to_bits().to_le_bytes());
+            }
+        }
+        _ => {
+            for (x, d) in values.zip(dst.chunks_exact_mut(dtype.size())) {
+                put(dtype, x, d)
+            }
+        }
+    }
 }
 
 /// 2^k as an f64 (k within f64's normal range, -1022..=1023).
@@ -244,6 +314,25 @@ fn encode_lanes(
     src: &[u8],
     out: &mut [u8],
 ) -> Encoded {
+    if dtype == DType::F16 && src.len() <= 2 * HALVES {
+        // f16 widens to f32 exactly and travels in the same lanes (the same bits as each
+        // element widened on its own, which the longer path below does).
+        let mut wide = [0u8; 4 * HALVES];
+        let src = widen_halves(src, &mut wide);
+        return encode_elements(op, DType::F32, float, ranks, src, out);
+    }
+    encode_elements(op, dtype, float, ranks, src, out)
+}
+
+#[inline(always)]
+fn encode_elements(
+    op: Op,
+    dtype: DType,
+    float: Float,
+    ranks: usize,
+    src: &[u8],
+    out: &mut [u8],
+) -> Encoded {
     let l = lane_in(op, dtype, float).expect("the job's op and type have a lane");
     let mut enc = Encoded::default();
     match l {
@@ -280,7 +369,7 @@ fn encode_lanes(
             }
             DType::F16 => {
                 enc = bfp_encode(src, out, bfp_bits(dtype, ranks), 2, |b| {
-                    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+                    f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
                 })
             }
             _ => {
@@ -291,13 +380,11 @@ fn encode_lanes(
         },
         Lane::Key32 => match dtype {
             DType::F32 => {
-                enc = key_encode(src, out, 4, |b| {
-                    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                })
+                enc = key_encode(src, out, 4, |b| f32::from_le_bytes(b.try_into().unwrap()))
             }
             DType::F16 => {
                 enc = key_encode(src, out, 2, |b| {
-                    f16::from_bits(u16::from_le_bytes([b[0], b[1]])).to_f32()
+                    f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
                 })
             }
             _ => enc = key_encode(src, out, 2, bf16_bytes_to_f32),
@@ -305,13 +392,11 @@ fn encode_lanes(
         Lane::Bfp64 => enc = bfp64_encode(src, out, bfp_bits(dtype, ranks)),
         Lane::Exact => match dtype {
             DType::F32 => {
-                enc = exact_encode(src, out, 4, |b| {
-                    u32::from_le_bytes([b[0], b[1], b[2], b[3]])
-                })
+                enc = exact_encode(src, out, 4, |b| u32::from_le_bytes(b.try_into().unwrap()))
             }
             DType::F16 => {
                 enc = exact_encode(src, out, 2, |b| {
-                    f16::from_bits(u16::from_le_bytes([b[0], b[1]]))
+                    f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()))
                         .to_f32()
                         .to_bits()
                 })
@@ -358,6 +443,7 @@ fn finite_max(src: &[u8], size: usize, load: impl Fn(&[u8]) -> f64) -> (f64, Enc
 }
 
 /// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
+#[inline(always)]
 fn bfp64_encode(src: &[u8], out: &mut [u8], bits: i32) -> Encoded {
     let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
     let (max, mut enc) = finite_max(src, 8, load);
@@ -536,6 +622,7 @@ pub const EXACT128_BITS: i32 = 127;
 
 /// The exact lane of doubles: [`exact_encode`]'s scheme over a double's bits (11-bit
 /// exponent, mantissas below 2^53), in 128-bit lanes (low word first).
+#[inline(always)]
 fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
     let bits = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
     const INF: u64 = 0x7ff0_0000_0000_0000;
@@ -662,14 +749,16 @@ fn decode_lanes(
                 .take(n)
                 .map(|p| i64::from_le_bytes(p.try_into().unwrap()));
             match (dtype, avg) {
-                (DType::F32, false) => sums.zip(dst.chunks_exact_mut(4)).for_each(|(m, d)| {
-                    let x = scale.apply((m as f32) as f64) as f32;
-                    d.copy_from_slice(&x.to_le_bytes())
-                }),
+                (DType::F32, false) => {
+                    for (m, d) in sums.zip(dst.chunks_exact_mut(4)) {
+                        let x = scale.apply((m as f32) as f64) as f32;
+                        d.copy_from_slice(&x.to_le_bytes())
+                    }
+                }
+                (_, false) => put_all(dtype, sums.map(|m| scale.apply(m as f64)), dst),
                 _ => {
-                    let div = if avg { ranks as f64 } else { 1.0 };
-                    sums.zip(dst.chunks_exact_mut(size))
-                        .for_each(|(m, d)| put(dtype, scale.apply(m as f64) / div, d))
+                    let div = ranks as f64;
+                    put_all(dtype, sums.map(|m| scale.apply(m as f64) / div), dst)
                 }
             }
         }
@@ -695,18 +784,16 @@ fn decode_lanes(
         }
         Lane::Bfp32 => {
             let scale = Scale::new(exponent as i32);
-            let div = if avg { ranks as f64 } else { 1.0 };
-            let lanes = payload
+            let mantissas = payload
                 .chunks_exact(4)
                 .take(n)
-                .map(|p| scale.apply(i32::from_le_bytes([p[0], p[1], p[2], p[3]]) as f64) / div);
-            match dtype {
-                DType::F32 => lanes
-                    .zip(dst.chunks_exact_mut(4))
-                    .for_each(|(x, d)| d.copy_from_slice(&(x as f32).to_le_bytes())),
-                _ => lanes
-                    .zip(dst.chunks_exact_mut(2))
-                    .for_each(|(x, d)| put(dtype, x, d)),
+                .map(|p| f64::from(i32::from_le_bytes(p.try_into().unwrap())));
+            if avg {
+                let div = ranks as f64;
+                put_all(dtype, mantissas.map(|m| scale.apply(m) / div), dst)
+            } else {
+                // A sum is not divided (by 1: the same bits, at a division's cost).
+                put_all(dtype, mantissas.map(|m| scale.apply(m)), dst)
             }
         }
         Lane::Key32 => {
@@ -714,17 +801,19 @@ fn decode_lanes(
             let values = payload
                 .chunks_exact(4)
                 .take(n)
-                .map(|p| unkey(u32::from_le_bytes([p[0], p[1], p[2], p[3]])));
+                .map(|p| unkey(u32::from_le_bytes(p.try_into().unwrap())));
             match dtype {
-                DType::F32 => values
-                    .zip(dst.chunks_exact_mut(4))
-                    .for_each(|(x, d)| d.copy_from_slice(&x.to_le_bytes())),
-                DType::F16 => values.zip(dst.chunks_exact_mut(2)).for_each(|(x, d)| {
-                    d.copy_from_slice(&f16::from_f32(x).to_bits().to_le_bytes())
-                }),
-                _ => values.zip(dst.chunks_exact_mut(2)).for_each(|(x, d)| {
-                    d.copy_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes())
-                }),
+                DType::F32 => {
+                    for (x, d) in values.zip(dst.chunks_exact_mut(4)) {
+                        d.copy_from_slice(&x.to_le_bytes())
+                    }
+                }
+                DType::F16 => put_all(dtype, values.map(f64::from), dst),
+                _ => {
+                    for (x, d) in values.zip(dst.chunks_exact_mut(2)) {
+                        d.copy_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes())
+                    }
+                }
             }
         }
     }
@@ -924,6 +1013,86 @@ mod tests {
                         decode((op, dtype, float), 3, &lanes, exponent, &mut wide);
                         decode_lanes((op, dtype, float), 3, &lanes, exponent, &mut base);
                         assert_eq!(wide, base, "decode {op:?} {dtype:?} {float:?}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The halves' vector paths give the per-element bits: f16 widened by half's vector
+    /// conversion encodes as each element widened alone does, and every float result
+    /// decodes as [`put`] (half's own rounding to f16 and bf16) writes each value, for
+    /// sums and means, in the block and exact lanes.
+    #[test]
+    fn vector_paths_of_the_halves_give_the_per_element_bits() {
+        let mut z = 0x0123_4567_89ab_cdefu64;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        for round in 0..300 {
+            let n = 1 + (next() % HALVES as u64) as usize;
+            let src: Vec<u8> = (0..n).flat_map(|_| (next() as u16).to_le_bytes()).collect();
+            for (op, float) in [
+                (Op::Sum, Float::Fast),
+                (Op::Max, Float::Fast),
+                (Op::Sum, Float::Exact),
+            ] {
+                let width = lane_in(op, DType::F16, float).unwrap().size();
+                if n > xagg_common::wire::MAX_PAYLOAD / width {
+                    continue;
+                }
+                let (mut v, mut e) = (vec![1u8; n * width], vec![2u8; n * width]);
+                let a = encode_lanes(op, DType::F16, float, 3, &src, &mut v);
+                let b = encode_elements(op, DType::F16, float, 3, &src, &mut e);
+                assert_eq!((a, &v), (b, &e), "encode f16 {op:?} {float:?}");
+            }
+            for dtype in [DType::F32, DType::F16, DType::Bf16] {
+                for (op, float) in [
+                    (Op::Sum, Float::Fast),
+                    (Op::Avg, Float::Fast),
+                    (Op::Sum, Float::Exact),
+                    (Op::Avg, Float::Exact),
+                ] {
+                    let width = lane_in(op, dtype, float).unwrap().size();
+                    let n = n.min(xagg_common::wire::MAX_PAYLOAD / width);
+                    // Lanes of every size, or all of one sign and modest size.
+                    let lanes: Vec<u8> = (0..n)
+                        .flat_map(|_| {
+                            let r = next();
+                            let r = if round % 2 == 0 {
+                                r
+                            } else {
+                                r >> (40 + r % 24)
+                            };
+                            r.to_le_bytes()[..width].to_vec()
+                        })
+                        .collect();
+                    let exponent = (next() % 300) as i16 - 200;
+                    let mut got = vec![0u8; n * dtype.size()];
+                    decode((op, dtype, float), 3, &lanes, exponent, &mut got);
+                    let scale = Scale::new(exponent as i32);
+                    let div = if op == Op::Avg { 3.0 } else { 1.0 };
+                    for (i, (p, g)) in lanes
+                        .chunks_exact(width)
+                        .zip(got.chunks_exact(dtype.size()))
+                        .enumerate()
+                    {
+                        let m = match width {
+                            4 => f64::from(i32::from_le_bytes(p.try_into().unwrap())),
+                            _ => i64::from_le_bytes(p.try_into().unwrap()) as f64,
+                        };
+                        let x = if dtype == DType::F32 && float == Float::Exact && div == 1.0 {
+                            // f32's exact sum rounds the integer to f32 first (exact to scale).
+                            f64::from(i64::from_le_bytes(p.try_into().unwrap()) as f32)
+                        } else {
+                            m
+                        };
+                        let mut want = vec![0u8; dtype.size()];
+                        put(dtype, scale.apply(x) / div, &mut want);
+                        assert_eq!(g, &want[..], "{dtype:?} {op:?} {float:?} element {i}");
                     }
                 }
             }
