@@ -19,6 +19,7 @@
 //! Buffers hold little-endian elements (the native layout of the hosts this runs on).
 
 use half::{bf16, f16};
+use multiversion::multiversion;
 use xagg_common::wire::{lane_in, DType, Float, Lane, Op, ENC_NONFINITE, ENC_OVERFLOW};
 
 /// Mantissa bits of block floating point.
@@ -248,72 +249,6 @@ pub fn encode(
     src: &[u8],
     out: &mut [u8],
 ) -> Encoded {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { wide::encode(op, dtype, float, ranks, src, out) };
-    }
-    encode_lanes(op, dtype, float, ranks, src, out)
-}
-
-/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`, `op` in float
-/// mode `float`. `ranks` is the number of contributions in all levels (for `avg`, divided
-/// once, here).
-pub fn decode(
-    format: (Op, DType, Float),
-    ranks: u32,
-    payload: &[u8],
-    exponent: i16,
-    dst: &mut [u8],
-) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: the CPU has AVX2.
-        return unsafe { wide::decode(format, ranks, payload, exponent, dst) };
-    }
-    decode_lanes(format, ranks, payload, exponent, dst)
-}
-
-/// The conversions compiled again for AVX2, chosen at run time: the same arithmetic in
-/// lanes twice as wide (the compiler vectorises the loops; nothing here fuses a multiply
-/// and an add, so both builds give the same bits), about twice the speed.
-#[cfg(target_arch = "x86_64")]
-mod wide {
-    use super::*;
-
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn encode(
-        op: Op,
-        dtype: DType,
-        float: Float,
-        ranks: usize,
-        src: &[u8],
-        out: &mut [u8],
-    ) -> Encoded {
-        encode_lanes(op, dtype, float, ranks, src, out)
-    }
-
-    #[target_feature(enable = "avx2")]
-    pub(super) unsafe fn decode(
-        format: (Op, DType, Float),
-        ranks: u32,
-        payload: &[u8],
-        exponent: i16,
-        dst: &mut [u8],
-    ) {
-        decode_lanes(format, ranks, payload, exponent, dst)
-    }
-}
-
-#[inline(always)]
-fn encode_lanes(
-    op: Op,
-    dtype: DType,
-    float: Float,
-    ranks: usize,
-    src: &[u8],
-    out: &mut [u8],
-) -> Encoded {
     if dtype == DType::F16 && src.len() <= 2 * HALVES {
         // f16 widens to f32 exactly and travels in the same lanes (the same bits as each
         // element widened on its own, which the longer path below does).
@@ -324,7 +259,9 @@ fn encode_lanes(
     encode_elements(op, dtype, float, ranks, src, out)
 }
 
-#[inline(always)]
+/// The loops of each float lane are built twice, for the baseline and for AVX2 (the
+/// compiler vectorises them; nothing fuses a multiply and an add, so both builds give the
+/// same bits), and the AVX2 build is taken where the CPU has it: about twice the speed.
 fn encode_elements(
     op: Op,
     dtype: DType,
@@ -361,48 +298,10 @@ fn encode_elements(
                 }
             }
         },
-        Lane::Bfp32 => match dtype {
-            DType::F32 => {
-                enc = bfp_encode_bits(src, out, bfp_bits(dtype, ranks), 4, |b| {
-                    u32::from_le_bytes(b.try_into().unwrap())
-                })
-            }
-            DType::F16 => {
-                enc = bfp_encode(src, out, bfp_bits(dtype, ranks), 2, |b| {
-                    f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
-                })
-            }
-            _ => {
-                enc = bfp_encode_bits(src, out, bfp_bits(dtype, ranks), 2, |b| {
-                    bf16_bytes_to_f32(b).to_bits()
-                })
-            }
-        },
-        Lane::Key32 => match dtype {
-            DType::F32 => {
-                enc = key_encode(src, out, 4, |b| f32::from_le_bytes(b.try_into().unwrap()))
-            }
-            DType::F16 => {
-                enc = key_encode(src, out, 2, |b| {
-                    f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
-                })
-            }
-            _ => enc = key_encode(src, out, 2, bf16_bytes_to_f32),
-        },
+        Lane::Bfp32 => enc = encode_bfp32(dtype, bfp_bits(dtype, ranks), src, out),
+        Lane::Key32 => enc = encode_key32(dtype, src, out),
         Lane::Bfp64 => enc = bfp64_encode(src, out, bfp_bits(dtype, ranks)),
-        Lane::Exact => match dtype {
-            DType::F32 => {
-                enc = exact_encode(src, out, 4, |b| u32::from_le_bytes(b.try_into().unwrap()))
-            }
-            DType::F16 => {
-                enc = exact_encode(src, out, 2, |b| {
-                    f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()))
-                        .to_f32()
-                        .to_bits()
-                })
-            }
-            _ => enc = exact_encode(src, out, 2, |b| bf16_bytes_to_f32(b).to_bits()),
-        },
+        Lane::Exact => enc = encode_exact(dtype, src, out),
         Lane::Exact128 => enc = exact128_encode(src, out),
         Lane::Key64 => {
             let mut nan = false;
@@ -417,6 +316,46 @@ fn encode_elements(
         }
     }
     enc
+}
+
+/// The block lane of f32, f16 and bf16.
+#[multiversion(targets("x86_64+avx2"))]
+fn encode_bfp32(dtype: DType, bits: i32, src: &[u8], out: &mut [u8]) -> Encoded {
+    match dtype {
+        DType::F32 => bfp_encode_bits(src, out, bits, 4, |b| {
+            u32::from_le_bytes(b.try_into().unwrap())
+        }),
+        DType::F16 => bfp_encode(src, out, bits, 2, |b| {
+            f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
+        }),
+        _ => bfp_encode_bits(src, out, bits, 2, |b| bf16_bytes_to_f32(b).to_bits()),
+    }
+}
+
+/// The key lane of f32, f16 and bf16.
+#[multiversion(targets("x86_64+avx2"))]
+fn encode_key32(dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
+    match dtype {
+        DType::F32 => key_encode(src, out, 4, |b| f32::from_le_bytes(b.try_into().unwrap())),
+        DType::F16 => key_encode(src, out, 2, |b| {
+            f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
+        }),
+        _ => key_encode(src, out, 2, bf16_bytes_to_f32),
+    }
+}
+
+/// The exact lane of f32, f16 and bf16.
+#[multiversion(targets("x86_64+avx2"))]
+fn encode_exact(dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
+    match dtype {
+        DType::F32 => exact_encode(src, out, 4, |b| u32::from_le_bytes(b.try_into().unwrap())),
+        DType::F16 => exact_encode(src, out, 2, |b| {
+            f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()))
+                .to_f32()
+                .to_bits()
+        }),
+        _ => exact_encode(src, out, 2, |b| bf16_bytes_to_f32(b).to_bits()),
+    }
 }
 
 /// The largest finite magnitude of the `size`-byte elements of `src`, and the encoding's
@@ -443,28 +382,55 @@ fn finite_max(src: &[u8], size: usize, load: impl Fn(&[u8]) -> f64) -> (f64, Enc
 }
 
 /// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
-#[inline(always)]
+/// As [`bfp_encode_bits`]: the largest finite magnitude an integer maximum of the bits,
+/// each mantissa read from a double's bits (no vector conversion to i64 before AVX-512).
+#[multiversion(targets("x86_64+avx2"))]
 fn bfp64_encode(src: &[u8], out: &mut [u8], bits: i32) -> Encoded {
-    let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
-    let (max, mut enc) = finite_max(src, 8, load);
-    enc.exponent = block_exponent(max, bits);
+    const INF: u64 = 0x7ff0_0000_0000_0000;
+    const FRACTION: u64 = (1 << 52) - 1;
+    let load = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+    let mut enc = Encoded::default();
+    let (mut top, mut nonfinite) = (0u64, false);
+    for b in src.chunks_exact(8) {
+        let a = load(b) & !(1 << 63);
+        nonfinite |= a >= INF;
+        top = top.max(if a < INF { a } else { 0 });
+    }
+    if nonfinite {
+        enc.flags |= ENC_NONFINITE;
+    }
+    enc.exponent = block_exponent(f64::from_bits(top), bits);
+    let n = src.len() / 8;
+    if top == 0 {
+        out[..n * 8].fill(0);
+        return enc;
+    }
     let scale = Scale::new(-(enc.exponent as i32));
     for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
         let x = load(b);
         // Scaling by a power of two is exact here (the value lands below 2^56 and above
         // f64's subnormals); the one rounding is to the integer.
-        let m = if x.is_finite() {
-            let v = scale.apply(x);
-            // Past 2^51 a double has at most one fraction bit: truncating it errs by at
-            // most half a unit, as rounding does.
-            if v.abs() < 2f64.powi(51) {
-                round_even(v) as i64
-            } else {
-                v as i64
-            }
+        let v = scale.apply(f64::from_bits(x));
+        let w = v.to_bits();
+        // Below 2^51: rounded to even by 1.5 x 2^52, read from the fraction bits. From
+        // 2^51 a double has at most one fraction bit, which is cut (at most half a unit
+        // off, as rounding): the significand shifted by its exponent, from 1 right to 3
+        // left.
+        let small = (((v + ROUNDING).to_bits() & FRACTION) as i64) - (1 << 51);
+        let shift = ((w >> 52) & 0x7ff) as i64 - 1075;
+        let significand = (w & FRACTION) | (1 << 52);
+        let large = if shift < 0 {
+            significand >> 1
         } else {
-            0
+            significand << (shift & 7)
+        } as i64;
+        let large = if w >> 63 != 0 { -large } else { large };
+        let m = if w & !(1 << 63) < 0x4320_0000_0000_0000 {
+            small
+        } else {
+            large
         };
+        let m = if x & !(1 << 63) < INF { m } else { 0 };
         o.copy_from_slice(&m.to_le_bytes());
     }
     enc
@@ -584,8 +550,8 @@ fn exact_encode(src: &[u8], out: &mut [u8], size: usize, bits: impl Fn(&[u8]) ->
         let counts = a.wrapping_sub(1) < 0x7f7f_ffff;
         let (e, m) = parts(a);
         // Weights relative to 2^-150: the lowest set bit, and one past the highest.
-        let lowest = e + (m | 1 << 31).trailing_zeros();
-        let highest = e + 32 - m.leading_zeros();
+        let lowest = e.wrapping_add(log2_below_2_24(m & m.wrapping_neg()));
+        let highest = e.wrapping_add(1).wrapping_add(log2_below_2_24(m));
         low = low.min(if counts { lowest } else { u32::MAX });
         top = top.max(if counts { highest } else { 0 });
     }
@@ -607,9 +573,14 @@ fn exact_encode(src: &[u8], out: &mut [u8], size: usize, bits: impl Fn(&[u8]) ->
         let a = x & 0x7fff_ffff;
         let counts = a.wrapping_sub(1) < 0x7f7f_ffff;
         let (e, m) = parts(a);
-        // m's bits below 2^(low - e) are zero: shifted out first, the rest shifted left.
-        let t = (m | 1 << 31).trailing_zeros();
-        let v = ((m >> t) as i64) << ((e + t).wrapping_sub(low) & 63);
+        // m * 2^(e - low): shifted left, or right over bits that are zero (by at most 23
+        // for an element that counts).
+        let (m, d) = (m as u64, e as i64 - low as i64);
+        let v = (if d >= 0 {
+            m << (d & 63)
+        } else {
+            m >> (-d & 63)
+        }) as i64;
         let v = if counts { v } else { 0 };
         let v = if x >> 31 != 0 { -v } else { v };
         o.copy_from_slice(&v.to_le_bytes());
@@ -617,12 +588,28 @@ fn exact_encode(src: &[u8], out: &mut [u8], size: usize, bits: impl Fn(&[u8]) ->
     enc
 }
 
+/// floor(log2 m) for 0 < m < 2^24, read from the exponent of m as an f32 (exact): a
+/// conversion vector units make, where they have no bit count.
+#[inline(always)]
+fn log2_below_2_24(m: u32) -> u32 {
+    ((m as i32 as f32).to_bits() >> 23).wrapping_sub(127)
+}
+
+/// floor(log2 m) for 0 < m <= 2^52: m set into the fraction of 2^52 (exactly 2^52 + m,
+/// 2^53 for m = 2^52), less 2^52, is m as a double.
+#[inline(always)]
+fn log2_to_2_52(m: u64) -> u64 {
+    const TWO52: u64 = 0x4330_0000_0000_0000;
+    let x = f64::from_bits(TWO52 | m) - f64::from_bits(TWO52);
+    (x.to_bits() >> 52).wrapping_sub(1023)
+}
+
 /// Bits the 128-bit exact lane's mantissas may have: 127 and the sign.
 pub const EXACT128_BITS: i32 = 127;
 
 /// The exact lane of doubles: [`exact_encode`]'s scheme over a double's bits (11-bit
 /// exponent, mantissas below 2^53), in 128-bit lanes (low word first).
-#[inline(always)]
+#[multiversion(targets("x86_64+avx2"))]
 fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
     let bits = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
     const INF: u64 = 0x7ff0_0000_0000_0000;
@@ -639,8 +626,13 @@ fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
         nonfinite |= a >= INF;
         let counts = a.wrapping_sub(1) < INF - 1;
         let (e, m) = parts(a);
-        let lowest = e + (m | 1 << 63).trailing_zeros() as u64;
-        let highest = e + 64 - m.leading_zeros() as u64;
+        let lowest = e.wrapping_add(log2_to_2_52(m & m.wrapping_neg()));
+        // A normal double's highest bit is its implicit one.
+        let highest = e + if a >> 52 != 0 {
+            53
+        } else {
+            log2_to_2_52(m).wrapping_add(1)
+        };
         low = low.min(if counts { lowest } else { u64::MAX });
         top = top.max(if counts { highest } else { 0 });
     }
@@ -662,11 +654,27 @@ fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
         let a = x & !(1 << 63);
         let counts = a.wrapping_sub(1) < INF - 1;
         let (e, m) = parts(a);
-        let t = (m | 1 << 63).trailing_zeros() as u64;
-        let v = ((m >> t) as i128) << ((e + t).wrapping_sub(low) & 127);
-        let v = if counts { v } else { 0 };
-        let v = if x >> 63 != 0 { -v } else { v };
-        o.copy_from_slice(&v.to_le_bytes());
+        // m * 2^(e - low) as two words: shifted left by up to 74, or right over bits
+        // that are zero (by at most 52 for an element that counts).
+        let d = e as i64 - low as i64;
+        let up = (d & 127) as u32;
+        let down = (-d).clamp(0, 63) as u32;
+        let (lo, hi) = if d < 0 {
+            (m >> down, 0)
+        } else if up < 64 {
+            (m << up, (m >> 1) >> (63 - up))
+        } else {
+            (0, m << (up - 64))
+        };
+        let (lo, hi) = if counts { (lo, hi) } else { (0, 0) };
+        // Negated in two's complement: each word inverted, the carry of the low word's +1.
+        let (lo, hi) = if x >> 63 != 0 {
+            ((!lo).wrapping_add(1), (!hi).wrapping_add((lo == 0) as u64))
+        } else {
+            (lo, hi)
+        };
+        o[..8].copy_from_slice(&lo.to_le_bytes());
+        o[8..].copy_from_slice(&hi.to_le_bytes());
     }
     enc
 }
@@ -686,8 +694,10 @@ fn key_encode(src: &[u8], out: &mut [u8], size: usize, load: impl Fn(&[u8]) -> f
     }
 }
 
-#[inline(always)]
-fn decode_lanes(
+/// Decodes a result's lanes (`payload`) into `dst`'s elements of `dtype`, `op` in float
+/// mode `float`. `ranks` is the number of contributions in all levels (for `avg`, divided
+/// once, here).
+pub fn decode(
     (op, dtype, float): (Op, DType, Float),
     ranks: u32,
     payload: &[u8],
@@ -727,93 +737,141 @@ fn decode_lanes(
                 }
             }
         }
-        Lane::Bfp64 => {
-            // The 62-bit sum rounds once to a double, scaling is exact (but into the
-            // subnormals), and avg's division rounds once more.
-            let scale = Scale::new(exponent as i32);
-            let div = if avg { ranks as f64 } else { 1.0 };
-            for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
-                let m = i64::from_le_bytes(p.try_into().unwrap()) as f64;
-                d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
-            }
-        }
-        Lane::Exact => {
-            // The exact sum, rounded once: an i64 converts to the nearest f32 (ties to
-            // even), and scaling a 24-bit value by a power of two is exact but into the
-            // subnormals. f16 and bf16 round once from the f64 (exact below 2^53); avg
-            // divides the f64 and rounds again. A pure function of the sum: the same bits
-            // on every rank, every run.
-            let scale = Scale::new(exponent as i32);
-            let sums = payload
-                .chunks_exact(8)
-                .take(n)
-                .map(|p| i64::from_le_bytes(p.try_into().unwrap()));
-            match (dtype, avg) {
-                (DType::F32, false) => {
-                    for (m, d) in sums.zip(dst.chunks_exact_mut(4)) {
-                        let x = scale.apply((m as f32) as f64) as f32;
-                        d.copy_from_slice(&x.to_le_bytes())
-                    }
-                }
-                (_, false) => put_all(dtype, sums.map(|m| scale.apply(m as f64)), dst),
-                _ => {
-                    let div = ranks as f64;
-                    put_all(dtype, sums.map(|m| scale.apply(m as f64) / div), dst)
-                }
-            }
-        }
-        Lane::Exact128 => {
-            // The exact sum rounded once to a double (an i128 converts to the nearest),
-            // scaled exactly but into the subnormals; avg divides and rounds once more.
-            let scale = Scale::new(exponent as i32);
-            let div = if avg { ranks as f64 } else { 1.0 };
-            for (p, d) in payload
-                .chunks_exact(16)
-                .take(n)
-                .zip(dst.chunks_exact_mut(8))
-            {
-                let m = i128::from_le_bytes(p.try_into().unwrap()) as f64;
-                d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
-            }
-        }
+        Lane::Bfp64 => decode_bfp64(dtype, avg, ranks, payload, exponent, dst),
+        Lane::Exact => decode_exact(dtype, avg, ranks, payload, exponent, dst),
+        Lane::Exact128 => decode_exact128(dtype, avg, ranks, payload, exponent, dst),
         Lane::Key64 => {
             for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
                 let k = i64::from_le_bytes(p.try_into().unwrap());
                 d.copy_from_slice(&(key64(k as u64) as u64).to_le_bytes());
             }
         }
-        Lane::Bfp32 => {
-            let scale = Scale::new(exponent as i32);
-            let mantissas = payload
-                .chunks_exact(4)
-                .take(n)
-                .map(|p| f64::from(i32::from_le_bytes(p.try_into().unwrap())));
-            if avg {
-                let div = ranks as f64;
-                put_all(dtype, mantissas.map(|m| scale.apply(m) / div), dst)
-            } else {
-                // A sum is not divided (by 1: the same bits, at a division's cost).
-                put_all(dtype, mantissas.map(|m| scale.apply(m)), dst)
+        Lane::Bfp32 => decode_bfp32(dtype, avg, ranks, payload, exponent, dst),
+        Lane::Key32 => decode_key32(dtype, payload, dst),
+    }
+}
+
+#[multiversion(targets("x86_64+avx2"))]
+fn decode_bfp64(
+    dtype: DType,
+    avg: bool,
+    ranks: u32,
+    payload: &[u8],
+    exponent: i16,
+    dst: &mut [u8],
+) {
+    let n = dst.len() / dtype.size();
+    // The 62-bit sum rounds once to a double, scaling is exact (but into the
+    // subnormals), and avg's division rounds once more.
+    let scale = Scale::new(exponent as i32);
+    let div = if avg { ranks as f64 } else { 1.0 };
+    for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
+        let m = i64::from_le_bytes(p.try_into().unwrap()) as f64;
+        d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+    }
+}
+
+#[multiversion(targets("x86_64+avx2"))]
+fn decode_exact(
+    dtype: DType,
+    avg: bool,
+    ranks: u32,
+    payload: &[u8],
+    exponent: i16,
+    dst: &mut [u8],
+) {
+    let n = dst.len() / dtype.size();
+    // The exact sum, rounded once: an i64 converts to the nearest f32 (ties to
+    // even), and scaling a 24-bit value by a power of two is exact but into the
+    // subnormals. f16 and bf16 round once from the f64 (exact below 2^53); avg
+    // divides the f64 and rounds again. A pure function of the sum: the same bits
+    // on every rank, every run.
+    let scale = Scale::new(exponent as i32);
+    let sums = payload
+        .chunks_exact(8)
+        .take(n)
+        .map(|p| i64::from_le_bytes(p.try_into().unwrap()));
+    match (dtype, avg) {
+        (DType::F32, false) => {
+            for (m, d) in sums.zip(dst.chunks_exact_mut(4)) {
+                let x = scale.apply((m as f32) as f64) as f32;
+                d.copy_from_slice(&x.to_le_bytes())
             }
         }
-        Lane::Key32 => {
-            // The result is one of the inputs: converting back is exact.
-            let values = payload
-                .chunks_exact(4)
-                .take(n)
-                .map(|p| unkey(u32::from_le_bytes(p.try_into().unwrap())));
-            match dtype {
-                DType::F32 => {
-                    for (x, d) in values.zip(dst.chunks_exact_mut(4)) {
-                        d.copy_from_slice(&x.to_le_bytes())
-                    }
-                }
-                DType::F16 => put_all(dtype, values.map(f64::from), dst),
-                _ => {
-                    for (x, d) in values.zip(dst.chunks_exact_mut(2)) {
-                        d.copy_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes())
-                    }
-                }
+        (_, false) => put_all(dtype, sums.map(|m| scale.apply(m as f64)), dst),
+        _ => {
+            let div = ranks as f64;
+            put_all(dtype, sums.map(|m| scale.apply(m as f64) / div), dst)
+        }
+    }
+}
+
+#[multiversion(targets("x86_64+avx2"))]
+fn decode_exact128(
+    dtype: DType,
+    avg: bool,
+    ranks: u32,
+    payload: &[u8],
+    exponent: i16,
+    dst: &mut [u8],
+) {
+    let n = dst.len() / dtype.size();
+    // The exact sum rounded once to a double (an i128 converts to the nearest),
+    // scaled exactly but into the subnormals; avg divides and rounds once more.
+    let scale = Scale::new(exponent as i32);
+    let div = if avg { ranks as f64 } else { 1.0 };
+    for (p, d) in payload
+        .chunks_exact(16)
+        .take(n)
+        .zip(dst.chunks_exact_mut(8))
+    {
+        let m = i128::from_le_bytes(p.try_into().unwrap()) as f64;
+        d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+    }
+}
+
+#[multiversion(targets("x86_64+avx2"))]
+fn decode_bfp32(
+    dtype: DType,
+    avg: bool,
+    ranks: u32,
+    payload: &[u8],
+    exponent: i16,
+    dst: &mut [u8],
+) {
+    let n = dst.len() / dtype.size();
+    let scale = Scale::new(exponent as i32);
+    let mantissas = payload
+        .chunks_exact(4)
+        .take(n)
+        .map(|p| f64::from(i32::from_le_bytes(p.try_into().unwrap())));
+    if avg {
+        let div = ranks as f64;
+        put_all(dtype, mantissas.map(|m| scale.apply(m) / div), dst)
+    } else {
+        // A sum is not divided (by 1: the same bits, at a division's cost).
+        put_all(dtype, mantissas.map(|m| scale.apply(m)), dst)
+    }
+}
+
+#[multiversion(targets("x86_64+avx2"))]
+fn decode_key32(dtype: DType, payload: &[u8], dst: &mut [u8]) {
+    let n = dst.len() / dtype.size();
+    // The result is one of the inputs: converting back is exact.
+    let values = payload
+        .chunks_exact(4)
+        .take(n)
+        .map(|p| unkey(u32::from_le_bytes(p.try_into().unwrap())));
+    match dtype {
+        DType::F32 => {
+            for (x, d) in values.zip(dst.chunks_exact_mut(4)) {
+                d.copy_from_slice(&x.to_le_bytes())
+            }
+        }
+        DType::F16 => put_all(dtype, values.map(f64::from), dst),
+        _ => {
+            for (x, d) in values.zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&((x.to_bits() >> 16) as u16).to_le_bytes())
             }
         }
     }
@@ -829,6 +887,142 @@ pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The encoders as they were, element by element: the specification the straight-line
+    /// ones are checked against.
+    mod per_element {
+        use super::super::*;
+
+        pub fn exact_encode(
+            src: &[u8],
+            out: &mut [u8],
+            size: usize,
+            bits: impl Fn(&[u8]) -> u32,
+        ) -> Encoded {
+            let mut enc = Encoded::default();
+            // Per element: its magnitude's bits `a`; finite and non-zero when `a` is in
+            // 1..0x7f80_0000; then `m * 2^(e - 150)` with `m` below 2^24 (no implicit bit for a
+            // subnormal, whose `e` counts as 1).
+            let parts = |a: u32| {
+                let e = (a >> 23).max(1);
+                let m = (a & 0x7f_ffff) | (((a >> 23) != 0) as u32) << 23;
+                (e, m)
+            };
+            let (mut low, mut top, mut nonfinite) = (u32::MAX, 0u32, false);
+            for b in src.chunks_exact(size) {
+                let a = bits(b) & 0x7fff_ffff;
+                nonfinite |= a >= 0x7f80_0000;
+                let counts = a.wrapping_sub(1) < 0x7f7f_ffff;
+                let (e, m) = parts(a);
+                // Weights relative to 2^-150: the lowest set bit, and one past the highest.
+                let lowest = e + (m | 1 << 31).trailing_zeros();
+                let highest = e + 32 - m.leading_zeros();
+                low = low.min(if counts { lowest } else { u32::MAX });
+                top = top.max(if counts { highest } else { 0 });
+            }
+            if nonfinite {
+                enc.flags |= ENC_NONFINITE;
+            }
+            let n = src.len() / size;
+            if low == u32::MAX || (top - low) as i32 > EXACT_BITS {
+                if low != u32::MAX {
+                    enc.flags |= ENC_OVERFLOW;
+                }
+                out[..n * 8].fill(0);
+                return enc;
+            }
+            enc.exponent = (low as i32 - 150) as i16;
+            enc.magnitude = (top - low) as u8;
+            for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(8)) {
+                let x = bits(b);
+                let a = x & 0x7fff_ffff;
+                let counts = a.wrapping_sub(1) < 0x7f7f_ffff;
+                let (e, m) = parts(a);
+                // m's bits below 2^(low - e) are zero: shifted out first, the rest shifted left.
+                let t = (m | 1 << 31).trailing_zeros();
+                let v = ((m >> t) as i64) << ((e + t).wrapping_sub(low) & 63);
+                let v = if counts { v } else { 0 };
+                let v = if x >> 31 != 0 { -v } else { v };
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+            enc
+        }
+
+        pub fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
+            let bits = |b: &[u8]| u64::from_le_bytes(b.try_into().unwrap());
+            const INF: u64 = 0x7ff0_0000_0000_0000;
+            let mut enc = Encoded::default();
+            // `m * 2^(e - 1075)`, a subnormal's `e` counting as 1.
+            let parts = |a: u64| {
+                let e = (a >> 52).max(1);
+                let m = (a & ((1 << 52) - 1)) | (((a >> 52) != 0) as u64) << 52;
+                (e, m)
+            };
+            let (mut low, mut top, mut nonfinite) = (u64::MAX, 0u64, false);
+            for b in src.chunks_exact(8) {
+                let a = bits(b) & !(1 << 63);
+                nonfinite |= a >= INF;
+                let counts = a.wrapping_sub(1) < INF - 1;
+                let (e, m) = parts(a);
+                let lowest = e + (m | 1 << 63).trailing_zeros() as u64;
+                let highest = e + 64 - m.leading_zeros() as u64;
+                low = low.min(if counts { lowest } else { u64::MAX });
+                top = top.max(if counts { highest } else { 0 });
+            }
+            if nonfinite {
+                enc.flags |= ENC_NONFINITE;
+            }
+            let n = src.len() / 8;
+            if low == u64::MAX || (top - low) as i32 > EXACT128_BITS {
+                if low != u64::MAX {
+                    enc.flags |= ENC_OVERFLOW;
+                }
+                out[..n * 16].fill(0);
+                return enc;
+            }
+            enc.exponent = (low as i32 - 1075) as i16;
+            enc.magnitude = (top - low) as u8;
+            for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(16)) {
+                let x = bits(b);
+                let a = x & !(1 << 63);
+                let counts = a.wrapping_sub(1) < INF - 1;
+                let (e, m) = parts(a);
+                let t = (m | 1 << 63).trailing_zeros() as u64;
+                let v = ((m >> t) as i128) << ((e + t).wrapping_sub(low) & 127);
+                let v = if counts { v } else { 0 };
+                let v = if x >> 63 != 0 { -v } else { v };
+                o.copy_from_slice(&v.to_le_bytes());
+            }
+            enc
+        }
+
+        /// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
+        pub fn bfp64_encode(src: &[u8], out: &mut [u8], bits: i32) -> Encoded {
+            let load = |b: &[u8]| f64::from_le_bytes(b.try_into().unwrap());
+            let (max, mut enc) = finite_max(src, 8, load);
+            enc.exponent = block_exponent(max, bits);
+            let scale = Scale::new(-(enc.exponent as i32));
+            for (b, o) in src.chunks_exact(8).zip(out.chunks_exact_mut(8)) {
+                let x = load(b);
+                // Scaling by a power of two is exact here (the value lands below 2^56 and above
+                // f64's subnormals); the one rounding is to the integer.
+                let m = if x.is_finite() {
+                    let v = scale.apply(x);
+                    // Past 2^51 a double has at most one fraction bit: truncating it errs by at
+                    // most half a unit, as rounding does.
+                    if v.abs() < 2f64.powi(51) {
+                        round_even(v) as i64
+                    } else {
+                        v as i64
+                    }
+                } else {
+                    0
+                };
+                o.copy_from_slice(&m.to_le_bytes());
+            }
+            enc
+        }
+    }
 
     /// f16 and bf16 from a double round once: to the nearest value of the type, ties to
     /// the even one — checked against the two neighbours of each result.
@@ -961,60 +1155,8 @@ mod tests {
                         bfp_encode(&src, &mut old, b, 2, bf16_bytes_to_f32),
                     ),
                 };
-                assert_eq!(e_new, e_old, "{dtype:?} {ranks} ranks: {bits:x?}");
-                assert_eq!(new, old, "{dtype:?} {ranks} ranks: {bits:x?}");
-            }
-        }
-    }
-
-    /// The conversions built for AVX2 (taken where the CPU has it, as here) give the same
-    /// bits as the baseline build, for every op, type and float mode, on values of every
-    /// kind (random bits: NaN, infinities, subnormals, zeros among them) and on lanes of
-    /// every value. On a CPU without AVX2 both calls are the baseline's.
-    #[test]
-    fn the_avx2_build_gives_the_baseline_bits() {
-        let mut z = 0x9e37_79b9_7f4a_7c15u64;
-        let mut bytes = |n: usize| -> Vec<u8> {
-            (0..n)
-                .map(|_| {
-                    z ^= z << 13;
-                    z ^= z >> 7;
-                    z ^= z << 17;
-                    (z >> 24) as u8
-                })
-                .collect()
-        };
-        for op in Op::ALL {
-            for dtype in DType::ALL {
-                for float in [Float::Fast, Float::Exact] {
-                    let Some(lane) = lane_in(op, dtype, float) else {
-                        continue;
-                    };
-                    for round in 0..40 {
-                        let n = 1 + round * 37;
-                        // Every fourth input of one sign and exponent range, so that
-                        // segments are not all flagged or all alike.
-                        let mut src = bytes(n * dtype.size());
-                        if round % 4 == 0 {
-                            for e in src.chunks_exact_mut(dtype.size()) {
-                                let top = e.len() - 1;
-                                e[top] = 0x3f;
-                            }
-                        }
-                        let (mut wide, mut base) =
-                            (vec![1u8; n * lane.size()], vec![2u8; n * lane.size()]);
-                        let a = encode(op, dtype, float, 4, &src, &mut wide);
-                        let b = encode_lanes(op, dtype, float, 4, &src, &mut base);
-                        assert_eq!((a, &wide), (b, &base), "encode {op:?} {dtype:?} {float:?}");
-                        let lanes = bytes(n * lane.size());
-                        let (mut wide, mut base) =
-                            (vec![1u8; n * dtype.size()], vec![2u8; n * dtype.size()]);
-                        let exponent = (round as i16 - 20) * 3;
-                        decode((op, dtype, float), 3, &lanes, exponent, &mut wide);
-                        decode_lanes((op, dtype, float), 3, &lanes, exponent, &mut base);
-                        assert_eq!(wide, base, "decode {op:?} {dtype:?} {float:?}");
-                    }
-                }
+                assert!(e_new == e_old, "{dtype:?} {ranks} ranks, round {round}");
+                assert!(new == old, "{dtype:?} {ranks} ranks, round {round}");
             }
         }
     }
@@ -1045,9 +1187,9 @@ mod tests {
                     continue;
                 }
                 let (mut v, mut e) = (vec![1u8; n * width], vec![2u8; n * width]);
-                let a = encode_lanes(op, DType::F16, float, 3, &src, &mut v);
+                let a = encode(op, DType::F16, float, 3, &src, &mut v);
                 let b = encode_elements(op, DType::F16, float, 3, &src, &mut e);
-                assert_eq!((a, &v), (b, &e), "encode f16 {op:?} {float:?}");
+                assert!((a, &v) == (b, &e), "encode f16 {op:?} {float:?}");
             }
             for dtype in [DType::F32, DType::F16, DType::Bf16] {
                 for (op, float) in [
@@ -1092,9 +1234,74 @@ mod tests {
                         };
                         let mut want = vec![0u8; dtype.size()];
                         put(dtype, scale.apply(x) / div, &mut want);
-                        assert_eq!(g, &want[..], "{dtype:?} {op:?} {float:?} element {i}");
+                        assert!(g == &want[..], "{dtype:?} {op:?} {float:?} element {i}");
                     }
                 }
+            }
+        }
+    }
+
+    /// The straight-line exact and double encoders give the bits the per-element ones
+    /// gave, on random bits (NaN, infinities, subnormals, zeros among them) and on
+    /// segments of one sign and a few exponents (the lanes' common case).
+    #[test]
+    fn straight_line_exact_and_double_encoders_match_per_element() {
+        let mut z = 0x5851_f42d_4c95_7f2du64;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        for round in 0..3000 {
+            let n = 1 + (next() % 1116) as usize;
+            let narrow = round % 3 != 0;
+            let base = next();
+            let words: Vec<u64> = (0..n)
+                .map(|_| {
+                    let r = next();
+                    match (narrow, r % 13) {
+                        (_, 0) => [
+                            0,
+                            1 << 63,
+                            1,
+                            0x7ff0 << 48,
+                            0x7ff8 << 48,
+                            0x000f_ffff_ffff_ffff,
+                        ][(r >> 8) as usize % 6],
+                        (true, _) => {
+                            (base & (0xfff << 52)).wrapping_add((r % 8) << 52)
+                                | (r & ((1 << 52) - 1))
+                                | (r & (1 << 63))
+                        }
+                        _ => r,
+                    }
+                })
+                .collect();
+            let doubles: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
+            let floats: Vec<u8> = words
+                .iter()
+                .flat_map(|w| ((w >> 32) as u32).to_le_bytes())
+                .collect();
+            // Both filled alike: a lane left unwritten by both is no difference.
+            let (mut a, mut b) = (vec![0xa5u8; n * 16], vec![0xa5u8; n * 16]);
+            let f32_bits = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+            assert!(
+                (exact_encode(&floats, &mut a, 4, f32_bits), &a)
+                    == (per_element::exact_encode(&floats, &mut b, 4, f32_bits), &b),
+                "exact f32, round {round}"
+            );
+            assert!(
+                (exact128_encode(&doubles, &mut a), &a)
+                    == (per_element::exact128_encode(&doubles, &mut b), &b),
+                "exact f64, round {round}"
+            );
+            for bits in [BFP64_BITS, bfp_bits(DType::F64, 4096)] {
+                assert!(
+                    (bfp64_encode(&doubles, &mut a, bits), &a)
+                        == (per_element::bfp64_encode(&doubles, &mut b, bits), &b),
+                    "block f64, round {round}"
+                );
             }
         }
     }
