@@ -819,14 +819,30 @@ fn decode_exact128(
     // The exact sum rounded once to a double (an i128 converts to the nearest),
     // scaled exactly but into the subnormals; avg divides and rounds once more.
     let scale = Scale::new(exponent as i32);
-    let div = if avg { ranks as f64 } else { 1.0 };
-    for (p, d) in payload
-        .chunks_exact(16)
-        .take(n)
-        .zip(dst.chunks_exact_mut(8))
-    {
-        let m = i128::from_le_bytes(p.try_into().unwrap()) as f64;
-        d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+    let sums = payload.chunks_exact(16).take(n).map(|p| {
+        let (lo, hi) = (
+            i64::from_le_bytes(p[..8].try_into().unwrap()),
+            i64::from_le_bytes(p[8..].try_into().unwrap()),
+        );
+        // A sum within 64 bits (values of a few magnitudes: the common case) converts
+        // as an i64, to the same nearest double; a wider one through i128's conversion,
+        // a library call.
+        if hi == lo >> 63 {
+            lo as f64
+        } else {
+            ((i128::from(hi) << 64) | i128::from(lo as u64)) as f64
+        }
+    });
+    let out = dst.chunks_exact_mut(8);
+    if avg {
+        let div = ranks as f64;
+        for (m, d) in sums.zip(out) {
+            d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+        }
+    } else {
+        for (m, d) in sums.zip(out) {
+            d.copy_from_slice(&scale.apply(m).to_le_bytes());
+        }
     }
 }
 
@@ -1302,6 +1318,63 @@ mod tests {
                         == (per_element::bfp64_encode(&doubles, &mut b, bits), &b),
                     "block f64, round {round}"
                 );
+            }
+        }
+    }
+
+    /// A double's exact sum within 64 bits decodes through an i64's conversion, a wider
+    /// one through i128's: each to the double i128's conversion gives, then scaled (and
+    /// divided for a mean) as before.
+    #[test]
+    fn double_exact_sums_decode_as_their_i128() {
+        let mut z = 0x1234_5678_9abc_def1u64;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        for round in 0..400 {
+            let n = 1 + (next() % 558) as usize;
+            let sums: Vec<i128> = (0..n)
+                .map(|_| {
+                    let (a, b) = (next(), next());
+                    let wide = ((a as i128) << 64) | b as i128;
+                    // Narrow (sign-extended 64-bit), at the edge, or wide.
+                    match a % 4 {
+                        0 => wide >> (64 + a % 64),
+                        1 => i128::from(b as i64),
+                        2 => [
+                            i128::from(i64::MIN),
+                            i128::from(i64::MAX),
+                            i128::from(i64::MIN) - 1,
+                            i128::from(i64::MAX) + 1,
+                        ][(b % 4) as usize],
+                        _ => wide >> (a % 80),
+                    }
+                })
+                .collect();
+            let lanes: Vec<u8> = sums.iter().flat_map(|v| v.to_le_bytes()).collect();
+            let exponent = (next() % 2000) as i16 - 1100;
+            for op in [Op::Sum, Op::Avg] {
+                let mut got = vec![0u8; n * 8];
+                decode(
+                    (op, DType::F64, Float::Exact),
+                    3,
+                    &lanes,
+                    exponent,
+                    &mut got,
+                );
+                let scale = Scale::new(exponent as i32);
+                let div = if op == Op::Avg { 3.0 } else { 1.0 };
+                for (v, g) in sums.iter().zip(got.chunks_exact(8)) {
+                    let want = scale.apply(*v as f64) / div;
+                    assert!(
+                        g == want.to_le_bytes(),
+                        "round {round} {op:?}: {v} gave {:e}, not {want:e}",
+                        f64::from_le_bytes(g.try_into().unwrap())
+                    );
+                }
             }
         }
     }
