@@ -595,8 +595,8 @@ fn log2_below_2_24(m: u32) -> u32 {
     ((m as i32 as f32).to_bits() >> 23).wrapping_sub(127)
 }
 
-/// floor(log2 m) for 0 < m <= 2^52: m set into the fraction of 2^52 (exactly 2^52 + m,
-/// 2^53 for m = 2^52), less 2^52, is m as a double.
+/// floor(log2 m) for 0 < m < 2^52: m set into the fraction of 2^52 (exactly 2^52 + m),
+/// less 2^52, is m as a double.
 #[inline(always)]
 fn log2_to_2_52(m: u64) -> u64 {
     const TWO52: u64 = 0x4330_0000_0000_0000;
@@ -620,28 +620,39 @@ fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
         let m = (a & ((1 << 52) - 1)) | (((a >> 52) != 0) as u64) << 52;
         (e, m)
     };
-    let (mut low, mut top, mut nonfinite) = (u64::MAX, 0u64, false);
+    // In signed 64-bit arithmetic (the sign cleared): vector units compare 64-bit lanes
+    // signed only, and the compiler leaves the unsigned loop scalar.
+    let (mut low, mut top, mut nonfinite) = (i64::MAX, 0i64, false);
     for b in src.chunks_exact(8) {
-        let a = bits(b) & !(1 << 63);
-        nonfinite |= a >= INF;
-        let counts = a.wrapping_sub(1) < INF - 1;
-        let (e, m) = parts(a);
-        let lowest = e.wrapping_add(log2_to_2_52(m & m.wrapping_neg()));
+        let a = (bits(b) & !(1 << 63)) as i64;
+        nonfinite |= a >= INF as i64;
+        let counts = a != 0 && a < INF as i64;
+        let biased = a >> 52;
+        let e = biased.max(1);
+        let m = (a & ((1 << 52) - 1)) | i64::from(biased != 0) << 52;
+        // The lowest set bit; 2^52 (a normal double with no fraction) is past the
+        // conversion's range.
+        let p = m & m.wrapping_neg();
+        let lowest = e + if p == 1 << 52 {
+            52
+        } else {
+            log2_to_2_52(p as u64) as i64
+        };
         // A normal double's highest bit is its implicit one.
-        let highest = e + if a >> 52 != 0 {
+        let highest = e + if biased != 0 {
             53
         } else {
-            log2_to_2_52(m).wrapping_add(1)
+            log2_to_2_52(m as u64) as i64 + 1
         };
-        low = low.min(if counts { lowest } else { u64::MAX });
+        low = low.min(if counts { lowest } else { i64::MAX });
         top = top.max(if counts { highest } else { 0 });
     }
     if nonfinite {
         enc.flags |= ENC_NONFINITE;
     }
     let n = src.len() / 8;
-    if low == u64::MAX || (top - low) as i32 > EXACT128_BITS {
-        if low != u64::MAX {
+    if low == i64::MAX || (top - low) as i32 > EXACT128_BITS {
+        if low != i64::MAX {
             enc.flags |= ENC_OVERFLOW;
         }
         out[..n * 16].fill(0);
@@ -656,7 +667,7 @@ fn exact128_encode(src: &[u8], out: &mut [u8]) -> Encoded {
         let (e, m) = parts(a);
         // m * 2^(e - low) as two words: shifted left by up to 74, or right over bits
         // that are zero (by at most 52 for an element that counts).
-        let d = e as i64 - low as i64;
+        let d = e as i64 - low;
         let up = (d & 127) as u32;
         let down = (-d).clamp(0, 63) as u32;
         let (lo, hi) = if d < 0 {
@@ -1269,28 +1280,34 @@ mod tests {
             z ^= z << 17;
             z
         };
+        let mut carried = [0usize; 2];
         for round in 0..3000 {
             let n = 1 + (next() % 1116) as usize;
-            let narrow = round % 3 != 0;
-            let base = next();
+            // A third of the segments random bits (most too wide: flagged); the rest within
+            // a few exponents (the lanes' common case), their fractions random, of a few
+            // bits, or none (powers of two), with zeros, and now and then a subnormal, an
+            // infinity or a NaN.
+            let wide = round % 3 == 0;
+            let base = next() & (0x7fe << 52);
             let words: Vec<u64> = (0..n)
                 .map(|_| {
                     let r = next();
-                    match (narrow, r % 13) {
-                        (_, 0) => [
-                            0,
-                            1 << 63,
-                            1,
-                            0x7ff0 << 48,
-                            0x7ff8 << 48,
-                            0x000f_ffff_ffff_ffff,
-                        ][(r >> 8) as usize % 6],
-                        (true, _) => {
-                            (base & (0xfff << 52)).wrapping_add((r % 8) << 52)
-                                | (r & ((1 << 52) - 1))
-                                | (r & (1 << 63))
+                    if wide {
+                        return r;
+                    }
+                    let fraction = match r % 4 {
+                        0 => 0,
+                        1 => ((r >> 12) & 0xf) << (48 - (r >> 16) % 12 * 4),
+                        _ => r & ((1 << 52) - 1),
+                    };
+                    let exponent = base.wrapping_add(((r >> 56) % 6) << 52) & (0x7ff << 52);
+                    match (r >> 8) % 64 {
+                        0 => (r & 1) << 63,
+                        1 if round % 4 == 1 => {
+                            [1, 0x000f_ffff_ffff_ffff, 0x7ff0 << 48, 0x7ff8 << 48]
+                                [(r >> 20) as usize % 4]
                         }
-                        _ => r,
+                        _ => (r & (1 << 63)) | exponent | fraction,
                     }
                 })
                 .collect();
@@ -1302,16 +1319,18 @@ mod tests {
             // Both filled alike: a lane left unwritten by both is no difference.
             let (mut a, mut b) = (vec![0xa5u8; n * 16], vec![0xa5u8; n * 16]);
             let f32_bits = |b: &[u8]| u32::from_le_bytes(b.try_into().unwrap());
+            let e = exact_encode(&floats, &mut a, 4, f32_bits);
             assert!(
-                (exact_encode(&floats, &mut a, 4, f32_bits), &a)
-                    == (per_element::exact_encode(&floats, &mut b, 4, f32_bits), &b),
+                (e, &a) == (per_element::exact_encode(&floats, &mut b, 4, f32_bits), &b),
                 "exact f32, round {round}"
             );
+            carried[0] += usize::from(e.flags & ENC_OVERFLOW == 0);
+            let e = exact128_encode(&doubles, &mut a);
             assert!(
-                (exact128_encode(&doubles, &mut a), &a)
-                    == (per_element::exact128_encode(&doubles, &mut b), &b),
+                (e, &a) == (per_element::exact128_encode(&doubles, &mut b), &b),
                 "exact f64, round {round}"
             );
+            carried[1] += usize::from(e.flags & ENC_OVERFLOW == 0);
             for bits in [BFP64_BITS, bfp_bits(DType::F64, 4096)] {
                 assert!(
                     (bfp64_encode(&doubles, &mut a, bits), &a)
@@ -1320,6 +1339,12 @@ mod tests {
                 );
             }
         }
+        // The narrow segments fit the exact lanes: the comparison is of integers, not
+        // only of flagged segments' zeros.
+        assert!(
+            carried.iter().all(|&c| c > 1500),
+            "segments carried: {carried:?}"
+        );
     }
 
     /// A double's exact sum within 64 bits decodes through an i64's conversion, a wider
