@@ -775,10 +775,14 @@ fn decode_bfp64(
     // The 62-bit sum rounds once to a double, scaling is exact (but into the
     // subnormals), and avg's division rounds once more.
     let scale = Scale::new(exponent as i32);
-    let div = if avg { ranks as f64 } else { 1.0 };
     for (p, d) in payload.chunks_exact(8).take(n).zip(dst.chunks_exact_mut(8)) {
         let m = i64::from_le_bytes(p.try_into().unwrap()) as f64;
-        d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+        let x = if avg {
+            double_mean(scale, m, ranks as f64)
+        } else {
+            scale.apply(m)
+        };
+        d.copy_from_slice(&x.to_le_bytes());
     }
 }
 
@@ -792,28 +796,66 @@ fn decode_exact(
     dst: &mut [u8],
 ) {
     let n = dst.len() / dtype.size();
-    // The exact sum, rounded once: an i64 converts to the nearest f32 (ties to
-    // even), and scaling a 24-bit value by a power of two is exact but into the
-    // subnormals. f16 and bf16 round once from the f64 (exact below 2^53); avg
-    // divides the f64 and rounds again. A pure function of the sum: the same bits
-    // on every rank, every run.
+    // The exact sum (or mean), rounded once: rounded to odd in a double first (53 bits,
+    // more than two past any of the types', so the type's rounding to nearest is the one
+    // rounding of the exact value), scaled exactly (the exponents of these lanes keep
+    // it far from a double's subnormals), then rounded to the type (f16 and bf16 to odd
+    // in an f32 first, [`put_all`]). A pure function of the sum: the same bits on every
+    // rank, every run.
     let scale = Scale::new(exponent as i32);
     let sums = payload
         .chunks_exact(8)
         .take(n)
         .map(|p| i64::from_le_bytes(p.try_into().unwrap()));
-    match (dtype, avg) {
-        (DType::F32, false) => {
-            for (m, d) in sums.zip(dst.chunks_exact_mut(4)) {
-                let x = scale.apply((m as f32) as f64) as f32;
-                d.copy_from_slice(&x.to_le_bytes())
-            }
-        }
-        (_, false) => put_all(dtype, sums.map(|m| scale.apply(m as f64)), dst),
-        _ => {
-            let div = ranks as f64;
-            put_all(dtype, sums.map(|m| scale.apply(m as f64) / div), dst)
-        }
+    if avg {
+        put_all(dtype, sums.map(|m| scale.apply(mean_to_odd(m, ranks))), dst)
+    } else {
+        put_all(dtype, sums.map(|m| scale.apply(i64_to_odd(m))), dst)
+    }
+}
+
+/// `m` as a double rounded to odd: its top 53 bits, the last one set when anything was
+/// cut. The two halves convert exactly, and their sum's rounding error is exact (Knuth's
+/// two-sum), which says which way the sum rounded; selects, not branches, so that a loop
+/// of it vectorises.
+#[inline(always)]
+fn i64_to_odd(m: i64) -> f64 {
+    // Through 32-bit conversions, which vector units have (the low half offset into
+    // i32's range and back, exactly).
+    let hi = f64::from((m >> 32) as i32) * 4_294_967_296.0;
+    let lo = f64::from((m as u32 ^ 0x8000_0000) as i32) + 2_147_483_648.0;
+    let s = hi + lo;
+    let b = s - hi;
+    let err = (hi - (s - b)) + (lo - b);
+    // Rounded away from zero: one step back, then the last bit set.
+    let t = s.to_bits() - u64::from((err < 0.0) == (s > 0.0));
+    f64::from_bits(if err == 0.0 { s.to_bits() } else { t | 1 })
+}
+
+/// `m / ranks` as a double rounded to odd: the quotient of `m * 2^64` in integers (its
+/// remainder kept as the cut bits' witness), converted as [`i64_to_odd`] converts.
+fn mean_to_odd(m: i64, ranks: u32) -> f64 {
+    let num = i128::from(m) << 64;
+    let (q, r) = (num / i128::from(ranks), num % i128::from(ranks));
+    let y = q as f64;
+    // `y as i128` saturates only at 2^127, past any quotient here: the test still says
+    // the conversion was inexact, and the step back is right.
+    let back = y as i128;
+    let exact = back == q && r == 0;
+    let away = back.unsigned_abs() > q.unsigned_abs();
+    let t = y.to_bits() - u64::from(away);
+    f64::from_bits(if exact { y.to_bits() } else { t | 1 }) * 2f64.powi(-64)
+}
+
+/// A mean of doubles, `sum * 2^k / ranks`: scaled first, as the sum's one rounding
+/// wants, unless the scaled sum passes a double's range where the mean does not.
+#[inline(always)]
+fn double_mean(scale: Scale, sum: f64, ranks: f64) -> f64 {
+    let scaled = scale.apply(sum);
+    if scaled.is_finite() {
+        scaled / ranks
+    } else {
+        scale.apply(sum / ranks)
     }
 }
 
@@ -846,9 +888,8 @@ fn decode_exact128(
     });
     let out = dst.chunks_exact_mut(8);
     if avg {
-        let div = ranks as f64;
         for (m, d) in sums.zip(out) {
-            d.copy_from_slice(&(scale.apply(m) / div).to_le_bytes());
+            d.copy_from_slice(&double_mean(scale, m, ranks as f64).to_le_bytes());
         }
     } else {
         for (m, d) in sums.zip(out) {
@@ -1219,12 +1260,8 @@ mod tests {
                 assert!((a, &v) == (b, &e), "encode f16 {op:?} {float:?}");
             }
             for dtype in [DType::F32, DType::F16, DType::Bf16] {
-                for (op, float) in [
-                    (Op::Sum, Float::Fast),
-                    (Op::Avg, Float::Fast),
-                    (Op::Sum, Float::Exact),
-                    (Op::Avg, Float::Exact),
-                ] {
+                // The exact lanes' results: `exact_results_are_rounded_once`.
+                for (op, float) in [(Op::Sum, Float::Fast), (Op::Avg, Float::Fast)] {
                     let width = lane_in(op, dtype, float).unwrap().size();
                     let n = n.min(xagg_common::wire::MAX_PAYLOAD / width);
                     // Lanes of every size, or all of one sign and modest size.
@@ -1249,18 +1286,9 @@ mod tests {
                         .zip(got.chunks_exact(dtype.size()))
                         .enumerate()
                     {
-                        let m = match width {
-                            4 => f64::from(i32::from_le_bytes(p.try_into().unwrap())),
-                            _ => i64::from_le_bytes(p.try_into().unwrap()) as f64,
-                        };
-                        let x = if dtype == DType::F32 && float == Float::Exact && div == 1.0 {
-                            // f32's exact sum rounds the integer to f32 first (exact to scale).
-                            f64::from(i64::from_le_bytes(p.try_into().unwrap()) as f32)
-                        } else {
-                            m
-                        };
+                        let m = f64::from(i32::from_le_bytes(p.try_into().unwrap()));
                         let mut want = vec![0u8; dtype.size()];
-                        put(dtype, scale.apply(x) / div, &mut want);
+                        put(dtype, scale.apply(m) / div, &mut want);
                         assert!(g == &want[..], "{dtype:?} {op:?} {float:?} element {i}");
                     }
                 }
@@ -1349,9 +1377,30 @@ mod tests {
 
     /// A double's exact sum within 64 bits decodes through an i64's conversion, a wider
     /// one through i128's: each to the double i128's conversion gives, then scaled (and
-    /// divided for a mean) as before.
+    /// divided for a mean) as before. A mean whose sum passes a double's range, in both
+    /// lanes of doubles, is the finite mean (it was infinity).
     #[test]
     fn double_exact_sums_decode_as_their_i128() {
+        // 2^100 (+ a little) x 2^924 passes 2^1024; a third of it does not.
+        let sum = (1i128 << 100) + 12_345;
+        for (float, lanes) in [
+            (Float::Exact, sum.to_le_bytes().to_vec()),
+            (Float::Fast, ((sum >> 40) as i64).to_le_bytes().to_vec()),
+        ] {
+            let k = if float == Float::Exact { 924 } else { 964 };
+            let mut got = [[0u8; 8]; 2];
+            decode((Op::Sum, DType::F64, float), 3, &lanes, k, &mut got[0]);
+            decode((Op::Avg, DType::F64, float), 3, &lanes, k, &mut got[1]);
+            let (s, mean) = (f64::from_le_bytes(got[0]), f64::from_le_bytes(got[1]));
+            assert_eq!(s, f64::INFINITY, "{float:?} sum");
+            let x = if float == Float::Exact {
+                sum as f64
+            } else {
+                ((sum >> 40) as i64) as f64
+            };
+            assert_eq!(mean, x / 3.0 * 2f64.powi(k as i32), "{float:?} mean");
+            assert!(mean.is_finite(), "{float:?} mean {mean}");
+        }
         let mut z = 0x1234_5678_9abc_def1u64;
         let mut next = || {
             z ^= z << 13;
@@ -1391,9 +1440,11 @@ mod tests {
                     &mut got,
                 );
                 let scale = Scale::new(exponent as i32);
-                let div = if op == Op::Avg { 3.0 } else { 1.0 };
                 for (v, g) in sums.iter().zip(got.chunks_exact(8)) {
-                    let want = scale.apply(*v as f64) / div;
+                    let want = match op {
+                        Op::Avg => double_mean(scale, *v as f64, 3.0),
+                        _ => scale.apply(*v as f64),
+                    };
                     assert!(
                         g == want.to_le_bytes(),
                         "round {round} {op:?}: {v} gave {:e}, not {want:e}",
@@ -1402,6 +1453,114 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The exact lane's sum (or mean of 3 ranks) `m * 2^k (/ 3)` decodes to the value of
+    /// the type nearest to it (ties to even), checked against the result's neighbours in
+    /// integer arithmetic: random sums of up to 62 bits across the types' ranges, and
+    /// sums a hair past a midpoint, which a rounding to a double first makes a tie (1 +
+    /// 2^-8 + 2^-60 summed as bf16 gave 1).
+    #[test]
+    fn exact_results_are_rounded_once() {
+        let mut z = 0xdead_beef_0bad_cafeu64;
+        let mut next = || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        };
+        // x * 2^(64 - k) * ranks as an integer, where x * 2^(64 - k) is one.
+        let units = |x: f64, k: i32, ranks: i128| -> Option<i128> {
+            let b = x.to_bits();
+            let e = ((b >> 52) & 0x7ff) as i32;
+            let f = (b & ((1 << 52) - 1)) as i128 | if e != 0 { 1 << 52 } else { 0 };
+            let shift = e.max(1) - 1075 + 64 - k;
+            let v = f.checked_mul(ranks)?;
+            let v = if shift >= 0 {
+                v.checked_shl(shift as u32).filter(|w| w >> shift == v)?
+            } else if v & ((1 << -shift) - 1) == 0 {
+                v >> -shift
+            } else {
+                return None;
+            };
+            Some(if b >> 63 != 0 { -v } else { v })
+        };
+        let mut checked = 0;
+        for round in 0..20_000u32 {
+            let dtype = [DType::F32, DType::F16, DType::Bf16][round as usize % 3];
+            let (bits, low, high) = match dtype {
+                DType::F32 => (24, -125, 126),
+                DType::F16 => (11, -20, 14),
+                _ => (8, -125, 126),
+            };
+            let r = next();
+            let length = 20 + (r % 43) as u32;
+            let m = if round % 4 == 0 {
+                // Just past (or at) a midpoint of the type's values.
+                let top = 1i64 << (length - 1);
+                top + (1 << (length - 1 - bits)) + (r >> 62) as i64 % 2
+            } else {
+                ((r >> 2) as i64 >> (62 - length)) | 1 << (length - 1)
+            };
+            // A mean a third of a unit past a midpoint: 3 times the midpoint, and 1 or 2.
+            let m3 = if round % 4 == 0 && length < 62 {
+                3 * m + 1 + (r >> 61) as i64 % 2
+            } else {
+                m
+            };
+            let (m, m3) = if r & 2 != 0 { (-m, -m3) } else { (m, m3) };
+            let target = low + ((r >> 20) % (high - low) as u64) as i32;
+            let k = target - length as i32 + 1;
+            for (op, ranks, m) in [(Op::Sum, 1i128, m), (Op::Avg, 3, m3)] {
+                let mut got = vec![0u8; dtype.size()];
+                decode(
+                    (op, dtype, Float::Exact),
+                    3,
+                    &m.to_le_bytes(),
+                    k as i16,
+                    &mut got,
+                );
+                let value = |bits: u16| match dtype {
+                    DType::F16 => f16::from_bits(bits).to_f64(),
+                    _ => bf16::from_bits(bits).to_f64(),
+                };
+                let (r, up, down) = match dtype {
+                    DType::F32 => {
+                        let b = u32::from_le_bytes(got[..4].try_into().unwrap());
+                        let v = |b: u32| f64::from(f32::from_bits(b));
+                        (v(b), v(b.wrapping_add(1)), v(b.wrapping_sub(1)))
+                    }
+                    _ => {
+                        let b = u16::from_le_bytes(got[..2].try_into().unwrap());
+                        (value(b), value(b.wrapping_add(1)), value(b.wrapping_sub(1)))
+                    }
+                };
+                let want = i128::from(m) << 64;
+                let Some(at) = units(r, k, ranks) else {
+                    continue;
+                };
+                let even = match dtype {
+                    DType::F32 => u32::from_le_bytes(got[..4].try_into().unwrap()) % 2 == 0,
+                    _ => u16::from_le_bytes(got[..2].try_into().unwrap()) % 2 == 0,
+                };
+                let d = (at - want).abs();
+                for n in [up, down] {
+                    if !n.is_finite() || (n != 0.0 && n.signum() != r.signum()) {
+                        continue;
+                    }
+                    let Some(other) = units(n, k, ranks) else {
+                        continue;
+                    };
+                    let dn = (other - want).abs();
+                    assert!(
+                        d < dn || (d == dn && even),
+                        "{dtype:?} {op:?}: {m} x 2^{k} / {ranks} gave {r:e}; {n:e} is nearer or the even tie"
+                    );
+                }
+                checked += 1;
+            }
+        }
+        assert!(checked > 30_000, "{checked} results checked");
     }
 
     /// Up to 64 ranks keep 24 (56) mantissa bits; beyond, one less per doubling, so the
