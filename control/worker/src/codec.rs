@@ -808,7 +808,11 @@ fn decode_exact(
         .take(n)
         .map(|p| i64::from_le_bytes(p.try_into().unwrap()));
     if avg {
-        put_all(dtype, sums.map(|m| scale.apply(mean_to_odd(m, ranks))), dst)
+        put_all(
+            dtype,
+            sums.map(|m| scale.apply(mean_to_odd(i128::from(m), ranks, 64))),
+            dst,
+        )
     } else {
         put_all(dtype, sums.map(|m| scale.apply(i64_to_odd(m))), dst)
     }
@@ -832,10 +836,11 @@ fn i64_to_odd(m: i64) -> f64 {
     f64::from_bits(if err == 0.0 { s.to_bits() } else { t | 1 })
 }
 
-/// `m / ranks` as a double rounded to odd: the quotient of `m * 2^64` in integers (its
-/// remainder kept as the cut bits' witness), converted as [`i64_to_odd`] converts.
-fn mean_to_odd(m: i64, ranks: u32) -> f64 {
-    let num = i128::from(m) << 64;
+/// `m / ranks` as a double rounded to odd: the quotient of `m * 2^shift` in integers (its
+/// remainder kept as the cut bits' witness; `shift` leaves it 55 bits or more, and
+/// `m * 2^shift` within i128), converted as [`i64_to_odd`] converts.
+fn mean_to_odd(m: i128, ranks: u32, shift: u32) -> f64 {
+    let num = m << shift;
     let (q, r) = (num / i128::from(ranks), num % i128::from(ranks));
     let y = q as f64;
     // `y as i128` saturates only at 2^127, past any quotient here: the test still says
@@ -844,7 +849,24 @@ fn mean_to_odd(m: i64, ranks: u32) -> f64 {
     let exact = back == q && r == 0;
     let away = back.unsigned_abs() > q.unsigned_abs();
     let t = y.to_bits() - u64::from(away);
-    f64::from_bits(if exact { y.to_bits() } else { t | 1 }) * 2f64.powi(-64)
+    f64::from_bits(if exact { y.to_bits() } else { t | 1 }) * 2f64.powi(-(shift as i32))
+}
+
+/// `m / ranks` rounded to the nearest double (ties to even): the quotient of `|m|`
+/// shifted to 55 bits or more, doubled, its last bit set when the division left a
+/// remainder (then no midpoint of doubles lies between it and the exact quotient), and
+/// converted to the nearest (u128's conversion rounds correctly).
+fn mean_to_nearest(m: i128, ranks: u32) -> f64 {
+    let a = m.unsigned_abs();
+    let shift = 74u32.saturating_sub(128 - a.leading_zeros());
+    let num = a << shift;
+    let (q, r) = (num / u128::from(ranks), num % u128::from(ranks));
+    let y = ((q << 1) | u128::from(r != 0)) as f64 * 2f64.powi(-(shift as i32) - 1);
+    if m < 0 {
+        -y
+    } else {
+        y
+    }
 }
 
 /// A mean of doubles, `sum * 2^k / ranks`: scaled first, as the sum's one rounding
@@ -869,30 +891,32 @@ fn decode_exact128(
     dst: &mut [u8],
 ) {
     let n = dst.len() / dtype.size();
-    // The exact sum rounded once to a double (an i128 converts to the nearest),
-    // scaled exactly but into the subnormals; avg divides and rounds once more.
+    // The exact sum rounded once to a double (an i128 converts to the nearest), scaled
+    // exactly but into the subnormals; a mean divided in integers and rounded once the
+    // same way ([`decode_exact`]).
     let scale = Scale::new(exponent as i32);
-    let sums = payload.chunks_exact(16).take(n).map(|p| {
-        let (lo, hi) = (
+    let words = payload.chunks_exact(16).take(n).map(|p| {
+        (
             i64::from_le_bytes(p[..8].try_into().unwrap()),
             i64::from_le_bytes(p[8..].try_into().unwrap()),
-        );
-        // A sum within 64 bits (values of a few magnitudes: the common case) converts
-        // as an i64, to the same nearest double; a wider one through i128's conversion,
-        // a library call.
-        if hi == lo >> 63 {
-            lo as f64
-        } else {
-            ((i128::from(hi) << 64) | i128::from(lo as u64)) as f64
-        }
+        )
     });
     let out = dst.chunks_exact_mut(8);
     if avg {
-        for (m, d) in sums.zip(out) {
-            d.copy_from_slice(&double_mean(scale, m, ranks as f64).to_le_bytes());
+        for ((lo, hi), d) in words.zip(out) {
+            let m = (i128::from(hi) << 64) | i128::from(lo as u64);
+            d.copy_from_slice(&scale.apply(mean_to_nearest(m, ranks)).to_le_bytes());
         }
     } else {
-        for (m, d) in sums.zip(out) {
+        for ((lo, hi), d) in words.zip(out) {
+            // A sum within 64 bits (values of a few magnitudes: the common case) converts
+            // as an i64, to the same nearest double; a wider one through i128's
+            // conversion, a library call.
+            let m = if hi == lo >> 63 {
+                lo as f64
+            } else {
+                ((i128::from(hi) << 64) | i128::from(lo as u64)) as f64
+            };
             d.copy_from_slice(&scale.apply(m).to_le_bytes());
         }
     }
@@ -1377,8 +1401,9 @@ mod tests {
 
     /// A double's exact sum within 64 bits decodes through an i64's conversion, a wider
     /// one through i128's: each to the double i128's conversion gives, then scaled (and
-    /// divided for a mean) as before. A mean whose sum passes a double's range, in both
-    /// lanes of doubles, is the finite mean (it was infinity).
+    /// divided for a mean) as before; an exact mean is the double nearest the exact one. A
+    /// mean whose sum passes a double's range, in both lanes of doubles, is the finite
+    /// mean (it was infinity).
     #[test]
     fn double_exact_sums_decode_as_their_i128() {
         // 2^100 (+ a little) x 2^924 passes 2^1024; a third of it does not.
@@ -1408,6 +1433,40 @@ mod tests {
             z ^= z << 17;
             z
         };
+        // Whether `r` is the double nearest `m * 2^k / n` (ties to even), against its
+        // neighbours in integer arithmetic; false where the integers would not fit.
+        fn nearest(r: f64, m: i128, k: i32, n: i128) -> bool {
+            let parts = |x: f64| {
+                let b = x.to_bits();
+                let e = ((b >> 52) & 0x7ff) as i32;
+                let f = (b & ((1 << 52) - 1)) as i128 | if e != 0 { 1 << 52 } else { 0 };
+                let f = if b >> 63 != 0 { -f } else { f };
+                (f, e.max(1) - 1075)
+            };
+            let (f, e) = parts(r);
+            // |n x - m 2^k| in units of 2^(low), for x = f 2^e.
+            let distance = |f: i128, e: i32| -> Option<i128> {
+                let low = e.min(k);
+                let a = (f * n).checked_mul(1i128.checked_shl((e - low) as u32)?)?;
+                let b = m.checked_mul(1i128.checked_shl((k - low) as u32)?)?;
+                Some((a - b).abs())
+            };
+            let Some(d) = distance(f, e) else {
+                return false;
+            };
+            for x in [r.next_up(), r.next_down()] {
+                let (g, h) = parts(x);
+                let Some(dn) = distance(g, h) else {
+                    return false;
+                };
+                assert!(
+                    d < dn || (d == dn && f % 2 == 0),
+                    "{m} x 2^{k} / {n}: gave {r:e}, {x:e} is nearer or the even tie"
+                );
+            }
+            true
+        }
+        let mut means = 0;
         for round in 0..400 {
             let n = 1 + (next() % 558) as usize;
             let sums: Vec<i128> = (0..n)
@@ -1441,18 +1500,23 @@ mod tests {
                 );
                 let scale = Scale::new(exponent as i32);
                 for (v, g) in sums.iter().zip(got.chunks_exact(8)) {
-                    let want = match op {
-                        Op::Avg => double_mean(scale, *v as f64, 3.0),
-                        _ => scale.apply(*v as f64),
-                    };
+                    let got = f64::from_le_bytes(g.try_into().unwrap());
+                    if op == Op::Avg {
+                        // Into the subnormals the scaling rounds again (as for sums).
+                        if got.abs() >= f64::MIN_POSITIVE {
+                            means += usize::from(nearest(got, *v, exponent.into(), 3));
+                        }
+                        continue;
+                    }
+                    let want = scale.apply(*v as f64);
                     assert!(
-                        g == want.to_le_bytes(),
-                        "round {round} {op:?}: {v} gave {:e}, not {want:e}",
-                        f64::from_le_bytes(g.try_into().unwrap())
+                        got.to_bits() == want.to_bits(),
+                        "round {round} {op:?}: {v} gave {got:e}, not {want:e}"
                     );
                 }
             }
         }
+        assert!(means > 10_000, "{means} means checked");
     }
 
     /// The exact lane's sum (or mean of 3 ranks) `m * 2^k (/ 3)` decodes to the value of
