@@ -58,8 +58,8 @@ pub(crate) fn put(dtype: DType, x: f64, b: &mut [u8]) {
 /// half's `from_f64` rounds to an f32 and then again (1 + 2^-11 + 2^-24 became 1 as an
 /// f16, not 1 + 2^-10: the first rounding made it a midpoint); rounding to odd first keeps
 /// the sign of what was cut, so the f32's rounding to f16 or bf16 (which keep at least
-/// two bits fewer) is the one rounding of `x`.
-/// Selects, not branches, so that a loop of it vectorises.
+/// two bits fewer) is the one rounding of `x`. Written with selects, not branches, so
+/// that a loop of it vectorises.
 #[inline(always)]
 fn to_odd(x: f64) -> f32 {
     let y = x as f32;
