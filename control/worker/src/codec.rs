@@ -91,20 +91,22 @@ fn bf16_bits(x: f32) -> u16 {
 /// to f32 on the stack, with half's vector conversions.
 const HALVES: usize = xagg_common::wire::max_elements_in(Op::Max, DType::F16, Float::Fast);
 
-/// The f16 elements of `src` widened exactly to f32 bytes in `wide` (at most [`HALVES`]).
-fn widen_halves<'a>(src: &[u8], wide: &'a mut [u8; 4 * HALVES]) -> &'a [u8] {
+/// The f16 elements of `src` widened exactly to f32 bytes in `wide` (twice `src`'s
+/// length), a segment's worth at a time.
+fn widen_halves(src: &[u8], wide: &mut [u8]) {
     use half::slice::HalfFloatSliceExt;
-    let n = src.len() / 2;
-    let mut h = [f16::ZERO; HALVES];
-    let mut f = [0f32; HALVES];
-    for (d, b) in h.iter_mut().zip(src.chunks_exact(2)) {
-        *d = f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()));
+    for (src, wide) in src.chunks(2 * HALVES).zip(wide.chunks_mut(4 * HALVES)) {
+        let n = src.len() / 2;
+        let mut h = [f16::ZERO; HALVES];
+        let mut f = [0f32; HALVES];
+        for (d, b) in h.iter_mut().zip(src.chunks_exact(2)) {
+            *d = f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()));
+        }
+        h[..n].convert_to_f32_slice(&mut f[..n]);
+        for (d, x) in wide.chunks_exact_mut(4).zip(&f[..n]) {
+            d.copy_from_slice(&x.to_le_bytes());
+        }
     }
-    h[..n].convert_to_f32_slice(&mut f[..n]);
-    for (d, x) in wide.chunks_exact_mut(4).zip(&f[..n]) {
-        d.copy_from_slice(&x.to_le_bytes());
-    }
-    &wide[..n * 4]
 }
 
 /// Writes the f64 `values` rounded once to `dtype` into `dst` (f32, f16 or bf16), with
@@ -117,27 +119,25 @@ fn put_all(dtype: DType, values: impl Iterator<Item = f64>, dst: &mut [u8]) {
                 d.copy_from_slice(&(x as f32).to_le_bytes())
             }
         }
-        DType::Bf16 => {
-            for (x, d) in values.zip(dst.chunks_exact_mut(2)) {
-                d.copy_from_slice(&bf16_bits(to_odd(x)).to_le_bytes())
-            }
-        }
-        DType::F16 if dst.len() <= 2 * HALVES => {
+        DType::F16 => {
             use half::slice::HalfFloatSliceExt;
-            let n = dst.len() / 2;
-            let mut f = [0f32; HALVES];
-            let mut h = [f16::ZERO; HALVES];
-            for (d, x) in f.iter_mut().zip(values) {
-                *d = to_odd(x);
-            }
-            h[..n].convert_from_f32_slice(&f[..n]);
-            for (d, x) in dst.chunks_exact_mut(2).zip(&h[..n]) {
-                d.copy_from_slice(&x.to_bits().to_le_bytes());
+            let mut values = values;
+            for dst in dst.chunks_mut(2 * HALVES) {
+                let n = dst.len() / 2;
+                let mut f = [0f32; HALVES];
+                let mut h = [f16::ZERO; HALVES];
+                for (d, x) in f[..n].iter_mut().zip(&mut values) {
+                    *d = to_odd(x);
+                }
+                h[..n].convert_from_f32_slice(&f[..n]);
+                for (d, x) in dst.chunks_exact_mut(2).zip(&h[..n]) {
+                    d.copy_from_slice(&x.to_bits().to_le_bytes());
+                }
             }
         }
         _ => {
-            for (x, d) in values.zip(dst.chunks_exact_mut(dtype.size())) {
-                put(dtype, x, d)
+            for (x, d) in values.zip(dst.chunks_exact_mut(2)) {
+                d.copy_from_slice(&bf16_bits(to_odd(x)).to_le_bytes())
             }
         }
     }
@@ -249,12 +249,18 @@ pub fn encode(
     src: &[u8],
     out: &mut [u8],
 ) -> Encoded {
-    if dtype == DType::F16 && src.len() <= 2 * HALVES {
-        // f16 widens to f32 exactly and travels in the same lanes (the same bits as each
-        // element widened on its own, which the longer path below does).
-        let mut wide = [0u8; 4 * HALVES];
-        let src = widen_halves(src, &mut wide);
-        return encode_elements(op, DType::F32, float, ranks, src, out);
+    if dtype == DType::F16 {
+        // f16 widens to f32 exactly and travels in the same lanes (a segment on the
+        // stack; a longer buffer, which the worker never encodes at once, on the heap).
+        let (mut stack, mut heap) = ([0u8; 4 * HALVES], Vec::new());
+        let wide = if src.len() <= 2 * HALVES {
+            &mut stack[..2 * src.len()]
+        } else {
+            heap.resize(2 * src.len(), 0);
+            &mut heap[..]
+        };
+        widen_halves(src, wide);
+        return encode_elements(op, DType::F32, float, ranks, wide, out);
     }
     encode_elements(op, dtype, float, ranks, src, out)
 }
@@ -318,67 +324,33 @@ fn encode_elements(
     enc
 }
 
-/// The block lane of f32, f16 and bf16.
+/// The block lane of f32 and bf16 (f16 comes widened to f32, [`encode`]).
 #[multiversion(targets("x86_64+avx2"))]
 fn encode_bfp32(dtype: DType, bits: i32, src: &[u8], out: &mut [u8]) -> Encoded {
     match dtype {
         DType::F32 => bfp_encode_bits(src, out, bits, 4, |b| {
             u32::from_le_bytes(b.try_into().unwrap())
         }),
-        DType::F16 => bfp_encode(src, out, bits, 2, |b| {
-            f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
-        }),
         _ => bfp_encode_bits(src, out, bits, 2, |b| bf16_bytes_to_f32(b).to_bits()),
     }
 }
 
-/// The key lane of f32, f16 and bf16.
+/// The key lane of f32 and bf16.
 #[multiversion(targets("x86_64+avx2"))]
 fn encode_key32(dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
     match dtype {
         DType::F32 => key_encode(src, out, 4, |b| f32::from_le_bytes(b.try_into().unwrap())),
-        DType::F16 => key_encode(src, out, 2, |b| {
-            f16::from_bits(u16::from_le_bytes(b.try_into().unwrap())).to_f32()
-        }),
         _ => key_encode(src, out, 2, bf16_bytes_to_f32),
     }
 }
 
-/// The exact lane of f32, f16 and bf16.
+/// The exact lane of f32 and bf16.
 #[multiversion(targets("x86_64+avx2"))]
 fn encode_exact(dtype: DType, src: &[u8], out: &mut [u8]) -> Encoded {
     match dtype {
         DType::F32 => exact_encode(src, out, 4, |b| u32::from_le_bytes(b.try_into().unwrap())),
-        DType::F16 => exact_encode(src, out, 2, |b| {
-            f16::from_bits(u16::from_le_bytes(b.try_into().unwrap()))
-                .to_f32()
-                .to_bits()
-        }),
         _ => exact_encode(src, out, 2, |b| bf16_bytes_to_f32(b).to_bits()),
     }
-}
-
-/// The largest finite magnitude of the `size`-byte elements of `src`, and the encoding's
-/// flags: NaN or an infinity flagged (they do not count in the maximum).
-#[inline(always)]
-fn finite_max(src: &[u8], size: usize, load: impl Fn(&[u8]) -> f64) -> (f64, Encoded) {
-    let mut enc = Encoded::default();
-    let mut max = 0f64;
-    let mut finite = true;
-    for b in src.chunks_exact(size) {
-        let x = load(b);
-        finite &= x.is_finite();
-        max = max.max(x.abs());
-    }
-    if !finite {
-        enc.flags |= ENC_NONFINITE;
-        max = src
-            .chunks_exact(size)
-            .map(&load)
-            .filter(|x| x.is_finite())
-            .fold(0f64, |a, x| a.max(x.abs()));
-    }
-    (max, enc)
 }
 
 /// Block floating point over doubles: one exponent for the segment, 64-bit mantissas.
@@ -442,46 +414,15 @@ fn bf16_bytes_to_f32(b: &[u8]) -> f32 {
     f32::from_bits((u16::from_le_bytes(b.try_into().unwrap()) as u32) << 16)
 }
 
-/// Rounds to the nearest integer, ties to even, for |v| < 2^51: adding and subtracting
-/// 1.5 * 2^52 leaves no fraction bits (a library `round` call per element is 10x slower).
-#[inline(always)]
-fn round_even(v: f64) -> f64 {
-    (v + ROUNDING) - ROUNDING
-}
-
 /// 1.5 x 2^52: a double `v` with |v| < 2^51 plus this has no fraction bits, and the low
 /// bits of its mantissa field hold `v` rounded to the nearest integer (ties to even) in
 /// two's complement.
 const ROUNDING: f64 = 6_755_399_441_055_744.0;
 
-/// Block floating point: one exponent for the segment, 32-bit mantissas.
-#[inline(always)]
-fn bfp_encode(
-    src: &[u8],
-    out: &mut [u8],
-    bits: i32,
-    size: usize,
-    load: impl Fn(&[u8]) -> f32,
-) -> Encoded {
-    let (max, mut enc) = finite_max(src, size, |b| load(b) as f64);
-    enc.exponent = block_exponent(max, bits);
-    let scale = Scale::new(-(enc.exponent as i32));
-    for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(4)) {
-        let x = load(b);
-        let m = if x.is_finite() {
-            round_even(scale.apply(x as f64)) as i32
-        } else {
-            0
-        };
-        o.copy_from_slice(&m.to_le_bytes());
-    }
-    enc
-}
-
 /// Block floating point over elements read as f32 bits (f32, bf16), in straight-line
-/// integer and double arithmetic the compiler vectorises ([`bfp_encode`] is 5-20x slower
-/// per element): finite magnitudes order as their bits do, so the largest is an integer
-/// maximum; `x * 2^-k` is exact in a double (an f32's range scaled by at most 2^172), and
+/// integer and double arithmetic the compiler vectorises (the per-element encoder it
+/// replaced was 5-20x slower): finite magnitudes order as their bits do, so the largest is
+/// an integer maximum; `x * 2^-k` is exact in a double (an f32's range scaled by at most 2^172), and
 /// adding 1.5 x 2^52 rounds it to the integer (ties to even) held in the sum's low bits.
 #[inline(always)]
 fn bfp_encode_bits(
@@ -985,6 +926,57 @@ mod tests {
     mod per_element {
         use super::super::*;
 
+        /// The largest finite magnitude of the `size`-byte elements of `src`, and the encoding's
+        /// flags: NaN or an infinity flagged (they do not count in the maximum).
+        fn finite_max(src: &[u8], size: usize, load: impl Fn(&[u8]) -> f64) -> (f64, Encoded) {
+            let mut enc = Encoded::default();
+            let mut max = 0f64;
+            let mut finite = true;
+            for b in src.chunks_exact(size) {
+                let x = load(b);
+                finite &= x.is_finite();
+                max = max.max(x.abs());
+            }
+            if !finite {
+                enc.flags |= ENC_NONFINITE;
+                max = src
+                    .chunks_exact(size)
+                    .map(&load)
+                    .filter(|x| x.is_finite())
+                    .fold(0f64, |a, x| a.max(x.abs()));
+            }
+            (max, enc)
+        }
+
+        /// Rounds to the nearest integer, ties to even, for |v| < 2^51: adding and subtracting
+        /// 1.5 * 2^52 leaves no fraction bits (a library `round` call per element is 10x slower).
+        fn round_even(v: f64) -> f64 {
+            (v + ROUNDING) - ROUNDING
+        }
+
+        /// Block floating point: one exponent for the segment, 32-bit mantissas.
+        pub fn bfp_encode(
+            src: &[u8],
+            out: &mut [u8],
+            bits: i32,
+            size: usize,
+            load: impl Fn(&[u8]) -> f32,
+        ) -> Encoded {
+            let (max, mut enc) = finite_max(src, size, |b| load(b) as f64);
+            enc.exponent = block_exponent(max, bits);
+            let scale = Scale::new(-(enc.exponent as i32));
+            for (b, o) in src.chunks_exact(size).zip(out.chunks_exact_mut(4)) {
+                let x = load(b);
+                let m = if x.is_finite() {
+                    round_even(scale.apply(x as f64)) as i32
+                } else {
+                    0
+                };
+                o.copy_from_slice(&m.to_le_bytes());
+            }
+            enc
+        }
+
         pub fn exact_encode(
             src: &[u8],
             out: &mut [u8],
@@ -1238,13 +1230,13 @@ mod tests {
                         bfp_encode_bits(&src, &mut new, b, 4, |b| {
                             u32::from_le_bytes(b.try_into().unwrap())
                         }),
-                        bfp_encode(&src, &mut old, b, 4, |b| {
+                        per_element::bfp_encode(&src, &mut old, b, 4, |b| {
                             f32::from_le_bytes(b.try_into().unwrap())
                         }),
                     ),
                     _ => (
                         bfp_encode_bits(&src, &mut new, b, 2, |b| bf16_bytes_to_f32(b).to_bits()),
-                        bfp_encode(&src, &mut old, b, 2, bf16_bytes_to_f32),
+                        per_element::bfp_encode(&src, &mut old, b, 2, bf16_bytes_to_f32),
                     ),
                 };
                 assert!(e_new == e_old, "{dtype:?} {ranks} ranks, round {round}");
@@ -1254,7 +1246,8 @@ mod tests {
     }
 
     /// The halves' vector paths give the per-element bits: f16 widened by half's vector
-    /// conversion encodes as each element widened alone does, and every float result
+    /// conversion encodes as each element widened alone does (a buffer longer than a
+    /// segment too), and every float result
     /// decodes as [`put`] (half's own rounding to f16 and bf16) writes each value, for
     /// sums and means, in the block and exact lanes.
     #[test]
@@ -1267,27 +1260,44 @@ mod tests {
             z
         };
         for round in 0..300 {
-            let n = 1 + (next() % HALVES as u64) as usize;
+            // The first buffer longer than a segment (widened on the heap, in pieces).
+            let n = if round == 0 {
+                2 * HALVES + 7
+            } else {
+                1 + (next() % HALVES as u64) as usize
+            };
             let src: Vec<u8> = (0..n).flat_map(|_| (next() as u16).to_le_bytes()).collect();
+            // Each element widened alone, by half's conversion of one value.
+            let one_by_one: Vec<u8> = src
+                .chunks_exact(2)
+                .flat_map(|b| f16::from_le_bytes([b[0], b[1]]).to_f32().to_le_bytes())
+                .collect();
             for (op, float) in [
                 (Op::Sum, Float::Fast),
                 (Op::Max, Float::Fast),
                 (Op::Sum, Float::Exact),
             ] {
                 let width = lane_in(op, DType::F16, float).unwrap().size();
-                if n > xagg_common::wire::MAX_PAYLOAD / width {
+                if round > 0 && n > xagg_common::wire::MAX_PAYLOAD / width {
                     continue;
                 }
                 let (mut v, mut e) = (vec![1u8; n * width], vec![2u8; n * width]);
                 let a = encode(op, DType::F16, float, 3, &src, &mut v);
-                let b = encode_elements(op, DType::F16, float, 3, &src, &mut e);
-                assert!((a, &v) == (b, &e), "encode f16 {op:?} {float:?}");
+                let b = encode_elements(op, DType::F32, float, 3, &one_by_one, &mut e);
+                assert!(
+                    (a, &v) == (b, &e),
+                    "encode f16 {op:?} {float:?}, {n} elements"
+                );
             }
             for dtype in [DType::F32, DType::F16, DType::Bf16] {
                 // The exact lanes' results: `exact_results_are_rounded_once`.
                 for (op, float) in [(Op::Sum, Float::Fast), (Op::Avg, Float::Fast)] {
                     let width = lane_in(op, dtype, float).unwrap().size();
-                    let n = n.min(xagg_common::wire::MAX_PAYLOAD / width);
+                    let n = if round == 0 {
+                        n
+                    } else {
+                        n.min(xagg_common::wire::MAX_PAYLOAD / width)
+                    };
                     // Lanes of every size, or all of one sign and modest size.
                     let lanes: Vec<u8> = (0..n)
                         .flat_map(|_| {
