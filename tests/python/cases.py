@@ -9,7 +9,8 @@ then:
 - `cut GO`: rank 0 waits for the file GO (the test cuts its results off first), then every
   rank makes an all_reduce, a reduce_scatter, an all_gather and a broadcast from rank 1
   (each of many segments: rank 0 finishes each from its peers);
-- `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB (the route by size); then a
+- `sizes`: all_reduce of 4 KiB, 1 MiB and 4 MiB of int32, then 1 MiB and 4 MiB of float16 (the
+  route by size and type); then a
   reduce_scatter_tensor, two all_gather_into_tensor (the second in place, each rank's
   input in another rank's block), a reduce to rank 1 and broadcasts of 4 KiB and 64 KiB
   from rank 1;
@@ -125,6 +126,13 @@ elif case == "sizes":
         x = ints(n, k)
         dist.all_reduce(x)
         ok = ok and torch.equal(x, expected(n, k))
+    # The route takes the element type: float16 sums of 1 MiB and 4 MiB (at 2 or 3 ranks
+    # as int32's: the first through the switch, the second by Gloo).
+    for n in (1 << 19, 1 << 21):
+        small = lambda r: (torch.arange(n, dtype=torch.int32) + r + 2) % 16 - 8
+        h = small(rank).to(torch.float16)
+        dist.all_reduce(h)
+        ok = ok and torch.equal(h, sum(small(r) for r in range(size)).to(torch.float16))
     # What ZeRO and FSDP call, and a reduce: served by the backend though torch 1.13's
     # process group has them in C++ only (Gloo 1.13 has neither of the first two).
     m = 1 << 14

@@ -50,6 +50,29 @@ check("avg", bool(np.all(a == (size - 1) / 2)))
 a = np.full(10, 1 << rank, np.int32)
 job.allreduce(a, "or")
 check("or", bool(np.all(a == (1 << size) - 1)))
+# Integer means, floored (toward negative infinity) from the exact sum, at the types' ends.
+for dtype in [np.int32, np.uint32]:
+    info = np.iinfo(dtype)
+    i = np.arange(10_000, dtype=np.int64)
+    ends = np.array([info.min, info.max, info.min + 1, info.max - 1], np.int64)
+    of = lambda r: np.concatenate([(i * (r + 3) * 7919) % (int(info.max) - int(info.min) + 1) + int(info.min), ends])
+    want = sum(of(r) for r in range(size)) // size
+    a = of(rank).astype(dtype)
+    job.allreduce(a, "avg")
+    check(f"avg over {np.dtype(dtype).name}", np.array_equal(a.astype(np.int64), want))
+
+# The route by size against Gloo takes the element type: float16 allreduces from 4 ranks
+# go to the switch at every size, int32's from 4 MiB to Gloo.
+for ranks, f16, i32 in [(2, False, False), (4, True, False), (8, True, False)]:
+    r = xagg.Route(None, ranks)
+    check(f"route of 64 MiB of f16 at {ranks}", r.takes(64 << 20, "allreduce", "f16") == f16)
+    check(f"route of 64 MiB of i32 at {ranks}", r.takes(64 << 20, "allreduce", "i32") == i32)
+    check(f"route of 1 MiB of f16 at {ranks}", r.takes(1 << 20, "allreduce", "f16"))
+try:
+    xagg.Route(None, 4).takes(1, "allreduce", "float16")
+    check("unknown type name refused", False)
+except ValueError as e:
+    check(f"unknown type name refused clearly ({e})", "f16" in str(e))
 
 # Refused clearly, before anything is sent (the same on every rank).
 for what, bad, kind, words in [

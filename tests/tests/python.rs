@@ -96,7 +96,7 @@ fn numpy_arrays_through_the_switch() {
     }));
     for r in 0..RANKS {
         assert!(
-            out.contains(&format!("rank {r}: checks=29 failures=0")),
+            out.contains(&format!("rank {r}: checks=41 failures=0")),
             "{out}"
         );
     }
@@ -128,7 +128,7 @@ fn numpy_arrays_through_hosts() {
     for r in 0..lab.ranks.len() {
         assert!(out.contains(&format!("rank {r}: path tree")), "{out}");
         assert!(
-            out.contains(&format!("rank {r}: checks=29 failures=0")),
+            out.contains(&format!("rank {r}: checks=41 failures=0")),
             "{out}"
         );
     }
@@ -759,7 +759,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     ok(&all, "sizes");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
-        [3, 0, 1, 0, 0, 0],
+        [4, 0, 2, 0, 0, 0],
         "{all}"
     );
     // The tensor forms of reduce-scatter and all-gather, and reduce, through the switch
@@ -795,7 +795,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
     ok(&all, "sizes");
     assert_eq!(
         entry_counts(&all, "all_reduce"),
-        [0, 0, 0, 0, 0, 4],
+        [0, 0, 0, 0, 0, 6],
         "{all}"
     );
     for (entry, calls) in [
@@ -811,7 +811,7 @@ fn torch_calls_wait_redo_and_recover_as_the_case_table_says() {
         );
     }
     assert!(
-        all.contains("rank 0: passed to Gloo: 10 (the group is served by Gloo: "),
+        all.contains("rank 0: passed to Gloo: 12 (the group is served by Gloo: "),
         "{all}"
     );
 }

@@ -6,6 +6,10 @@ every call is that collective over the same BYTES instead (an all-gather's and a
 reduce-scatter's message is all the blocks; root 0), as the MPI baseline does. Torch
 1.13's Gloo has no reduce-scatter: with Gloo it is what a program does instead, the whole
 buffer allreduced and its block kept (the xagg backend's own stand-in).
+With BENCH_DTYPE (float32, float64, float16, bfloat16; default int32) the elements are
+that type: small integers (|x| <= 16), whose sums are exact in every type and every order,
+so that every backend's result is checked bit for bit; BYTES stays the message's size.
+Gloo 1.13 has no bfloat16 allreduce: with Gloo it is made in float32 and rounded back.
 Usage: allreduce.py BACKEND SEED BYTES:ITERATIONS...; one process per rank (RANK,
 WORLD_SIZE, MASTER_ADDR, MASTER_PORT). Rank 0 prints one JSON object per size."""
 import os
@@ -24,9 +28,18 @@ rank, size = dist.get_rank(), dist.get_world_size()
 control = dist.new_group(backend="gloo")
 
 
+dtype = os.environ.get("BENCH_DTYPE", "int32")
+if dtype not in ("int32", "float32", "float64", "float16", "bfloat16"):
+    sys.exit(f"BENCH_DTYPE={dtype}: this script times int32, float32, float64, float16 or bfloat16")
+dtype = getattr(torch, dtype)
+
+
 def member(r, n):
     g = torch.Generator().manual_seed(seed * 1000 + r)
-    return torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+    if dtype == torch.int32:
+        return torch.randint(-(2**31), 2**31 - 1, (n,), generator=g, dtype=torch.int64).to(torch.int32)
+    # bfloat16's 8 significant bits hold any sum of up to 15 of these exactly.
+    return torch.randint(-16, 17, (n,), generator=g, dtype=torch.int64).to(dtype)
 
 
 def link_bytes(way):
@@ -57,6 +70,12 @@ def call(data, buf):
             buf[rank * b : (rank + 1) * b].copy_(whole[rank * b : (rank + 1) * b])
         else:
             dist.reduce_scatter(buf[rank * b : (rank + 1) * b], list(data.split(b)))
+    elif backend == "gloo" and dtype == torch.bfloat16:
+        # Gloo 1.13 has no bfloat16 sum: what a program does instead (as the xagg
+        # backend's own fallback), the sum made in float32 and rounded back.
+        wide = buf.float()
+        dist.all_reduce(wide)
+        buf.copy_(wide)
     else:
         dist.all_reduce(buf)
 
@@ -76,7 +95,7 @@ def wanted(n):
     if collective == "broadcast":
         return member(0, n)
     want = sum(member(r, n).to(torch.int64) for r in range(size))
-    want = ((want + 2**31) % 2**32 - 2**31).to(torch.int32)
+    want = ((want + 2**31) % 2**32 - 2**31).to(dtype)
     if collective == "reduce_scatter":
         # Each rank's block of the sum; the rest of its buffer is its own input.
         b = n // size
@@ -87,7 +106,7 @@ def wanted(n):
 
 
 for nbytes, iterations in points:
-    n = nbytes // 4
+    n = nbytes // torch.tensor([], dtype=dtype).element_size()
     data = member(rank, n)
     buf = torch.empty_like(data)
     times = []

@@ -437,7 +437,7 @@ fn allreduce(
     }
     // Decided from the type signature (elements and their type), alike on every rank.
     let bytes = count as u64 * dtype.size() as u64;
-    if !job.route.takes(Collective::Allreduce, bytes) {
+    if !job.route.takes(Collective::Allreduce, Some(dtype), bytes) {
         with_state(|st| {
             st.stats.routed += 1;
             st.stats.table.count(entry, Way::Routed);
@@ -571,7 +571,7 @@ fn collective(
         return None;
     }
     // Decided from the type signature, alike on every rank (the collective's route).
-    if !job.route.takes(kind.collective(), bytes) {
+    if !job.route.takes(kind.collective(), Some(dtype), bytes) {
         with_state(|st| {
             st.stats.routed += 1;
             st.stats.table.count(entry, Way::Routed);

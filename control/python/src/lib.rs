@@ -671,13 +671,17 @@ impl Route {
 
     /// Whether a call of `collective` ("allreduce", "reduce_scatter", "all_gather",
     /// "broadcast", "reduce") moving `nbytes` (the whole message: elements times their
-    /// size) goes to the switch.
-    #[pyo3(signature = (nbytes, collective = "allreduce"))]
-    fn takes(&self, nbytes: u64, collective: &str) -> PyResult<bool> {
-        let c: xagg_common::wire::Collective = collective
-            .parse()
-            .map_err(|e: xagg_common::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
-        Ok(self.0.takes(c, nbytes))
+    /// size) of elements of `dtype` (the switch's name: "f16", "bf16", "f32", ...; None
+    /// where it does not matter) goes to the switch.
+    #[pyo3(signature = (nbytes, collective = "allreduce", dtype = None))]
+    fn takes(&self, nbytes: u64, collective: &str, dtype: Option<&str>) -> PyResult<bool> {
+        let unknown = |e: xagg_common::wire::UnknownName| PyValueError::new_err(e.to_string());
+        let c: xagg_common::wire::Collective = collective.parse().map_err(unknown)?;
+        let t = dtype
+            .map(str::parse::<DType>)
+            .transpose()
+            .map_err(unknown)?;
+        Ok(self.0.takes(c, t, nbytes))
     }
 
     fn __str__(&self) -> String {

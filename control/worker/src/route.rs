@@ -6,11 +6,12 @@
 //! The value is `all`, `none`, or byte ranges served by the switch, `LO-HI` (HI excluded)
 //! with either end left open, suffixes `KiB`, `MiB`, `GiB`: `0-16KiB,32MiB-`. Unset (or
 //! `auto`), [`Route::Measured`] picks by the collective, the job's ranks and the other way
-//! (Open MPI or Gloo) from the bench's figures.
+//! (Open MPI or Gloo) from the bench's figures, and for an allreduce against Gloo by the
+//! element type too.
 
 use std::fmt;
 
-use xagg_common::wire::Collective;
+use xagg_common::wire::{Collective, DType};
 
 /// Which calls go to the switch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -90,6 +91,20 @@ const AGAINST_GLOO: [(Collective, Tiers); 5] = [
     ),
 ];
 
+/// Allreduces against Gloo whose element type was measured apart from int32's
+/// (`XAGG_ROUTE=all cargo xtask bench --torch-dtype T`, the backend's own calls against
+/// Gloo's, medians of two rounds; docs/bench.md "Which calls take the switch"), by the same
+/// rule. Gloo 1.13 sums float16 slowly; the switch carries it in 32-bit lanes: through the
+/// switch it took 0.28–0.73x Gloo's time at every size from 256 KiB with 4 ranks,
+/// 0.21–0.87x with 8, and with 2 ranks 0.39–0.60x up to 1 MiB, 0.79–0.94x from 4 MiB
+/// (the boundary kept at int32's 4 MiB there). float32 and float64 measured close to
+/// int32's boundary (below 4 MiB 0.17–0.66x but at 256 KiB with 2 ranks, 1.33x and 1.02x;
+/// from 4 MiB 0.84–1.56x), and bfloat16 (which the backend widens to float32 for Gloo)
+/// 0.83–1.11x from 4 MiB, neither way ahead by the rule's margin at every size of job:
+/// they take int32's.
+const TYPED_AGAINST_GLOO: [(DType, Tiers); 1] =
+    [(DType::F16, [&[(0, 4 * MIB)], &[(0, OPEN)], &[(0, OPEN)]])];
+
 impl Route {
     /// Every call to the switch.
     pub fn all() -> Self {
@@ -132,8 +147,9 @@ impl Route {
         Ok(Self::Ranges(ranges))
     }
 
-    /// The byte ranges whose `collective` calls go to the switch.
-    fn ranges(&self, collective: Collective) -> &[(u64, u64)] {
+    /// The byte ranges whose `collective` calls over `dtype` (where it matters: the
+    /// reductions' elements) go to the switch.
+    fn ranges(&self, collective: Collective, dtype: Option<DType>) -> &[(u64, u64)] {
         match self {
             Self::Ranges(r) => r,
             Self::Measured { ranks, other } => {
@@ -142,6 +158,12 @@ impl Route {
                     4..=7 => 1,
                     _ => 2,
                 };
+                let typed = (*other == Other::Gloo && collective == Collective::Allreduce)
+                    .then(|| TYPED_AGAINST_GLOO.iter().find(|(t, _)| Some(*t) == dtype))
+                    .flatten();
+                if let Some((_, tiers)) = typed {
+                    return tiers[tier];
+                }
                 let table = match other {
                     Other::OpenMpi => &AGAINST_OPEN_MPI,
                     Other::Gloo => &AGAINST_GLOO,
@@ -154,9 +176,10 @@ impl Route {
         }
     }
 
-    /// Whether a `collective` call of `bytes` goes to the switch.
-    pub fn takes(&self, collective: Collective, bytes: u64) -> bool {
-        self.ranges(collective)
+    /// Whether a `collective` call of `bytes` goes to the switch; `dtype`, the elements'
+    /// type where known (a reduction's: an allreduce's route against Gloo depends on it).
+    pub fn takes(&self, collective: Collective, dtype: Option<DType>, bytes: u64) -> bool {
+        self.ranges(collective, dtype)
             .iter()
             .any(|&(lo, hi)| lo <= bytes && bytes < hi)
     }
@@ -166,11 +189,18 @@ impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Ranges(r) => write!(f, "{}", written(r)),
-            Self::Measured { ranks, .. } => {
-                let each: Vec<String> = AGAINST_OPEN_MPI
+            Self::Measured { ranks, other } => {
+                let mut each: Vec<String> = AGAINST_OPEN_MPI
                     .iter()
-                    .map(|(c, _)| format!("{} {}", c.name(), written(self.ranges(*c))))
+                    .map(|(c, _)| format!("{} {}", c.name(), written(self.ranges(*c, None))))
                     .collect();
+                if *other == Other::Gloo {
+                    let ar = Collective::Allreduce;
+                    each[0] += &TYPED_AGAINST_GLOO
+                        .iter()
+                        .map(|(t, _)| format!(", {t} {}", written(self.ranges(ar, Some(*t)))))
+                        .collect::<String>();
+                }
                 write!(f, "auto for {ranks} ranks: {}", each.join("; "))
             }
         }
@@ -224,22 +254,27 @@ mod tests {
     #[test]
     fn ranges_take_their_sizes_and_read_back_as_written() {
         let r = Route::parse(Some("0-16KiB, 32MiB-"), 2, Other::OpenMpi).unwrap();
-        let takes = |b| r.takes(Collective::Allreduce, b);
+        let takes = |b| r.takes(Collective::Allreduce, None, b);
         assert!(takes(0) && takes(16383) && !takes(16384));
         assert!(!takes((32 << 20) - 1) && takes(32 << 20) && takes(u64::MAX - 1));
         // A set route is every collective's.
-        assert!(r.takes(Collective::Broadcast, 4096) && !r.takes(Collective::Reduce, 1 << 20));
+        assert!(
+            r.takes(Collective::Broadcast, None, 4096)
+                && !r.takes(Collective::Reduce, None, 1 << 20)
+        );
         assert_eq!(r.to_string(), "0-16KiB,32MiB-");
         assert_eq!(
             Route::parse(Some(&r.to_string()), 2, Other::OpenMpi).unwrap(),
             r
         );
-        assert!(Route::parse(Some("all"), 2, Other::OpenMpi)
-            .unwrap()
-            .takes(Collective::Broadcast, 1 << 40));
+        assert!(Route::parse(Some("all"), 2, Other::OpenMpi).unwrap().takes(
+            Collective::Broadcast,
+            None,
+            1 << 40
+        ));
         assert!(!Route::parse(Some("none"), 2, Other::OpenMpi)
             .unwrap()
-            .takes(Collective::Allreduce, 4));
+            .takes(Collective::Allreduce, None, 4));
     }
 
     #[test]
@@ -248,34 +283,79 @@ mod tests {
             let mpi = |ranks| Route::parse(value, ranks, Other::OpenMpi).unwrap();
             let (two, four, eight) = (mpi(2), mpi(4), mpi(8));
             let ar = Collective::Allreduce;
-            assert!(two.takes(ar, 4096) && !two.takes(ar, 16 << 10) && !two.takes(ar, 64 << 20));
-            assert!(four.takes(ar, 4096) && !four.takes(ar, 64 << 10) && !four.takes(ar, 64 << 20));
-            assert!(eight.takes(ar, 64 << 10) && !eight.takes(ar, 256 << 10));
+            assert!(
+                two.takes(ar, None, 4096)
+                    && !two.takes(ar, None, 16 << 10)
+                    && !two.takes(ar, None, 64 << 20)
+            );
+            assert!(
+                four.takes(ar, None, 4096)
+                    && !four.takes(ar, None, 64 << 10)
+                    && !four.takes(ar, None, 64 << 20)
+            );
+            assert!(eight.takes(ar, None, 64 << 10) && !eight.takes(ar, None, 256 << 10));
             // Small broadcasts are Open MPI's at every size of job; two ranks' gathers too.
             let bc = Collective::Broadcast;
-            assert!(!two.takes(bc, 4096) && !four.takes(bc, 4096) && !eight.takes(bc, 4096));
-            assert!(!four.takes(bc, 1 << 20) && eight.takes(bc, 64 << 10));
-            assert!(!two.takes(Collective::AllGather, 4096));
-            assert!(two.takes(Collective::Reduce, 4096));
+            assert!(
+                !two.takes(bc, None, 4096)
+                    && !four.takes(bc, None, 4096)
+                    && !eight.takes(bc, None, 4096)
+            );
+            assert!(!four.takes(bc, None, 1 << 20) && eight.takes(bc, None, 64 << 10));
+            assert!(!two.takes(Collective::AllGather, None, 4096));
+            assert!(two.takes(Collective::Reduce, None, 4096));
             for ranks in [2, 4, 8] {
                 let gloo = Route::parse(value, ranks, Other::Gloo).unwrap();
                 assert!(
-                    gloo.takes(ar, 1 << 20)
-                        && !gloo.takes(ar, 4 << 20)
-                        && !gloo.takes(ar, 64 << 20)
+                    gloo.takes(ar, None, 1 << 20)
+                        && !gloo.takes(ar, None, 4 << 20)
+                        && !gloo.takes(ar, None, 64 << 20)
                 );
                 // Gloo 1.13 has no reduce-scatter; large broadcasts are Gloo's.
-                assert!(gloo.takes(Collective::ReduceScatter, 64 << 20));
-                assert!(!gloo.takes(bc, 64 << 10));
+                assert!(gloo.takes(Collective::ReduceScatter, None, 64 << 20));
+                assert!(!gloo.takes(bc, None, 64 << 10));
             }
             let gloo = |ranks| Route::parse(value, ranks, Other::Gloo).unwrap();
-            assert!(gloo(2).takes(bc, 4096) && !gloo(4).takes(bc, 4096));
-            assert!(gloo(2).takes(Collective::Reduce, 16 << 20));
-            assert!(!gloo(4).takes(Collective::Reduce, 16 << 20));
+            assert!(gloo(2).takes(bc, None, 4096) && !gloo(4).takes(bc, None, 4096));
+            assert!(gloo(2).takes(Collective::Reduce, None, 16 << 20));
+            assert!(!gloo(4).takes(Collective::Reduce, None, 16 << 20));
         }
         assert_eq!(
             Route::parse(None, 2, Other::OpenMpi).unwrap().to_string(),
             "auto for 2 ranks: allreduce 0-16KiB; reduce_scatter none; all_gather none; broadcast none; reduce 0-16KiB"
+        );
+    }
+
+    #[test]
+    fn against_gloo_a_float16_allreduce_has_a_route_of_its_own() {
+        let ar = Collective::Allreduce;
+        for ranks in [2, 4, 8] {
+            let gloo = Route::parse(None, ranks, Other::Gloo).unwrap();
+            let mpi = Route::parse(None, ranks, Other::OpenMpi).unwrap();
+            let f16 = Some(DType::F16);
+            // Every size through the switch from 4 ranks; at 2 as int32's.
+            assert_eq!(gloo.takes(ar, f16, 64 << 20), ranks >= 4, "{ranks} ranks");
+            assert!(gloo.takes(ar, f16, 1 << 20));
+            // Not against Open MPI, nor for the collectives that only move bytes.
+            assert_eq!(mpi.takes(ar, f16, 64 << 20), mpi.takes(ar, None, 64 << 20));
+            let ag = Collective::AllGather;
+            assert_eq!(
+                gloo.takes(ag, f16, 64 << 20),
+                gloo.takes(ag, None, 64 << 20)
+            );
+            for t in [DType::I32, DType::I64, DType::F32, DType::F64, DType::Bf16] {
+                assert_eq!(
+                    gloo.takes(ar, Some(t), 64 << 20),
+                    gloo.takes(ar, None, 64 << 20)
+                );
+            }
+            // A set route is every type's.
+            let set = Route::parse(Some("0-1MiB"), ranks, Other::Gloo).unwrap();
+            assert!(!set.takes(ar, Some(DType::F16), 4 << 20));
+        }
+        assert_eq!(
+            Route::parse(None, 4, Other::Gloo).unwrap().to_string(),
+            "auto for 4 ranks: allreduce 0-4MiB, f16 0-; reduce_scatter 0-; all_gather 0-4MiB; broadcast none; reduce 0-4MiB"
         );
     }
 

@@ -153,6 +153,7 @@ fn quick_bench(long: bool) -> Result<()> {
         no_capacity: false,
         switch_only: false,
         no_torch: false,
+        torch_dtype: None,
         mpi_on_switch: false,
         iterations: None,
         rounds: 1,

@@ -51,6 +51,15 @@ __all__ = ["ProcessGroupXagg", "HookState", "allreduce_hook"]
 
 _DTYPES = {torch.int32, torch.int64, torch.float16, torch.bfloat16, torch.float32, torch.float64}
 _FLOATS = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+# The switch's names of the types it reduces, as its route by size takes them.
+_WIRE_NAMES = {
+    torch.int32: "i32",
+    torch.int64: "i64",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.float32: "f32",
+    torch.float64: "f64",
+}
 
 # Votes of the agreement on joining (the minimum wins).
 _FAILED, _OK = 0, 2
@@ -825,7 +834,7 @@ class ProcessGroupXagg(dist.ProcessGroup):
             # Rank 0's XAGG_FLOAT=none: the same on every rank.
             self._engine.pass_on(entry, "float sums go to Gloo (rank 0's XAGG_FLOAT=none)")
             return self._by_gloo(tensors, opts, entry)
-        if self._routed("allreduce", t.numel() * t.element_size(), entry):
+        if self._routed("allreduce", t.numel() * t.element_size(), entry, t.dtype):
             return self._by_gloo(tensors, opts, entry)
         if t.device.type != "cpu":
             # Through host memory: a CPU copy reduced, the result copied back.
@@ -839,12 +848,13 @@ class ProcessGroupXagg(dist.ProcessGroup):
         _, work = self._engine.allreduce(t, opts.reduceOp, entry=entry, at_once=at_once)
         return _for_caller(work, entry)
 
-    def _routed(self, kind, nbytes, entry):
-        """Whether a `kind` call moving `nbytes` (the whole message) is faster through Gloo
-        at this size (XAGG_ROUTE, rank 0's, or the bench's figures): decided by the call
-        alone, alike on every rank; counted when it goes to Gloo."""
+    def _routed(self, kind, nbytes, entry, dtype=None):
+        """Whether a `kind` call moving `nbytes` (the whole message) of `dtype` (where the
+        route depends on it: an allreduce's) is faster through Gloo at this size
+        (XAGG_ROUTE, rank 0's, or the bench's figures): decided by the call alone, alike on
+        every rank; counted when it goes to Gloo."""
         route = self._engine.route
-        if route is None or route.takes(nbytes, kind):
+        if route is None or route.takes(nbytes, kind, _WIRE_NAMES.get(dtype)):
             return False
         self._engine.routed += 1
         self._engine.count(entry, ROUTED)

@@ -96,7 +96,7 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                 // a reduce-scatter, which torch 1.13's Gloo lacks, a program's stand-in:
                 // an allreduce, its block kept).
                 for system in ["torch+xagg", "gloo"] {
-                    for p in torch_runs(&sw.lab, system, &sizes, it, Some(c.name()))? {
+                    for p in torch_runs(&sw.lab, system, &sizes, it, Some(c.name()), None)? {
                         round_line(round, &p);
                         all.push(p);
                     }

@@ -31,6 +31,9 @@ pub struct E2e<'a> {
     pub mpi_on_switch: bool,
     /// PyTorch's runs besides the switch's.
     pub torch: bool,
+    /// The PyTorch runs' torch dtype, where not int32: then they run alone (the switch's
+    /// own workers and Open MPI's program sum int32).
+    pub torch_dtype: Option<&'a str>,
     /// Allreduces per point instead of the size's default.
     pub iterations: Option<usize>,
     /// Rounds, each over every worker count (a lab each), the switch's runs then Open MPI's
@@ -76,7 +79,10 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             e.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;
-            switch_points(e, &sw.lab, true, &mut mid, round, &mut this)?;
+            let switch = e.torch_dtype.is_none();
+            if switch {
+                switch_points(e, &sw.lab, true, &mut mid, round, &mut this)?;
+            }
             // The same MPI program as Open MPI's runs, with the MPI library preloaded:
             // its MPI_Allreduce through the switch.
             // Its ranks receive on plain UDP sockets, which on veth needs the host program.
@@ -101,18 +107,32 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(&sw.lab, "torch+xagg", e.sizes, iterations, None)? {
+                for r in torch_runs(
+                    &sw.lab,
+                    "torch+xagg",
+                    e.sizes,
+                    iterations,
+                    None,
+                    e.torch_dtype,
+                )? {
                     round_line(round, &r);
                     this.push(r);
                 }
                 if e.mpi_on_switch {
-                    for r in torch_runs(&sw.lab, "gloo+switch", e.sizes, iterations, None)? {
+                    for r in torch_runs(
+                        &sw.lab,
+                        "gloo+switch",
+                        e.sizes,
+                        iterations,
+                        None,
+                        e.torch_dtype,
+                    )? {
                         round_line(round, &r);
                         this.push(r);
                     }
                 }
             }
-            if e.mpi || e.torch {
+            if switch && (e.mpi || e.torch) {
                 // The switch path as the drop-ins take it (results on a UDP socket, not
                 // AF_XDP): their time over it is what they add to the switch path.
                 switch_points(e, &sw.lab, false, &mut mid, round, &mut this)?;
@@ -126,7 +146,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(&lab, "gloo", e.sizes, iterations, None)? {
+                for r in torch_runs(&lab, "gloo", e.sizes, iterations, None, e.torch_dtype)? {
                     round_line(round, &r);
                     this.push(r);
                 }

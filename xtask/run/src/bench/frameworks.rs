@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use anyhow::{Context, Result};
+use xagg_common::wire::DType;
 use xagg_lab::lab::Lab;
 use xagg_worker::report::CpuWindow;
 
@@ -144,13 +145,14 @@ fn rx_ratio(p: &RunPoint, line: &str) -> Result<Option<f64>> {
 /// the switch; `gloo`: PyTorch's own, on the plain bridge; `gloo+switch`: Gloo with the
 /// switch's programs on the path), every size in one run of `xtask/python/allreduce.py` per
 /// rank; with `collective`, that collective instead (`BENCH_COLLECTIVE`: all_gather,
-/// broadcast, reduce).
+/// broadcast, reduce); with `dtype`, of that torch dtype instead of int32 (`BENCH_DTYPE`).
 pub(super) fn torch_runs(
     lab: &Lab,
     system: &'static str,
     sizes: &[usize],
     iterations: impl Fn(usize) -> usize,
     collective: Option<&'static str>,
+    dtype: Option<&str>,
 ) -> Result<Vec<RunPoint>> {
     let backend = if system == "torch+xagg" {
         "xagg"
@@ -167,6 +169,7 @@ pub(super) fn torch_runs(
     env.extend(crate::demo::credential_env());
     env.extend(std::env::var("XAGG_ROUTE").ok().map(|r| ("XAGG_ROUTE", r)));
     env.extend(collective.map(|c| ("BENCH_COLLECTIVE", c.to_string())));
+    env.extend(dtype.map(|t| ("BENCH_DTYPE", t.to_string())));
     let script = xtask::build::root().join("xtask/python/allreduce.py");
     let points: Vec<String> = sizes
         .iter()
@@ -205,6 +208,16 @@ pub(super) fn torch_runs(
     let route =
         xagg_worker::route::Route::parse(route.as_deref(), n, xagg_worker::route::Other::Gloo)
             .map_err(|e| anyhow::anyhow!(e))?;
+    // The switch's name of the script's torch dtype, which the route of an allreduce
+    // against Gloo depends on.
+    let wire_dtype = match dtype.unwrap_or("int32") {
+        "float32" => DType::F32,
+        "float64" => DType::F64,
+        "float16" => DType::F16,
+        "bfloat16" => DType::Bf16,
+        _ => DType::I32,
+    };
+    let wire_dtype = Some(wire_dtype);
     String::from_utf8_lossy(&outputs[0].stdout)
         .lines()
         .filter(|l| l.starts_with('{'))
@@ -218,7 +231,7 @@ pub(super) fn torch_runs(
                     .unwrap_or("allreduce")
                     .parse()
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                let routed = !route.takes(c, p.bytes as u64);
+                let routed = !route.takes(c, wire_dtype, p.bytes as u64);
                 p.path = Some(if !routed { "switch" } else { "routed" });
             }
             Ok(p)

@@ -84,54 +84,23 @@ pub(super) fn codecs_table(codec_points: &[CodecPoint]) {
 }
 
 /// The end-to-end runs, each system beside its baseline at the same worker count and size.
-pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize) {
-    println!();
-    println!("allreduce, i32 sum, same lab (MTU {mtu}, segments of {segment} elements), same data (goodput Gbit/s | latency µs | bytes sent per worker / S):");
-    println!(
-        "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
-        "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
-    );
+pub(super) fn runs_tables(
+    runs: &[RunPoint],
+    mtu: usize,
+    segment: usize,
+    torch_dtype: Option<&str>,
+) {
     let pairs = pairs_of(runs, "switch", "openmpi");
-    for &(r, m) in &pairs {
-        println!(
-            "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3}{}",
-            r.workers,
-            r.bytes,
-            r.goodput_gbps,
-            m.goodput_gbps,
-            r.goodput_gbps / m.goodput_gbps,
-            r.latency_us,
-            m.latency_us,
-            r.latency_us / m.latency_us,
-            r.wire_ratio,
-            m.wire_ratio,
-            if r.verified && m.verified {
-                ""
-            } else {
-                "  NOT VERIFIED"
-            }
-        );
+    if !pairs.is_empty() {
+        switch_tables(&pairs, mtu, segment);
     }
-    println!();
-    println!("CPU s per GiB over exactly the timed windows, machine-wide (total = process + softirq | busy CPUs):");
-    println!(
-        "{:>3} {:>9} | {:>22} | {:>22} | {:>6} | {:>5} {:>5}",
-        "n", "bytes", "switch", "openmpi", "x", "busy", "busy"
+    let torch_title = format!(
+        "PyTorch's dist.all_reduce (xtask/python/allreduce.py), {} sum, the xagg backend | Gloo",
+        torch_dtype.unwrap_or("int32")
     );
-    for &(r, m) in &pairs {
-        let (Some(c), Some(d)) = (&r.cpu, &m.cpu) else {
-            continue;
-        };
-        println!(
-            "{:>3} {:>9} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} | {:>5.2} {:>5.2}",
-            r.workers, r.bytes, c.total_s_per_gib, c.process_s_per_gib, c.softirq_s_per_gib,
-            d.total_s_per_gib, d.process_s_per_gib, d.softirq_s_per_gib,
-            c.total_s_per_gib / d.total_s_per_gib, c.busy_cpus, d.busy_cpus
-        );
-    }
     for (system, baseline, title, a_name, b_name) in [
         ("mpi+xagg", "openmpi", "an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone", "preload", "openmpi"),
-        ("torch+xagg", "gloo", "PyTorch's dist.all_reduce (xtask/python/allreduce.py), the xagg backend | Gloo", "xagg", "gloo"),
+        ("torch+xagg", "gloo", torch_title.as_str(), "xagg", "gloo"),
         ("openmpi+switch", "openmpi", "Open MPI alone, the switch's programs on the path | on the plain bridge", "on sw", "bridge"),
         ("gloo+switch", "gloo", "Gloo alone, the switch's programs on the path | on the plain bridge", "on sw", "bridge"),
     ] {
@@ -357,6 +326,53 @@ pub(super) fn draw(runs: &[RunPoint], path: &std::path::Path) -> Result<()> {
         .draw()?;
     root.present()?;
     Ok(())
+}
+
+/// The switch's own runs against Open MPI's: goodput and latency, then CPU per GiB.
+fn switch_tables(pairs: &[(&RunPoint, &RunPoint)], mtu: usize, segment: usize) {
+    println!();
+    println!("allreduce, i32 sum, same lab (MTU {mtu}, segments of {segment} elements), same data (goodput Gbit/s | latency µs | bytes sent per worker / S):");
+    println!(
+        "{:>3} {:>9} | {:>8} {:>8} {:>6} | {:>9} {:>9} {:>6} | {:>6} {:>6}",
+        "n", "bytes", "switch", "openmpi", "x", "switch", "openmpi", "x", "switch", "ompi"
+    );
+    for &(r, m) in pairs {
+        println!(
+            "{:>3} {:>9} | {:>8.2} {:>8.2} {:>6.2} | {:>9.1} {:>9.1} {:>6.2} | {:>6.3} {:>6.3}{}",
+            r.workers,
+            r.bytes,
+            r.goodput_gbps,
+            m.goodput_gbps,
+            r.goodput_gbps / m.goodput_gbps,
+            r.latency_us,
+            m.latency_us,
+            r.latency_us / m.latency_us,
+            r.wire_ratio,
+            m.wire_ratio,
+            if r.verified && m.verified {
+                ""
+            } else {
+                "  NOT VERIFIED"
+            }
+        );
+    }
+    println!();
+    println!("CPU s per GiB over exactly the timed windows, machine-wide (total = process + softirq | busy CPUs):");
+    println!(
+        "{:>3} {:>9} | {:>22} | {:>22} | {:>6} | {:>5} {:>5}",
+        "n", "bytes", "switch", "openmpi", "x", "busy", "busy"
+    );
+    for &(r, m) in pairs {
+        let (Some(c), Some(d)) = (&r.cpu, &m.cpu) else {
+            continue;
+        };
+        println!(
+            "{:>3} {:>9} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} = {:>5.2} + {:>5.2} | {:>6.2} | {:>5.2} {:>5.2}",
+            r.workers, r.bytes, c.total_s_per_gib, c.process_s_per_gib, c.softirq_s_per_gib,
+            d.total_s_per_gib, d.process_s_per_gib, d.softirq_s_per_gib,
+            c.total_s_per_gib / d.total_s_per_gib, c.busy_cpus, d.busy_cpus
+        );
+    }
 }
 
 #[cfg(test)]
