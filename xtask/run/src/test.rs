@@ -136,7 +136,8 @@ fn demos() -> Result<()> {
 
 /// The benchmark, quick (for breakage, not figures): every path of it runs, both systems
 /// verified; then the send path, quick: both ways of sending reach the switch; then the
-/// switch object against itself, interleaved; with `long`, the collectives' bench too.
+/// switch object against itself, interleaved; with `long`, the collectives' bench and
+/// PyTorch's runs in bfloat16 too.
 fn quick_bench(long: bool) -> Result<()> {
     // The switch's runs placed as on a switch host (its ports' NAPI on CPU 1, the workers
     // on CPU 0), so that the placement is exercised too, where there are two CPUs.
@@ -189,6 +190,14 @@ fn quick_bench(long: bool) -> Result<()> {
             collectives: true,
             sizes: vec![64 << 10],
             ..quick(false, "bench/collectives_quick.json")
+        })?;
+        // PyTorch's runs in another type (bfloat16: Gloo's run the float32 stand-in).
+        eprintln!("cargo xtask bench --quick --no-capacity --torch-dtype bfloat16 --workers 2 --sizes 64KiB");
+        crate::bench::run(crate::bench::BenchArgs {
+            no_capacity: true,
+            torch_dtype: Some("bfloat16".into()),
+            sizes: vec![64 << 10],
+            ..quick(false, "bench/torch_dtype_quick.json")
         })?;
     }
     Ok(())
