@@ -19,6 +19,9 @@
  * With BENCH_COLLECTIVE in the environment (reduce_scatter, all_gather, broadcast,
  * reduce), every timed call is that collective over the same BYTES instead (the
  * message: all the blocks of a reduce-scatter or all-gather; root 0), each checked.
+ * With BENCH_DTYPE=float32 or float64 the elements are MPI_FLOAT or MPI_DOUBLE instead:
+ * small integers (member m's element i = splitmix64(...) % 33 - 16), whose sums are exact
+ * in every order, so that every result is still checked exactly; BYTES stays the message.
  * Usage: allreduce BYTES ITERATIONS SEED [cpu]. Rank 0 prints one JSON object. */
 #include <mpi.h>
 #include <stdint.h>
@@ -37,6 +40,31 @@ static uint64_t mix(uint64_t z) {
 
 static int32_t element(uint64_t seed, int member, size_t i) {
     return (int32_t)(uint32_t)mix(seed ^ ((uint64_t)member << 40) ^ (uint64_t)i);
+}
+
+/* The elements' type (BENCH_DTYPE): int32, float32 or float64, and its size. */
+enum { INT32, FLOAT32, FLOAT64 };
+static int dtype = INT32;
+static size_t width = 4;
+static MPI_Datatype mpi_type(void) { return dtype == FLOAT64 ? MPI_DOUBLE : dtype == FLOAT32 ? MPI_FLOAT : MPI_INT; }
+
+/* Member m's element i as a double: an int32's value, or a small integer for the floats. */
+static double value(uint64_t seed, int member, size_t i) {
+    uint64_t z = mix(seed ^ ((uint64_t)member << 40) ^ (uint64_t)i);
+    return dtype == INT32 ? (double)(int32_t)(uint32_t)z : (double)(int64_t)(z % 33) - 16.0;
+}
+
+/* Element i of `buf` written as, or read as a double from, the elements' type. */
+static void put(void *buf, size_t i, double v) {
+    if (dtype == FLOAT64) ((double *)buf)[i] = v;
+    else if (dtype == FLOAT32) ((float *)buf)[i] = (float)v;
+    else ((int32_t *)buf)[i] = (int32_t)v;
+}
+static double get(const void *buf, size_t i) {
+    /* Each arm a double of its own (a conditional of float and int32 would be a float). */
+    if (dtype == FLOAT64) return ((const double *)buf)[i];
+    if (dtype == FLOAT32) return (double)((const float *)buf)[i];
+    return (double)((const int32_t *)buf)[i];
 }
 
 /* One reading for a CPU window: wall clock (ns since the epoch, the same clock in every
@@ -75,16 +103,17 @@ static unsigned long long tx_bytes(void) { return link_bytes("tx"); }
 enum { ALLREDUCE, REDUCE_SCATTER, ALL_GATHER, BROADCAST, REDUCE };
 static int which = ALLREDUCE, rank, size;
 
-/* The timed call over `n` int32: from `in` into `out` (a broadcast in `out`, which the
+/* The timed call over `n` elements: from `in` into `out` (a broadcast in `out`, which the
  * root filled). */
-static void call(int32_t *in, int32_t *out, size_t n) {
+static void call(char *in, char *out, size_t n) {
     int b = (int)(n / size);
+    MPI_Datatype t = mpi_type();
     switch (which) {
-    case REDUCE_SCATTER: MPI_Reduce_scatter_block(in, out, b, MPI_INT, MPI_SUM, MPI_COMM_WORLD); break;
-    case ALL_GATHER: MPI_Allgather(in + (size_t)rank * b, b, MPI_INT, out, b, MPI_INT, MPI_COMM_WORLD); break;
-    case BROADCAST: MPI_Bcast(out, (int)n, MPI_INT, 0, MPI_COMM_WORLD); break;
-    case REDUCE: MPI_Reduce(in, out, (int)n, MPI_INT, MPI_SUM, 0, MPI_COMM_WORLD); break;
-    default: MPI_Allreduce(in, out, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+    case REDUCE_SCATTER: MPI_Reduce_scatter_block(in, out, b, t, MPI_SUM, MPI_COMM_WORLD); break;
+    case ALL_GATHER: MPI_Allgather(in + (size_t)rank * b * width, b, t, out, b, t, MPI_COMM_WORLD); break;
+    case BROADCAST: MPI_Bcast(out, (int)n, t, 0, MPI_COMM_WORLD); break;
+    case REDUCE: MPI_Reduce(in, out, (int)n, t, MPI_SUM, 0, MPI_COMM_WORLD); break;
+    default: MPI_Allreduce(in, out, (int)n, t, MPI_SUM, MPI_COMM_WORLD);
     }
 }
 
@@ -94,17 +123,20 @@ int main(int argc, char **argv) {
     const char *chosen = getenv("BENCH_COLLECTIVE");
     for (int k = 0; chosen && k < 5; k++)
         if (strcmp(chosen, names[k]) == 0) which = k;
+    const char *type = getenv("BENCH_DTYPE");
+    if (type && strcmp(type, "float32") == 0) dtype = FLOAT32;
+    if (type && strcmp(type, "float64") == 0) dtype = FLOAT64, width = 8;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &size);
     if (argc != 4 && !(argc == 5 && strcmp(argv[4], "cpu") == 0)) {
         if (rank == 0) fprintf(stderr, "usage: %s BYTES ITERATIONS SEED [cpu]\n", argv[0]);
         MPI_Abort(MPI_COMM_WORLD, 2);
     }
-    size_t n = strtoull(argv[1], 0, 10) / 4;
+    size_t n = strtoull(argv[1], 0, 10) / width, bytes = n * width;
     int iters = atoi(argv[2]);
     uint64_t seed = strtoull(argv[3], 0, 10);
-    int32_t *data = malloc(n * 4), *buf = malloc(n * 4), *first = malloc(n * 4);
-    for (size_t i = 0; i < n; i++) data[i] = element(seed, rank, i);
+    char *data = malloc(bytes), *buf = malloc(bytes), *first = malloc(bytes);
+    for (size_t i = 0; i < n; i++) put(data, i, value(seed, rank, i));
     double *times = calloc(iters, sizeof(double));
     int cpu = argc == 5;
     unsigned long long (*starts)[FIELDS] = calloc(iters, sizeof *starts);
@@ -115,16 +147,16 @@ int main(int argc, char **argv) {
     for (int it = 0; it < iters; it++) {
         /* A broadcast's other ranks start from zeros. */
         if (which == BROADCAST && rank != 0)
-            memset(buf, 0, n * 4);
+            memset(buf, 0, bytes);
         else
-            memcpy(buf, data, n * 4);
+            memcpy(buf, data, bytes);
         unsigned long long start[FIELDS], end[FIELDS];
         MPI_Barrier(MPI_COMM_WORLD);
         /* Read before the clock starts and after it stops: the readings are outside. */
         if (cpu) cpu_sample(start);
         double t0 = MPI_Wtime();
         if (which == ALLREDUCE)
-            MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
+            MPI_Allreduce(MPI_IN_PLACE, buf, (int)n, mpi_type(), MPI_SUM, MPI_COMM_WORLD);
         else
             call(data, buf, n);
         double t = MPI_Wtime() - t0;
@@ -136,14 +168,14 @@ int main(int argc, char **argv) {
         double slowest;
         MPI_Reduce(&t, &slowest, 1, MPI_DOUBLE, MPI_MAX, 0, MPI_COMM_WORLD);
         times[it] = slowest;
-        if (it == 0) memcpy(first, buf, n * 4);
+        if (it == 0) memcpy(first, buf, bytes);
     }
     MPI_Barrier(MPI_COMM_WORLD);
     double tx = (double)(tx_bytes() - tx0), tx_sum;
     double rx = (double)(link_bytes("rx") - rx0), rx_sum;
     /* osu_allreduce's convention. */
-    int osu_iters = n * 4 <= 8192 ? 1000 : 100, osu_skip = n * 4 <= 8192 ? 200 : 10;
-    if (n * 4 > (1 << 20)) {
+    int osu_iters = bytes <= 8192 ? 1000 : 100, osu_skip = bytes <= 8192 ? 200 : 10;
+    if (bytes > (1 << 20)) {
         osu_iters = iters < osu_iters ? iters : osu_iters;
         osu_skip = 1;
     }
@@ -173,14 +205,20 @@ int main(int argc, char **argv) {
     size_t hi = which == REDUCE_SCATTER ? lo + b : n;
     if (which == REDUCE && rank != 0) hi = 0;
     for (size_t i = lo; i < hi && ok; i++) {
-        uint32_t want = 0;
+        /* int32 sums wrap (summed as uint32); the floats' sums are small integers. */
+        double want = 0;
+        uint32_t wrapped = 0;
         if (which == ALL_GATHER)
-            want = (uint32_t)element(seed, (int)(i / b), i);
+            want = value(seed, (int)(i / b), i);
         else if (which == BROADCAST)
-            want = (uint32_t)element(seed, 0, i);
+            want = value(seed, 0, i);
         else
-            for (int m = 0; m < size; m++) want += (uint32_t)element(seed, m, i);
-        ok = (uint32_t)first[i - lo] == want;
+            for (int m = 0; m < size; m++) {
+                want += value(seed, m, i);
+                wrapped += (uint32_t)element(seed, m, i);
+            }
+        if (dtype == INT32 && which != ALL_GATHER && which != BROADCAST) want = (int32_t)wrapped;
+        ok = get(first, i - lo) == want;
     }
     int all_ok;
     MPI_Reduce(&ok, &all_ok, 1, MPI_INT, MPI_LAND, 0, MPI_COMM_WORLD);
@@ -188,7 +226,7 @@ int main(int argc, char **argv) {
     MPI_Reduce(&rx, &rx_sum, 1, MPI_DOUBLE, MPI_SUM, 0, MPI_COMM_WORLD);
     if (rank == 0) {
         printf("{\"ranks\":%d,\"bytes\":%zu,\"verified\":%s,\"tx_bytes_per_rank\":%.0f,\"rx_bytes_per_rank\":%.0f,\"osu_us\":%.3f,\"osu_iterations\":%d,\"seconds\":[",
-               size, n * 4, all_ok ? "true" : "false", tx_sum / size, rx_sum / size, osu_sum / size * 1e6, osu_iters);
+               size, bytes, all_ok ? "true" : "false", tx_sum / size, rx_sum / size, osu_sum / size * 1e6, osu_iters);
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", times[it]);
         printf("],\"back_to_back\":[");
         for (int it = 0; it < iters; it++) printf("%s%.9f", it ? "," : "", b2b_slowest[it]);

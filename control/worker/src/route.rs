@@ -92,7 +92,7 @@ const AGAINST_GLOO: [(Collective, Tiers); 5] = [
 ];
 
 /// Allreduces against Gloo whose element type was measured apart from int32's
-/// (`XAGG_ROUTE=all cargo xtask bench --torch-dtype T`, the backend's own calls against
+/// (`XAGG_ROUTE=all cargo xtask bench --dtype T`, the backend's own calls against
 /// Gloo's, medians of two rounds; docs/bench.md "Which calls take the switch"), by the same
 /// rule. Gloo 1.13 sums float16 slowly; the switch carries it in 32-bit lanes: through the
 /// switch it took 0.28–0.73x Gloo's time at every size from 256 KiB with 4 ranks,

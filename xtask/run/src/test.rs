@@ -154,7 +154,7 @@ fn quick_bench(long: bool) -> Result<()> {
         no_capacity: false,
         switch_only: false,
         no_torch: false,
-        torch_dtype: None,
+        dtype: None,
         mpi_on_switch: false,
         iterations: None,
         rounds: 1,
@@ -192,12 +192,14 @@ fn quick_bench(long: bool) -> Result<()> {
             ..quick(false, "bench/collectives_quick.json")
         })?;
         // PyTorch's runs in another type (bfloat16: Gloo's run the float32 stand-in).
-        eprintln!("cargo xtask bench --quick --no-capacity --torch-dtype bfloat16 --workers 2 --sizes 64KiB");
+        eprintln!(
+            "cargo xtask bench --quick --no-capacity --dtype bfloat16 --workers 2 --sizes 64KiB"
+        );
         crate::bench::run(crate::bench::BenchArgs {
             no_capacity: true,
-            torch_dtype: Some("bfloat16".into()),
+            dtype: Some("bfloat16".into()),
             sizes: vec![64 << 10],
-            ..quick(false, "bench/torch_dtype_quick.json")
+            ..quick(false, "bench/dtype_quick.json")
         })?;
     }
     Ok(())

@@ -82,8 +82,15 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                     for &size in r.sizes {
                         let bytes = size / (4 * n) * 4 * n;
                         let it = iterations(bytes, r.quick);
-                        let p =
-                            mpi_collective(&sw.lab, &mpi_bin, bytes, it, system, Some(c.name()))?;
+                        let p = mpi_collective(
+                            &sw.lab,
+                            &mpi_bin,
+                            bytes,
+                            it,
+                            system,
+                            Some(c.name()),
+                            None,
+                        )?;
                         round_line(round, &p);
                         all.push(p);
                     }

@@ -31,9 +31,9 @@ pub struct E2e<'a> {
     pub mpi_on_switch: bool,
     /// PyTorch's runs besides the switch's.
     pub torch: bool,
-    /// The PyTorch runs' torch dtype, where not int32: then they run alone (the switch's
-    /// own workers and Open MPI's program sum int32).
-    pub torch_dtype: Option<&'a str>,
+    /// The drop-ins' runs' element type (a torch dtype's name), where not int32: then the
+    /// switch's own runs are left out (its workers sum int32).
+    pub dtype: Option<&'a str>,
     /// Allreduces per point instead of the size's default.
     pub iterations: Option<usize>,
     /// Rounds, each over every worker count (a lab each), the switch's runs then Open MPI's
@@ -79,7 +79,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             e.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;
-            let switch = e.torch_dtype.is_none();
+            let switch = e.dtype.is_none();
             if switch {
                 switch_points(e, &sw.lab, true, &mut mid, round, &mut this)?;
             }
@@ -91,7 +91,14 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                 sw.lab.attach_hosts()?;
             }
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
-                let r = mpi_run(&sw.lab, &mpi_bin, bytes, iterations(bytes), "mpi+xagg")?;
+                let r = mpi_run(
+                    &sw.lab,
+                    &mpi_bin,
+                    bytes,
+                    iterations(bytes),
+                    "mpi+xagg",
+                    e.dtype,
+                )?;
                 round_line(round, &r);
                 this.push(r);
             }
@@ -102,31 +109,19 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
                     bytes,
                     iterations(bytes),
                     "openmpi+switch",
+                    e.dtype,
                 )?;
                 round_line(round, &r);
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(
-                    &sw.lab,
-                    "torch+xagg",
-                    e.sizes,
-                    iterations,
-                    None,
-                    e.torch_dtype,
-                )? {
+                for r in torch_runs(&sw.lab, "torch+xagg", e.sizes, iterations, None, e.dtype)? {
                     round_line(round, &r);
                     this.push(r);
                 }
                 if e.mpi_on_switch {
-                    for r in torch_runs(
-                        &sw.lab,
-                        "gloo+switch",
-                        e.sizes,
-                        iterations,
-                        None,
-                        e.torch_dtype,
-                    )? {
+                    for r in torch_runs(&sw.lab, "gloo+switch", e.sizes, iterations, None, e.dtype)?
+                    {
                         round_line(round, &r);
                         this.push(r);
                     }
@@ -141,12 +136,12 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             // Open MPI runs over the plain bridge: the switch's programs detached.
             let lab = sw.stop()?;
             for &bytes in e.sizes.iter().filter(|_| e.mpi) {
-                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), "openmpi")?;
+                let r = mpi_run(&lab, &mpi_bin, bytes, iterations(bytes), "openmpi", e.dtype)?;
                 round_line(round, &r);
                 this.push(r);
             }
             if e.torch {
-                for r in torch_runs(&lab, "gloo", e.sizes, iterations, None, e.torch_dtype)? {
+                for r in torch_runs(&lab, "gloo", e.sizes, iterations, None, e.dtype)? {
                     round_line(round, &r);
                     this.push(r);
                 }

@@ -21,12 +21,14 @@ pub(super) fn mpi_run(
     bytes: usize,
     iterations: usize,
     system: &'static str,
+    dtype: Option<&str>,
 ) -> Result<RunPoint> {
-    mpi_collective(lab, mpi_bin, bytes, iterations, system, None)
+    mpi_collective(lab, mpi_bin, bytes, iterations, system, None, dtype)
 }
 
 /// [`mpi_run`] of `collective` instead of allreduce, where given (the program's
-/// `BENCH_COLLECTIVE`): the point carries it and the bytes each rank received.
+/// `BENCH_COLLECTIVE`): the point carries it and the bytes each rank received; with
+/// `dtype` (float32, float64), of that type instead of int32 (`BENCH_DTYPE`).
 pub(super) fn mpi_collective(
     lab: &Lab,
     mpi_bin: &std::path::Path,
@@ -34,6 +36,7 @@ pub(super) fn mpi_collective(
     iterations: usize,
     system: &'static str,
     collective: Option<&'static str>,
+    dtype: Option<&str>,
 ) -> Result<RunPoint> {
     let preload = system == "mpi+xagg";
     let n = lab.workers;
@@ -57,6 +60,7 @@ pub(super) fn mpi_collective(
     if let Some(c) = collective {
         env.push(("BENCH_COLLECTIVE", c.to_string()));
     }
+    env.extend(dtype.map(|t| ("BENCH_DTYPE", t.to_string())));
     let agent = xagg_lab::mpi::agent(lab, &target_dir().join("bench"))?;
     let program = format!(
         "{bin} {bytes} {iterations} 7{cpu}",

@@ -76,12 +76,13 @@ pub struct BenchArgs {
     /// not installed, as on a bundle's machine.
     #[arg(long)]
     pub no_torch: bool,
-    /// The PyTorch runs' element type instead of int32 (float32, float64, float16,
+    /// The drop-ins' runs' element type instead of int32 (float32, float64, float16,
     /// bfloat16: sums of small integers, exact in every order, checked bit for bit): what
-    /// the backend's route by size is measured with per type. The end-to-end runs are then
-    /// PyTorch's alone (the switch's own workers and Open MPI's program sum int32).
+    /// their routes by size are measured with per type. The end-to-end runs are then the
+    /// drop-ins' and their baselines' alone (the switch's own workers sum int32): the MPI
+    /// program's for float32 and float64, PyTorch's for every type.
     #[arg(long, value_name = "DTYPE", value_parser = ["int32", "float32", "float64", "float16", "bfloat16"])]
-    pub torch_dtype: Option<String>,
+    pub dtype: Option<String>,
     /// Also Open MPI and Gloo alone with the switch's programs on the path (systems
     /// `openmpi+switch`, `gloo+switch`): what ordinary traffic pays for crossing the
     /// switch, and the baseline of calls the drop-ins route to Open MPI or Gloo.
@@ -246,19 +247,21 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } else {
             a.sizes.clone()
         };
-        let torch_dtype = a.torch_dtype.as_deref().filter(|&t| t != "int32");
+        let dtype = a.dtype.as_deref().filter(|&t| t != "int32");
+        // MPI has no half types.
+        let mpi_dtype = !matches!(dtype, Some("float16" | "bfloat16"));
         anyhow::ensure!(
-            torch_dtype.is_none() || !(a.switch_only || a.no_torch),
-            "--torch-dtype times PyTorch's runs: leave out --switch-only and --no-torch"
+            dtype.is_none() || !a.switch_only,
+            "--dtype times the drop-ins' runs: leave out --switch-only"
         );
         let r = end_to_end(&E2e {
             quick: a.quick,
             workers: &a.workers,
             sizes: &sizes,
-            mpi: !a.switch_only && torch_dtype.is_none(),
-            mpi_on_switch: !a.switch_only && a.mpi_on_switch && torch_dtype.is_none(),
+            mpi: !a.switch_only && mpi_dtype,
+            mpi_on_switch: !a.switch_only && a.mpi_on_switch && mpi_dtype,
             torch: !a.switch_only && !a.no_torch,
-            torch_dtype,
+            dtype,
             iterations: a.iterations,
             rounds: a.rounds,
             segment,
@@ -273,7 +276,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let scaling = scaling(&runs);
     if !runs.is_empty() {
-        runs_tables(&runs, a.mtu, segment, a.torch_dtype.as_deref());
+        runs_tables(&runs, a.mtu, segment, a.dtype.as_deref());
         scaling_table(&scaling, &placement.describe());
         let plot = a
             .plot
@@ -290,7 +293,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.json,
         "bench",
         serde_json::json!({
-            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement, "steer_cpus": crate::demo::steer_cpus(a.steer, &placement), "torch_dtype": a.torch_dtype.as_deref().unwrap_or("int32") },
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement, "steer_cpus": crate::demo::steer_cpus(a.steer, &placement), "dtype": a.dtype.as_deref().unwrap_or("int32") },
             "runs": runs,
             "scaling": scaling,
             "dataplane": points,

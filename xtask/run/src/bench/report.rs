@@ -84,25 +84,39 @@ pub(super) fn codecs_table(codec_points: &[CodecPoint]) {
 }
 
 /// The end-to-end runs, each system beside its baseline at the same worker count and size.
-pub(super) fn runs_tables(
-    runs: &[RunPoint],
-    mtu: usize,
-    segment: usize,
-    torch_dtype: Option<&str>,
-) {
+pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize, dtype: Option<&str>) {
     let pairs = pairs_of(runs, "switch", "openmpi");
     if !pairs.is_empty() {
         switch_tables(&pairs, mtu, segment);
     }
+    let dtype = dtype.unwrap_or("int32");
+    let mpi_title = format!("an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), {dtype} sum, libxagg_mpi.so preloaded | the same binary alone");
     let torch_title = format!(
-        "PyTorch's dist.all_reduce (xtask/python/allreduce.py), {} sum, the xagg backend | Gloo",
-        torch_dtype.unwrap_or("int32")
+        "PyTorch's dist.all_reduce (xtask/python/allreduce.py), {dtype} sum, the xagg backend | Gloo"
     );
     for (system, baseline, title, a_name, b_name) in [
-        ("mpi+xagg", "openmpi", "an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), libxagg_mpi.so preloaded | the same binary alone", "preload", "openmpi"),
+        (
+            "mpi+xagg",
+            "openmpi",
+            mpi_title.as_str(),
+            "preload",
+            "openmpi",
+        ),
         ("torch+xagg", "gloo", torch_title.as_str(), "xagg", "gloo"),
-        ("openmpi+switch", "openmpi", "Open MPI alone, the switch's programs on the path | on the plain bridge", "on sw", "bridge"),
-        ("gloo+switch", "gloo", "Gloo alone, the switch's programs on the path | on the plain bridge", "on sw", "bridge"),
+        (
+            "openmpi+switch",
+            "openmpi",
+            "Open MPI alone, the switch's programs on the path | on the plain bridge",
+            "on sw",
+            "bridge",
+        ),
+        (
+            "gloo+switch",
+            "gloo",
+            "Gloo alone, the switch's programs on the path | on the plain bridge",
+            "on sw",
+            "bridge",
+        ),
     ] {
         let pairs = pairs_of(runs, system, baseline);
         if pairs.is_empty() {
