@@ -96,7 +96,7 @@ fn numpy_arrays_through_the_switch() {
     }));
     for r in 0..RANKS {
         assert!(
-            out.contains(&format!("rank {r}: checks=41 failures=0")),
+            out.contains(&format!("rank {r}: checks=43 failures=0")),
             "{out}"
         );
     }
@@ -128,7 +128,7 @@ fn numpy_arrays_through_hosts() {
     for r in 0..lab.ranks.len() {
         assert!(out.contains(&format!("rank {r}: path tree")), "{out}");
         assert!(
-            out.contains(&format!("rank {r}: checks=41 failures=0")),
+            out.contains(&format!("rank {r}: checks=43 failures=0")),
             "{out}"
         );
     }

@@ -235,16 +235,7 @@ pub fn create(comm: Comm) -> CommState {
     }
     // Safety: 48 bytes from rank 0 over our duplicate.
     unsafe { (p.bcast)(secrets.as_mut_ptr().cast(), 48, handles().byte, 0, private) };
-    let route = Route::parse(
-        Some(&shared_setting(private, rank, "XAGG_ROUTE")),
-        size as usize,
-        Other::OpenMpi,
-    )
-    .map_err(|e| format!("rank 0's {e}"));
-    let route = match route {
-        Ok(r) => r,
-        Err(why) => return state(fail(&mut private, why)),
-    };
+    let route = shared_setting(private, rank, "XAGG_ROUTE");
     // Exact float sums unless rank 0 says otherwise: the fast lane may lose an element
     // far smaller than its segment's largest, which Open MPI's sum keeps.
     let float = xagg_worker::float_mode(
@@ -254,6 +245,13 @@ pub fn create(comm: Comm) -> CommState {
     .map_err(|e| format!("rank 0's {e}"));
     let (float, float_sums) = match float {
         Ok(f) => (f.unwrap_or(Float::Exact), f.is_some()),
+        Err(why) => return state(fail(&mut private, why)),
+    };
+    // The route of a float allreduce depends on how float sums travel.
+    let route = Route::parse(Some(&route), size as usize, Other::OpenMpi, float)
+        .map_err(|e| format!("rank 0's {e}"));
+    let route = match route {
+        Ok(r) => r,
         Err(why) => return state(fail(&mut private, why)),
     };
     let key = JobKey(secrets[..16].try_into().expect("16 bytes"));

@@ -654,17 +654,20 @@ impl Job {
 }
 
 /// Which calls go to the switch by size: `XAGG_ROUTE`'s value (rank 0's, shared) for a
-/// job of `ranks` (`None` or "auto": the bench's figures against Gloo; "all"; "none";
-/// byte ranges such as "0-16KiB,32MiB-").
+/// job of `ranks` whose float sums travel as `float` ("fast" or "exact"; `None` or "auto":
+/// the bench's figures against Gloo; "all"; "none"; byte ranges such as "0-16KiB,32MiB-").
 #[pyclass(module = "xagg")]
 struct Route(xagg_worker::route::Route);
 
 #[pymethods]
 impl Route {
     #[new]
-    #[pyo3(signature = (value, ranks))]
-    fn new(value: Option<&str>, ranks: usize) -> PyResult<Self> {
-        xagg_worker::route::Route::parse(value, ranks, xagg_worker::route::Other::Gloo)
+    #[pyo3(signature = (value, ranks, float = "fast"))]
+    fn new(value: Option<&str>, ranks: usize, float: &str) -> PyResult<Self> {
+        let float: Float = float
+            .parse()
+            .map_err(|e: xagg_common::wire::UnknownName| PyValueError::new_err(e.to_string()))?;
+        xagg_worker::route::Route::parse(value, ranks, xagg_worker::route::Other::Gloo, float)
             .map(Self)
             .map_err(PyValueError::new_err)
     }

@@ -6,12 +6,12 @@
 //! The value is `all`, `none`, or byte ranges served by the switch, `LO-HI` (HI excluded)
 //! with either end left open, suffixes `KiB`, `MiB`, `GiB`: `0-16KiB,32MiB-`. Unset (or
 //! `auto`), [`Route::Measured`] picks by the collective, the job's ranks and the other way
-//! (Open MPI or Gloo) from the bench's figures, and for an allreduce against Gloo by the
-//! element type too.
+//! (Open MPI or Gloo) from the bench's figures, and for an allreduce by the element type
+//! and the job's float mode too, where those were measured apart.
 
 use std::fmt;
 
-use xagg_common::wire::{Collective, DType};
+use xagg_common::wire::{Collective, DType, Float};
 
 /// Which calls go to the switch.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -19,8 +19,13 @@ pub enum Route {
     /// Byte ranges `[lo, hi)` whose calls go to the switch, whatever the collective
     /// (`XAGG_ROUTE`'s ranges, `all` or `none`).
     Ranges(Vec<(u64, u64)>),
-    /// The bench's figures for a job of `ranks` whose other way is `other`, per collective.
-    Measured { ranks: usize, other: Other },
+    /// The bench's figures for a job of `ranks` whose other way is `other` and whose
+    /// float sums travel as `float`, per collective.
+    Measured {
+        ranks: usize,
+        other: Other,
+        float: Float,
+    },
 }
 
 /// The way a call not taken by the switch goes, against which the defaults were measured.
@@ -91,19 +96,45 @@ const AGAINST_GLOO: [(Collective, Tiers); 5] = [
     ),
 ];
 
-/// Allreduces against Gloo whose element type was measured apart from int32's
-/// (`XAGG_ROUTE=all cargo xtask bench --dtype T`, the backend's own calls against
-/// Gloo's, medians of two rounds; docs/bench.md "Which calls take the switch"), by the same
-/// rule. Gloo 1.13 sums float16 slowly; the switch carries it in 32-bit lanes: through the
-/// switch it took 0.28–0.73x Gloo's time at every size from 256 KiB with 4 ranks,
-/// 0.21–0.87x with 8, and with 2 ranks 0.39–0.60x up to 1 MiB, 0.79–0.94x from 4 MiB
-/// (the boundary kept at int32's 4 MiB there). float32 and float64 measured close to
-/// int32's boundary (below 4 MiB 0.17–0.66x but at 256 KiB with 2 ranks, 1.33x and 1.02x;
-/// from 4 MiB 0.84–1.56x), and bfloat16 (which the backend widens to float32 for Gloo)
-/// 0.83–1.11x from 4 MiB, neither way ahead by the rule's margin at every size of job:
-/// they take int32's.
-const TYPED_AGAINST_GLOO: [(DType, Tiers); 1] =
-    [(DType::F16, [&[(0, 4 * MIB)], &[(0, OPEN)], &[(0, OPEN)]])];
+/// Allreduces whose element type, in a float mode, was measured apart from int32's
+/// (`XAGG_ROUTE=all cargo xtask bench --dtype T`, the drop-ins' own calls against the
+/// other way's; docs/bench.md "Which calls take the switch"), by the same rule.
+///
+/// Against Gloo, in the backend's default fast mode (medians of two rounds): Gloo 1.13
+/// sums float16 slowly; the switch carries it in 32-bit lanes: through the switch it took
+/// 0.28–0.73x Gloo's time at every size from 256 KiB with 4 ranks, 0.21–0.87x with 8, and
+/// with 2 ranks 0.39–0.60x up to 1 MiB, 0.79–0.94x from 4 MiB (the boundary kept at
+/// int32's 4 MiB there). float32 and float64 measured close to int32's boundary (below 4
+/// MiB 0.17–0.66x but at 256 KiB with 2 ranks, 1.33x and 1.02x; from 4 MiB 0.84–1.56x),
+/// and bfloat16 (which the backend widens to float32 for Gloo) 0.83–1.11x from 4 MiB,
+/// neither way ahead by the rule's margin at every size of job: they take int32's.
+///
+/// Against Open MPI, in the MPI library's default exact mode (twice the bytes of
+/// float32 and float64 on the wire; medians of three rounds, then four at 4 and 16 KiB):
+/// with 2 ranks float32 and float64 took 1.14x and 1.28x Open MPI's time at 4 KiB and
+/// 2.6–4.2x from 16 KiB; with 4 ranks 0.85–0.86x at 4 KiB, 3.9–5.4x from 64 KiB; with 8
+/// ranks 0.43–0.45x at 4 KiB, 0.70–0.83x at 16 KiB, 1.66–2.61x from 64 KiB (int32's
+/// default sent 8 ranks' calls to the switch up to 256 KiB).
+const TYPED: [(Other, DType, Float, Tiers); 3] = [
+    (
+        Other::Gloo,
+        DType::F16,
+        Float::Fast,
+        [&[(0, 4 * MIB)], &[(0, OPEN)], &[(0, OPEN)]],
+    ),
+    (
+        Other::OpenMpi,
+        DType::F32,
+        Float::Exact,
+        [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]],
+    ),
+    (
+        Other::OpenMpi,
+        DType::F64,
+        Float::Exact,
+        [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]],
+    ),
+];
 
 impl Route {
     /// Every call to the switch.
@@ -111,12 +142,23 @@ impl Route {
         Self::Ranges(vec![(0, OPEN)])
     }
 
-    /// `XAGG_ROUTE`'s value for a job of `ranks` whose other way is `other` (`None`,
-    /// empty or `auto`: measured).
-    pub fn parse(value: Option<&str>, ranks: usize, other: Other) -> Result<Self, String> {
+    /// `XAGG_ROUTE`'s value for a job of `ranks` whose other way is `other` and whose
+    /// float sums travel as `float` (`None`, empty or `auto`: measured).
+    pub fn parse(
+        value: Option<&str>,
+        ranks: usize,
+        other: Other,
+        float: Float,
+    ) -> Result<Self, String> {
         let v = value.map(str::trim).unwrap_or("");
         match v {
-            "" | "auto" => return Ok(Self::Measured { ranks, other }),
+            "" | "auto" => {
+                return Ok(Self::Measured {
+                    ranks,
+                    other,
+                    float,
+                })
+            }
             "all" => return Ok(Self::all()),
             "none" => return Ok(Self::Ranges(Vec::new())),
             _ => {}
@@ -152,16 +194,24 @@ impl Route {
     fn ranges(&self, collective: Collective, dtype: Option<DType>) -> &[(u64, u64)] {
         match self {
             Self::Ranges(r) => r,
-            Self::Measured { ranks, other } => {
+            Self::Measured {
+                ranks,
+                other,
+                float,
+            } => {
                 let tier = match ranks {
                     0..=3 => 0,
                     4..=7 => 1,
                     _ => 2,
                 };
-                let typed = (*other == Other::Gloo && collective == Collective::Allreduce)
-                    .then(|| TYPED_AGAINST_GLOO.iter().find(|(t, _)| Some(*t) == dtype))
+                let typed = (collective == Collective::Allreduce)
+                    .then(|| {
+                        TYPED
+                            .iter()
+                            .find(|(o, t, f, _)| o == other && Some(*t) == dtype && f == float)
+                    })
                     .flatten();
-                if let Some((_, tiers)) = typed {
+                if let Some((.., tiers)) = typed {
                     return tiers[tier];
                 }
                 let table = match other {
@@ -189,18 +239,21 @@ impl fmt::Display for Route {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::Ranges(r) => write!(f, "{}", written(r)),
-            Self::Measured { ranks, other } => {
+            Self::Measured {
+                ranks,
+                other,
+                float,
+            } => {
                 let mut each: Vec<String> = AGAINST_OPEN_MPI
                     .iter()
                     .map(|(c, _)| format!("{} {}", c.name(), written(self.ranges(*c, None))))
                     .collect();
-                if *other == Other::Gloo {
-                    let ar = Collective::Allreduce;
-                    each[0] += &TYPED_AGAINST_GLOO
-                        .iter()
-                        .map(|(t, _)| format!(", {t} {}", written(self.ranges(ar, Some(*t)))))
-                        .collect::<String>();
-                }
+                let ar = Collective::Allreduce;
+                each[0] += &TYPED
+                    .iter()
+                    .filter(|(o, _, f, _)| o == other && f == float)
+                    .map(|(_, t, ..)| format!(", {t} {}", written(self.ranges(ar, Some(*t)))))
+                    .collect::<String>();
                 write!(f, "auto for {ranks} ranks: {}", each.join("; "))
             }
         }
@@ -253,7 +306,7 @@ mod tests {
 
     #[test]
     fn ranges_take_their_sizes_and_read_back_as_written() {
-        let r = Route::parse(Some("0-16KiB, 32MiB-"), 2, Other::OpenMpi).unwrap();
+        let r = Route::parse(Some("0-16KiB, 32MiB-"), 2, Other::OpenMpi, Float::Exact).unwrap();
         let takes = |b| r.takes(Collective::Allreduce, None, b);
         assert!(takes(0) && takes(16383) && !takes(16384));
         assert!(!takes((32 << 20) - 1) && takes(32 << 20) && takes(u64::MAX - 1));
@@ -264,15 +317,13 @@ mod tests {
         );
         assert_eq!(r.to_string(), "0-16KiB,32MiB-");
         assert_eq!(
-            Route::parse(Some(&r.to_string()), 2, Other::OpenMpi).unwrap(),
+            Route::parse(Some(&r.to_string()), 2, Other::OpenMpi, Float::Exact).unwrap(),
             r
         );
-        assert!(Route::parse(Some("all"), 2, Other::OpenMpi).unwrap().takes(
-            Collective::Broadcast,
-            None,
-            1 << 40
-        ));
-        assert!(!Route::parse(Some("none"), 2, Other::OpenMpi)
+        assert!(Route::parse(Some("all"), 2, Other::OpenMpi, Float::Exact)
+            .unwrap()
+            .takes(Collective::Broadcast, None, 1 << 40));
+        assert!(!Route::parse(Some("none"), 2, Other::OpenMpi, Float::Exact)
             .unwrap()
             .takes(Collective::Allreduce, None, 4));
     }
@@ -280,7 +331,7 @@ mod tests {
     #[test]
     fn the_default_follows_the_collective_the_other_way_and_the_jobs_ranks() {
         for value in [None, Some("auto")] {
-            let mpi = |ranks| Route::parse(value, ranks, Other::OpenMpi).unwrap();
+            let mpi = |ranks| Route::parse(value, ranks, Other::OpenMpi, Float::Exact).unwrap();
             let (two, four, eight) = (mpi(2), mpi(4), mpi(8));
             let ar = Collective::Allreduce;
             assert!(
@@ -305,7 +356,7 @@ mod tests {
             assert!(!two.takes(Collective::AllGather, None, 4096));
             assert!(two.takes(Collective::Reduce, None, 4096));
             for ranks in [2, 4, 8] {
-                let gloo = Route::parse(value, ranks, Other::Gloo).unwrap();
+                let gloo = Route::parse(value, ranks, Other::Gloo, Float::Fast).unwrap();
                 assert!(
                     gloo.takes(ar, None, 1 << 20)
                         && !gloo.takes(ar, None, 4 << 20)
@@ -315,14 +366,14 @@ mod tests {
                 assert!(gloo.takes(Collective::ReduceScatter, None, 64 << 20));
                 assert!(!gloo.takes(bc, None, 64 << 10));
             }
-            let gloo = |ranks| Route::parse(value, ranks, Other::Gloo).unwrap();
+            let gloo = |ranks| Route::parse(value, ranks, Other::Gloo, Float::Fast).unwrap();
             assert!(gloo(2).takes(bc, None, 4096) && !gloo(4).takes(bc, None, 4096));
             assert!(gloo(2).takes(Collective::Reduce, None, 16 << 20));
             assert!(!gloo(4).takes(Collective::Reduce, None, 16 << 20));
         }
         assert_eq!(
-            Route::parse(None, 2, Other::OpenMpi).unwrap().to_string(),
-            "auto for 2 ranks: allreduce 0-16KiB; reduce_scatter none; all_gather none; broadcast none; reduce 0-16KiB"
+            Route::parse(None, 2, Other::OpenMpi, Float::Exact).unwrap().to_string(),
+            "auto for 2 ranks: allreduce 0-16KiB, f32 none, f64 none; reduce_scatter none; all_gather none; broadcast none; reduce 0-16KiB"
         );
     }
 
@@ -330,8 +381,8 @@ mod tests {
     fn against_gloo_a_float16_allreduce_has_a_route_of_its_own() {
         let ar = Collective::Allreduce;
         for ranks in [2, 4, 8] {
-            let gloo = Route::parse(None, ranks, Other::Gloo).unwrap();
-            let mpi = Route::parse(None, ranks, Other::OpenMpi).unwrap();
+            let gloo = Route::parse(None, ranks, Other::Gloo, Float::Fast).unwrap();
+            let mpi = Route::parse(None, ranks, Other::OpenMpi, Float::Exact).unwrap();
             let f16 = Some(DType::F16);
             // Every size through the switch from 4 ranks; at 2 as int32's.
             assert_eq!(gloo.takes(ar, f16, 64 << 20), ranks >= 4, "{ranks} ranks");
@@ -350,19 +401,53 @@ mod tests {
                 );
             }
             // A set route is every type's.
-            let set = Route::parse(Some("0-1MiB"), ranks, Other::Gloo).unwrap();
+            let set = Route::parse(Some("0-1MiB"), ranks, Other::Gloo, Float::Fast).unwrap();
             assert!(!set.takes(ar, Some(DType::F16), 4 << 20));
         }
         assert_eq!(
-            Route::parse(None, 4, Other::Gloo).unwrap().to_string(),
+            Route::parse(None, 4, Other::Gloo, Float::Fast).unwrap().to_string(),
             "auto for 4 ranks: allreduce 0-4MiB, f16 0-; reduce_scatter 0-; all_gather 0-4MiB; broadcast none; reduce 0-4MiB"
+        );
+    }
+
+    #[test]
+    fn against_open_mpi_exact_float_allreduces_have_a_route_of_their_own() {
+        let ar = Collective::Allreduce;
+        for (ranks, below) in [(2, 0), (3, 0), (4, 16 << 10), (8, 32 << 10), (64, 32 << 10)] {
+            let exact = Route::parse(None, ranks, Other::OpenMpi, Float::Exact).unwrap();
+            let fast = Route::parse(None, ranks, Other::OpenMpi, Float::Fast).unwrap();
+            for t in [DType::F32, DType::F64] {
+                for bytes in [4 << 10, (16 << 10) - 4, 16 << 10, 64 << 10, 1 << 20] {
+                    assert_eq!(
+                        exact.takes(ar, Some(t), bytes),
+                        bytes < below,
+                        "{ranks} ranks, {t}, {bytes} bytes"
+                    );
+                    // The fast mode's lanes are the type's own bytes: int32's route.
+                    assert_eq!(fast.takes(ar, Some(t), bytes), fast.takes(ar, None, bytes));
+                }
+            }
+            // Integers, and the other collectives, as before.
+            assert_eq!(
+                exact.takes(ar, Some(DType::I32), 64 << 10),
+                exact.takes(ar, None, 64 << 10)
+            );
+            let rd = Collective::Reduce;
+            assert_eq!(
+                exact.takes(rd, Some(DType::F64), 4 << 10),
+                exact.takes(rd, None, 4 << 10)
+            );
+        }
+        assert_eq!(
+            Route::parse(None, 8, Other::OpenMpi, Float::Exact).unwrap().to_string(),
+            "auto for 8 ranks: allreduce 0-256KiB, f32 0-32KiB, f64 0-32KiB; reduce_scatter 0-4MiB; all_gather 0-256KiB; broadcast 16KiB-4MiB; reduce 0-4MiB"
         );
     }
 
     #[test]
     fn a_bad_value_says_what_to_write() {
         for v in ["16KiB", "5-5", "1-x", "9999999999999GiB-"] {
-            let e = Route::parse(Some(v), 2, Other::OpenMpi).unwrap_err();
+            let e = Route::parse(Some(v), 2, Other::OpenMpi, Float::Exact).unwrap_err();
             assert!(
                 e.contains("XAGG_ROUTE") && e.contains("0-16KiB,32MiB-"),
                 "{e}"

@@ -294,8 +294,10 @@ class _Engine:
                 store.set("xagg/secret", secret)
                 store.set("xagg/route", os.environ.get("XAGG_ROUTE", ""))
                 store.set("xagg/float", os.environ.get("XAGG_FLOAT", ""))
-            # Which calls go to the switch by size: rank 0's XAGG_ROUTE, alike everywhere.
-            self.route = Route(store.get("xagg/route").decode(), size)
+            # Which calls go to the switch by size: rank 0's XAGG_ROUTE, alike everywhere
+            # (a float allreduce's by its float mode too).
+            exact = store.get("xagg/float").decode().strip() == "exact"
+            self.route = Route(store.get("xagg/route").decode(), size, "exact" if exact else "fast")
             key = store.get("xagg/key").decode()
             secret = store.get("xagg/secret").decode()
             daemon = os.environ.get("XAGG_DAEMON")

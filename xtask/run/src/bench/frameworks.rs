@@ -209,9 +209,18 @@ pub(super) fn torch_runs(
     let route = (backend == "xagg")
         .then(|| std::env::var("XAGG_ROUTE").ok())
         .flatten();
-    let route =
-        xagg_worker::route::Route::parse(route.as_deref(), n, xagg_worker::route::Other::Gloo)
-            .map_err(|e| anyhow::anyhow!(e))?;
+    // The backend's float mode as the bench is run with (fast unless XAGG_FLOAT=exact).
+    let float = match std::env::var("XAGG_FLOAT").as_deref().map(str::trim) {
+        Ok("exact") => xagg_common::wire::Float::Exact,
+        _ => xagg_common::wire::Float::Fast,
+    };
+    let route = xagg_worker::route::Route::parse(
+        route.as_deref(),
+        n,
+        xagg_worker::route::Other::Gloo,
+        float,
+    )
+    .map_err(|e| anyhow::anyhow!(e))?;
     // The switch's name of the script's torch dtype, which the route of an allreduce
     // against Gloo depends on.
     let wire_dtype = match dtype.unwrap_or("int32") {
