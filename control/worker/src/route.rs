@@ -96,7 +96,7 @@ const AGAINST_GLOO: [(Collective, Tiers); 5] = [
     ),
 ];
 
-/// Allreduces whose element type, in a float mode, was measured apart from int32's
+/// Reductions whose element type, in a float mode, was measured apart from int32's
 /// (`XAGG_ROUTE=all cargo xtask bench --dtype T`, the drop-ins' own calls against the
 /// other way's; docs/bench.md "Which calls take the switch"), by the same rule.
 ///
@@ -115,26 +115,70 @@ const AGAINST_GLOO: [(Collective, Tiers); 5] = [
 /// 2.6–4.2x from 16 KiB; with 4 ranks 0.85–0.86x at 4 KiB, 3.9–5.4x from 64 KiB; with 8
 /// ranks 0.43–0.45x at 4 KiB, 0.70–0.83x at 16 KiB, 1.66–2.61x from 64 KiB (int32's
 /// default sent 8 ranks' calls to the switch up to 256 KiB).
-const TYPED: [(Other, DType, Float, Tiers); 3] = [
+///
+/// The MPI library's reduce-scatters and reduces of float64 in the exact mode (`cargo
+/// xtask bench --collectives --mpi-on-switch --no-torch --dtype float64`, medians of two
+/// rounds): a reduce-scatter took 2.14x Open MPI's time at 4 KiB with 2 ranks and
+/// 1.79–2.46x from 64 KiB, 0.80x at 4 KiB with 4 ranks and 1.79–2.22x from 64 KiB, 0.52x at
+/// 4 KiB with 8 and 1.38–1.69x from 64 KiB; a reduce 0.64x, 0.68x and 0.43x at 4 KiB with
+/// 2, 4 and 8 ranks, and 1.26–3.08x from 64 KiB (int32's sent them to the switch up to 4
+/// MiB with 8 ranks). float32, twice its bytes as well, takes float64's.
+const TYPED: [(Other, Collective, DType, Float, Tiers); 7] = [
     (
         Other::Gloo,
+        Collective::Allreduce,
         DType::F16,
         Float::Fast,
         [&[(0, 4 * MIB)], &[(0, OPEN)], &[(0, OPEN)]],
     ),
     (
         Other::OpenMpi,
+        Collective::Allreduce,
         DType::F32,
         Float::Exact,
-        [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]],
+        EXACT_ALLREDUCE,
     ),
     (
         Other::OpenMpi,
+        Collective::Allreduce,
         DType::F64,
         Float::Exact,
-        [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]],
+        EXACT_ALLREDUCE,
+    ),
+    (
+        Other::OpenMpi,
+        Collective::ReduceScatter,
+        DType::F32,
+        Float::Exact,
+        EXACT_REDUCE_SCATTER,
+    ),
+    (
+        Other::OpenMpi,
+        Collective::ReduceScatter,
+        DType::F64,
+        Float::Exact,
+        EXACT_REDUCE_SCATTER,
+    ),
+    (
+        Other::OpenMpi,
+        Collective::Reduce,
+        DType::F32,
+        Float::Exact,
+        EXACT_REDUCE,
+    ),
+    (
+        Other::OpenMpi,
+        Collective::Reduce,
+        DType::F64,
+        Float::Exact,
+        EXACT_REDUCE,
     ),
 ];
+
+/// Exact float sums against Open MPI, by collective ([`TYPED`]).
+const EXACT_ALLREDUCE: Tiers = [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]];
+const EXACT_REDUCE_SCATTER: Tiers = [&[], &[(0, 16 * KIB)], &[(0, 16 * KIB)]];
+const EXACT_REDUCE: Tiers = [&[(0, 16 * KIB)], &[(0, 16 * KIB)], &[(0, 16 * KIB)]];
 
 impl Route {
     /// Every call to the switch.
@@ -204,13 +248,9 @@ impl Route {
                     4..=7 => 1,
                     _ => 2,
                 };
-                let typed = (collective == Collective::Allreduce)
-                    .then(|| {
-                        TYPED
-                            .iter()
-                            .find(|(o, t, f, _)| o == other && Some(*t) == dtype && f == float)
-                    })
-                    .flatten();
+                let typed = TYPED.iter().find(|(o, c, t, f, _)| {
+                    o == other && *c == collective && Some(*t) == dtype && f == float
+                });
                 if let Some((.., tiers)) = typed {
                     return tiers[tier];
                 }
@@ -227,7 +267,7 @@ impl Route {
     }
 
     /// Whether a `collective` call of `bytes` goes to the switch; `dtype`, the elements'
-    /// type where known (a reduction's: an allreduce's route against Gloo depends on it).
+    /// type where known (a reduction's route may depend on it, [`TYPED`]).
     pub fn takes(&self, collective: Collective, dtype: Option<DType>, bytes: u64) -> bool {
         self.ranges(collective, dtype)
             .iter()
@@ -244,16 +284,19 @@ impl fmt::Display for Route {
                 other,
                 float,
             } => {
-                let mut each: Vec<String> = AGAINST_OPEN_MPI
+                let each: Vec<String> = AGAINST_OPEN_MPI
                     .iter()
-                    .map(|(c, _)| format!("{} {}", c.name(), written(self.ranges(*c, None))))
+                    .map(|(c, _)| {
+                        let typed: String = TYPED
+                            .iter()
+                            .filter(|(o, tc, _, f, _)| o == other && tc == c && f == float)
+                            .map(|(_, _, t, ..)| {
+                                format!(", {t} {}", written(self.ranges(*c, Some(*t))))
+                            })
+                            .collect();
+                        format!("{} {}{typed}", c.name(), written(self.ranges(*c, None)))
+                    })
                     .collect();
-                let ar = Collective::Allreduce;
-                each[0] += &TYPED
-                    .iter()
-                    .filter(|(o, _, f, _)| o == other && f == float)
-                    .map(|(_, t, ..)| format!(", {t} {}", written(self.ranges(ar, Some(*t)))))
-                    .collect::<String>();
                 write!(f, "auto for {ranks} ranks: {}", each.join("; "))
             }
         }
@@ -373,7 +416,7 @@ mod tests {
         }
         assert_eq!(
             Route::parse(None, 2, Other::OpenMpi, Float::Exact).unwrap().to_string(),
-            "auto for 2 ranks: allreduce 0-16KiB, f32 none, f64 none; reduce_scatter none; all_gather none; broadcast none; reduce 0-16KiB"
+            "auto for 2 ranks: allreduce 0-16KiB, f32 none, f64 none; reduce_scatter none, f32 none, f64 none; all_gather none; broadcast none; reduce 0-16KiB, f32 0-16KiB, f64 0-16KiB"
         );
     }
 
@@ -411,7 +454,7 @@ mod tests {
     }
 
     #[test]
-    fn against_open_mpi_exact_float_allreduces_have_a_route_of_their_own() {
+    fn against_open_mpi_exact_float_reductions_have_a_route_of_their_own() {
         let ar = Collective::Allreduce;
         for (ranks, below) in [(2, 0), (3, 0), (4, 16 << 10), (8, 32 << 10), (64, 32 << 10)] {
             let exact = Route::parse(None, ranks, Other::OpenMpi, Float::Exact).unwrap();
@@ -427,20 +470,32 @@ mod tests {
                     assert_eq!(fast.takes(ar, Some(t), bytes), fast.takes(ar, None, bytes));
                 }
             }
-            // Integers, and the other collectives, as before.
+            // Reduce-scatters and reduces below 16 KiB but with 2 or 3 ranks' reduce-scatters.
+            for t in [DType::F32, DType::F64] {
+                let (rs, rd) = (Collective::ReduceScatter, Collective::Reduce);
+                assert_eq!(exact.takes(rs, Some(t), 4 << 10), ranks >= 4, "{ranks}");
+                assert!(!exact.takes(rs, Some(t), 16 << 10) && !exact.takes(rs, Some(t), 4 << 20));
+                assert!(exact.takes(rd, Some(t), 4 << 10) && !exact.takes(rd, Some(t), 16 << 10));
+                assert!(!exact.takes(rd, Some(t), 1 << 20));
+                assert_eq!(
+                    fast.takes(rd, Some(t), 1 << 20),
+                    fast.takes(rd, None, 1 << 20)
+                );
+            }
+            // Integers, and the collectives that only move bytes, as before.
             assert_eq!(
                 exact.takes(ar, Some(DType::I32), 64 << 10),
                 exact.takes(ar, None, 64 << 10)
             );
-            let rd = Collective::Reduce;
+            let bc = Collective::Broadcast;
             assert_eq!(
-                exact.takes(rd, Some(DType::F64), 4 << 10),
-                exact.takes(rd, None, 4 << 10)
+                exact.takes(bc, Some(DType::F64), 64 << 10),
+                exact.takes(bc, None, 64 << 10)
             );
         }
         assert_eq!(
             Route::parse(None, 8, Other::OpenMpi, Float::Exact).unwrap().to_string(),
-            "auto for 8 ranks: allreduce 0-256KiB, f32 0-32KiB, f64 0-32KiB; reduce_scatter 0-4MiB; all_gather 0-256KiB; broadcast 16KiB-4MiB; reduce 0-4MiB"
+            "auto for 8 ranks: allreduce 0-256KiB, f32 0-32KiB, f64 0-32KiB; reduce_scatter 0-4MiB, f32 0-16KiB, f64 0-16KiB; all_gather 0-256KiB; broadcast 16KiB-4MiB; reduce 0-4MiB, f32 0-16KiB, f64 0-16KiB"
         );
     }
 

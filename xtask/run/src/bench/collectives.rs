@@ -40,6 +40,9 @@ pub struct Runs<'a> {
     pub mpi_on_switch: bool,
     /// The PyTorch backend's and Gloo's runs.
     pub torch: bool,
+    /// The drop-ins' runs' element type (`--dtype`), where not int32: then the switch's
+    /// own runs (int32) are left out, and the MPI runs too for the half types.
+    pub dtype: Option<&'a str>,
 }
 
 /// Every collective at every worker count and size, through the switch, then Open MPI,
@@ -54,10 +57,13 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
             r.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, r.segment, r.slots)?;
             let mut mid = 0u32;
-            for c in ALL {
+            // Whole blocks of the elements for every member.
+            let whole = if r.dtype == Some("float64") { 8 } else { 4 } * n;
+            let mpi = !matches!(r.dtype, Some("float16" | "bfloat16"));
+            for c in ALL.iter().copied().filter(|_| r.dtype.is_none()) {
                 for &size in r.sizes {
                     // Whole blocks of i32 for every member.
-                    let bytes = size / (4 * n) * 4 * n;
+                    let bytes = size / whole * whole;
                     let it = iterations(bytes, r.quick);
                     let mut run = switch_run(n, crate::demo::JOB_ID, bytes, r.segment, r.slots)?;
                     run.repeat = it as u32;
@@ -77,10 +83,10 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
             // `all` for the switch's path at every size).
             sw.lab.attach_hosts()?;
             let systems = std::iter::once("openmpi").chain(r.mpi_on_switch.then_some("mpi+xagg"));
-            for system in systems {
+            for system in systems.filter(|_| mpi) {
                 for c in ALL {
                     for &size in r.sizes {
-                        let bytes = size / (4 * n) * 4 * n;
+                        let bytes = size / whole * whole;
                         let it = iterations(bytes, r.quick);
                         let p = mpi_collective(
                             &sw.lab,
@@ -89,7 +95,7 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                             it,
                             system,
                             Some(c.name()),
-                            None,
+                            r.dtype,
                         )?;
                         round_line(round, &p);
                         all.push(p);
@@ -97,13 +103,13 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
                 }
             }
             for c in ALL.iter().skip(1).filter(|_| r.torch) {
-                let sizes: Vec<usize> = r.sizes.iter().map(|&s| s / (4 * n) * 4 * n).collect();
+                let sizes: Vec<usize> = r.sizes.iter().map(|&s| s / whole * whole).collect();
                 let it = |bytes| iterations(bytes, r.quick);
                 // The PyTorch backend's same call (through the switch), and Gloo's (for
                 // a reduce-scatter, which torch 1.13's Gloo lacks, a program's stand-in:
                 // an allreduce, its block kept).
                 for system in ["torch+xagg", "gloo"] {
-                    for p in torch_runs(&sw.lab, system, &sizes, it, Some(c.name()), None)? {
+                    for p in torch_runs(&sw.lab, system, &sizes, it, Some(c.name()), r.dtype)? {
                         round_line(round, &p);
                         all.push(p);
                     }
@@ -145,13 +151,13 @@ fn point<'a>(
 
 /// The MPI library's time per call (preloaded into Open MPI's program) against Open MPI's
 /// own, per collective: what `XAGG_ROUTE`'s defaults are read from.
-fn library_table(points: &[RunPoint]) {
+fn library_table(points: &[RunPoint], dtype: &str) {
     let lib: Vec<&RunPoint> = points.iter().filter(|p| p.system == "mpi+xagg").collect();
     if lib.is_empty() {
         return;
     }
     println!();
-    println!("the MPI library (preloaded, its path as run: {}), time µs (the slowest rank's, median) / Open MPI's, x:",
+    println!("the MPI library (preloaded, its path as run: {}), {dtype}, time µs (the slowest rank's, median) / Open MPI's, x:",
         lib[0].path.unwrap_or("?"));
     print!("{:>3} {:>9} |", "n", "bytes");
     for c in ALL {
@@ -183,12 +189,13 @@ fn library_table(points: &[RunPoint]) {
 /// the same S and against Open MPI's and Gloo's same call, the PyTorch backend's time
 /// (through the switch) against Gloo's, and the bytes each rank sent and received over S
 /// (means over the ranks).
-pub fn tables(points: &[RunPoint]) {
+pub fn tables(points: &[RunPoint], dtype: Option<&str>) {
+    let dtype = dtype.unwrap_or("int32");
     let find = |system: &str, c: &str, n: usize, bytes: usize| point(points, system, c, n, bytes);
     for c in ALL.iter().skip(1) {
         println!();
         println!(
-            "{c}, i32 (sum where it reduces): time µs (the slowest rank's, median) | x the switch's allreduce of the same S | x Open MPI's, Gloo's same call | bytes sent and received per rank / S (mean over the ranks):"
+            "{c}, {dtype} (sum where it reduces): time µs (the slowest rank's, median) | x the switch's allreduce of the same S | x Open MPI's, Gloo's same call | bytes sent and received per rank / S (mean over the ranks):"
         );
         println!(
             "{:>3} {:>9} | {:>10} {:>10} {:>10} {:>10} {:>10} | {:>6} {:>6} {:>6} {:>8} | {:>5} {:>5} {:>5} {:>5}",
@@ -239,5 +246,5 @@ pub fn tables(points: &[RunPoint]) {
             );
         }
     }
-    library_table(points);
+    library_table(points, dtype);
 }

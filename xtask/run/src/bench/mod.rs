@@ -212,10 +212,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             placement: placement.clone(),
             mpi_on_switch: a.mpi_on_switch,
             torch: !a.no_torch,
+            dtype: a.dtype.as_deref().filter(|&t| t != "int32"),
         });
         crate::demo::clean_up();
         let points = r?;
-        collectives::tables(&points);
+        collectives::tables(&points, a.dtype.as_deref());
         anyhow::ensure!(
             points.iter().all(|r| r.verified),
             "a run's result was wrong: its figures do not count"
