@@ -931,6 +931,16 @@ pub fn fill_nan(dtype: DType, dst: &mut [u8]) {
 mod tests {
     use super::*;
 
+    /// A xorshift64 stream from `seed`: the tests' reproducible random bits.
+    fn xorshift(mut z: u64) -> impl FnMut() -> u64 {
+        move || {
+            z ^= z << 13;
+            z ^= z >> 7;
+            z ^= z << 17;
+            z
+        }
+    }
+
     /// The encoders as they were, element by element: the specification the straight-line
     /// ones are checked against.
     mod per_element {
@@ -1185,13 +1195,7 @@ mod tests {
     /// every magnitude, for 2 ranks and for as many as keep 12 bits.
     #[test]
     fn straight_line_block_encoding_matches_per_element() {
-        let mut z = 0x2545_f491_4f6c_dd1du64;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            z
-        };
+        let mut next = xorshift(0x2545_f491_4f6c_dd1du64);
         let specials = [
             0u32,
             0x8000_0000,
@@ -1262,13 +1266,7 @@ mod tests {
     /// sums and means, in the block and exact lanes.
     #[test]
     fn vector_paths_of_the_halves_give_the_per_element_bits() {
-        let mut z = 0x0123_4567_89ab_cdefu64;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            z
-        };
+        let mut next = xorshift(0x0123_4567_89ab_cdefu64);
         for round in 0..300 {
             // The first buffer longer than a segment (widened on the heap, in pieces).
             let n = if round == 0 {
@@ -1345,13 +1343,7 @@ mod tests {
     /// segments of one sign and a few exponents (the lanes' common case).
     #[test]
     fn straight_line_exact_and_double_encoders_match_per_element() {
-        let mut z = 0x5851_f42d_4c95_7f2du64;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            z
-        };
+        let mut next = xorshift(0x5851_f42d_4c95_7f2du64);
         let mut carried = [0usize; 2];
         for round in 0..3000 {
             let n = 1 + (next() % 1116) as usize;
@@ -1446,13 +1438,7 @@ mod tests {
             assert_eq!(mean, x / 3.0 * 2f64.powi(k as i32), "{float:?} mean");
             assert!(mean.is_finite(), "{float:?} mean {mean}");
         }
-        let mut z = 0x1234_5678_9abc_def1u64;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            z
-        };
+        let mut next = xorshift(0x1234_5678_9abc_def1u64);
         // Whether `r` is the double nearest `m * 2^k / n` (ties to even), against its
         // neighbours in integer arithmetic; false where the integers would not fit.
         fn nearest(r: f64, m: i128, k: i32, n: i128) -> bool {
@@ -1546,13 +1532,7 @@ mod tests {
     /// 2^-8 + 2^-60 summed as bf16 gave 1).
     #[test]
     fn exact_results_are_rounded_once() {
-        let mut z = 0xdead_beef_0bad_cafeu64;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            z
-        };
+        let mut next = xorshift(0xdead_beef_0bad_cafeu64);
         // x * 2^(64 - k) * ranks as an integer, where x * 2^(64 - k) is one.
         let units = |x: f64, k: i32, ranks: i128| -> Option<i128> {
             let b = x.to_bits();
@@ -1670,13 +1650,7 @@ mod tests {
 
     #[test]
     fn integer_means_are_the_floor_of_the_exact_quotient() {
-        let mut z = 0x0123_4567_89ab_cdefu64;
-        let mut next = || {
-            z ^= z << 13;
-            z ^= z >> 7;
-            z ^= z << 17;
-            z
-        };
+        let mut next = xorshift(0x0123_4567_89ab_cdefu64);
         for ranks in [1u32, 2, 3, 7, 64, 1000, 65_537, MAX_RANKS as u32] {
             let r = i64::from(ranks);
             for dtype in [DType::I32, DType::U32] {

@@ -123,62 +123,39 @@ const AGAINST_GLOO: [(Collective, Tiers); 5] = [
 /// 4 KiB with 8 and 1.38–1.69x from 64 KiB; a reduce 0.64x, 0.68x and 0.43x at 4 KiB with
 /// 2, 4 and 8 ranks, and 1.26–3.08x from 64 KiB (int32's sent them to the switch up to 4
 /// MiB with 8 ranks). float32, twice its bytes as well, takes float64's.
-const TYPED: [(Other, Collective, DType, Float, Tiers); 7] = [
+const TYPED: [(Other, Collective, &[DType], Float, Tiers); 4] = [
     (
         Other::Gloo,
         Collective::Allreduce,
-        DType::F16,
+        &[DType::F16],
         Float::Fast,
         [&[(0, 4 * MIB)], &[(0, OPEN)], &[(0, OPEN)]],
     ),
     (
         Other::OpenMpi,
         Collective::Allreduce,
-        DType::F32,
+        EXACT_FLOATS,
         Float::Exact,
-        EXACT_ALLREDUCE,
-    ),
-    (
-        Other::OpenMpi,
-        Collective::Allreduce,
-        DType::F64,
-        Float::Exact,
-        EXACT_ALLREDUCE,
+        [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]],
     ),
     (
         Other::OpenMpi,
         Collective::ReduceScatter,
-        DType::F32,
+        EXACT_FLOATS,
         Float::Exact,
-        EXACT_REDUCE_SCATTER,
-    ),
-    (
-        Other::OpenMpi,
-        Collective::ReduceScatter,
-        DType::F64,
-        Float::Exact,
-        EXACT_REDUCE_SCATTER,
+        [&[], &[(0, 16 * KIB)], &[(0, 16 * KIB)]],
     ),
     (
         Other::OpenMpi,
         Collective::Reduce,
-        DType::F32,
+        EXACT_FLOATS,
         Float::Exact,
-        EXACT_REDUCE,
-    ),
-    (
-        Other::OpenMpi,
-        Collective::Reduce,
-        DType::F64,
-        Float::Exact,
-        EXACT_REDUCE,
+        [&[(0, 16 * KIB)]; 3],
     ),
 ];
 
-/// Exact float sums against Open MPI, by collective ([`TYPED`]).
-const EXACT_ALLREDUCE: Tiers = [&[], &[(0, 16 * KIB)], &[(0, 32 * KIB)]];
-const EXACT_REDUCE_SCATTER: Tiers = [&[], &[(0, 16 * KIB)], &[(0, 16 * KIB)]];
-const EXACT_REDUCE: Tiers = [&[(0, 16 * KIB)], &[(0, 16 * KIB)], &[(0, 16 * KIB)]];
+/// The MPI library's float types, twice their bytes on the wire in the exact mode.
+const EXACT_FLOATS: &[DType] = &[DType::F32, DType::F64];
 
 impl Route {
     /// Every call to the switch.
@@ -248,8 +225,11 @@ impl Route {
                     4..=7 => 1,
                     _ => 2,
                 };
-                let typed = TYPED.iter().find(|(o, c, t, f, _)| {
-                    o == other && *c == collective && Some(*t) == dtype && f == float
+                let typed = TYPED.iter().find(|(o, c, types, f, _)| {
+                    o == other
+                        && *c == collective
+                        && dtype.is_some_and(|t| types.contains(&t))
+                        && f == float
                 });
                 if let Some((.., tiers)) = typed {
                     return tiers[tier];
@@ -290,9 +270,8 @@ impl fmt::Display for Route {
                         let typed: String = TYPED
                             .iter()
                             .filter(|(o, tc, _, f, _)| o == other && tc == c && f == float)
-                            .map(|(_, _, t, ..)| {
-                                format!(", {t} {}", written(self.ranges(*c, Some(*t))))
-                            })
+                            .flat_map(|(_, _, types, ..)| types.iter())
+                            .map(|t| format!(", {t} {}", written(self.ranges(*c, Some(*t)))))
                             .collect();
                         format!("{} {}{typed}", c.name(), written(self.ranges(*c, None)))
                     })

@@ -154,7 +154,7 @@ fn quick_bench(long: bool) -> Result<()> {
         no_capacity: false,
         switch_only: false,
         no_torch: false,
-        dtype: None,
+        dtype: crate::bench::BenchDtype::Int32,
         mpi_on_switch: false,
         iterations: None,
         rounds: 1,
@@ -197,7 +197,7 @@ fn quick_bench(long: bool) -> Result<()> {
         );
         crate::bench::run(crate::bench::BenchArgs {
             no_capacity: true,
-            dtype: Some("bfloat16".into()),
+            dtype: crate::bench::BenchDtype::Bfloat16,
             sizes: vec![64 << 10],
             ..quick(false, "bench/dtype_quick.json")
         })?;

@@ -294,9 +294,11 @@ class _Engine:
                 store.set("xagg/secret", secret)
                 store.set("xagg/route", os.environ.get("XAGG_ROUTE", ""))
                 store.set("xagg/float", os.environ.get("XAGG_FLOAT", ""))
+            # How float sums travel (fast unless XAGG_FLOAT=exact): rank 0's, alike everywhere.
+            float_mode = store.get("xagg/float").decode()
             # Which calls go to the switch by size: rank 0's XAGG_ROUTE, alike everywhere
             # (a float allreduce's by its float mode too).
-            exact = store.get("xagg/float").decode().strip() == "exact"
+            exact = float_mode.strip() == "exact"
             self.route = Route(store.get("xagg/route").decode(), size, "exact" if exact else "fast")
             key = store.get("xagg/key").decode()
             secret = store.get("xagg/secret").decode()
@@ -329,8 +331,6 @@ class _Engine:
                 raise XaggError(f"ranks {unknown} could not learn the segment their path carries")
             # The credential, the slots and the timeouts from the environment, as
             # `xagg.from_env` reads them.
-            # How float sums travel (fast unless XAGG_FLOAT=exact): rank 0's, alike everywhere.
-            float_mode = store.get("xagg/float").decode()
             # `none`: float sums go to Gloo (the worker's own mode is then moot).
             self.floats_to_gloo = float_mode.strip() == "none"
             if self.floats_to_gloo:

@@ -12,7 +12,7 @@ use xagg_lab::lab::Lab;
 
 use super::{
     end_to_end::{add_job, iterations, switch_point, switch_run},
-    frameworks::{mpi_collective, mpi_setup, torch_runs},
+    frameworks::{mpi_collective, mpi_setup, torch_runs, BenchDtype},
     report::round_line,
     run_point::{median_point, RunPoint},
 };
@@ -40,9 +40,9 @@ pub struct Runs<'a> {
     pub mpi_on_switch: bool,
     /// The PyTorch backend's and Gloo's runs.
     pub torch: bool,
-    /// The drop-ins' runs' element type (`--dtype`), where not int32: then the switch's
-    /// own runs (int32) are left out, and the MPI runs too for the half types.
-    pub dtype: Option<&'a str>,
+    /// The drop-ins' runs' element type (`--dtype`): other than int32, the switch's own
+    /// runs (int32) are left out, and the MPI runs too for the half types.
+    pub dtype: BenchDtype,
 }
 
 /// Every collective at every worker count and size, through the switch, then Open MPI,
@@ -58,9 +58,8 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
             add_job(&sw, crate::demo::JOB_ID, r.segment, r.slots)?;
             let mut mid = 0u32;
             // Whole blocks of the elements for every member.
-            let whole = if r.dtype == Some("float64") { 8 } else { 4 } * n;
-            let mpi = !matches!(r.dtype, Some("float16" | "bfloat16"));
-            for c in ALL.iter().copied().filter(|_| r.dtype.is_none()) {
+            let whole = r.dtype.wire().size().max(4) * n;
+            for c in ALL.iter().copied().filter(|_| r.dtype == BenchDtype::Int32) {
                 for &size in r.sizes {
                     // Whole blocks of i32 for every member.
                     let bytes = size / whole * whole;
@@ -83,7 +82,7 @@ pub fn collectives(r: &Runs) -> Result<Vec<RunPoint>> {
             // `all` for the switch's path at every size).
             sw.lab.attach_hosts()?;
             let systems = std::iter::once("openmpi").chain(r.mpi_on_switch.then_some("mpi+xagg"));
-            for system in systems.filter(|_| mpi) {
+            for system in systems.filter(|_| r.dtype.in_mpi()) {
                 for c in ALL {
                     for &size in r.sizes {
                         let bytes = size / whole * whole;
@@ -189,8 +188,8 @@ fn library_table(points: &[RunPoint], dtype: &str) {
 /// the same S and against Open MPI's and Gloo's same call, the PyTorch backend's time
 /// (through the switch) against Gloo's, and the bytes each rank sent and received over S
 /// (means over the ranks).
-pub fn tables(points: &[RunPoint], dtype: Option<&str>) {
-    let dtype = dtype.unwrap_or("int32");
+pub fn tables(points: &[RunPoint], dtype: BenchDtype) {
+    let dtype = dtype.name();
     let find = |system: &str, c: &str, n: usize, bytes: usize| point(points, system, c, n, bytes);
     for c in ALL.iter().skip(1) {
         println!();

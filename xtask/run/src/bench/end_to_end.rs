@@ -11,7 +11,7 @@ use xagg_lab::{lab::Lab, placement::Placement, switch::LabSwitch, workers::Allre
 use xagg_worker::report::{CpuWindow, RoundTrips};
 
 use super::{
-    frameworks::{mpi_run, mpi_setup, torch_runs},
+    frameworks::{mpi_run, mpi_setup, torch_runs, BenchDtype},
     report::round_line,
     run_point::{median_point, merge_windows, RoundTripFigures, RunPoint},
 };
@@ -31,9 +31,9 @@ pub struct E2e<'a> {
     pub mpi_on_switch: bool,
     /// PyTorch's runs besides the switch's.
     pub torch: bool,
-    /// The drop-ins' runs' element type (a torch dtype's name), where not int32: then the
-    /// switch's own runs are left out (its workers sum int32).
-    pub dtype: Option<&'a str>,
+    /// The drop-ins' runs' element type: other than int32, the switch's own runs are left
+    /// out (its workers sum int32).
+    pub dtype: BenchDtype,
     /// Allreduces per point instead of the size's default.
     pub iterations: Option<usize>,
     /// Rounds, each over every worker count (a lab each), the switch's runs then Open MPI's
@@ -79,7 +79,7 @@ pub fn end_to_end(e: &E2e) -> Result<Vec<RunPoint>> {
             e.placement.pin_switch(&sw.lab)?;
             add_job(&sw, crate::demo::JOB_ID, e.segment, e.slots)?;
             let mut mid = 0u32;
-            let switch = e.dtype.is_none();
+            let switch = e.dtype == BenchDtype::Int32;
             if switch {
                 switch_points(e, &sw.lab, true, &mut mid, round, &mut this)?;
             }

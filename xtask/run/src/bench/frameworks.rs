@@ -11,6 +11,47 @@ use xagg_worker::report::CpuWindow;
 use super::{end_to_end::CPU_WINDOWS_FROM, report::median, run_point::RunPoint};
 use xtask::build::target_dir;
 
+/// The element type of the drop-ins' runs (`--dtype`), by torch's name of it (the scripts'
+/// `BENCH_DTYPE`): small integers, exact in every type and order.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchDtype {
+    #[default]
+    Int32,
+    Float32,
+    Float64,
+    Float16,
+    Bfloat16,
+}
+
+impl BenchDtype {
+    /// Torch's name, as `BENCH_DTYPE` and the tables say it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Int32 => "int32",
+            Self::Float32 => "float32",
+            Self::Float64 => "float64",
+            Self::Float16 => "float16",
+            Self::Bfloat16 => "bfloat16",
+        }
+    }
+
+    /// The switch's type of it.
+    pub fn wire(self) -> DType {
+        match self {
+            Self::Int32 => DType::I32,
+            Self::Float32 => DType::F32,
+            Self::Float64 => DType::F64,
+            Self::Float16 => DType::F16,
+            Self::Bfloat16 => DType::Bf16,
+        }
+    }
+
+    /// Whether the MPI program has it (MPI has no half types).
+    pub fn in_mpi(self) -> bool {
+        self.wire().size() >= 4
+    }
+}
+
 /// Open MPI's MPI_Allreduce over TCP on the same lab (`xagg_lab::mpi::run`: one rank per
 /// worker namespace) as `system`: `openmpi`, every XDP program detached; `openmpi+switch`,
 /// the switch's programs on the path; `mpi+xagg`, the same binary with `libxagg_mpi.so`
@@ -21,14 +62,14 @@ pub(super) fn mpi_run(
     bytes: usize,
     iterations: usize,
     system: &'static str,
-    dtype: Option<&str>,
+    dtype: BenchDtype,
 ) -> Result<RunPoint> {
     mpi_collective(lab, mpi_bin, bytes, iterations, system, None, dtype)
 }
 
 /// [`mpi_run`] of `collective` instead of allreduce, where given (the program's
-/// `BENCH_COLLECTIVE`): the point carries it and the bytes each rank received; with
-/// `dtype` (float32, float64), of that type instead of int32 (`BENCH_DTYPE`).
+/// `BENCH_COLLECTIVE`): the point carries it and the bytes each rank received; of
+/// `dtype`'s elements (int32, float32, float64: `BENCH_DTYPE`).
 pub(super) fn mpi_collective(
     lab: &Lab,
     mpi_bin: &std::path::Path,
@@ -36,7 +77,7 @@ pub(super) fn mpi_collective(
     iterations: usize,
     system: &'static str,
     collective: Option<&'static str>,
-    dtype: Option<&str>,
+    dtype: BenchDtype,
 ) -> Result<RunPoint> {
     let preload = system == "mpi+xagg";
     let n = lab.workers;
@@ -60,7 +101,7 @@ pub(super) fn mpi_collective(
     if let Some(c) = collective {
         env.push(("BENCH_COLLECTIVE", c.to_string()));
     }
-    env.extend(dtype.map(|t| ("BENCH_DTYPE", t.to_string())));
+    env.push(("BENCH_DTYPE", dtype.name().to_string()));
     let agent = xagg_lab::mpi::agent(lab, &target_dir().join("bench"))?;
     let program = format!(
         "{bin} {bytes} {iterations} 7{cpu}",
@@ -117,7 +158,7 @@ pub(super) fn mpi_collective(
             String::from_utf8_lossy(&o.stderr)
         )
     })?;
-    let mut p = json_point(system, n, line)?;
+    let mut p = json_point(system, n, dtype, line)?;
     p.path = path;
     let v = serde_json::from_str::<serde_json::Value>(line)?;
     p.osu_us = v["osu_us"].as_f64();
@@ -149,14 +190,14 @@ fn rx_ratio(p: &RunPoint, line: &str) -> Result<Option<f64>> {
 /// the switch; `gloo`: PyTorch's own, on the plain bridge; `gloo+switch`: Gloo with the
 /// switch's programs on the path), every size in one run of `xtask/python/allreduce.py` per
 /// rank; with `collective`, that collective instead (`BENCH_COLLECTIVE`: all_gather,
-/// broadcast, reduce); with `dtype`, of that torch dtype instead of int32 (`BENCH_DTYPE`).
+/// broadcast, reduce); of `dtype`'s elements (`BENCH_DTYPE`).
 pub(super) fn torch_runs(
     lab: &Lab,
     system: &'static str,
     sizes: &[usize],
     iterations: impl Fn(usize) -> usize,
     collective: Option<&'static str>,
-    dtype: Option<&str>,
+    dtype: BenchDtype,
 ) -> Result<Vec<RunPoint>> {
     let backend = if system == "torch+xagg" {
         "xagg"
@@ -173,7 +214,7 @@ pub(super) fn torch_runs(
     env.extend(crate::demo::credential_env());
     env.extend(std::env::var("XAGG_ROUTE").ok().map(|r| ("XAGG_ROUTE", r)));
     env.extend(collective.map(|c| ("BENCH_COLLECTIVE", c.to_string())));
-    env.extend(dtype.map(|t| ("BENCH_DTYPE", t.to_string())));
+    env.push(("BENCH_DTYPE", dtype.name().to_string()));
     let script = xtask::build::root().join("xtask/python/allreduce.py");
     let points: Vec<String> = sizes
         .iter()
@@ -221,21 +262,11 @@ pub(super) fn torch_runs(
         float,
     )
     .map_err(|e| anyhow::anyhow!(e))?;
-    // The switch's name of the script's torch dtype, which the route of an allreduce
-    // against Gloo depends on.
-    let wire_dtype = match dtype.unwrap_or("int32") {
-        "float32" => DType::F32,
-        "float64" => DType::F64,
-        "float16" => DType::F16,
-        "bfloat16" => DType::Bf16,
-        _ => DType::I32,
-    };
-    let wire_dtype = Some(wire_dtype);
     String::from_utf8_lossy(&outputs[0].stdout)
         .lines()
         .filter(|l| l.starts_with('{'))
         .map(|line| {
-            let mut p = json_point(system, n, line)?;
+            let mut p = json_point(system, n, dtype, line)?;
             p.collective = collective;
             p.rx_ratio = rx_ratio(&p, line)?;
             if backend == "xagg" {
@@ -244,7 +275,7 @@ pub(super) fn torch_runs(
                     .unwrap_or("allreduce")
                     .parse()
                     .map_err(|e| anyhow::anyhow!("{e}"))?;
-                let routed = !route.takes(c, wire_dtype, p.bytes as u64);
+                let routed = !route.takes(c, Some(dtype.wire()), p.bytes as u64);
                 p.path = Some(if !routed { "switch" } else { "routed" });
             }
             Ok(p)
@@ -255,7 +286,12 @@ pub(super) fn torch_runs(
 /// A point from one line of JSON of the MPI program or the PyTorch script: `bytes`,
 /// `seconds` (each iteration's slowest rank), `tx_bytes_per_rank`, `verified`, and
 /// optionally `cpu_windows` and `back_to_back` (seconds, as `seconds`).
-fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoint> {
+fn json_point(
+    system: &'static str,
+    workers: usize,
+    dtype: BenchDtype,
+    line: &str,
+) -> Result<RunPoint> {
     let v: serde_json::Value = serde_json::from_str(line)?;
     let times: Vec<f64> = v["seconds"]
         .as_array()
@@ -272,6 +308,7 @@ fn json_point(system: &'static str, workers: usize, line: &str) -> Result<RunPoi
         &serde_json::from_value::<Vec<CpuWindow>>(v["cpu_windows"].clone()).unwrap_or_default(),
         v["verified"].as_bool() == Some(true),
     );
+    p.dtype = dtype.wire().name();
     let back_to_back: Vec<f64> = v["back_to_back"]
         .as_array()
         .map(|a| a.iter().filter_map(|x| x.as_f64()).collect())

@@ -38,6 +38,7 @@ use report::{
     write_figures,
 };
 
+pub use frameworks::BenchDtype;
 use xtask::build::target_dir;
 
 #[derive(clap::Args)]
@@ -81,8 +82,8 @@ pub struct BenchArgs {
     /// their routes by size are measured with per type. The end-to-end runs are then the
     /// drop-ins' and their baselines' alone (the switch's own workers sum int32): the MPI
     /// program's for float32 and float64, PyTorch's for every type.
-    #[arg(long, value_name = "DTYPE", value_parser = ["int32", "float32", "float64", "float16", "bfloat16"])]
-    pub dtype: Option<String>,
+    #[arg(long, value_enum, default_value_t)]
+    pub dtype: BenchDtype,
     /// Also Open MPI and Gloo alone with the switch's programs on the path (systems
     /// `openmpi+switch`, `gloo+switch`): what ordinary traffic pays for crossing the
     /// switch, and the baseline of calls the drop-ins route to Open MPI or Gloo.
@@ -212,11 +213,11 @@ pub fn run(a: BenchArgs) -> Result<()> {
             placement: placement.clone(),
             mpi_on_switch: a.mpi_on_switch,
             torch: !a.no_torch,
-            dtype: a.dtype.as_deref().filter(|&t| t != "int32"),
+            dtype: a.dtype,
         });
         crate::demo::clean_up();
         let points = r?;
-        collectives::tables(&points, a.dtype.as_deref());
+        collectives::tables(&points, a.dtype);
         anyhow::ensure!(
             points.iter().all(|r| r.verified),
             "a run's result was wrong: its figures do not count"
@@ -248,21 +249,18 @@ pub fn run(a: BenchArgs) -> Result<()> {
         } else {
             a.sizes.clone()
         };
-        let dtype = a.dtype.as_deref().filter(|&t| t != "int32");
-        // MPI has no half types.
-        let mpi_dtype = !matches!(dtype, Some("float16" | "bfloat16"));
         anyhow::ensure!(
-            dtype.is_none() || !a.switch_only,
+            a.dtype == BenchDtype::Int32 || !a.switch_only,
             "--dtype times the drop-ins' runs: leave out --switch-only"
         );
         let r = end_to_end(&E2e {
             quick: a.quick,
             workers: &a.workers,
             sizes: &sizes,
-            mpi: !a.switch_only && mpi_dtype,
-            mpi_on_switch: !a.switch_only && a.mpi_on_switch && mpi_dtype,
+            mpi: !a.switch_only && a.dtype.in_mpi(),
+            mpi_on_switch: !a.switch_only && a.mpi_on_switch && a.dtype.in_mpi(),
             torch: !a.switch_only && !a.no_torch,
-            dtype,
+            dtype: a.dtype,
             iterations: a.iterations,
             rounds: a.rounds,
             segment,
@@ -277,7 +275,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
     };
     let scaling = scaling(&runs);
     if !runs.is_empty() {
-        runs_tables(&runs, a.mtu, segment, a.dtype.as_deref());
+        runs_tables(&runs, a.mtu, segment, a.dtype);
         scaling_table(&scaling, &placement.describe());
         let plot = a
             .plot
@@ -294,7 +292,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.json,
         "bench",
         serde_json::json!({
-            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement, "steer_cpus": crate::demo::steer_cpus(a.steer, &placement), "dtype": a.dtype.as_deref().unwrap_or("int32") },
+            "lab": { "mtu": a.mtu, "segment_elements": segment, "slots": a.slots, "spin_us": a.spin_us, "placement": placement, "steer_cpus": crate::demo::steer_cpus(a.steer, &placement), "dtype": a.dtype.name() },
             "runs": runs,
             "scaling": scaling,
             "dataplane": points,

@@ -6,7 +6,8 @@ use std::path::PathBuf;
 use anyhow::Result;
 
 use super::{
-    codecs::CodecPoint, dataplane::DataplanePoint, end_to_end::SWITCH_SOCKET, run_point::RunPoint,
+    codecs::CodecPoint, dataplane::DataplanePoint, end_to_end::SWITCH_SOCKET,
+    frameworks::BenchDtype, run_point::RunPoint,
 };
 use xtask::build::target_dir;
 
@@ -84,12 +85,12 @@ pub(super) fn codecs_table(codec_points: &[CodecPoint]) {
 }
 
 /// The end-to-end runs, each system beside its baseline at the same worker count and size.
-pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize, dtype: Option<&str>) {
+pub(super) fn runs_tables(runs: &[RunPoint], mtu: usize, segment: usize, dtype: BenchDtype) {
     let pairs = pairs_of(runs, "switch", "openmpi");
     if !pairs.is_empty() {
         switch_tables(&pairs, mtu, segment);
     }
-    let dtype = dtype.unwrap_or("int32");
+    let dtype = dtype.name();
     let mpi_title = format!("an MPI program's MPI_Allreduce (xtask/mpi/allreduce.c), {dtype} sum, libxagg_mpi.so preloaded | the same binary alone");
     let torch_title = format!(
         "PyTorch's dist.all_reduce (xtask/python/allreduce.py), {dtype} sum, the xagg backend | Gloo"
